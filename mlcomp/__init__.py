@@ -1,0 +1,35 @@
+"""mlcomp: a declarative model-compiler pipeline for PyTorch.
+
+    >>> import mlcomp
+    >>> art = mlcomp.compile(model, (x,), target="cpu", pipeline="-O2")
+    >>> art(x)                       # torch tensors in, torch tensors out
+    >>> art.save("out/"); mlcomp.load("out/")
+
+Heavy pieces import lazily: ``import mlcomp`` does not import tvm or onnxruntime.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+from .errors import MlcompError  # noqa: E402
+
+__all__ = ["MlcompError", "capture", "compile", "load", "__version__"]
+
+
+def capture(model: Any, example_inputs: Any = None, **kwargs: Any):
+    """Capture a model (module, file or zoo name) into a :class:`mlcomp.ir.Graph`."""
+    from .loading import load_model
+
+    source = load_model(model, example_inputs=example_inputs,
+                        trust_pickle=kwargs.pop("trust_pickle", False))
+    return source.capture(**kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("compile", "load"):
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(name)
