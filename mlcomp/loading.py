@@ -316,6 +316,16 @@ def _capture_torchscript(source: ModelSource) -> Graph:
             where=f"{source.path}: {branch}",
             hint="rewrite the branch with torch.cond or torch.where before scripting, or export the model "
                  "with torch.export.save (.pt2)")
+    from torch._export.converter import TS2EPConverter
+
+    from .capture import _quiet, capture_module
+
+    with _quiet():
+        try:  # TorchScript → ExportedProgram, then re-exported with the example's static shapes
+            ep = TS2EPConverter(module, source.inputs()).convert()
+            return capture_module(ep.module(), source.inputs(), name=source.name)
+        except Exception:  # noqa: BLE001 - converter gaps (control flow): trace at dispatch level
+            pass
     names = {t.data_ptr(): n for n, t in list(module.named_parameters()) + list(module.named_buffers())}
     return capture_traced(module, source.inputs(), name=source.name, constant_names=names)
 
@@ -351,8 +361,13 @@ def _data_dependent_branch(module: Any) -> str | None:
 
 def save_torchscript(module: nn.Module, inputs: Sequence[torch.Tensor], path: str | Path) -> None:
     """``torch.jit.trace`` and save with the input spec embedded (see ``INPUT_SPEC_FILE``)."""
-    # traced with autograd on: layers with an inference fast path (TransformerEncoderLayer)
-    # then record their portable ATen decomposition instead of one fused native kernel
-    scripted = torch.jit.trace(module, tuple(inputs), check_trace=False)
+    # Trace the exported (static-shape, functional) module rather than the raw one:
+    # tracing nn.MultiheadAttention directly records sizes as tensors (int(tensor)),
+    # which no converter can turn back into static shapes.
+    from .capture import _quiet
+
+    with _quiet():
+        flat = torch.export.export(module, tuple(inputs)).module()
+        scripted = torch.jit.trace(flat, tuple(inputs), check_trace=False)
     extra = {INPUT_SPEC_FILE: json.dumps([InputSpec.of(t).to_json() for t in inputs])}
     torch.jit.save(scripted, str(path), _extra_files=extra)
