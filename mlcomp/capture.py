@@ -17,7 +17,10 @@ fails with :class:`CaptureError` naming the source line and suggesting
 """
 from __future__ import annotations
 
+import contextlib
 import enum
+import io
+import logging
 import re
 import traceback
 import warnings
@@ -43,6 +46,7 @@ def capture_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], *,
     example_inputs = tuple(example_inputs)
     name = name or type(module).__name__
     module = module.train(training)
+    _check_runs(module, example_inputs, name)
     if method is CaptureMethod.FX:
         return _capture_fx(module, example_inputs, name=name, training=training)
     dynamic_shapes = _batch_dynamic(example_inputs) if dynamic_batch else None
@@ -72,6 +76,20 @@ def capture_exported(ep: "torch.export.ExportedProgram", *, name: str = "graph",
             constant_of[spec.arg.name] = spec.target
     return _from_fx(ep.graph_module.graph, name=name, training=training,
                     constant_of=constant_of, tensors=state)
+
+
+def _check_runs(module: nn.Module, inputs: tuple[torch.Tensor, ...], name: str) -> None:
+    """Run the model once eagerly so a shape mistake is reported as such, not as an export failure."""
+    try:
+        with torch.no_grad(), _quiet():
+            module(*inputs)
+    except Exception as exc:  # noqa: BLE001 - any failure here is about the inputs or the model
+        shapes = ", ".join(f"{'x'.join(map(str, t.shape))}:{str(t.dtype).replace('torch.', '')}"
+                           for t in inputs if isinstance(t, torch.Tensor))
+        raise InputSpecError(
+            f"{name} fails on example inputs of shape {shapes}: {type(exc).__name__}: {_first_line(exc)}",
+            where=_user_frame(exc),
+            hint="check --input-shape (one per model input, e.g. --input-shape 1x3x32x32:float32)") from None
 
 
 def _batch_dynamic(inputs: Sequence[torch.Tensor]) -> tuple[dict[int, Any], ...]:
@@ -280,7 +298,7 @@ def _first_line(exc: BaseException) -> str:
 def _user_frame(exc: BaseException) -> str | None:
     frames = traceback.extract_tb(exc.__traceback__)
     user = [f for f in frames if "/torch/" not in f.filename and "/mlcomp/" not in f.filename
-            and "site-packages" not in f.filename]
+            and "site-packages" not in f.filename and not f.filename.startswith("<")]
     if not user:
         return None
     f = user[-1]
@@ -314,14 +332,29 @@ def _explain_export_failure(exc: BaseException, name: str) -> CaptureError:
 
 
 class _quiet:
-    """Silence torch's FutureWarning chatter during export."""
+    """Silence torch's warnings and log records during export; failures become MlcompErrors."""
+
+    _LOGGERS = ("torch", "torch._subclasses.fake_tensor", "torch._dynamo", "torch.export",
+                "torch.fx.experimental.symbolic_shapes", "torch._export")
 
     def __enter__(self) -> None:
         self._ctx = warnings.catch_warnings()
         self._ctx.__enter__()
         warnings.simplefilter("ignore")
+        # torch prints the partial graph of a failed export; the error we raise says enough
+        self._out = contextlib.ExitStack()
+        self._out.enter_context(contextlib.redirect_stdout(io.StringIO()))
+        self._out.enter_context(contextlib.redirect_stderr(io.StringIO()))
+        self._levels = {}
+        for name in self._LOGGERS:
+            log = logging.getLogger(name)
+            self._levels[name] = log.level
+            log.setLevel(logging.CRITICAL)
 
     def __exit__(self, *exc: Any) -> None:
+        for name, level in self._levels.items():
+            logging.getLogger(name).setLevel(level)
+        self._out.__exit__(*exc)
         self._ctx.__exit__(*exc)
 
 

@@ -509,24 +509,41 @@ class Graph:
         return sub
 
     # -- analysis -----------------------------------------------------------
+    def _compute_dag(self) -> nx.DiGraph:
+        """Compute nodes only, with edges that pass through GETITEM projections."""
+        dag = nx.DiGraph()
+        compute = [n.name for n in self.call_nodes() if n.op != GETITEM]
+        dag.add_nodes_from(compute)
+
+        def sources(name: str) -> list[str]:
+            node = self.node(name)
+            if node.op == GETITEM:
+                return [s for p in node.input_names() for s in sources(p)]
+            return [name] if not node.op.is_structural else []
+
+        for name in compute:
+            for p in self.node(name).input_names():
+                for s in sources(p):
+                    dag.add_edge(s, name)
+        return dag
+
     def generations(self) -> list[list[str]]:
         """Compute nodes grouped by topological generation: each group could run in parallel."""
-        compute = {n.name for n in self.call_nodes() if n.op != GETITEM}
-        view = self._g.subgraph(compute)
-        return [sorted(gen, key=self._key.__getitem__) for gen in nx.topological_generations(view)]
+        return [sorted(gen, key=self._key.__getitem__) for gen in nx.topological_generations(self._compute_dag())]
 
     def critical_path(self, weight: Callable[[Node], float] | None = None) -> list[str]:
         """Longest chain of compute nodes (by count, or by ``weight`` per node)."""
-        compute = {n.name for n in self.call_nodes() if n.op != GETITEM}
-        view = nx.DiGraph(self._g.subgraph(compute))
+        dag = self._compute_dag()
+        order = [n for n in self.order() if n in dag]
         if weight is not None:
-            for a, b in view.edges:
-                view.edges[a, b]["w"] = weight(self.node(b))
-            path = nx.dag_longest_path(view, weight="w", default_weight=0,
-                                       topo_order=[n for n in self.order() if n in compute])
-        else:
-            path = nx.dag_longest_path(view, topo_order=[n for n in self.order() if n in compute])
-        return list(path)
+            for a, b in dag.edges:
+                dag.edges[a, b]["w"] = weight(self.node(b))
+            # a path's first node carries no incoming edge: count it through a virtual source
+            for n in order:
+                dag.add_edge("__source__", n, w=weight(self.node(n)))
+            path = nx.dag_longest_path(dag, weight="w", default_weight=0)
+            return [p for p in path if p != "__source__"]
+        return list(nx.dag_longest_path(dag, topo_order=order))
 
     def dominators(self, start: str) -> dict[str, str]:
         """Immediate dominators from ``start`` (networkx): who every path must cross."""

@@ -41,6 +41,8 @@ import time
 _LEDGER = "mlcomp_ledger.json"
 _META = "meta.json"
 _LIB = "model.so"
+_BUILD_TIMEOUT = float(os.environ.get("MLCOMP_TVM_BUILD_TIMEOUT", 180))
+_RUN_TIMEOUT = float(os.environ.get("MLCOMP_TVM_RUN_TIMEOUT", 60))
 
 
 def host_llvm_target(num_cores: int | None = None) -> dict:
@@ -165,7 +167,12 @@ def _tune(mod, target, tune_trials: int, work_dir: str, stats: dict):
     if todo:
         ctxs, weights = extracted_tasks_to_tune_contexts([t for t, _ in todo], work_dir=work_dir, seed=0)
         step = min(64, max(deficits))
+        # Builder workers re-import tvm (and torch, via tvm_ffi) for every batch: ~5 s of CPU
+        # each, so the stock 30 s build timeout is too tight on a small or busy host.
+        builder = ms.builder.LocalBuilder(timeout_sec=_BUILD_TIMEOUT)
+        runner = ms.runner.LocalRunner(timeout_sec=_RUN_TIMEOUT)
         ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=work_dir, database=db,
+                      builder=builder, runner=runner,
                       max_trials_global=sum(deficits), max_trials_per_task=max(deficits),
                       num_trials_per_iter=step)
         for (_, key), d in zip(todo, deficits):

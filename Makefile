@@ -1,0 +1,31 @@
+# The README's two commands: `make demo` and `make test`. Both set up everything first.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.mlcomp-installed
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip setuptools wheel
+	# torch first, the CPU build (a plain `torch` requirement would pull CUDA wheels)
+	$(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -m pip install -c constraints.txt -e ".[test]"
+	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $(STAMP)
+
+# the main job: compile a built-in model and compare it with eager PyTorch
+demo: setup
+	$(BIN)/mlcomp inspect resnet18
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python benchmarks/targets.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,192 @@
+"""What every study shares: its configuration, result records, text tables and a bar plot.
+
+A study prints *measured* figures beside the *chapter's* figures.  The two are
+never mixed: a :class:`Figure` keeps the number measured here (``measured``)
+apart from the text of the chapter's number and where it comes from
+(``chapter``), so nothing printed can pass a quoted figure off as ours.
+"""
+from __future__ import annotations
+
+import math
+import os
+import platform
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..timing import Clock, TimingPolicy, fmt_bytes, fmt_rate, fmt_seconds
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Options shared by all studies; ``quick`` shrinks every size for tests and smoke runs."""
+
+    quick: bool = False
+    device: str = "auto"                  # auto | cpu | cuda
+    budget_s: float = 0.5                 # per measurement
+    targets: tuple[str, ...] = ("cpu", "onnxruntime", "tvm")
+    model: str = "resnet18"               # roofline
+    batch: int = 1                        # roofline
+    clock: Clock | None = None            # None: time.perf_counter
+
+    def policy(self, *, warmup: int = 2, min_repeats: int = 3) -> TimingPolicy:
+        if self.quick:
+            return TimingPolicy(warmup=1, budget_s=min(self.budget_s, 0.02), min_repeats=1, max_repeats=3)
+        return TimingPolicy(warmup=warmup, budget_s=self.budget_s, min_repeats=min_repeats)
+
+    @property
+    def timer(self) -> Clock:
+        """The clock every measurement uses (``time.perf_counter`` unless a fake was injected)."""
+        import time
+
+        return self.clock or time.perf_counter
+
+    def resolved_device(self) -> str:
+        """``cuda`` when asked for (or ``auto`` and a GPU is present), else ``cpu``."""
+        import torch
+
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured quantity, optionally beside the chapter's figure for the same experiment."""
+
+    label: str
+    measured: float | None               # None: not measured (skipped; see note)
+    unit: str = "s"                      # s | B | x | FLOP/s | B/s | %
+    chapter: str = ""                    # the chapter's figure as text, with its source
+    note: str = ""
+
+    def value_text(self) -> str:
+        return format_value(self.measured, self.unit)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "measured": self.measured, "unit": self.unit,
+                "chapter": self.chapter or None, "note": self.note or None}
+
+
+@dataclass(frozen=True)
+class Table:
+    """A plain-text table: a title, column headers and rows of cells (already text)."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    right: frozenset[int] = frozenset()   # right-aligned column indexes (numbers)
+
+    def format(self) -> str:
+        widths = [len(c) for c in self.columns]
+        for row in self.rows:
+            for i, cell in enumerate(row):
+                widths[i] = max(widths[i], len(cell))
+
+        def line(cells: Sequence[str]) -> str:
+            out = [c.rjust(w) if i in self.right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+            return "  ".join(out).rstrip()
+
+        rule = "  ".join("-" * w for w in widths)
+        body = [line(self.columns), rule] + [line(r) for r in self.rows]
+        return "\n".join(([self.title] if self.title else []) + body)
+
+    def to_markdown(self) -> str:
+        head = "| " + " | ".join(self.columns) + " |"
+        sep = "|" + "|".join("---:" if i in self.right else "---" for i in range(len(self.columns))) + "|"
+        rows = ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in self.rows]
+        return "\n".join(([f"**{self.title}**", ""] if self.title else []) + [head, sep] + rows)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"title": self.title, "columns": list(self.columns), "rows": [list(r) for r in self.rows]}
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    """The outcome of one study: measured figures, optional extra tables, notes and raw data."""
+
+    name: str
+    title: str
+    setup: str
+    figures: tuple[Figure, ...]
+    tables: tuple[Table, ...] = ()
+    notes: tuple[str, ...] = ()
+    data: dict[str, Any] = field(default_factory=dict)   # raw numbers for plots and JSON
+
+    def figure_table(self) -> Table:
+        rows = tuple((f.label, f.value_text(), f.chapter or "—", f.note) for f in self.figures)
+        return Table("", ("measurement", "measured here", "the chapter", "note"), rows, frozenset({1}))
+
+    def format(self) -> str:
+        parts = [f"== {self.title} ==", self.setup, "", self.figure_table().format()]
+        for t in self.tables:
+            parts += ["", t.format()]
+        if self.notes:
+            parts += [""] + [wrap(n, prefix="* ") for n in self.notes]
+        return "\n".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"study": self.name, "title": self.title, "setup": self.setup,
+                "figures": [f.to_json() for f in self.figures], "tables": [t.to_json() for t in self.tables],
+                "notes": list(self.notes), "data": self.data}
+
+
+def format_value(v: float | None, unit: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "skipped"
+    if unit == "s":
+        return fmt_seconds(v)
+    if unit == "B":
+        return fmt_bytes(v, sign=True)
+    if unit == "x":
+        return f"{v:.2f}x"
+    if unit == "%":
+        return f"{v:.0f}%"
+    if unit in ("FLOP/s", "B/s"):
+        return fmt_rate(v, unit)
+    return f"{v:.4g} {unit}"
+
+
+def wrap(text: str, *, width: int = 100, prefix: str = "") -> str:
+    import textwrap
+
+    return textwrap.fill(text, width=width, initial_indent=prefix, subsequent_indent=" " * len(prefix))
+
+
+def machine_line() -> str:
+    """One line naming this machine: CPU, cores torch uses, torch version, GPU if any."""
+    import torch
+
+    from ..hardware import cpu_name
+
+    cpu = cpu_name() or platform.processor() or platform.machine()
+    line = f"{cpu}; torch {torch.__version__}, {torch.get_num_threads()} intra-op threads"
+    if torch.cuda.is_available():
+        line += f"; GPU {torch.cuda.get_device_name(0)}"
+    if hasattr(os, "getloadavg"):
+        line += f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    return line
+
+
+def bar_plot(result: StudyResult, path: str, *, unit: str = "s") -> None:
+    """Horizontal bars of every measured figure in ``unit`` (the default plot of a study)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..output import atomic_path
+
+    figs = [f for f in result.figures if f.unit == unit and f.measured is not None]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * max(len(figs), 2) + 1.4))
+    labels = [f.label for f in figs][::-1]
+    values = [f.measured for f in figs][::-1]
+    ax.barh(labels, values, color="#4c72b0")
+    for y, v in enumerate(values):
+        ax.text(v, y, " " + format_value(v, unit), va="center", fontsize=8)
+    ax.set_xlabel({"s": "seconds (median)", "B": "bytes"}.get(unit, unit))
+    ax.set_title(result.title, fontsize=10)
+    ax.margins(x=0.25)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
