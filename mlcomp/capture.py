@@ -55,7 +55,19 @@ def capture_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], *,
             ep = torch.export.export(module, example_inputs, dynamic_shapes=dynamic_shapes)
         except Exception as exc:  # noqa: BLE001 - converted to a user error below
             raise _explain_export_failure(exc, name) from None
-    return capture_exported(ep, name=name, training=training)
+    try:
+        return capture_exported(ep, name=name, training=training)
+    except CaptureError as first:
+        if training or dynamic_batch:
+            raise
+        # run_decompositions has gaps; tracing the exported module at the dispatcher level
+        # decomposes the same ops another way
+        flat = ep.module()
+        names = {t.data_ptr(): n for n, t in list(flat.named_parameters()) + list(flat.named_buffers())}
+        try:
+            return capture_traced(flat, example_inputs, name=name, constant_names=names)
+        except CaptureError:
+            raise first from None
 
 
 def capture_exported(ep: "torch.export.ExportedProgram", *, name: str = "graph",
@@ -65,8 +77,12 @@ def capture_exported(ep: "torch.export.ExportedProgram", *, name: str = "graph",
         try:
             ep = ep.run_decompositions()
         except Exception as exc:  # noqa: BLE001
-            raise CaptureError(f"decomposing the exported program {name} to core ATen failed: {exc}",
-                               hint="report the model; try --capture fx") from None
+            frames = re.findall(r'File "([^"]+)", line (\d+), in \w+\n\s*(.+)', str(exc))
+            where = f"{frames[-1][0]}:{frames[-1][1]} ({frames[-1][2].strip()})" if frames else None
+            raise CaptureError(f"torch.export captured {name} but its program cannot be lowered to core "
+                               f"ATen: {_first_line(exc)}", where=where,
+                               hint="this is a gap in torch's decompositions, not in your model; try "
+                                    "--capture fx, or rewrite the line named (e.g. .view → .reshape)") from None
     sig = ep.graph_signature
     state = dict(ep.state_dict)
     state.update(getattr(ep, "constants", {}) or {})

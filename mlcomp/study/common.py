@@ -26,6 +26,7 @@ class StudyConfig:
     targets: tuple[str, ...] = ("cpu", "onnxruntime", "tvm")
     model: str = "resnet18"               # roofline
     batch: int = 1                        # roofline
+    input_shapes: tuple[str, ...] = ()    # roofline, for models that carry no input shapes
     clock: Clock | None = None            # None: time.perf_counter
 
     def policy(self, *, warmup: int = 2, min_repeats: int = 3) -> TimingPolicy:
@@ -95,6 +96,18 @@ class Table:
         sep = "|" + "|".join("---:" if i in self.right else "---" for i in range(len(self.columns))) + "|"
         rows = ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in self.rows]
         return "\n".join(([f"**{self.title}**", ""] if self.title else []) + [head, sep] + rows)
+
+    def to_html(self) -> str:
+        from html import escape
+
+        def cell(tag: str, i: int, text: str) -> str:
+            style = ' class="num"' if i in self.right else ""
+            return f"<{tag}{style}>{escape(text)}</{tag}>"
+
+        head = "".join(cell("th", i, c) for i, c in enumerate(self.columns))
+        body = "".join("<tr>" + "".join(cell("td", i, c) for i, c in enumerate(r)) + "</tr>" for r in self.rows)
+        caption = f"<caption>{escape(self.title)}</caption>" if self.title else ""
+        return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
     def to_json(self) -> dict[str, Any]:
         return {"title": self.title, "columns": list(self.columns), "rows": [list(r) for r in self.rows]}

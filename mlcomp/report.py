@@ -1,0 +1,141 @@
+"""``mlcomp report MODEL -o DIR``: one HTML page with inspect, the pipeline's passes and the bench.
+
+The folder holds
+
+* ``index.html`` — the page (plain HTML, inline CSS, no scripts, images by
+  relative path, so it opens from disk and survives being copied);
+* ``bench.png`` — speedup per target and batch, latency vs batch size;
+* ``roofline.png`` — with ``roofline=True``: every op measured on this machine's roofline;
+* ``inspect.json``, ``pipeline.json``, ``bench.json``, ``bench.csv`` — the data behind it.
+
+The folder is written under a temporary name and renamed when complete
+(:func:`mlcomp.output.atomic_dir`): a failure leaves no half-written report.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import dataclass, field
+from html import escape
+from pathlib import Path
+from typing import Any, Sequence
+
+from .bench import BenchConfig, BenchResult, Progress, plot_bench, run_bench, to_csv
+from .study.common import StudyConfig, StudyResult, machine_line
+
+_CSS = """
+body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
+pre{background:#f6f6f6;padding:.8em;overflow-x:auto;font-size:.85em}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
+caption{text-align:left;font-weight:600;padding:.3em 0}
+th,td{border:1px solid #ddd;padding:.25em .6em;text-align:left}td.num,th.num{text-align:right}
+th{background:#f0f0f0}img{max-width:100%;border:1px solid #eee}.muted{color:#777}
+"""
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """What goes into a report: the bench configuration, the pipeline, optional roofline section."""
+
+    bench: BenchConfig = BenchConfig()
+    capture_method: str = "export"
+    roofline: bool = False
+    quick: bool = False                     # roofline microbenchmarks at tiny sizes
+    bench_options: dict[str, Any] = field(default_factory=dict, hash=False)  # run_bench keywords (tests)
+
+
+@dataclass(frozen=True)
+class Report:
+    """Where the report went and what it contains."""
+
+    directory: Path
+    files: tuple[str, ...]
+    bench: BenchResult
+    pipeline_json: dict[str, Any] | None
+
+
+def build_report(model: Any, out_dir: str | Path, config: ReportConfig = ReportConfig(), *,
+                 input_shapes: Sequence[str] = (), trust_pickle: bool = False, source: Any = None,
+                 graph: Any = None, progress: Progress | None = None) -> Report:
+    """Inspect, run the pipeline, bench, plot, and write ``out_dir`` atomically.
+
+    ``source``/``graph`` may be given already loaded and captured (the CLI does,
+    through :func:`mlcomp.cli.load_and_capture`); otherwise they are loaded here.
+    """
+    from .inspect import inspect_graph
+    from .loading import load_model
+    from .output import atomic_dir
+
+    if source is None:
+        source = load_model(model, input_shapes=input_shapes, trust_pickle=trust_pickle,
+                            batch=config.bench.batches[0])
+    if graph is None:
+        graph = source.capture(method=config.capture_method)
+    inspected = inspect_graph(graph)
+    pipe_text, pipe_json, pipe_note = _pipeline_section(graph, source.inputs(), config.bench.pipeline)
+    bench = run_bench(model, config.bench, input_shapes=input_shapes, trust_pickle=trust_pickle,
+                      progress=progress, **config.bench_options)
+    roof: StudyResult | None = None
+    if config.roofline:
+        from .study import roofline
+
+        roof = roofline.run(StudyConfig(quick=config.quick, model=str(model), batch=config.bench.batches[0],
+                                        input_shapes=tuple(input_shapes)))
+    out = Path(out_dir)
+    with atomic_dir(out) as tmp:
+        files = ["index.html", "bench.png", "bench.json", "bench.csv", "inspect.json"]
+        plot_bench([bench], str(tmp / "bench.png"))
+        (tmp / "bench.json").write_text(json.dumps(bench.to_json(), indent=2))
+        (tmp / "bench.csv").write_text(to_csv([bench]))
+        (tmp / "inspect.json").write_text(json.dumps(inspected.to_json(), indent=2))
+        if pipe_json is not None:
+            (tmp / "pipeline.json").write_text(json.dumps(pipe_json, indent=2, default=str))
+            files.append("pipeline.json")
+        if roof is not None:
+            roofline.plot(roof, str(tmp / "roofline.png"))
+            (tmp / "roofline.json").write_text(json.dumps(roof.to_json(), indent=2, default=str))
+            files += ["roofline.png", "roofline.json"]
+        page = _page(bench.model, inspected.format(top=15), pipe_text, pipe_note, bench, roof, config)
+        (tmp / "index.html").write_text(page)
+    return Report(out, tuple(files), bench, pipe_json)
+
+
+def _pipeline_section(graph: Any, inputs: tuple, spec: str | None) -> tuple[str | None, dict | None, str]:
+    """(text, json, note) for the pipeline's per-pass stats; a note only when there is nothing to show."""
+    if not spec:
+        return None, None, "No pipeline given (pass -p PIPELINE to run one and show its per-pass stats)."
+    try:
+        from .pipeline import Pipeline, run_pipeline
+    except ImportError as exc:
+        return None, None, f"Per-pass stats unavailable: mlcomp.pipeline cannot be imported ({exc})."
+    _, report = run_pipeline(graph.copy(), Pipeline.parse(spec), example_inputs=inputs)
+    return report.format(), report.to_json(), ""
+
+
+def _page(name: str, inspect_text: str, pipe_text: str | None, pipe_note: str, bench: BenchResult,
+          roof: StudyResult | None, config: ReportConfig) -> str:
+    when = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>mlcomp report: {escape(name)}</title>",
+             f"<style>{_CSS}</style></head><body>",
+             f"<h1>mlcomp report: {escape(name)}</h1>",
+             f"<p class='muted'>{escape(when)} · {escape(machine_line())}</p>",
+             "<h2>Graph (inspect)</h2>", f"<pre>{escape(inspect_text)}</pre>",
+             f"<h2>Pipeline {escape(config.bench.pipeline or '')}</h2>"]
+    parts.append(f"<pre>{escape(pipe_text)}</pre>" if pipe_text else f"<p class='muted'>{escape(pipe_note)}</p>")
+    parts += ["<h2>Benchmark: eager vs compiled targets</h2>",
+              f"<p>Warm-up {bench.policy.warmup} calls, then repeats until {bench.policy.budget_s:g} s are spent "
+              f"(at least {bench.policy.min_repeats}); the device is synchronised before the clock stops; "
+              "median and 90th percentile per call. Peak memory is the growth over a baseline around "
+              "compile and run. Errors are the largest absolute difference from eager.</p>",
+              bench.table().to_html(), "<img src='bench.png' alt='speedup and latency vs batch size'>"]
+    if roof is not None:
+        parts += ["<h2>Roofline of this machine, every op measured</h2>", f"<p>{escape(roof.setup)}</p>",
+                  roof.figure_table().to_html()]
+        parts += [t.to_html() for t in roof.tables]
+        parts.append("<img src='roofline.png' alt='roofline'>")
+        parts += [f"<p class='muted'>{escape(n)}</p>" for n in roof.notes]
+    parts.append("<p class='muted'>Data: bench.json, bench.csv, inspect.json"
+                 + (", pipeline.json" if pipe_text else "") + (", roofline.json" if roof else "") + ".</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,51 @@
+"""The chapter's experiments as ``mlcomp study NAME``: measured figures beside the chapter's.
+
+Each study is a module with ``run(StudyConfig) -> StudyResult`` and
+``plot(StudyResult, path)``; they are imported only when asked for.
+
+    >>> from mlcomp.study import run_study, StudyConfig
+    >>> print(run_study("hybridize", StudyConfig(quick=True)).format())
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from ..errors import MlcompError
+from .common import Figure, StudyConfig, StudyResult, Table
+
+# name -> (module, one-line summary)
+STUDIES: dict[str, tuple[str, str]] = {
+    "hybridize": ("mlcomp.study.hybridize", "the MLP called 1000/10000 times, eager vs each compiled target"),
+    "asynchrony": ("mlcomp.study.asynchrony", "the same work timed without and with a barrier"),
+    "memory": ("mlcomp.study.memory", "a training loop's memory with and without a barrier per batch"),
+    "parallelism": ("mlcomp.study.parallelism", "concurrent branches; compute overlapped with copies"),
+    "roofline": ("mlcomp.study.roofline", "this machine's peaks and every op of a model on its roofline"),
+}
+
+
+class UnknownStudyError(MlcompError):
+    """``mlcomp study NAME`` names no study."""
+
+
+def study_module(name: str) -> ModuleType:
+    if name not in STUDIES:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(STUDIES), n=1)
+        raise UnknownStudyError(f"there is no study named {name!r}" + (f" (did you mean {close[0]!r}?)"
+                                                                        if close else ""),
+                                hint=f"choose one of: {', '.join(STUDIES)}")
+    return importlib.import_module(STUDIES[name][0])
+
+
+def run_study(name: str, config: StudyConfig = StudyConfig()) -> StudyResult:
+    return study_module(name).run(config)
+
+
+def plot_study(result: StudyResult, path: str) -> None:
+    study_module(result.name).plot(result, path)
+
+
+__all__ = ["STUDIES", "StudyConfig", "StudyResult", "Figure", "Table", "run_study", "plot_study",
+           "study_module", "UnknownStudyError"]
