@@ -310,6 +310,7 @@ class Graph:
         self._key: dict[str, float] = {}        # insertion order key
         self._next_key = 0.0
         self._topo: list[str] | None = None
+        self._pos: dict[str, int] = {}
 
     # -- construction -----------------------------------------------------
     def add(self, node: Node, *, before: str | None = None) -> Node:
@@ -387,6 +388,7 @@ class Graph:
                 cycle = nx.find_cycle(self._g)
                 names = " -> ".join(f"%{a}" for a, _ in cycle)
                 raise IRError(f"graph {self.name} has a cycle: {names}") from None
+            self._pos = {n: i for i, n in enumerate(self._topo)}
         return self._topo
 
     def nodes(self, op: Op | None = None) -> list[Node]:
@@ -415,8 +417,8 @@ class Graph:
 
     def users(self, name: str) -> list[Node]:
         """Nodes that read ``name``, in topological order."""
-        succ = set(self._g.successors(name))
-        return [n for n in self.nodes() if n.name in succ]
+        self.order()
+        return [self._g.nodes[n]["node"] for n in sorted(self._g.successors(name), key=self._pos.__getitem__)]
 
     def producers(self, name: str) -> list[Node]:
         return [self.node(n) for n in self.node(name).input_names()]
