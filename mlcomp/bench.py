@@ -3,7 +3,8 @@
 For every batch size and target the bench
 
 1. compiles the model (``mlcomp.compile``), timing the cold compile;
-2. runs it once and compares its outputs with eager (max abs / rel error);
+2. runs it once and compares its outputs with eager (:func:`mlcomp.verify.compare`:
+   max abs / rel error, pass or fail at the tolerance for the output dtype);
 3. times it with :func:`mlcomp.timing.measure`: warm-up, the device's
    synchroniser before the clock stops, repeats sized to a time budget,
    median and p90;
@@ -29,6 +30,7 @@ import csv
 import io
 import time
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 from .errors import MlcompError
@@ -37,7 +39,9 @@ from .timing import (BenchConfigError, Clock, MemoryReading, PeakMemory, Sync, T
                      fmt_seconds, measure, synchronizer)
 
 EAGER = "eager"
-Compiler = Callable[[Any, tuple, str, "str | None"], Callable[..., Any]]
+DESIGN_TARGETS = ("cpu", "cuda", "onnxruntime", "tvm")   # the targets DESIGN.md names
+# compiler(model, example_inputs, target, pipeline, options) -> callable artifact
+Compiler = Callable[[Any, tuple, str, "str | None", Mapping[str, Any]], Callable[..., Any]]
 Progress = Callable[[int, int, str], None]
 
 
@@ -50,6 +54,11 @@ class BenchConfig:
     pipeline: str | None = None
     policy: TimingPolicy = TimingPolicy()
     memory: bool = True
+    threads: int | None = None        # intra-op threads for every runtime (None: each runtime's default)
+
+    def compile_options(self) -> dict[str, Any]:
+        """Options passed to ``mlcomp.compile`` so every target runs with the same thread count."""
+        return {} if self.threads is None else {"threads": self.threads}
 
     def __post_init__(self) -> None:
         if not self.batches or any(b < 1 for b in self.batches):
@@ -71,9 +80,11 @@ class BenchRow:
     reason: str = ""
     timing: Timing | None = None
     compile_s: float | None = None
+    first_call_s: float | None = None     # the first call after compiling (cold: caches, lazy init)
     memory: MemoryReading | None = None
     max_abs_err: float | None = None
     max_rel_err: float | None = None
+    verified: bool | None = None          # within mlcomp.verify's tolerance for the output dtype
     speedup: float | None = None          # eager median / this median, same device and batch
 
     @property
@@ -84,12 +95,13 @@ class BenchRow:
         return {"model": self.model, "target": self.target, "batch": self.batch, "device": self.device,
                 "status": self.status, "reason": self.reason or None,
                 "timing": self.timing.to_json() if self.timing else None, "compile_s": self.compile_s,
+                "first_call_s": self.first_call_s,
                 "memory": self.memory.to_json() if self.memory else None, "max_abs_err": self.max_abs_err,
-                "max_rel_err": self.max_rel_err, "speedup": self.speedup}
+                "max_rel_err": self.max_rel_err, "verified": self.verified, "speedup": self.speedup}
 
 
 CSV_FIELDS = ("model", "target", "device", "batch", "status", "median_s", "p90_s", "repeats", "speedup",
-              "compile_s", "peak_mem_bytes", "max_abs_err", "max_rel_err", "reason")
+              "compile_s", "first_call_s", "peak_mem_bytes", "max_abs_err", "max_rel_err", "reason")
 
 
 @dataclass(frozen=True)
@@ -104,26 +116,30 @@ class BenchResult:
     rows: tuple[BenchRow, ...]
 
     def table(self) -> Table:
-        cols = ("target", "batch", "median", "p90", "speedup", "compile", "peak mem", "max abs err", "runs",
-                "note")
+        cols = ("target", "batch", "median", "p90", "speedup", "compile", "1st call", "peak mem", "max abs err",
+                "runs", "note")
         rows = []
         for r in self.rows:
             if r.status != "ok":
-                rows.append((r.label, str(r.batch), "—", "—", "—", fmt_seconds(r.compile_s), "—", "—", "—",
+                rows.append((r.label, str(r.batch), "—", "—", "—", fmt_seconds(r.compile_s), "—", "—", "—", "—",
                              f"{r.status}: {_short(r.reason)}"))
                 continue
             t = r.timing
             assert t is not None
             rows.append((r.label, str(r.batch), fmt_seconds(t.median), fmt_seconds(t.p90),
                          f"{r.speedup:.2f}x" if r.speedup else "—", fmt_seconds(r.compile_s),
-                         fmt_bytes(r.memory.growth, sign=True) if r.memory else "—",
-                         "—" if r.max_abs_err is None else f"{r.max_abs_err:.1e}", str(t.repeats), r.reason))
+                         fmt_seconds(r.first_call_s), fmt_bytes(r.memory.growth, sign=True) if r.memory else "—",
+                         _err_cell(r), str(t.repeats), r.reason))
         title = (f"{self.model}  input {self.inputs}  pipeline {self.pipeline or '(none)'}  "
                  f"budget {self.policy.budget_s:g} s/measurement")
-        return Table(title, cols, tuple(rows), frozenset({1, 2, 3, 4, 5, 6, 7, 8}))
+        return Table(title, cols, tuple(rows), frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9}))
 
     def format(self) -> str:
-        return self.table().format() + f"\n({self.machine})"
+        return (self.table().format() + f"\n({self.machine})\n"
+                "compile: wall time of mlcomp.compile (capture, passes, lowering; a target's first compile "
+                "includes importing its backend). 1st call: the first call after compiling, also the first "
+                "warm-up call. peak mem: RSS growth over the baseline around compile + "
+                "runs (GPU: allocated bytes). speedup: eager median / median, same device and batch.")
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "inputs": self.inputs, "pipeline": self.pipeline, "machine": self.machine,
@@ -139,6 +155,7 @@ class BenchResult:
                         "status": r.status, "median_s": t.median if t else "", "p90_s": t.p90 if t else "",
                         "repeats": t.repeats if t else "", "speedup": r.speedup or "",
                         "compile_s": "" if r.compile_s is None else r.compile_s,
+                        "first_call_s": "" if r.first_call_s is None else r.first_call_s,
                         "peak_mem_bytes": r.memory.growth if r.memory else "",
                         "max_abs_err": "" if r.max_abs_err is None else r.max_abs_err,
                         "max_rel_err": "" if r.max_rel_err is None else r.max_rel_err, "reason": r.reason})
@@ -154,6 +171,12 @@ def to_csv(results: Sequence[BenchResult]) -> str:
     return buf.getvalue()
 
 
+def _err_cell(r: BenchRow) -> str:
+    if r.max_abs_err is None:
+        return "—"
+    return f"{r.max_abs_err:.1e}" + ("" if r.verified is not False else " FAIL")
+
+
 def _short(text: str, n: int = 70) -> str:
     text = " ".join(text.split())
     return text if len(text) <= n else text[: n - 1] + "…"
@@ -163,20 +186,37 @@ def _short(text: str, n: int = 70) -> str:
 # running
 
 
-def default_compiler(model: Any, inputs: tuple, target: str, pipeline: str | None) -> Callable[..., Any]:
+def default_compiler(model: Any, inputs: tuple, target: str, pipeline: str | None,
+                     options: Mapping[str, Any] = MappingProxyType({})) -> Callable[..., Any]:
     """``mlcomp.compile`` without its own verification (the bench compares outputs itself)."""
     from .api import compile as mlcomp_compile
 
-    return mlcomp_compile(model, example_inputs=inputs, target=target, pipeline=pipeline, verify=False)
+    return mlcomp_compile(model, example_inputs=inputs, target=target, pipeline=pipeline, verify=False,
+                          **dict(options))
 
 
 def default_availability() -> dict[str, str | None]:
-    """``mlcomp.targets.available_targets()``; every target unavailable if that module is missing."""
+    """``mlcomp.targets.available_targets()``.
+
+    Should that fail (the module missing, or one target's module broken), each
+    designed target is asked on its own through ``get_target(name).available()``
+    and any that cannot be asked is reported unavailable with the error.
+    """
     try:
         from .targets import available_targets
-    except ImportError as exc:
-        return {"__missing__": f"mlcomp.targets cannot be imported ({exc})"}
-    return dict(available_targets())
+
+        return dict(available_targets())
+    except Exception:  # noqa: BLE001 - fall back to asking target by target
+        pass
+    out: dict[str, str | None] = {}
+    for name in DESIGN_TARGETS:
+        try:
+            from .targets import get_target
+
+            out[name] = get_target(name).available()
+        except Exception as exc:  # noqa: BLE001
+            out[name] = f"mlcomp.targets cannot provide it ({type(exc).__name__}: {exc})"
+    return out
 
 
 @dataclass(frozen=True)
@@ -190,17 +230,17 @@ class Compiled:
 
 
 def compile_for(model: Any, inputs: tuple, target: str, *, pipeline: str | None = None,
-                compiler: Compiler = default_compiler,
+                options: Mapping[str, Any] = MappingProxyType({}), compiler: Compiler = default_compiler,
                 availability: Callable[[], Mapping[str, str | None]] = default_availability,
                 clock: Clock = time.perf_counter) -> Compiled:
     """Compile ``model`` for ``target``; unavailable or failing targets come back with a reason."""
     avail = dict(availability())
-    reason = _reason(target, avail) if (target in avail or "__missing__" in avail) else "unknown target"
+    reason = _reason(target, avail) if target in avail else "unknown target (see `mlcomp targets`)"
     if reason:
         return Compiled(target, None, reason)
     t0 = clock()
     try:
-        fn = compiler(model, tuple(t.cpu() for t in inputs), target, pipeline)
+        fn = compiler(model, tuple(inputs), target, pipeline, options)
     except MlcompError as err:
         return Compiled(target, None, f"failed: {err.message}")
     except Exception as err:  # noqa: BLE001
@@ -261,16 +301,10 @@ def run_bench(model: Any, config: BenchConfig = BenchConfig(), *, input_shapes: 
 
 
 def _reason(target: str, avail: Mapping[str, str | None]) -> str | None:
-    if target == EAGER:
-        return None
-    if "__missing__" in avail:
-        return avail["__missing__"]
-    return avail.get(target)
+    return None if target == EAGER else avail.get(target)
 
 
 def _check_known(targets: Sequence[str], avail: Mapping[str, str | None]) -> None:
-    if "__missing__" in avail:
-        return
     unknown = [t for t in targets if t != EAGER and t not in avail]
     if unknown:
         import difflib
@@ -296,34 +330,6 @@ def rebatch(inputs: Sequence[Any], batch: int) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _outputs(value: Any) -> list[Any]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _outputs(v)]
-    return []
-
-
-def max_errors(expected: Any, actual: Any) -> tuple[float, float]:
-    """(max abs error, max error relative to the largest expected magnitude) over all outputs."""
-    exp, act = _outputs(expected), _outputs(actual)
-    if len(exp) != len(act):
-        raise MlcompError(f"the compiled model returned {len(act)} output(s), eager returned {len(exp)}")
-    abs_err, rel_err = 0.0, 0.0
-    for e, a in zip(exp, act):
-        e, a = e.detach().float().cpu(), a.detach().float().cpu()
-        if e.shape != a.shape:
-            raise MlcompError(f"output shape {list(a.shape)} differs from eager's {list(e.shape)}")
-        if e.numel() == 0:
-            continue
-        d = float((e - a).abs().max())
-        abs_err = max(abs_err, d)
-        rel_err = max(rel_err, d / max(float(e.abs().max()), 1e-12))
-    return abs_err, rel_err
-
-
 def _bench_cell(source: Any, label: str, target: str, batch: int, device: str, inputs: tuple, config: BenchConfig,
                 clock: Clock, sync: Sync, compiler: Compiler, done: Sequence[BenchRow], expected: Any) -> BenchRow:
     row = BenchRow(label, target, batch, device)
@@ -336,11 +342,15 @@ def _bench_cell(source: Any, label: str, target: str, batch: int, device: str, i
                 fn = source.eager if device == "cpu" else copy.deepcopy(source.eager).to(device)
             else:
                 t0 = clock()
-                fn = compiler(_compile_input(source), tuple(t.cpu() for t in inputs), target, config.pipeline)
+                fn = compiler(_compile_input(source), tuple(t.cpu() for t in inputs), target, config.pipeline,
+                              config.compile_options())
                 row = replace(row, compile_s=clock() - t0)
-            out = fn(*inputs)
+            t1 = clock()
+            out = fn(*inputs)                       # the first call: checked against eager, and warm-up 1
             sync()
-            timing = measure(lambda: fn(*inputs), config.policy, clock=clock, sync=sync)
+            row = replace(row, first_call_s=clock() - t1)
+            policy = replace(config.policy, warmup=max(0, config.policy.warmup - 1))
+            timing = measure(lambda: fn(*inputs), policy, clock=clock, sync=sync)
         finally:
             if probe:
                 probe.__exit__(None, None, None)
@@ -355,12 +365,14 @@ def _bench_cell(source: Any, label: str, target: str, batch: int, device: str, i
                 and r.status == "ok"), None)
     if ref is None:
         return replace(row, reason="no eager reference")
-    try:
-        abs_err, rel_err = max_errors(expected, out)
-    except MlcompError as err:
-        return replace(row, status="failed", reason=err.message)
+    from .verify import compare
+
+    check = compare(expected, out)
+    if check.note:
+        return replace(row, status="failed", reason=f"outputs do not match eager: {check.note}")
     speedup = ref.timing.median / timing.median if ref.timing and timing.median > 0 else None
-    return replace(row, max_abs_err=abs_err, max_rel_err=rel_err, speedup=speedup)
+    return replace(row, max_abs_err=check.max_abs, max_rel_err=check.max_rel, verified=check.passed,
+                   speedup=speedup, reason="" if check.passed else f"differs from eager: {check.summary()}")
 
 
 def _eager_ref_note(row: BenchRow) -> str:
@@ -374,64 +386,12 @@ def _compile_input(source: Any) -> Any:
     return source.eager
 
 
-# ---------------------------------------------------------------------------
-# plotting
-
-
 def plot_bench(results: Sequence[BenchResult], path: str) -> None:
-    """Per model: speedup per target and batch (bars), latency vs batch on log axes (lines)."""
-    import matplotlib
+    """PNG per model: speedup per target and batch, latency vs batch size (see :mod:`mlcomp.study.plots`)."""
+    from .study.plots import bench_plot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .output import atomic_path
-
-    n = max(len(results), 1)
-    fig, axes = plt.subplots(n, 2, figsize=(12, 3.6 * n), squeeze=False)
-    for (ax_s, ax_l), res in zip(axes, results):
-        ok = [r for r in res.rows if r.status == "ok" and r.timing]
-        batches = sorted({r.batch for r in res.rows})
-        labels = list(dict.fromkeys(r.label for r in ok))
-        compiled = [lb for lb in labels if not lb.startswith(EAGER)]
-        width = 0.8 / max(len(compiled), 1)
-        for k, lb in enumerate(compiled):
-            xs, ys = [], []
-            for j, b in enumerate(batches):
-                r = next((r for r in ok if r.label == lb and r.batch == b), None)
-                if r and r.speedup:
-                    xs.append(j + (k - (len(compiled) - 1) / 2) * width)
-                    ys.append(r.speedup)
-            bars = ax_s.bar(xs, ys, width, label=lb)
-            ax_s.bar_label(bars, fmt="%.2f", fontsize=7)
-        ax_s.axhline(1.0, color="black", lw=0.8, ls="--")
-        ax_s.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
-        ax_s.set_ylabel("speedup over eager (median)")
-        ax_s.set_title(f"{res.model}: speedup per target", fontsize=10)
-        if compiled:
-            ax_s.legend(fontsize=8)
-        for lb in labels:
-            pts = sorted((r.batch, r.timing.median) for r in ok if r.label == lb)
-            ax_l.plot([p[0] for p in pts], [p[1] * 1e3 for p in pts], marker="o", label=lb)
-        eager = sorted((r.batch, r.timing.median) for r in ok if r.label == EAGER)
-        if eager and len(batches) > 1:    # guides through eager's smallest batch: flat and proportional
-            b0, t0 = eager[0]
-            ax_l.plot(batches, [t0 * 1e3] * len(batches), color="grey", lw=0.7, ls=":",
-                      label="flat: overhead-bound")
-            ax_l.plot(batches, [t0 * 1e3 * b / b0 for b in batches], color="grey", lw=0.7, ls="--",
-                      label="∝ batch: compute-bound")
-        ax_l.set_xscale("log")
-        ax_l.set_yscale("log")
-        ax_l.set_xlabel("batch size")
-        ax_l.set_ylabel("latency per call, ms (median)")
-        ax_l.set_title(f"{res.model}: latency vs batch size", fontsize=10)
-        ax_l.legend(fontsize=7)
-        ax_l.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
+    bench_plot(results, path)
 
 
 __all__ = ["BenchConfig", "BenchRow", "BenchResult", "run_bench", "to_csv", "plot_bench", "rebatch",
-           "max_errors", "EAGER"]
+           "EAGER"]

@@ -84,7 +84,7 @@ def timing_options(fn: Any) -> Any:
         click.option("--min-repeats", type=int, default=5, show_default=True),
         click.option("--max-repeats", type=int, default=10_000, show_default=True),
         click.option("--threads", type=int, default=None,
-                     help="torch intra-op threads for the run (default: torch's choice)."),
+                     help="Intra-op threads for eager torch and every compiled runtime (default: each one's own)."),
         click.option("--progress", "show_progress", is_flag=True,
                      help="Show progress on stderr even when it is not a terminal."),
     ]
@@ -129,7 +129,7 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
         raise BenchConfigError("no model given", hint="name one or more models, or pass --zoo")
     _set_threads(threads)
     config = BenchConfig(targets, batches, pipeline, TimingPolicy(warmup, budget, min_repeats, max_repeats),
-                         memory=not no_memory)
+                         memory=not no_memory, threads=threads)
     progress = _progress(show_progress)
     results = []
     for model in models:
@@ -155,7 +155,8 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
 @click.option("--model", default=None, help="roofline: the model whose ops are placed (default resnet18; "
                                              "mlp with --quick).")
 @click.option("--batch", type=int, default=1, show_default=True, help="roofline: batch size.")
-@click.option("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice).")
+@click.option("--threads", type=int, default=None,
+              help="Intra-op threads for torch (and, in hybridize, every compiled runtime).")
 @click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
               help="Write the result as JSON (to stdout when no FILE).")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), default=None,
@@ -174,7 +175,7 @@ def study_cmd(name: str | None, quick: bool, device: str, budget: float, targets
         return
     _set_threads(threads)
     config = StudyConfig(quick=quick, device=device, budget_s=budget, targets=targets,
-                         model=model or ("mlp" if quick else "resnet18"), batch=batch)
+                         model=model or ("mlp" if quick else "resnet18"), batch=batch, threads=threads)
     names = list(STUDIES) if name == "all" else [name]
     results = []
     for key in names:
@@ -221,7 +222,7 @@ def report_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, cap
     _set_threads(threads)
     source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
     config = ReportConfig(BenchConfig(targets, bench_batches, pipeline,
-                                      TimingPolicy(warmup, budget, min_repeats, max_repeats)),
+                                      TimingPolicy(warmup, budget, min_repeats, max_repeats), threads=threads),
                           capture_method=capture_method, roofline=roofline, quick=quick)
     rep = build_report(model, output, config, input_shapes=input_shapes, trust_pickle=trust_pickle,
                        source=source, graph=graph, progress=_progress(show_progress))

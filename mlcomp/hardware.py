@@ -11,6 +11,9 @@ for the machine we actually run on we measure them:
 * overhead: the median time of an add of two one-element tensors, i.e. the
   cost of dispatching one op that does no work.
 
+Peaks are the *best* sample (a peak is what the machine can do; noise from
+other processes only ever makes a sample slower); overhead is the median.
+
     >>> profile = measure_hardware(quick=True)
     >>> profile.spec.peak_flops["fp32"], profile.spec.bandwidth
 """
@@ -26,12 +29,12 @@ from .timing import Clock, TimingPolicy, fmt_rate, fmt_seconds, measure, synchro
 
 @dataclass(frozen=True)
 class PeakMeasurement:
-    """One microbenchmark: what ran, the rate it reached and the median time of one call."""
+    """One microbenchmark: what ran, the best rate it reached and the time of that call."""
 
     kind: str            # "compute" | "bandwidth" | "overhead"
     label: str           # "matmul fp32 2048x2048"
     rate: float          # FLOP/s or bytes/s (0 for overhead)
-    seconds: float       # median seconds per call
+    seconds: float       # seconds per call (best sample for rates, median for overhead)
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "label": self.label, "rate": self.rate, "seconds": self.seconds}
@@ -86,41 +89,51 @@ def measure_hardware(device: str = "cpu", *, quick: bool = False, budget_s: floa
               else TimingPolicy(warmup=2, budget_s=budget_s, min_repeats=3))
     out: list[PeakMeasurement] = []
     peaks: dict[str, float] = {}
-    sizes = (256, 512) if quick else ((512, 1024, 2048, 4096) if dev.type == "cpu" else (2048, 4096, 8192))
+    sizes = (128, 256) if quick else ((512, 1024, 2048, 4096) if dev.type == "cpu" else (2048, 4096, 8192))
     for dtype, key in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
         best = 0.0
         for n in sizes:   # grow until one call takes a third of the budget (or the rate drops)
-            a = torch.randn(n, n, device=dev).to(dtype)
-            b = torch.randn(n, n, device=dev).to(dtype)
-            t = measure(lambda: torch.mm(a, b), policy, clock=clk, sync=sync)
-            rate = 2.0 * n ** 3 / t.median
-            out.append(PeakMeasurement("compute", f"matmul {key} {n}x{n}", rate, t.median))
-            del a, b
-            if rate < best or t.median > policy.budget_s / 3:
-                best = max(best, rate)
+            m = _matmul(dev, dtype, n, policy, clk, sync)
+            out.append(PeakMeasurement("compute", f"matmul {key} {n}x{n}", m[0], m[1]))
+            if m[0] < best or m[1] > policy.budget_s / 3:
+                best = max(best, m[0])
                 break
-            best = rate
+            best = m[0]
         peaks[key] = best
-    numel = (4 << 20) if quick else (64 << 20)        # 16 MiB / 256 MiB of fp32 per array
+    numel = (1 << 20) if quick else (64 << 20)        # 4 MiB / 256 MiB of fp32 per array
+    bw = _stream(dev, numel, policy, clk, sync)
+    out += bw
+    tiny = TimingPolicy(warmup=10, budget_s=policy.budget_s, min_repeats=policy.min_repeats)
+    p, q = torch.ones(1, device=dev), torch.ones(1, device=dev)
+    t_tiny = measure(lambda: torch.add(p, q), tiny, clock=clk, sync=sync)
+    out.append(PeakMeasurement("overhead", "one-element add (dispatch)", 0.0, t_tiny.median))
+    spec = HardwareSpec(f"{_device_name(dev)} (measured)", peaks, max(m.rate for m in bw), t_tiny.median)
+    return MachineProfile(spec, tuple(out), str(dev), cpu_flags() if dev.type == "cpu" else ())
+
+
+def _matmul(dev: Any, dtype: Any, n: int, policy: TimingPolicy, clock: Clock, sync: Any) -> tuple[float, float]:
+    """(FLOP/s, median seconds) of an ``n x n`` matrix product in ``dtype``."""
+    import torch
+
+    a = torch.randn(n, n, device=dev).to(dtype)
+    b = torch.randn(n, n, device=dev).to(dtype)
+    t = measure(lambda: torch.mm(a, b), policy, clock=clock, sync=sync)
+    return 2.0 * n ** 3 / t.min, t.min
+
+
+def _stream(dev: Any, numel: int, policy: TimingPolicy, clock: Clock, sync: Any) -> list[PeakMeasurement]:
+    """Copy (reads N, writes N bytes) and add (reads 2N, writes N) over arrays of ``numel`` fp32."""
+    import torch
+
     x = torch.ones(numel, device=dev)
     y = torch.empty_like(x)
     z = torch.empty_like(x)
     nbytes = x.numel() * x.element_size()
-    t_copy = measure(lambda: y.copy_(x), policy, clock=clk, sync=sync)
-    t_add = measure(lambda: torch.add(x, y, out=z), policy, clock=clk, sync=sync)
+    t_copy = measure(lambda: y.copy_(x), policy, clock=clock, sync=sync)
+    t_add = measure(lambda: torch.add(x, y, out=z), policy, clock=clock, sync=sync)
     mib = nbytes >> 20
-    copy_bw, add_bw = 2 * nbytes / t_copy.median, 3 * nbytes / t_add.median
-    out.append(PeakMeasurement("bandwidth", f"copy {mib} MiB", copy_bw, t_copy.median))
-    out.append(PeakMeasurement("bandwidth", f"add {mib} MiB", add_bw, t_add.median))
-    del x, y, z
-    p, q = torch.ones(1, device=dev), torch.ones(1, device=dev)
-    t_tiny = measure(lambda: torch.add(p, q), TimingPolicy(warmup=10, budget_s=policy.budget_s,
-                                                           min_repeats=policy.min_repeats),
-                     clock=clk, sync=sync)
-    out.append(PeakMeasurement("overhead", "one-element add (dispatch)", 0.0, t_tiny.median))
-    name = _device_name(dev)
-    spec = HardwareSpec(f"{name} (measured)", peaks, max(copy_bw, add_bw), t_tiny.median)
-    return MachineProfile(spec, tuple(out), str(dev), cpu_flags() if dev.type == "cpu" else ())
+    return [PeakMeasurement("bandwidth", f"copy {mib} MiB", 2 * nbytes / t_copy.min, t_copy.min),
+            PeakMeasurement("bandwidth", f"add {mib} MiB", 3 * nbytes / t_add.min, t_add.min)]
 
 
 def _device_name(dev: Any) -> str:
@@ -128,7 +141,26 @@ def _device_name(dev: Any) -> str:
 
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
-    return f"{cpu_name() or 'CPU'}, {torch.get_num_threads()} threads"
+    n = torch.get_num_threads()
+    return f"{cpu_name() or 'CPU'}, {n} thread{'' if n == 1 else 's'}"
+
+
+def last_level_cache_bytes() -> int:
+    """Size of the CPU's largest cache from sysfs (0 where unknown)."""
+    import glob
+
+    best = 0
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(path) as fh:
+                text = fh.read().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            best = max(best, int(digits) * scale)
+    return best
 
 
 def cpu_name() -> str:

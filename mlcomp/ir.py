@@ -178,7 +178,7 @@ class Annotations:
 
     def __str__(self) -> str:
         parts = [f"{k}={v.value if isinstance(v, enum.Enum) else v}"
-                 for k, v in self.__dict__.items() if v not in (None, False)]
+                 for k, v in self.__dict__.items() if v is not None and v is not False]
         return ", ".join(parts)
 
 
@@ -218,6 +218,10 @@ class Node:
             object.__setattr__(self, "attrs", MappingProxyType(dict(self.attrs)))
         if not isinstance(self.inputs, tuple):
             object.__setattr__(self, "inputs", tuple(self.inputs))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # attrs is a read-only mappingproxy, which pickle and deepcopy cannot copy: rebuild from a dict
+        return (Node, (self.name, self.op, self.inputs, dict(self.attrs), self.meta, self.ann, self.origin))
 
     def input_names(self) -> list[str]:
         """Names of the nodes this one reads, in order, without repeats."""

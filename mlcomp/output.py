@@ -17,6 +17,12 @@ from pathlib import Path
 from typing import Iterator
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     """Yield a temporary file path next to ``path``; rename it to ``path`` on success."""
@@ -24,6 +30,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files
     try:
         yield tmp
         os.replace(tmp, target)
@@ -45,6 +52,7 @@ def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = True) -> Itera
     if target.exists() and not overwrite:
         raise FileExistsError(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
     try:
         yield tmp
         if target.exists():

@@ -42,7 +42,8 @@ class ReportConfig:
     capture_method: str = "export"
     roofline: bool = False
     quick: bool = False                     # roofline microbenchmarks at tiny sizes
-    bench_options: dict[str, Any] = field(default_factory=dict, hash=False)  # run_bench keywords (tests)
+    # run_bench keyword overrides (clock, sync_for, compiler, availability): fakes in tests, embedding
+    bench_options: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ barrier before the clock stops.  This module makes each of those steps explicit
 and injectable so that tests can drive it with fakes:
 
 * warm-up calls run before any sample is taken (first-call costs: allocator
-  pools, kernel selection, lazy imports, JIT);
+  pools, kernel selection, lazy imports, JIT) — ``warmup`` of them, or fewer
+  once they have used up one time budget;
 * every sample is ``clock(); fn(); sync(); clock()`` — the synchroniser runs
   *before* the clock stops, so work still queued on a device is counted;
 * samples are taken until the time budget is spent, but never fewer than
@@ -29,7 +30,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .errors import MlcompError
 
@@ -103,6 +104,7 @@ class Timing:
     samples: tuple[float, ...]
     warmup_s: float = 0.0
     budget_s: float = 0.0
+    warmup_calls: int = 0
 
     @property
     def repeats(self) -> int:
@@ -126,17 +128,21 @@ class Timing:
 
     def to_json(self) -> dict[str, Any]:
         return {"median_s": self.median, "p90_s": self.p90, "min_s": self.min, "mean_s": self.mean,
-                "repeats": self.repeats, "warmup_s": self.warmup_s}
+                "repeats": self.repeats, "warmup_s": self.warmup_s, "warmup_calls": self.warmup_calls}
 
 
 def measure(fn: Callable[[], Any], policy: TimingPolicy = TimingPolicy(), *, clock: Clock = time.perf_counter,
             sync: Sync = no_sync) -> Timing:
     """Time ``fn`` per :class:`TimingPolicy`; see the module docstring for the protocol."""
     w0 = clock()
-    for _ in range(policy.warmup):
+    warm, calls = 0.0, 0
+    while calls < policy.warmup:
         fn()
         sync()
-    warm = clock() - w0
+        calls += 1
+        warm = clock() - w0
+        if warm >= policy.budget_s:      # a slow model: one budget of warm-up is enough
+            break
     samples: list[float] = []
     begin = clock()
     while len(samples) < policy.max_repeats:
@@ -147,7 +153,43 @@ def measure(fn: Callable[[], Any], policy: TimingPolicy = TimingPolicy(), *, clo
         samples.append(stop - start)
         if len(samples) >= policy.min_repeats and stop - begin >= policy.budget_s:
             break
-    return Timing(tuple(samples), warm, policy.budget_s)
+    return Timing(tuple(samples), warm, policy.budget_s, calls)
+
+
+def measure_interleaved(fns: Mapping[str, Callable[[], Any]], policy: TimingPolicy = TimingPolicy(), *,
+                        clock: Clock = time.perf_counter,
+                        sync: Sync | Mapping[str, Sync] = no_sync) -> dict[str, Timing]:
+    """Time several variants round-robin, one sample of each per round.
+
+    On a shared machine the load drifts; timing variant A for a second and then
+    B for a second compares A's moment with B's.  Interleaving spreads the drift
+    over every variant.  Each variant is warmed up first; rounds continue until
+    ``len(fns) * budget_s`` is spent (at least ``min_repeats`` rounds, at most
+    ``max_repeats``).  ``sync`` is one synchroniser or one per variant.
+    """
+    syncs = {k: (sync[k] if isinstance(sync, Mapping) else sync) for k in fns}
+    warm: dict[str, tuple[float, int]] = {}
+    for name, fn in fns.items():
+        w0, calls = clock(), 0
+        while calls < policy.warmup:
+            fn()
+            syncs[name]()
+            calls += 1
+            if clock() - w0 >= policy.budget_s:
+                break
+        warm[name] = (clock() - w0, calls)
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    begin, rounds = clock(), 0
+    while rounds < policy.max_repeats:
+        for name, fn in fns.items():
+            start = clock()
+            fn()
+            syncs[name]()
+            samples[name].append(clock() - start)
+        rounds += 1
+        if rounds >= policy.min_repeats and clock() - begin >= policy.budget_s * len(fns):
+            break
+    return {k: Timing(tuple(samples[k]), warm[k][0], policy.budget_s, warm[k][1]) for k in fns}
 
 
 # ---------------------------------------------------------------------------

@@ -77,13 +77,16 @@ def param_names(gm: nn.Module) -> dict[str, str]:
 
 
 def to_fx(graph: Graph, *, device: str | torch.device | None = None,
-          honour_placement: bool = True) -> fx.GraphModule:
+          honour_placement: bool = True, scriptable: bool = False) -> fx.GraphModule:
     """Generate a ``GraphModule`` computing ``graph``; its ``forward`` returns a tuple.
 
     ``device`` moves every constant there (default: where they are).  With
     ``honour_placement`` nodes annotated with ``ann.device`` run on that device.
     The module is in eval mode for inference graphs and train mode for training
-    graphs (trainable floats are then ``nn.Parameter`` s).
+    graphs (trainable floats are then ``nn.Parameter`` s).  ``scriptable`` emits
+    code ``torch.jit.script`` accepts (op packets resolved by schema instead of
+    overloads, ``x.size(d)`` for symbolic sizes): the way to keep dynamic sizes
+    in TorchScript, where tracing would bake them in.
     """
     training = graph.mode is Mode.TRAINING
     default_dev = _norm(device)
@@ -125,17 +128,29 @@ def to_fx(graph: Graph, *, device: str | torch.device | None = None,
             where[node.name] = where.get(node.input_names()[0])
         else:
             want = (_norm(node.ann.device) if honour_placement else None) or home
-            move = lambda r: _on(fxg, env, where, r, want)  # noqa: E731
+            move = lambda r: _on(fxg, env, where, r, want)  # noqa: E731 - tensors only: see where[]
             args, kwargs = map_refs(node.inputs, move), map_refs(dict(node.attrs), move)
-            out = fxg.create_node("call_function", node_callable(node), tuple(args), kwargs,
-                                  name=attribute_name(node.name, taken))
+            kind, fn = _scriptable(node) if scriptable else ("call_function", node_callable(node))
+            out = fxg.create_node(kind, fn, tuple(args), kwargs, name=attribute_name(node.name, taken))
             out.meta["mlcomp_origin"] = node.origin
-            env[node.name], where[node.name] = out, want
+            # sizes and other scalars live nowhere in particular: never copied between devices
+            env[node.name] = out
+            where[node.name] = want if isinstance(node.meta, (TensorMeta, tuple)) else None
     fxg.lint()
     gm = fx.GraphModule(root, fxg, class_name=f"{graph.name}_module")
     setattr(gm, _NAMES_ATTR, names)
     gm.train(training)
     return gm
+
+
+def _scriptable(node: Node) -> tuple[str, Any]:
+    """``(fx op kind, target)`` that TorchScript's compiler understands for ``node``."""
+    fn = node_callable(node)
+    if fn is torch.ops.aten.sym_size.int:
+        return "call_method", "size"
+    if isinstance(fn, torch._ops.OpOverload):
+        return "call_function", fn.overloadpacket
+    return "call_function", fn
 
 
 def _on(fxg: fx.Graph, env: dict[str, fx.Node], where: dict[str, str | None], ref: Ref,

@@ -1,40 +1,52 @@
-"""Apache TVM (Relax, >= 0.27) backend for mlcomp.
+"""Apache TVM (Relax API, apache-tvm 0.27) backend: torch module -> compiled Relax VM.
 
 Flow: ``torch.export.export`` -> ``tvm.relax.frontend.torch.from_exported_program``
-(weights baked in as Relax constants, so an exported ``model.so`` needs no torch
-model) -> graph clean-up (BatchNorm folded into conv weights, ops decomposed,
-constants folded) -> legalize + fuse to TIR -> schedule -> ``tvm.compile`` ->
-``relax.VirtualMachine``.
+(``keep_params_as_input=False``: weights become Relax constants, so the exported
+``model.so`` needs no torch model) -> BatchNorm folded into conv weights, ops
+decomposed, constants folded -> legalize + fuse to TIR -> schedule ->
+``tvm.compile`` -> ``relax.VirtualMachine``.  Shapes are static (one build per
+input shape).
 
-Scheduling:
+Scheduling
+    ``tune_trials == 0``: untuned; CPU gets the DLight CPU rules (GEMV, Reduction),
+    CUDA the DLight GPU rules.  ``tune_trials > 0``: MetaSchedule.  ``tune_trials``
+    is the TOTAL trial budget of a build over all extracted tasks: MetaSchedule's
+    gradient task scheduler gives every task a warm-up round of about
+    ``min(64, budget // (2 * n_tasks))`` trials (8 if the budget allows), then
+    spends the rest on the tasks whose weighted latency improves most.  Records go
+    to a JSON database in ``work_dir`` (``database_workload.json``,
+    ``database_tuning_record.json``); a ledger ``mlcomp_ledger.json`` counts trials
+    spent per (target, set of tasks).  If that reaches ``tune_trials`` and every
+    task has a valid record nothing is tuned (a rebuild of the same model with the
+    same ``work_dir`` only re-compiles); a larger budget tunes the difference,
+    seeded from the records already there.  Weights are "layout free" while
+    tuning, so MetaSchedule may pick packed weight layouts; the repacking is
+    constant-folded into the weights.
 
-* ``tune_trials == 0``: untuned build.  CPU gets the DLight CPU rules (GEMV,
-  Reduction), CUDA gets the DLight GPU rules (required for unscheduled TIR to
-  build at all on GPU).
-* ``tune_trials > 0``: MetaSchedule.  ``tune_trials`` is the TOTAL trial budget
-  of one build, split evenly over the tasks that still need tuning
-  (``per_task = ceil(tune_trials / n_tasks)``).  Records live in a JSON database
-  in ``work_dir`` (``database_workload.json`` / ``database_tuning_record.json``),
-  plus a ledger (``mlcomp_ledger.json``) counting the trials already spent per
-  (target, task).  A task whose ledger count reaches the requested per-task
-  budget and that has a valid record is not tuned again; a larger budget tops
-  it up.  Weights are "layout free" during tuning (MetaSchedule may pick a
-  packed weight layout); the repacking is constant-folded at build time.
+Library offload (``offload=True``), checked on the PyPI wheel apache-tvm 0.27.0.post1:
+    it registers no BYOC codegen (no ``relax.ext.dnnl`` / ``cublas`` / ``cudnn`` /
+    ``cutlass``), ships no ``tvm.relax.backend.contrib.dnnl`` patterns and no
+    ``tvm.contrib.dnnl`` / ``cblas`` / ``mkl`` runtime functions (libinfo: USE_CUDNN,
+    USE_CUTLASS OFF; no DNNL/BLAS/MKL entries).  Offload is probed and skipped
+    cleanly, ``stats["offload"]["reason"]`` says why.  With a wheel built with
+    cuBLAS, matmuls on CUDA are partitioned to cuBLAS.
 
-Library offload (``offload=True``), checked against apache-tvm 0.27.0.post1 from
-PyPI: the wheel registers no BYOC codegen at all (no ``relax.ext.dnnl``,
-``relax.ext.cublas``, ``relax.ext.cudnn``, ...), ships no
-``tvm.relax.backend.contrib.dnnl`` patterns and no ``tvm.contrib.dnnl`` /
-``tvm.contrib.cblas`` / ``tvm.contrib.mkl`` runtime functions (libinfo has no
-USE_DNNL / USE_BLAS / USE_MKL / USE_CUBLAS).  Offload is therefore probed at
-build time and skipped cleanly; ``stats["offload"]`` records why.  If a wheel
-built with cuBLAS is used, dense/matmul on CUDA is partitioned to cuBLAS.
+Tuning-speed workarounds (TVM 0.27 + torch in one process; see the helpers):
+    ``import tvm`` imports torch (tvm_ffi does), which makes TVMScript's
+    ``inspect.stack()`` scan ~2000 modules per frame: importing
+    ``tvm.s_tir.tensor_intrin`` takes ~60-90 s, in the main process and in every
+    MetaSchedule build worker (the build pool is restarted per batch), so with the
+    stock 30 s timeout every build failed.  We patch ``inspect.stack`` while
+    building, skip the intrinsic import in CPU build workers, and hide torch from
+    the workers (``MLCOMP_TVM_WORKER_TORCH=1`` disables that).  Console logging of
+    MetaSchedule is reduced to warnings (``MLCOMP_TVM_VERBOSE=1`` restores it);
+    full logs stay in ``work_dir/logs``.
 """
 
 from __future__ import annotations
 
 import json
-import math
+import logging
 import os
 import time
 
@@ -46,7 +58,7 @@ _RUN_TIMEOUT = float(os.environ.get("MLCOMP_TVM_RUN_TIMEOUT", 60))
 
 
 def host_llvm_target(num_cores: int | None = None) -> dict:
-    """LLVM target dict for this host (``-mcpu`` from LLVM's host CPU query)."""
+    """LLVM target dict for this host: ``-mcpu`` from LLVM's host CPU name, cores from psutil."""
     import tvm
 
     mcpu = "x86-64"
@@ -54,14 +66,14 @@ def host_llvm_target(num_cores: int | None = None) -> dict:
         name = str(tvm.get_global_func("tvm.codegen.llvm.GetHostCPUName")())
         if name and name != "generic":
             mcpu = name
-    except Exception:  # pragma: no cover - LLVM-less runtime
+    except Exception:  # pragma: no cover - runtime without LLVM
         pass
     if num_cores is None:
         try:
             import psutil
 
             num_cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-        except ImportError:
+        except ImportError:  # pragma: no cover
             num_cores = os.cpu_count() or 1
     return {"kind": "llvm", "mcpu": mcpu, "num-cores": int(num_cores)}
 
@@ -77,59 +89,126 @@ def _make_target(device: str):
     raise ValueError(f"unsupported device {device!r} (expected 'cpu' or 'cuda')")
 
 
-def _tvm_device(device: str):
-    import tvm
+def _worker_init():
+    """Install an ``inspect.stack`` that never calls ``inspect.getmodule`` (see module doc).
 
-    return tvm.cpu(0) if device == "cpu" else tvm.cuda(0)
+    Also the MetaSchedule worker initializer, so it must stay self-contained.
+    """
+    import inspect
+    import linecache
+    import sys
+
+    def stack(context=1):
+        frame, out = sys._getframe(1), []
+        while frame is not None:
+            fn, ln = frame.f_code.co_filename, frame.f_lineno
+            line = linecache.getline(fn, ln) if context > 0 else ""
+            out.append(inspect.FrameInfo(frame, fn, ln, frame.f_code.co_name,
+                                         [line] if line else None, 0 if line else None))
+            frame = frame.f_back
+        return out
+
+    inspect.stack = stack
+
+
+def _worker_build(mod, target, _params):
+    """``meta_schedule.builder.default_build`` minus ``import tvm.s_tir.tensor_intrin`` on CPU.
+
+    That import costs ~8 s of CPU per worker per batch; candidates arrive already
+    scheduled (tensorized bodies inlined), so the registry is not needed to compile.
+    """
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    if target.kind.name != "llvm":
+        import tvm.s_tir.tensor_intrin  # noqa: F401
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm_build(mod, target=target)
+
+
+def _by_value(fn):
+    """Copy of a self-contained ``fn`` that cloudpickle ships by value (workers need not import us)."""
+    import types
+
+    return types.FunctionType(fn.__code__, {"__builtins__": __builtins__}, fn.__name__)
+
+
+class _Patched:
+    """Context: fast ``inspect.stack``; optionally a PYTHONPATH whose ``torch`` fails to import."""
+
+    def __init__(self, hide_torch_from_children: bool = False):
+        self.hide = hide_torch_from_children and os.environ.get("MLCOMP_TVM_WORKER_TORCH") != "1"
+
+    def __enter__(self):
+        import inspect
+        import tempfile
+
+        self._stack, self._path = inspect.stack, os.environ.get("PYTHONPATH")
+        _worker_init()
+        if self.hide:
+            shim = os.path.join(tempfile.gettempdir(), "mlcomp_tvm_worker_shim")
+            init = os.path.join(shim, "torch", "__init__.py")
+            if not os.path.exists(init):
+                os.makedirs(os.path.dirname(init), exist_ok=True)
+                with open(init, "w") as f:
+                    f.write('raise ImportError("torch is hidden from MetaSchedule workers")\n')
+            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [shim, self._path]))
+        return self
+
+    def __exit__(self, *exc):
+        import inspect
+
+        inspect.stack = self._stack
+        if self.hide:
+            if self._path is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = self._path
 
 
 def _offload(mod, target, stats: dict):
-    """Partition dense/conv to an external library if this wheel can (see module doc)."""
+    """Partition matmul/conv to an external library if this wheel can (see module doc)."""
     import tvm
     from tvm import relax
 
     info: dict = {"requested": True, "applied": []}
-    if target.kind.name == "cuda" and tvm.get_global_func("relax.ext.cublas", allow_missing=True):
+    has = lambda name: tvm.get_global_func(name, allow_missing=True) is not None  # noqa: E731
+    if target.kind.name == "cuda" and has("relax.ext.cublas"):
         from tvm.relax.backend.cuda.cublas import partition_for_cublas
 
         mod = relax.transform.RunCodegen()(partition_for_cublas(mod))
         info["applied"].append("cublas")
-    elif target.kind.name == "llvm" and tvm.get_global_func("relax.ext.dnnl", allow_missing=True):
-        info["reason"] = "relax.ext.dnnl codegen exists but no relax DNNL patterns ship with TVM 0.27"
+    elif target.kind.name == "cuda":
+        info["reason"] = "wheel built without cuBLAS/cuDNN/CUTLASS BYOC (no relax.ext.* codegen)"
     else:
-        want = "relax.ext.cublas/cudnn" if target.kind.name == "cuda" else "relax.ext.dnnl / cblas / mkl"
-        info["reason"] = f"wheel has no {want} codegen or runtime (built without DNNL/BLAS)"
+        dnnl = "relax.ext.dnnl codegen present but" if has("relax.ext.dnnl") else "no relax.ext.dnnl codegen,"
+        info["reason"] = (f"{dnnl} no relax DNNL patterns in TVM 0.27 and no tvm.contrib.dnnl/"
+                          "cblas/mkl runtime in this wheel: dense/conv stay on TVM codegen")
     stats["offload"] = info
     return mod
 
 
 def _lower_to_tir(mod, target):
-    """Graph clean-up, then legalize + fuse to TIR (the pre-tuning 'zero' pipeline)."""
+    """Graph clean-up, then legalize + fuse to TIR (what ``zero_pipeline`` does before tuning)."""
     import tvm
     from tvm import relax
     from tvm.relax.transform.fold_batch_norm_to_conv2d_for_inference import FoldBatchnormToConv2D
 
-    seq = [
-        FoldBatchnormToConv2D(),
-        relax.transform.DecomposeOpsForInference(),
-        relax.transform.CanonicalizeBindings(),
-        relax.transform.FoldConstant(),
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
-    ]
+    seq = [FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference(),
+           relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant(),
+           relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+           relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
     with target:
         return tvm.transform.Sequential(seq)(mod)
 
 
 def _dlight(mod, target):
-    import tvm
+    """DLight default schedules for functions MetaSchedule did not schedule."""
     from tvm.s_tir import dlight as dl
 
     if target.kind.name == "cuda":
-        rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+        rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+                 dl.gpu.Fallback()]
     else:
         rules = [dl.cpu.GEMV(), dl.cpu.Reduction()]
     with target:
@@ -137,59 +216,67 @@ def _dlight(mod, target):
 
 
 def _tune(mod, target, tune_trials: int, work_dir: str, stats: dict):
-    """Tune the fused TIR tasks of ``mod`` (reusing work_dir's database), then apply it."""
+    """MetaSchedule-tune the fused TIR tasks not yet covered by ``work_dir``; apply the database."""
     import tvm
     import tvm_ffi
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.meta_schedule.relax_integration import extract_tasks, extracted_tasks_to_tune_contexts
+    from tvm.s_tir.meta_schedule.relax_integration import (extract_tasks,
+                                                           extracted_tasks_to_tune_contexts)
 
     os.makedirs(work_dir, exist_ok=True)
+    if not os.environ.get("MLCOMP_TVM_VERBOSE"):
+        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     with target:
         mod = relax.transform.AttachAttrLayoutFreeBuffers()(mod)
     db = ms.database.JSONDatabase(work_dir=work_dir)
     ledger_path = os.path.join(work_dir, _LEDGER)
-    ledger = json.load(open(ledger_path)) if os.path.exists(ledger_path) else {}
+    ledger = {}
+    if os.path.exists(ledger_path):
+        with open(ledger_path) as f:
+            ledger = json.load(f)
     tasks = [t for t in extract_tasks(mod, target) if not t.mod.attrs.get("tirx.is_scheduled", False)]
-    per_task = max(1, math.ceil(tune_trials / max(1, len(tasks))))
-    todo, deficits, reused = [], [], []
-    for t in tasks:
-        key = f"{target}|{tvm_ffi.structural_hash(t.dispatched[0])}"
-        have = ledger.get(key, 0)
-        if have and db.query_tuning_record(t.dispatched[0], target, "main") is None:
-            have = 0  # ledger says tuned but nothing valid was recorded
-        if have >= per_task:
-            reused.append(t.task_name)
-        else:
-            todo.append((t, key))
-            deficits.append(per_task - have)
+    hashes = sorted(str(tvm_ffi.structural_hash(t.dispatched[0])) for t in tasks)
+    key = f"{target}|{','.join(hashes)}"
+    spent = ledger.get(key, 0)
+    if spent and any(db.query_tuning_record(t.dispatched[0], target, "main") is None for t in tasks):
+        spent = 0  # a task has no valid record (e.g. all its builds failed): tune again
+    owed = max(0, tune_trials - spent)
     t0 = time.perf_counter()
-    if todo:
-        ctxs, weights = extracted_tasks_to_tune_contexts([t for t, _ in todo], work_dir=work_dir, seed=0)
-        step = min(64, max(deficits))
-        # Builder workers re-import tvm (and torch, via tvm_ffi) for every batch: ~5 s of CPU
-        # each, so the stock 30 s build timeout is too tight on a small or busy host.
-        builder = ms.builder.LocalBuilder(timeout_sec=_BUILD_TIMEOUT)
-        runner = ms.runner.LocalRunner(timeout_sec=_RUN_TIMEOUT)
-        ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=work_dir, database=db,
-                      builder=builder, runner=runner,
-                      max_trials_global=sum(deficits), max_trials_per_task=max(deficits),
-                      num_trials_per_iter=step)
-        for (_, key), d in zip(todo, deficits):
-            ledger[key] = ledger.get(key, 0) + d
+    if owed and tasks:
+        # Gradient task scheduler: one warm-up round of `step` trials per task, then the
+        # rest goes to the tasks whose weighted latency is dropping fastest.
+        per = owed // len(tasks)
+        step = max(1, min(64, max(per // 2, min(per, 8))))
+        # MetaSchedule's population of 512 suits 64-candidate rounds; scale it down for
+        # small rounds (each round's search is the main fixed cost of a small budget).
+        pop = min(512, max(128, 8 * step))
+        strategy = ms.search_strategy.EvolutionarySearch(population_size=pop,
+                                                         init_min_unmeasured=min(50, pop // 2))
+        ctxs, weights = extracted_tasks_to_tune_contexts(tasks, work_dir=work_dir,
+                                                         strategy=strategy, seed=0)
+        with _Patched(hide_torch_from_children=True):
+            init = _by_value(_worker_init)
+            builder = ms.builder.LocalBuilder(timeout_sec=_BUILD_TIMEOUT, initializer=init,
+                                              f_build=_by_value(_worker_build))
+            runner = ms.runner.LocalRunner(timeout_sec=_RUN_TIMEOUT, initializer=init)
+            ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=work_dir, database=db,
+                          builder=builder, runner=runner, max_trials_global=owed,
+                          max_trials_per_task=owed, num_trials_per_iter=step)
+        ledger[key] = spent + owed
         with open(ledger_path, "w") as f:
             json.dump(ledger, f, indent=1)
-    stats.update(
-        tuning_seconds=round(time.perf_counter() - t0, 2), tasks=len(tasks), trials_per_task=per_task,
-        tasks_tuned=[t.task_name for t, _ in todo], tasks_reused=reused,
-        trials_run=sum(deficits), db_reused=bool(reused) and not todo, work_dir=work_dir,
-    )
+    records = {t.task_name: len(db.get_top_k(db.commit_workload(t.dispatched[0]), 1 << 20))
+               for t in tasks}
+    stats.update(tuning_seconds=round(time.perf_counter() - t0, 2), tasks=len(tasks),
+                 trials_run=owed, trials_before=spent, records_per_task=records,
+                 db_reused=bool(tasks) and not owed, work_dir=work_dir)
     with target, db:
         mod = relax.transform.MetaScheduleApplyDatabase()(mod)
-        # materialize MetaSchedule's weight repacking into constants
-        mod = tvm.transform.Sequential(
-            [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()]
-        )(mod)
+        # split MetaSchedule's weight repacking out of the kernels and fold it into constants
+        mod = tvm.transform.Sequential([relax.transform.SplitLayoutRewritePreproc(),
+                                        relax.transform.FoldConstant(),
+                                        relax.transform.DeadCodeElimination(["main"])])(mod)
     return mod
 
 
@@ -197,9 +284,10 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
           work_dir: str | None = None, offload: bool = True) -> "TvmModule":
     """Compile ``module`` for the exact shapes/dtypes of ``example_inputs``.
 
-    ``tune_trials`` is the total MetaSchedule budget (see module doc); with
-    ``tune_trials > 0`` and no ``work_dir`` a temporary directory is used (so
-    nothing is reused).  Shapes are static: another batch size needs another build.
+    ``device``: "cpu" (LLVM for this host) or "cuda".  ``tune_trials``: total
+    MetaSchedule budget, 0 = untuned (see module doc); with no ``work_dir`` a fresh
+    temporary directory is used, so nothing is reused.  ``offload``: try library
+    BYOC (unavailable in the PyPI wheel; recorded in ``stats["offload"]``).
     """
     import tempfile
 
@@ -210,7 +298,7 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
     t_start = time.perf_counter()
     target = _make_target(device)
     stats: dict = {"device": device, "target": str(target), "tune_trials": tune_trials,
-                   "trial_budget": "total, split evenly over tasks", "db_reused": False}
+                   "trial_budget": "total per build, gradient task scheduler", "db_reused": False}
     was_training = module.training
     module.eval()
     try:
@@ -218,30 +306,38 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
             ep = torch.export.export(module, tuple(example_inputs))
     finally:
         module.train(was_training)
-    mod = from_exported_program(ep, keep_params_as_input=False)
+    n_out = len(ep.graph_signature.user_outputs)
+    # a single output comes back as a bare tensor: saves unpacking a tvm-ffi Array per call
+    mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=n_out == 1)
     stats["export_seconds"] = round(time.perf_counter() - t_start, 2)
     if offload:
         mod = _offload(mod, target, stats)
     else:
         stats["offload"] = {"requested": False, "applied": []}
-    mod = _lower_to_tir(mod, target)
-    if tune_trials > 0:
-        work_dir = work_dir or tempfile.mkdtemp(prefix="mlcomp_tvm_")
-        mod = _tune(mod, target, tune_trials, work_dir, stats)
-    if tune_trials <= 0 or target.kind.name == "cuda":
-        mod = _dlight(mod, target)  # untuned, or GPU fall-back for tasks not in the database
-    t0 = time.perf_counter()
-    ex = tvm.compile(mod, target=target)
+    with _Patched():
+        mod = _lower_to_tir(mod, target)
+        if tune_trials > 0:
+            mod = _tune(mod, target, tune_trials, work_dir or tempfile.mkdtemp(prefix="mlcomp_tvm_"),
+                        stats)
+        if tune_trials <= 0 or target.kind.name == "cuda":
+            mod = _dlight(mod, target)  # untuned, or GPU fall-back for tasks the database lacks
+        t0 = time.perf_counter()
+        ex = tvm.compile(mod, target=target)
     stats["compile_seconds"] = round(time.perf_counter() - t0, 2)
     stats["total_seconds"] = round(time.perf_counter() - t_start, 2)
-    n_out = len(ep.graph_signature.user_outputs)
     return TvmModule(ex, device, n_out, stats)
 
 
 class TvmModule:
-    """A compiled Relax VM program: torch tensors in, tuple of torch tensors out."""
+    """A compiled Relax VM program: torch tensors in, tuple of torch tensors out.
+
+    Inputs must match the example shapes/dtypes/device (the VM checks and raises).
+    Tensors cross via DLPack without copies; tvm-ffi hands results back as torch
+    tensors directly when the arguments were torch tensors.
+    """
 
     def __init__(self, executable, device: str, num_outputs: int, stats: dict):
+        import torch
         import tvm
         from tvm import relax
 
@@ -249,22 +345,20 @@ class TvmModule:
         self.device = device
         self.num_outputs = num_outputs
         self.stats = stats
-        self._vm = relax.VirtualMachine(executable, _tvm_device(device))
-        self._main = self._vm["main"]  # look the function up once
-        self._tvm = tvm
+        self._vm = relax.VirtualMachine(executable, tvm.cpu(0) if device == "cpu" else tvm.cuda(0))
+        self._main = self._vm["main"]  # resolve the packed function once
+        self._torch = torch
 
     def __call__(self, *inputs):
-        """Run the model; inputs are passed zero-copy via DLPack (made contiguous if needed)."""
-        import torch
-
-        args = [x if x.is_contiguous() else x.contiguous() for x in inputs]
-        out = self._main(*args)  # tvm-ffi converts torch tensors through DLPack
-        if isinstance(out, self._tvm.runtime.Tensor):
-            return (torch.from_dlpack(out),)
+        """Run the model and return a tuple of torch tensors."""
+        torch = self._torch
+        out = self._main(*[x if x.is_contiguous() else x.contiguous() for x in inputs])
+        if self.num_outputs == 1:
+            return (out if isinstance(out, torch.Tensor) else torch.from_dlpack(out),)
         return tuple(_flatten(out, torch))
 
     def save(self, directory: str) -> list[str]:
-        """Write ``model.so`` (code + baked weights) and ``meta.json``; return the file names."""
+        """Write ``model.so`` (kernels + VM bytecode + baked weights) and ``meta.json``."""
         os.makedirs(directory, exist_ok=True)
         self._ex.export_library(os.path.join(directory, _LIB))
         meta = {"device": self.device, "num_outputs": self.num_outputs, "stats": self.stats}
@@ -274,20 +368,21 @@ class TvmModule:
 
     @classmethod
     def load(cls, directory: str, device: str = "cpu") -> "TvmModule":
-        """Load a saved module (no torch model or TVM compiler pass needed)."""
+        """Load a saved module; needs only the TVM runtime (no torch model, no compiler passes)."""
         import tvm
 
         with open(os.path.join(directory, _META)) as f:
             meta = json.load(f)
         lib = tvm.runtime.load_module(os.path.join(directory, _LIB))
-        stats = dict(meta.get("stats", {}), loaded_from=directory)
-        return cls(lib, device, meta["num_outputs"], stats)
+        return cls(lib, device, meta["num_outputs"], dict(meta.get("stats", {}), loaded_from=directory))
 
 
 def _flatten(out, torch):
-    """Flatten (possibly nested) tvm-ffi arrays of tensors into torch tensors."""
+    """Flatten (possibly nested) tvm-ffi arrays into torch tensors."""
     for o in out:
-        if hasattr(o, "__dlpack__"):
+        if isinstance(o, torch.Tensor):
+            yield o
+        elif hasattr(o, "__dlpack__"):
             yield torch.from_dlpack(o)
         else:
             yield from _flatten(o, torch)

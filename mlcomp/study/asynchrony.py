@@ -21,7 +21,7 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
-from ..timing import Clock, Sync, median, measure, no_sync, synchronizer
+from ..timing import Clock, Sync, TimingPolicy, measure, measure_interleaved, median, no_sync, synchronizer
 from . import chapter
 from .common import Figure, StudyConfig, StudyResult, machine_line
 
@@ -55,20 +55,32 @@ class ThreadBackend:
         self.close()
 
 
-def time_unsynced(work: Callable[[], Any], drain: Sync, clock: Clock, repeats: int) -> float:
-    """The chapter's *wrong* number: the clock stops before queued work is drained.
+def wrong_and_right(work: Callable[[], Any], drain: Sync, clock: Clock, policy: TimingPolicy) -> tuple[float, float]:
+    """Median of the chapter's *wrong* number and of the right one, sampled alternately.
 
-    Queued work is drained outside the clock between samples so that one
-    sample's backlog does not leak into the next.
+    Wrong: the clock stops as soon as ``work`` returns, before queued work is
+    drained.  Right: ``drain`` runs before the clock stops.  Each round takes
+    one sample of each, and drains outside the clock in between, so one
+    sample's backlog never leaks into the next and load drift falls on both.
     """
-    samples = []
-    for _ in range(repeats):
+    for _ in range(policy.warmup):
+        work()
         drain()
+    wrong: list[float] = []
+    right: list[float] = []
+    begin = clock()
+    while len(wrong) < policy.max_repeats:
         start = clock()
         work()
-        samples.append(clock() - start)
-    drain()
-    return median(samples)
+        wrong.append(clock() - start)
+        drain()                                   # outside the clock: the backlog of the wrong sample
+        start = clock()
+        work()
+        drain()
+        right.append(clock() - start)
+        if len(wrong) >= policy.min_repeats and clock() - begin >= 2 * policy.budget_s:
+            break
+    return median(wrong), median(right)
 
 
 def run(config: StudyConfig) -> StudyResult:
@@ -88,16 +100,15 @@ def run(config: StudyConfig) -> StudyResult:
             a = rng.normal(size=(n, n))
             a.dot(a)
 
-    def torch_work(dev: str = device) -> None:
+    def torch_work() -> None:
         for _ in range(k):
-            a = torch.randn(n, n, device=dev)
+            a = torch.randn(n, n, device=device)
             torch.mm(a, a)
 
     t_np = measure(numpy_work, policy, clock=clock).median
     figures.append(Figure(f"numpy, {k} x (normal {n}x{n} + dot)", t_np, "s", chapter.ASYNC_MATMUL["numpy"],
                           "synchronous by construction"))
-    wrong = time_unsynced(torch_work, sync, clock, max(policy.min_repeats, 3))
-    right = measure(torch_work, policy, clock=clock, sync=sync).median
+    wrong, right = wrong_and_right(torch_work, sync, clock, policy)
     agree = f"without/with = {wrong / right:.2f}" if right else ""
     figures.append(Figure(f"torch {device}, clock stopped without barrier", wrong, "s",
                           chapter.ASYNC_MATMUL["no barrier"],
@@ -111,13 +122,12 @@ def run(config: StudyConfig) -> StudyResult:
             for _ in range(k):
                 backend.submit(lambda: _one_matmul(n))
 
-        q_wrong = time_unsynced(submit_all, backend.wait_all, clock, max(policy.min_repeats, 3))
-        q_right = measure(submit_all, policy, clock=clock, sync=backend.wait_all).median
+        q_wrong, q_right = wrong_and_right(submit_all, backend.wait_all, clock, policy)
     figures.append(Figure("CPU thread backend, frontend returns (no barrier)", q_wrong, "s",
                           chapter.ASYNC_MATMUL["no barrier"], "only the submission is timed: the wrong number"))
     figures.append(Figure("CPU thread backend, wait on all futures", q_right, "s", chapter.ASYNC_MATMUL["barrier"],
                           f"the right number; {q_right / q_wrong:.0f}x the wrong one" if q_wrong else ""))
-    figures += _steps(config, device, steps, clock, sync, policy)
+    figures += _steps(config, device, steps, clock, sync, config.policy(warmup=5, min_repeats=5))
     notes = [
         "The barrier belongs inside the timed region, before the clock stops: `mlcomp bench` calls the "
         "device's synchroniser after every timed call (tests check that order with a fake clock).",
@@ -155,11 +165,11 @@ def _steps(config: StudyConfig, device: str, steps: int, clock: Clock, sync: Syn
             y = x + 1
         del y
 
-    out = [Figure(f"{steps} x (y = x + 1) on {device}, barrier each step", measure(each, policy, clock=clock).median,
-                  "s", chapter.ASYNC_STEPS["barrier each step"], "" if device == "cuda" else "barrier is a no-op"),
-           Figure(f"{steps} x (y = x + 1) on {device}, one barrier", measure(once, policy, clock=clock,
-                                                                               sync=sync).median,
-                  "s", chapter.ASYNC_STEPS["one barrier"])]
+    t = measure_interleaved({"each": each, "once": once}, policy, clock=clock, sync={"each": no_sync, "once": sync})
+    out = [Figure(f"{steps} x (y = x + 1) on {device}, barrier each step", t["each"].median, "s",
+                  chapter.ASYNC_STEPS["barrier each step"], "" if device == "cuda" else "barrier is a no-op"),
+           Figure(f"{steps} x (y = x + 1) on {device}, one barrier", t["once"].median, "s",
+                  chapter.ASYNC_STEPS["one barrier"])]
     with ThreadBackend() as backend:
         def each_b() -> None:
             for _ in range(steps):
@@ -170,8 +180,8 @@ def _steps(config: StudyConfig, device: str, steps: int, clock: Clock, sync: Syn
                 backend.submit(lambda: x + 1)
             backend.wait_all()
 
-        t_each = measure(each_b, policy, clock=clock, sync=no_sync).median
-        t_once = measure(once_b, policy, clock=clock, sync=no_sync).median
+        tb = measure_interleaved({"each": each_b, "once": once_b}, policy, clock=clock)
+        t_each, t_once = tb["each"].median, tb["once"].median
     out.append(Figure(f"{steps} steps via thread backend, barrier each step", t_each, "s",
                       chapter.ASYNC_STEPS["barrier each step"], "frontend waits for every result"))
     out.append(Figure(f"{steps} steps via thread backend, one barrier", t_once, "s",
@@ -181,6 +191,6 @@ def _steps(config: StudyConfig, device: str, steps: int, clock: Clock, sync: Syn
 
 
 def plot(result: StudyResult, path: str) -> None:
-    from .common import bar_plot
+    from .plots import bar_plot
 
     bar_plot(result, path)

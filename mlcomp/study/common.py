@@ -27,6 +27,7 @@ class StudyConfig:
     model: str = "resnet18"               # roofline
     batch: int = 1                        # roofline
     input_shapes: tuple[str, ...] = ()    # roofline, for models that carry no input shapes
+    threads: int | None = None            # hybridize: intra-op threads of every compiled runtime
     clock: Clock | None = None            # None: time.perf_counter
 
     def policy(self, *, warmup: int = 2, min_repeats: int = 3) -> TimingPolicy:
@@ -110,7 +111,8 @@ class Table:
         return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
     def to_json(self) -> dict[str, Any]:
-        return {"title": self.title, "columns": list(self.columns), "rows": [list(r) for r in self.rows]}
+        return {"title": self.title, "columns": list(self.columns), "rows": [list(r) for r in self.rows],
+                "right": sorted(self.right)}
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,15 @@ class StudyResult:
         if self.notes:
             parts += [""] + [wrap(n, prefix="* ") for n in self.notes]
         return "\n".join(parts)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "StudyResult":
+        """Rebuild a result from :meth:`to_json` (to re-plot or re-print without measuring again)."""
+        figures = tuple(Figure(f["label"], f["measured"], f["unit"], f["chapter"] or "", f["note"] or "")
+                        for f in d["figures"])
+        tables = tuple(Table(t["title"], tuple(t["columns"]), tuple(tuple(r) for r in t["rows"]),
+                             frozenset(t.get("right", ()))) for t in d["tables"])
+        return cls(d["study"], d["title"], d["setup"], figures, tables, tuple(d["notes"]), dict(d["data"]))
 
     def to_json(self) -> dict[str, Any]:
         return {"study": self.name, "title": self.title, "setup": self.setup,
@@ -172,34 +183,10 @@ def machine_line() -> str:
     from ..hardware import cpu_name
 
     cpu = cpu_name() or platform.processor() or platform.machine()
-    line = f"{cpu}; torch {torch.__version__}, {torch.get_num_threads()} intra-op threads"
+    n = torch.get_num_threads()
+    line = f"{cpu}; torch {torch.__version__}, {n} intra-op thread{'' if n == 1 else 's'}"
     if torch.cuda.is_available():
         line += f"; GPU {torch.cuda.get_device_name(0)}"
     if hasattr(os, "getloadavg"):
         line += f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     return line
-
-
-def bar_plot(result: StudyResult, path: str, *, unit: str = "s") -> None:
-    """Horizontal bars of every measured figure in ``unit`` (the default plot of a study)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..output import atomic_path
-
-    figs = [f for f in result.figures if f.unit == unit and f.measured is not None]
-    fig, ax = plt.subplots(figsize=(8, 0.45 * max(len(figs), 2) + 1.4))
-    labels = [f.label for f in figs][::-1]
-    values = [f.measured for f in figs][::-1]
-    ax.barh(labels, values, color="#4c72b0")
-    for y, v in enumerate(values):
-        ax.text(v, y, " " + format_value(v, unit), va="center", fontsize=8)
-    ax.set_xlabel({"s": "seconds (median)", "B": "bytes"}.get(unit, unit))
-    ax.set_title(result.title, fontsize=10)
-    ax.margins(x=0.25)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)

@@ -5,19 +5,22 @@ after compiling the network (MXNet ``hybridize``, TorchScript in the PyTorch
 notebooks).  Here the same loop runs for eager PyTorch, for TorchScript (the
 notebooks' method) and for every mlcomp target that is available.  Each loop
 is one sample; the device is synchronised before the clock stops; the figure
-is the median over repeats after a warm-up loop.
+is the median over repeats after a warm-up loop.  The runners are timed round-robin
+(:func:`mlcomp.timing.measure_interleaved`), so load drift on a shared machine
+falls on all of them alike.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..timing import measure, synchronizer
+from ..timing import measure_interleaved, synchronizer
 from . import chapter
 from .common import Figure, StudyConfig, StudyResult, Table, machine_line
 
 
-def _runners(config: StudyConfig, model: Any, x: Any, device: str) -> list[tuple[str, Callable[..., Any] | None,
-                                                                                  str]]:
+def _runners(config: StudyConfig, model: Any, cpu_model: Any, x: Any,
+             device: str) -> list[tuple[str, Callable[..., Any] | None, str]]:
+    """(label, callable or None, note) per runner; targets compile from the CPU model, run on ``device``."""
     import torch
 
     from ..bench import compile_for
@@ -30,11 +33,23 @@ def _runners(config: StudyConfig, model: Any, x: Any, device: str) -> list[tuple
     targets = list(config.targets) + (["cuda"] if device == "cuda" and "cuda" not in config.targets else [])
     for target in targets:
         if (target == "cuda") != (device == "cuda"):
+            where = "--device cuda" if target == "cuda" else "--device cpu"
+            runners.append((target, None, f"runs on another device than this study; use {where}"))
             continue
-        c = compile_for(model, (x,), target)
+        options = {} if config.threads is None else {"threads": config.threads}
+        c = compile_for(cpu_model, (x.cpu(),), target, options=options)
         note = f"mlcomp target, compiled in {c.compile_s:.2f} s" if c.fn else c.reason
         runners.append((target, c.fn, note))
     return runners
+
+
+def _loop(fn: Callable[..., Any], x: Any, n: int) -> Callable[[], None]:
+    """The chapter's measurement: ``n`` calls in a Python loop, timed as one sample."""
+    def loop() -> None:
+        for _ in range(n):
+            fn(x)
+
+    return loop
 
 
 def run(config: StudyConfig) -> StudyResult:
@@ -44,34 +59,30 @@ def run(config: StudyConfig) -> StudyResult:
 
     device = config.resolved_device()
     zoo = get("mlp")
+    cpu_model = zoo.build()
     model = zoo.build().to(device)
     x = zoo.example_inputs(1)[0].to(device)
     sync = synchronizer(device)
-    counts = (10, 100) if config.quick else (1000, 10000)
+    counts = (5, 20) if config.quick else (1000, 10000)
     policy = config.policy(warmup=1, min_repeats=3)
     measured: dict[int, dict[str, float]] = {n: {} for n in counts}
     figures: list[Figure] = []
     with torch.inference_mode():
-        runners = _runners(config, model, x, device)
-        for n in counts:
-            base = None
+        runners = _runners(config, model, cpu_model, x, device)
+        for pos, n in enumerate(counts):
+            loops = {label: _loop(fn, x, n) for label, fn, _ in runners if fn is not None}
+            timings = measure_interleaved(loops, policy, clock=config.timer, sync=sync)
+            measured[n] = {label: t.median for label, t in timings.items()}
+            base = measured[n].get("eager")
             for label, fn, note in runners:
                 if fn is None:
                     figures.append(Figure(f"{label}, {n} calls", None, "s", "", note))
                     continue
-
-                def loop(fn: Callable[..., Any] = fn, n: int = n) -> None:
-                    for _ in range(n):
-                        fn(x)
-
-                t = measure(loop, policy, clock=config.timer, sync=sync)
-                measured[n][label] = t.median
-                base = t.median if label == "eager" else base
-                ratio = f"{base / t.median:.2f}x eager" if base and label != "eager" else "reference"
-                per_call = f"{t.median / n * 1e6:.1f} µs/call"
-                key = ("eager" if label == "eager" else "compiled", n)
-                figures.append(Figure(f"{label}, {n} calls", t.median, "s", chapter.HYBRIDIZE.get(key, ""),
-                                      f"{per_call}; {ratio}; {note}".rstrip("; ")))
+                med = measured[n][label]
+                ratio = f"{base / med:.2f}x eager" if base and label != "eager" else "reference"
+                key = ("eager" if label == "eager" else "compiled", pos)
+                figures.append(Figure(f"{label}, {n} calls", med, "s", chapter.HYBRIDIZE.get(key, ""),
+                                      f"{med / n * 1e6:.1f} µs/call; {ratio}; {note}".rstrip("; ")))
     speed = Table("speedup over eager (same loop, median)", ("runner",) + tuple(f"{n} calls" for n in counts),
                   tuple((label,) + tuple(f"{measured[n]['eager'] / measured[n][label]:.2f}x"
                                          if label in measured[n] else "—" for n in counts)
@@ -79,19 +90,30 @@ def run(config: StudyConfig) -> StudyResult:
     notes = (
         "The chapter compares against 'compiled' as one number: MXNet hybridize at 1000 calls, "
         "torch.jit.script at 10000 calls; every compiled row here is set beside that figure.",
-        "A model this small (0.33 MFLOP per call) is overhead-bound: per-call time is dominated by "
-        "Python and dispatch, which is exactly what compilation removes; see `mlcomp bench mlp "
-        "--batch 1,32,256` for where it stops being so.",
+        _rate_note(measured[counts[-1]].get("eager"), counts[-1]),
     )
     setup = (f"MLP 512-256-128-2 on one 1x512 sample, {device}; loops of {', '.join(map(str, counts))} calls; "
-             f"warm-up {policy.warmup} loop, median of >= {policy.min_repeats} loops. {machine_line()}")
+             f"warm-up {policy.warmup} loop, then runners timed round-robin, median of >= {policy.min_repeats} "
+             f"loops each. {machine_line()}")
     return StudyResult("hybridize", "Imperative vs compiled: the MLP call loop (chapter 12.1)", setup,
                        tuple(figures), (speed,), notes, {"seconds": {str(n): v for n, v in measured.items()},
                                                          "device": device})
 
 
+def _rate_note(eager_s: float | None, calls: int) -> str:
+    """What the eager loop's rate says: FLOP/s achieved by one call of the MLP."""
+    flops = 2 * (512 * 256 + 256 * 128 + 128 * 2)          # multiply-adds of the three layers, batch 1
+    if not eager_s:
+        return ""
+    per_call = eager_s / calls
+    return (f"One call does {flops / 1e6:.2f} MFLOP; eager takes {per_call * 1e6:.0f} µs per call, i.e. "
+            f"{flops / per_call / 1e9:.2f} GFLOP/s. Compare with this machine's peak (`mlcomp study roofline`): "
+            "the loop measures per-call overhead (Python, dispatch, allocation), which is what compilation "
+            "removes; `mlcomp bench mlp --batch 1,32,256` shows where that stops dominating.")
+
+
 def plot(result: StudyResult, path: str) -> None:
-    """Grouped bars per loop length: each runner's median, the chapter's eager/compiled in grey."""
+    """Bars per loop length: each runner's median; the chapter's eager/compiled figures as grey lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -103,12 +125,18 @@ def plot(result: StudyResult, path: str) -> None:
     counts = list(data)
     labels = list(dict.fromkeys(lb for n in counts for lb in data[n]))
     fig, axes = plt.subplots(1, len(counts), figsize=(5 * len(counts), 3.8), squeeze=False)
-    for ax, n in zip(axes[0], counts):
+    for pos, (ax, n) in enumerate(zip(axes[0], counts)):
         names = [lb for lb in labels if lb in data[n]]
         vals = [data[n][lb] for lb in names]
-        bars = ax.bar(names, vals, color="#4c72b0")
+        bars = ax.bar(names, vals, color="#4c72b0", label="measured here")
         ax.bar_label(bars, fmt="%.3g s", fontsize=7)
-        ax.set_title(f"{n} calls of the MLP (median, measured here)", fontsize=9)
+        if pos < 2 and int(n) == (1000, 10000)[pos]:    # the chapter timed 1000 and 10000 calls
+            ed = "MXNet ed." if pos == 0 else "PyTorch nb."
+            for kind, style in (("eager", "--"), ("compiled", ":")):
+                ax.axhline(chapter.HYBRIDIZE_SECONDS[(kind, pos)], color="grey", ls=style, lw=1,
+                           label=f"chapter, {kind} ({ed}, {(1000, 10000)[pos]} calls)")
+            ax.legend(fontsize=7)
+        ax.set_title(f"{n} calls of the MLP (median)", fontsize=9)
         ax.set_ylabel("seconds per loop")
         ax.tick_params(axis="x", labelrotation=20, labelsize=8)
     fig.tight_layout()

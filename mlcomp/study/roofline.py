@@ -5,9 +5,9 @@
    overhead, giving a :class:`~mlcomp.cost.HardwareSpec`.
 2. The model is captured; :mod:`mlcomp.cost` gives every node's FLOPs, bytes
    and arithmetic intensity.
-3. Each compute node runs on its own — its op callable from
-   :class:`~mlcomp.interpreter.Interpreter`'s plan, fed the real values the
-   interpreter computed for its inputs — and is timed.
+3. The graph runs node by node, as the interpreter runs it (each node's op
+   callable on the real values its inputs produced), and every compute node
+   is timed on its own.
 4. Per op: which roof bounds it here (memory or compute), the roofline time
    ``max(flops / peak, bytes / bandwidth)``, the achieved fraction of that
    bound, and which roof would bound it on the spec-sheet GPUs
@@ -55,31 +55,45 @@ class OpPoint:
 
 def place_ops(graph: Any, inputs: tuple, spec: Any, policy: TimingPolicy, *, device: str = "cpu",
               clock: Any = None) -> list[OpPoint]:
-    """Time every compute node of ``graph`` alone and place it on ``spec``'s roofline."""
+    """Run ``graph`` node by node in topological order, timing each compute node alone.
+
+    Every node gets the real values its inputs produced (parameters moved to
+    ``device``), is timed with ``policy`` and placed on ``spec``'s roofline.
+    """
     import time
 
     import torch
 
     from ..cost import SPEC_SHEETS, node_cost
-    from ..interpreter import Interpreter
+    from ..interpreter import check_input
     from ..ir import TensorMeta, map_refs
+    from ..ops import INPUT, OUTPUT, PARAM
 
-    interp = Interpreter(graph)
-    env = interp.run_all(*inputs)
     sync = synchronizer(device)
+    feed = dict(zip((n.name for n in graph.input_nodes), inputs))
+    env: dict[str, Any] = {}
     points: list[OpPoint] = []
-    for node, fn in interp._plan:  # noqa: SLF001 - the interpreter's own op callables
-        if fn is None or node.name not in env:
+    for node in graph.nodes():
+        if node.op == INPUT:
+            check_input(node, feed[node.name])
+            env[node.name] = feed[node.name]
             continue
-        cost = node_cost(graph, node)
-        if cost.bytes == 0 and cost.flops == 0:
+        if node.op == PARAM:
+            env[node.name] = graph.constants[node.name].to(device)
             continue
+        if node.op == OUTPUT:
+            continue
+        fn = node.op.resolve()                       # the same op callable the interpreter runs
         args = map_refs(node.inputs, lambda r: env[r.name])
         kwargs = map_refs(dict(node.attrs), lambda r: env[r.name])
+        env[node.name] = fn(*args, **kwargs)
+        cost = node_cost(graph, node)
+        if cost.bytes == 0 and cost.flops == 0:      # views and bookkeeping move nothing
+            continue
         t = measure(lambda: fn(*args, **kwargs), policy, clock=clock or time.perf_counter, sync=sync)
         dtype = node.meta.dtype if isinstance(node.meta, TensorMeta) else torch.float32
         roof = max(cost.flops / spec.peak(dtype), cost.bytes / spec.bandwidth)
-        points.append(OpPoint(node.name, f"{node.op.name}", node.origin.module_path or "<root>", cost.flops,
+        points.append(OpPoint(node.name, node.op.name, node.origin.module_path or "<root>", cost.flops,
                               cost.bytes, cost.intensity, spec.bound(cost, dtype), t.median, roof,
                               tuple(s.bound(cost, dtype) for s in SPEC_SHEETS.values())))
     return points
@@ -151,6 +165,7 @@ def run(config: StudyConfig) -> StudyResult:
         f"(ridge point {SPEC_SHEETS[specs[-1]].ridge_point():.1f} FLOP/B).",
         "'of bound' is roofline time / measured time: far below 100% means the op is dominated by "
         "dispatch overhead or runs below peak, typical of small ops at batch 1.",
+        _cache_note(points, device),
         f"Totals: {fmt_rate(total_flops, 'FLOP')}, {fmt_rate(total_bytes, 'B')} moved (each op's operands "
         "crossing main memory once).",
     ]
@@ -161,6 +176,25 @@ def run(config: StudyConfig) -> StudyResult:
                             for k, s in SPEC_SHEETS.items()}}
     return StudyResult("roofline", "Roofline: this machine and every op of a model", setup, tuple(figures),
                        (table,), tuple(notes), data)
+
+
+def _cache_note(points: list[OpPoint], device: str) -> str:
+    """Ops beating the memory roof: say whether their data fits in the last-level cache."""
+    from ..hardware import last_level_cache_bytes
+
+    over = [p for p in points if p.bound == "memory" and p.fraction > 1.0]
+    if not over:
+        return "No memory-bound op beat the measured memory roof."
+    llc = last_level_cache_bytes() if device == "cpu" else 0
+    biggest = max(p.bytes for p in over)
+    text = (f"{len(over)} memory-bound op(s) ran faster than the DRAM roof allows (up to "
+            f"{max(p.fraction for p in over):.1f}x); the largest moves {fmt_rate(biggest, 'B')}")
+    if llc:
+        fits = "less than" if biggest < llc else "more than"
+        text += (f", {fits} the {fmt_rate(llc, 'B')} last-level cache: "
+                 + ("their operands stay in cache between repeats, whose bandwidth the DRAM roof does not "
+                    "describe" if biggest < llc else "noise or a bandwidth measurement below the true peak"))
+    return text + "."
 
 
 def plot(result: StudyResult, path: str) -> None:

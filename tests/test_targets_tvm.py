@@ -1,0 +1,81 @@
+"""The tvm target: every zoo model untuned, plain TVM-runtime reload, support checks, tuning reuse."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from mlcomp.errors import UnsupportedOpError
+from mlcomp.loading import load_model
+from mlcomp.ops import aten
+from mlcomp.targets import CompileOptions, Fallback, get_target
+from mlcomp.targets.artifact import Artifact
+from tests.targets_common import FP32_RTOL, ZOO_NAMES, compile_zoo, fresh_process_check
+
+pytestmark = pytest.mark.tvm
+
+
+@pytest.fixture(scope="module")
+def built(captured, tmp_path_factory):
+    return compile_zoo("tvm", captured, tmp_path_factory.mktemp("tvm"))
+
+
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_zoo_compiles_and_verifies(built, name):
+    b = built[name]
+    assert b.max_rel <= FP32_RTOL
+    assert (b.directory / "model.so").is_file()
+    info = b.artifact.manifest["runtime_info"]
+    assert info["tuned"] is False and info["device"] == "cpu"
+
+
+def test_fresh_process_reload_and_plain_tvm_runtime(built):
+    report = fresh_process_check([b.directory for b in built.values()], plain="tvm")
+    assert set(report) == set(ZOO_NAMES)
+    for name, r in report.items():
+        assert r["passed"] and r["target"] == "tvm", name
+        assert r["mlcomp_rel"] <= FP32_RTOL and r["plain_rel"] <= FP32_RTOL, (name, r)
+
+
+def test_supports_asks_the_importer():
+    tvm = get_target("tvm")
+    assert tvm.explain_op(aten("addmm")) is None
+    assert tvm.explain_op(aten("_native_batch_norm_legit_no_training")) is None
+    assert "no converter" in tvm.explain_op(aten("kthvalue"))
+
+
+class Median(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y - torch.kthvalue(y, 4, dim=-1, keepdim=True).values
+
+
+def test_unknown_op_is_reported_then_falls_back_to_torch():
+    module, x = Median().eval(), torch.randn(2, 8)
+    graph = load_model(module, example_inputs=(x,)).capture()
+    with pytest.raises(UnsupportedOpError, match="kthvalue"):
+        get_target("tvm").compile(graph, CompileOptions())
+    art = get_target("tvm").compile(graph, CompileOptions(fallback=Fallback.EAGER))
+    assert "torch (eager)" in [r["runs_on"] for r in art.manifest["fallback_regions"]]
+    with torch.no_grad():
+        assert torch.allclose(art(x), module(x), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_tuning_database_is_reused_across_compiles(tmp_path):
+    module = nn.Sequential(nn.Linear(64, 64), nn.ReLU()).eval()
+    x = torch.randn(4, 64)
+    graph = load_model(module, example_inputs=(x,)).capture()
+    opts = CompileOptions(tune_trials=4, work_dir=str(tmp_path / "db"))
+    first = get_target("tvm").compile(graph, opts)
+    assert first.runtime.tuned and first.runtime.stats["trials_run"] > 0
+    second = get_target("tvm").compile(graph, opts)
+    assert second.runtime.stats["trials_run"] == 0 and second.runtime.stats["db_reused"]
+    with torch.no_grad():
+        assert torch.allclose(second(x), module(x), atol=1e-5)
+    second.save(tmp_path / "art")
+    assert Artifact.load(tmp_path / "art").manifest["runtime_info"]["tuned"] is True
