@@ -60,8 +60,13 @@ def _pipeline_module():
 
 
 def compile_source(source: Any, graph: Any, *, target: str = "cpu", pipeline: Any = None,
-                   verify: bool = True, capture_seconds: float = 0.0, **options: Any) -> CompileResult:
-    """Pipeline + lowering + verification for an already captured model (used by the CLI)."""
+                   verify: bool = True, capture_seconds: float = 0.0,
+                   pipeline_kwargs: dict[str, Any] | None = None, **options: Any) -> CompileResult:
+    """Pipeline + lowering + verification for an already captured model (used by the CLI).
+
+    ``pipeline_kwargs`` go to :func:`mlcomp.pipeline.run_pipeline` (the instruments:
+    ``verify``, ``dump_after``, ``dump_dir``, ``explain``).
+    """
     from .targets import CompileOptions, get_target
 
     report, pipeline_seconds, spec = None, 0.0, None
@@ -71,7 +76,7 @@ def compile_source(source: Any, graph: Any, *, target: str = "cpu", pipeline: An
         if module is not None:
             t0 = time.perf_counter()
             pipe = module.Pipeline.coerce(pipeline)
-            graph, report = module.run_pipeline(graph, pipe, example_inputs=inputs)
+            graph, report = module.run_pipeline(graph, pipe, example_inputs=inputs, **(pipeline_kwargs or {}))
             pipeline_seconds = time.perf_counter() - t0
             spec = pipe.spec
             if getattr(pipe, "target", None) and target is None:

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import click
 
 from .cli import load_and_capture, model_options
+from .cli_passes import pipeline_from_cli, pipeline_options
 from .errors import ArtifactError, InputSpecError, MlcompError
 
 __all__ = ["compile_cmd", "run_cmd", "export_cmd", "targets_cmd"]
@@ -39,8 +40,7 @@ def _size(path: Path) -> str:
               help="cpu, cuda, onnxruntime (ort) or tvm (default: the pipeline file's target, else cpu).")
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Artifact folder to write (default mlcomp-out/MODEL-TARGET).")
-@click.option("-p", "--pipeline", default=None, metavar="SPEC|FILE.toml",
-              help="Passes to run first: inline ('cleanup,fuse'), a preset (-O2) or a TOML file.")
+@pipeline_options
 @click.option("--tolerance", type=float, default=None, help="Relative tolerance for verification (default by dtype).")
 @click.option("--fallback", type=click.Choice(["none", "eager"]), default="none", show_default=True,
               help="What to do with ops the target cannot run: fail, or run them in torch.")
@@ -53,10 +53,15 @@ def _size(path: Path) -> str:
 @click.option("--fresh-check", is_flag=True, help="Also reload and verify the artifact in a new Python process.")
 def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                 dynamic_batch: bool, trust_pickle: bool, target: str | None, output: Path | None,
-                pipeline: str | None, tolerance: float | None, fallback: str, threads: int | None,
-                device: str | None, tune_trials: int, tuning_dir: str | None, fresh_check: bool) -> None:
+                pipeline: str | None, opt_level: str | None, dump_after: str | None, dump_dir: str,
+                verify_passes: bool, explain: bool, tolerance: float | None, fallback: str,
+                threads: int | None, device: str | None, tune_trials: int, tuning_dir: str | None,
+                fresh_check: bool) -> None:
     """Capture MODEL, run a pipeline, lower it to a target, verify against eager and save it."""
     from .api import compile_source
+
+    request = pipeline_from_cli(pipeline, opt_level, dump_after, dump_dir, verify_passes, explain, default=None)
+    pipeline = request.pipeline.spec if opt_level is not None else pipeline
 
     t0 = time.perf_counter()
     source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
@@ -68,6 +73,7 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
         target = Pipeline.from_toml(pipeline.strip()).target
     target = target or "cpu"
     result = compile_source(source, graph, target=target, pipeline=pipeline, verify=False,
+                            pipeline_kwargs=request.kwargs(),
                             capture_seconds=capture_seconds, tolerance=tolerance, fallback=fallback,
                             threads=threads, device=device, tune_trials=tune_trials, work_dir=tuning_dir)
     art = result.artifact

@@ -187,6 +187,8 @@ class Target(abc.ABC):
         return self._explain_op(node.op)
 
     def _explain_op(self, op: Op) -> str | None:
+        if op.is_structural or op == GETITEM:   # also met inside composite bodies (multi-output ops)
+            return None
         if op.namespace in (Namespace.ATEN, Namespace.PRIMS) and op.name in UNSUPPORTED_EVERYWHERE:
             return UNSUPPORTED_EVERYWHERE[op.name]
         return self.explain_op(op)

@@ -106,6 +106,7 @@ class OrtRuntime:
     """An ORT session called through its C++ ``run`` with zero-copy numpy views."""
 
     kind: ClassVar[RuntimeKind] = RuntimeKind.ONNXRUNTIME
+    checks_inputs: ClassVar[bool] = True     # ORT rejects wrong shapes/dtypes (static dims) itself
 
     def __init__(self, model: bytes, *, threads: int | None = None, device: str = "cpu") -> None:
         self.model = model
