@@ -162,6 +162,10 @@ def bench_config(name: str, batch: int, args: argparse.Namespace) -> list[Row]:
         expected = module(*inputs)
     t0 = time.perf_counter()
     graph = source.capture()
+    if args.pipeline:
+        from mlcomp.pipeline import run_pipeline
+
+        graph, _ = run_pipeline(graph, args.pipeline, example_inputs=inputs)
     capture_s = time.perf_counter() - t0
     rows: dict[str, Row] = {"eager": Row(name, batch, "eager", note="nn.Module, no_grad")}
     runners: dict[str, Callable[[], Any]] = {"eager": lambda: module(*inputs)}
@@ -179,8 +183,7 @@ def bench_config(name: str, batch: int, args: argparse.Namespace) -> list[Row]:
         outputs[label] = lambda: to_torch(fn)(*inputs)
 
     avail = available_targets()
-    targets = ["cpu", "onnxruntime", "tvm"]
-    for target in targets:
+    for target in args.targets:
         if avail[target] is None:
             add(f"mlcomp:{target}", lambda t=target: _timed_mlcomp(source, graph, t, capture_s, args))
     if args.tune_trials and name in args.tune_models and avail["tvm"] is None:
@@ -213,6 +216,8 @@ def _timed_mlcomp(source, graph, target: str, capture_s: float, args: argparse.N
     fn, seconds, note = _build_mlcomp(source, graph, target, threads=_THREADS,
                                       tune_trials=args.tune_trials if tuned else 0,
                                       work_dir=args.tuning_dir if tuned else None)
+    if args.pipeline:
+        note = f"-p {args.pipeline}" + (f"; {note}" if note else "")
     return fn, capture_s + seconds, note
 
 
@@ -256,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tune-trials", type=int, default=0, help="TVM MetaSchedule budget for --tune-models")
     ap.add_argument("--tune-models", default="mlp")
     ap.add_argument("--tuning-dir", default="mlcomp-out/tvm-tuning", help="tuning database (reused)")
+    ap.add_argument("--targets", default="cpu,onnxruntime,tvm", help="mlcomp targets to include")
+    ap.add_argument("--pipeline", default=None, help="passes to run before the mlcomp targets (e.g. -O2)")
     ap.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile (slow to compile)")
     ap.add_argument("--budget", type=float, default=3.0, help="seconds of timing per runner and config")
     ap.add_argument("--rounds", type=int, default=14)
@@ -264,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the rows as JSON")
     args = ap.parse_args(argv)
     args.tune_models = set(args.tune_models.split(","))
+    args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     if args.clock == "thread" and _THREADS != 1:
         ap.error("--clock thread measures one thread's CPU time; use it with --threads 1")
     rows: list[Row] = []
@@ -280,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows))
     print()
     print("mlcomp:onnxruntime speed relative to direct:onnxruntime: " + ", ".join(ort_ratios(rows)))
-    print("compile s for mlcomp:* = capture + lowering; direct:torch.compile = first call")
+    print("compile s for mlcomp:* = capture + pipeline + lowering; direct:torch.compile = first call")
     if args.json:
         from mlcomp.output import write_text_atomic
 
