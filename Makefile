@@ -23,6 +23,7 @@ demo: setup
 	$(BIN)/mlcomp bench mlp --targets eager,cpu,onnxruntime,tvm,cuda --batch 1,32 -p -O2
 
 test: setup
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 bench: setup

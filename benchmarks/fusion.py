@@ -7,7 +7,7 @@
 Table 1, per zoo model, compares ``-O1`` (cleanup, no fusion) with ``-O2``
 (cleanup, fuse, cleanup): IR nodes, kernels (nodes that move data: not views,
 projections or parameters), ATen ops in the frozen TorchScript graph, estimated
-bytes moved (mlcomp.cost: every kernel reads its inputs and writes its outputs
+bytes moved (mlcomp.analysis.cost: every kernel reads its inputs and writes its outputs
 once) and latency of the compiled model.
 
 Table 2 runs ``y = f_k(...f_2(f_1(x)))`` for k = 1..8 elementwise ops on a
@@ -31,12 +31,12 @@ import time
 from typing import Any, Callable, Sequence
 
 import torch
+from mlcomp.passes import patterns as P
 from torch import nn
 
-from mlcomp.cost import node_bytes
+from mlcomp.analysis.cost import node_bytes
 from mlcomp.ir import Graph
-from mlcomp.ops import GETITEM
-from mlcomp.passes import patterns as P
+from mlcomp.ir.ops import GETITEM
 from mlcomp.pipeline import run_pipeline
 
 UNFUSED, FUSED = "-O1", "-O2"
@@ -52,7 +52,7 @@ def compile_cpu(graph: Graph, inputs: Sequence[torch.Tensor], threads: int) -> t
         from mlcomp.targets import get_target
         from mlcomp.targets.base import CompileOptions
     except ImportError:                                   # no targets yet: trace the interpreter
-        from mlcomp.interpreter import Interpreter
+        from mlcomp.ir.interpreter import Interpreter
 
         interp = Interpreter(graph, check_inputs=False)
         module = torch.jit.freeze(torch.jit.trace(_Call(interp), tuple(inputs), check_trace=False).eval())
@@ -123,8 +123,9 @@ def aten_ops(module: Any) -> int | None:
 
 
 def zoo_table(models: Sequence[str], batch: int, threads: int, rounds: int) -> list[dict[str, Any]]:
-    from mlcomp.loading import load_model
     from mlcomp.models import ZOO
+
+    from mlcomp.frontend.loading import load_model
 
     rows = []
     for name in models:
@@ -186,7 +187,7 @@ class Chain(nn.Module):
 
 
 def chain_table(elements: int, ks: Sequence[int], threads: int, rounds: int) -> list[dict[str, Any]]:
-    from mlcomp.loading import load_model
+    from mlcomp.frontend.loading import load_model
 
     x = torch.randn(elements)
     rows = []

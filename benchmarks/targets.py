@@ -59,7 +59,7 @@ class Row:
 
 
 def _rel(expected: Any, actual: Any) -> float:
-    from mlcomp.verify import compare
+    from mlcomp.analysis.verify import compare
 
     return compare(expected, actual).max_rel
 
@@ -152,8 +152,9 @@ def measure(runners: dict[str, Callable[[], Any]], *, budget: float, rounds: int
 
 
 def bench_config(name: str, batch: int, args: argparse.Namespace) -> list[Row]:
-    from mlcomp.loading import load_model
     from mlcomp.targets import available_targets
+
+    from mlcomp.frontend.loading import load_model
 
     torch.set_num_threads(_THREADS)
     source = load_model(name, batch=batch)
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     print("mlcomp:onnxruntime speed relative to direct:onnxruntime: " + ", ".join(ort_ratios(rows)))
     print("compile s for mlcomp:* = capture + pipeline + lowering; direct:torch.compile = first call")
     if args.json:
-        from mlcomp.output import write_text_atomic
+        from mlcomp.base.files import write_text_atomic
 
         write_text_atomic(args.json, json.dumps([{k: v for k, v in asdict(r).items() if k != "samples"}
                                                  for r in rows], indent=1))

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
-
-from .errors import MlcompError  # noqa: E402
+from mlcomp.base.errors import MlcompError
+from mlcomp.base.version import __version__
 
 __all__ = ["MlcompError", "capture", "compile", "load", "__version__"]
 
 
 def capture(model: Any, example_inputs: Any = None, **kwargs: Any):
-    """Capture a model (module, file or zoo name) into a :class:`mlcomp.ir.Graph`."""
-    from .loading import load_model
+    """Capture a model (module, file or zoo name) into a :class:`mlcomp.ir.graph.Graph`."""
+    from mlcomp.frontend.loading import load_model
 
     source = load_model(model, example_inputs=example_inputs,
                         trust_pickle=kwargs.pop("trust_pickle", False))
@@ -29,7 +28,7 @@ def capture(model: Any, example_inputs: Any = None, **kwargs: Any):
 
 def __getattr__(name: str) -> Any:
     if name in ("compile", "load"):
-        from . import api
+        from mlcomp import api
 
         return getattr(api, name)
     raise AttributeError(name)

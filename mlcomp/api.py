@@ -9,7 +9,7 @@
     >>> again = mlcomp.load("out/resnet18-ort", verify=True)   # re-checks the stored reference
 
 ``model_or_path`` is an ``nn.Module`` (with ``example_inputs``) or anything
-:func:`mlcomp.loading.load_model` accepts (zoo name, ``.pt``, ``.pt2``,
+:func:`mlcomp.frontend.loading.load_model` accepts (zoo name, ``.pt``, ``.pt2``,
 ``file.py:fn``).  Remaining keyword arguments are
 :class:`~mlcomp.targets.base.CompileOptions` (``threads``, ``tune_trials``,
 ``work_dir``, ``device``, ``tolerance``…) or loading options (``input_shapes``,
@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .errors import MlcompError
+from mlcomp.base.errors import MlcompError
 
 __all__ = ["compile", "load", "export", "CompileResult"]
 
@@ -44,7 +44,7 @@ class CompileResult:
 
 def _source(model_or_path: Any, example_inputs: Sequence[torch.Tensor] | torch.Tensor | None,
             load_opts: dict[str, Any]):
-    from .loading import load_model
+    from mlcomp.frontend.loading import load_model
 
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
@@ -64,10 +64,10 @@ def compile_source(source: Any, graph: Any, *, target: str = "cpu", pipeline: An
                    pipeline_kwargs: dict[str, Any] | None = None, **options: Any) -> CompileResult:
     """Pipeline + lowering + verification for an already captured model (used by the CLI).
 
-    ``pipeline_kwargs`` go to :func:`mlcomp.pipeline.run_pipeline` (the instruments:
+    ``pipeline_kwargs`` go to :func:`mlcomp.pipeline.spec.run_pipeline` (the instruments:
     ``verify``, ``dump_after``, ``dump_dir``, ``explain``).
     """
-    from .targets import CompileOptions, get_target
+    from mlcomp.targets import CompileOptions, get_target
 
     report, pipeline_seconds, spec = None, 0.0, None
     inputs = source.inputs()
@@ -90,7 +90,7 @@ def compile_source(source: Any, graph: Any, *, target: str = "cpu", pipeline: An
     artifact.manifest["pipeline_seconds"] = round(pipeline_seconds, 4)
     with torch.no_grad():
         expected = source.eager(*inputs)
-    from .verify import flatten_outputs
+    from mlcomp.analysis.verify import flatten_outputs
 
     artifact.set_reference(inputs, tuple(flatten_outputs(expected)))
     if verify:
@@ -104,7 +104,7 @@ def compile(model_or_path: Any, example_inputs: Sequence[torch.Tensor] | torch.T
     """Capture, run ``pipeline`` (inline text, preset, ``.toml`` path or Pipeline), lower, verify.
 
     Returns an :class:`~mlcomp.targets.artifact.Artifact`; raises
-    :class:`~mlcomp.errors.VerificationError` if ``verify`` and the outputs differ
+    :class:`~mlcomp.base.errors.VerificationError` if ``verify`` and the outputs differ
     from eager beyond the tolerance.
     """
     load_opts = {k: options.pop(k) for k in _LOAD_KEYS if k in options}
@@ -120,7 +120,7 @@ def compile(model_or_path: Any, example_inputs: Sequence[torch.Tensor] | torch.T
 
 def load(directory: str | Path, *, verify: bool = False):
     """Load an artifact folder; ``verify=True`` re-runs its stored reference inputs and compares."""
-    from .targets.artifact import Artifact
+    from mlcomp.targets.artifact import Artifact
 
     artifact = Artifact.load(directory)
     if verify:
@@ -135,7 +135,7 @@ def export(model_or_path: Any, path: str | Path, format: str = "onnx",
 
     Returns ``(path, VerifyResult)``; see :mod:`mlcomp.targets.export` for the formats.
     """
-    from .targets.export import ExportFormat, export_graph
+    from mlcomp.targets.export import ExportFormat, export_graph
 
     load_opts = {k: options.pop(k) for k in _LOAD_KEYS if k in options}
     if options:

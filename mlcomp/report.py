@@ -9,7 +9,7 @@ The folder holds
 * ``inspect.json``, ``pipeline.json``, ``bench.json``, ``bench.csv`` — the data behind it.
 
 The folder is written under a temporary name and renamed when complete
-(:func:`mlcomp.output.atomic_dir`): a failure leaves no half-written report.
+(:func:`mlcomp.base.files.atomic_dir`): a failure leaves no half-written report.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from html import escape
 from pathlib import Path
 from typing import Any, Sequence
 
-from .bench import BenchConfig, BenchResult, Progress, plot_bench, run_bench, to_csv
-from .study.common import StudyConfig, StudyResult, machine_line
+from mlcomp.measure.bench import BenchConfig, BenchResult, Progress, plot_bench, run_bench, to_csv
+from mlcomp.study.common import StudyConfig, StudyResult, machine_line
 
 _CSS = """
 body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
@@ -62,11 +62,11 @@ def build_report(model: Any, out_dir: str | Path, config: ReportConfig = ReportC
     """Inspect, run the pipeline, bench, plot, and write ``out_dir`` atomically.
 
     ``source``/``graph`` may be given already loaded and captured (the CLI does,
-    through :func:`mlcomp.cli.load_and_capture`); otherwise they are loaded here.
+    through :func:`mlcomp.cli.main.load_and_capture`); otherwise they are loaded here.
     """
-    from .inspect import inspect_graph
-    from .loading import load_model
-    from .output import atomic_dir
+    from mlcomp.analysis.inspect import inspect_graph
+    from mlcomp.base.files import atomic_dir
+    from mlcomp.frontend.loading import load_model
 
     if source is None:
         source = load_model(model, input_shapes=input_shapes, trust_pickle=trust_pickle,
@@ -79,7 +79,7 @@ def build_report(model: Any, out_dir: str | Path, config: ReportConfig = ReportC
                       progress=progress, **config.bench_options)
     roof: StudyResult | None = None
     if config.roofline:
-        from .study import roofline
+        from mlcomp.study import roofline
 
         roof = roofline.run(StudyConfig(quick=config.quick, model=str(model), batch=config.bench.batches[0],
                                         input_shapes=tuple(input_shapes)))
@@ -107,7 +107,7 @@ def _pipeline_section(graph: Any, inputs: tuple, spec: str | None) -> tuple[str 
     if not spec:
         return None, None, "No pipeline given (pass -p PIPELINE to run one and show its per-pass stats)."
     try:
-        from .pipeline import Pipeline, run_pipeline
+        from mlcomp.pipeline import Pipeline, run_pipeline
     except ImportError as exc:
         return None, None, f"Per-pass stats unavailable: mlcomp.pipeline cannot be imported ({exc})."
     _, report = run_pipeline(graph.copy(), Pipeline.parse(spec), example_inputs=inputs)

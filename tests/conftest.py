@@ -33,7 +33,7 @@ def zoo():
 @pytest.fixture(scope="session")
 def captured(zoo):
     """Zoo graphs captured once per session via torch.export: name -> (module, inputs, graph)."""
-    from mlcomp.loading import load_model
+    from mlcomp.frontend.loading import load_model
 
     cache: dict[str, tuple] = {}
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
 from mlcomp.targets import CompileOptions, get_target
-from mlcomp.verify import flatten_outputs
+
+from mlcomp.analysis.verify import flatten_outputs
 
 ZOO_NAMES = ["mlp", "lenet", "resnet18", "transformer", "gru"]
 SPECTRAL = "tests/data/spectral.py:build"

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 import torch
-
-import mlcomp
-from mlcomp.errors import ArtifactError, InputSpecError, VerificationError
 from mlcomp.targets import CompileOptions, get_target
 from mlcomp.targets.artifact import FORMAT_VERSION, Artifact
-from mlcomp.verify import compare, tolerance_for
+
+import mlcomp
+from mlcomp.analysis.verify import compare, tolerance_for
+from mlcomp.base.errors import ArtifactError, InputSpecError, VerificationError
 from tests.targets_common import REPO
 
 

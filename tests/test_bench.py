@@ -1,4 +1,4 @@
-"""mlcomp.timing and mlcomp.bench: the timing protocol with fakes, the bench with a fake compiler, the CLI.
+"""mlcomp.hardware.timing and mlcomp.measure.bench: the timing protocol with fakes, the bench with a fake compiler, the CLI.
 
 No test asserts a wall-clock value: timing logic runs on a fake clock, and real
 runs only check structure (rows, statuses, files).
@@ -12,10 +12,19 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from mlcomp.bench import BenchConfig, plot_bench, rebatch, run_bench, to_csv
-from mlcomp.errors import MlcompError
-from mlcomp.timing import (BenchConfigError, PeakMemory, TimingPolicy, fmt_bytes, fmt_seconds, measure,
-                           measure_interleaved, median, percentile)
+from mlcomp.base.errors import MlcompError
+from mlcomp.hardware.timing import (
+    BenchConfigError,
+    PeakMemory,
+    TimingPolicy,
+    fmt_bytes,
+    fmt_seconds,
+    measure,
+    measure_interleaved,
+    median,
+    percentile,
+)
+from mlcomp.measure.bench import BenchConfig, plot_bench, rebatch, run_bench, to_csv
 
 
 @pytest.fixture(autouse=True)
@@ -240,7 +249,7 @@ def test_bench_config_validation() -> None:
 # CLI
 
 def test_cli_bench_json_and_csv(tmp_path) -> None:
-    from mlcomp.cli import main
+    from mlcomp.cli.main import main
 
     runner = CliRunner()
     out = runner.invoke(main, ["bench", "mlp", "--targets", "eager", "--batch", "1,2", "--budget", "0.005",
@@ -256,7 +265,7 @@ def test_cli_bench_json_and_csv(tmp_path) -> None:
 
 
 def test_cli_bench_errors_are_one_paragraph() -> None:
-    from mlcomp.cli import main
+    from mlcomp.cli.main import main
 
     out = CliRunner().invoke(main, ["bench", "mlp", "--budget", "-1"])
     assert out.exit_code == 2 and "error: time budget" in out.output and "Traceback" not in out.output
@@ -267,7 +276,7 @@ def test_cli_bench_errors_are_one_paragraph() -> None:
 
 
 def test_progress_line_formats() -> None:
-    from mlcomp.cli_study import ProgressLine
+    from mlcomp.cli.study import ProgressLine
 
     buf = io.StringIO()
     p = ProgressLine(buf, tty=False)

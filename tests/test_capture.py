@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from mlcomp.models import ZOO
 from torch.utils.flop_counter import FlopCounterMode
 
-from mlcomp import cost
-from mlcomp.interpreter import Interpreter
-from mlcomp.loading import load_model, save_torchscript
-from mlcomp.models import ZOO
+from mlcomp.analysis import cost
+from mlcomp.frontend.loading import load_model, save_torchscript
+from mlcomp.ir.interpreter import Interpreter
 
 PATHS = ["export", "fx", "torchscript", "pt2"]
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from mlcomp.cli import main
+from mlcomp.cli.main import main
 from tests.targets_common import REPO, SPECTRAL
 
 
@@ -140,7 +140,7 @@ def test_unknown_target_suggests_a_name(tmp_path):
 
 def test_user_errors_exit_without_traceback_in_a_real_process(tmp_path):
     """A real process: exit code and stderr as a user sees them."""
-    cmd = [sys.executable, "-m", "mlcomp.cli", "compile", SPECTRAL, "--target", "cpu",
+    cmd = [sys.executable, "-m", "mlcomp", "compile", SPECTRAL, "--target", "cpu",
            "-o", str(tmp_path / "x")]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 2

@@ -10,9 +10,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from mlcomp.cli import main
-from mlcomp.errors import CaptureError, InputSpecError, ModelLoadError, UnsafePickleError
-from mlcomp.loading import load_model, save_torchscript
+from mlcomp.base.errors import CaptureError, InputSpecError, ModelLoadError, UnsafePickleError
+from mlcomp.cli.main import main
+from mlcomp.frontend.loading import load_model, save_torchscript
 
 DATA = Path(__file__).parent / "data"
 FACTORIES = DATA / "factories.py"
@@ -112,7 +112,7 @@ def test_factory_with_inputs_and_module_path():
 
 def test_real_process_exit_code_and_no_traceback(tmp_path):
     env = dict(os.environ)
-    proc = subprocess.run([sys.executable, "-m", "mlcomp.cli", "inspect", str(tmp_path / "nope.pt2")],
+    proc = subprocess.run([sys.executable, "-m", "mlcomp", "inspect", str(tmp_path / "nope.pt2")],
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr

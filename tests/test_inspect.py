@@ -6,9 +6,9 @@ import json
 import torch
 from click.testing import CliRunner
 
-from mlcomp.cli import main
-from mlcomp.inspect import inspect_graph
-from mlcomp.loading import load_model
+from mlcomp.analysis.inspect import inspect_graph
+from mlcomp.cli.main import main
+from mlcomp.frontend.loading import load_model
 
 
 class TwoBranches(torch.nn.Module):

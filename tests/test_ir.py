@@ -6,10 +6,9 @@ import dataclasses
 import pytest
 import torch
 
-from mlcomp import ops
-from mlcomp.errors import IRError
-from mlcomp.interpreter import Interpreter
-from mlcomp.ir import Graph, Node, Origin, Ref, TensorMeta
+from mlcomp.base.errors import IRError
+from mlcomp.ir import Graph, Node, Origin, Ref, TensorMeta, ops
+from mlcomp.ir.interpreter import Interpreter
 
 F32 = torch.float32
 

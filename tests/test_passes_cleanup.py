@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from mlcomp.ir import Mode, TensorMeta
-from mlcomp.ops import Namespace, Op, aten
-from mlcomp.passes.builder import GraphBuilder
+from mlcomp.ir.builder import GraphBuilder
+from mlcomp.ir.ops import Namespace, Op, aten
 from mlcomp.pipeline import run_pipeline
 
 

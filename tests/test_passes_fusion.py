@@ -10,15 +10,15 @@ import textwrap
 
 import pytest
 import torch
+from mlcomp.passes.fusion import estimate_peak_bytes, materialize
 from torch import nn
 
-from mlcomp.composites import fused_body, is_fused
-from mlcomp.errors import PassFailure
+from mlcomp.base.errors import PassFailure
+from mlcomp.frontend.loading import load_model
 from mlcomp.ir import Mode
-from mlcomp.loading import load_model
-from mlcomp.ops import GETITEM, aten
-from mlcomp.passes.builder import GraphBuilder
-from mlcomp.passes.fusion import estimate_peak_bytes, materialize
+from mlcomp.ir.builder import GraphBuilder
+from mlcomp.ir.composites import fused_body, is_fused
+from mlcomp.ir.ops import GETITEM, aten
 from mlcomp.pipeline import run_pipeline
 
 
@@ -340,7 +340,7 @@ def test_materialize_a_multi_output_group():
     assert "%add: f32[64, 64] = graph.getitem(%fused_exp, 1)" in text
     assert graph.node("fused_exp").ann.fusion_group == 7
     x = torch.randn(64, 64)
-    from mlcomp.interpreter import Interpreter
+    from mlcomp.ir.interpreter import Interpreter
 
     for got, want in zip(Interpreter(graph).run(x), Interpreter(reference).run(x)):
         torch.testing.assert_close(got, want)

@@ -1,4 +1,4 @@
-"""Fused kernels (mlcomp.composites): generated code, in-place safety, tiling, trace/export."""
+"""Fused kernels (mlcomp.ir.composites): generated code, in-place safety, tiling, trace/export."""
 from __future__ import annotations
 
 import pickle
@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from mlcomp.composites import Tiling, fused_body, fused_kernel, is_fused, register_fused
 from mlcomp.ir import Graph, Mode, Node, Ref, TensorMeta
-from mlcomp.ops import INPUT, OUTPUT, Category, aten, category
-from mlcomp.passes.builder import GraphBuilder
+from mlcomp.ir.builder import GraphBuilder
+from mlcomp.ir.composites import Tiling, fused_body, fused_kernel, is_fused, register_fused
+from mlcomp.ir.ops import INPUT, OUTPUT, Category, aten, category
 from mlcomp.pipeline import run_pipeline
 
 
@@ -111,7 +111,7 @@ def test_kernels_pickle_and_restore_their_op():
     kernel = fused_kernel(op)
     again = pickle.loads(pickle.dumps(kernel))
     assert again is kernel                                    # resolved back to the registered kernel
-    from mlcomp.ops import _COMPOSITES
+    from mlcomp.ir.ops import _COMPOSITES
 
     spec = _COMPOSITES.pop(op.name)
     try:
@@ -142,14 +142,14 @@ def test_fused_graphs_lower_through_the_shared_torch_codegen():
 
 
 def graph_value(graph: Graph, inputs):
-    from mlcomp.interpreter import Interpreter
+    from mlcomp.ir.interpreter import Interpreter
 
     return Interpreter(graph).run(*inputs)[0]
 
 
 def test_meta_inference_and_cost_see_through_kernels():
-    from mlcomp.cost import node_cost
-    from mlcomp.meta_check import infer_meta
+    from mlcomp.analysis.cost import node_cost
+    from mlcomp.ir.meta import infer_meta
 
     b = GraphBuilder("body")
     a0, a1 = b.input("a0", (64, 48)), b.input("a1", (48, 32))

@@ -13,10 +13,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlcomp.interpreter import Interpreter
 from mlcomp.ir import Ref
-from mlcomp.ops import aten
-from mlcomp.passes.builder import GraphBuilder
+from mlcomp.ir.builder import GraphBuilder
+from mlcomp.ir.interpreter import Interpreter
+from mlcomp.ir.ops import aten
 from mlcomp.pipeline import run_pipeline
 
 ROWS, COLS = 4, 6

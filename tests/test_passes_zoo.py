@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from mlcomp.interpreter import Interpreter
 from mlcomp.models import ZOO
+
+from mlcomp.analysis.verify import compare
+from mlcomp.ir.interpreter import Interpreter
 from mlcomp.pipeline import run_pipeline
-from mlcomp.verify import compare
 
 PASSES = ["dce", "cse", "simplify", "fold-constants", "cleanup", "fold-batchnorm", "fold-bias", "fuse-attention",
           "recompose", "fuse-epilogue", "fuse-elementwise", "fuse"]
@@ -60,7 +60,7 @@ def test_presets_keep_zoo_model_numerics_and_shrink_graphs(captured, model, spec
 
 @pytest.mark.parametrize("model", ["resnet18", "transformer"])
 def test_dynamic_batch_graphs_stay_dynamic(model):
-    from mlcomp.loading import load_model
+    from mlcomp.frontend.loading import load_model
 
     z = ZOO[model]
     module, inputs = z.build(), z.example_inputs(2)

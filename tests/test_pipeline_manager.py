@@ -8,12 +8,12 @@ from typing import ClassVar
 import pytest
 import torch
 
-from mlcomp.errors import PassFailure, PipelineSpecError, VerificationError
+from mlcomp.base.errors import PassFailure, PipelineSpecError, VerificationError
 from mlcomp.ir import Origin
-from mlcomp.ops import aten
-from mlcomp.passes.builder import GraphBuilder
+from mlcomp.ir.builder import GraphBuilder
+from mlcomp.ir.ops import aten
 from mlcomp.pipeline import Pipeline, run_pipeline
-from mlcomp.registry import REGISTRY, Pass, PassRegistry, PassResult, option
+from mlcomp.pipeline.pass_base import REGISTRY, Pass, PassRegistry, PassResult, option
 
 
 def small_graph():
@@ -89,7 +89,7 @@ def test_runs_passes_in_order_and_reports_them():
     assert not dce.changed and dce.nodes_before == dce.nodes_after
     assert all(r.max_error is not None and r.max_error < 1e-6 for r in report.records)
     x = torch.randn(4, 8)
-    from mlcomp.interpreter import Interpreter
+    from mlcomp.ir.interpreter import Interpreter
 
     torch.testing.assert_close(Interpreter(out).run(x)[0], Interpreter(graph).run(x)[0])
 

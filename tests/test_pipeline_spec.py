@@ -9,9 +9,9 @@ from typing import ClassVar, Literal
 import pytest
 from click.testing import CliRunner
 
-from mlcomp.errors import PipelineSpecError
+from mlcomp.base.errors import PipelineSpecError
 from mlcomp.pipeline import PRESETS, PassSpec, Pipeline
-from mlcomp.registry import REGISTRY, Pass, PassRegistry, PassResult, option
+from mlcomp.pipeline.pass_base import REGISTRY, Pass, PassRegistry, PassResult, option
 
 
 class Dtype(enum.Enum):
@@ -237,7 +237,7 @@ def test_builtin_passes_all_describe_themselves():
 
 
 def test_passes_command_lists_passes_options_and_presets():
-    from mlcomp.cli import main
+    from mlcomp.cli.main import main
 
     result = CliRunner().invoke(main, ["passes"])
     assert result.exit_code == 0, result.output
@@ -254,7 +254,7 @@ def test_passes_command_lists_passes_options_and_presets():
 def test_pipeline_options_and_helper():
     import click
 
-    from mlcomp.cli_passes import pipeline_from_cli, pipeline_options
+    from mlcomp.cli.passes import pipeline_from_cli, pipeline_options
 
     seen = {}
 

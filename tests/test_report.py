@@ -7,9 +7,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from mlcomp.bench import BenchConfig
+from mlcomp.hardware.timing import TimingPolicy
+from mlcomp.measure.bench import BenchConfig
 from mlcomp.report import ReportConfig, build_report
-from mlcomp.timing import TimingPolicy
 
 PNG = b"\x89PNG\r\n\x1a\n"
 FAST = TimingPolicy(warmup=1, budget_s=0.005, min_repeats=1, max_repeats=20)
@@ -77,7 +77,7 @@ def test_failed_report_leaves_nothing(tmp_path, monkeypatch) -> None:
 
 
 def test_cli_report(tmp_path) -> None:
-    from mlcomp.cli import main
+    from mlcomp.cli.main import main
 
     out = tmp_path / "r"
     res = CliRunner().invoke(main, ["report", "mlp", "-o", str(out), "--targets", "eager", "--bench-batch", "1,2",

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from mlcomp.study import STUDIES, StudyConfig, UnknownStudyError, plot_study, run_study
 from mlcomp.study.common import Figure, StudyResult, Table
 
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     """One intra-op thread: on a small shared machine OpenMP spin-waits dominate tiny ops otherwise."""
@@ -93,10 +94,10 @@ def test_roofline_quick(tmp_path) -> None:
 
 
 def test_place_ops_on_a_given_spec() -> None:
-    from mlcomp.cost import DEFAULT_CPU
-    from mlcomp.loading import load_model
+    from mlcomp.frontend.loading import load_model
+    from mlcomp.hardware.spec import DEFAULT_CPU
+    from mlcomp.hardware.timing import TimingPolicy
     from mlcomp.study.roofline import place_ops
-    from mlcomp.timing import TimingPolicy
 
     src = load_model("lenet")
     graph = src.capture()
@@ -125,7 +126,7 @@ def test_table_and_figure_formatting() -> None:
 
 
 def test_cli_study(tmp_path) -> None:
-    from mlcomp.cli import main
+    from mlcomp.cli.main import main
 
     runner = CliRunner()
     listing = runner.invoke(main, ["study"])
@@ -140,8 +141,8 @@ def test_cli_study(tmp_path) -> None:
 
 def test_wrong_and_right_on_a_fake_asynchronous_device() -> None:
     """Queued work is missed by the wrong number, counted by the right one, never leaked across samples."""
+    from mlcomp.hardware.timing import TimingPolicy
     from mlcomp.study.asynchrony import wrong_and_right
-    from mlcomp.timing import TimingPolicy
 
     state = {"now": 0.0, "queued": 0.0}
 

@@ -5,15 +5,15 @@ import operator
 
 import pytest
 import torch
-
-from mlcomp.errors import InputSpecError, MlcompError, TargetUnavailableError, UnsupportedOpError
-from mlcomp.ir import Graph, Node, Ref, TensorMeta
-from mlcomp.loading import load_model
-from mlcomp.ops import INPUT, OUTPUT, aten
 from mlcomp.targets import CompileOptions, Fallback, available_targets, get_target
 from mlcomp.targets.artifact import Artifact
 from mlcomp.targets.codegen import param_names, to_fx
 from mlcomp.targets.fallback import split_regions
+
+from mlcomp.base.errors import InputSpecError, MlcompError, TargetUnavailableError, UnsupportedOpError
+from mlcomp.frontend.loading import load_model
+from mlcomp.ir import Graph, Node, Ref, TensorMeta
+from mlcomp.ir.ops import INPUT, OUTPUT, aten
 from tests.targets_common import FP32_RTOL, ZOO_NAMES, compile_zoo, fresh_process_check
 
 
@@ -155,7 +155,7 @@ def test_symbolic_size_arithmetic_is_generated():
 
 
 def Op_mul():
-    from mlcomp.ops import Namespace, Op
+    from mlcomp.ir.ops import Namespace, Op
 
     assert Op(Namespace.OPERATOR, "mul").resolve() is operator.mul
     return Op(Namespace.OPERATOR, "mul")

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from mlcomp.errors import TargetUnavailableError
 from mlcomp.targets import CompileOptions, get_target
 from mlcomp.targets.artifact import Artifact
+
+from mlcomp.base.errors import TargetUnavailableError
 from tests.targets_common import FP32_RTOL, compile_zoo
 
 

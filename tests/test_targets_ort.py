@@ -6,11 +6,11 @@ import time
 
 import pytest
 import torch
+from mlcomp.targets import CompileOptions, Fallback, get_target
 from torch import nn
 
-from mlcomp.errors import UnsupportedOpError
-from mlcomp.loading import load_model
-from mlcomp.targets import CompileOptions, Fallback, get_target
+from mlcomp.base.errors import UnsupportedOpError
+from mlcomp.frontend.loading import load_model
 from tests.targets_common import FP32_RTOL, ZOO_NAMES, compile_zoo, fresh_process_check
 
 pytestmark = pytest.mark.ort

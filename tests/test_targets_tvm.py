@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-
-from mlcomp.errors import UnsupportedOpError
-from mlcomp.loading import load_model
-from mlcomp.ops import aten
 from mlcomp.targets import CompileOptions, Fallback, get_target
 from mlcomp.targets.artifact import Artifact
+from torch import nn
+
+from mlcomp.base.errors import UnsupportedOpError
+from mlcomp.frontend.loading import load_model
+from mlcomp.ir.ops import aten
 from tests.targets_common import FP32_RTOL, ZOO_NAMES, compile_zoo, fresh_process_check
 
 pytestmark = pytest.mark.tvm

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlcomp.errors import CaptureError, MlcompError
-from mlcomp.interpreter import Interpreter
-from mlcomp.loading import load_model
+from mlcomp.base.errors import CaptureError, MlcompError
+from mlcomp.frontend.loading import load_model
+from mlcomp.ir.interpreter import Interpreter
 
 tf = pytest.importorskip("transformers", reason="transformers is part of the test extra")
 

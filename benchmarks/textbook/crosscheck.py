@@ -27,7 +27,6 @@ import sys
 
 def _eager(model: str, batch: int, calls: int) -> None:
     import torch
-
     from mlcomp.models import get
 
     zoo = get(model)
@@ -41,7 +40,7 @@ def _artifact(path: str, calls: int) -> None:
     import torch
 
     import mlcomp
-    from mlcomp.loading import InputSpec
+    from mlcomp.frontend.loading import InputSpec
 
     art = mlcomp.load(path)
     xs = [InputSpec.from_json(spec).random(torch.Generator().manual_seed(i))

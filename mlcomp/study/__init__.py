@@ -11,8 +11,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from ..errors import MlcompError
-from .common import Figure, StudyConfig, StudyResult, Table
+from mlcomp.base.errors import MlcompError
+from mlcomp.study.common import Figure, StudyConfig, StudyResult, Table
 
 # name -> (module, one-line summary)
 STUDIES: dict[str, tuple[str, str]] = {

@@ -21,9 +21,18 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
-from ..timing import Clock, Sync, TimingPolicy, measure, measure_interleaved, median, no_sync, synchronizer
-from . import chapter
-from .common import Figure, StudyConfig, StudyResult, machine_line
+from mlcomp.hardware.timing import (
+    Clock,
+    Sync,
+    TimingPolicy,
+    measure,
+    measure_interleaved,
+    median,
+    no_sync,
+    synchronizer,
+)
+from mlcomp.study import chapter
+from mlcomp.study.common import Figure, StudyConfig, StudyResult, machine_line
 
 
 class ThreadBackend:
@@ -191,6 +200,6 @@ def _steps(config: StudyConfig, device: str, steps: int, clock: Clock, sync: Syn
 
 
 def plot(result: StudyResult, path: str) -> None:
-    from .plots import bar_plot
+    from mlcomp.study.plots import bar_plot
 
     bar_plot(result, path)

@@ -13,7 +13,9 @@ import platform
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..timing import Clock, TimingPolicy, fmt_bytes, fmt_rate, fmt_seconds
+from mlcomp.base.table import Table  # noqa: F401 - re-exported for the studies
+from mlcomp.hardware.probe import machine_line  # noqa: F401 - re-exported
+from mlcomp.hardware.timing import Clock, TimingPolicy, fmt_bytes, fmt_rate, fmt_seconds
 
 
 @dataclass(frozen=True)
@@ -67,52 +69,6 @@ class Figure:
     def to_json(self) -> dict[str, Any]:
         return {"label": self.label, "measured": self.measured, "unit": self.unit,
                 "chapter": self.chapter or None, "note": self.note or None}
-
-
-@dataclass(frozen=True)
-class Table:
-    """A plain-text table: a title, column headers and rows of cells (already text)."""
-
-    title: str
-    columns: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
-    right: frozenset[int] = frozenset()   # right-aligned column indexes (numbers)
-
-    def format(self) -> str:
-        widths = [len(c) for c in self.columns]
-        for row in self.rows:
-            for i, cell in enumerate(row):
-                widths[i] = max(widths[i], len(cell))
-
-        def line(cells: Sequence[str]) -> str:
-            out = [c.rjust(w) if i in self.right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
-            return "  ".join(out).rstrip()
-
-        rule = "  ".join("-" * w for w in widths)
-        body = [line(self.columns), rule] + [line(r) for r in self.rows]
-        return "\n".join(([self.title] if self.title else []) + body)
-
-    def to_markdown(self) -> str:
-        head = "| " + " | ".join(self.columns) + " |"
-        sep = "|" + "|".join("---:" if i in self.right else "---" for i in range(len(self.columns))) + "|"
-        rows = ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in self.rows]
-        return "\n".join(([f"**{self.title}**", ""] if self.title else []) + [head, sep] + rows)
-
-    def to_html(self) -> str:
-        from html import escape
-
-        def cell(tag: str, i: int, text: str) -> str:
-            style = ' class="num"' if i in self.right else ""
-            return f"<{tag}{style}>{escape(text)}</{tag}>"
-
-        head = "".join(cell("th", i, c) for i, c in enumerate(self.columns))
-        body = "".join("<tr>" + "".join(cell("td", i, c) for i, c in enumerate(r)) + "</tr>" for r in self.rows)
-        caption = f"<caption>{escape(self.title)}</caption>" if self.title else ""
-        return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"title": self.title, "columns": list(self.columns), "rows": [list(r) for r in self.rows],
-                "right": sorted(self.right)}
 
 
 @dataclass(frozen=True)
@@ -174,19 +130,3 @@ def wrap(text: str, *, width: int = 100, prefix: str = "") -> str:
     import textwrap
 
     return textwrap.fill(text, width=width, initial_indent=prefix, subsequent_indent=" " * len(prefix))
-
-
-def machine_line() -> str:
-    """One line naming this machine: CPU, cores torch uses, torch version, GPU if any."""
-    import torch
-
-    from ..hardware import cpu_name
-
-    cpu = cpu_name() or platform.processor() or platform.machine()
-    n = torch.get_num_threads()
-    line = f"{cpu}; torch {torch.__version__}, {n} intra-op thread{'' if n == 1 else 's'}"
-    if torch.cuda.is_available():
-        line += f"; GPU {torch.cuda.get_device_name(0)}"
-    if hasattr(os, "getloadavg"):
-        line += f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
-    return line

@@ -6,16 +6,16 @@ notebooks).  Here the same loop runs for eager PyTorch, for TorchScript (the
 notebooks' method) and for every mlcomp target that is available.  Each loop
 is one sample; the device is synchronised before the clock stops; the figure
 is the median over repeats after a warm-up loop.  The runners are timed round-robin
-(:func:`mlcomp.timing.measure_interleaved`), so load drift on a shared machine
+(:func:`mlcomp.hardware.timing.measure_interleaved`), so load drift on a shared machine
 falls on all of them alike.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..timing import measure_interleaved, synchronizer
-from . import chapter
-from .common import Figure, StudyConfig, StudyResult, Table, machine_line
+from mlcomp.hardware.timing import measure_interleaved, synchronizer
+from mlcomp.study import chapter
+from mlcomp.study.common import Figure, StudyConfig, StudyResult, Table, machine_line
 
 
 def _runners(config: StudyConfig, model: Any, cpu_model: Any, x: Any,
@@ -23,7 +23,7 @@ def _runners(config: StudyConfig, model: Any, cpu_model: Any, x: Any,
     """(label, callable or None, note) per runner; targets compile from the CPU model, run on ``device``."""
     import torch
 
-    from ..bench import compile_for
+    from mlcomp.measure.bench import compile_for
 
     runners: list[tuple[str, Callable[..., Any] | None, str]] = [("eager", model, "")]
     try:
@@ -55,7 +55,7 @@ def _loop(fn: Callable[..., Any], x: Any, n: int) -> Callable[[], None]:
 def run(config: StudyConfig) -> StudyResult:
     import torch
 
-    from ..models import get
+    from mlcomp.models import get
 
     device = config.resolved_device()
     zoo = get("mlp")
@@ -119,7 +119,7 @@ def plot(result: StudyResult, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..output import atomic_path
+    from mlcomp.base.files import atomic_path
 
     data = result.data["seconds"]
     counts = list(data)

@@ -17,7 +17,7 @@ Variants measured here (fresh seeded model each, one warm-up batch first):
   barrier the frontend generates and submits every batch at once; the queued
   input batches are what piles up.
 
-Memory is the peak growth over the loop (:class:`mlcomp.timing.PeakMemory`);
+Memory is the peak growth over the loop (:class:`mlcomp.hardware.timing.PeakMemory`);
 the frontend's clock at each third of the epoch mirrors the chapter's
 ``batch 50 / 100 / 150`` prints.
 """
@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..timing import Clock, PeakMemory, synchronizer
-from . import chapter
-from .asynchrony import ThreadBackend
-from .common import Figure, StudyConfig, StudyResult, Table, machine_line
+from mlcomp.hardware.timing import Clock, PeakMemory, synchronizer
+from mlcomp.study import chapter
+from mlcomp.study.asynchrony import ThreadBackend
+from mlcomp.study.common import Figure, StudyConfig, StudyResult, Table, machine_line
 
 
 def _model(device: str, hidden: tuple[int, int]) -> tuple[Any, Any, Any]:
@@ -180,7 +180,7 @@ def plot(result: StudyResult, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..output import atomic_path
+    from mlcomp.base.files import atomic_path
 
     data = result.data["variants"]
     fig, (ax_m, ax_t) = plt.subplots(1, 2, figsize=(12, 3.8))

@@ -11,7 +11,7 @@ Part 1 (chapter 12.3.1) runs two independent chains of matrix products:
   chapter's exercise 2).
 
 Variants of one comparison are timed round-robin
-(:func:`mlcomp.timing.measure_interleaved`) so that load drift on a shared
+(:func:`mlcomp.hardware.timing.measure_interleaved`) so that load drift on a shared
 machine falls on all of them alike.
 
 Part 2 (chapter 12.3.2) computes a list of products and copies each result to
@@ -28,9 +28,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
-from ..timing import measure_interleaved, synchronizer
-from . import chapter
-from .common import Figure, StudyConfig, StudyResult, machine_line
+from mlcomp.hardware.timing import measure_interleaved, synchronizer
+from mlcomp.study import chapter
+from mlcomp.study.common import Figure, StudyConfig, StudyResult, machine_line
 
 
 @contextlib.contextmanager
@@ -243,6 +243,6 @@ def _verdict(figures: list[Figure], tag: str) -> str:
 
 
 def plot(result: StudyResult, path: str) -> None:
-    from .plots import bar_plot
+    from mlcomp.study.plots import bar_plot
 
     bar_plot(result, path)

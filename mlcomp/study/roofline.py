@@ -1,9 +1,9 @@
 """Study ``roofline``: this machine's peaks, and every op of a model placed on its roofline.
 
-1. :func:`mlcomp.hardware.measure_hardware` measures peak FLOP/s (fp32, bf16
+1. :func:`mlcomp.hardware.probe.measure_hardware` measures peak FLOP/s (fp32, bf16
    matrix products), memory bandwidth (large copy / add) and per-op dispatch
-   overhead, giving a :class:`~mlcomp.cost.HardwareSpec`.
-2. The model is captured; :mod:`mlcomp.cost` gives every node's FLOPs, bytes
+   overhead, giving a :class:`~mlcomp.analysis.cost.HardwareSpec`.
+2. The model is captured; :mod:`mlcomp.analysis.cost` gives every node's FLOPs, bytes
    and arithmetic intensity.
 3. The graph runs node by node, as the interpreter runs it (each node's op
    callable on the real values its inputs produced), and every compute node
@@ -11,7 +11,7 @@
 4. Per op: which roof bounds it here (memory or compute), the roofline time
    ``max(flops / peak, bytes / bandwidth)``, the achieved fraction of that
    bound, and which roof would bound it on the spec-sheet GPUs
-   (:data:`mlcomp.cost.SPEC_SHEETS`).
+   (:data:`mlcomp.analysis.cost.SPEC_SHEETS`).
 
 Ops that only re-describe memory (views) move nothing and are not placed.
 FLOPs are ``torch.utils.flop_counter``'s, which counts matrix products and
@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..timing import TimingPolicy, fmt_rate, fmt_seconds, measure, synchronizer
-from . import chapter
-from .common import Figure, StudyConfig, StudyResult, Table, machine_line
+from mlcomp.hardware.timing import TimingPolicy, fmt_rate, fmt_seconds, measure, synchronizer
+from mlcomp.study import chapter
+from mlcomp.study.common import Figure, StudyConfig, StudyResult, Table, machine_line
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,11 @@ def place_ops(graph: Any, inputs: tuple, spec: Any, policy: TimingPolicy, *, dev
 
     import torch
 
-    from ..cost import SPEC_SHEETS, node_cost
-    from ..interpreter import check_input
-    from ..ir import TensorMeta, map_refs
-    from ..ops import INPUT, OUTPUT, PARAM
+    from mlcomp.analysis.cost import node_cost
+    from mlcomp.hardware.spec import SPEC_SHEETS
+    from mlcomp.ir import TensorMeta, map_refs
+    from mlcomp.ir.interpreter import check_input
+    from mlcomp.ir.ops import INPUT, OUTPUT, PARAM
 
     sync = synchronizer(device)
     feed = dict(zip((n.name for n in graph.input_nodes), inputs))
@@ -102,9 +103,9 @@ def place_ops(graph: Any, inputs: tuple, spec: Any, policy: TimingPolicy, *, dev
 def run(config: StudyConfig) -> StudyResult:
     import torch
 
-    from ..cost import SPEC_SHEETS
-    from ..hardware import measure_hardware
-    from ..loading import load_model
+    from mlcomp.frontend.loading import load_model
+    from mlcomp.hardware.probe import measure_hardware
+    from mlcomp.hardware.spec import SPEC_SHEETS
 
     device = config.resolved_device()
     profile = measure_hardware(device, quick=config.quick, budget_s=config.budget_s, clock=config.clock)
@@ -138,7 +139,7 @@ def run(config: StudyConfig) -> StudyResult:
     ]
     for key, s in SPEC_SHEETS.items():
         figures.append(Figure(f"ridge point fp32 on {key} (spec sheet)", s.ridge_point(), "FLOP/B",
-                              chapter.HARDWARE.get(key, ""), f"{s.name}: peaks from mlcomp.cost.SPEC_SHEETS"))
+                              chapter.HARDWARE.get(key, ""), f"{s.name}: peaks from mlcomp.analysis.cost.SPEC_SHEETS"))
     figures += [
         Figure(f"{model}: whole model, eager", whole, "s"),
         Figure(f"{model}: sum of ops timed alone", op_sum, "s", "", f"{len(points)} ops"),
@@ -180,7 +181,7 @@ def run(config: StudyConfig) -> StudyResult:
 
 def _cache_note(points: list[OpPoint], device: str) -> str:
     """Ops beating the memory roof: say whether their data fits in the last-level cache."""
-    from ..hardware import last_level_cache_bytes
+    from mlcomp.hardware.probe import last_level_cache_bytes
 
     over = [p for p in points if p.bound == "memory" and p.fraction > 1.0]
     if not over:
@@ -205,7 +206,7 @@ def plot(result: StudyResult, path: str) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from ..output import atomic_path
+    from mlcomp.base.files import atomic_path
 
     hw, ops = result.data["hardware"], result.data["ops"]
     fig, (ax, ax_f) = plt.subplots(1, 2, figsize=(13, 5))

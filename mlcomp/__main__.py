@@ -1,0 +1,6 @@
+"""``python -m mlcomp``: the command line."""
+import sys
+
+from mlcomp.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,155 @@
+"""One cost model of the machine, shared by inspect, fusion, remat, partition and roofline.
+
+* FLOPs per node come from ``torch.utils.flop_counter.FlopCounterMode`` run on
+  meta tensors (no hand-written formulas, no real data);
+* bytes per node from :class:`~mlcomp.ir.graph.TensorMeta`: every tensor input read
+  once, every output written once (views move nothing);
+* time on a :class:`HardwareSpec` by the roofline:
+  ``max(flops / peak, bytes / bandwidth) + launch overhead``.
+
+    >>> c = node_cost(graph, graph.node("addmm"))
+    >>> c.flops, c.bytes, c.intensity
+    (262144, 526344, 0.498...)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Iterable, Mapping
+
+import torch
+
+from mlcomp.hardware.spec import DEFAULT_CPU, SPEC_SHEETS, HardwareSpec  # noqa: F401 - re-exported
+from mlcomp.ir import Graph, Node, TensorMeta, map_refs
+from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM, Category, category
+
+# ops that only re-describe memory (no data moves)
+_VIEW_OPS = {"view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "unsqueeze",
+             "squeeze", "alias", "detach", "select", "slice", "as_strided", "split", "split_with_sizes",
+             "unbind", "chunk", "lift_fresh_copy"}
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    flops: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+    @property
+    def bytes(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte moved (arithmetic intensity)."""
+        return self.flops / self.bytes if self.bytes else 0.0
+
+    def __add__(self, other: "NodeCost") -> "NodeCost":
+        return NodeCost(self.flops + other.flops, self.bytes_read + other.bytes_read,
+                        self.bytes_written + other.bytes_written)
+
+
+def _is_view(node: Node) -> bool:
+    return node.op.namespace.value == "aten" and node.op.name in _VIEW_OPS
+
+
+def _metas(value: object) -> Iterable[TensorMeta]:
+    if isinstance(value, TensorMeta):
+        yield value
+    elif isinstance(value, tuple):
+        for v in value:
+            yield from _metas(v)
+
+
+def node_flops(graph: Graph, node: Node) -> int:
+    """FLOPs of one node as ``FlopCounterMode`` counts them (0 for ops it does not count)."""
+    if node.op in (INPUT, PARAM, OUTPUT, GETITEM) or node.op.namespace.value == "operator":
+        return 0
+    if node.op.is_composite:
+        body = node.attrs.get("body")
+        if isinstance(body, Graph):
+            return sum(node_flops(body, n) for n in body.call_nodes())
+    return _flops_on_meta(graph, node)
+
+
+def _flops_on_meta(graph: Graph, node: Node) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def make(ref):  # noqa: ANN001
+        meta = graph.node(ref.name).meta
+        if isinstance(meta, TensorMeta):
+            return torch.empty(meta.concrete_shape(graph.symbols), dtype=meta.dtype, device="meta")
+        if isinstance(meta, tuple):
+            return tuple(None if m is None else torch.empty(m.concrete_shape(graph.symbols), dtype=m.dtype,
+                                                            device="meta") for m in meta)
+        raise LookupError(ref.name)
+
+    try:
+        args = map_refs(node.inputs, make)
+        kwargs = map_refs(dict(node.attrs), make)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            node.op.resolve()(*args, **kwargs)
+        return int(counter.get_total_flops())
+    except (LookupError, NotImplementedError, RuntimeError, TypeError, ValueError):
+        return 0
+
+
+def node_bytes(graph: Graph, node: Node) -> tuple[int, int]:
+    """(bytes read, bytes written) assuming every operand crosses main memory once."""
+    if node.op in (INPUT, PARAM, OUTPUT, GETITEM) or _is_view(node) or node.op.namespace.value == "operator":
+        return 0, 0
+    read = 0
+    for name in node.input_names():
+        for m in _metas(graph.node(name).meta):
+            read += m.nbytes(graph.symbols)
+    written = sum(m.nbytes(graph.symbols) for m in _metas(node.meta))
+    if isinstance(node.meta, tuple):  # only the primary output of norm ops is a real result
+        first = next(iter(_metas(node.meta)), None)
+        written = first.nbytes(graph.symbols) if first else 0
+    return read, written
+
+
+def node_cost(graph: Graph, node: Node) -> NodeCost:
+    r, w = node_bytes(graph, node)
+    return NodeCost(node_flops(graph, node), r, w)
+
+
+def graph_cost(graph: Graph) -> dict[str, NodeCost]:
+    """Cost of every compute node, by name, in topological order."""
+    return {n.name: node_cost(graph, n) for n in graph.call_nodes()}
+
+
+def total(costs: Mapping[str, NodeCost]) -> NodeCost:
+    out = NodeCost()
+    for c in costs.values():
+        out = out + c
+    return out
+
+
+def fused_bytes_saved(graph: Graph, members: Iterable[str]) -> int:
+    """Bytes no longer moved when ``members`` run as one kernel.
+
+    Every value produced and consumed only inside the group stays in registers
+    or cache: its write and each internal read disappear.
+    """
+    group = set(members)
+    saved = 0
+    for name in group:
+        node = graph.node(name)
+        users = graph.users(name)
+        if not users or any(u.name not in group for u in users) or _is_view(node):
+            continue
+        size = sum(m.nbytes(graph.symbols) for m in _metas(node.meta))
+        saved += size * (1 + len(users))
+    return saved
+
+
+def is_cheap(node: Node) -> bool:
+    """Elementwise/broadcast/injective ops: recomputing them is cheaper than storing them."""
+    return category(node.op) <= Category.INJECTIVE
+
+
+@lru_cache(maxsize=None)
+def dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()

@@ -1,0 +1,127 @@
+"""``mlcomp passes`` and the pipeline options other commands share.
+
+``mlcomp passes`` lists every registered pass with its options (type, default,
+one-line help) and the ``-O`` presets.  Commands that run a pipeline (``compile``
+and friends) take the same options through :func:`pipeline_options` and turn
+them into a :class:`PipelineRequest` with :func:`pipeline_from_cli`::
+
+    @click.command()
+    @pipeline_options
+    def compile_cmd(..., pipeline, opt_level, dump_after, dump_dir, verify_passes, explain):
+        request = pipeline_from_cli(pipeline, opt_level, dump_after, dump_dir, verify_passes, explain)
+        graph, report = request.run(graph, example_inputs=inputs)
+        if request.explain:
+            click.echo(report.format())
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import click
+
+from mlcomp.base.errors import PipelineSpecError
+
+__all__ = ["passes_cmd", "pipeline_options", "pipeline_from_cli", "PipelineRequest"]
+
+
+@click.command("passes")
+@click.option("--json", "as_json", is_flag=True, help="Print passes and presets as JSON.")
+def passes_cmd(as_json: bool) -> None:
+    """List the passes a pipeline can name, their options, and the -O presets."""
+    from mlcomp.pipeline import PRESETS
+    from mlcomp.pipeline.pass_base import REGISTRY
+
+    infos = REGISTRY.infos()
+    if as_json:
+        click.echo(json.dumps({
+            "passes": [{"name": i.name, "summary": i.summary, "options": [
+                {"name": o.name, "type": o.type_text(), "default": o.format_value(o.default), "help": o.help}
+                for o in i.options]} for i in infos],
+            "presets": {f"-{k}": v for k, v in PRESETS.items()}}, indent=2))
+        return
+    click.echo('passes (write a pipeline as -p "name,name{option=value,...}"):')
+    width = max(len(i.name) for i in infos)
+    for info in infos:
+        click.echo(f"  {info.name:<{width}}  {info.summary}")
+        if info.options:
+            cols = [(o.name, o.type_text(), o.format_value(o.default)) for o in info.options]
+            w0 = max(len(c[0]) for c in cols)
+            w1 = max(len(c[1]) for c in cols)
+            w2 = max(len(c[2]) for c in cols)
+            for (name, typ, default), opt in zip(cols, info.options):
+                click.echo(f"  {'':<{width}}    {name:<{w0}}  {typ:<{w1}}  = {default:<{w2}}  {opt.help}")
+    click.echo("presets:")
+    for name, spec in PRESETS.items():
+        click.echo(f"  -{name}  {spec or '(no passes)'}")
+
+
+# ---------------------------------------------------------------------------
+# Shared options
+
+
+def pipeline_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Click options: -p/--pipeline, -O, --dump-after, --dump-dir, --verify, --explain."""
+    opts = [
+        click.option("-p", "--pipeline", default=None, metavar="SPEC|FILE.toml",
+                     help='Passes to run, e.g. "cleanup,fuse{max_group_size=16}" or a TOML file '
+                          "(see `mlcomp passes`)."),
+        click.option("-O", "opt_level", type=click.Choice(["0", "1", "2", "3"]), default=None,
+                     help="Preset pipeline -O0..-O3 (instead of -p)."),
+        click.option("--dump-after", default=None, metavar="PASS|all",
+                     help="Write the IR (text and dot) after this pass (comma-separated, or 'all')."),
+        click.option("--dump-dir", default="mlcomp-dump", show_default=True, type=click.Path(file_okay=False),
+                     help="Folder for --dump-after."),
+        click.option("--verify", "verify_passes", is_flag=True,
+                     help="Check every pass against the input graph; name the first pass and node that "
+                          "change the numbers."),
+        click.option("--explain", is_flag=True,
+                     help="Print what each pass changed: nodes, ops, fusion groups, bytes, modules."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+@dataclass(frozen=True)
+class PipelineRequest:
+    """A pipeline and the instruments asked for on the command line."""
+
+    pipeline: Any                 # mlcomp.pipeline.spec.Pipeline
+    verify: bool = False
+    dump_after: str | None = None
+    dump_dir: str | None = None
+    explain: bool = False
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for :func:`mlcomp.pipeline.spec.run_pipeline`."""
+        return {"verify": self.verify, "dump_after": self.dump_after,
+                "dump_dir": self.dump_dir if self.dump_after else None, "explain": self.explain}
+
+    def run(self, graph: Any, example_inputs: Sequence[Any] | None = None) -> tuple[Any, Any]:
+        from mlcomp.pipeline import run_pipeline
+
+        return run_pipeline(graph, self.pipeline, example_inputs=example_inputs, **self.kwargs())
+
+
+def pipeline_from_cli(pipeline: str | None = None, opt_level: str | None = None, dump_after: str | None = None,
+                      dump_dir: str | None = "mlcomp-dump", verify_passes: bool = False, explain: bool = False,
+                      *, default: str | None = "O2") -> PipelineRequest:
+    """The :class:`PipelineRequest` for the values :func:`pipeline_options` parsed.
+
+    ``-p`` and ``-O`` exclude each other; with neither, ``default`` (a preset name
+    or pipeline text, None for no passes) is used.
+    """
+    from mlcomp.pipeline import Pipeline
+
+    if pipeline is not None and opt_level is not None:
+        raise PipelineSpecError(f"both -p {pipeline!r} and -O{opt_level} were given",
+                                hint="use one: a preset (-O0..-O3) or an explicit pipeline (-p)")
+    if opt_level is not None:
+        pipe = Pipeline.preset(f"O{opt_level}")
+    elif pipeline is not None:
+        pipe = Pipeline.coerce(pipeline)
+    else:
+        pipe = Pipeline.coerce(default)
+    return PipelineRequest(pipe, verify_passes, dump_after, dump_dir, explain)

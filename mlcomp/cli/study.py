@@ -1,0 +1,230 @@
+"""``mlcomp bench``, ``mlcomp study`` and ``mlcomp report`` (registered lazily in :mod:`mlcomp.cli.main`).
+
+    mlcomp bench mlp resnet18 --targets eager,cpu,onnxruntime,tvm --batch 1,32 --plot bench.png
+    mlcomp bench --zoo --batch 1,32 --csv results.csv
+    mlcomp study hybridize
+    mlcomp study roofline --model resnet18 --plot roofline.png
+    mlcomp report resnet18 -o out/resnet18 -p -O2
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, TextIO
+
+import click
+
+from mlcomp.cli.main import load_and_capture, model_options
+from mlcomp.hardware.timing import BenchConfigError
+
+
+def _int_list(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 1,32") from None
+    if not out or any(v < 1 for v in out):
+        raise click.BadParameter(f"{value!r}: give positive integers, e.g. 1,32")
+    return out
+
+
+def _name_list(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+
+
+class ProgressLine:
+    """One status line on stderr: rewritten in place on a terminal, one line per step otherwise."""
+
+    def __init__(self, stream: TextIO, *, tty: bool) -> None:
+        self.stream, self.tty, self.start = stream, tty, time.monotonic()
+        self._width = 0
+
+    def __call__(self, done: int, total: int, message: str) -> None:
+        text = f"[{done}/{total} {time.monotonic() - self.start:5.0f}s] {message}"
+        if self.tty:
+            pad = max(0, self._width - len(text))
+            self.stream.write("\r" + text + " " * pad + ("\n" if done >= total else ""))
+            self._width = 0 if done >= total else len(text)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def _progress(flag: bool) -> ProgressLine | None:
+    tty = sys.stderr.isatty()
+    return ProgressLine(sys.stderr, tty=tty) if (flag or tty) else None
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads is not None:
+        if threads < 1:
+            raise BenchConfigError(f"--threads {threads} is not positive")
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _write(dest: str | None, text: str) -> None:
+    """``-``: stdout; otherwise an atomically written file."""
+    if dest == "-":
+        click.echo(text.rstrip("\n"))
+    elif dest:
+        from mlcomp.base.files import write_text_atomic
+
+        write_text_atomic(dest, text)
+        click.echo(f"wrote {dest}", err=True)
+
+
+def timing_options(fn: Any) -> Any:
+    opts = [
+        click.option("--budget", type=float, default=1.0, show_default=True,
+                     help="Seconds of timing per measurement (repeats stop when it is spent)."),
+        click.option("--warmup", type=int, default=3, show_default=True, help="Untimed calls first."),
+        click.option("--min-repeats", type=int, default=5, show_default=True),
+        click.option("--max-repeats", type=int, default=10_000, show_default=True),
+        click.option("--threads", type=int, default=None,
+                     help="Intra-op threads for eager torch and every compiled runtime (default: each one's own)."),
+        click.option("--progress", "show_progress", is_flag=True,
+                     help="Show progress on stderr even when it is not a terminal."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+@click.command("bench")
+@click.argument("models", nargs=-1)
+@click.option("--zoo", "all_zoo", is_flag=True, help="Benchmark every zoo model.")
+@click.option("--targets", default="eager,cpu,onnxruntime,tvm", show_default=True, callback=_name_list,
+              help="Comma-separated targets; eager always runs as the reference. Add cuda on a GPU machine.")
+@click.option("--batch", "batches", default="1", show_default=True, callback=_int_list,
+              help="Comma-separated batch sizes, e.g. 1,32.")
+@click.option("-p", "--pipeline", default=None, help="Pass pipeline for the compiled targets, e.g. -O2.")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="1x3x32x32[:float32]",
+              help="Shape of one input (repeat per input) for model files that carry none.")
+@click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled module (executes its code).")
+@timing_options
+@click.option("--no-memory", is_flag=True, help="Skip peak-memory measurement.")
+@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              help="Write results as JSON (to stdout when no FILE).")
+@click.option("--csv", "csv_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              help="Write results as CSV (to stdout when no FILE).")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), default=None,
+              help="PNG: speedup per target and batch, latency vs batch size (log axes).")
+def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], batches: tuple[int, ...],
+              pipeline: str | None, input_shapes: tuple[str, ...], trust_pickle: bool, budget: float, warmup: int,
+              min_repeats: int, max_repeats: int, threads: int | None, show_progress: bool, no_memory: bool,
+              json_out: str | None, csv_out: str | None, plot_file: str | None) -> None:
+    """Time MODEL(s) eager vs compiled targets: median and p90 latency, speedup, cold compile time,
+    peak memory, max error vs eager. One table per model."""
+    from mlcomp.hardware.timing import TimingPolicy
+    from mlcomp.measure.bench import BenchConfig, plot_bench, run_bench, to_csv
+
+    if all_zoo:
+        from mlcomp.models import ZOO
+
+        models = tuple(dict.fromkeys(models + tuple(ZOO)))
+    if not models:
+        raise BenchConfigError("no model given", hint="name one or more models, or pass --zoo")
+    _set_threads(threads)
+    config = BenchConfig(targets, batches, pipeline, TimingPolicy(warmup, budget, min_repeats, max_repeats),
+                         memory=not no_memory, threads=threads)
+    progress = _progress(show_progress)
+    results = []
+    for model in models:
+        res = run_bench(model, config, input_shapes=input_shapes, trust_pickle=trust_pickle, progress=progress)
+        results.append(res)
+        if json_out != "-" and csv_out != "-":
+            click.echo(res.format())
+            click.echo()
+    _write(json_out, json.dumps([r.to_json() for r in results], indent=2))
+    _write(csv_out, to_csv(results))
+    if plot_file:
+        plot_bench(results, plot_file)
+        click.echo(f"wrote {plot_file}", err=True)
+
+
+@click.command("study")
+@click.argument("name", required=False)
+@click.option("--quick", is_flag=True, help="Tiny sizes: a smoke run in seconds (figures are not meaningful).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--budget", type=float, default=0.5, show_default=True, help="Seconds of timing per measurement.")
+@click.option("--targets", default="cpu,onnxruntime,tvm", show_default=True, callback=_name_list,
+              help="hybridize: compiled targets to compare with eager.")
+@click.option("--model", default=None, help="roofline: the model whose ops are placed (default resnet18; "
+                                             "mlp with --quick).")
+@click.option("--batch", type=int, default=1, show_default=True, help="roofline: batch size.")
+@click.option("--threads", type=int, default=None,
+              help="Intra-op threads for torch (and, in hybridize, every compiled runtime).")
+@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              help="Write the result as JSON (to stdout when no FILE).")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), default=None,
+              help="PNG of the study (with NAME=all: one file per study, suffixed with its name).")
+def study_cmd(name: str | None, quick: bool, device: str, budget: float, targets: tuple[str, ...],
+              model: str | None, batch: int, threads: int | None, json_out: str | None,
+              plot_file: str | None) -> None:
+    """Run one of the chapter's experiments (NAME, or `all`) and print the measured figures beside
+    the chapter's. Without NAME, list the studies."""
+    from mlcomp.study import STUDIES, StudyConfig, plot_study, run_study
+
+    if not name:
+        width = max(map(len, STUDIES))
+        for key, (_, summary) in STUDIES.items():
+            click.echo(f"{key:<{width}}  {summary}")
+        return
+    _set_threads(threads)
+    config = StudyConfig(quick=quick, device=device, budget_s=budget, targets=targets,
+                         model=model or ("mlp" if quick else "resnet18"), batch=batch, threads=threads)
+    names = list(STUDIES) if name == "all" else [name]
+    results = []
+    for key in names:
+        res = run_study(key, config)
+        results.append(res)
+        if json_out != "-":
+            click.echo(res.format())
+            click.echo()
+        if plot_file:
+            path = plot_file if len(names) == 1 else _suffixed(plot_file, key)
+            plot_study(res, path)
+            click.echo(f"wrote {path}", err=True)
+    payload = results[0].to_json() if len(results) == 1 else [r.to_json() for r in results]
+    _write(json_out, json.dumps(payload, indent=2, default=str))
+
+
+def _suffixed(path: str, key: str) -> str:
+    from pathlib import Path
+
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}-{key}{p.suffix or '.png'}"))
+
+
+@click.command("report")
+@model_options
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Report folder.")
+@click.option("-p", "--pipeline", default=None, help="Pass pipeline to run (per-pass stats) and bench with.")
+@click.option("--targets", default="eager,cpu,onnxruntime,tvm", show_default=True, callback=_name_list)
+@click.option("--bench-batch", "bench_batches", default="1,32", show_default=True, callback=_int_list,
+              help="Batch sizes for the benchmark section.")
+@click.option("--roofline", is_flag=True, help="Add a roofline section (measures this machine first).")
+@click.option("--quick", is_flag=True, help="Roofline microbenchmarks at tiny sizes.")
+@timing_options
+def report_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
+               dynamic_batch: bool, trust_pickle: bool, output: str, pipeline: str | None,
+               targets: tuple[str, ...], bench_batches: tuple[int, ...], roofline: bool, quick: bool,
+               budget: float, warmup: int, min_repeats: int, max_repeats: int, threads: int | None,
+               show_progress: bool) -> None:
+    """One HTML page for MODEL: inspect, the pipeline's per-pass stats, the bench table and plots."""
+    from mlcomp.hardware.timing import TimingPolicy
+    from mlcomp.measure.bench import BenchConfig
+    from mlcomp.report import ReportConfig, build_report
+
+    _set_threads(threads)
+    source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
+    config = ReportConfig(BenchConfig(targets, bench_batches, pipeline,
+                                      TimingPolicy(warmup, budget, min_repeats, max_repeats), threads=threads),
+                          capture_method=capture_method, roofline=roofline, quick=quick)
+    rep = build_report(model, output, config, input_shapes=input_shapes, trust_pickle=trust_pickle,
+                       source=source, graph=graph, progress=_progress(show_progress))
+    click.echo(rep.bench.format())
+    click.echo(f"wrote {output}/index.html ({', '.join(rep.files)})")

@@ -1,0 +1,351 @@
+"""Capture: PyTorch model → mlcomp :class:`~mlcomp.ir.graph.Graph`.
+
+Every source ends in the same IR at the level of core ATen (``convolution``,
+``addmm``, ``_native_batch_norm_legit_no_training``, ``bmm``…):
+
+* ``nn.Module`` + example inputs via ``torch.export`` (default) and
+  ``run_decompositions()``;
+* ``nn.Module`` via ``torch.fx.symbolic_trace`` (``method="fx"``), lowered to
+  ATen with ``make_fx`` over ``functional_call`` so parameters keep their names;
+* a TorchScript archive, converted to an ExportedProgram without running any
+  Python code from the file;
+* an ExportedProgram (``.pt2``), shapes taken from it.
+
+Data-dependent Python control flow is never specialised silently: capture
+fails with :class:`CaptureError` naming the source line and suggesting
+``torch.cond``.
+"""
+from __future__ import annotations
+
+import contextlib
+import enum
+import io
+import logging
+import re
+import traceback
+import warnings
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from mlcomp.base.errors import CaptureError, InputSpecError
+from mlcomp.base.quiet import quiet_torch
+from mlcomp.ir import Graph, Mode, Node, Origin, Ref, TensorMeta, map_refs
+from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, Op
+
+
+class CaptureMethod(enum.Enum):
+    EXPORT = "export"
+    FX = "fx"
+
+
+def capture_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], *,
+                   method: CaptureMethod = CaptureMethod.EXPORT, dynamic_batch: bool = False,
+                   training: bool = False, name: str | None = None) -> Graph:
+    """Capture an ``nn.Module`` called on ``example_inputs``."""
+    example_inputs = tuple(example_inputs)
+    name = name or type(module).__name__
+    module = module.train(training)
+    _check_runs(module, example_inputs, name)
+    if method is CaptureMethod.FX:
+        return _capture_fx(module, example_inputs, name=name, training=training)
+    dynamic_shapes = _batch_dynamic(example_inputs) if dynamic_batch else None
+    with quiet_torch():
+        try:
+            ep = torch.export.export(module, example_inputs, dynamic_shapes=dynamic_shapes)
+        except Exception as exc:  # noqa: BLE001 - converted to a user error below
+            raise _explain_export_failure(exc, name) from None
+    try:
+        return capture_exported(ep, name=name, training=training)
+    except CaptureError as first:
+        if training or dynamic_batch:
+            raise
+        # run_decompositions has gaps; tracing the exported module at the dispatcher level
+        # decomposes the same ops another way
+        flat = ep.module()
+        names = {t.data_ptr(): n for n, t in list(flat.named_parameters()) + list(flat.named_buffers())}
+        try:
+            return capture_traced(flat, example_inputs, name=name, constant_names=names)
+        except CaptureError:
+            raise first from None
+
+
+def capture_exported(ep: "torch.export.ExportedProgram", *, name: str = "graph",
+                     training: bool = False) -> Graph:
+    """Convert an ExportedProgram (any dialect) to the IR at core-ATen level."""
+    with quiet_torch():
+        try:
+            ep = ep.run_decompositions()
+        except Exception as exc:  # noqa: BLE001
+            frames = re.findall(r'File "([^"]+)", line (\d+), in \w+\n\s*(.+)', str(exc))
+            where = f"{frames[-1][0]}:{frames[-1][1]} ({frames[-1][2].strip()})" if frames else None
+            raise CaptureError(f"torch.export captured {name} but its program cannot be lowered to core "
+                               f"ATen: {_first_line(exc)}", where=where,
+                               hint="this is a gap in torch's decompositions, not in your model; try "
+                                    "--capture fx, or rewrite the line named (e.g. .view → .reshape)") from None
+    sig = ep.graph_signature
+    state = dict(ep.state_dict)
+    state.update(getattr(ep, "constants", {}) or {})
+    constant_of: dict[str, str] = {}
+    for spec in sig.input_specs:
+        if spec.target is not None and spec.kind.name != "USER_INPUT":
+            constant_of[spec.arg.name] = spec.target
+    return _from_fx(ep.graph_module.graph, name=name, training=training,
+                    constant_of=constant_of, tensors=state)
+
+
+def _check_runs(module: nn.Module, inputs: tuple[torch.Tensor, ...], name: str) -> None:
+    """Run the model once eagerly so a shape mistake is reported as such, not as an export failure."""
+    try:
+        with torch.no_grad(), quiet_torch():
+            module(*inputs)
+    except Exception as exc:  # noqa: BLE001 - any failure here is about the inputs or the model
+        shapes = ", ".join(f"{'x'.join(map(str, t.shape))}:{str(t.dtype).replace('torch.', '')}"
+                           for t in inputs if isinstance(t, torch.Tensor))
+        raise InputSpecError(
+            f"{name} fails on example inputs of shape {shapes}: {type(exc).__name__}: {_first_line(exc)}",
+            where=_user_frame(exc),
+            hint="check --input-shape (one per model input, e.g. --input-shape 1x3x32x32:float32)") from None
+
+
+def _batch_dynamic(inputs: Sequence[torch.Tensor]) -> tuple[dict[int, Any], ...]:
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    return tuple({0: batch} if isinstance(t, torch.Tensor) and t.dim() > 0 else {} for t in inputs)
+
+
+def _capture_fx(module: nn.Module, inputs: tuple[torch.Tensor, ...], *, name: str, training: bool) -> Graph:
+    from torch._decomp import core_aten_decompositions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    try:
+        gm = torch.fx.symbolic_trace(module)
+    except Exception as exc:  # noqa: BLE001
+        raise CaptureError(
+            f"torch.fx.symbolic_trace could not trace {name}: {_first_line(exc)}",
+            where=_user_frame(exc),
+            hint="data-dependent Python control flow cannot be traced symbolically; rewrite the branch "
+                 "with torch.cond or torch.where, or use the default --capture export") from None
+    params = dict(gm.named_parameters())
+    params.update(dict(gm.named_buffers()))
+    names = list(params)
+
+    def fn(p: dict[str, torch.Tensor], *xs: torch.Tensor) -> Any:
+        return torch.func.functional_call(gm, p, xs)
+
+    with quiet_torch():
+        try:
+            traced = make_fx(fn, decomposition_table=core_aten_decompositions())(params, *inputs)
+        except Exception as exc:  # noqa: BLE001
+            raise _explain_export_failure(exc, name) from None
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    constant_of = {ph.name: names[i] for i, ph in enumerate(placeholders[:len(names)])}
+    return _from_fx(traced.graph, name=name, training=training, constant_of=constant_of,
+                    tensors={k: v.detach() for k, v in params.items()})
+
+
+def capture_traced(fn: Any, inputs: tuple[torch.Tensor, ...], *, name: str,
+                   constant_names: dict[int, str]) -> Graph:
+    """Dispatcher-level trace of any callable (e.g. a ScriptModule) with ``make_fx``.
+
+    Tensors the callable closes over become constants; ``constant_names`` maps a
+    tensor's ``data_ptr()`` to its module path so they keep their names.
+    """
+    from torch._decomp import core_aten_decompositions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with quiet_torch():
+        try:
+            traced = make_fx(lambda *xs: fn(*xs), decomposition_table=core_aten_decompositions())(*inputs)
+        except Exception as exc:  # noqa: BLE001
+            raise _explain_export_failure(exc, name) from None
+    return _from_fx(traced.graph, name=name, training=False, constant_of={}, tensors={},
+                    constant_names=constant_names)
+
+
+# ---------------------------------------------------------------------------
+# FX graph → IR
+
+
+def _from_fx(fx_graph: torch.fx.Graph, *, name: str, training: bool,
+             constant_of: dict[str, str], tensors: dict[str, torch.Tensor],
+             constant_names: dict[int, str] | None = None) -> Graph:
+    graph = Graph(_identifier(name), mode=Mode.TRAINING if training else Mode.INFERENCE)
+    rename: dict[str, str] = {}
+    unsupported: list[str] = []
+    for fx_node in fx_graph.nodes:
+        if fx_node.op == "placeholder":
+            target = constant_of.get(fx_node.name)
+            if target is not None:
+                value = tensors[target].detach()
+                if training and value.is_floating_point():
+                    value = value.requires_grad_(True) if value.is_leaf else value
+                graph.add_constant(target, value, origin=Origin(target.rpartition(".")[0]))
+                rename[fx_node.name] = target
+            else:
+                meta = _meta_of(fx_node, graph)
+                graph.add(Node(fx_node.name, INPUT, meta=meta))
+                rename[fx_node.name] = fx_node.name
+            continue
+        if fx_node.op == "get_attr":  # make_fx lifts tensor constants as attributes
+            value = getattr(fx_graph.owning_module, fx_node.target).detach()
+            known = (constant_names or {}).get(value.data_ptr()) if value.numel() else None
+            cname = graph.fresh_name(known or f"_const.{fx_node.target}")
+            graph.add_constant(cname, value, origin=Origin(cname.rpartition(".")[0]) if known else None)
+            rename[fx_node.name] = cname
+            continue
+        args = _convert_args(fx_node.args, rename)
+        if fx_node.op == "output":
+            graph.add(Node("output", OUTPUT, inputs=(tuple(_flatten_outputs(args)),)))
+            continue
+        if fx_node.op != "call_function":
+            unsupported.append(f"{fx_node.op} {fx_node.target}")
+            continue
+        try:
+            op = Op.from_torch(fx_node.target)
+        except KeyError as exc:
+            unsupported.append(f"{exc.args[0]} (node {fx_node.name}, {_origin(fx_node)})")
+            continue
+        kwargs = _convert_args(dict(fx_node.kwargs), rename)
+        node_name = graph.fresh_name(fx_node.name)
+        rename[fx_node.name] = node_name
+        graph.add(Node(node_name, op, inputs=tuple(args), attrs=kwargs,
+                       meta=_meta_of(fx_node, graph), origin=_origin(fx_node)))
+    if unsupported:
+        raise CaptureError("the captured graph uses operations mlcomp's IR cannot represent: "
+                           + "; ".join(unsupported),
+                           hint="register a decomposition for them or keep them out of the compiled region")
+    return graph
+
+
+def _flatten_outputs(args: Any) -> list[Any]:
+    out: list[Any] = []
+    for a in args if isinstance(args, (list, tuple)) else (args,):
+        if isinstance(a, (list, tuple)):
+            out.extend(_flatten_outputs(a))
+        else:
+            out.append(a)
+    return out
+
+
+def _convert_args(value: Any, rename: dict[str, str]) -> Any:
+    if isinstance(value, torch.fx.Node):
+        return Ref(rename[value.name])
+    if isinstance(value, tuple):
+        return tuple(_convert_args(v, rename) for v in value)
+    if isinstance(value, list):
+        return [_convert_args(v, rename) for v in value]
+    if isinstance(value, dict):
+        return {k: _convert_args(v, rename) for k, v in value.items()}
+    if isinstance(value, torch.SymInt):  # pragma: no cover - only inside shapes of dynamic graphs
+        return str(value)
+    return value
+
+
+def _meta_of(fx_node: torch.fx.Node, graph: Graph) -> Any:
+    val = fx_node.meta.get("val", fx_node.meta.get("example_value"))
+
+    def conv(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            shape = []
+            for d in v.shape:
+                if isinstance(d, torch.SymInt):
+                    sym = str(d)
+                    hint = d.node.hint if d.node.has_hint() else None
+                    if hint is not None and re.fullmatch(r"[A-Za-z_]\w*", sym):
+                        graph.symbols.setdefault(sym, int(hint))
+                    shape.append(sym)
+                else:
+                    shape.append(int(d))
+            return TensorMeta(tuple(shape), v.dtype, "cpu" if v.device.type in ("cpu", "meta") else str(v.device))
+        if isinstance(v, (list, tuple)):
+            return tuple(conv(x) for x in v)
+        if isinstance(v, torch.SymInt):
+            sym = str(v)
+            if v.node.has_hint() and re.fullmatch(r"[A-Za-z_]\w*", sym):
+                graph.symbols.setdefault(sym, int(v.node.hint))
+            return None
+        return None
+
+    return conv(val)
+
+
+def _origin(fx_node: torch.fx.Node) -> Origin:
+    stack = fx_node.meta.get("nn_module_stack") or {}
+    path, mtype = "", ""
+    if stack:
+        path, qual = list(stack.values())[-1]
+        mtype = str(qual).rsplit(".", 1)[-1]
+        path = _clean_path(path)
+    return Origin(path, mtype, _source_line(fx_node.meta.get("stack_trace") or ""))
+
+
+def _clean_path(path: str) -> str:
+    # export spells module paths like "L['self'].layer1[0].conv1" in some versions
+    path = re.sub(r"^L\['self'\]\.?", "", str(path))
+    path = re.sub(r"\[(\d+)\]", r".\1", path)
+    path = path.replace("._modules['", ".").replace("']", "")
+    return path.strip(".")
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def _source_line(stack_trace: str) -> str:
+    """The innermost frame of user code (not torch's) as ``file.py:line``."""
+    frames = _FRAME.findall(stack_trace)
+    user = [f for f in frames if "/torch/" not in f[0] and "site-packages" not in f[0]]
+    pick = (user or frames)[-1] if (user or frames) else None
+    return f"{pick[0]}:{pick[1]}" if pick else ""
+
+
+def _identifier(name: str) -> str:
+    return re.sub(r"\W", "_", name) or "graph"
+
+
+# ---------------------------------------------------------------------------
+# Failures
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _user_frame(exc: BaseException) -> str | None:
+    frames = traceback.extract_tb(exc.__traceback__)
+    user = [f for f in frames if "/torch/" not in f.filename and "/mlcomp/" not in f.filename
+            and "site-packages" not in f.filename and not f.filename.startswith("<")]
+    if not user:
+        return None
+    f = user[-1]
+    return f"{f.filename}:{f.lineno} ({(f.line or '').strip()})"
+
+
+def _explain_export_failure(exc: BaseException, name: str) -> CaptureError:
+    text = str(exc)
+    where = None
+    m = re.search(r'File "([^"]+)", line (\d+), in (\w+)\n\s*(.+)', text)
+    if m:
+        where = f"{m.group(1)}:{m.group(2)} in {m.group(3)} ({m.group(4).strip()})"
+    else:
+        where = _user_frame(exc)
+    data_dependent = any(k in text for k in ("data-dependent", "GuardOnDataDependent", "control flow"))
+    if data_dependent or "DataDependent" in type(exc).__name__:
+        return CaptureError(
+            f"model {name} branches on the value of a tensor (data-dependent control flow), "
+            "which a static graph cannot capture without silently fixing one branch",
+            where=where,
+            hint="rewrite the branch with torch.cond(pred, true_fn, false_fn, operands) or torch.where, "
+                 "or move it out of the compiled model")
+    if isinstance(exc, InputSpecError):
+        return CaptureError(exc.message)
+    if any(k in text for k in ("size mismatch", "shape", "Expected", "mat1 and mat2", "must match")):
+        return CaptureError(f"running {name} on the example inputs failed: {_first_line(exc)}",
+                            where=where,
+                            hint="check --input-shape: the shapes must be ones the model accepts")
+    return CaptureError(f"torch.export could not capture {name}: {_first_line(exc)}", where=where,
+                        hint="try --capture fx, or simplify the unsupported construct it names")
+
+
+__all__ = ["CaptureMethod", "capture_module", "capture_exported", "map_refs"]

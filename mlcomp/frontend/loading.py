@@ -1,0 +1,374 @@
+"""Model sources: turn what the user names into something :mod:`mlcomp.frontend.capture` can take.
+
+A model spec is one of
+
+* a zoo name (``resnet18``; see ``mlcomp models list``);
+* a TorchScript archive (``torch.jit.save`` output, usually ``.pt``);
+* an ExportedProgram (``torch.export.save`` output, ``.pt2``);
+* a factory ``path/to/file.py:fn`` or ``package.module:fn`` returning a module,
+  or ``(module, example_inputs)``;
+* an ``nn.Module`` object (Python API).
+
+A pickled full module (``torch.save(model)``) runs code when loaded and is
+refused unless ``trust_pickle=True``.  Input shapes come from the source when it
+carries them (zoo, ``.pt2``, a factory returning inputs, the input spec that
+``mlcomp models save`` stores in TorchScript archives) or from ``--input-shape``.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import re
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from mlcomp.base.errors import InputSpecError, ModelLoadError, UnsafePickleError
+from mlcomp.ir import Graph, parse_dtype
+
+INPUT_SPEC_FILE = "mlcomp_inputs.json"   # stored inside TorchScript archives by `models save`
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """Shape and dtype of one input, e.g. parsed from ``1x3x32x32:float32``."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+
+    @classmethod
+    def parse(cls, text: str) -> "InputSpec":
+        shape_text, _, dtype_text = text.strip().partition(":")
+        if not re.fullmatch(r"\d+(x\d+)*", shape_text.strip()):
+            raise InputSpecError(f"--input-shape {text!r} is not of the form 1x3x32x32[:float32]",
+                                 hint="give sizes separated by 'x', optionally ':dtype'")
+        try:
+            dtype = parse_dtype(dtype_text) if dtype_text else torch.float32
+        except ValueError as exc:
+            raise InputSpecError(f"--input-shape {text!r}: {exc}") from None
+        return cls(tuple(int(s) for s in shape_text.split("x")), dtype)
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "InputSpec":
+        return cls(tuple(t.shape), t.dtype)
+
+    def random(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        if self.dtype.is_floating_point:
+            return torch.randn(self.shape, dtype=self.dtype, generator=generator)
+        if self.dtype == torch.bool:
+            return torch.randint(0, 2, self.shape, generator=generator).bool()
+        return torch.randint(0, 10, self.shape, dtype=self.dtype, generator=generator)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shape": list(self.shape), "dtype": str(self.dtype).replace("torch.", "")}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "InputSpec":
+        return cls(tuple(int(s) for s in d["shape"]), parse_dtype(d["dtype"]))
+
+    def __str__(self) -> str:
+        return "x".join(map(str, self.shape)) + ":" + str(self.dtype).replace("torch.", "")
+
+
+@dataclass
+class ModelSource:
+    """A loaded model, ready for capture; ``eager`` is the reference for verification."""
+
+    name: str
+    eager: Any                                  # nn.Module, ScriptModule or ExportedProgram module
+    example_inputs: tuple[torch.Tensor, ...] | None
+    path: str | None = None
+    exported: Any = None                        # torch.export.ExportedProgram when loaded from .pt2
+    kind: str = "module"                        # module | torchscript | exported | zoo
+    notes: list[str] = field(default_factory=list)
+
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        if self.example_inputs is None:
+            raise InputSpecError(f"{self.name} carries no input shapes",
+                                 where=self.path or self.name,
+                                 hint="pass --input-shape, e.g. --input-shape 1x3x32x32 (repeat per input)")
+        return self.example_inputs
+
+    def capture(self, *, method: str = "export", dynamic_batch: bool = False,
+                training: bool = False) -> Graph:
+        from mlcomp.frontend.capture import CaptureMethod, capture_exported, capture_module
+
+        if self.kind == "exported" and self.exported is not None and not dynamic_batch \
+                and method == "export":
+            return capture_exported(self.exported, name=self.name, training=training)
+        if self.kind == "torchscript":
+            return _capture_torchscript(self)
+        return capture_module(self.eager, self.inputs(), method=CaptureMethod(method),
+                              dynamic_batch=dynamic_batch, training=training, name=self.name)
+
+
+def load_model(spec: str | nn.Module, *, input_shapes: Sequence[str | InputSpec] = (),
+               example_inputs: Sequence[torch.Tensor] | None = None, trust_pickle: bool = False,
+               batch: int | None = None) -> ModelSource:
+    """Resolve a model spec (see module docstring) to a :class:`ModelSource`."""
+    specs = [s if isinstance(s, InputSpec) else InputSpec.parse(s) for s in input_shapes]
+    given = tuple(example_inputs) if example_inputs is not None else (
+        tuple(s.random(torch.Generator().manual_seed(i)) for i, s in enumerate(specs)) if specs else None)
+    if isinstance(spec, nn.Module):
+        return ModelSource(type(spec).__name__, spec.eval(), given)
+    text = str(spec)
+    if ":" in text and not os.path.exists(text) and not re.match(r"^[A-Za-z]:\\", text):
+        return _load_factory(text, given, batch)
+    path = Path(text)
+    if not path.exists():
+        zoo = _zoo()
+        if text in zoo.ZOO:
+            z = zoo.get(text)
+            return ModelSource(text, z.build(), given or z.example_inputs(batch or 1), kind="zoo")
+        raise ModelLoadError(f"model file {text} does not exist",
+                             hint=f"give a .pt/.pt2 file, a factory file.py:fn, or a zoo name "
+                                  f"({', '.join(zoo.ZOO)})")
+    if path.is_dir():
+        raise ModelLoadError(f"{text} is a directory, not a model file",
+                             hint="to run a compiled artifact folder use `mlcomp run DIR`")
+    if path.stat().st_size == 0:
+        raise ModelLoadError(f"model file {text} is empty", hint="save the model again")
+    return _load_file(path, given, trust_pickle)
+
+
+def _zoo():
+    return importlib.import_module("mlcomp.models")
+
+
+# ---------------------------------------------------------------------------
+# Files
+
+
+def _archive_kind(path: Path) -> str:
+    """torchscript | exported | pickle | unknown, from the zip layout (no code is run)."""
+    if not zipfile.is_zipfile(path):
+        with open(path, "rb") as fh:
+            head = fh.read(2)
+        return "legacy-pickle" if head[:1] == b"\x80" else "unknown"
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+            bad = zf.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise ModelLoadError(f"{path} is a damaged archive ({exc})",
+                             hint="the file is truncated or corrupt; save the model again") from None
+    if bad is not None:
+        raise ModelLoadError(f"{path} is a damaged archive (entry {bad} fails its checksum)",
+                             hint="the file is truncated or corrupt; save the model again")
+    if any("/models/" in n and n.endswith(".json") for n in names) or any(
+            n.endswith("serialized_exported_program.json") for n in names):
+        return "exported"
+    if any("/code/" in n for n in names) and any(n.endswith("constants.pkl") for n in names):
+        return "torchscript"
+    if any(n.endswith("data.pkl") for n in names):
+        return "pickle"
+    return "unknown"
+
+
+def _load_file(path: Path, given: tuple[torch.Tensor, ...] | None, trust_pickle: bool) -> ModelSource:
+    try:
+        kind = _archive_kind(path)
+    except zipfile.BadZipFile as exc:  # pragma: no cover - _archive_kind converts
+        raise ModelLoadError(f"{path} is damaged: {exc}") from None
+    name = re.sub(r"\W", "_", path.stem)
+    if kind == "torchscript":
+        extra = {INPUT_SPEC_FILE: ""}
+        try:
+            module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
+        except Exception as exc:  # noqa: BLE001
+            raise ModelLoadError(f"TorchScript archive {path} could not be loaded: {_short(exc)}",
+                                 hint="the file may be truncated or from an incompatible torch; save it again") from None
+        inputs = given
+        if inputs is None and extra[INPUT_SPEC_FILE]:
+            specs = [InputSpec.from_json(d) for d in json.loads(extra[INPUT_SPEC_FILE])]
+            inputs = tuple(s.random(torch.Generator().manual_seed(i)) for i, s in enumerate(specs))
+        return ModelSource(name, module.eval(), inputs, str(path), kind="torchscript")
+    if kind == "exported":
+        try:
+            ep = torch.export.load(str(path))
+        except Exception as exc:  # noqa: BLE001
+            raise ModelLoadError(f"ExportedProgram {path} could not be loaded: {_short(exc)}",
+                                 hint="the file may be truncated or written by another torch version") from None
+        inputs = given
+        if inputs is None:
+            args, _ = ep.example_inputs or ((), {})
+            if args:
+                inputs = tuple(a for a in args)
+            else:
+                inputs = tuple(_placeholder_inputs(ep))
+        return ModelSource(name, ep.module(), inputs, str(path), exported=ep, kind="exported")
+    if kind in ("pickle", "legacy-pickle"):
+        return _load_pickle(path, given, trust_pickle)
+    raise ModelLoadError(f"{path} is not a TorchScript archive, an ExportedProgram or a torch.save file",
+                         hint="save the model with torch.jit.save, torch.export.save, or give a factory file.py:fn")
+
+
+def _placeholder_inputs(ep: Any) -> list[torch.Tensor]:
+    out = []
+    user = {s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"}
+    for node in ep.graph.nodes:
+        if node.op == "placeholder" and node.name in user:
+            val = node.meta["val"]
+            shape = [int(d) if not isinstance(d, torch.SymInt) else int(d.node.hint or 1) for d in val.shape]
+            out.append(torch.randn(shape).to(val.dtype))
+    return out
+
+
+def _load_pickle(path: Path, given: tuple[torch.Tensor, ...] | None, trust_pickle: bool) -> ModelSource:
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - not weights-only: it wants to run code
+        if not trust_pickle:
+            raise UnsafePickleError(
+                f"{path} is a pickled Python object (torch.save of a whole module); loading it would "
+                "execute code stored in the file",
+                hint="if you trust its author, pass --trust-pickle (trust_pickle=True); better, save the "
+                     "model with torch.jit.save or torch.export.save, or give a factory file.py:fn") from None
+        try:
+            obj = torch.load(str(path), map_location="cpu", weights_only=False)
+        except Exception as exc2:  # noqa: BLE001
+            raise ModelLoadError(f"{path} could not be unpickled: {_short(exc2)}",
+                                 hint="the classes it references must be importable") from None
+        del exc
+    if isinstance(obj, nn.Module):
+        return ModelSource(path.stem, obj.eval(), given, str(path), kind="module")
+    if isinstance(obj, dict):
+        raise ModelLoadError(f"{path} holds only weights (a state dict), not a model",
+                             hint="give a factory file.py:fn that builds the module and loads these weights")
+    raise ModelLoadError(f"{path} holds a {type(obj).__name__}, not a model")
+
+
+def _short(exc: BaseException) -> str:
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    return lines[0][:300] if lines else type(exc).__name__
+
+
+# ---------------------------------------------------------------------------
+# Factories
+
+
+def _load_factory(text: str, given: tuple[torch.Tensor, ...] | None, batch: int | None) -> ModelSource:
+    target, _, fn_name = text.rpartition(":")
+    if not fn_name.isidentifier():
+        raise ModelLoadError(f"{text!r} is not of the form path/to/file.py:function or package.module:function")
+    if target.endswith(".py") or os.sep in target:
+        path = Path(target)
+        if not path.exists():
+            raise ModelLoadError(f"factory file {target} does not exist", where=text,
+                                 hint="check the path (relative to the current directory)")
+        mod_name = "_mlcomp_factory_" + re.sub(r"\W", "_", path.stem)
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        sys.modules[mod_name] = module
+        try:
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001
+            raise ModelLoadError(f"importing {target} failed: {type(exc).__name__}: {_short(exc)}",
+                                 where=text) from None
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise ModelLoadError(f"module {target} cannot be imported ({exc})", where=text,
+                                 hint="install it or give a file path path/to/file.py:function") from None
+    fn = getattr(module, fn_name, None)
+    if fn is None or not callable(fn):
+        raise ModelLoadError(f"{target} has no function {fn_name}", where=text,
+                             hint="name a function that returns an nn.Module (or (module, example_inputs))")
+    try:
+        result = fn()
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"factory {text} raised {type(exc).__name__}: {_short(exc)}", where=text) from None
+    inputs = given
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module):
+        result, fac_inputs = result
+        if inputs is None:
+            inputs = tuple(fac_inputs) if isinstance(fac_inputs, (list, tuple)) else (fac_inputs,)
+    if not isinstance(result, nn.Module):
+        raise ModelLoadError(f"factory {text} returned a {type(result).__name__}, not an nn.Module")
+    return ModelSource(fn_name, result.eval(), inputs, text, kind="module")
+
+
+def _capture_torchscript(source: ModelSource) -> Graph:
+    """Trace a TorchScript module at the dispatcher level (no Python from the file runs).
+
+    TorchScript keeps ``if``/``for`` as ``prim::If``/``prim::Loop``.  Tracing follows
+    the branch the example takes, which is only correct when no condition depends
+    on tensor *values*; :func:`_data_dependent_branch` checks that first.
+    """
+    from mlcomp.frontend.capture import capture_traced
+
+    module = source.eager
+    branch = _data_dependent_branch(module)
+    if branch is not None:
+        from mlcomp.base.errors import CaptureError
+
+        raise CaptureError(
+            f"TorchScript model {source.name} branches on the value of a tensor "
+            "(data-dependent control flow); tracing it would silently fix one branch",
+            where=f"{source.path}: {branch}",
+            hint="rewrite the branch with torch.cond or torch.where before scripting, or export the model "
+                 "with torch.export.save (.pt2)")
+    from torch._export.converter import TS2EPConverter
+
+    from mlcomp.base.quiet import quiet_torch
+    from mlcomp.frontend.capture import capture_module
+
+    with quiet_torch():
+        try:  # TorchScript → ExportedProgram, then re-exported with the example's static shapes
+            ep = TS2EPConverter(module, source.inputs()).convert()
+            return capture_module(ep.module(), source.inputs(), name=source.name)
+        except Exception:  # noqa: BLE001 - converter gaps (control flow): trace at dispatch level
+            pass
+    names = {t.data_ptr(): n for n, t in list(module.named_parameters()) + list(module.named_buffers())}
+    return capture_traced(module, source.inputs(), name=source.name, constant_names=names)
+
+
+_VALUE_TO_SCALAR = {"aten::Bool", "aten::Int", "aten::Float", "aten::item", "aten::is_nonzero",
+                    "aten::ScalarImplicit", "aten::__is__"}
+
+
+def _data_dependent_branch(module: Any) -> str | None:
+    """The first prim::If/Loop whose condition reads a tensor's value, described, or ``None``."""
+    graphs = [module.graph]
+    for m in module.modules():
+        for meth in ("forward",):
+            fn = getattr(m, meth, None)
+            if fn is not None and hasattr(fn, "graph"):
+                graphs.append(fn.graph)
+    for g in graphs:
+        for node in g.findAllNodes("prim::If", True) + g.findAllNodes("prim::Loop", True):
+            conds = list(node.inputs())[:1] if node.kind() == "prim::If" else list(node.inputs())[1:2]
+            stack, seen = [v.node() for v in conds], set()
+            while stack:
+                prod = stack.pop()
+                if id(prod) in seen:
+                    continue
+                seen.add(id(prod))
+                if prod.kind() in _VALUE_TO_SCALAR and prod.kind() != "aten::__is__" and any(
+                        i.type().kind() == "TensorType" for i in prod.inputs()):
+                    rng = node.sourceRange().strip().splitlines()
+                    return f"{node.kind()} at {rng[0] if rng else '?'}"
+                stack.extend(i.node() for i in prod.inputs())
+    return None
+
+
+def save_torchscript(module: nn.Module, inputs: Sequence[torch.Tensor], path: str | Path) -> None:
+    """``torch.jit.trace`` and save with the input spec embedded (see ``INPUT_SPEC_FILE``)."""
+    # Trace the exported (static-shape, functional) module rather than the raw one:
+    # tracing nn.MultiheadAttention directly records sizes as tensors (int(tensor)),
+    # which no converter can turn back into static shapes.
+    from mlcomp.base.quiet import quiet_torch
+
+    with quiet_torch():
+        flat = torch.export.export(module, tuple(inputs)).module()
+        scripted = torch.jit.trace(flat, tuple(inputs), check_trace=False)
+    extra = {INPUT_SPEC_FILE: json.dumps([InputSpec.of(t).to_json() for t in inputs])}
+    torch.jit.save(scripted, str(path), _extra_files=extra)

@@ -1,0 +1,191 @@
+"""Measure this machine's roofline: peak FLOP/s per dtype, memory bandwidth, per-op overhead.
+
+The cost model (:mod:`mlcomp.analysis.cost`) prices a node on a
+:class:`~mlcomp.analysis.cost.HardwareSpec`.  Spec sheets give the numbers for GPUs;
+for the machine we actually run on we measure them:
+
+* compute: square matrix products (``2 n^3`` FLOPs) in fp32 and bf16 at a few
+  sizes, the best achieved rate per dtype;
+* bandwidth: a large copy (reads ``N`` bytes, writes ``N``) and a large add
+  (reads ``2N``, writes ``N``), arrays far larger than the last-level cache;
+* overhead: the median time of an add of two one-element tensors, i.e. the
+  cost of dispatching one op that does no work.
+
+Peaks are the *best* sample (a peak is what the machine can do; noise from
+other processes only ever makes a sample slower); overhead is the median.
+
+    >>> profile = measure_hardware(quick=True)
+    >>> profile.spec.peak_flops["fp32"], profile.spec.bandwidth
+"""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mlcomp.hardware.spec import HardwareSpec
+from mlcomp.hardware.timing import Clock, TimingPolicy, fmt_rate, fmt_seconds, measure, synchronizer
+
+
+@dataclass(frozen=True)
+class PeakMeasurement:
+    """One microbenchmark: what ran, the best rate it reached and the time of that call."""
+
+    kind: str            # "compute" | "bandwidth" | "overhead"
+    label: str           # "matmul fp32 2048x2048"
+    rate: float          # FLOP/s or bytes/s (0 for overhead)
+    seconds: float       # seconds per call (best sample for rates, median for overhead)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "label": self.label, "rate": self.rate, "seconds": self.seconds}
+
+
+@dataclass(frozen=True)
+class MachineProfile:
+    """The measured :class:`HardwareSpec` and the runs it was derived from."""
+
+    spec: HardwareSpec
+    measurements: tuple[PeakMeasurement, ...]
+    device: str
+    cpu_flags: tuple[str, ...] = ()
+
+    def format(self) -> str:
+        lines = [f"{self.spec.name}"]
+        for m in self.measurements:
+            rate = fmt_rate(m.rate, "FLOP/s" if m.kind == "compute" else "B/s") if m.rate else ""
+            lines.append(f"  {m.label:<28} {rate:>14}  ({fmt_seconds(m.seconds)} per call)")
+        if self.cpu_flags:
+            lines.append("  CPU matrix/vector extensions: " + " ".join(self.cpu_flags))
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.spec.name, "device": self.device, "peak_flops": dict(self.spec.peak_flops),
+                "bandwidth": self.spec.bandwidth, "launch_overhead": self.spec.launch_overhead,
+                "cpu_flags": list(self.cpu_flags), "measurements": [m.to_json() for m in self.measurements]}
+
+
+def cpu_flags() -> tuple[str, ...]:
+    """The AVX-512 / AMX feature flags the kernel reports (what bf16 speed depends on)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    flags = line.split(":", 1)[1].split()
+                    return tuple(sorted(f for f in flags if f.startswith(("avx512", "amx"))))
+    except OSError:
+        pass
+    return ()
+
+
+def measure_hardware(device: str = "cpu", *, quick: bool = False, budget_s: float = 0.3,
+                     clock: Clock | None = None) -> MachineProfile:
+    """Run the microbenchmarks on ``device`` and return the measured profile."""
+    import torch
+
+    dev = torch.device(device)
+    sync = synchronizer(dev)
+    clk = clock or time.perf_counter
+    policy = (TimingPolicy(warmup=1, budget_s=min(budget_s, 0.02), min_repeats=1, max_repeats=3) if quick
+              else TimingPolicy(warmup=2, budget_s=budget_s, min_repeats=3))
+    out: list[PeakMeasurement] = []
+    peaks: dict[str, float] = {}
+    sizes = (128, 256) if quick else ((512, 1024, 2048, 4096) if dev.type == "cpu" else (2048, 4096, 8192))
+    for dtype, key in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        best = 0.0
+        for n in sizes:   # grow until one call takes a third of the budget (or the rate drops)
+            m = _matmul(dev, dtype, n, policy, clk, sync)
+            out.append(PeakMeasurement("compute", f"matmul {key} {n}x{n}", m[0], m[1]))
+            if m[0] < best or m[1] > policy.budget_s / 3:
+                best = max(best, m[0])
+                break
+            best = m[0]
+        peaks[key] = best
+    numel = (1 << 20) if quick else (64 << 20)        # 4 MiB / 256 MiB of fp32 per array
+    bw = _stream(dev, numel, policy, clk, sync)
+    out += bw
+    tiny = TimingPolicy(warmup=10, budget_s=policy.budget_s, min_repeats=policy.min_repeats)
+    p, q = torch.ones(1, device=dev), torch.ones(1, device=dev)
+    t_tiny = measure(lambda: torch.add(p, q), tiny, clock=clk, sync=sync)
+    out.append(PeakMeasurement("overhead", "one-element add (dispatch)", 0.0, t_tiny.median))
+    spec = HardwareSpec(f"{_device_name(dev)} (measured)", peaks, max(m.rate for m in bw), t_tiny.median)
+    return MachineProfile(spec, tuple(out), str(dev), cpu_flags() if dev.type == "cpu" else ())
+
+
+def _matmul(dev: Any, dtype: Any, n: int, policy: TimingPolicy, clock: Clock, sync: Any) -> tuple[float, float]:
+    """(FLOP/s, median seconds) of an ``n x n`` matrix product in ``dtype``."""
+    import torch
+
+    a = torch.randn(n, n, device=dev).to(dtype)
+    b = torch.randn(n, n, device=dev).to(dtype)
+    t = measure(lambda: torch.mm(a, b), policy, clock=clock, sync=sync)
+    return 2.0 * n ** 3 / t.min, t.min
+
+
+def _stream(dev: Any, numel: int, policy: TimingPolicy, clock: Clock, sync: Any) -> list[PeakMeasurement]:
+    """Copy (reads N, writes N bytes) and add (reads 2N, writes N) over arrays of ``numel`` fp32."""
+    import torch
+
+    x = torch.ones(numel, device=dev)
+    y = torch.empty_like(x)
+    z = torch.empty_like(x)
+    nbytes = x.numel() * x.element_size()
+    t_copy = measure(lambda: y.copy_(x), policy, clock=clock, sync=sync)
+    t_add = measure(lambda: torch.add(x, y, out=z), policy, clock=clock, sync=sync)
+    mib = nbytes >> 20
+    return [PeakMeasurement("bandwidth", f"copy {mib} MiB", 2 * nbytes / t_copy.min, t_copy.min),
+            PeakMeasurement("bandwidth", f"add {mib} MiB", 3 * nbytes / t_add.min, t_add.min)]
+
+
+def _device_name(dev: Any) -> str:
+    import torch
+
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    n = torch.get_num_threads()
+    return f"{cpu_name() or 'CPU'}, {n} thread{'' if n == 1 else 's'}"
+
+
+def last_level_cache_bytes() -> int:
+    """Size of the CPU's largest cache from sysfs (0 where unknown)."""
+    import glob
+
+    best = 0
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(path) as fh:
+                text = fh.read().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            best = max(best, int(digits) * scale)
+    return best
+
+
+def cpu_name() -> str:
+    """The CPU model name from ``/proc/cpuinfo`` ("" where unknown)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def machine_line() -> str:
+    """One line naming this machine: CPU, cores torch uses, torch version, GPU if any."""
+    cpu = cpu_name() or platform.processor() or platform.machine()
+    n = torch.get_num_threads()
+    line = f"{cpu}; torch {torch.__version__}, {n} intra-op thread{'' if n == 1 else 's'}"
+    if torch.cuda.is_available():
+        line += f"; GPU {torch.cuda.get_device_name(0)}"
+    if hasattr(os, "getloadavg"):
+        line += f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    return line

@@ -1,0 +1,27 @@
+"""The IR: a typed dataflow graph of frozen nodes (networkx stays inside :class:`Graph`).
+
+Submodules, bottom up: ``dtypes`` (the one dtype table), ``ops`` (operator
+identities), ``opsets`` (operator properties), ``node`` (values, metadata,
+annotations), ``meta`` (shape inference on meta tensors), ``graph``,
+``builder`` (writing IR), ``composites`` (fused kernels), ``interpreter``.
+"""
+from mlcomp.ir.dtypes import dtype_name, parse_dtype
+from mlcomp.ir.graph import Graph, graph_inputs_meta, outputs_meta, sequence_of
+from mlcomp.ir.node import (
+                            Annotations,
+                            Dim,
+                            Mode,
+                            Node,
+                            Origin,
+                            Precision,
+                            Ref,
+                            TensorMeta,
+                            format_meta,
+                            format_value,
+                            map_refs,
+                            refs_in,
+)
+
+__all__ = ["Graph", "Node", "Ref", "TensorMeta", "Annotations", "Origin", "Precision", "Mode", "Dim",
+           "map_refs", "refs_in", "format_meta", "format_value", "dtype_name", "parse_dtype",
+           "graph_inputs_meta", "outputs_meta", "sequence_of"]

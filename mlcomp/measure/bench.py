@@ -1,0 +1,408 @@
+"""``mlcomp bench``: eager vs compiled targets, timed correctly, one table per model.
+
+For every batch size and target the bench
+
+1. compiles the model (``mlcomp.compile``), timing the cold compile;
+2. runs it once and compares its outputs with eager (:func:`mlcomp.analysis.verify.compare`:
+   max abs / rel error, pass or fail at the tolerance for the output dtype);
+3. times it with :func:`mlcomp.hardware.timing.measure`: warm-up, the device's
+   synchroniser before the clock stops, repeats sized to a time budget,
+   median and p90;
+4. records the peak memory growth around compile + run
+   (:class:`mlcomp.hardware.timing.PeakMemory`).
+
+Eager always runs first at each batch size: it is the reference for errors and
+speedups.  A target that is unavailable (``mlcomp.targets.available_targets``)
+is reported as skipped with its reason; one that fails to compile or run is
+reported as failed with the error, and the bench goes on.
+
+    >>> result = run_bench("mlp", BenchConfig(targets=("eager", "cpu"), batches=(1, 32)))
+    >>> print(result.format())
+
+Clock, synchroniser, compiler and target availability are injectable so the
+timing logic can be tested with fakes.  Output: :meth:`BenchResult.format`
+(text), ``to_json``, :func:`to_csv` and :func:`plot_bench` (PNG).
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import io
+import time
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
+
+from mlcomp.base.errors import MlcompError
+from mlcomp.base.table import Table
+from mlcomp.measure.plots import EAGER, bench_plot
+from mlcomp.hardware.probe import machine_line
+from mlcomp.hardware.timing import (
+    BenchConfigError,
+    Clock,
+    MemoryReading,
+    PeakMemory,
+    Sync,
+    Timing,
+    TimingPolicy,
+    fmt_bytes,
+    fmt_seconds,
+    measure,
+    synchronizer,
+)
+
+DESIGN_TARGETS = ("cpu", "cuda", "onnxruntime", "tvm")   # the targets DESIGN.md names
+# compiler(model, example_inputs, target, pipeline, options) -> callable artifact
+Compiler = Callable[[Any, tuple, str, "str | None", Mapping[str, Any]], Callable[..., Any]]
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to measure: targets (``eager`` always included), batch sizes, pipeline, timing policy."""
+
+    targets: tuple[str, ...] = (EAGER, "cpu")
+    batches: tuple[int, ...] = (1,)
+    pipeline: str | None = None
+    policy: TimingPolicy = TimingPolicy()
+    memory: bool = True
+    threads: int | None = None        # intra-op threads for every runtime (None: each runtime's default)
+
+    def compile_options(self) -> dict[str, Any]:
+        """Options passed to ``mlcomp.compile`` so every target runs with the same thread count."""
+        return {} if self.threads is None else {"threads": self.threads}
+
+    def __post_init__(self) -> None:
+        if not self.batches or any(b < 1 for b in self.batches):
+            raise BenchConfigError(f"batch sizes {list(self.batches)} must be positive integers",
+                                   hint="e.g. --batch 1,32")
+        if not self.targets:
+            raise BenchConfigError("no targets to benchmark", hint="e.g. --targets eager,cpu,onnxruntime")
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One (target, batch) cell; ``status`` is ok, skipped or failed (``reason`` says why)."""
+
+    model: str
+    target: str
+    batch: int
+    device: str = "cpu"
+    status: str = "ok"
+    reason: str = ""
+    timing: Timing | None = None
+    compile_s: float | None = None
+    first_call_s: float | None = None     # the first call after compiling (cold: caches, lazy init)
+    memory: MemoryReading | None = None
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    verified: bool | None = None          # within mlcomp.analysis.verify's tolerance for the output dtype
+    speedup: float | None = None          # eager median / this median, same device and batch
+
+    @property
+    def label(self) -> str:
+        return self.target if self.device == "cpu" or self.target != EAGER else f"{EAGER} ({self.device})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "target": self.target, "batch": self.batch, "device": self.device,
+                "status": self.status, "reason": self.reason or None,
+                "timing": self.timing.to_json() if self.timing else None, "compile_s": self.compile_s,
+                "first_call_s": self.first_call_s,
+                "memory": self.memory.to_json() if self.memory else None, "max_abs_err": self.max_abs_err,
+                "max_rel_err": self.max_rel_err, "verified": self.verified, "speedup": self.speedup}
+
+
+CSV_FIELDS = ("model", "target", "device", "batch", "status", "median_s", "p90_s", "repeats", "speedup",
+              "compile_s", "first_call_s", "peak_mem_bytes", "max_abs_err", "max_rel_err", "reason")
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """All cells of one model."""
+
+    model: str
+    inputs: str
+    pipeline: str | None
+    machine: str
+    policy: TimingPolicy
+    rows: tuple[BenchRow, ...]
+
+    def table(self) -> Table:
+        cols = ("target", "batch", "median", "p90", "speedup", "compile", "1st call", "peak mem", "max abs err",
+                "runs", "note")
+        rows = []
+        for r in self.rows:
+            if r.status != "ok":
+                rows.append((r.label, str(r.batch), "—", "—", "—", fmt_seconds(r.compile_s), "—", "—", "—", "—",
+                             f"{r.status}: {_short(r.reason)}"))
+                continue
+            t = r.timing
+            assert t is not None
+            rows.append((r.label, str(r.batch), fmt_seconds(t.median), fmt_seconds(t.p90),
+                         f"{r.speedup:.2f}x" if r.speedup else "—", fmt_seconds(r.compile_s),
+                         fmt_seconds(r.first_call_s), fmt_bytes(r.memory.growth, sign=True) if r.memory else "—",
+                         _err_cell(r), str(t.repeats), r.reason))
+        title = (f"{self.model}  input {self.inputs}  pipeline {self.pipeline or '(none)'}  "
+                 f"budget {self.policy.budget_s:g} s/measurement")
+        return Table(title, cols, tuple(rows), frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9}))
+
+    def format(self) -> str:
+        return (self.table().format() + f"\n({self.machine})\n"
+                "compile: wall time of mlcomp.compile (capture, passes, lowering; a target's first compile "
+                "includes importing its backend). 1st call: the first call after compiling, also the first "
+                "warm-up call. peak mem: RSS growth over the baseline around compile + "
+                "runs (GPU: allocated bytes). speedup: eager median / median, same device and batch.")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "inputs": self.inputs, "pipeline": self.pipeline, "machine": self.machine,
+                "policy": {"warmup": self.policy.warmup, "budget_s": self.policy.budget_s,
+                           "min_repeats": self.policy.min_repeats, "max_repeats": self.policy.max_repeats},
+                "rows": [r.to_json() for r in self.rows]}
+
+    def csv_rows(self) -> list[dict[str, Any]]:
+        out = []
+        for r in self.rows:
+            t = r.timing
+            out.append({"model": r.model, "target": r.target, "device": r.device, "batch": r.batch,
+                        "status": r.status, "median_s": t.median if t else "", "p90_s": t.p90 if t else "",
+                        "repeats": t.repeats if t else "", "speedup": r.speedup or "",
+                        "compile_s": "" if r.compile_s is None else r.compile_s,
+                        "first_call_s": "" if r.first_call_s is None else r.first_call_s,
+                        "peak_mem_bytes": r.memory.growth if r.memory else "",
+                        "max_abs_err": "" if r.max_abs_err is None else r.max_abs_err,
+                        "max_rel_err": "" if r.max_rel_err is None else r.max_rel_err, "reason": r.reason})
+        return out
+
+
+def to_csv(results: Sequence[BenchResult]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    for res in results:
+        w.writerows(res.csv_rows())
+    return buf.getvalue()
+
+
+def _err_cell(r: BenchRow) -> str:
+    if r.max_abs_err is None:
+        return "—"
+    return f"{r.max_abs_err:.1e}" + ("" if r.verified is not False else " FAIL")
+
+
+def _short(text: str, n: int = 70) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+# ---------------------------------------------------------------------------
+# running
+
+
+def default_compiler(model: Any, inputs: tuple, target: str, pipeline: str | None,
+                     options: Mapping[str, Any] = MappingProxyType({})) -> Callable[..., Any]:
+    """``mlcomp.compile`` without its own verification (the bench compares outputs itself)."""
+    from mlcomp.api import compile as mlcomp_compile
+
+    return mlcomp_compile(model, example_inputs=inputs, target=target, pipeline=pipeline, verify=False,
+                          **dict(options))
+
+
+def default_availability() -> dict[str, str | None]:
+    """``mlcomp.targets.available_targets()``.
+
+    Should that fail (the module missing, or one target's module broken), each
+    designed target is asked on its own through ``get_target(name).available()``
+    and any that cannot be asked is reported unavailable with the error.
+    """
+    try:
+        from mlcomp.targets import available_targets
+
+        return dict(available_targets())
+    except Exception:  # noqa: BLE001 - fall back to asking target by target
+        pass
+    out: dict[str, str | None] = {}
+    for name in DESIGN_TARGETS:
+        try:
+            from mlcomp.targets import get_target
+
+            out[name] = get_target(name).available()
+        except Exception as exc:  # noqa: BLE001
+            out[name] = f"mlcomp.targets cannot provide it ({type(exc).__name__}: {exc})"
+    return out
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A target's runnable for one model, or why there is none (``fn is None``)."""
+
+    target: str
+    fn: Callable[..., Any] | None
+    reason: str = ""
+    compile_s: float | None = None
+
+
+def compile_for(model: Any, inputs: tuple, target: str, *, pipeline: str | None = None,
+                options: Mapping[str, Any] = MappingProxyType({}), compiler: Compiler = default_compiler,
+                availability: Callable[[], Mapping[str, str | None]] = default_availability,
+                clock: Clock = time.perf_counter) -> Compiled:
+    """Compile ``model`` for ``target``; unavailable or failing targets come back with a reason."""
+    avail = dict(availability())
+    reason = _reason(target, avail) if target in avail else "unknown target (see `mlcomp targets`)"
+    if reason:
+        return Compiled(target, None, reason)
+    t0 = clock()
+    try:
+        fn = compiler(model, tuple(inputs), target, pipeline, options)
+    except MlcompError as err:
+        return Compiled(target, None, f"failed: {err.message}")
+    except Exception as err:  # noqa: BLE001
+        return Compiled(target, None, f"failed: {type(err).__name__}: {err}")
+    return Compiled(target, fn, "", clock() - t0)
+
+
+def target_device(target: str) -> str:
+    return "cuda" if target == "cuda" or target.startswith("cuda:") else "cpu"
+
+
+def run_bench(model: Any, config: BenchConfig = BenchConfig(), *, input_shapes: Sequence[str] = (),
+              trust_pickle: bool = False, clock: Clock = time.perf_counter,
+              sync_for: Callable[[str], Sync] = synchronizer, compiler: Compiler = default_compiler,
+              availability: Callable[[], Mapping[str, str | None]] = default_availability,
+              progress: Progress | None = None) -> BenchResult:
+    """Benchmark ``model`` (a spec :func:`mlcomp.frontend.loading.load_model` accepts) per ``config``."""
+    import torch
+
+    from mlcomp.frontend.loading import load_model
+
+    source = load_model(model, input_shapes=input_shapes, trust_pickle=trust_pickle, batch=config.batches[0])
+    base_inputs = source.inputs()
+    targets = [t for t in dict.fromkeys(config.targets) if t != EAGER]
+    avail = dict(availability())
+    _check_known(targets, avail)
+    cells: list[tuple[int, str, str]] = []
+    for batch in config.batches:
+        cells.append((batch, "cpu", EAGER))
+        cells += [(batch, "cpu", t) for t in targets if target_device(t) == "cpu"]
+        on_gpu = [t for t in targets if target_device(t) != "cpu"]
+        if any(not _reason(t, avail) for t in on_gpu):
+            cells.append((batch, "cuda", EAGER))       # the reference for speedups on the GPU
+        cells += [(batch, target_device(t), t) for t in on_gpu]
+    rows: list[BenchRow] = []
+    label = getattr(source, "name", str(model))
+    expected: dict[int, Any] = {}
+    with torch.inference_mode():
+        for i, (batch, device, target) in enumerate(cells):
+            if progress:
+                where = "" if device == "cpu" else f" ({device})"
+                progress(i, len(cells), f"{label} {target}{where} batch {batch}")
+            reason = _reason(target, avail)
+            if reason:
+                rows.append(BenchRow(label, target, batch, device, "skipped", reason))
+                continue
+            cpu_inputs = rebatch(base_inputs, batch)
+            if batch not in expected:
+                expected[batch] = source.eager(*cpu_inputs)
+            inputs = tuple(t.to(device) for t in cpu_inputs)
+            rows.append(_bench_cell(source, label, target, batch, device, inputs, config, clock,
+                                    sync_for(device), compiler, rows, expected[batch]))
+        if progress:
+            progress(len(cells), len(cells), f"{label} done")
+    shapes = ", ".join(f"{str(t.dtype).replace('torch.', '')}[B, {', '.join(map(str, t.shape[1:]))}]"
+                       for t in base_inputs)
+    return BenchResult(label, shapes, config.pipeline, machine_line(), config.policy, tuple(rows))
+
+
+def _reason(target: str, avail: Mapping[str, str | None]) -> str | None:
+    return None if target == EAGER else avail.get(target)
+
+
+def _check_known(targets: Sequence[str], avail: Mapping[str, str | None]) -> None:
+    unknown = [t for t in targets if t != EAGER and t not in avail]
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], list(avail), n=1)
+        raise BenchConfigError(
+            f"unknown target {unknown[0]!r}" + (f" (did you mean {close[0]!r}?)" if close else ""),
+            hint=f"known targets: {', '.join([EAGER, *avail])} (see `mlcomp targets`)")
+
+
+def rebatch(inputs: Sequence[Any], batch: int) -> tuple[Any, ...]:
+    """The example inputs with their leading dimension set to ``batch`` (seeded random data)."""
+    import torch
+
+    from mlcomp.frontend.loading import InputSpec
+
+    out = []
+    for i, t in enumerate(inputs):
+        if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] == batch:
+            out.append(t)
+        else:
+            out.append(InputSpec((batch, *t.shape[1:]), t.dtype).random(torch.Generator().manual_seed(i)))
+    return tuple(out)
+
+
+def _bench_cell(source: Any, label: str, target: str, batch: int, device: str, inputs: tuple, config: BenchConfig,
+                clock: Clock, sync: Sync, compiler: Compiler, done: Sequence[BenchRow], expected: Any) -> BenchRow:
+    row = BenchRow(label, target, batch, device)
+    probe = PeakMemory(device) if config.memory else None
+    try:
+        if probe:
+            probe.__enter__()
+        try:
+            if target == EAGER:
+                fn = source.eager if device == "cpu" else copy.deepcopy(source.eager).to(device)
+            else:
+                t0 = clock()
+                fn = compiler(_compile_input(source), tuple(t.cpu() for t in inputs), target, config.pipeline,
+                              config.compile_options())
+                row = replace(row, compile_s=clock() - t0)
+            t1 = clock()
+            out = fn(*inputs)                       # the first call: checked against eager, and warm-up 1
+            sync()
+            row = replace(row, first_call_s=clock() - t1)
+            policy = replace(config.policy, warmup=max(0, config.policy.warmup - 1))
+            timing = measure(lambda: fn(*inputs), policy, clock=clock, sync=sync)
+        finally:
+            if probe:
+                probe.__exit__(None, None, None)
+    except MlcompError as err:
+        return replace(row, status="failed", reason=err.message)
+    except Exception as err:  # noqa: BLE001 - one broken target must not end the bench
+        return replace(row, status="failed", reason=f"{type(err).__name__}: {err}")
+    row = replace(row, timing=timing, memory=probe.reading if probe else None)
+    if target == EAGER:
+        return replace(row, speedup=1.0, reason=_eager_ref_note(row))
+    ref = next((r for r in done if r.target == EAGER and r.batch == batch and r.device == device
+                and r.status == "ok"), None)
+    if ref is None:
+        return replace(row, reason="no eager reference")
+    from mlcomp.analysis.verify import compare
+
+    check = compare(expected, out)
+    if check.note:
+        return replace(row, status="failed", reason=f"outputs do not match eager: {check.note}")
+    speedup = ref.timing.median / timing.median if ref.timing and timing.median > 0 else None
+    return replace(row, max_abs_err=check.max_abs, max_rel_err=check.max_rel, verified=check.passed,
+                   speedup=speedup, reason="" if check.passed else f"differs from eager: {check.summary()}")
+
+
+def _eager_ref_note(row: BenchRow) -> str:
+    return "reference" if row.device == "cpu" else "reference for cuda targets"
+
+
+def _compile_input(source: Any) -> Any:
+    """What to hand ``mlcomp.compile``: the loaded module, or its file for TorchScript / .pt2."""
+    if getattr(source, "kind", "module") in ("torchscript", "exported") and getattr(source, "path", None):
+        return source.path
+    return source.eager
+
+
+def plot_bench(results: Sequence[BenchResult], path: str) -> None:
+    """PNG per model: speedup per target and batch, latency vs batch size (see :mod:`mlcomp.measure.plots`)."""
+
+    bench_plot(results, path)
+
+
+__all__ = ["BenchConfig", "BenchRow", "BenchResult", "run_bench", "to_csv", "plot_bench", "rebatch",
+           "EAGER"]

@@ -1,0 +1,72 @@
+"""The bench plot: speedup per target and batch, and latency against batch size (log axes).
+
+matplotlib is imported inside the function (``Agg`` backend, files only); the PNG is written atomically.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from mlcomp.base.files import atomic_path
+
+__all__ = ["bench_plot", "EAGER"]
+
+EAGER = "eager"   # the bench's reference target
+
+
+def bench_plot(results: Sequence[Any], path: str) -> None:
+    """Per model: speedup per target and batch (bars), latency vs batch on log axes (lines)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = max(len(results), 1)
+    fig, axes = plt.subplots(n, 2, figsize=(12, 3.6 * n), squeeze=False)
+    for (ax_s, ax_l), res in zip(axes, results):
+        ok = [r for r in res.rows if r.status == "ok" and r.timing]
+        batches = sorted({r.batch for r in res.rows})
+        labels = list(dict.fromkeys(r.label for r in ok))
+        compiled = [lb for lb in labels if not lb.startswith(EAGER)]
+        width = 0.8 / max(len(compiled), 1)
+        for k, lb in enumerate(compiled):
+            xs, ys = [], []
+            for j, b in enumerate(batches):
+                r = next((r for r in ok if r.label == lb and r.batch == b), None)
+                if r and r.speedup:
+                    xs.append(j + (k - (len(compiled) - 1) / 2) * width)
+                    ys.append(r.speedup)
+            bars = ax_s.bar(xs, ys, width, label=lb)
+            ax_s.bar_label(bars, fmt="%.2f", fontsize=7)
+        missing = sorted({f"{r.label}: {r.status}" for r in res.rows if r.status != "ok"})
+        if missing:
+            ax_s.text(0.01, 0.02, "not shown: " + "; ".join(missing), transform=ax_s.transAxes, fontsize=7,
+                      color="#a00", va="bottom")
+        ax_s.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax_s.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
+        ax_s.set_ylabel("speedup over eager (median)")
+        ax_s.set_title(f"{res.model}: speedup per target", fontsize=10)
+        if compiled:
+            ax_s.legend(fontsize=8)
+        for lb in labels:
+            pts = sorted((r.batch, r.timing.median) for r in ok if r.label == lb)
+            ax_l.plot([p[0] for p in pts], [p[1] * 1e3 for p in pts], marker="o", label=lb)
+        eager = sorted((r.batch, r.timing.median) for r in ok if r.label == EAGER)
+        if eager and len(batches) > 1:    # guides through eager's smallest batch: flat and proportional
+            b0, t0 = eager[0]
+            ax_l.plot(batches, [t0 * 1e3] * len(batches), color="grey", lw=0.7, ls=":",
+                      label="flat: overhead-bound")
+            ax_l.plot(batches, [t0 * 1e3 * b / b0 for b in batches], color="grey", lw=0.7, ls="--",
+                      label="∝ batch: compute-bound")
+        ax_l.set_xscale("log")
+        ax_l.set_yscale("log")
+        ax_l.set_xticks(batches, [str(b) for b in batches])
+        ax_l.minorticks_off()
+        ax_l.set_xlabel("batch size")
+        ax_l.set_ylabel("latency per call, ms (median)")
+        ax_l.set_title(f"{res.model}: latency vs batch size", fontsize=10)
+        ax_l.legend(fontsize=7)
+        ax_l.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)

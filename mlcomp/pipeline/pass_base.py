@@ -1,0 +1,332 @@
+"""What a pass is, and the lazy registry that finds passes by name.
+
+A pass is a small frozen dataclass: a ``name`` ClassVar, typed option fields
+with defaults, and one method ``run(graph, ctx) -> PassResult``::
+
+    @dataclass(frozen=True)
+    class DeadCodeElimination(Pass):
+        '''Remove nodes whose values nobody reads.'''
+        name: ClassVar[str] = "dce"
+        keep_params: bool = option(False, "keep unused parameters")
+
+        def run(self, graph, ctx):
+            ...
+            return PassResult(graph, changed=True, stats={"nodes_removed": 3})
+
+The registry maps pass names to ``"module:Class"`` references and imports a
+module only when one of its passes is asked for, so parsing a pipeline costs
+nothing and a pass family with heavy imports stays out of the way until used.
+Issues that add passes (mixed precision, pruning, remat, placement) add one
+line to :data:`BUILTIN_PASSES`; tests and plugins use
+:meth:`PassRegistry.register` on their own registry.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import importlib
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+from mlcomp.base.errors import PipelineSpecError
+
+if typing.TYPE_CHECKING:
+    from mlcomp.hardware.spec import HardwareSpec
+    from mlcomp.ir import Graph
+
+__all__ = ["Pass", "PassResult", "PassContext", "option", "OptionInfo", "PassInfo", "PassRegistry",
+           "REGISTRY", "BUILTIN_PASSES"]
+
+# name -> "module:Class".  One line per pass; later issues append theirs here.
+BUILTIN_PASSES: dict[str, str] = {
+    "dce": "mlcomp.passes.cleanup:DeadCodeElimination",
+    "cse": "mlcomp.passes.cleanup:CommonSubexpressionElimination",
+    "simplify": "mlcomp.passes.cleanup:Simplify",
+    "fold-constants": "mlcomp.passes.folding:FoldConstants",
+    "cleanup": "mlcomp.passes.cleanup:Cleanup",
+    "fold-batchnorm": "mlcomp.passes.fusion_patterns:FoldBatchNorm",
+    "fold-bias": "mlcomp.passes.fusion_patterns:FoldBias",
+    "fuse-epilogue": "mlcomp.passes.fusion:FuseEpilogue",
+    "fuse-attention": "mlcomp.passes.fusion_patterns:FuseAttention",
+    "recompose": "mlcomp.passes.fusion_patterns:Recompose",
+    "fuse-elementwise": "mlcomp.passes.fusion:FuseElementwise",
+    "fuse": "mlcomp.passes.fusion:Fuse",
+}
+
+
+# ---------------------------------------------------------------------------
+# The pass interface
+
+
+@dataclass(frozen=True)
+class PassContext:
+    """What a pass may depend on besides its options; passes never read globals."""
+
+    hardware: "HardwareSpec | None" = None       # None: mlcomp.analysis.cost.DEFAULT_CPU
+    example_inputs: tuple[Any, ...] | None = None
+
+    @property
+    def hw(self) -> "HardwareSpec":
+        from mlcomp.hardware.spec import DEFAULT_CPU
+
+        return self.hardware or DEFAULT_CPU
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """A pass's output: the graph, whether anything changed, and numbers for the report."""
+
+    graph: "Graph"
+    changed: bool
+    stats: Mapping[str, Any] = field(default_factory=dict)
+
+
+def option(default: Any, help: str) -> Any:  # noqa: A002 - the natural name
+    """A pass option field: its default and its one-line help (shown by ``mlcomp passes``)."""
+    return field(default=default, metadata={"help": help})
+
+
+class Pass:
+    """Base of every pass; subclasses are ``@dataclass(frozen=True)``."""
+
+    name: ClassVar[str] = ""
+
+    def run(self, graph: "Graph", ctx: PassContext) -> PassResult:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def summary(cls) -> str:
+        doc = (cls.__doc__ or "").strip()
+        return doc.splitlines()[0].rstrip(".") if doc else ""
+
+
+# ---------------------------------------------------------------------------
+# Options
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+@dataclass(frozen=True)
+class OptionInfo:
+    """One typed option of a pass."""
+
+    name: str
+    type: Any
+    default: Any
+    help: str = ""
+
+    # -- describing ---------------------------------------------------------
+    def type_text(self) -> str:
+        return _type_text(self.type)
+
+    def format_value(self, value: Any) -> str:
+        """Canonical spec text for a value of this option."""
+        return _format_value(value)
+
+    # -- converting ---------------------------------------------------------
+    def convert(self, value: Any, *, pass_name: str) -> Any:
+        """``value`` (spec text, TOML value or Python value) as this option's type."""
+        try:
+            return _convert(self.type, value)
+        except (TypeError, ValueError) as exc:
+            raise PipelineSpecError(
+                f"option {self.name!r} of pass {pass_name!r} expects {self.type_text()}, "
+                f"got {value!r}" + (f" ({exc})" if str(exc) else ""),
+                hint=f"for example {pass_name}{{{self.name}={self.format_value(self.default)}}}") from None
+
+
+def _optional_inner(tp: Any) -> Any | None:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return args[0]
+    return None
+
+
+def _type_text(tp: Any) -> str:
+    inner = _optional_inner(tp)
+    if inner is not None:
+        return f"{_type_text(inner)} or none"
+    if typing.get_origin(tp) is typing.Literal:
+        return "one of " + "|".join(str(a) for a in typing.get_args(tp))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return "one of " + "|".join(str(m.value) for m in tp)
+    if typing.get_origin(tp) is tuple:
+        return f"list of {_type_text(typing.get_args(tp)[0])}"
+    return {bool: "bool", int: "int", float: "float", str: "string"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    inner = _optional_inner(tp)
+    if inner is not None:
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        return _convert(inner, value)
+    if typing.get_origin(tp) is typing.Literal:
+        choices = typing.get_args(tp)
+        for c in choices:
+            if value == c or (isinstance(value, str) and str(c) == value):
+                return c
+        raise ValueError("")
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        if isinstance(value, tp):
+            return value
+        for m in tp:
+            if isinstance(value, str) and value.lower() in (str(m.value).lower(), m.name.lower()):
+                return m
+        raise ValueError("")
+    if typing.get_origin(tp) is tuple:
+        item = typing.get_args(tp)[0]
+        values = value if isinstance(value, (list, tuple)) else [value]
+        return tuple(_convert(item, v) for v in values)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+        raise ValueError("")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ValueError("")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            return int(value.replace("_", ""))
+        raise ValueError("")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ValueError("")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            return float(value)
+        raise ValueError("")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError("")
+    raise TypeError(f"unsupported option type {tp!r}")
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "none"
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, tuple):
+        return "[" + ",".join(_format_value(v) for v in value) + "]"
+    if isinstance(value, float):
+        return repr(value)
+    text = str(value)
+    if text and all(c.isalnum() or c in "._-+/:" for c in text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+# ---------------------------------------------------------------------------
+# Registry
+
+
+@dataclass(frozen=True)
+class PassInfo:
+    """A registered pass: its class, one-line help and typed options."""
+
+    name: str
+    cls: type
+    summary: str
+    options: tuple[OptionInfo, ...]
+
+    def option(self, key: str) -> OptionInfo:
+        wanted = key.replace("-", "_")
+        for opt in self.options:
+            if opt.name == wanted:
+                return opt
+        known = [o.name for o in self.options]
+        close = difflib.get_close_matches(wanted, known, n=1)
+        listing = ", ".join(f"{o.name} ({o.type_text()}, default {o.format_value(o.default)})"
+                            for o in self.options) or "none"
+        raise PipelineSpecError(
+            f"pass {self.name!r} has no option {key!r}"
+            + (f"; did you mean {close[0]!r}?" if close else ".")
+            + f" Its options are: {listing}",
+            hint="run `mlcomp passes` to list every pass with its options")
+
+    def make(self, options: Mapping[str, Any]) -> Pass:
+        """An instance of the pass with ``options`` (already converted) applied."""
+        return self.cls(**dict(options))
+
+
+class PassRegistry:
+    """Pass name → pass class, imported on first use."""
+
+    def __init__(self, refs: Mapping[str, str | type] | None = None) -> None:
+        self._refs: dict[str, str | type] = dict(refs or {})
+        self._infos: dict[str, PassInfo] = {}
+
+    def register(self, cls_or_ref: str | type, *, name: str | None = None, replace: bool = False) -> None:
+        """Add a pass (a class, or ``"module:Class"`` with ``name``)."""
+        if isinstance(cls_or_ref, str):
+            if name is None:
+                raise ValueError("a 'module:Class' reference needs name=")
+        else:
+            name = name or cls_or_ref.name
+        if not name:
+            raise ValueError(f"{cls_or_ref!r} has no pass name")
+        if name in self._refs and not replace:
+            raise ValueError(f"pass {name!r} is already registered")
+        self._refs[name] = cls_or_ref
+        self._infos.pop(name, None)
+
+    def names(self) -> list[str]:
+        return sorted(self._refs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._refs
+
+    def get(self, name: str) -> PassInfo:
+        """The pass called ``name``; :class:`PipelineSpecError` with the closest match if unknown."""
+        if name not in self._refs:
+            close = difflib.get_close_matches(name, self._refs, n=1, cutoff=0.5)
+            raise PipelineSpecError(
+                f"unknown pass {name!r}" + (f"; did you mean {close[0]!r}?" if close else ".")
+                + f" Known passes: {', '.join(self.names())}",
+                hint="run `mlcomp passes` to see what each pass does")
+        if name not in self._infos:
+            self._infos[name] = _describe(name, self._load(name))
+        return self._infos[name]
+
+    def infos(self) -> list[PassInfo]:
+        return [self.get(n) for n in self.names()]
+
+    def _load(self, name: str) -> type:
+        ref = self._refs[name]
+        if isinstance(ref, type):
+            return ref
+        module, _, attr = ref.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+def _describe(name: str, cls: type) -> PassInfo:
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"pass {name!r} ({cls.__qualname__}) must be a frozen dataclass")
+    hints = typing.get_type_hints(cls)
+    opts = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
+        opts.append(OptionInfo(f.name, hints.get(f.name, type(default)), default, f.metadata.get("help", "")))
+    summary = cls.summary() if hasattr(cls, "summary") else ""
+    return PassInfo(name, cls, summary, tuple(opts))
+
+
+REGISTRY = PassRegistry(BUILTIN_PASSES)
+

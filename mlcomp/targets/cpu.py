@@ -1,0 +1,174 @@
+"""The ``cpu`` target: TorchScript trace + ``torch.jit.freeze`` (+ ``optimize_for_inference``).
+
+This is the analogue of the textbook's ``hybridize()``: the Python that built
+the graph disappears, parameters become constants folded into the graph, and
+the TorchScript executor runs it (fusing and specialising after two warm-up
+calls).
+
+    >>> art = get_target("cpu").compile(graph, CompileOptions(threads=1))
+    >>> art(x)
+    >>> art.save("out/mlp-cpu")               # out/mlp-cpu/model.pt
+    >>> torch.jit.load("out/mlp-cpu/model.pt")(x)   # plain torch can load the payload
+
+The payload is the *frozen* module.  ``optimize_for_inference`` (MKLDNN
+convolution layouts, conv/bn folding) rewrites the module into a form
+TorchScript cannot serialise, so it is applied again after loading; with
+``optimize=None`` (the default) both variants are timed at compile time and the
+faster one is kept (the choice is stored in the manifest).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterator
+
+import torch
+from mlcomp.targets.artifact import RuntimeKind
+from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
+from mlcomp.targets.codegen import to_fx
+
+from mlcomp.base.errors import MlcompError
+from mlcomp.base.quiet import quiet_torch
+from mlcomp.ir import Graph, Mode
+
+__all__ = ["CpuTarget", "TorchScriptRuntime", "trace_frozen", "threads"]
+
+PAYLOAD = "model.pt"
+
+
+@contextlib.contextmanager
+def threads(n: int | None) -> Iterator[None]:
+    """Run with ``n`` intra-op threads, restoring the previous count (no-op for ``None``)."""
+    if not n or n == torch.get_num_threads():
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def require_inference(graph: Graph, target: str) -> None:
+    if graph.mode is Mode.TRAINING:
+        raise MlcompError(f"target {target} compiles inference graphs, but {graph.name} was captured "
+                          "in training mode", hint="capture without --training to compile it")
+
+
+def trace_frozen(graph: Graph, inputs: tuple[torch.Tensor, ...], device: str = "cpu") -> torch.jit.ScriptModule:
+    """Generate torch code for ``graph`` on ``device``, trace it and freeze it."""
+    dynamic = any(n.tensor_meta.is_dynamic for n in graph.input_nodes)
+    gm = to_fx(graph, device=device, scriptable=dynamic).eval()
+    inputs = tuple(t.to(device) for t in inputs)
+    with torch.no_grad(), quiet_torch():
+        if dynamic:  # tracing would bake the example sizes in; scripting keeps size() calls
+            try:
+                scripted = torch.jit.script(gm)
+            except Exception as exc:  # noqa: BLE001 - TorchScript's compiler errors are long
+                raise TargetCompileError(
+                    f"TorchScript cannot compile the dynamic-shape graph {graph.name}: "
+                    f"{str(exc).strip().splitlines()[0]}", where="torch.jit.script of the generated module",
+                    hint="capture without --dynamic-batch (static shapes are traced), or use "
+                         "--target onnxruntime, which keeps dynamic sizes") from None
+        else:
+            scripted = torch.jit.trace(gm, inputs, check_trace=False)
+        return torch.jit.freeze(scripted.eval())
+
+
+def median_time(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...], *, budget: float = 1.0,
+                repeats: int = 7, sync: Callable[[], None] | None = None) -> float:
+    """Median seconds per call after warm-up, within roughly ``budget`` seconds."""
+    with torch.no_grad():
+        for _ in range(3):
+            fn(*inputs)
+        times: list[float] = []
+        deadline = time.perf_counter() + budget
+        while len(times) < repeats and (len(times) < 3 or time.perf_counter() < deadline):
+            t0 = time.perf_counter()
+            fn(*inputs)
+            if sync:
+                sync()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+class TorchScriptRuntime:
+    """Runs a frozen TorchScript module (optionally ``optimize_for_inference``-d)."""
+
+    kind: ClassVar[RuntimeKind] = RuntimeKind.TORCHSCRIPT
+
+    def __init__(self, payload: bytes, *, optimize: bool, threads: int | None, device: str = "cpu") -> None:
+        self.payload = payload
+        self.optimize = optimize
+        self.threads = threads
+        self.device = device
+        self.module = self._load_module(payload, optimize, device)
+        self._forward = self.module.forward
+
+    @staticmethod
+    def _load_module(payload: bytes, optimize: bool, device: str) -> torch.jit.ScriptModule:
+        module = torch.jit.load(io.BytesIO(payload), map_location=device)
+        if optimize:
+            module = torch.jit.optimize_for_inference(module)
+        return module
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # No context managers on this path: each `with` costs microseconds, as much as a
+        # small model's forward.  The frozen module holds no trainable tensors, so autograd
+        # records nothing unless an input itself requires grad.
+        if self.threads is None:
+            return self._forward(*inputs)
+        before = torch.get_num_threads()
+        if before == self.threads:
+            return self._forward(*inputs)
+        torch.set_num_threads(self.threads)
+        try:
+            return self._forward(*inputs)
+        finally:
+            torch.set_num_threads(before)
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        (directory / PAYLOAD).write_bytes(self.payload)
+        return {"file": PAYLOAD, "optimize": self.optimize, "threads": self.threads}
+
+    @classmethod
+    def load(cls, directory: Path, info: dict[str, Any]) -> "TorchScriptRuntime":
+        payload = (directory / info.get("file", PAYLOAD)).read_bytes()
+        return cls(payload, optimize=bool(info.get("optimize")), threads=info.get("threads"))
+
+
+def frozen_bytes(module: torch.jit.ScriptModule) -> bytes:
+    buffer = io.BytesIO()
+    torch.jit.save(module, buffer)
+    return buffer.getvalue()
+
+
+class CpuTarget(Target):
+    name = "cpu"
+    description = "TorchScript trace + freeze (+ optimize_for_inference) on the CPU"
+    runs_composites_in_torch = True
+
+    def build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...]) -> TorchScriptRuntime:
+        require_inference(graph, self.name)
+        if self.device(options) != "cpu":
+            raise MlcompError(f"target cpu cannot compile for device {options.device!r}",
+                              hint="use --target cuda for GPUs")
+        with threads(options.threads):
+            payload = frozen_bytes(trace_frozen(graph, inputs))
+            optimize = options.optimize
+            if optimize is None:
+                optimize = self._optimize_is_faster(payload, inputs)
+        return TorchScriptRuntime(payload, optimize=optimize, threads=options.threads)
+
+    @staticmethod
+    def _optimize_is_faster(payload: bytes, inputs: tuple[torch.Tensor, ...]) -> bool:
+        """Time the frozen module with and without ``optimize_for_inference``; True if it helps."""
+        plain = TorchScriptRuntime._load_module(payload, False, "cpu")
+        tuned = TorchScriptRuntime._load_module(payload, True, "cpu")
+        t_plain = median_time(plain, inputs, budget=0.5)
+        t_tuned = median_time(tuned, inputs, budget=0.5)
+        return t_tuned < 0.95 * t_plain

@@ -1,0 +1,119 @@
+"""The ``cuda`` target: frozen TorchScript on a CUDA device, replayed as a CUDA graph.
+
+    >>> art = get_target("cuda").compile(graph, CompileOptions())      # device "cuda:0"
+    >>> y = art(x)            # x on cpu or cuda; y stays on the GPU until you read it
+
+Small batches on a GPU are launch-bound: each op is a kernel launch of a few
+microseconds.  For static shapes the whole forward is captured once into a
+``torch.cuda.CUDAGraph`` (after warm-up on a side stream) and each call is one
+``replay()``: the inputs are copied into the graph's static input buffers, the
+graph is replayed, and the static outputs are cloned on the same stream.
+Nothing synchronises the host; a result is waited for only when it is read
+(``.cpu()``, ``.item()``, printing).  Dynamic shapes, or ``cuda_graphs=False``,
+run the frozen TorchScript module directly.
+
+The payload is the same frozen ``model.pt`` as the cpu target's (weights on
+the GPU); the CUDA graph is captured again after loading.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from mlcomp.targets.artifact import RuntimeKind
+from mlcomp.targets.base import CompileOptions, Target
+from mlcomp.targets.cpu import frozen_bytes, require_inference, trace_frozen
+
+from mlcomp.base.errors import MlcompError
+from mlcomp.ir import Graph
+
+__all__ = ["CudaTarget", "CudaRuntime"]
+
+PAYLOAD = "model.pt"
+
+
+class CudaRuntime:
+    """Frozen TorchScript on CUDA, replayed as one CUDA graph for static shapes."""
+
+    kind: ClassVar[RuntimeKind] = RuntimeKind.CUDA_GRAPH
+
+    def __init__(self, payload: bytes, *, device: str, input_shapes: list[tuple[int, ...]] | None,
+                 input_dtypes: list[str], use_graph: bool) -> None:
+        import io
+
+        self.payload = payload
+        self.device = torch.device(device)
+        self.input_shapes = input_shapes
+        self.input_dtypes = input_dtypes
+        self.module = torch.jit.load(io.BytesIO(payload), map_location=self.device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        if use_graph and input_shapes is not None:
+            self._capture([getattr(torch, d) for d in input_dtypes])
+
+    def _capture(self, dtypes: list[torch.dtype]) -> None:
+        """Warm up on a side stream (TorchScript specialises in its first calls), then capture."""
+        assert self.input_shapes is not None
+        self.static_inputs = [torch.zeros(s, dtype=d, device=self.device)
+                              for s, d in zip(self.input_shapes, dtypes)]
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side), torch.no_grad():
+            for _ in range(3):
+                self.module(*self.static_inputs)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph), torch.no_grad():
+            outs = self.module(*self.static_inputs)
+        self.static_outputs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+        self.graph = graph
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.graph is None:
+            with torch.no_grad():
+                return tuple(self.module(*(t.to(self.device, non_blocking=True) for t in inputs)))
+        for buf, t in zip(self.static_inputs, inputs):
+            buf.copy_(t, non_blocking=True)   # same stream as the replay: ordered, no host sync
+        self.graph.replay()
+        # the static outputs are overwritten by the next replay: hand out copies (stream-ordered)
+        return tuple(o.clone() for o in self.static_outputs)
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        (directory / PAYLOAD).write_bytes(self.payload)
+        return {"file": PAYLOAD, "device": str(self.device), "cuda_graph": self.graph is not None,
+                "input_shapes": [list(s) for s in self.input_shapes] if self.input_shapes else None,
+                "input_dtypes": self.input_dtypes}
+
+    @classmethod
+    def load(cls, directory: Path, info: dict[str, Any]) -> "CudaRuntime":
+        if not torch.cuda.is_available():
+            raise MlcompError("this artifact runs on CUDA, but torch.cuda.is_available() is False here",
+                              hint="load it on a machine with an NVIDIA GPU, or compile for --target cpu")
+        shapes = [tuple(s) for s in info["input_shapes"]] if info.get("input_shapes") else None
+        return cls((directory / info.get("file", PAYLOAD)).read_bytes(), device=info.get("device", "cuda:0"),
+                   input_shapes=shapes, input_dtypes=info.get("input_dtypes", []),
+                   use_graph=bool(info.get("cuda_graph")))
+
+
+class CudaTarget(Target):
+    name = "cuda"
+    description = "TorchScript trace + freeze on CUDA, static shapes replayed as CUDA graphs"
+    default_device = "cuda:0"
+    runs_composites_in_torch = True
+
+    def available(self) -> str | None:
+        if not torch.cuda.is_available():
+            return "no CUDA device (torch.cuda.is_available() is False)"
+        return None
+
+    def build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...]) -> CudaRuntime:
+        require_inference(graph, self.name)
+        device = self.device(options)
+        if not device.startswith("cuda"):
+            raise MlcompError(f"target cuda cannot compile for device {device!r}", hint="use --target cpu")
+        static = not any(n.tensor_meta.is_dynamic for n in graph.input_nodes)
+        payload = frozen_bytes(trace_frozen(graph, inputs, device=device))
+        return CudaRuntime(payload, device=device,
+                           input_shapes=[tuple(t.shape) for t in inputs] if static else None,
+                           input_dtypes=[str(t.dtype).replace("torch.", "") for t in inputs],
+                           use_graph=options.cuda_graphs and static)

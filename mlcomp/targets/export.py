@@ -1,0 +1,138 @@
+"""Standalone exports: files that plain torch, ONNX Runtime or TVM load without mlcomp.
+
+    >>> path, result = export_graph(graph, ExportFormat.ONNX, "mlp.onnx", inputs, eager_outputs)
+    >>> result.passed        # reloaded with plain onnxruntime and compared with eager
+    True
+
+=============  ==========================  ==========================================
+format         written                     reloaded (and verified) with
+=============  ==========================  ==========================================
+``onnx``       ``model.onnx``              ``onnxruntime.InferenceSession(path)``
+``torchscript`` frozen TorchScript ``.pt`` ``torch.jit.load(path)``
+``pt2``        ExportedProgram ``.pt2``    ``torch.export.load(path).module()``
+``tvm``        folder: ``model.so``,       ``tvm_backend.TvmModule.load(dir)``
+               ``meta.json``
+=============  ==========================  ==========================================
+
+The file is written under a temporary name, reloaded from there and compared
+with eager; only when that passes is it renamed to ``path``, so a failed
+export leaves nothing behind.  A TorchScript export embeds the input spec
+(``mlcomp_inputs.json``), so ``mlcomp compile model.pt`` knows its shapes.
+"""
+from __future__ import annotations
+
+import enum
+import json
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from mlcomp.targets.codegen import to_fx
+
+from mlcomp.analysis.verify import VerifyResult, check_against
+from mlcomp.base.errors import MlcompError
+from mlcomp.ir import Graph
+
+__all__ = ["ExportFormat", "export_graph"]
+
+
+class ExportFormat(enum.Enum):
+    ONNX = "onnx"
+    TORCHSCRIPT = "torchscript"
+    PT2 = "pt2"
+    TVM = "tvm"
+
+    @classmethod
+    def parse(cls, text: str | "ExportFormat") -> "ExportFormat":
+        if isinstance(text, ExportFormat):
+            return text
+        try:
+            return cls(str(text).strip().lower())
+        except ValueError:
+            raise MlcompError(f"unknown export format {text!r}",
+                              hint=f"choose one of: {', '.join(f.value for f in cls)}") from None
+
+
+def _reload_onnx(path: str) -> Callable[..., Any]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+
+    def run(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outs = session.run(None, {n: t.detach().cpu().numpy() for n, t in zip(names, inputs)})
+        return tuple(torch.from_numpy(o) for o in outs)
+    return run
+
+
+def _write_onnx(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Callable[..., Any]:
+    from mlcomp.targets.onnxruntime import export_onnx
+
+    Path(tmp).write_bytes(export_onnx(to_fx(graph).eval(), inputs, name=graph.name))
+    return _reload_onnx(tmp)
+
+
+def _write_torchscript(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Callable[..., Any]:
+    from mlcomp.targets.cpu import trace_frozen
+
+    from mlcomp.frontend.loading import INPUT_SPEC_FILE, InputSpec
+
+    module = trace_frozen(graph, inputs)
+    extra = {INPUT_SPEC_FILE: json.dumps([InputSpec.of(t).to_json() for t in inputs])}
+    torch.jit.save(module, tmp, _extra_files=extra)
+    return torch.jit.load(tmp)
+
+
+def _write_pt2(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Callable[..., Any]:
+    from mlcomp.base.quiet import quiet_torch
+
+    with quiet_torch():
+        program = torch.export.export(to_fx(graph).eval(), inputs)
+        torch.export.save(program, tmp)
+        return torch.export.load(tmp).module()
+
+
+def _write_tvm(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Callable[..., Any]:
+    from mlcomp.targets import tvm_backend
+    from mlcomp.targets.tvm import quiet_native
+
+    with quiet_native():
+        built = tvm_backend.build(to_fx(graph).eval(), inputs, device="cpu")
+        built.save(tmp)
+        return tvm_backend.TvmModule.load(tmp)
+
+
+_WRITERS = {ExportFormat.ONNX: _write_onnx, ExportFormat.TORCHSCRIPT: _write_torchscript,
+            ExportFormat.PT2: _write_pt2, ExportFormat.TVM: _write_tvm}
+
+
+def export_graph(graph: Graph, fmt: ExportFormat, path: str | Path, inputs: Sequence[torch.Tensor],
+                 expected: Any, *, tolerance: float | None = None) -> tuple[Path, VerifyResult]:
+    """Write ``graph`` in ``fmt`` to ``path``, reload it with the plain tool and verify it."""
+    from mlcomp.targets.base import get_target
+
+    from mlcomp.base.files import atomic_dir, atomic_path
+
+    fmt = ExportFormat.parse(fmt)
+    needs = {ExportFormat.ONNX: "onnxruntime", ExportFormat.TVM: "tvm"}.get(fmt)
+    if needs:
+        target = get_target(needs)
+        reason = target.available()
+        if reason:
+            raise MlcompError(f"cannot export {fmt.value}: {reason}")
+        target.check(graph)
+    else:
+        get_target("cpu").check(graph)
+    path = Path(path)
+    inputs = tuple(inputs)
+    names = [r.name for r in graph.output_refs]
+    where = f"{fmt.value} export of {graph.name}, reloaded from disk"
+    if fmt is ExportFormat.TVM:
+        with atomic_dir(path) as tmp:
+            reloaded = _WRITERS[fmt](graph, inputs, str(tmp))
+            result = check_against(reloaded, expected, inputs, tolerance=tolerance, names=names, where=where)
+    else:
+        with atomic_path(path) as tmp:
+            reloaded = _WRITERS[fmt](graph, inputs, tmp)
+            result = check_against(reloaded, expected, inputs, tolerance=tolerance, names=names, where=where)
+    return path, result

@@ -1,0 +1,204 @@
+"""``--fallback eager``: run what a target supports on it, and the rest in torch.
+
+The graph is split into regions, each either wholly supported by the target or
+wholly not, with as few switches as a greedy two-colour topological order
+gives (ready nodes of the current colour are taken before switching).  Each
+region becomes a subgraph (:meth:`Graph.subgraph`); supported ones are built by
+the target, the others run the generated torch code (:class:`EagerRuntime`).
+
+    >>> runtime, regions = build_partitioned(get_target("tvm"), graph, options, {"fft_r2c"}, inputs)
+    >>> [r["runs_on"] for r in regions]
+    ['tvm', 'torch (eager)', 'tvm']
+
+A saved partitioned artifact holds one sub-folder per region (``part0/``…),
+each with its own payload; eager regions are saved as ExportedPrograms
+(``model.pt2``), loadable with ``torch.export.load``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from mlcomp.targets.artifact import RuntimeKind
+from mlcomp.targets.codegen import to_fx
+
+from mlcomp.ir import Graph
+from mlcomp.ir.ops import GETITEM, PARAM
+
+if TYPE_CHECKING:
+    from mlcomp.targets.base import CompileOptions, Target
+
+__all__ = ["split_regions", "build_partitioned", "EagerRuntime", "PartitionedRuntime"]
+
+EAGER_LABEL = "torch (eager)"
+
+
+def split_regions(graph: Graph, unsupported: set[str]) -> list[tuple[bool, list[str]]]:
+    """Compute nodes grouped into ``(supported, names)`` regions in a valid execution order."""
+    calls = graph.call_nodes()
+    rank = {n.name: i for i, n in enumerate(calls)}
+    ok: dict[str, bool] = {}
+    for node in calls:  # a getitem goes with the node whose tuple it reads
+        ok[node.name] = ok[node.inputs[0].name] if node.op == GETITEM and node.inputs[0].name in ok \
+            else node.name not in unsupported
+    preds = {n.name: {p for p in n.input_names() if p in rank} for n in calls}
+    succs: dict[str, list[str]] = {n.name: [] for n in calls}
+    for name, ps in preds.items():
+        for p in ps:
+            succs[p].append(name)
+    missing = {name: len(ps) for name, ps in preds.items()}
+    ready = sorted((n for n, c in missing.items() if c == 0), key=rank.__getitem__)
+    regions: list[tuple[bool, list[str]]] = []
+    colour = ok[ready[0]] if ready else True
+    while ready:
+        take = [n for n in ready if ok[n] == colour]
+        if not take:
+            colour = not colour
+            continue
+        ready = [n for n in ready if ok[n] != colour]
+        region: list[str] = []
+        while take:
+            take.sort(key=rank.__getitem__)
+            name = take.pop(0)
+            region.append(name)
+            for s in succs[name]:
+                missing[s] -= 1
+                if missing[s] == 0:
+                    (take if ok[s] == colour else ready).append(s)
+        regions.append((colour, region))
+        ready.sort(key=rank.__getitem__)
+        colour = not colour
+    return _sink_constants(graph, regions, rank)
+
+
+def _sink_constants(graph: Graph, regions: list[tuple[bool, list[str]]],
+                    rank: dict[str, int]) -> list[tuple[bool, list[str]]]:
+    """Move nodes computed from parameters only (weight transposes…) next to their readers.
+
+    Otherwise the greedy order computes them in the first region and passes
+    them between regions as extra values.
+    """
+    const: set[str] = set()
+    for name in sorted(rank, key=rank.__getitem__):
+        srcs = graph.node(name).input_names()
+        if srcs and all(graph.node(s).op == PARAM or s in const for s in srcs):
+            const.add(name)
+    where = {n: i for i, (_, names) in enumerate(regions) for n in names}
+    members = [list(names) for _, names in regions]
+    for name in sorted(const, key=rank.__getitem__, reverse=True):
+        readers = {where[u.name] for u in graph.users(name) if u.name in where}
+        if len(readers) != 1:
+            continue
+        dest = readers.pop()
+        src = where[name]
+        if dest != src and regions[dest][0] == regions[src][0]:
+            members[src].remove(name)
+            members[dest].insert(0, name)
+            where[name] = dest
+    out = [(ok, names) for (ok, _), names in zip(regions, members) if names]
+    merged: list[tuple[bool, list[str]]] = []
+    for ok, names in out:
+        if merged and merged[-1][0] == ok:
+            merged[-1][1].extend(names)
+        else:
+            merged.append((ok, names))
+    return merged
+
+
+class EagerRuntime:
+    """Runs a graph as generated torch code (the fallback for unsupported regions)."""
+
+    kind: ClassVar[RuntimeKind] = RuntimeKind.EAGER
+    FILE = "model.pt2"
+
+    def __init__(self, module: Any, inputs: tuple[torch.Tensor, ...] | None = None) -> None:
+        self.module = module
+        self.inputs = inputs
+
+    @classmethod
+    def of_graph(cls, graph: Graph, inputs: tuple[torch.Tensor, ...]) -> "EagerRuntime":
+        return cls(to_fx(graph).eval(), inputs)
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        with torch.no_grad():
+            return tuple(self.module(*inputs))
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        if self.inputs is None:  # loaded from disk: the ExportedProgram is already there
+            raise RuntimeError("an eager region loaded from disk cannot be saved again")
+        from mlcomp.base.quiet import quiet_torch
+
+        with quiet_torch():
+            ep = torch.export.export(self.module, self.inputs)
+            torch.export.save(ep, str(directory / self.FILE))
+        return {"file": self.FILE}
+
+    @classmethod
+    def load(cls, directory: Path, info: dict[str, Any]) -> "EagerRuntime":
+        ep = torch.export.load(str(directory / info.get("file", cls.FILE)))
+        return cls(ep.module())
+
+
+class PartitionedRuntime:
+    """Regions run one after another; values flow between them by IR node name."""
+
+    kind: ClassVar[RuntimeKind] = RuntimeKind.PARTITIONED
+
+    def __init__(self, inputs: list[str], outputs: list[str], parts: list[dict[str, Any]]) -> None:
+        self.input_names = inputs
+        self.output_names = outputs
+        self.parts = parts  # {"runtime", "inputs", "outputs", "runs_on"}
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        env: dict[str, Any] = dict(zip(self.input_names, inputs))
+        for part in self.parts:
+            outs = part["runtime"](*[env[n] for n in part["inputs"]])
+            env.update(zip(part["outputs"], outs))
+        return tuple(env[n] for n in self.output_names)
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        parts = []
+        for i, part in enumerate(self.parts):
+            sub = directory / f"part{i}"
+            sub.mkdir()
+            info = part["runtime"].save(sub)
+            parts.append({"dir": sub.name, "runtime": part["runtime"].kind.value, "info": info,
+                          "inputs": part["inputs"], "outputs": part["outputs"], "runs_on": part["runs_on"]})
+        return {"inputs": self.input_names, "outputs": self.output_names, "parts": parts}
+
+    @classmethod
+    def load(cls, directory: Path, info: dict[str, Any]) -> "PartitionedRuntime":
+        parts = []
+        for p in info["parts"]:
+            runtime = RuntimeKind(p["runtime"]).runtime_class().load(directory / p["dir"], p["info"])
+            parts.append(dict(p, runtime=runtime))
+        return cls(info["inputs"], info["outputs"], parts)
+
+
+def build_partitioned(target: "Target", graph: Graph, options: "CompileOptions", unsupported: set[str],
+                      inputs: tuple[torch.Tensor, ...]) -> tuple[PartitionedRuntime, list[dict[str, Any]]]:
+    """Build each region (target or eager); returns the runtime and a description of the regions."""
+    env: dict[str, Any] = {n.name: t for n, t in zip(graph.input_nodes, inputs)}
+    for ref in graph.output_refs:  # outputs that are parameters come straight from the graph
+        if graph.node(ref.name).op == PARAM:
+            env[ref.name] = graph.constants[ref.name]
+    parts, described = [], []
+    for i, (supported, names) in enumerate(split_regions(graph, unsupported)):
+        sub = graph.subgraph(names, name=f"{graph.name}_part{i}")
+        outs = [r.name for r in sub.output_refs]
+        if not outs:
+            continue  # dead region: nothing downstream reads it
+        ins = [n.name for n in sub.input_nodes]
+        sub_inputs = tuple(env[n] for n in ins)
+        runtime = target.build(sub, options, sub_inputs) if supported else EagerRuntime.of_graph(sub, sub_inputs)
+        env.update(zip(outs, runtime(*sub_inputs)))
+        runs_on = target.name if supported else EAGER_LABEL
+        parts.append({"runtime": runtime, "inputs": ins, "outputs": outs, "runs_on": runs_on})
+        ops = sorted({str(graph.node(n).op) for n in names if graph.node(n).op != GETITEM})
+        described.append({"region": len(described), "runs_on": runs_on, "nodes": len(names),
+                          "ops": ops[:12], "first": names[0], "last": names[-1],
+                          "unsupported": sorted(n for n in names if n in unsupported)})
+    runtime = PartitionedRuntime([n.name for n in graph.input_nodes],
+                                 [r.name for r in graph.output_refs], parts)
+    return runtime, described

@@ -1,0 +1,199 @@
+"""The ``onnxruntime`` target: IR → generated torch module → ONNX → ORT session.
+
+    >>> art = get_target("onnxruntime").compile(graph, CompileOptions(threads=2))
+    >>> art(x)                                       # torch in, torch out
+    >>> art.save("out/mlp-ort")                      # out/mlp-ort/model.onnx
+    >>> onnxruntime.InferenceSession("out/mlp-ort/model.onnx")   # plain ORT loads the payload
+
+Export uses the dynamo exporter (``torch.onnx.export(..., dynamo=True)``, which
+translates core ATen with onnxscript's torchlib; the legacy TorchScript exporter
+fails on fused transformer layers), then ``onnx.checker``, then an
+``InferenceSession`` with ``ORT_ENABLE_ALL`` graph optimisations on the CPU
+execution provider (CUDA EP for ``device="cuda"`` when present).
+
+The call path is kept minimal so the artifact costs no more than ORT used
+directly: inputs are handed over as zero-copy numpy views, the session's C++
+``run`` is called with the output names resolved once, and outputs become
+torch tensors without copying (``torch.from_numpy``).
+
+``supports(node)`` asks the exporter's own registry: an op is supported when
+torchlib translates it or when a core ATen decomposition exists for it.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, ClassVar, Iterator
+
+import torch
+from mlcomp.targets.artifact import RuntimeKind
+from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
+from mlcomp.targets.codegen import to_fx
+
+from mlcomp.base.errors import MlcompError
+from mlcomp.ir import Graph
+from mlcomp.ir.ops import Namespace, Op
+
+__all__ = ["OnnxRuntimeTarget", "OrtRuntime", "export_onnx", "make_session"]
+
+PAYLOAD = "model.onnx"
+_NO_NUMPY = (torch.bfloat16, torch.complex32)
+
+
+@contextlib.contextmanager
+def quiet_exporter() -> Iterator[io.StringIO]:
+    """Silence the exporter's progress prints and registry warnings; yields what it printed."""
+    from mlcomp.base.quiet import quiet_torch
+
+    buffer = io.StringIO()
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with quiet_torch(), contextlib.redirect_stdout(buffer):
+            yield buffer
+    finally:
+        logging.disable(previous)
+
+
+def export_onnx(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], *, opset: int | None = None,
+                dynamic_shapes: Any = None, name: str = "model") -> bytes:
+    """``torch.onnx.export(dynamo=True)`` + ``onnx.checker``; returns the serialised model."""
+    import onnx
+
+    with quiet_exporter() as printed:
+        try:
+            program = torch.onnx.export(module, inputs, dynamo=True, opset_version=opset,
+                                        dynamic_shapes=dynamic_shapes, verbose=False, optimize=True)
+        except Exception as exc:  # noqa: BLE001 - turned into a user-facing error
+            lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+            raise TargetCompileError(
+                f"exporting {name} to ONNX failed: {type(exc).__name__}: {lines[0] if lines else ''}",
+                where="torch.onnx.export(dynamo=True)",
+                hint="run with --fallback eager to keep the failing ops in torch, or use --target cpu; "
+                     "exporter log: " + " | ".join(printed.getvalue().splitlines()[-3:])) from None
+    proto = program.model_proto
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as exc:
+        raise TargetCompileError(f"the ONNX model exported from {name} is invalid: {str(exc).splitlines()[0]}",
+                                 where="onnx.checker.check_model",
+                                 hint="report this with the model; meanwhile use --target cpu") from None
+    return proto.SerializeToString()
+
+
+def make_session(model: bytes | str, *, threads: int | None = None, device: str = "cpu"):
+    """An ``InferenceSession`` with ``ORT_ENABLE_ALL`` (CUDA EP first for ``device="cuda"``)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        so.intra_op_num_threads = threads
+    providers = ["CPUExecutionProvider"]
+    if device.startswith("cuda"):
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise MlcompError("onnxruntime here has no CUDA execution provider",
+                              hint="install onnxruntime-gpu, or compile with --device cpu")
+        providers.insert(0, "CUDAExecutionProvider")
+    return ort.InferenceSession(model, so, providers=providers)
+
+
+class OrtRuntime:
+    """An ORT session called through its C++ ``run`` with zero-copy numpy views."""
+
+    kind: ClassVar[RuntimeKind] = RuntimeKind.ONNXRUNTIME
+    checks_inputs: ClassVar[bool] = True     # ORT rejects wrong shapes/dtypes (static dims) itself
+
+    def __init__(self, model: bytes, *, threads: int | None = None, device: str = "cpu") -> None:
+        self.model = model
+        self.threads = threads
+        self.device = device
+        self.session = make_session(model, threads=threads, device=device)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        # the session's C++ run: the Python wrapper re-validates the feed on every call
+        raw = getattr(self.session, "_sess", None)
+        self._run = raw.run if raw is not None else \
+            (lambda names, feed, _options: self.session.run(names, feed))
+        self._single = len(self.input_names) == 1 and len(self.output_names) == 1
+        self._only = self.input_names[0] if self.input_names else None
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self._single:          # the common case, kept to one Python frame
+            try:
+                array = inputs[0].numpy()   # a view: no copy for CPU tensors without grad
+            except RuntimeError:
+                array = _as_numpy(inputs[0])
+            return (torch.from_numpy(self._run(self.output_names, {self._only: array}, None)[0]),)
+        feed = {n: _as_numpy(t) for n, t in zip(self.input_names, inputs)}
+        return tuple(map(torch.from_numpy, self._run(self.output_names, feed, None)))
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        (directory / PAYLOAD).write_bytes(self.model)
+        return {"file": PAYLOAD, "threads": self.threads, "device": self.device,
+                "onnx_inputs": self.input_names, "onnx_outputs": self.output_names}
+
+    @classmethod
+    def load(cls, directory: Path, info: dict[str, Any]) -> "OrtRuntime":
+        model = (directory / info.get("file", PAYLOAD)).read_bytes()
+        return cls(model, threads=info.get("threads"), device=info.get("device", "cpu"))
+
+
+def _as_numpy(t: torch.Tensor) -> Any:
+    if t.requires_grad or t.device.type != "cpu" or not t.is_contiguous():
+        t = t.detach().cpu().contiguous()
+    return t.numpy()
+
+
+@lru_cache(maxsize=1)
+def _registry() -> Any:
+    from torch.onnx._internal.exporter import _registration
+
+    with quiet_exporter():
+        return _registration.ONNXRegistry.from_torchlib()
+
+
+class OnnxRuntimeTarget(Target):
+    name = "onnxruntime"
+    description = "torch.onnx.export (dynamo) → ONNX Runtime, ORT_ENABLE_ALL, CPU EP (CUDA EP if present)"
+
+    def available(self) -> str | None:
+        import importlib.util
+
+        for pkg in ("onnxruntime", "onnx", "onnxscript"):
+            if importlib.util.find_spec(pkg) is None:
+                return f"the {pkg} package is not installed (pip install {pkg})"
+        return None
+
+    def explain_op(self, op: Op) -> str | None:
+        if op.namespace is Namespace.OPERATOR:
+            return None  # symbolic size arithmetic is traced away by the exporter
+        if op.namespace not in (Namespace.ATEN, Namespace.PRIMS):
+            return f"{op} has no ONNX translation"
+        overload = op.resolve()
+        if _registry().is_registered(overload):
+            return None
+        from torch._decomp import decomposition_table
+
+        if overload in decomposition_table:
+            return None
+        return f"torchlib (onnxscript) has no ONNX translation for {op} and torch has no decomposition of it"
+
+    def build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...]) -> OrtRuntime:
+        from mlcomp.targets.cpu import require_inference
+
+        require_inference(graph, self.name)
+        odd = [f"%{n.name} ({n.tensor_meta})" for n in graph.input_nodes if n.tensor_meta.dtype in _NO_NUMPY]
+        if odd:
+            raise MlcompError(f"target onnxruntime cannot take {', '.join(odd)} as graph inputs (no numpy dtype)",
+                              hint="keep model inputs float32; mixed precision casts inside the graph")
+        module = to_fx(graph).eval()
+        dynamic = None
+        if any(n.tensor_meta.is_dynamic for n in graph.input_nodes):
+            dynamic = tuple({i: torch.export.Dim.DYNAMIC for i, d in enumerate(n.tensor_meta.shape)
+                             if isinstance(d, str)} for n in graph.input_nodes)
+        model = export_onnx(module, inputs, opset=options.opset, dynamic_shapes=dynamic, name=graph.name)
+        return OrtRuntime(model, threads=options.threads, device=self.device(options))
