@@ -10,6 +10,9 @@ The folder holds
 
 The folder is written under a temporary name and renamed when complete
 (:func:`mlcomp.base.files.atomic_dir`): a failure leaves no half-written report.
+The destination is checked before any work (:func:`mlcomp.base.files.check_destination`):
+a folder that is not empty and holds no earlier mlcomp output is refused, never emptied,
+and the written folder carries the ``.mlcomp`` marker (``kind: report``).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mlcomp.measure.bench import BenchConfig, BenchResult, Progress, plot_bench, run_bench, to_csv
+from mlcomp.pipeline import Pipeline, run_pipeline
 from mlcomp.study.common import StudyConfig, StudyResult, machine_line
 
 _CSS = """
@@ -58,16 +62,18 @@ class Report:
 
 def build_report(model: Any, out_dir: str | Path, config: ReportConfig = ReportConfig(), *,
                  input_shapes: Sequence[str] = (), trust_pickle: bool = False, source: Any = None,
-                 graph: Any = None, progress: Progress | None = None) -> Report:
+                 graph: Any = None, progress: Progress | None = None, force: bool = True) -> Report:
     """Inspect, run the pipeline, bench, plot, and write ``out_dir`` atomically.
 
     ``source``/``graph`` may be given already loaded and captured (the CLI does,
     through :func:`mlcomp.cli.main.load_and_capture`); otherwise they are loaded here.
+    ``out_dir`` may replace an earlier mlcomp output only with ``force``.
     """
     from mlcomp.analysis.inspect import inspect_graph
-    from mlcomp.base.files import atomic_dir
+    from mlcomp.base.files import Kind, atomic_dir, check_destination
     from mlcomp.frontend.loading import load_model
 
+    out = check_destination(out_dir, Kind.DIR, force=force)
     if source is None:
         source = load_model(model, input_shapes=input_shapes, trust_pickle=trust_pickle,
                             batch=config.bench.batches[0])
@@ -83,8 +89,7 @@ def build_report(model: Any, out_dir: str | Path, config: ReportConfig = ReportC
 
         roof = roofline.run(StudyConfig(quick=config.quick, model=str(model), batch=config.bench.batches[0],
                                         input_shapes=tuple(input_shapes)))
-    out = Path(out_dir)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, label="report") as tmp:
         files = ["index.html", "bench.png", "bench.json", "bench.csv", "inspect.json"]
         plot_bench([bench], str(tmp / "bench.png"))
         (tmp / "bench.json").write_text(json.dumps(bench.to_json(), indent=2))
@@ -106,11 +111,7 @@ def _pipeline_section(graph: Any, inputs: tuple, spec: str | None) -> tuple[str 
     """(text, json, note) for the pipeline's per-pass stats; a note only when there is nothing to show."""
     if not spec:
         return None, None, "No pipeline given (pass -p PIPELINE to run one and show its per-pass stats)."
-    try:
-        from mlcomp.pipeline import Pipeline, run_pipeline
-    except ImportError as exc:
-        return None, None, f"Per-pass stats unavailable: mlcomp.pipeline cannot be imported ({exc})."
-    _, report = run_pipeline(graph.copy(), Pipeline.parse(spec), example_inputs=inputs)
+    _, report = run_pipeline(graph.copy(), Pipeline.coerce(spec), example_inputs=inputs)
     return report.format(), report.to_json(), ""
 
 

@@ -6,6 +6,7 @@ when no GPU is present.  Nothing else is skipped silently.
 """
 from __future__ import annotations
 
+import hashlib
 import warnings
 
 import pytest
@@ -30,12 +31,20 @@ def zoo():
     return ZOO
 
 
+def _fingerprint(graph) -> tuple[str, dict[str, str]]:
+    """The graph's text and a digest of every constant's bytes."""
+    digests = {name: hashlib.sha256(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()
+               for name, t in graph.constants.items()}
+    return graph.format(), digests
+
+
 @pytest.fixture(scope="session")
-def captured(zoo):
-    """Zoo graphs captured once per session via torch.export: name -> (module, inputs, graph)."""
+def _capture_cache(zoo):
+    """Zoo graphs captured once per session; checked unchanged when the session ends."""
     from mlcomp.frontend.loading import load_model
 
     cache: dict[str, tuple] = {}
+    prints: dict[str, tuple] = {}
 
     def get(name: str, batch: int = 2):
         key = f"{name}@{batch}"
@@ -44,6 +53,24 @@ def captured(zoo):
             module, inputs = z.build(), z.example_inputs(batch)
             graph = load_model(module, example_inputs=inputs).capture()
             cache[key] = (module, inputs, graph)
+            prints[key] = _fingerprint(graph)
         return cache[key]
+
+    yield get
+    changed = [key for key, (_, _, graph) in cache.items() if _fingerprint(graph) != prints[key]]
+    assert not changed, f"a test changed the shared captured graph(s) {changed} in place"
+
+
+@pytest.fixture(scope="session")
+def captured(_capture_cache):
+    """Zoo graphs via torch.export: name -> (module, inputs, graph), a fresh copy of the graph per call.
+
+    Session-scoped so module-scoped fixtures can use it; every call hands out its own
+    ``graph.copy()`` (constants shared copy-on-write: ``graph.writable_constant`` clones),
+    and the session checks at its end that no test changed the cached graphs.
+    """
+    def get(name: str, batch: int = 2):
+        module, inputs, graph = _capture_cache(name, batch)
+        return module, inputs, graph.copy()
 
     return get

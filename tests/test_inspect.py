@@ -29,8 +29,12 @@ def test_report_fields_on_mlp(captured):
     assert r.op_histogram["aten.addmm.default"] == 3
     assert r.flops == 2 * 2 * (512 * 256 + 256 * 128 + 128 * 2)   # batch 2, 2 FLOPs per MAC
     assert 0 < r.intensity < 10
+    # analysis.memory in graph order: addmm [2, 256] and its relu are the largest pair alive at once
+    assert r.peak_activation_bytes == 2 * (2 * 256 * 4)
+    assert r.to_json()["peak_activation_bytes"] == r.peak_activation_bytes
     text = r.format()
     assert "aten.addmm.default" in text and "parallelism profile" in text
+    assert "peak activations 4.00 KiB" in text
 
 
 def test_parallelism_profile_sees_independent_branches():
@@ -49,6 +53,7 @@ def test_cli_json_and_dot(tmp_path):
     assert data["op_histogram"]["aten.convolution.default"] == 2
     assert data["parallelism"]["critical_path_length"] >= 1
     assert data["flops"] == sum(row["flops"] for row in data["per_node"])
+    assert isinstance(data["peak_activation_bytes"], int) and data["peak_activation_bytes"] > 0
     assert dot.read_text().startswith("digraph")
 
 

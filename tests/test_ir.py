@@ -143,3 +143,35 @@ def test_op_values_not_strings():
     assert ops.category(ops.aten("relu")) is ops.Category.ELEMWISE
     assert ops.category(ops.aten("convolution")) is ops.Category.COMPUTE
     assert ops.aten("relu").resolve() is torch.ops.aten.relu.default
+
+
+def test_meta_inference_memo_keys_on_shapes_and_literals():
+    from mlcomp.ir.meta import infer_meta
+
+    g = Graph("memo")
+    g.add(Node("x", ops.INPUT, meta=TensorMeta((2, 3), F32)))
+    g.add(Node("y", ops.INPUT, meta=TensorMeta((4, 3), torch.float16)))
+    sum_x = Node("s", ops.aten("sum.dim_IntList"), (Ref("x"), [1]))
+    assert infer_meta(g, sum_x) == TensorMeta((2,), F32)
+    assert infer_meta(g, sum_x.with_(inputs=(Ref("y"), [1]))) == TensorMeta((4,), torch.float16)
+    assert infer_meta(g, sum_x.with_(inputs=(Ref("x"), [0]))) == TensorMeta((3,), F32)
+    assert infer_meta(g, sum_x.with_(inputs=(Ref("x"), [1], True))) == TensorMeta((2, 1), F32)
+    hits = len(g.meta_cache)
+    assert infer_meta(g, sum_x.with_(name="again")) == TensorMeta((2,), F32)
+    assert len(g.meta_cache) == hits == 4          # same signature: answered from the memo
+    assert g.copy().meta_cache is g.meta_cache
+
+
+def test_verify_rechecks_what_changed_since_the_last_verify():
+    g = small_graph()
+    g.verify()
+    g.replace(dataclasses.replace(g.node("x"), meta=TensorMeta((5, 3), F32)))   # relu's input changed
+    with pytest.raises(IRError, match="%relu"):
+        g.verify()
+    g = small_graph()
+    g.verify()
+    h = g.copy()
+    h.replace(dataclasses.replace(h.node("add"), meta=TensorMeta((2, 4), F32)))
+    with pytest.raises(IRError, match="%add"):
+        h.verify()
+    g.verify()                                       # the original is untouched

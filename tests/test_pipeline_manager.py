@@ -1,4 +1,4 @@
-"""The pass manager: ordering, IR checks, timing/stats, dumps, verification, explain, failures."""
+"""The pass manager: ordering, IR checks, timing/stats, dumps, verification, explain, memory, failures."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ from mlcomp.base.errors import PassFailure, PipelineSpecError, VerificationError
 from mlcomp.ir import Origin
 from mlcomp.ir.builder import GraphBuilder
 from mlcomp.ir.ops import aten
-from mlcomp.pipeline import Pipeline, run_pipeline
+from mlcomp.pipeline import Dump, Explain, IRCheck, Memory, Pipeline, Timing, Verify, run_pipeline, standard_instruments
 from mlcomp.pipeline.pass_base import REGISTRY, Pass, PassRegistry, PassResult, option
 
 
@@ -68,7 +68,7 @@ class Corrupt(Pass):
 
 @pytest.fixture()
 def registry() -> PassRegistry:
-    reg = PassRegistry(REGISTRY._refs)
+    reg = REGISTRY.copy()
     for cls in (BreakRelu, Explode, Corrupt):
         reg.register(cls)
     return reg
@@ -114,21 +114,23 @@ def test_empty_pipeline_returns_an_equal_copy():
 
 
 def test_dump_after_writes_text_and_dot(tmp_path):
-    _, report = run_pipeline(small_graph(), "cleanup,fuse,cleanup", dump_after="fuse", dump_dir=tmp_path)
+    _, report = run_pipeline(small_graph(), "cleanup,fuse,cleanup", instruments=[Dump("fuse", tmp_path)])
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["00-input.dot", "00-input.ir.txt", "02-fuse.dot", "02-fuse.ir.txt"]
     assert "mlcomp.fused_mm_relu_mul" in (tmp_path / "02-fuse.ir.txt").read_text()
     assert (tmp_path / "02-fuse.dot").read_text().startswith('digraph "small"')
     assert len(report.dumps) == 4 and "dumped 4 file(s)" in report.format()
-    run_pipeline(small_graph(), "cleanup,fuse,cleanup", dump_after="all", dump_dir=tmp_path / "all")
-    assert len(list((tmp_path / "all").iterdir())) == 8
+    run_pipeline(small_graph(), "cleanup,fuse,cleanup", instruments=[Dump("all", tmp_path / "all")])
+    assert len(list((tmp_path / "all").iterdir())) == 8          # 'all': the input and every top-level pass
 
 
 def test_dump_after_errors(tmp_path):
     with pytest.raises(PipelineSpecError, match="needs a dump_dir"):
-        run_pipeline(small_graph(), "cleanup", dump_after="cleanup")
-    with pytest.raises(PipelineSpecError, match="names remat, which the pipeline cleanup does not run"):
-        run_pipeline(small_graph(), "cleanup", dump_after="remat", dump_dir=tmp_path)
+        standard_instruments(dump_after="cleanup")
+    with pytest.raises(PipelineSpecError, match="names remat, which the pipeline cleanup does not run") as info:
+        run_pipeline(small_graph(), "cleanup", instruments=[Dump("remat", tmp_path)])
+    assert "one of: cleanup, simplify, cleanup.simplify, fold-constants" in str(info.value)
+    assert list(tmp_path.iterdir()) == []                          # refused before writing anything
 
 
 def test_verify_names_the_first_pass_and_node_that_broke_the_numbers(registry):
@@ -145,7 +147,7 @@ def test_verify_uses_given_inputs_and_tolerance(registry):
     x = torch.full((4, 8), -10.0)          # relu and sigmoid nearly agree below zero... but not exactly
     with pytest.raises(VerificationError):
         run_pipeline(small_graph(), "break-relu", verify=True, example_inputs=(x,), registry=registry)
-    out, report = run_pipeline(small_graph(), "break-relu", verify=True, example_inputs=(x,), tolerance=1.0,
+    out, report = run_pipeline(small_graph(), "break-relu", example_inputs=(x,), instruments=[Verify(tolerance=1.0)],
                                registry=registry)
     assert report.records[0].max_error <= 1.0
 
@@ -165,11 +167,11 @@ def test_an_invalid_graph_is_caught_after_the_pass(registry):
         run_pipeline(small_graph(), "dce,corrupt", registry=registry)
     assert "pass 'corrupt' (pass 2 of 2, after dce) produced an invalid graph" in str(info.value)
     assert "%relu" in str(info.value)
-    run_pipeline(small_graph(), "dce,corrupt", registry=registry, check_ir=False)   # opt-out
+    run_pipeline(small_graph(), "dce,corrupt", registry=registry, instruments=[Timing()])   # no IRCheck
 
 
 def test_explain_records_a_diff_pointing_at_modules():
-    _, report = run_pipeline(small_graph(), "cleanup,fuse", explain=True)
+    _, report = run_pipeline(small_graph(), "cleanup,fuse", instruments=[Explain(), IRCheck()])
     cleanup, fuse = report.records
     assert cleanup.diff.removed == ("t", "view") and cleanup.diff.added == ()
     assert cleanup.diff.op_delta == {"aten.t.default": -1, "aten.view.default": -1}
@@ -209,3 +211,18 @@ def test_origins_survive_rewrites():
     out, _ = run_pipeline(small_graph(), "-O2")
     fused = [n for n in out.call_nodes() if n.op.is_composite]
     assert len(fused) == 1 and fused[0].origin == Origin("fc")
+
+
+def test_memory_records_the_estimated_peak_before_and_after_each_pass():
+    from mlcomp.analysis.memory import peak_bytes
+
+    graph = small_graph()
+    out, report = run_pipeline(graph, "-O2", instruments=[Memory()])
+    cleanup, fuse, again = report.records
+    assert cleanup.peak_bytes_before == peak_bytes(graph)
+    assert cleanup.peak_bytes_after == fuse.peak_bytes_before and again.peak_bytes_after == peak_bytes(out)
+    # fusing mm+relu+mul keeps only the group's output: 4x6 f32 = 96 bytes instead of two 96-byte values
+    assert (fuse.peak_bytes_before, fuse.peak_bytes_after) == (192, 96)
+    assert fuse.children[-1].name == "fuse-elementwise" and fuse.children[-1].peak_bytes_after == 96
+    assert "peak 192 B -> 96 B" in report.format()
+    assert report.to_json()["passes"][1]["peak_bytes_after"] == 96

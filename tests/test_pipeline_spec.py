@@ -37,7 +37,7 @@ class MixedPrecisionStub(Pass):
 
 @pytest.fixture()
 def registry() -> PassRegistry:
-    reg = PassRegistry(REGISTRY._refs)
+    reg = REGISTRY.copy()
     reg.register(MixedPrecisionStub)
     return reg
 
@@ -249,6 +249,18 @@ def test_passes_command_lists_passes_options_and_presets():
     fuse = next(p for p in data["passes"] if p["name"] == "fuse")
     assert {"name": "tile", "type": "bool", "default": "true",
             "help": "run large elementwise groups tile by tile (cache blocking)"} in fuse["options"]
+    # composites list their children; passes list the graph modes they run on
+    assert fuse["children"] == ["fold-batchnorm", "recompose", "fuse-attention", "fold-bias", "fuse-elementwise"]
+    cleanup = next(p for p in data["passes"] if p["name"] == "cleanup")
+    assert cleanup["children"] == ["simplify", "fold-constants", "cse", "dce"]
+    fold_bn = next(p for p in data["passes"] if p["name"] == "fold-batchnorm")
+    assert fold_bn["modes"] == ["inference"] and fold_bn["children"] is None and fold_bn["requires"] == []
+    assert "runs: fixed point (at most 4 rounds) of simplify, fold-constants, cse, dce" in result.output
+    assert "runs: fold-batchnorm (inference only), recompose, fuse-attention, fold-bias, fuse-elementwise" \
+        in result.output
+    lines = result.output.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  fold-batchnorm  "))
+    assert lines[at + 1].strip() == "runs on inference graphs only"
 
 
 def test_pipeline_options_and_helper():
@@ -269,7 +281,11 @@ def test_pipeline_options_and_helper():
     assert runner.invoke(cmd, ["-p", "dce,cse", "--verify", "--explain", "--dump-after", "cse"]).exit_code == 0
     req = seen["request"]
     assert req.pipeline.spec == "dce,cse" and req.verify and req.explain
-    assert req.kwargs() == {"verify": True, "dump_after": "cse", "dump_dir": "mlcomp-dump", "explain": True}
+    kinds = [type(i).__name__ for i in req.instruments()]
+    assert kinds == ["Verify", "Explain", "IRCheck", "Dump", "Timing"]
+    dump = req.instruments()[3]
+    assert dump.names == {"cse"} and dump.dump_dir == "mlcomp-dump"
+    assert [type(i).__name__ for i in pipeline_from_cli(pipeline="dce").instruments()] == ["IRCheck", "Timing"]
     assert runner.invoke(cmd, []).exit_code == 0 and seen["request"].pipeline.spec == "cleanup,fuse,cleanup"
     result = runner.invoke(cmd, ["-O2", "-p", "dce"])
     assert isinstance(result.exception, PipelineSpecError) and "both -p" in str(result.exception)

@@ -64,6 +64,7 @@ def test_failed_report_leaves_nothing(tmp_path, monkeypatch) -> None:
     out = tmp_path / "rep"
     out.mkdir()
     (out / "index.html").write_text("old report")
+    (out / ".mlcomp").write_text('{"written_by": "mlcomp", "kind": "report"}')   # an earlier mlcomp output
 
     def boom(*a, **k):
         raise RuntimeError("plotting failed")

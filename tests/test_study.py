@@ -28,13 +28,34 @@ PNG = b"\x89PNG\r\n\x1a\n"
 QUICK = StudyConfig(quick=True, device="cpu", targets=())
 
 
+def _check_json(result: StudyResult) -> None:
+    """The JSON is plain JSON (no fallback conversion), complete, and reads back to the same result."""
+    text = json.dumps(result.to_json(), allow_nan=True)        # raises on anything json cannot write
+    d = json.loads(text)
+    assert set(d) == {"study", "title", "setup", "figures", "tables", "notes", "data"}
+    assert d["study"] == result.name and d["title"] == result.title and isinstance(d["setup"], str)
+    assert len(d["figures"]) == len(result.figures)
+    for f, fig in zip(d["figures"], result.figures):
+        assert set(f) == {"label", "measured", "unit", "chapter", "note"}
+        assert f["label"] == fig.label and isinstance(f["unit"], str)
+        m = f["measured"]
+        assert m is None or (isinstance(m, (int, float)) and not isinstance(m, bool) and m == fig.measured)
+    for t in d["tables"]:
+        assert isinstance(t["title"], str) and all(isinstance(c, str) for c in t["columns"])
+        assert all(len(r) == len(t["columns"]) and all(isinstance(c, str) for c in r) for r in t["rows"])
+    assert all(isinstance(n, str) for n in d["notes"]) and isinstance(d["data"], dict)
+    back = StudyResult.from_json(d)
+    assert back.format() == result.format()
+    assert json.loads(json.dumps(back.to_json())) == d
+
+
 def _check(result: StudyResult, tmp_path, *, chapter: bool = True) -> str:
     text = result.format()
     assert result.figures and text.startswith("== ")
     assert "measured here" in text and "the chapter" in text
     if chapter:
         assert any("§12" in f.chapter for f in result.figures)
-    json.dumps(result.to_json(), default=str)
+    _check_json(result)
     out = tmp_path / f"{result.name}.png"
     plot_study(result, str(out))
     assert out.read_bytes()[:8] == PNG

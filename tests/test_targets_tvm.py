@@ -5,6 +5,7 @@ import pytest
 import torch
 from mlcomp.targets import CompileOptions, Fallback, get_target
 from mlcomp.targets.artifact import Artifact
+from mlcomp.targets.base import TargetCompileError
 from torch import nn
 
 from mlcomp.base.errors import UnsupportedOpError
@@ -44,6 +45,21 @@ def test_supports_asks_the_importer():
     assert "no converter" in tvm.explain_op(aten("kthvalue"))
 
 
+def test_low_precision_addmm_is_reported_not_built():
+    """TVM 0.27 types addmm's bias add as float32: a float16 addmm is refused up front, a float32 one is not."""
+    from mlcomp.ir.builder import GraphBuilder
+
+    for dtype, refused in ((torch.float16, True), (torch.bfloat16, True), (torch.float32, False)):
+        b = GraphBuilder("lin")
+        x = b.input("x", (2, 16), dtype)
+        w = b.call(aten("permute"), b.param("fc.weight", torch.randn(8, 16, dtype=dtype)), [1, 0])
+        graph = b.output(b.call(aten("addmm"), b.param("fc.bias", torch.randn(8, dtype=dtype)), x, w))
+        bad = get_target("tvm").unsupported(graph)
+        assert (list(bad) == ["addmm"]) is refused and (bad == {}) is not refused, (dtype, bad)
+        if refused:
+            assert "types its bias add as float32" in bad["addmm"]
+
+
 class Median(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -63,6 +79,26 @@ def test_unknown_op_is_reported_then_falls_back_to_torch():
     assert "torch (eager)" in [r["runs_on"] for r in art.manifest["fallback_regions"]]
     with torch.no_grad():
         assert torch.allclose(art(x), module(x), atol=1e-5)
+
+
+def test_backend_knobs_come_from_compile_options(captured, monkeypatch):
+    """Timeouts, verbosity and worker torch reach the backend as options (no environment variable)."""
+    from mlcomp.targets import LogLevel, tvm_backend
+
+    seen = {}
+
+    def build(module, inputs, **kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("stop after the options were seen")
+
+    monkeypatch.setattr(tvm_backend, "build", build)
+    _, _, graph = captured("mlp")
+    opts = CompileOptions.make(tune_build_timeout=300, tune_run_timeout=20, log_level="debug",
+                               tune_worker_torch=True)
+    with pytest.raises(TargetCompileError, match="stop after the options were seen"):
+        get_target("tvm").compile(graph, opts)
+    assert seen == {"device": "cpu", "tune_trials": 0, "work_dir": None, "build_timeout": 300.0,
+                    "run_timeout": 20.0, "log_level": LogLevel.DEBUG, "worker_torch": True}
 
 
 @pytest.mark.slow

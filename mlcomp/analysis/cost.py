@@ -14,19 +14,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Iterable, Mapping
 
 import torch
 
 from mlcomp.hardware.spec import DEFAULT_CPU, SPEC_SHEETS, HardwareSpec  # noqa: F401 - re-exported
+from mlcomp.analysis.memory import is_view
 from mlcomp.ir import Graph, Node, TensorMeta, map_refs
+from mlcomp.ir.dtypes import itemsize
 from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM, Category, category
 
-# ops that only re-describe memory (no data moves)
-_VIEW_OPS = {"view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "unsqueeze",
-             "squeeze", "alias", "detach", "select", "slice", "as_strided", "split", "split_with_sizes",
-             "unbind", "chunk", "lift_fresh_copy"}
 
 
 @dataclass(frozen=True)
@@ -49,8 +46,8 @@ class NodeCost:
                         self.bytes_written + other.bytes_written)
 
 
-def _is_view(node: Node) -> bool:
-    return node.op.namespace.value == "aten" and node.op.name in _VIEW_OPS
+# ops that only re-describe memory move no data: the same notion liveness uses for aliasing
+_is_view = is_view
 
 
 def _metas(value: object) -> Iterable[TensorMeta]:
@@ -150,6 +147,6 @@ def is_cheap(node: Node) -> bool:
     return category(node.op) <= Category.INJECTIVE
 
 
-@lru_cache(maxsize=None)
 def dtype_bytes(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    """Bytes per element (the dtype table's :func:`~mlcomp.ir.dtypes.itemsize`)."""
+    return itemsize(dtype)

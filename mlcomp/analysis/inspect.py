@@ -2,13 +2,15 @@
 
 The report holds the op histogram, parameter count and bytes, per-node and
 total FLOPs (``torch.utils.flop_counter`` on meta tensors), bytes moved,
-arithmetic intensity, and the *parallelism profile*: the width of every
+arithmetic intensity (all from :mod:`mlcomp.analysis.cost`), the peak memory of
+live activations (:mod:`mlcomp.analysis.memory`), and the *parallelism profile*: the width of every
 topological generation (how many ops could run at once) and the critical-path
 length: the textbook's "automatic parallelism" measured on the real graph.
 
-    >>> r = inspect_graph(graph)
+    >>> r = inspect_graph(graph)            # the zoo mlp at batch 2
     >>> print(r.format())
-    >>> r.to_json()["flops"]
+    >>> r.to_json()["flops"], r.to_json()["peak_activation_bytes"]
+    (656384, 4096)
 """
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlcomp.analysis import cost
+from mlcomp.analysis import cost, memory
 from mlcomp.ir import Graph, dtype_name
+from mlcomp.ir.dtypes import itemsize
 from mlcomp.ir.ops import GETITEM, PARAM
 
 
@@ -51,6 +54,7 @@ class InspectReport:
     generation_widths: list[int] = field(repr=False)
     critical_path: list[str] = field(repr=False)
     critical_path_flops: int = 0
+    peak_activation_bytes: int = 0      # analysis.memory, graph order, inputs/params not counted
 
     @property
     def intensity(self) -> float:
@@ -71,7 +75,7 @@ class InspectReport:
             "name": self.name, "inputs": self.inputs, "outputs": self.outputs, "nodes": self.nodes,
             "op_histogram": self.op_histogram, "params": self.params, "param_bytes": self.param_bytes,
             "param_dtypes": self.param_dtypes, "flops": self.flops, "bytes": self.bytes,
-            "intensity": self.intensity,
+            "intensity": self.intensity, "peak_activation_bytes": self.peak_activation_bytes,
             "parallelism": {
                 "generations": len(self.generation_widths), "widths": self.generation_widths,
                 "max_width": self.max_width, "average": self.average_parallelism,
@@ -91,6 +95,8 @@ class InspectReport:
                  f"  nodes    {self.nodes} compute nodes",
                  f"  FLOPs    {_human(self.flops)}FLOP   bytes moved {_human_bytes(self.bytes)}   "
                  f"intensity {self.intensity:.2f} FLOP/B",
+                 f"  memory   peak activations {_human_bytes(self.peak_activation_bytes)} "
+                 "(graph order; inputs and params not counted)",
                  "", "op histogram"]
         width = max((len(k) for k in self.op_histogram), default=10)
         for op, n in sorted(self.op_histogram.items(), key=lambda kv: (-kv[1], kv[0])):
@@ -121,7 +127,7 @@ def inspect_graph(graph: Graph) -> InspectReport:
     for p in params:
         t = graph.constants[p.name]
         param_count += t.numel()
-        param_bytes += t.numel() * t.element_size()
+        param_bytes += t.numel() * itemsize(t.dtype)
         param_dtypes[dtype_name(t.dtype)] += t.numel()
     rows = [NodeRow(n.name, str(n.op), n.origin.module_path, str(n.meta) if n.meta is not None else "",
                     costs[n.name].flops, costs[n.name].bytes) for n in compute]
@@ -134,7 +140,8 @@ def inspect_graph(graph: Graph) -> InspectReport:
         nodes=len(compute), op_histogram=dict(hist), params=param_count, param_bytes=param_bytes,
         param_dtypes=dict(param_dtypes), flops=total.flops, bytes=total.bytes, rows=rows,
         generation_widths=[len(g) for g in graph.generations()], critical_path=path,
-        critical_path_flops=sum(costs[n].flops for n in path if n in costs))
+        critical_path_flops=sum(costs[n].flops for n in path if n in costs),
+        peak_activation_bytes=memory.peak_bytes(graph))
 
 
 def _human(x: float) -> str:

@@ -13,8 +13,15 @@ Errors per output:
 
 An output passes when ``max_rel <= rtol``; ``rtol`` depends on the output dtype
 (fp32 ``1e-4``, fp64 ``1e-7``, fp16 ``5e-3``, bf16 ``2e-2``; integers and bools
-must match exactly) unless a tolerance is given (``--tolerance``).  Shapes,
-dtypes and the placement of NaN/inf must match too.
+must match exactly) unless a tolerance is given (``--tolerance``, a finite
+number >= 0; :func:`check_tolerance`).  Shapes and dtypes must match too.
+
+A NaN or an infinity in an output never passes, in the eager output or the
+compiled one, even where both have it in the same place: the result says which
+output and how many elements, e.g.
+
+    before: output 0 (addmm_2: f32[1, 2]): max abs 0, max rel 0 (tol 1e-04) ok
+    after:  output 0 (addmm_2: f32[1, 2]): eager PyTorch's output has 2 NaN element(s) of 2
 """
 from __future__ import annotations
 
@@ -24,9 +31,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from mlcomp.base.errors import VerificationError
+from mlcomp.base.errors import OptionError, VerificationError
 
-__all__ = ["DEFAULT_RTOL", "tolerance_for", "OutputError", "VerifyResult", "compare", "flatten_outputs",
+__all__ = ["DEFAULT_RTOL", "check_tolerance", "tolerance_for", "OutputError", "VerifyResult", "compare", "flatten_outputs",
            "check_against"]
 
 DEFAULT_RTOL: dict[torch.dtype, float] = {
@@ -34,10 +41,25 @@ DEFAULT_RTOL: dict[torch.dtype, float] = {
 }
 
 
+def check_tolerance(value: float | None, *, option: str = "--tolerance") -> float | None:
+    """``value`` if it is a usable relative tolerance (finite, >= 0) or ``None``; else an OptionError."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or number < 0:
+        raise OptionError(f"{option} {value} is not a usable tolerance: it must be a finite number >= 0",
+                          hint="give a relative tolerance such as 1e-4 (fp32) or 2e-2 (bf16), or leave it out "
+                               "for the default of each output's dtype")
+    return number
+
+
 def tolerance_for(dtype: torch.dtype, override: float | None = None) -> float:
     """Relative tolerance for an output of ``dtype`` (``override`` wins when given)."""
     if override is not None:
-        return float(override)
+        return float(check_tolerance(override))
     if dtype.is_floating_point or dtype.is_complex:
         return DEFAULT_RTOL.get(dtype, 1e-4)
     return 0.0
@@ -115,6 +137,8 @@ class VerifyResult:
         state = "passed" if self.passed else "FAILED"
         if w is None:
             return f"{state} (no outputs)"
+        if w.note and not self.passed:
+            return f"FAILED: output {w.index} ({w.name or 'unnamed'}): {w.note}"
         return (f"{state}: {len(self.outputs)} output(s), max abs {self.max_abs:.3g}, "
                 f"max rel {self.max_rel:.3g} (worst {w.name or w.index}, tol {w.rtol:.0e})")
 
@@ -131,6 +155,15 @@ class VerifyResult:
                                          "or another target to narrow it down")
         w = self.worst
         assert w is not None
+        if w.note.startswith("NaN/inf"):
+            eager_bad = "eager PyTorch's output" in w.note
+            raise VerificationError(
+                f"output {w.index} ({w.name or 'unnamed'}: {w.expected}) is not finite, so it cannot be "
+                f"verified: {w.note.removeprefix('NaN/inf: ')}", where=where,
+                hint="the model itself computes NaN/inf on these inputs: check its weights, inputs and "
+                     "numerically unsafe ops (log, division, overflow in low precision)" if eager_bad else
+                     "the target or a pass produced them: bisect the pipeline with --verify, or try "
+                     "--fallback eager or another target")
         detail = w.note or (f"max rel error {w.max_rel:.3g} (max abs {w.max_abs:.3g}) exceeds "
                             f"the tolerance {w.rtol:.0e}")
         raise VerificationError(
@@ -150,9 +183,14 @@ def _describe(t: torch.Tensor) -> str:
     return str(TensorMeta.of(t))
 
 
-def _same_nonfinite(e: torch.Tensor, a: torch.Tensor) -> bool:
-    """NaN where eager has NaN, and infinities of the same sign."""
-    return torch.equal(e.isnan(), a.isnan()) and torch.equal(e.nan_to_num(0.0), a.nan_to_num(0.0))
+def _nonfinite(t: torch.Tensor) -> str:
+    """"3 NaN and 1 inf element(s) of 64", or "" when every element is finite."""
+    nan = int(t.isnan().sum())
+    inf = int(t.isinf().sum())
+    if not nan and not inf:
+        return ""
+    parts = ([f"{nan} NaN"] if nan else []) + ([f"{inf} inf"] if inf else [])
+    return f"{' and '.join(parts)} element(s) of {t.numel()}"
 
 
 def _one(index: int, name: str, exp: Any, act: Any, override: float | None) -> OutputError:
@@ -182,14 +220,14 @@ def _one(index: int, name: str, exp: Any, act: Any, override: float | None) -> O
                            "" if bad == 0 else f"{bad} element(s) differ (exact match required)")
     e64, a64 = e.to(torch.complex128 if e.is_complex() else torch.float64), \
         a.to(torch.complex128 if a.is_complex() else torch.float64)
-    fin_e, fin_a = torch.isfinite(e64), torch.isfinite(a64)
-    if not torch.equal(fin_e, fin_a) or not _same_nonfinite(e64[~fin_e], a64[~fin_a]):
-        count = max(int((fin_e != fin_a).sum()), 1)
-        return OutputError(index, name, desc, math.inf, math.inf, rtol, False,
-                           f"NaN/inf in {count} position(s) where eager has finite values (or vice versa)")
-    diff = (a64 - e64).abs()[fin_e]
-    max_abs = float(diff.max()) if diff.numel() else 0.0
-    scale = float(e64.abs()[fin_e].max()) if fin_e.any() else 0.0
+    bad_e, bad_a = _nonfinite(e64), _nonfinite(a64)
+    if bad_e or bad_a:
+        note = "; ".join(([f"eager PyTorch's output has {bad_e}"] if bad_e else [])
+                         + ([f"the compiled output has {bad_a}"] if bad_a else []))
+        return OutputError(index, name, desc, math.inf, math.inf, rtol, False, f"NaN/inf: {note}")
+    diff = (a64 - e64).abs()
+    max_abs = float(diff.max())
+    scale = float(e64.abs().max())
     max_rel = max_abs / scale if scale > 0 else max_abs
     return OutputError(index, name, desc, max_abs, max_rel, rtol, max_rel <= rtol)
 

@@ -78,3 +78,15 @@ class VerificationError(MlcompError):
 
 class ArtifactError(MlcompError):
     """An artifact folder is missing, corrupt or from an incompatible version."""
+
+
+class OutputPathError(MlcompError):
+    """An output destination (``-o``, ``--json``, ``--plot`` …) cannot or must not be written."""
+
+
+class OptionError(MlcompError):
+    """A command-line or API option has a value outside its range (a batch of 0, a NaN tolerance)."""
+
+
+class PipelineMismatchError(PassFailure):
+    """The pipeline's passes do not fit the graph's mode or the context; refused before any pass runs."""

@@ -1,21 +1,193 @@
-"""Writing results without leaving anything half written.
+"""The only way mlcomp writes its outputs: checked first, written aside, renamed on success.
 
-Files and folders are produced under a temporary sibling name and renamed into
-place only when complete; on any error the temporary is removed and the old
-output (if any) is untouched.
+1. :func:`check_destination` runs *before* any expensive work (capture, passes,
+   builds).  It refuses, with a one-paragraph :class:`OutputPathError`, an empty
+   path, a path under an existing file, a folder that cannot be written, a file
+   where a folder is wanted (or the reverse), and a non-empty folder that mlcomp
+   did not write.  An earlier mlcomp output is replaced only with ``force``.
+2. :func:`atomic_path` / :func:`atomic_dir` write under a temporary sibling and
+   rename it into place when the block succeeds.  On any exception, Ctrl-C
+   included, the temporary (and any parent folder they created) is removed and
+   the old output is untouched.  Every folder they commit carries a small
+   ``.mlcomp`` marker, which is what makes it "an earlier mlcomp output".
+3. :class:`InterruptScope` (used by the CLI) turns Ctrl-C into ``KeyboardInterrupt``
+   and remembers it, so an interrupt that a native library swallowed still stops
+   the next commit and still exits as an interruption.
 
+Before and after, for ``mlcomp compile mlp -o userdir`` where ``userdir`` holds
+the user's ``important.txt``::
+
+    before: userdir/important.txt deleted, the artifact written in its place
+    after:  error: the output folder userdir is not empty and was not written by
+            mlcomp (no .mlcomp marker or manifest.json) ...    (nothing touched)
+
+    >>> check_destination("out/model", Kind.DIR)
     >>> with atomic_dir("out/model") as tmp:
     ...     (tmp / "manifest.json").write_text("{}")
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import enum
+import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
+from mlcomp.base.errors import OutputPathError
+from mlcomp.base.version import __version__
+
+__all__ = ["Kind", "MARKER", "check_destination", "is_mlcomp_output", "atomic_path", "write_text_atomic",
+           "atomic_dir", "InterruptScope", "raise_if_interrupted"]
+
+MARKER = ".mlcomp"
+_MANIFEST = "manifest.json"
+
+
+class Kind(enum.Enum):
+    """What a destination must be."""
+
+    FILE = "file"
+    DIR = "folder"
+
+
+# The interrupt scope active in this context (set and reset by InterruptScope only).
+_SCOPE: contextvars.ContextVar["InterruptScope | None"] = contextvars.ContextVar("mlcomp_interrupts", default=None)
+
+
+class InterruptScope:
+    """Within the block, SIGINT raises ``KeyboardInterrupt`` and is remembered in ``seen``.
+
+    The previous handler is restored on exit.  Inside :meth:`shielded` (the
+    cleanup of a temporary) a Ctrl-C is only remembered, so cleanup finishes.
+    Outside the main thread it installs nothing and only tracks the state.
+    """
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._shield = 0
+        self._previous: Any = None
+        self._token: contextvars.Token | None = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.seen = True
+        if not self._shield:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> "InterruptScope":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        self._token = _SCOPE.set(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._token is not None:
+            _SCOPE.reset(self._token)
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    @contextlib.contextmanager
+    def shielded(self) -> Iterator[None]:
+        self._shield += 1
+        try:
+            yield
+        finally:
+            self._shield -= 1
+
+
+def raise_if_interrupted() -> None:
+    """Raise ``KeyboardInterrupt`` if Ctrl-C was pressed in this scope (even if something swallowed it)."""
+    scope = _SCOPE.get()
+    if scope is not None and scope.seen:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _shielded() -> Iterator[None]:
+    scope = _SCOPE.get()
+    with scope.shielded() if scope is not None else contextlib.nullcontext():
+        yield
+
+
+# ---------------------------------------------------------------------------
+# checking a destination
+
+def is_mlcomp_output(path: str | os.PathLike[str]) -> bool:
+    """A folder mlcomp wrote: it holds the ``.mlcomp`` marker or an mlcomp ``manifest.json``."""
+    folder = Path(path)
+    if (folder / MARKER).is_file():
+        return True
+    try:
+        manifest = json.loads((folder / _MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and str(manifest.get("format", "")).startswith("mlcomp")
+
+
+def _existing_ancestor(path: Path) -> Path:
+    for parent in path.absolute().parents:
+        if os.path.lexists(parent):
+            return parent
+    return Path(path.absolute().anchor)
+
+
+def _writable(folder: Path) -> str | None:
+    """``None`` if a file can be created in ``folder``, else why not (a real probe: root and read-only mounts)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".mlcomp-probe.", dir=folder)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+def check_destination(path: str | os.PathLike[str], kind: Kind = Kind.FILE, *, force: bool = False,
+                      option: str = "-o") -> Path:
+    """Refuse a destination mlcomp must not write (see module doc); returns it as a ``Path``."""
+    text = os.fspath(path)
+    if not str(text).strip():
+        raise OutputPathError(f"the output path given to {option} is empty",
+                              hint=f"give a {kind.value} name, e.g. {option} out/model")
+    dest = Path(text)
+    what = "file" if kind is Kind.FILE else "folder"
+    anc = _existing_ancestor(dest)
+    if not anc.is_dir():
+        raise OutputPathError(f"cannot write the output {what} {dest}: {anc} is a file, not a folder",
+                              where=option, hint="choose a path that is not under an existing file")
+    reason = _writable(anc)
+    if reason:
+        raise OutputPathError(f"cannot write the output {what} {dest}: the folder {anc} is not writable ({reason})",
+                              where=option, hint="choose a folder you can write to")
+    if not os.path.lexists(dest):
+        return dest
+    if kind is Kind.FILE:
+        if dest.is_dir():
+            raise OutputPathError(f"the output {dest} is an existing folder; mlcomp will not replace a folder "
+                                  f"by a file", where=option, hint="give a file name (e.g. inside that folder)")
+        return dest
+    if not dest.is_dir():
+        raise OutputPathError(f"the output {dest} is an existing file; mlcomp will not replace a file by a folder",
+                              where=option, hint="give the name of a new or empty folder")
+    if not any(dest.iterdir()):
+        return dest
+    if not is_mlcomp_output(dest):
+        raise OutputPathError(f"the output folder {dest} is not empty and was not written by mlcomp "
+                              f"(it has no {MARKER} marker or mlcomp manifest.json); mlcomp never deletes it, "
+                              f"even with --force", where=option, hint="give a new or empty folder")
+    if not force:
+        raise OutputPathError(f"the output folder {dest} holds an earlier mlcomp output", where=option,
+                              hint="pass --force to replace it, or give a new folder")
+    return dest
+
+
+# ---------------------------------------------------------------------------
+# writing
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -23,20 +195,55 @@ def _umask() -> int:
     return mask
 
 
+def _make_parents(folder: Path) -> list[Path]:
+    """Create ``folder`` and missing parents; return those created (deepest last)."""
+    missing = [p for p in (folder, *folder.parents) if not os.path.lexists(p)]
+    created: list[Path] = []
+    try:
+        for p in reversed(missing):
+            p.mkdir()
+            created.append(p)
+    except OSError as exc:
+        _remove_created(created)
+        raise OutputPathError(f"cannot create the folder {folder}: {exc.strerror or exc}",
+                              hint="choose a folder you can write to") from None
+    return created
+
+
+def _remove_created(created: list[Path]) -> None:
+    for p in reversed(created):
+        with contextlib.suppress(OSError):
+            p.rmdir()    # only if still empty
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     """Yield a temporary file path next to ``path``; rename it to ``path`` on success."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files
+    if target.is_dir():
+        raise OutputPathError(f"the output {target} is an existing folder; mlcomp will not replace a folder "
+                              f"by a file", hint="give a file name")
+    created = _make_parents(target.parent)
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        _remove_created(created)
+        raise OutputPathError(f"cannot write {target}: {exc.strerror or exc}",
+                              hint="choose a folder you can write to") from None
+    os.close(fd)
+    ok = False
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files
         yield tmp
+        raise_if_interrupted()
         os.replace(tmp, target)
+        ok = True
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        with _shielded():
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            if not ok:
+                _remove_created(created)
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
@@ -44,25 +251,67 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
         Path(tmp).write_text(text)
 
 
-@contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = True) -> Iterator[Path]:
-    """Yield a temporary directory next to ``path``; move it to ``path`` when the block succeeds."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists() and not overwrite:
-        raise FileExistsError(target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
+def _refuse_folder(target: Path) -> None:
+    """The last guard against data loss, whatever the caller checked before."""
+    if not os.path.lexists(target):
+        return
+    if not target.is_dir():
+        raise OutputPathError(f"the output {target} is an existing file; mlcomp will not replace a file by a folder",
+                              hint="give the name of a new or empty folder")
+    if any(target.iterdir()) and not is_mlcomp_output(target):
+        raise OutputPathError(f"the output folder {target} is not empty and was not written by mlcomp "
+                              f"(it has no {MARKER} marker or mlcomp manifest.json); mlcomp never deletes it",
+                              hint="give a new or empty folder")
+
+
+def _swap_in(tmp: Path, target: Path) -> None:
+    """Rename ``tmp`` to ``target``; an old ``target`` is moved aside first and restored if that fails."""
+    if not os.path.lexists(target):
+        os.replace(tmp, target)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+    os.replace(target, old / "previous")
     try:
-        yield tmp
-        if target.exists():
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
+        os.replace(tmp, target)
+    except BaseException:
+        os.replace(old / "previous", target)
+        raise
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = True, label: str = "output") -> Iterator[Path]:
+    """Yield a temporary directory next to ``path``; move it to ``path`` when the block succeeds.
+
+    An existing ``path`` is replaced only if it is empty or an earlier mlcomp output
+    (and ``overwrite``); the committed folder carries the ``.mlcomp`` marker (``label``
+    says what it holds: artifact, report, export).
+    """
+    target = Path(path)
+    _refuse_folder(target)
+    if os.path.lexists(target) and not overwrite:
+        raise OutputPathError(f"the output folder {target} already exists", hint="give a new folder")
+    created = _make_parents(target.parent)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    except OSError as exc:
+        _remove_created(created)
+        raise OutputPathError(f"cannot write {target}: {exc.strerror or exc}",
+                              hint="choose a folder you can write to") from None
+    ok = False
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
+        yield tmp
+        (tmp / MARKER).write_text(json.dumps({"written_by": "mlcomp", "version": __version__, "kind": label}) + "\n")
+        raise_if_interrupted()
+        _refuse_folder(target)            # again: it may have appeared meanwhile
+        with _shielded():
+            _swap_in(tmp, target)
+            ok = True
+    finally:
+        with _shielded():
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+            if not ok:
+                _remove_created(created)

@@ -1,13 +1,13 @@
 """The ``mlcomp`` command line.
 
-Commands are registered lazily by name (``_LAZY``), so ``mlcomp --help`` and
+Commands are registered lazily by name (``COMMANDS``, a :class:`~mlcomp.base.registry.LazyRegistry`), so ``mlcomp --help`` and
 ``mlcomp models list`` never import tvm or onnxruntime.  A user error
 (:class:`~mlcomp.base.errors.MlcompError`) is printed as one paragraph without a
 traceback and sets the exit code.
 """
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import json
 import sys
 from typing import Any
@@ -15,9 +15,11 @@ from typing import Any
 import click
 
 from mlcomp.base.errors import MlcompError
+from mlcomp.base.files import InterruptScope, Kind, check_destination
+from mlcomp.base.registry import LazyRegistry
 
 # command name -> "module:attribute"; each module owns its commands
-_LAZY: dict[str, str] = {
+COMMANDS: LazyRegistry[click.Command] = LazyRegistry("command", {
     "compile": "mlcomp.cli.targets:compile_cmd",
     "run": "mlcomp.cli.targets:run_cmd",
     "export": "mlcomp.cli.targets:export_cmd",
@@ -26,30 +28,75 @@ _LAZY: dict[str, str] = {
     "bench": "mlcomp.cli.study:bench_cmd",
     "study": "mlcomp.cli.study:study_cmd",
     "report": "mlcomp.cli.study:report_cmd",
-}
+})
 
 
 class _Group(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         names = set(super().list_commands(ctx))
-        for name, ref in _LAZY.items():
-            if _importable(ref):
+        for name in COMMANDS.names():
+            if _importable(str(COMMANDS.ref(name))):
                 names.add(name)
         return sorted(names)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         cmd = super().get_command(ctx, name)
-        if cmd is not None or name not in _LAZY:
+        if cmd is not None or name not in COMMANDS:
             return cmd
-        module, _, attr = _LAZY[name].partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return COMMANDS.get(name)
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except MlcompError as err:
-            click.echo(f"error: {err.message}", err=True)
-            ctx.exit(err.exit_code)
+        with InterruptScope() as interrupts:
+            try:
+                result = super().invoke(ctx)
+                if interrupts.seen:       # Ctrl-C swallowed somewhere (a native library, a per-target guard)
+                    _interrupted(ctx)
+                return result
+            except (click.exceptions.Exit, click.Abort):
+                raise
+            except KeyboardInterrupt:
+                _interrupted(ctx)
+            except MlcompError as err:
+                if interrupts.seen:       # a native library turned Ctrl-C into its own error
+                    _interrupted(ctx)
+                click.echo(f"error: {err.message}", err=True)
+                ctx.exit(err.exit_code)
+            except click.UsageError as err:
+                where = err.ctx.command_path if err.ctx is not None else "mlcomp"
+                message = " ".join(err.format_message().split())
+                click.echo(f"error: {message.rstrip('.')}. See `{where} --help`.", err=True)
+                ctx.exit(err.exit_code)
+            except Exception as exc:
+                if interrupts.seen:
+                    _interrupted(ctx)
+                if ctx.meta.get(_TRACEBACK):
+                    raise
+                _unexpected(ctx, exc)
+
+
+_TRACEBACK = "mlcomp.show_traceback"
+
+
+def _unexpected(ctx: click.Context, exc: Exception) -> None:
+    """Not a user error: still one paragraph, exit 3, and the way to get the traceback for a report."""
+    text = " ".join(str(exc).split()) or "(no message)"
+    if len(text) > 400:
+        text = text[:400] + " …"
+    sub = ctx.invoked_subcommand or "command"
+    if isinstance(exc, OSError):
+        what = f"mlcomp {sub} could not read or write a file: {text}"
+        hint = "check the path, free disk space and permissions"
+    else:
+        what = f"mlcomp {sub} failed unexpectedly: {type(exc).__name__}: {text}"
+        hint = "this is a bug in mlcomp, not in your input; run again with `mlcomp --traceback ...` and report it"
+    click.echo(f"error: {what.rstrip('.')}. {hint[0].upper() + hint[1:]}.", err=True)
+    ctx.exit(3)
+
+
+def _interrupted(ctx: click.Context) -> None:
+    """Ctrl-C: one line, exit 130 (128 + SIGINT); temporaries were removed by the writers' context managers."""
+    click.echo("interrupted", err=True)
+    ctx.exit(130)
 
 
 def _importable(ref: str) -> bool:
@@ -59,13 +106,17 @@ def _importable(ref: str) -> bool:
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="mlcomp")
-def main() -> None:
+@click.option("--traceback", "show_traceback", is_flag=True,
+              help="On an unexpected failure (a bug, not a user error) show the Python traceback.")
+@click.pass_context
+def main(ctx: click.Context, show_traceback: bool) -> None:
     """mlcomp: capture a PyTorch model, run a declared pipeline of passes, lower it to a
     target (cpu, cuda, onnxruntime, tvm) and compare it with eager PyTorch.
 
     MODEL is a zoo name (see `mlcomp models list`), a TorchScript archive (.pt), an
     ExportedProgram (.pt2) or a factory path/to/file.py:fn / package.module:fn.
     """
+    ctx.meta[_TRACEBACK] = show_traceback
 
 
 # ---------------------------------------------------------------------------
@@ -75,10 +126,11 @@ def model_options(fn: Any) -> Any:
     """Options every command that loads a model accepts."""
     opts = [
         click.argument("model"),
-        click.option("--input-shape", "input_shapes", multiple=True, metavar="1x3x32x32[:float32]",
+        click.option("--input-shape", "input_shapes", multiple=True, metavar="1x3x32x32[:f32]",
                      help="Shape (and dtype) of one input; repeat per input. Needed when the model file "
                           "carries no shapes."),
-        click.option("--batch", type=int, default=None, help="Batch size for zoo models (default 1)."),
+        click.option("--batch", type=click.IntRange(min=1), default=None,
+                     help="Batch size for zoo models (default 1)."),
         click.option("--capture", "capture_method", type=click.Choice(["export", "fx"]), default="export",
                      show_default=True, help="torch.export (ATen) or torch.fx.symbolic_trace then make_fx."),
         click.option("--dynamic-batch", is_flag=True, help="Mark the batch dimension dynamic."),
@@ -92,8 +144,10 @@ def model_options(fn: Any) -> Any:
 
 def load_and_capture(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                      dynamic_batch: bool, trust_pickle: bool):
+    from mlcomp.api import check_model_inputs
     from mlcomp.frontend.loading import load_model
 
+    check_model_inputs(model, input_shapes, batch, capture_method)
     source = load_model(model, input_shapes=input_shapes, trust_pickle=trust_pickle, batch=batch)
     graph = source.capture(method=capture_method, dynamic_batch=dynamic_batch)
     return source, graph
@@ -106,15 +160,24 @@ def load_and_capture(model: str, input_shapes: tuple[str, ...], batch: int | Non
 @model_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--ir", "show_ir", is_flag=True, help="Also print the IR text.")
-@click.option("--dot", "dot_file", type=click.Path(dir_okay=False), help="Write the graph as Graphviz dot.")
-@click.option("--top", type=int, default=10, show_default=True, help="Rows in the per-node FLOPs table.")
+@click.option("--dot", "dot_file", type=click.Path(), help="Write the graph as Graphviz dot.")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows in the per-node FLOPs table.")
+@click.option("--train", is_flag=True, help="Inspect the training graph: FLOPs forward/backward, saved activations.")
+@click.option("--loss", default="cross_entropy", show_default=True, help="With --train: cross_entropy, mse or model.")
 def inspect_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                 dynamic_batch: bool, trust_pickle: bool, as_json: bool, show_ir: bool,
-                dot_file: str | None, top: int) -> None:
+                dot_file: str | None, top: int, train: bool = False, loss: str = "cross_entropy") -> None:
     """Op histogram, parameters, FLOPs, bytes, intensity and the parallelism profile of MODEL."""
+    if train:   # the joint forward+backward graph: mlcomp.cli.training
+        from mlcomp.cli.training import inspect_train
+
+        return inspect_train(model, input_shapes, batch, trust_pickle, loss=loss, as_json=as_json,
+                             show_ir=show_ir, top=top)
     from mlcomp.analysis.inspect import inspect_graph
     from mlcomp.base.files import write_text_atomic
 
+    if dot_file is not None:
+        check_destination(dot_file, Kind.FILE, option="--dot")
     _, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
     report = inspect_graph(graph)
     if dot_file:
@@ -137,10 +200,15 @@ def models_group() -> None:
 
 
 @models_group.command("list")
-def models_list() -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON (name, input shape, summary).")
+def models_list(as_json: bool) -> None:
     """List zoo models with their default input shapes."""
     from mlcomp import models
 
+    if as_json:
+        click.echo(json.dumps([{"name": name, "input_shape": [1, *z.input_shape], "summary": z.summary}
+                               for name, z in models.ZOO.items()], indent=2))
+        return
     width = max(len(n) for n in models.ZOO)
     for name, z in models.ZOO.items():
         shape = "x".join(str(s) for s in (1, *z.input_shape))
@@ -149,15 +217,21 @@ def models_list() -> None:
 
 @models_group.command("save")
 @click.argument("name")
-@click.option("--format", "fmt", type=click.Choice(["torchscript", "pt2"]), required=True)
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
-@click.option("--batch", type=int, default=1, show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["torchscript", "pt2"]), required=True,
+              help="torchscript (a traced .pt archive) or pt2 (a torch.export ExportedProgram).")
+@click.option("-o", "--output", required=True, type=click.Path(), help="File to write.")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Batch size of the example input recorded in the file.")
 def models_save(name: str, fmt: str, output: str, batch: int) -> None:
     """Write zoo model NAME as a TorchScript archive or an ExportedProgram."""
     from mlcomp import models
     from mlcomp.base.files import atomic_path
     from mlcomp.frontend.loading import save_torchscript
 
+    from mlcomp.api import check_model_inputs
+
+    check_destination(output, Kind.FILE)
+    check_model_inputs(name, (), batch)
     z = models.get(name)
     module, inputs = z.build(), z.example_inputs(batch)
     with atomic_path(output) as tmp:
@@ -166,9 +240,9 @@ def models_save(name: str, fmt: str, output: str, batch: int) -> None:
         else:
             import torch
 
-            from mlcomp.frontend.capture import _quiet
+            from mlcomp.base.quiet import quiet_torch
 
-            with _quiet():
+            with quiet_torch():
                 torch.export.save(torch.export.export(module, inputs), tmp)
     click.echo(f"wrote {output} ({fmt}, input {'x'.join(map(str, inputs[0].shape))})")
 

@@ -1,7 +1,8 @@
 """``mlcomp passes`` and the pipeline options other commands share.
 
 ``mlcomp passes`` lists every registered pass with its options (type, default,
-one-line help) and the ``-O`` presets.  Commands that run a pipeline (``compile``
+one-line help), what each composite runs (``cleanup``, ``fuse``), the graph
+modes a pass is limited to, and the ``-O`` presets.  Commands that run a pipeline (``compile``
 and friends) take the same options through :func:`pipeline_options` and turn
 them into a :class:`PipelineRequest` with :func:`pipeline_from_cli`::
 
@@ -9,9 +10,9 @@ them into a :class:`PipelineRequest` with :func:`pipeline_from_cli`::
     @pipeline_options
     def compile_cmd(..., pipeline, opt_level, dump_after, dump_dir, verify_passes, explain):
         request = pipeline_from_cli(pipeline, opt_level, dump_after, dump_dir, verify_passes, explain)
-        graph, report = request.run(graph, example_inputs=inputs)
+        graph, report = request.run(graph, example_inputs=inputs)   # instruments from the flags
         if request.explain:
-            click.echo(report.format())
+            click.echo(report.format(nested=True))
 """
 from __future__ import annotations
 
@@ -31,12 +32,18 @@ __all__ = ["passes_cmd", "pipeline_options", "pipeline_from_cli", "PipelineReque
 def passes_cmd(as_json: bool) -> None:
     """List the passes a pipeline can name, their options, and the -O presets."""
     from mlcomp.pipeline import PRESETS
+    from mlcomp.pipeline.composite import CompositePass, children, describe
     from mlcomp.pipeline.pass_base import REGISTRY
 
     infos = REGISTRY.infos()
+    bodies = {i.name: i.make({}).body() for i in infos if issubclass(i.cls, CompositePass)}
     if as_json:
         click.echo(json.dumps({
-            "passes": [{"name": i.name, "summary": i.summary, "options": [
+            "passes": [{"name": i.name, "summary": i.summary,
+                        "modes": sorted(m.value for m in i.cls.modes),
+                        "requires": sorted(r.value for r in i.cls.requires),
+                        "children": [s.pass_.name for s in children(bodies[i.name])] if i.name in bodies else None,
+                        "options": [
                 {"name": o.name, "type": o.type_text(), "default": o.format_value(o.default), "help": o.help}
                 for o in i.options]} for i in infos],
             "presets": {f"-{k}": v for k, v in PRESETS.items()}}, indent=2))
@@ -44,7 +51,14 @@ def passes_cmd(as_json: bool) -> None:
     click.echo('passes (write a pipeline as -p "name,name{option=value,...}"):')
     width = max(len(i.name) for i in infos)
     for info in infos:
+        limits = [f"on {' and '.join(sorted(m.value for m in info.cls.modes))} graphs only"
+                  ] if len(info.cls.modes) == 1 else []
+        limits += [f"needs {r.value}" for r in sorted(info.cls.requires, key=lambda r: r.value)]
         click.echo(f"  {info.name:<{width}}  {info.summary}")
+        if limits:
+            click.echo(f"  {'':<{width}}    runs {'; '.join(limits)}")
+        if info.name in bodies:
+            click.echo(f"  {'':<{width}}    runs: {describe(bodies[info.name])}")
         if info.options:
             cols = [(o.name, o.type_text(), o.format_value(o.default)) for o in info.options]
             w0 = max(len(c[0]) for c in cols)
@@ -70,12 +84,13 @@ def pipeline_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("-O", "opt_level", type=click.Choice(["0", "1", "2", "3"]), default=None,
                      help="Preset pipeline -O0..-O3 (instead of -p)."),
         click.option("--dump-after", default=None, metavar="PASS|all",
-                     help="Write the IR (text and dot) after this pass (comma-separated, or 'all')."),
+                     help="Write the IR (text and dot) after this pass, at any depth (comma-separated; "
+                          "'fuse.fold-bias' for one composite's child; 'all' for every top-level pass)."),
         click.option("--dump-dir", default="mlcomp-dump", show_default=True, type=click.Path(file_okay=False),
                      help="Folder for --dump-after."),
         click.option("--verify", "verify_passes", is_flag=True,
-                     help="Check every pass against the input graph; name the first pass and node that "
-                          "change the numbers."),
+                     help="Check every pass against the input graph; name the innermost pass and the first "
+                          "node that change the numbers."),
         click.option("--explain", is_flag=True,
                      help="Print what each pass changed: nodes, ops, fusion groups, bytes, modules."),
     ]
@@ -94,15 +109,17 @@ class PipelineRequest:
     dump_dir: str | None = None
     explain: bool = False
 
-    def kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for :func:`mlcomp.pipeline.spec.run_pipeline`."""
-        return {"verify": self.verify, "dump_after": self.dump_after,
-                "dump_dir": self.dump_dir if self.dump_after else None, "explain": self.explain}
+    def instruments(self) -> list[Any]:
+        """The pass manager's instruments for these flags (IR check and timing always)."""
+        from mlcomp.pipeline import standard_instruments
+
+        return standard_instruments(verify=self.verify, dump_after=self.dump_after,
+                                    dump_dir=self.dump_dir if self.dump_after else None, explain=self.explain)
 
     def run(self, graph: Any, example_inputs: Sequence[Any] | None = None) -> tuple[Any, Any]:
         from mlcomp.pipeline import run_pipeline
 
-        return run_pipeline(graph, self.pipeline, example_inputs=example_inputs, **self.kwargs())
+        return run_pipeline(graph, self.pipeline, example_inputs=example_inputs, instruments=self.instruments())
 
 
 def pipeline_from_cli(pipeline: str | None = None, opt_level: str | None = None, dump_after: str | None = None,

@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 import click
 
+from mlcomp.base.files import Kind, check_destination
 from mlcomp.cli.main import load_and_capture, model_options
 from mlcomp.hardware.timing import BenchConfigError
 
@@ -76,13 +77,59 @@ def _write(dest: str | None, text: str) -> None:
         click.echo(f"wrote {dest}", err=True)
 
 
+def _check_outputs(**dests: str | None) -> None:
+    """Every file destination (``--json FILE`` …) checked before any measuring; ``-`` is stdout."""
+    for option, dest in dests.items():
+        if dest and dest != "-":
+            check_destination(dest, Kind.FILE, option="--" + option)
+
+
+def _pt2_batch(path: str) -> tuple[int, str] | None:
+    """(batch, shape text) an ExportedProgram file was exported for; None if dynamic or unreadable."""
+    import torch
+
+    try:
+        program = torch.export.load(path)
+    except Exception:  # noqa: BLE001 - the loader reports unreadable files properly later
+        return None
+    nodes = {n.name: n for n in program.graph.nodes}
+    for spec in program.graph_signature.input_specs:
+        if spec.kind.name == "USER_INPUT":
+            val = nodes[spec.arg.name].meta.get("val")
+            shape = tuple(getattr(val, "shape", ()))
+            if shape and isinstance(shape[0], int):
+                return int(shape[0]), "x".join(map(str, shape))
+            return None
+    return None
+
+
+def _check_pt2_batches(models: tuple[str, ...], batches: tuple[int, ...]) -> None:
+    """A .pt2 runs only at the batch it was exported for (unless exported with a dynamic batch)."""
+    import os
+
+    for model in models:
+        if not (model.endswith(".pt2") and os.path.isfile(model)):
+            continue
+        found = _pt2_batch(model)
+        if found is None:
+            continue
+        batch, shape = found
+        wrong = [b for b in batches if b != batch]
+        if wrong:
+            raise BenchConfigError(f"{model} was exported for batch {batch} (input {shape}); --batch "
+                                   f"{','.join(map(str, wrong))} cannot run it",
+                                   hint=f"give --batch {batch}, or export the model again with a dynamic batch")
+
+
 def timing_options(fn: Any) -> Any:
     opts = [
         click.option("--budget", type=float, default=1.0, show_default=True,
                      help="Seconds of timing per measurement (repeats stop when it is spent)."),
         click.option("--warmup", type=int, default=3, show_default=True, help="Untimed calls first."),
-        click.option("--min-repeats", type=int, default=5, show_default=True),
-        click.option("--max-repeats", type=int, default=10_000, show_default=True),
+        click.option("--min-repeats", type=int, default=5, show_default=True,
+                     help="Timed calls at least, even when the budget is spent."),
+        click.option("--max-repeats", type=int, default=10_000, show_default=True,
+                     help="Timed calls at most, even when budget is left."),
         click.option("--threads", type=int, default=None,
                      help="Intra-op threads for eager torch and every compiled runtime (default: each one's own)."),
         click.option("--progress", "show_progress", is_flag=True,
@@ -110,12 +157,16 @@ def timing_options(fn: Any) -> Any:
               help="Write results as JSON (to stdout when no FILE).")
 @click.option("--csv", "csv_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
               help="Write results as CSV (to stdout when no FILE).")
-@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--plot", "plot_file", type=click.Path(), default=None,
               help="PNG: speedup per target and batch, latency vs batch size (log axes).")
+@click.option("--train", is_flag=True, help="Time a training step (eager vs compiled on cpu/cuda) instead.")
+@click.option("--loss", default="cross_entropy", show_default=True, help="With --train: cross_entropy, mse or model.")
+@click.option("--optimizer", default="sgd{lr=0.01 momentum=0.9}", show_default=True, help="With --train.")
 def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], batches: tuple[int, ...],
               pipeline: str | None, input_shapes: tuple[str, ...], trust_pickle: bool, budget: float, warmup: int,
               min_repeats: int, max_repeats: int, threads: int | None, show_progress: bool, no_memory: bool,
-              json_out: str | None, csv_out: str | None, plot_file: str | None) -> None:
+              json_out: str | None, csv_out: str | None, plot_file: str | None, train: bool = False,
+              loss: str = "cross_entropy", optimizer: str = "sgd") -> None:
     """Time MODEL(s) eager vs compiled targets: median and p90 latency, speedup, cold compile time,
     peak memory, max error vs eager. One table per model."""
     from mlcomp.hardware.timing import TimingPolicy
@@ -127,7 +178,24 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
         models = tuple(dict.fromkeys(models + tuple(ZOO)))
     if not models:
         raise BenchConfigError("no model given", hint="name one or more models, or pass --zoo")
+    _check_outputs(json=json_out, csv=csv_out, plot=plot_file)
+    from mlcomp.api import check_model_inputs
+
+    for model in models:
+        check_model_inputs(model, input_shapes, None)
+        if not input_shapes and not model.endswith(".pt2"):      # a .pt2's batch: _check_pt2_batches
+            check_model_inputs(model, (), max(batches))
+    _check_pt2_batches(models, batches)
     _set_threads(threads)
+    if train:   # eager vs compiled training step: mlcomp.cli.training
+        from mlcomp.cli.training import bench_train
+
+        given = click.get_current_context().get_parameter_source("targets") is not click.core.ParameterSource.DEFAULT
+        train_targets = targets if given else ("cpu",)
+        _write(json_out, bench_train(models, batches, targets=train_targets, loss=loss, optimizer=optimizer,
+                                     policy=TimingPolicy(warmup, budget, min_repeats, max_repeats),
+                                     json_out=json_out))
+        return
     config = BenchConfig(targets, batches, pipeline, TimingPolicy(warmup, budget, min_repeats, max_repeats),
                          memory=not no_memory, threads=threads)
     progress = _progress(show_progress)
@@ -159,7 +227,7 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
               help="Intra-op threads for torch (and, in hybridize, every compiled runtime).")
 @click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
               help="Write the result as JSON (to stdout when no FILE).")
-@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--plot", "plot_file", type=click.Path(), default=None,
               help="PNG of the study (with NAME=all: one file per study, suffixed with its name).")
 def study_cmd(name: str | None, quick: bool, device: str, budget: float, targets: tuple[str, ...],
               model: str | None, batch: int, threads: int | None, json_out: str | None,
@@ -173,6 +241,7 @@ def study_cmd(name: str | None, quick: bool, device: str, budget: float, targets
         for key, (_, summary) in STUDIES.items():
             click.echo(f"{key:<{width}}  {summary}")
         return
+    _check_outputs(json=json_out, plot=plot_file)
     _set_threads(threads)
     config = StudyConfig(quick=quick, device=device, budget_s=budget, targets=targets,
                          model=model or ("mlp" if quick else "resnet18"), batch=batch, threads=threads)
@@ -201,9 +270,12 @@ def _suffixed(path: str, key: str) -> str:
 
 @click.command("report")
 @model_options
-@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Report folder.")
+@click.option("-o", "--output", required=True, type=click.Path(), help="Report folder.")
+@click.option("--force", is_flag=True,
+              help="Replace an earlier mlcomp output at -o (never a folder mlcomp did not write).")
 @click.option("-p", "--pipeline", default=None, help="Pass pipeline to run (per-pass stats) and bench with.")
-@click.option("--targets", default="eager,cpu,onnxruntime,tvm", show_default=True, callback=_name_list)
+@click.option("--targets", default="eager,cpu,onnxruntime,tvm", show_default=True, callback=_name_list,
+              help="Comma-separated targets for the benchmark section; eager always runs as the reference.")
 @click.option("--bench-batch", "bench_batches", default="1,32", show_default=True, callback=_int_list,
               help="Batch sizes for the benchmark section.")
 @click.option("--roofline", is_flag=True, help="Add a roofline section (measures this machine first).")
@@ -213,18 +285,19 @@ def report_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, cap
                dynamic_batch: bool, trust_pickle: bool, output: str, pipeline: str | None,
                targets: tuple[str, ...], bench_batches: tuple[int, ...], roofline: bool, quick: bool,
                budget: float, warmup: int, min_repeats: int, max_repeats: int, threads: int | None,
-               show_progress: bool) -> None:
+               show_progress: bool, force: bool) -> None:
     """One HTML page for MODEL: inspect, the pipeline's per-pass stats, the bench table and plots."""
     from mlcomp.hardware.timing import TimingPolicy
     from mlcomp.measure.bench import BenchConfig
     from mlcomp.report import ReportConfig, build_report
 
+    check_destination(output, Kind.DIR, force=force)
     _set_threads(threads)
     source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
     config = ReportConfig(BenchConfig(targets, bench_batches, pipeline,
                                       TimingPolicy(warmup, budget, min_repeats, max_repeats), threads=threads),
                           capture_method=capture_method, roofline=roofline, quick=quick)
     rep = build_report(model, output, config, input_shapes=input_shapes, trust_pickle=trust_pickle,
-                       source=source, graph=graph, progress=_progress(show_progress))
+                       source=source, graph=graph, progress=_progress(show_progress), force=force)
     click.echo(rep.bench.format())
     click.echo(f"wrote {output}/index.html ({', '.join(rep.files)})")

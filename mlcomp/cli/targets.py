@@ -22,11 +22,34 @@ from typing import Any, Sequence
 
 import click
 
-from mlcomp.base.errors import ArtifactError, InputSpecError, MlcompError
+from mlcomp.analysis.verify import check_tolerance
+from mlcomp.base.errors import ArtifactError, InputSpecError, OptionError
+from mlcomp.base.files import Kind, check_destination
 from mlcomp.cli.main import load_and_capture, model_options
 from mlcomp.cli.passes import pipeline_from_cli, pipeline_options
 
 __all__ = ["compile_cmd", "run_cmd", "export_cmd", "targets_cmd"]
+
+
+def _tolerance(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    return check_tolerance(value)
+
+
+def _force_option(fn: Any) -> Any:
+    return click.option("--force", is_flag=True,
+                        help="Replace an earlier mlcomp output at -o (never a folder mlcomp did not write).")(fn)
+
+
+def _check_target_flags(target: str, tune_trials: int, tuning_dir: str | None) -> str:
+    """Unknown target names and flags that do not apply to the target, before any capture."""
+    from mlcomp.targets import get_target
+
+    name = get_target(target).name
+    if name != "tvm" and (tune_trials or tuning_dir):
+        flag = "--tune-trials" if tune_trials else "--tuning-dir"
+        raise OptionError(f"{flag} applies to the tvm target only, not to {name}",
+                          hint=f"drop {flag}, or compile with --target tvm")
+    return name
 
 
 def _size(path: Path) -> str:
@@ -38,10 +61,11 @@ def _size(path: Path) -> str:
 @model_options
 @click.option("-t", "--target", default=None, metavar="TARGET",
               help="cpu, cuda, onnxruntime (ort) or tvm (default: the pipeline file's target, else cpu).")
-@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Artifact folder to write (default mlcomp-out/MODEL-TARGET).")
 @pipeline_options
-@click.option("--tolerance", type=float, default=None, help="Relative tolerance for verification (default by dtype).")
+@click.option("--tolerance", type=float, default=None, callback=_tolerance,
+              help="Relative tolerance for verification (default by dtype).")
 @click.option("--fallback", type=click.Choice(["none", "eager"]), default="none", show_default=True,
               help="What to do with ops the target cannot run: fail, or run them in torch.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Intra-op threads of the runtime.")
@@ -51,18 +75,36 @@ def _size(path: Path) -> str:
 @click.option("--tuning-dir", type=click.Path(file_okay=False), default=None,
               help="TVM tuning database folder, reused across runs.")
 @click.option("--fresh-check", is_flag=True, help="Also reload and verify the artifact in a new Python process.")
+@_force_option
+@click.option("--train", is_flag=True, help="Compile a training step (forward, loss, backward, optimizer).")
+@click.option("--loss", default="cross_entropy", show_default=True, help="With --train: cross_entropy, mse or model.")
+@click.option("--optimizer", default="sgd{lr=0.01 momentum=0.9}", show_default=True,
+              help='With --train: e.g. "sgd{lr=0.05 momentum=0.9}" or "adam{lr=1e-3}".')
+@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True,
+              help="With --train: compiled steps compared with as many eager steps.")
 def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                 dynamic_batch: bool, trust_pickle: bool, target: str | None, output: Path | None,
                 pipeline: str | None, opt_level: str | None, dump_after: str | None, dump_dir: str,
                 verify_passes: bool, explain: bool, tolerance: float | None, fallback: str,
                 threads: int | None, device: str | None, tune_trials: int, tuning_dir: str | None,
-                fresh_check: bool) -> None:
+                fresh_check: bool, force: bool, train: bool = False, loss: str = "cross_entropy",
+                optimizer: str = "sgd", steps: int = 5) -> None:
     """Capture MODEL, run a pipeline, lower it to a target, verify against eager and save it."""
     from mlcomp.api import compile_source
 
     request = pipeline_from_cli(pipeline, opt_level, dump_after, dump_dir, verify_passes, explain, default=None)
     pipeline = request.pipeline.spec if opt_level is not None else pipeline
+    if train:   # the training path: mlcomp.cli.training
+        from mlcomp.cli.training import compile_train
 
+        return compile_train(model, input_shapes, batch, trust_pickle, target=target, output=output, loss=loss,
+                             optimizer=optimizer, steps=steps, tolerance=tolerance, device=device,
+                             pipeline=pipeline, instruments=request.instruments(), force=force)
+
+    if output is not None:
+        check_destination(output, Kind.DIR, force=force)
+    if target is not None:
+        _check_target_flags(target, tune_trials, tuning_dir)
     t0 = time.perf_counter()
     source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
     capture_seconds = time.perf_counter() - t0
@@ -72,15 +114,15 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
 
         target = Pipeline.from_toml(pipeline.strip()).target
     target = target or "cpu"
+    canonical = _check_target_flags(target, tune_trials, tuning_dir)
+    output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{canonical}", Kind.DIR, force=force)
     result = compile_source(source, graph, target=target, pipeline=pipeline, verify=False,
-                            pipeline_kwargs=request.kwargs(),
+                            instruments=request.instruments(),
                             capture_seconds=capture_seconds, tolerance=tolerance, fallback=fallback,
                             threads=threads, device=device, tune_trials=tune_trials, work_dir=tuning_dir)
     art = result.artifact
     if result.pipeline_report is not None:
-        fmt = getattr(result.pipeline_report, "format", None)
-        click.echo(fmt() if callable(fmt) else
-                   f"pipeline {art.manifest['pipeline'] or '(empty)'}: {result.pipeline_seconds:.2f}s")
+        click.echo(result.pipeline_report.format(nested=request.explain))
     click.echo(f"compiled for {art.target} in {art.compile_seconds:.1f}s")
     for region in art.manifest.get("fallback_regions", []):
         if region["runs_on"] != art.target:
@@ -93,8 +135,7 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     check = art.verify(tolerance=tolerance, raise_on_failure=False)
     click.echo(f"verified against eager: {check.summary()}")
     check.raise_if_failed(where=f"target {art.target}, model {graph.name}")
-    output = output or Path("mlcomp-out") / f"{graph.name}-{art.target}"
-    art.save(output)
+    art.save(output, force=force)
     payload = ", ".join(f"{e['path']}" for e in art.manifest["payload"][:4])
     from mlcomp.targets.artifact import Artifact
 
@@ -145,7 +186,7 @@ def _read_inputs(files: Sequence[str]) -> list[Any]:
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("-i", "--input", "input_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Input tensor file (.npy, .npz or .pt); repeat per input. Default: random inputs.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+@click.option("-o", "--output", type=click.Path(), default=None,
               help="Write the outputs to this .npz (or .pt) file.")
 @click.option("--verify", "do_verify", is_flag=True,
               help="Run the artifact's stored reference inputs and compare with eager outputs.")
@@ -160,6 +201,11 @@ def run_cmd(directory: Path, input_files: tuple[str, ...], output: str | None, d
 
     from mlcomp.targets.artifact import Artifact
 
+    if output:
+        if not output.endswith((".npz", ".pt")):
+            raise InputSpecError(f"--output {output} must end in .npz or .pt",
+                                 hint="name the file out.npz (numpy) or out.pt (torch)")
+        check_destination(output, Kind.FILE, option="--output")
     art = Artifact.load(directory)
     click.echo(f"loaded {art.manifest['model']} for {art.target} ({', '.join(map(str, art.inputs))})")
     if do_verify:
@@ -215,23 +261,23 @@ def _write_outputs(path: str, names: list[str], outs: Sequence[Any]) -> None:
               help="onnx (model.onnx), torchscript (frozen .pt), pt2 (ExportedProgram), tvm (folder).")
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="File (folder for tvm).")
 @click.option("-p", "--pipeline", default=None, metavar="SPEC|FILE.toml", help="Passes to run first.")
-@click.option("--tolerance", type=float, default=None, help="Relative tolerance for verification.")
+@click.option("--tolerance", type=float, default=None, callback=_tolerance,
+              help="Relative tolerance for verification.")
+@_force_option
 def export_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                dynamic_batch: bool, trust_pickle: bool, fmt: str, output: Path, pipeline: str | None,
-               tolerance: float | None) -> None:
+               tolerance: float | None, force: bool) -> None:
     """Write MODEL as a standalone file, reload it with the plain tool and verify it."""
     import torch
 
-    from mlcomp.api import _pipeline_module
+    from mlcomp.pipeline import Pipeline, run_pipeline
     from mlcomp.targets.export import ExportFormat, export_graph
 
+    check_destination(output, Kind.DIR if fmt == "tvm" else Kind.FILE, force=force)
     source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
     inputs = source.inputs()
     if pipeline:
-        module = _pipeline_module()
-        if module is None:
-            raise MlcompError("--pipeline needs mlcomp.pipeline, which is not installed")
-        graph, _ = module.run_pipeline(graph, module.Pipeline.coerce(pipeline), example_inputs=inputs)
+        graph, _ = run_pipeline(graph, Pipeline.coerce(pipeline), example_inputs=inputs)
     with torch.no_grad():
         expected = source.eager(*inputs)
     t0 = time.perf_counter()
@@ -242,7 +288,7 @@ def export_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, cap
 
 @click.command("targets")
 def targets_cmd() -> None:
-    """List the targets and whether each can run on this machine (and why not)."""
+    """List the targets, what each compiles (modes, dtypes, devices) and whether it can run here."""
     from mlcomp.targets import TargetName, get_target
 
     width = max(len(t.value) for t in TargetName)
@@ -252,3 +298,4 @@ def targets_cmd() -> None:
         state = "available" if reason is None else f"unavailable: {reason}"
         click.echo(f"{name.value:<{width}}  {state}")
         click.echo(f"{'':<{width}}  {target.description}")
+        click.echo(f"{'':<{width}}  compiles: {target.capabilities.describe()}")

@@ -11,19 +11,19 @@ Every source ends in the same IR at the level of core ATen (``convolution``,
   Python code from the file;
 * an ExportedProgram (``.pt2``), shapes taken from it.
 
+The graph owns its constants: parameters and buffers are copied once at
+capture, so a pass that rewrites weights in place never touches the user's
+module (``graph.constants`` is copy-on-write between ``Graph.copy()`` siblings).
+
 Data-dependent Python control flow is never specialised silently: capture
 fails with :class:`CaptureError` naming the source line and suggesting
 ``torch.cond``.
 """
 from __future__ import annotations
 
-import contextlib
 import enum
-import io
-import logging
 import re
 import traceback
-import warnings
 from typing import Any, Sequence
 
 import torch
@@ -31,8 +31,8 @@ from torch import nn
 
 from mlcomp.base.errors import CaptureError, InputSpecError
 from mlcomp.base.quiet import quiet_torch
-from mlcomp.ir import Graph, Mode, Node, Origin, Ref, TensorMeta, map_refs
-from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, Op
+from mlcomp.ir import Graph, Mode, Node, Origin, Ref, TensorMeta, dtype_name, map_refs
+from mlcomp.ir.ops import INPUT, OUTPUT, Op
 
 
 class CaptureMethod(enum.Enum):
@@ -76,7 +76,7 @@ def capture_exported(ep: "torch.export.ExportedProgram", *, name: str = "graph",
     """Convert an ExportedProgram (any dialect) to the IR at core-ATen level."""
     with quiet_torch():
         try:
-            ep = ep.run_decompositions()
+            ep = _decompose(ep)
         except Exception as exc:  # noqa: BLE001
             frames = re.findall(r'File "([^"]+)", line (\d+), in \w+\n\s*(.+)', str(exc))
             where = f"{frames[-1][0]}:{frames[-1][1]} ({frames[-1][2].strip()})" if frames else None
@@ -95,18 +95,39 @@ def capture_exported(ep: "torch.export.ExportedProgram", *, name: str = "graph",
                     constant_of=constant_of, tensors=state)
 
 
+def _decompose(ep: "torch.export.ExportedProgram") -> "torch.export.ExportedProgram":
+    """``run_decompositions``, retried with every ``view`` as a ``reshape`` if it fails.
+
+    Decompositions can give a value other strides than eager did (GPT-2: a
+    ``[2, 16, 64]`` tensor with strides ``(64, 128, 1)``), so a ``view`` that was
+    legal in eager fails while lowering.  ``reshape`` equals ``view`` wherever the
+    view was legal, and decomposes back to a view where the new strides allow.
+    """
+    try:
+        return ep.run_decompositions()
+    except Exception:
+        views = [n for n in ep.graph_module.graph.nodes
+                 if n.op == "call_function" and n.target is torch.ops.aten.view.default]
+        if not views:
+            raise
+        for node in views:
+            node.target = torch.ops.aten.reshape.default
+        ep.graph_module.recompile()
+        return ep.run_decompositions()
+
+
 def _check_runs(module: nn.Module, inputs: tuple[torch.Tensor, ...], name: str) -> None:
     """Run the model once eagerly so a shape mistake is reported as such, not as an export failure."""
     try:
         with torch.no_grad(), quiet_torch():
             module(*inputs)
     except Exception as exc:  # noqa: BLE001 - any failure here is about the inputs or the model
-        shapes = ", ".join(f"{'x'.join(map(str, t.shape))}:{str(t.dtype).replace('torch.', '')}"
+        shapes = ", ".join(f"{'x'.join(map(str, t.shape))}:{dtype_name(t.dtype)}"
                            for t in inputs if isinstance(t, torch.Tensor))
         raise InputSpecError(
             f"{name} fails on example inputs of shape {shapes}: {type(exc).__name__}: {_first_line(exc)}",
             where=_user_frame(exc),
-            hint="check --input-shape (one per model input, e.g. --input-shape 1x3x32x32:float32)") from None
+            hint="check --input-shape (one per model input, e.g. --input-shape 1x3x32x32:f32)") from None
 
 
 def _batch_dynamic(inputs: Sequence[torch.Tensor]) -> tuple[dict[int, Any], ...]:
@@ -141,7 +162,7 @@ def _capture_fx(module: nn.Module, inputs: tuple[torch.Tensor, ...], *, name: st
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     constant_of = {ph.name: names[i] for i, ph in enumerate(placeholders[:len(names)])}
     return _from_fx(traced.graph, name=name, training=training, constant_of=constant_of,
-                    tensors={k: v.detach() for k, v in params.items()})
+                    tensors=dict(params))
 
 
 def capture_traced(fn: Any, inputs: tuple[torch.Tensor, ...], *, name: str,
@@ -171,13 +192,14 @@ def _from_fx(fx_graph: torch.fx.Graph, *, name: str, training: bool,
              constant_of: dict[str, str], tensors: dict[str, torch.Tensor],
              constant_names: dict[int, str] | None = None) -> Graph:
     graph = Graph(_identifier(name), mode=Mode.TRAINING if training else Mode.INFERENCE)
+    own = _OwnCopies()
     rename: dict[str, str] = {}
     unsupported: list[str] = []
     for fx_node in fx_graph.nodes:
         if fx_node.op == "placeholder":
             target = constant_of.get(fx_node.name)
             if target is not None:
-                value = tensors[target].detach()
+                value = own(tensors[target])
                 if training and value.is_floating_point():
                     value = value.requires_grad_(True) if value.is_leaf else value
                 graph.add_constant(target, value, origin=Origin(target.rpartition(".")[0]))
@@ -188,8 +210,9 @@ def _from_fx(fx_graph: torch.fx.Graph, *, name: str, training: bool,
                 rename[fx_node.name] = fx_node.name
             continue
         if fx_node.op == "get_attr":  # make_fx lifts tensor constants as attributes
-            value = getattr(fx_graph.owning_module, fx_node.target).detach()
-            known = (constant_names or {}).get(value.data_ptr()) if value.numel() else None
+            source = getattr(fx_graph.owning_module, fx_node.target)
+            known = (constant_names or {}).get(source.data_ptr()) if source.numel() else None
+            value = own(source)
             cname = graph.fresh_name(known or f"_const.{fx_node.target}")
             graph.add_constant(cname, value, origin=Origin(cname.rpartition(".")[0]) if known else None)
             rename[fx_node.name] = cname
@@ -201,6 +224,8 @@ def _from_fx(fx_graph: torch.fx.Graph, *, name: str, training: bool,
         if fx_node.op != "call_function":
             unsupported.append(f"{fx_node.op} {fx_node.target}")
             continue
+        if fx_node.target is torch.ops.aten._assert_tensor_metadata.default:
+            continue   # export's check of a value's dtype/shape, which the IR's metas already state
         try:
             op = Op.from_torch(fx_node.target)
         except KeyError as exc:
@@ -216,6 +241,25 @@ def _from_fx(fx_graph: torch.fx.Graph, *, name: str, training: bool,
                            + "; ".join(unsupported),
                            hint="register a decomposition for them or keep them out of the compiled region")
     return graph
+
+
+class _OwnCopies:
+    """The graph's own copy of each user tensor (one copy per tensor, so tied weights stay tied).
+
+    A pass that rewrites a weight in place must never change the user's module,
+    so no constant of a captured graph shares storage with it.
+    """
+
+    def __init__(self) -> None:
+        self._done: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        hit = self._done.get(id(tensor))
+        if hit is not None and hit[0] is tensor:
+            return hit[1]
+        copy = tensor.detach().clone()
+        self._done[id(tensor)] = (tensor, copy)   # keeps ``tensor`` alive so its id stays unique
+        return copy
 
 
 def _flatten_outputs(args: Any) -> list[Any]:

@@ -31,14 +31,17 @@ import torch
 from torch import nn
 
 from mlcomp.base.errors import InputSpecError, ModelLoadError, UnsafePickleError
-from mlcomp.ir import Graph, parse_dtype
+from mlcomp.base.registry import did_you_mean
+from mlcomp.ir import Graph, dtype_name, parse_dtype
+from mlcomp import models
+from mlcomp.models import random_tensor
 
 INPUT_SPEC_FILE = "mlcomp_inputs.json"   # stored inside TorchScript archives by `models save`
 
 
 @dataclass(frozen=True)
 class InputSpec:
-    """Shape and dtype of one input, e.g. parsed from ``1x3x32x32:float32``."""
+    """Shape and dtype of one input, e.g. parsed from ``1x3x32x32:f32`` (any name ``parse_dtype`` knows)."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype = torch.float32
@@ -47,7 +50,7 @@ class InputSpec:
     def parse(cls, text: str) -> "InputSpec":
         shape_text, _, dtype_text = text.strip().partition(":")
         if not re.fullmatch(r"\d+(x\d+)*", shape_text.strip()):
-            raise InputSpecError(f"--input-shape {text!r} is not of the form 1x3x32x32[:float32]",
+            raise InputSpecError(f"--input-shape {text!r} is not of the form 1x3x32x32[:f32]",
                                  hint="give sizes separated by 'x', optionally ':dtype'")
         try:
             dtype = parse_dtype(dtype_text) if dtype_text else torch.float32
@@ -60,21 +63,17 @@ class InputSpec:
         return cls(tuple(t.shape), t.dtype)
 
     def random(self, generator: torch.Generator | None = None) -> torch.Tensor:
-        if self.dtype.is_floating_point:
-            return torch.randn(self.shape, dtype=self.dtype, generator=generator)
-        if self.dtype == torch.bool:
-            return torch.randint(0, 2, self.shape, generator=generator).bool()
-        return torch.randint(0, 10, self.shape, dtype=self.dtype, generator=generator)
+        return random_tensor(self.shape, self.dtype, generator)
 
     def to_json(self) -> dict[str, Any]:
-        return {"shape": list(self.shape), "dtype": str(self.dtype).replace("torch.", "")}
+        return {"shape": list(self.shape), "dtype": dtype_name(self.dtype)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "InputSpec":
         return cls(tuple(int(s) for s in d["shape"]), parse_dtype(d["dtype"]))
 
     def __str__(self) -> str:
-        return "x".join(map(str, self.shape)) + ":" + str(self.dtype).replace("torch.", "")
+        return "x".join(map(str, self.shape)) + ":" + dtype_name(self.dtype)
 
 
 @dataclass
@@ -109,6 +108,13 @@ class ModelSource:
                               dynamic_batch=dynamic_batch, training=training, name=self.name)
 
 
+def graph_random_inputs(graph: Graph, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Seeded random tensors fitting the graph's inputs (symbolic sizes at their example values)."""
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(random_tensor(n.tensor_meta.concrete_shape(graph.symbols), n.tensor_meta.dtype, gen)
+                 for n in graph.input_nodes)
+
+
 def load_model(spec: str | nn.Module, *, input_shapes: Sequence[str | InputSpec] = (),
                example_inputs: Sequence[torch.Tensor] | None = None, trust_pickle: bool = False,
                batch: int | None = None) -> ModelSource:
@@ -123,11 +129,13 @@ def load_model(spec: str | nn.Module, *, input_shapes: Sequence[str | InputSpec]
         return _load_factory(text, given, batch)
     path = Path(text)
     if not path.exists():
-        zoo = _zoo()
+        zoo = models
         if text in zoo.ZOO:
             z = zoo.get(text)
             return ModelSource(text, z.build(), given or z.example_inputs(batch or 1), kind="zoo")
-        raise ModelLoadError(f"model file {text} does not exist",
+        close = did_you_mean(text, zoo.ZOO)
+        raise ModelLoadError(f"model file {text} does not exist"
+                             + (f" and no zoo model has that name (did you mean {close!r}?)" if close else ""),
                              hint=f"give a .pt/.pt2 file, a factory file.py:fn, or a zoo name "
                                   f"({', '.join(zoo.ZOO)})")
     if path.is_dir():
@@ -136,10 +144,6 @@ def load_model(spec: str | nn.Module, *, input_shapes: Sequence[str | InputSpec]
     if path.stat().st_size == 0:
         raise ModelLoadError(f"model file {text} is empty", hint="save the model again")
     return _load_file(path, given, trust_pickle)
-
-
-def _zoo():
-    return importlib.import_module("mlcomp.models")
 
 
 # ---------------------------------------------------------------------------
@@ -217,7 +221,7 @@ def _placeholder_inputs(ep: Any) -> list[torch.Tensor]:
         if node.op == "placeholder" and node.name in user:
             val = node.meta["val"]
             shape = [int(d) if not isinstance(d, torch.SymInt) else int(d.node.hint or 1) for d in val.shape]
-            out.append(torch.randn(shape).to(val.dtype))
+            out.append(random_tensor(shape, val.dtype))
     return out
 
 

@@ -2,8 +2,10 @@
 
 Submodules, bottom up: ``dtypes`` (the one dtype table), ``ops`` (operator
 identities), ``opsets`` (operator properties), ``node`` (values, metadata,
-annotations), ``meta`` (shape inference on meta tensors), ``graph``,
-``builder`` (writing IR), ``composites`` (fused kernels), ``interpreter``.
+annotations), ``constants`` (copy-on-write constant tensors), ``meta`` (shape
+inference on meta tensors), ``order`` (the O(1) node order), ``graph_tools``
+(analyses, verify, printing), ``graph``, ``builder`` (writing IR),
+``composites`` (fused kernels), ``interpreter``.
 """
 from mlcomp.ir.dtypes import dtype_name, parse_dtype
 from mlcomp.ir.graph import Graph, graph_inputs_meta, outputs_meta, sequence_of

@@ -17,20 +17,23 @@ their module path (``layer1.0.conv1.weight``); their tensors live in
 ``graph.constants`` under the same name.  networkx stays inside :class:`Graph`:
 callers use its methods (topological order, users, ``replace_all_uses``,
 ``erase``, ``subgraph``, ``generations``, ``critical_path``).
+
+Every edit is O(1) amortised in the graph size (plus the node's own inputs):
+the order is a linked list with order labels (:mod:`mlcomp.ir.order`) and the
+users of every value are indexed, so passes may query and edit freely.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import networkx as nx
 import torch
 
 from mlcomp.base.errors import IRError
-from mlcomp.ir import ops
+from mlcomp.ir.constants import Constants
 from mlcomp.ir.dtypes import dtype_name, parse_dtype  # noqa: F401 - re-exported
-from mlcomp.ir.meta import check_node_meta
+from mlcomp.ir.graph_tools import GraphTools
 from mlcomp.ir.node import (  # noqa: F401
     Annotations,
     Dim,
@@ -45,7 +48,8 @@ from mlcomp.ir.node import (  # noqa: F401
     map_refs,
     refs_in,
 )
-from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM, Op
+from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, Op
+from mlcomp.ir.order import NodeOrder, topo_repair
 
 __all__ = ["Graph", "graph_inputs_meta", "outputs_meta", "sequence_of"]
 
@@ -53,51 +57,79 @@ __all__ = ["Graph", "graph_inputs_meta", "outputs_meta", "sequence_of"]
 # Graph
 
 
-class Graph:
+class Graph(GraphTools):
     """A dataflow graph of :class:`Node` s.
 
     Order is stable: nodes iterate in topological order, ties broken by
-    insertion order, so two runs of the same pipeline print the same text.
+    insertion order (a node added ``before=x`` sits right before ``x``), so two
+    runs of the same pipeline print the same text.
+
+    The order is kept incrementally in a :class:`~mlcomp.ir.order.NodeOrder`
+    (O(1) insertion anywhere, O(1) "is a before b") next to a users index, so
+    no edit re-sorts the graph.  An edit can make a node read a value that sits
+    later in the list (``replace`` with new inputs, or ``add(before=x)`` of a node
+    reading something after ``x``).  Such nodes are remembered; the next query
+    that needs the order re-sorts only the span from the first of them to the
+    last value they read, topologically with ties broken by the list order.  This
+    is what a full lexicographic topological sort keyed by list position gives
+    (the reader sinks to just after its latest input, its users follow), at the
+    cost of the span, and a cycle is reported there.
     """
 
     def __init__(self, name: str = "graph", *, mode: Mode = Mode.INFERENCE) -> None:
         self.name = name
         self.mode = mode
-        self.constants: dict[str, torch.Tensor] = {}
+        self.constants: Constants = Constants()   # copy-on-write between Graph.copy() siblings
         self.symbols: dict[str, int] = {}      # example values of symbolic sizes
-        self._g: nx.DiGraph = nx.DiGraph()
-        self._key: dict[str, float] = {}        # insertion order key
-        self._next_key = 0.0
-        self._topo: list[str] | None = None
-        self._pos: dict[str, int] = {}
+        self._nodes: dict[str, Node] = {}       # in insertion order (edge order of to_dot)
+        self._reads: dict[str, tuple[str, ...]] = {}     # name -> input names (Node.input_names)
+        self._users: dict[str, dict[str, None]] = {}     # name -> readers, in edge insertion order
+        self._by_op: dict[Op, dict[str, None]] = {}
+        self._order = NodeOrder()
+        self._unsorted: set[str] = set()        # nodes that may read a value placed after them
+        self._names: list[str] | None = None    # cached order()
+        self._suffix: dict[str, int] = {}       # fresh_name: every base_i below this is taken
+        self._first_compute: str | None = None  # first node that is not PARAM/INPUT (add_constant)
+        self._first_compute_stale = False
+        self._checked: dict[str, tuple[Node, tuple[Node, ...]]] = {}   # verify's meta-check memo
+        self._checked_symbols: tuple[tuple[str, int], ...] = ()
+        # infer_meta's memo: (op, literal args, input shapes/dtypes) -> meta; shared by copies
+        self.meta_cache: dict[Any, Any] = {}
 
     # -- construction -----------------------------------------------------
     def add(self, node: Node, *, before: str | None = None) -> Node:
         """Insert ``node``; its inputs must exist.  ``before`` places it ahead of a node."""
-        if node.name in self._g:
-            raise IRError(f"node %{node.name} already exists in graph {self.name}")
-        for src in node.input_names():
-            if src not in self._g:
-                raise IRError(f"node %{node.name} ({node.op}) reads %{src}, which is not in the graph",
+        name = node.name
+        if name in self._nodes:
+            raise IRError(f"node %{name} already exists in graph {self.name}")
+        reads = tuple(node.input_names())
+        for src in reads:
+            if src not in self._nodes:
+                raise IRError(f"node %{name} ({node.op}) reads %{src}, which is not in the graph",
                               hint="add producers before their users")
-        if before is not None:
-            key = self._key_before(before)
+        if before is not None and before not in self._nodes:
+            raise IRError(f"cannot insert %{name} before %{before}: no such node in graph {self.name}")
+        self._nodes[name] = node
+        self._reads[name] = reads
+        self._users[name] = {}
+        for src in reads:
+            self._users[src][name] = None
+        self._by_op.setdefault(node.op, {})[name] = None
+        if before is None:
+            self._order.append(name)
         else:
-            self._next_key += 1.0
-            key = self._next_key
-        self._g.add_node(node.name, node=node)
-        self._key[node.name] = key
-        for src in node.input_names():
-            self._g.add_edge(src, node.name)
-        self._topo = None
+            self._order.insert_before(name, before)
+            self._note_reads(name)
+        if node.op not in (PARAM, INPUT) and not self._first_compute_stale and (
+                self._first_compute is None or self._order.precedes(name, self._first_compute)):
+            self._first_compute = name
+        self._names = None
         return node
 
-    def _key_before(self, anchor: str) -> float:
-        keys = sorted(self._key.values())
-        k = self._key[anchor]
-        i = keys.index(k)
-        prev = keys[i - 1] if i > 0 else k - 1.0
-        return (prev + k) / 2.0
+    def _note_reads(self, name: str) -> None:
+        label = self._order.label(name)
+        if any(self._order.label(src) > label for src in self._reads[name]):
+            self._unsorted.add(name)
 
     def add_constant(self, name: str, value: torch.Tensor, *, origin: Origin | None = None,
                      before: str | None = None) -> Node:
@@ -108,52 +140,65 @@ class Graph:
         return self.add(node, before=before or self._first_non_param())
 
     def _first_non_param(self) -> str | None:
-        for n in self.nodes():
-            if n.op not in (PARAM, INPUT):
-                return n.name
-        return None
+        self._sort()
+        if self._first_compute_stale:
+            self._first_compute = next((n for n in self._order if self._nodes[n].op not in (PARAM, INPUT)), None)
+            self._first_compute_stale = False
+        return self._first_compute
 
     def fresh_name(self, base: str) -> str:
+        """``base``, or ``base_i`` with the smallest free ``i``."""
         base = base or "v"
-        if base not in self._g:
+        if base not in self._nodes:
             return base
-        for i in itertools.count(1):
-            cand = f"{base}_{i}"
-            if cand not in self._g:
-                return cand
-        raise AssertionError  # pragma: no cover
+        i = self._suffix.get(base, 1)
+        while f"{base}_{i}" in self._nodes:
+            i += 1
+        self._suffix[base] = i
+        return f"{base}_{i}"
 
     # -- queries ----------------------------------------------------------
     def __contains__(self, name: object) -> bool:
-        return name in self._g
+        return name in self._nodes
 
     def __len__(self) -> int:
-        return self._g.number_of_nodes()
+        return len(self._nodes)
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes())
 
     def node(self, name: str) -> Node:
         try:
-            return self._g.nodes[name]["node"]
+            return self._nodes[name]
         except KeyError:
             raise IRError(f"no node %{name} in graph {self.name}") from None
 
     def order(self) -> list[str]:
-        if self._topo is None:
-            try:
-                self._topo = list(nx.lexicographical_topological_sort(self._g, key=self._key.__getitem__))
-            except nx.NetworkXUnfeasible:
-                cycle = nx.find_cycle(self._g)
-                names = " -> ".join(f"%{a}" for a, _ in cycle)
-                raise IRError(f"graph {self.name} has a cycle: {names}") from None
-            self._pos = {n: i for i, n in enumerate(self._topo)}
-        return self._topo
+        """Node names in topological order (a fresh list; cached until the next edit)."""
+        return list(self._ordered())
+
+    def _ordered(self) -> list[str]:
+        self._sort()
+        if self._names is None:
+            self._names = list(self._order)
+        return self._names
+
+    def precedes(self, a: str, b: str) -> bool:
+        """True if ``a`` comes before ``b`` in :meth:`order` (O(1))."""
+        self._sort()
+        return self._order.precedes(a, b)
+
+    def position_key(self, name: str) -> int:
+        """A number that sorts nodes as :meth:`order` does (valid until the next edit)."""
+        self._sort()
+        return self._order.label(name)
 
     def nodes(self, op: Op | None = None) -> list[Node]:
         """All nodes in topological order (only those with ``op`` if given)."""
-        out = [self._g.nodes[n]["node"] for n in self.order()]
-        return out if op is None else [n for n in out if n.op == op]
+        if op is None:
+            return [self._nodes[n] for n in self._ordered()]
+        self._sort()
+        return [self._nodes[n] for n in sorted(self._by_op.get(op, ()), key=self._order.label)]
 
     def call_nodes(self) -> list[Node]:
         """Nodes that compute something (not input/param/output)."""
@@ -165,10 +210,10 @@ class Graph:
 
     @property
     def output_node(self) -> Node:
-        outs = self.nodes(OUTPUT)
+        outs = self._by_op.get(OUTPUT, {})
         if len(outs) != 1:
             raise IRError(f"graph {self.name} has {len(outs)} output nodes; it needs exactly one")
-        return outs[0]
+        return self._nodes[next(iter(outs))]
 
     @property
     def output_refs(self) -> list[Ref]:
@@ -176,38 +221,59 @@ class Graph:
 
     def users(self, name: str) -> list[Node]:
         """Nodes that read ``name``, in topological order."""
-        self.order()
-        return [self._g.nodes[n]["node"] for n in sorted(self._g.successors(name), key=self._pos.__getitem__)]
+        if name not in self._users:
+            self.node(name)                 # raises naming the missing node
+        readers = self._users[name]
+        if len(readers) > 1:
+            self._sort()
+            return [self._nodes[n] for n in sorted(readers, key=self._order.label)]
+        return [self._nodes[n] for n in readers]
+
+    def num_users(self, name: str) -> int:
+        """How many nodes read ``name`` (O(1))."""
+        return len(self._users[name])
 
     def producers(self, name: str) -> list[Node]:
-        return [self.node(n) for n in self.node(name).input_names()]
+        return [self._nodes[n] for n in self._reads[self.node(name).name]]
 
     def param(self, name: str) -> torch.Tensor:
         return self.constants[name]
 
+    def writable_constant(self, name: str) -> torch.Tensor:
+        """The tensor of PARAM ``name``, private to this graph: write into it in place."""
+        return self.constants.writable(name)
+
     # -- mutation -----------------------------------------------------------
     def replace(self, node: Node) -> Node:
         """Swap in a new version of the node with the same name (edges follow its inputs)."""
-        old = self.node(node.name)
-        for src in node.input_names():
-            if src not in self._g:
-                raise IRError(f"node %{node.name} would read %{src}, which is not in the graph")
-        for src in old.input_names():
-            self._g.remove_edge(src, node.name)
-        for src in node.input_names():
-            self._g.add_edge(src, node.name)
-        self._g.nodes[node.name]["node"] = node
-        self._topo = None
+        name = node.name
+        old = self.node(name)
+        reads = tuple(node.input_names())
+        for src in reads:
+            if src not in self._nodes:
+                raise IRError(f"node %{name} would read %{src}, which is not in the graph")
+        for src in self._reads[name]:
+            del self._users[src][name]
+        for src in reads:
+            self._users[src][name] = None
+        self._reads[name] = reads
+        self._nodes[name] = node
+        if node.op != old.op:
+            del self._by_op[old.op][name]
+            self._by_op.setdefault(node.op, {})[name] = None
+            if (old.op in (PARAM, INPUT)) != (node.op in (PARAM, INPUT)):
+                self._first_compute_stale = True
+        self._note_reads(name)
         return node
 
     def replace_all_uses(self, old: str, new: str | Ref, *, only: Callable[[Node], bool] | None = None) -> int:
         """Make every user of ``old`` read ``new`` instead; returns the number of users changed."""
         new_ref = new if isinstance(new, Ref) else Ref(new)
         changed = 0
+        swap = lambda r: new_ref if r.name == old else r  # noqa: E731
         for user in self.users(old):
             if user.name == new_ref.name or (only is not None and not only(user)):
                 continue
-            swap = lambda r: new_ref if r.name == old else r  # noqa: E731
             self.replace(replace(user, inputs=map_refs(user.inputs, swap),
                                  attrs=map_refs(dict(user.attrs), swap)))
             changed += 1
@@ -215,25 +281,64 @@ class Graph:
 
     def erase(self, name: str) -> None:
         """Remove a node that nobody reads (raises naming its users otherwise)."""
-        users = self.users(name)
-        if users:
-            raise IRError(f"cannot erase %{name}: still read by "
-                          + ", ".join(f"%{u.name}" for u in users))
         node = self.node(name)
-        self._g.remove_node(name)
-        del self._key[name]
+        if self._users[name]:
+            raise IRError(f"cannot erase %{name}: still read by "
+                          + ", ".join(f"%{u.name}" for u in self.users(name)))
+        if name == self._first_compute and not self._first_compute_stale:
+            self._first_compute = next((n for n in self._order.walk(self._order.next(name))
+                                        if self._nodes[n].op not in (PARAM, INPUT)), None)
+        for src in self._reads.pop(name):
+            del self._users[src][name]
+        del self._users[name], self._nodes[name], self._by_op[node.op][name]
+        self._order.remove(name)
+        self._unsorted.discard(name)
+        self._checked.pop(name, None)
+        self._names = None
+        base, _, suffix = name.rpartition("_")
+        if base and suffix.isdigit() and str(int(suffix)) == suffix and int(suffix) < self._suffix.get(base, 1):
+            self._suffix[base] = int(suffix)
         if node.op == PARAM:
             self.constants.pop(name, None)
-        self._topo = None
+
+    def _sort(self) -> None:
+        """Re-sort the span that edits left out of topological order (see the class docstring)."""
+        if not self._unsorted:
+            return
+        label = self._order.label
+        readers = [n for n in self._unsorted if any(label(s) > label(n) for s in self._reads[n])]
+        if readers:
+            first = min(readers, key=label)
+            last = max((s for n in readers for s in self._reads[n]), key=label)
+            lo, hi, outside = label(first), label(last), self._order.prev(first)
+            left = topo_repair(self._order, first, last, self._reads.__getitem__)
+            if left is not None:
+                sub = nx.DiGraph((s, n) for n in left for s in self._reads[n] if s in set(left))
+                cycle = nx.find_cycle(sub)
+                names = " -> ".join(f"%{a}" for a, _ in cycle)
+                raise IRError(f"graph {self.name} has a cycle: {names}")
+            fc = self._first_compute
+            if fc is not None and not self._first_compute_stale and lo <= label(fc) <= hi:
+                start = self._order.head if outside is None else self._order.next(outside)
+                self._first_compute = next(n for n in self._order.walk(start)
+                                           if self._nodes[n].op not in (PARAM, INPUT))
+            self._names = None
+        self._unsorted.clear()
 
     def copy(self) -> "Graph":
-        """A new graph with the same nodes; constant tensors are shared, not cloned."""
+        """A new graph with the same nodes; constant tensors are shared until either graph writes one."""
         g = Graph(self.name, mode=self.mode)
-        g.constants = dict(self.constants)
+        g.constants = self.constants.copy()
         g.symbols = dict(self.symbols)
-        g._g = self._g.copy()
-        g._key = dict(self._key)
-        g._next_key = self._next_key
+        g._nodes, g._reads = dict(self._nodes), dict(self._reads)
+        g._users = {n: dict(u) for n, u in self._users.items()}
+        g._by_op = {op: dict(names) for op, names in self._by_op.items()}
+        g._order = self._order.copy()
+        g._unsorted = set(self._unsorted)
+        g._suffix = dict(self._suffix)
+        g._first_compute, g._first_compute_stale = self._first_compute, self._first_compute_stale
+        g._checked, g._checked_symbols = dict(self._checked), self._checked_symbols
+        g.meta_cache = self.meta_cache
         return g
 
     def subgraph(self, names: Iterable[str], *, name: str | None = None) -> "Graph":
@@ -251,10 +356,10 @@ class Graph:
         for node in self.nodes():
             if node.name not in keep:
                 continue
-            for src in node.input_names():
+            for src in self._reads[node.name]:
                 if src in keep or src in sub:
                     continue
-                outer = self.node(src)
+                outer = self._nodes[src]
                 if outer.op == PARAM:
                     sub.add_constant(src, self.constants[src], origin=outer.origin)
                 else:
@@ -265,150 +370,9 @@ class Graph:
             sub.add(node)
             produced.append(node.name)
         outs = [n for n in produced
-                if n in outer_outputs or any(u.name not in keep for u in self.users(n))]
+                if n in outer_outputs or any(u not in keep for u in self._users[n])]
         sub.add(Node("output", OUTPUT, inputs=(tuple(Ref(n) for n in outs),)))
         return sub
-
-    # -- analysis -----------------------------------------------------------
-    def _compute_dag(self) -> nx.DiGraph:
-        """Compute nodes only, with edges that pass through GETITEM projections."""
-        dag = nx.DiGraph()
-        compute = [n.name for n in self.call_nodes() if n.op != GETITEM]
-        dag.add_nodes_from(compute)
-
-        def sources(name: str) -> list[str]:
-            node = self.node(name)
-            if node.op == GETITEM:
-                return [s for p in node.input_names() for s in sources(p)]
-            return [name] if not node.op.is_structural else []
-
-        for name in compute:
-            for p in self.node(name).input_names():
-                for s in sources(p):
-                    dag.add_edge(s, name)
-        return dag
-
-    def generations(self) -> list[list[str]]:
-        """Compute nodes grouped by topological generation: each group could run in parallel."""
-        return [sorted(gen, key=self._key.__getitem__) for gen in nx.topological_generations(self._compute_dag())]
-
-    def critical_path(self, weight: Callable[[Node], float] | None = None) -> list[str]:
-        """Longest chain of compute nodes (by count, or by ``weight`` per node)."""
-        dag = self._compute_dag()
-        order = [n for n in self.order() if n in dag]
-        if weight is not None:
-            for a, b in dag.edges:
-                dag.edges[a, b]["w"] = weight(self.node(b))
-            # a path's first node carries no incoming edge: count it through a virtual source
-            for n in order:
-                dag.add_edge("__source__", n, w=weight(self.node(n)))
-            path = nx.dag_longest_path(dag, weight="w", default_weight=0)
-            return [p for p in path if p != "__source__"]
-        return list(nx.dag_longest_path(dag, topo_order=order))
-
-    def dominators(self, start: str) -> dict[str, str]:
-        """Immediate dominators from ``start`` (networkx): who every path must cross."""
-        return nx.immediate_dominators(self._g, start)
-
-    def post_dominators(self) -> dict[str, str]:
-        """Immediate post-dominators of every node w.r.t. the output node."""
-        rev = self._g.reverse(copy=False)
-        return nx.immediate_dominators(rev, self.output_node.name)
-
-    # -- verification -----------------------------------------------------
-    def verify(self, *, check_meta: bool = True) -> None:
-        """Raise :class:`IRError` naming the first broken node; ``None`` if the graph is sound.
-
-        Checks: acyclic; every input reference exists and edges agree with the
-        references; exactly one output; every value node has meta; params have
-        their constant with matching shape/dtype; and (``check_meta``) each
-        node's meta agrees with re-running its op on meta tensors.
-        """
-        if not nx.is_directed_acyclic_graph(self._g):
-            self.order()  # raises naming the cycle
-        self.output_node  # noqa: B018 - raises if not exactly one
-        for node in self.nodes():
-            srcs = node.input_names()
-            for s in srcs:
-                if s not in self._g:
-                    self._fail(node, f"reads %{s}, which does not exist")
-            if set(self._g.predecessors(node.name)) != set(srcs):
-                self._fail(node, "graph edges disagree with the node's inputs")
-            if node.op == OUTPUT:
-                if self.users(node.name):
-                    self._fail(node, "the output node has users")
-                continue
-            if node.op == PARAM:
-                t = self.constants.get(node.name)
-                if t is None:
-                    self._fail(node, "is a param with no tensor in graph.constants")
-                if node.meta is None or tuple(t.shape) != node.tensor_meta.concrete_shape() \
-                        or t.dtype != node.tensor_meta.dtype:
-                    self._fail(node, f"meta {node.meta} does not match its tensor {TensorMeta.of(t)}")
-                continue
-            if node.meta is None and node.op.namespace is not ops.Namespace.OPERATOR \
-                    and node.op.name not in ("sym_size", "sym_numel"):
-                self._fail(node, "has no meta (shape/dtype)")
-            if check_meta and node.op not in (INPUT,):
-                problem = check_node_meta(self, node)
-                if problem:
-                    self._fail(node, problem)
-
-    def _fail(self, node: Node, problem: str) -> None:
-        preds = ", ".join(f"%{p}" for p in node.input_names()) or "none"
-        succs = ", ".join(f"%{u}" for u in self._g.successors(node.name)) if node.name in self._g else ""
-        raise IRError(f"invalid IR at node %{node.name} ({node.op}): {problem}",
-                      where=f"graph {self.name}, module {node.origin}; inputs {preds}; users {succs or 'none'}",
-                      hint="this is a bug in the pass that produced the graph; run with --dump-after all to see it")
-
-    # -- printing -----------------------------------------------------------
-    def format(self) -> str:
-        ins = ", ".join(f"%{n.name}: {n.meta}" for n in self.input_nodes)
-        lines = [f"graph {self.name}({ins}) {{"]
-        for node in self.nodes():
-            if node.op == INPUT:
-                continue
-            if node.op == OUTPUT:
-                lines.append(f"  return {format_value(node.inputs[0] if len(node.inputs) == 1 else node.inputs)}")
-            else:
-                lines.append("  " + node.format())
-        lines.append("}")
-        return "\n".join(lines)
-
-    __str__ = format
-
-    def ir_summary(self) -> str:
-        return f"<graph {len(self)} nodes>"
-
-    def __repr__(self) -> str:
-        return f"<Graph {self.name}: {len(self)} nodes>"
-
-    def to_dot(self) -> str:
-        """Graphviz text: one box per node, labelled with op and shape; params grey."""
-        def q(s: str) -> str:  # labels keep their "\\n" line breaks
-            return '"' + s.replace('"', '\\"') + '"'
-        lines = [f"digraph {q(self.name)} {{", "  rankdir=TB;", "  node [shape=box, fontname=monospace];"]
-        for node in self.nodes():
-            label = f"{node.name}\\n{node.op}"
-            if node.meta is not None:
-                label += f"\\n{format_meta(node.meta)}"
-            style = ""
-            if node.op == PARAM:
-                style = ", style=filled, fillcolor=lightgrey"
-            elif node.op in (INPUT, OUTPUT):
-                style = ", shape=ellipse"
-            elif node.ann.fusion_group is not None:
-                style = f", style=filled, fillcolor={q(_group_colour(node.ann.fusion_group))}"
-            lines.append(f"  {q(node.name)} [label={q(label)}{style}];")
-        for a, b in self._g.edges:
-            lines.append(f"  {q(a)} -> {q(b)};")
-        lines.append("}")
-        return "\n".join(lines)
-
-
-def _group_colour(group: int) -> str:
-    palette = ["#fde0dd", "#e0ecf4", "#e5f5e0", "#fff7bc", "#efedf5", "#fee6ce", "#deebf7"]
-    return palette[group % len(palette)]
 
 
 def graph_inputs_meta(graph: Graph) -> list[TensorMeta]:

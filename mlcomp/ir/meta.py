@@ -6,11 +6,11 @@ data is touched, so it costs microseconds per node.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
-from mlcomp.ir.node import TensorMeta, map_refs
+from mlcomp.ir.node import Ref, TensorMeta, map_refs
 from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM
 
 if TYPE_CHECKING:
@@ -31,10 +31,62 @@ def _placeholder(graph: "Graph", name: str) -> Any:
 
 
 def infer_meta(graph: "Graph", node: "Node") -> Any:
-    """Meta of ``node`` recomputed from its inputs; ``NotImplemented`` when it cannot be inferred."""
+    """Meta of ``node`` recomputed from its inputs; ``NotImplemented`` when it cannot be inferred.
+
+    Results are remembered in ``graph.meta_cache`` keyed by the op, its literal
+    arguments and the shapes/dtypes of its inputs (the only things the answer
+    depends on), so a model of repeated blocks runs each op's meta kernel once
+    per distinct signature.  Fused composites are not remembered (their bodies
+    are not part of the key).
+    """
 
     if node.op in (INPUT, PARAM, OUTPUT):
         return node.meta
+    cache = graph.meta_cache
+    key = None if node.op.is_composite else _signature(graph, node)
+    if key is not None:
+        hit = cache.get(key, _MISSING)
+        if hit is not _MISSING:
+            return hit
+    out = _infer(graph, node)
+    if key is not None:
+        cache[key] = out
+    return out
+
+
+_MISSING = object()
+
+
+def _signature(graph: "Graph", node: "Node") -> Any:
+    """A hashable key for everything ``_infer`` reads, or ``None`` when there is none."""
+
+    def meta_sig(m: Any) -> Any:
+        if isinstance(m, TensorMeta):
+            return (m.concrete_shape(graph.symbols), m.dtype)
+        if isinstance(m, tuple):
+            return tuple(None if x is None else meta_sig(x) for x in m)
+        return "?"                       # _placeholder refuses it: the answer is NotImplemented
+
+    def lit(v: Any) -> Any:
+        if isinstance(v, Ref):
+            return ("%", meta_sig(graph.node(v.name).meta))
+        if isinstance(v, (tuple, list)):
+            return (type(v).__name__, tuple(lit(x) for x in v))
+        if isinstance(v, Mapping):
+            return ("{", tuple((k, lit(x)) for k, x in v.items()))
+        if isinstance(v, torch.Tensor):
+            raise TypeError("tensor literal")
+        return (type(v).__name__, v)     # 1, 1.0 and True stay apart
+
+    try:
+        key = (node.op, lit(node.inputs), lit(node.attrs), _device(node))
+        hash(key)
+    except (TypeError, LookupError):
+        return None
+    return key
+
+
+def _infer(graph: "Graph", node: "Node") -> Any:
     try:
         args = map_refs(node.inputs, lambda r: _placeholder(graph, r.name))
         kwargs = map_refs(dict(node.attrs), lambda r: _placeholder(graph, r.name))

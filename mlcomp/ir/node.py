@@ -23,7 +23,7 @@ from mlcomp.ir.dtypes import dtype_name, itemsize
 from mlcomp.ir.ops import INPUT, PARAM, Op
 
 __all__ = ["Ref", "map_refs", "refs_in", "Dim", "TensorMeta", "Precision", "Annotations", "Origin",
-           "Node", "Mode", "format_meta", "format_value"]
+           "Node", "Mode", "Phase", "format_meta", "format_value"]
 
 # ---------------------------------------------------------------------------
 # Values
@@ -123,6 +123,14 @@ class Precision(enum.Enum):
         return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
 
 
+class Phase(enum.Enum):
+    """Which part of a training step a node of a joint graph belongs to."""
+
+    FORWARD = "forward"
+    LOSS = "loss"
+    BACKWARD = "backward"
+
+
 @dataclass(frozen=True)
 class Annotations:
     """Decisions passes record on a node; targets and reports read them."""
@@ -133,6 +141,7 @@ class Annotations:
     device: str | None = None            # placement: "cpu", "cuda:0"…
     checkpoint: bool = False             # remat: recompute in backward instead of storing
     sparsity: float | None = None        # pruning: fraction of zeros in this parameter
+    phase: Phase | None = None           # joint training graphs: forward, loss or backward
 
     def __str__(self) -> str:
         parts = [f"{k}={v.value if isinstance(v, enum.Enum) else v}"

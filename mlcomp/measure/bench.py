@@ -34,6 +34,8 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 from mlcomp.base.errors import MlcompError
+from mlcomp.base.registry import did_you_mean
+from mlcomp.ir.dtypes import dtype_name
 from mlcomp.base.table import Table
 from mlcomp.measure.plots import EAGER, bench_plot
 from mlcomp.hardware.probe import machine_line
@@ -307,7 +309,7 @@ def run_bench(model: Any, config: BenchConfig = BenchConfig(), *, input_shapes: 
                                     sync_for(device), compiler, rows, expected[batch]))
         if progress:
             progress(len(cells), len(cells), f"{label} done")
-    shapes = ", ".join(f"{str(t.dtype).replace('torch.', '')}[B, {', '.join(map(str, t.shape[1:]))}]"
+    shapes = ", ".join(f"{dtype_name(t.dtype)}[B, {', '.join(map(str, t.shape[1:]))}]"
                        for t in base_inputs)
     return BenchResult(label, shapes, config.pipeline, machine_line(), config.policy, tuple(rows))
 
@@ -319,11 +321,9 @@ def _reason(target: str, avail: Mapping[str, str | None]) -> str | None:
 def _check_known(targets: Sequence[str], avail: Mapping[str, str | None]) -> None:
     unknown = [t for t in targets if t != EAGER and t not in avail]
     if unknown:
-        import difflib
-
-        close = difflib.get_close_matches(unknown[0], list(avail), n=1)
+        close = did_you_mean(unknown[0], avail)
         raise BenchConfigError(
-            f"unknown target {unknown[0]!r}" + (f" (did you mean {close[0]!r}?)" if close else ""),
+            f"unknown target {unknown[0]!r}" + (f" (did you mean {close!r}?)" if close else ""),
             hint=f"known targets: {', '.join([EAGER, *avail])} (see `mlcomp targets`)")
 
 

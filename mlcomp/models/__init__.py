@@ -3,18 +3,44 @@
 ``get(name)`` returns a :class:`ZooModel` whose ``build()`` makes the module
 (eval mode, seeded weights) and whose ``example_inputs(batch)`` makes inputs.
 Nothing is downloaded.
+
+:func:`random_tensor` is the one way mlcomp makes random data for an input
+(zoo examples, ``--input-shape``, pass verification, targets, artifacts)::
+
+    >>> random_tensor((2, 3), torch.int64, torch.Generator().manual_seed(0))
+    tensor([[4, 9, 3],
+            [0, 3, 9]])
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, Sequence
 
 import torch
+from mlcomp.base.errors import ModelLoadError
+from mlcomp.base.registry import did_you_mean
 from mlcomp.models.classic import LeNet, mlp
 from mlcomp.models.resnet import resnet18
 from mlcomp.models.sequence import GRUClassifier
 from mlcomp.models.transformer import TransformerEncoderModel
 from torch import nn
+
+
+def random_tensor(shape: Sequence[int], dtype: torch.dtype = torch.float32,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """Seeded random data: floats ~ N(0, 1) (drawn in f32), integers in [0, 10), booleans 50/50."""
+    shape = tuple(int(s) for s in shape)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=generator).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    return torch.randint(0, 10, shape, generator=generator).to(dtype)
+
+
+def random_inputs(specs: Iterable[tuple[Sequence[int], torch.dtype]], seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """One :func:`random_tensor` per ``(shape, dtype)``, all from one generator seeded with ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(random_tensor(shape, dtype, gen) for shape, dtype in specs)
 
 
 @dataclass(frozen=True)
@@ -30,8 +56,7 @@ class ZooModel:
         return self.factory().eval()
 
     def example_inputs(self, batch: int = 1, seed: int = 1) -> tuple[torch.Tensor, ...]:
-        gen = torch.Generator().manual_seed(seed)
-        return (torch.randn((batch, *self.input_shape), generator=gen, dtype=self.input_dtype),)
+        return random_inputs([((batch, *self.input_shape), self.input_dtype)], seed)
 
 
 ZOO: dict[str, ZooModel] = {m.name: m for m in (
@@ -54,10 +79,10 @@ def get(name: str) -> ZooModel:
     try:
         return ZOO[name]
     except KeyError:
-        from mlcomp.base.errors import ModelLoadError
-        raise ModelLoadError(f"there is no zoo model named {name!r}",
+        close = did_you_mean(name, ZOO)
+        raise ModelLoadError(f"there is no zoo model named {name!r}" + (f" (did you mean {close!r}?)" if close else ""),
                              hint=f"choose one of: {', '.join(ZOO)} (see `mlcomp models list`)") from None
 
 
-__all__ = ["ZOO", "ZooModel", "get", "names", "mlp", "LeNet", "resnet18", "TransformerEncoderModel",
+__all__ = ["ZOO", "ZooModel", "get", "names", "random_tensor", "random_inputs", "mlp", "LeNet", "resnet18", "TransformerEncoderModel",
            "GRUClassifier"]

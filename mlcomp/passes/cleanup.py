@@ -26,7 +26,8 @@ from mlcomp.passes.folding import FoldConstants
 
 from mlcomp.ir import Graph, Mode, Node, Ref, TensorMeta
 from mlcomp.ir.builder import remove_dead
-from mlcomp.ir.ops import INPUT, OUTPUT, PARAM
+from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, Category, category
+from mlcomp.pipeline.composite import CompositePass, FixedPoint, Sequential
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
 
@@ -315,17 +316,24 @@ def _inference_copy(graph: Graph, node: Node) -> bool:
 
 
 def _strided_users(graph: Graph, name: str) -> list[str] | None:
-    """Views downstream of ``name`` through view-like ops (None if one needs real strides)."""
+    """Views downstream of ``name`` that may see its strides (None if one needs real strides).
+
+    Strides travel through view-like ops, through views themselves (a view of a
+    permuted tensor is still permuted) and through elementwise ops, whose
+    results copy their input's layout.
+    """
     out: list[str] = []
-    stack = [name]
+    stack, seen = [name], {name}
     while stack:
         for user in graph.users(stack.pop()):
-            if user.op in (P.VIEW, P.UNSAFE_VIEW):
-                out.append(user.name)
+            if user.name in seen:
                 continue
+            seen.add(user.name)
             if user.op == P.AS_STRIDED:
                 return None
-            if user.op in P.VIEW_LIKE:
+            if user.op in (P.VIEW, P.UNSAFE_VIEW):
+                out.append(user.name)
+            if user.op in P.VIEW_LIKE or category(user.op) <= Category.BROADCAST:
                 stack.append(user.name)
     return out
 
@@ -347,7 +355,7 @@ def _dropout(graph: Graph, node: Node) -> bool:
 
 
 @dataclass(frozen=True)
-class Cleanup(Pass):
+class Cleanup(CompositePass):
     """Run simplify, fold-constants, cse and dce until the graph stops changing."""
 
     name: ClassVar[str] = "cleanup"
@@ -355,27 +363,10 @@ class Cleanup(Pass):
     fold: bool = option(True, "fold constant subgraphs (fold-constants)")
     fold_max_bytes: int = option(1 << 20, "largest folded constant that may be bigger than its inputs")
 
-    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
-        passes: list[Pass] = [Simplify()]
-        if self.fold:
-            passes.append(FoldConstants(max_bytes=self.fold_max_bytes))
-        passes += [CommonSubexpressionElimination(), DeadCodeElimination()]
-        totals: collections.Counter[str] = collections.Counter()
-        changed_any = False
-        rounds = 0
-        for rounds in range(1, self.max_iterations + 1):
-            changed = False
-            for p in passes:
-                result = p.run(graph, ctx)
-                graph = result.graph
-                changed |= result.changed
-                totals.update({k: v for k, v in result.stats.items() if isinstance(v, int)})
-            changed_any |= changed
-            if not changed:
-                break
-        stats = {k: v for k, v in totals.items() if v}
-        stats["rounds"] = rounds
-        return PassResult(graph, changed_any, stats)
+    def body(self) -> FixedPoint:
+        fold = [FoldConstants(max_bytes=self.fold_max_bytes)] if self.fold else []
+        return FixedPoint(Sequential(Simplify(), *fold, CommonSubexpressionElimination(), DeadCodeElimination()),
+                          self.max_iterations)
 
 
 __all__ = ["DeadCodeElimination", "CommonSubexpressionElimination", "Simplify", "Cleanup"]

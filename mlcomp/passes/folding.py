@@ -68,12 +68,15 @@ class FoldConstants(Pass):
                 state[name] = "make" if value.nbytes <= max(self.max_bytes, sources[name]) else "skip"
             else:
                 state[name] = "make" if _literal(value) and name not in outputs else "skip"
+        shared: set[int] | None = None          # storages of the graph's constants, built once
         for name in folded:
             if state[name] != "make":
                 continue
             node, value = graph.node(name), values[name]
             if isinstance(value, torch.Tensor):
-                _to_constant(graph, node, value)
+                if shared is None:
+                    shared = {t.untyped_storage().data_ptr() for t in graph.constants.values()}
+                _to_constant(graph, node, value, shared)
                 stats["constants_created"] += 1
             else:
                 for user in graph.users(name):
@@ -131,12 +134,15 @@ def _literal(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float)) for v in value)
 
 
-def _to_constant(graph: Graph, node: Node, value: torch.Tensor) -> None:
-    """Replace ``node`` by a parameter holding ``value``, under the same name."""
+def _to_constant(graph: Graph, node: Node, value: torch.Tensor, shared: set[int]) -> None:
+    """Replace ``node`` by a parameter holding ``value``, under the same name.
+
+    ``shared`` holds the storage pointers of the graph's constants (kept up to date here).
+    """
     tensor = value.detach().contiguous()
-    shared = {t.untyped_storage().data_ptr() for t in graph.constants.values()}
     if tensor.untyped_storage().data_ptr() in shared:
         tensor = tensor.clone()             # own storage: never alias (and keep alive) another parameter
+    shared.add(tensor.untyped_storage().data_ptr())
     tmp = graph.add_constant(graph.fresh_name(f"{node.name}__const"), tensor, origin=node.origin)
     graph.replace_all_uses(node.name, Ref(tmp.name))
     graph.erase(node.name)

@@ -26,7 +26,6 @@ fuse-attention, bias epilogues, then grouping.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable
 
@@ -34,10 +33,12 @@ from mlcomp.passes import patterns as P
 from mlcomp.passes.fusion_patterns import FoldBatchNorm, FoldBias, FuseAttention, Recompose
 
 from mlcomp.analysis.cost import fused_bytes_saved
-from mlcomp.ir import Graph, Mode, Node, Origin, Ref, TensorMeta, map_refs
+from mlcomp.analysis.memory import peak_bytes, value_bytes
+from mlcomp.ir import Graph, Node, Origin, Ref, TensorMeta, map_refs
 from mlcomp.ir.builder import rename
 from mlcomp.ir.composites import Tiling, fused_kernel, register_fused
-from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM, Category, category
+from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, Category, category
+from mlcomp.pipeline.composite import CompositePass, Sequential, Step
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
 _MASTER = (Category.COMPUTE, Category.REDUCTION)
@@ -101,7 +102,7 @@ class FuseEpilogue(FuseElementwise):
 
 
 @dataclass(frozen=True)
-class Fuse(GroupOptions, Pass):
+class Fuse(GroupOptions, CompositePass):
     """All fusions: batch-norm folding, recomposition, attention, epilogues and elementwise groups."""
 
     name: ClassVar[str] = "fuse"
@@ -110,27 +111,13 @@ class Fuse(GroupOptions, Pass):
     attention: bool = option(True, "rewrite attention as scaled_dot_product_attention")
     groups: bool = option(True, "form fused groups (epilogues, elementwise chains, reductions)")
 
-    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
-        steps: list[Pass] = []
-        stats: dict[str, Any] = {}
-        if self.batchnorm and graph.mode is Mode.INFERENCE:
-            steps.append(FoldBatchNorm())
-        elif self.batchnorm:
-            stats["batchnorm"] = "skipped (training graph)"
-        if self.recompose:
-            steps.append(Recompose())
-        if self.attention:
-            steps.append(FuseAttention())
-        steps.append(FoldBias())
-        if self.groups:
-            steps.append(FuseElementwise(**self.group_options()))
-        changed = False
-        for step in steps:
-            result = step.run(graph, ctx)
-            graph = result.graph
-            changed |= result.changed
-            stats.update(result.stats)
-        return PassResult(graph, changed, {k: v for k, v in stats.items() if v})
+    def body(self) -> Sequential:
+        # fold-batchnorm declares itself inference-only: on training graphs it is skipped (stat "batchnorm")
+        return Sequential(*([Step(FoldBatchNorm(), label="batchnorm")] if self.batchnorm else []),
+                          *([Recompose()] if self.recompose else []),
+                          *([FuseAttention()] if self.attention else []),
+                          FoldBias(),
+                          *([FuseElementwise(**self.group_options())] if self.groups else []))
 
 
 # ---------------------------------------------------------------------------
@@ -271,93 +258,13 @@ def _convex(graph: Graph, group: set[str], pos: dict[str, int]) -> bool:
 # Peak memory
 
 
-def _storage_bytes(graph: Graph, node: Node) -> int:
-    metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
-    return sum(m.nbytes(graph.symbols) for m in metas if isinstance(m, TensorMeta))
-
-
 def _footprint(graph: Graph, group: list[str]) -> int:
-    return sum(_storage_bytes(graph, graph.node(n)) for n in group)
+    return sum(value_bytes(graph, graph.node(n)) for n in group)
 
 
 def estimate_peak_bytes(graph: Graph, groups: list[list[str]]) -> int:
-    """Largest total of live intermediate tensors when each group runs as one unit.
-
-    Views share their base's storage; parameters and inputs are not counted; a
-    group allocates its outputs, and transiently its largest internal value where that is
-    bigger than the outputs (the kernel overwrites intermediates in place).
-    """
-    unit: dict[str, str] = {}
-    for i, g in enumerate(groups):
-        for n in g:
-            unit[n] = f"#group{i}"
-    nodes = {n.name: n for n in graph.nodes()}
-    order = graph.order()
-    pos = {n: i for i, n in enumerate(order)}
-    of = lambda n: unit.get(n, n)  # noqa: E731
-    deps: dict[str, set[str]] = {}
-    first: dict[str, int] = {}                 # a group runs where its last member was
-    for name in order:
-        u = of(name)
-        first[u] = max(first.get(u, pos[name]), pos[name])
-        deps.setdefault(u, set()).update(of(s) for s in nodes[name].input_names() if of(s) != u)
-    users: dict[str, set[str]] = {u: set() for u in deps}
-    for u, ds in deps.items():
-        for d in ds:
-            users[d].add(u)
-    indeg = {u: len(ds) for u, ds in deps.items()}
-    heap = [(first[u], u) for u, k in indeg.items() if k == 0]
-    heapq.heapify(heap)
-    schedule: list[str] = []
-    while heap:
-        _, u = heapq.heappop(heap)
-        schedule.append(u)
-        for v in users[u]:
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                heapq.heappush(heap, (first[v], v))
-    members: dict[str, list[str]] = {}
-    for name in order:
-        members.setdefault(of(name), []).append(name)
-    storage: dict[str, str] = {}
-    for name in order:
-        n = nodes[name]
-        view = n.op in P.VIEW_LIKE or n.op == GETITEM
-        storage[name] = storage.get(n.inputs[0].name, name) if view and n.inputs and isinstance(
-            n.inputs[0], Ref) and name not in unit else name
-    step = {u: i for i, u in enumerate(schedule)}
-    last_use: dict[str, int] = {}
-    outputs = {storage[r.name] for r in graph.output_refs}
-    for u in schedule:
-        for name in members[u]:
-            for s in nodes[name].input_names():
-                if of(s) != u:
-                    last_use[storage[s]] = max(last_use.get(storage[s], -1), step[u])
-    live = peak = 0
-    sizes: dict[str, int] = {}
-    frees: dict[int, list[str]] = {}
-    for st, when in last_use.items():
-        frees.setdefault(when, []).append(st)
-    for i, u in enumerate(schedule):
-        transient = made = 0
-        for name in members[u]:
-            n = nodes[name]
-            if n.op in (INPUT, PARAM, OUTPUT) or storage[name] != name:
-                continue
-            size = _storage_bytes(graph, n)
-            inside = u.startswith("#group") and all(of(x.name) == u for x in graph.users(name))
-            if inside:
-                transient = max(transient, size)
-            else:
-                sizes[name] = size
-                live += size
-                made += size
-        # intermediates are overwritten in place, so an output reuses their buffer
-        peak = max(peak, live + max(0, transient - made))
-        for st in frees.get(i, []):
-            if st in sizes and st not in outputs:
-                live -= sizes.pop(st)
-    return peak
+    """Peak bytes of live intermediates with each group run as one kernel (:mod:`mlcomp.analysis.memory`)."""
+    return peak_bytes(graph, groups=groups)
 
 
 # ---------------------------------------------------------------------------

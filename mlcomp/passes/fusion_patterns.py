@@ -51,6 +51,7 @@ class FoldBatchNorm(Pass):
     """Fold eval-mode batch norm into the preceding convolution's weight and bias (inference only)."""
 
     name: ClassVar[str] = "fold-batchnorm"
+    modes: ClassVar[frozenset[Mode]] = frozenset({Mode.INFERENCE})
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         if graph.mode is Mode.TRAINING:

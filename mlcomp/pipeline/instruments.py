@@ -1,37 +1,265 @@
-"""The pass manager's instruments and its report.
+"""The pass manager's instruments: objects with hooks around every pass, nested ones included.
 
-* :class:`Reference` — every value of the input graph on fixed inputs; after each
-  pass the new graph is run and compared.  Nodes that survive a pass keep their
-  names (a rewrite that computes an existing value reuses that value's name), so
-  on a mismatch the first diverging value can be named by matching names;
-* :func:`dump_graph` — IR text and Graphviz dot after a pass;
-* :func:`snapshot` / :class:`PassDiff` — what a pass changed (``--explain``),
-  pointing back at the module paths of the nodes it touched;
-* :class:`PipelineReport` — per-pass timing, node counts, stats and diffs, as a
-  table (``format()``) or JSON (``to_json()``).
+An instrument sees each pass before and after it runs; the manager calls
+``before_pass`` hooks in list order and ``after_pass`` hooks in reverse order
+(so the first instrument wraps the others)::
 
-A report prints like::
+    before                                         after
+    run_pipeline(g, "-O2", verify=True,            run_pipeline(g, "-O2", instruments=[
+                 dump_after="fuse",                    Verify(), IRCheck(), Dump("fuse", "dump"), Timing()])
+                 dump_dir="dump")
 
-    pipeline cleanup,fuse,cleanup: 213 -> 63 nodes in 0.41 s
-      #  pass      time      nodes       stats
-      1  cleanup   31.2 ms   213 -> 193  nodes_removed=20
-      2  fuse      302.5 ms  193 -> 83   groups_formed=17, nodes_fused=38, ...
+* :class:`Timing` — seconds per pass (a composite: the sum of its children);
+* :class:`IRCheck` — ``Graph.verify()`` after every pass that changed the graph;
+* :class:`Verify` — every value of the input graph on fixed inputs (:class:`Reference`);
+  after each pass that changed the graph the new one is run and compared, and the
+  innermost pass that broke the numbers is named with the first diverging node;
+* :class:`Dump` — IR text and Graphviz dot after the passes it names (any depth);
+* :class:`Explain` — what each pass changed (:class:`~mlcomp.pipeline.report.PassDiff`);
+* :class:`Memory` — estimated peak memory before and after each pass (``mlcomp.analysis.memory``).
 """
 from __future__ import annotations
 
-import collections
-import math
 import os
-from dataclasses import dataclass, field
+import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
-from mlcomp.base.errors import VerificationError
+from mlcomp.analysis.memory import peak_bytes
+from mlcomp.analysis.verify import compare, tolerance_for
+from mlcomp.base.errors import IRError, PassFailure, PipelineSpecError, VerificationError
+from mlcomp.base.files import write_text_atomic
+from mlcomp.frontend.loading import graph_random_inputs
 from mlcomp.ir import Graph, TensorMeta
+from mlcomp.ir.interpreter import Interpreter
+from mlcomp.pipeline.composite import CompositePass, Observer, Position, execute, walk
+from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult
+from mlcomp.pipeline.report import PassDiff, PassRecord, PipelineReport, snapshot
 
-__all__ = ["Reference", "dump_graph", "snapshot", "Snapshot", "PassDiff", "PassRecord", "PipelineReport"]
+__all__ = ["Instrument", "Timing", "IRCheck", "Verify", "Dump", "Explain", "Memory", "standard_instruments",
+           "Reference", "dump_graph", "random_inputs", "graph_tolerance"]
+
+
+# ---------------------------------------------------------------------------
+# The hooks
+
+
+class Instrument:
+    """Hooks the pass manager calls around the pipeline and around every pass (nested ones too).
+
+    ``record`` is the pass's :class:`PassRecord` (position, stats, a composite's
+    children already filled in); an instrument may add to it and may raise an
+    :class:`MlcompError` to stop the pipeline.
+    """
+
+    def start_pipeline(self, passes: Sequence[Pass], graph: Graph, ctx: PassContext) -> None:
+        """Before the first pass; ``passes`` are the top-level passes (walk them for nested ones)."""
+
+    def before_pass(self, p: Pass, graph: Graph, ctx: PassContext) -> None:
+        """Before ``p`` runs on ``graph``."""
+
+    def after_pass(self, p: Pass, result: PassResult, record: PassRecord) -> None:
+        """After ``p`` ran (a composite: after all of its children)."""
+
+    def end_pipeline(self, graph: Graph, report: PipelineReport) -> None:
+        """After the last pass; ``report`` is complete but for what instruments add here."""
+
+
+class Timing(Instrument):
+    """Seconds each pass took; a composite's time is the sum of its children's (instruments excluded)."""
+
+    def __init__(self) -> None:
+        self._started: list[float] = []
+
+    def before_pass(self, p: Pass, graph: Graph, ctx: PassContext) -> None:
+        self._started.append(time.perf_counter())
+
+    def after_pass(self, p: Pass, result: PassResult, record: PassRecord) -> None:
+        started = self._started.pop()
+        ran = [c for c in record.children if c.skipped is None]
+        record.seconds = sum(c.seconds for c in ran) if ran else time.perf_counter() - started
+
+
+class IRCheck(Instrument):
+    """``Graph.verify()`` after each pass that changed the graph: a broken graph becomes a
+    :class:`PassFailure` naming the innermost pass.  A composite is checked too if one of its
+    children reported no change since the last check (a pass that says "unchanged" but did
+    change something is still caught, and blamed on the innermost composite around it)."""
+
+    def __init__(self) -> None:
+        self._pending = False
+
+    def start_pipeline(self, passes: Sequence[Pass], graph: Graph, ctx: PassContext) -> None:
+        self._pending = False
+
+    def after_pass(self, p: Pass, result: PassResult, record: PassRecord) -> None:
+        if record.children:
+            due = self._pending
+        else:
+            due = bool(result.changed) or record.depth == 0
+            self._pending = not due
+        if not due:
+            return
+        self._pending = False
+        try:
+            result.graph.verify()
+        except IRError as exc:
+            raise PassFailure(
+                f"pass {p.name!r} ({record.position}) produced an invalid graph: {exc.what}",
+                where=exc.where, hint=f"this is a bug in the pass; rerun with --dump-after {p.name} to see "
+                                      f"the IR it wrote") from exc
+
+
+class Verify(Instrument):
+    """Compare the graph after each top-level pass with the input graph on fixed inputs
+    (``ctx.example_inputs``, else random ones).
+
+    When a composite changed the numbers, its children are replayed on a copy of
+    the graph it started from, checking after each child that reports a change, so
+    the error names the innermost pass (passes are deterministic); a successful
+    pipeline pays one check per top-level pass.
+    """
+
+    def __init__(self, tolerance: float | None = None) -> None:
+        self.tolerance = tolerance
+        self.reference: Reference | None = None
+        self._depth = 0
+        self._start: tuple[Graph, PassContext] | None = None
+
+    def start_pipeline(self, passes: Sequence[Pass], graph: Graph, ctx: PassContext) -> None:
+        self.reference = Reference(graph, ctx.example_inputs, self.tolerance)
+        self._depth, self._start = 0, None
+
+    def before_pass(self, p: Pass, graph: Graph, ctx: PassContext) -> None:
+        if self._depth == 0 and isinstance(p, CompositePass):
+            self._start = (graph.copy(), ctx)
+        self._depth += 1
+
+    def after_pass(self, p: Pass, result: PassResult, record: PassRecord) -> None:
+        self._depth -= 1
+        if self._depth > 0:
+            return                                  # checked with the top-level pass around it
+        assert self.reference is not None and record.at is not None, "Verify.start_pipeline was not called"
+        start, self._start = self._start, None
+        try:
+            record.max_error = self.reference.check(result.graph, p.name, record.position)
+        except VerificationError as outer:
+            if start is not None and isinstance(p, CompositePass):
+                try:
+                    execute(p, start[0], start[1], record.at, _CheckEachPass(self.reference))
+                except VerificationError as inner:
+                    raise inner from None
+                except Exception:  # noqa: BLE001 - the replay only refines the blame; keep the composite's
+                    pass
+            raise outer
+
+    def end_pipeline(self, graph: Graph, report: PipelineReport) -> None:
+        report.verified = True
+
+
+class _CheckEachPass(Observer):
+    """Replaying a composite: compare after every pass inside it that reports a change."""
+
+    def __init__(self, reference: Reference) -> None:
+        self.reference = reference
+
+    def leave(self, p: Pass, result: PassResult, at: Position) -> None:
+        if result.changed and not isinstance(p, CompositePass):
+            self.reference.check(result.graph, p.name, at.describe())
+
+
+class Dump(Instrument):
+    """Write ``NN-pass[.child].ir.txt`` and ``.dot`` after the named passes (any depth) and of the input.
+
+    ``after``: pass names (comma-separated text or a list); ``all`` is every top-level
+    pass; ``fuse.fold-batchnorm`` names a child of a particular composite.
+    """
+
+    def __init__(self, after: str | Iterable[str], dump_dir: str | os.PathLike[str] | None) -> None:
+        names = [s.strip() for s in (after.split(",") if isinstance(after, str) else after)]
+        self.names = {n for n in names if n}
+        if dump_dir is None:
+            raise PipelineSpecError("dump_after needs a dump_dir to write the IR into",
+                                    hint="pass --dump-dir DIR (or dump_dir=)")
+        self.dump_dir = dump_dir
+        self.files: list[str] = []
+
+    def start_pipeline(self, passes: Sequence[Pass], graph: Graph, ctx: PassContext) -> None:
+        known: dict[str, None] = {}
+        for top in passes:
+            for p, parents in walk(top):
+                known[p.name] = None
+                known[".".join((*parents, p.name))] = None
+        unknown = sorted(n for n in self.names - set(known) - {"all"})
+        if unknown:
+            spec = ",".join(p.name for p in passes) or "(empty)"
+            raise PipelineSpecError(f"--dump-after names {', '.join(unknown)}, which the pipeline "
+                                    f"{spec} does not run",
+                                    hint="use 'all' or one of: " + ", ".join(known))
+        self.files = dump_graph(self.dump_dir, 0, "input", graph)
+
+    def after_pass(self, p: Pass, result: PassResult, record: PassRecord) -> None:
+        if self._selected(record):
+            self.files += _dump(self.dump_dir, record.path, result.graph)
+
+    def _selected(self, record: PassRecord) -> bool:
+        if "all" in self.names and record.depth == 0:
+            return True
+        return any(record.chain[-len(sel):] == sel for sel in (tuple(n.split(".")) for n in self.names))
+
+    def end_pipeline(self, graph: Graph, report: PipelineReport) -> None:
+        report.dumps.extend(self.files)
+
+
+class Explain(Instrument):
+    """Record what each pass changed (nodes added/removed/rewritten, ops, bytes moved, module paths)."""
+
+    def __init__(self) -> None:
+        self._before: list[Any] = []
+
+    def before_pass(self, p: Pass, graph: Graph, ctx: PassContext) -> None:
+        self._before.append(snapshot(graph))
+
+    def after_pass(self, p: Pass, result: PassResult, record: PassRecord) -> None:
+        record.diff = PassDiff.between(self._before.pop(), snapshot(result.graph), result.stats)
+
+
+class Memory(Instrument):
+    """Estimated peak memory of intermediate values (``mlcomp.analysis.memory.peak_bytes``) around each pass."""
+
+    def __init__(self) -> None:
+        self._before: list[int] = []
+
+    def before_pass(self, p: Pass, graph: Graph, ctx: PassContext) -> None:
+        self._before.append(peak_bytes(graph))
+
+    def after_pass(self, p: Pass, result: PassResult, record: PassRecord) -> None:
+        record.peak_bytes_before = self._before.pop()
+        record.peak_bytes_after = peak_bytes(result.graph)
+
+
+def standard_instruments(*, verify: bool = False, tolerance: float | None = None, check_ir: bool = True,
+                         dump_after: str | Iterable[str] | None = None,
+                         dump_dir: str | os.PathLike[str] | None = None, explain: bool = False,
+                         memory: bool = False, timing: bool = True) -> list[Instrument]:
+    """The usual instruments in the order that makes sense: after a pass, time it, dump its IR,
+    check the IR, then memory, explain and the numbers (the ``after_pass`` hooks run last to first)."""
+    out: list[Instrument] = []
+    if verify:
+        out.append(Verify(tolerance))
+    if explain:
+        out.append(Explain())
+    if memory:
+        out.append(Memory())
+    if check_ir:
+        out.append(IRCheck())
+    if dump_after is not None:
+        out.append(Dump(dump_after, dump_dir))
+    if timing:
+        out.append(Timing())
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -43,8 +271,6 @@ class Reference:
 
     def __init__(self, graph: Graph, inputs: tuple[torch.Tensor, ...] | None,
                  tolerance: float | None = None) -> None:
-        from mlcomp.ir.interpreter import Interpreter
-
         self.inputs = inputs if inputs is not None else random_inputs(graph)
         self.tolerance = tolerance
         with torch.no_grad():
@@ -53,9 +279,6 @@ class Reference:
 
     def check(self, graph: Graph, pass_name: str, position: str) -> float:
         """Max relative output error of ``graph``; :class:`VerificationError` past tolerance."""
-        from mlcomp.analysis.verify import compare
-        from mlcomp.ir.interpreter import Interpreter
-
         with torch.no_grad():
             values = Interpreter(graph).run_all(*self.inputs)
         tol = self.tolerance if self.tolerance is not None else graph_tolerance(graph)
@@ -73,8 +296,6 @@ class Reference:
 
     def first_divergence(self, graph: Graph, values: Mapping[str, Any], tol: float | None) -> str:
         """A sentence naming the first node (topological order) whose value differs."""
-        from mlcomp.analysis.verify import compare
-
         for node in graph.call_nodes():
             if node.name not in self.values:
                 continue
@@ -85,15 +306,14 @@ class Reference:
             via = f"; it reads {', '.join('%' + s for s in fresh)}, created by this pass" if fresh else ""
             w = r.worst
             err = (w.note or f"max abs {w.max_abs:.3g}, max rel {w.max_rel:.3g}") if w else r.note
-            return (f"The first value that diverges is %{node.name} ({node.op}) from module "
+            phase = f" in the {node.ann.phase.value} phase" if node.ann.phase is not None else ""
+            return (f"The first value that diverges is %{node.name} ({node.op}){phase} from module "
                     f"{node.origin}: {err}{via}")
         return "No value that kept its name diverges; the difference starts in nodes the pass created"
 
 
 def graph_tolerance(graph: Graph) -> float | None:
     """The relative tolerance of the lowest float precision any node computes in (None: fp32)."""
-    from mlcomp.analysis.verify import tolerance_for
-
     loosest = None
     for node in graph.call_nodes():
         for m in node.meta if isinstance(node.meta, tuple) else (node.meta,):
@@ -105,18 +325,7 @@ def graph_tolerance(graph: Graph) -> float | None:
 
 def random_inputs(graph: Graph, seed: int = 0) -> tuple[torch.Tensor, ...]:
     """Deterministic random inputs matching the graph's input metas."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for node in graph.input_nodes:
-        meta = node.tensor_meta
-        shape = meta.concrete_shape(graph.symbols)
-        if meta.dtype.is_floating_point:
-            out.append(torch.randn(shape, generator=gen).to(meta.dtype))
-        elif meta.dtype == torch.bool:
-            out.append(torch.randint(0, 2, shape, generator=gen).bool())
-        else:
-            out.append(torch.randint(0, 10, shape, generator=gen).to(meta.dtype))
-    return tuple(out)
+    return graph_random_inputs(graph, seed)
 
 
 # ---------------------------------------------------------------------------
@@ -125,184 +334,13 @@ def random_inputs(graph: Graph, seed: int = 0) -> tuple[torch.Tensor, ...]:
 
 def dump_graph(dump_dir: str | os.PathLike[str], index: int, name: str, graph: Graph) -> list[str]:
     """Write ``NN-name.ir.txt`` and ``NN-name.dot`` into ``dump_dir``; returns their paths."""
-    from mlcomp.base.files import write_text_atomic
+    return _dump(dump_dir, f"{index:02d}-{name}", graph)
 
-    base = Path(dump_dir) / f"{index:02d}-{name}"
-    text, dot = base.with_suffix(".ir.txt"), base.with_suffix(".dot")
+
+def _dump(dump_dir: str | os.PathLike[str], stem: str, graph: Graph) -> list[str]:
+    text, dot = Path(dump_dir) / f"{stem}.ir.txt", Path(dump_dir) / f"{stem}.dot"
     write_text_atomic(text, graph.format() + "\n")
     write_text_atomic(dot, graph.to_dot() + "\n")
     return [str(text), str(dot)]
 
 
-# ---------------------------------------------------------------------------
-# Explain
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    modules: Mapping[str, str]          # node name -> module path of its origin
-    kinds: Mapping[str, str]            # node name -> op qualname
-    ops: Mapping[str, int]              # op qualname -> count (compute nodes)
-    bytes_moved: int
-
-
-def snapshot(graph: Graph) -> Snapshot:
-    from mlcomp.analysis.cost import node_bytes
-
-    nodes = graph.call_nodes()
-    moved = 0
-    for n in nodes:
-        r, w = node_bytes(graph, n)
-        moved += r + w
-    return Snapshot({n.name: n.origin.module_path or "<root>" for n in nodes}, {n.name: str(n.op) for n in nodes},
-                    dict(collections.Counter(str(n.op) for n in nodes)), moved)
-
-
-@dataclass(frozen=True)
-class PassDiff:
-    """What one pass changed."""
-
-    added: tuple[str, ...]
-    removed: tuple[str, ...]
-    rewritten: tuple[str, ...]          # kept their name (and value) but are computed by another op
-    op_delta: Mapping[str, int]
-    bytes_before: int
-    bytes_after: int
-    modules: tuple[str, ...]            # module paths of the nodes added or removed
-    groups: int = 0
-
-    @classmethod
-    def between(cls, before: Snapshot, after: Snapshot, stats: Mapping[str, Any]) -> "PassDiff":
-        added = tuple(n for n in after.modules if n not in before.modules)
-        removed = tuple(n for n in before.modules if n not in after.modules)
-        rewritten = tuple(n for n in after.kinds if n in before.kinds and before.kinds[n] != after.kinds[n])
-        ops = set(before.ops) | set(after.ops)
-        delta = {op: after.ops.get(op, 0) - before.ops.get(op, 0) for op in sorted(ops)}
-        touched = [before.modules[n] for n in removed + rewritten] + [after.modules[n] for n in added]
-        return cls(added, removed, rewritten, {k: v for k, v in delta.items() if v}, before.bytes_moved,
-                   after.bytes_moved, tuple(dict.fromkeys(touched)), int(stats.get("groups_formed", 0)))
-
-    def format(self, *, limit: int = 8) -> list[str]:
-        if not self.added and not self.removed and not self.rewritten:
-            return ["no nodes added, removed or rewritten"]
-        saved = self.bytes_before - self.bytes_after
-        lines = [f"-{len(self.removed)} +{len(self.added)} ~{len(self.rewritten)} nodes; "
-                 f"bytes moved {_human(self.bytes_before)} -> "
-                 f"{_human(self.bytes_after)} ({'saved ' + _human(saved) if saved >= 0 else 'added ' + _human(-saved)})"
-                 + (f"; {self.groups} fusion group(s)" if self.groups else "")]
-        ops = sorted(self.op_delta.items(), key=lambda kv: (-abs(kv[1]), kv[0]))
-        shown = ", ".join(f"{op} {d:+d}" for op, d in ops[:limit])
-        more = f" (+{len(ops) - limit} more)" if len(ops) > limit else ""
-        lines.append(f"ops: {shown}{more}")
-        mods = ", ".join(self.modules[:limit])
-        more = f" (+{len(self.modules) - limit} more)" if len(self.modules) > limit else ""
-        lines.append(f"modules: {mods}{more}")
-        return lines
-
-    def to_json(self) -> dict[str, Any]:
-        return {"added": list(self.added), "removed": list(self.removed), "rewritten": list(self.rewritten),
-                "op_delta": dict(self.op_delta),
-                "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
-                "modules": list(self.modules), "groups": self.groups}
-
-
-# ---------------------------------------------------------------------------
-# Report
-
-
-@dataclass
-class PassRecord:
-    index: int
-    name: str
-    spec: str
-    seconds: float
-    changed: bool
-    stats: dict[str, Any]
-    nodes_before: int
-    nodes_after: int
-    max_error: float | None = None      # max relative output error after this pass (verify)
-    diff: PassDiff | None = None        # explain
-
-    def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "name": self.name, "spec": self.spec, "seconds": self.seconds,
-                "changed": self.changed, "stats": _jsonable(self.stats), "nodes_before": self.nodes_before,
-                "nodes_after": self.nodes_after, "max_error": self.max_error,
-                "diff": self.diff.to_json() if self.diff else None}
-
-
-@dataclass
-class PipelineReport:
-    """What ``run_pipeline`` did, pass by pass."""
-
-    pipeline: str
-    target: str | None = None
-    nodes_before: int = 0
-    nodes_after: int = 0
-    seconds: float = 0.0
-    verified: bool = False
-    records: list[PassRecord] = field(default_factory=list)
-    dumps: list[str] = field(default_factory=list)
-
-    def stats(self, name: str) -> dict[str, Any]:
-        """Stats of the first run of pass ``name`` (KeyError if it did not run)."""
-        for r in self.records:
-            if r.name == name:
-                return r.stats
-        raise KeyError(name)
-
-    def format(self) -> str:
-        head = (f"pipeline {self.pipeline or '(empty)'}: {self.nodes_before} -> {self.nodes_after} nodes "
-                f"in {self.seconds:.2f} s" + (" (every pass verified against the input graph)"
-                                                if self.verified else ""))
-        rows = [("#", "pass", "time", "nodes", "stats")]
-        for r in self.records:
-            stats = ", ".join(f"{k}={_fmt(v, k)}" for k, v in r.stats.items()) or ("changed" if r.changed else "-")
-            if r.max_error is not None:
-                stats += f"; max rel err {r.max_error:.1e}"
-            rows.append((str(r.index), r.spec, f"{r.seconds * 1e3:.1f} ms",
-                         f"{r.nodes_before} -> {r.nodes_after}", stats))
-        widths = [max(len(row[i]) for row in rows) for i in range(4)]
-        lines = [head]
-        for i, row in enumerate(rows):
-            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4])
-            rec = self.records[i - 1] if i else None
-            if rec is not None and rec.diff is not None:
-                lines.extend("       " + text for text in rec.diff.format())
-        if self.dumps:
-            lines.append(f"  dumped {len(self.dumps)} file(s) into {Path(self.dumps[0]).parent}")
-        return "\n".join(lines)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"pipeline": self.pipeline, "target": self.target, "nodes_before": self.nodes_before,
-                "nodes_after": self.nodes_after, "seconds": self.seconds, "verified": self.verified,
-                "passes": [r.to_json() for r in self.records], "dumps": list(self.dumps)}
-
-
-def _fmt(v: Any, key: str = "") -> str:
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and "bytes" in key:
-        return _human(v)
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    if isinstance(v, Mapping):
-        return "{" + ", ".join(f"{k}: {_fmt(x, k)}" for k, x in v.items()) + "}"
-    return str(v)
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, Mapping):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    return str(v)
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"  # pragma: no cover

@@ -23,21 +23,21 @@ line to :data:`BUILTIN_PASSES`; tests and plugins use
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
-import importlib
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
 from mlcomp.base.errors import PipelineSpecError
+from mlcomp.base.registry import LazyRegistry, did_you_mean
+from mlcomp.ir.node import Mode
 
 if typing.TYPE_CHECKING:
     from mlcomp.hardware.spec import HardwareSpec
     from mlcomp.ir import Graph
 
-__all__ = ["Pass", "PassResult", "PassContext", "option", "OptionInfo", "PassInfo", "PassRegistry",
+__all__ = ["Pass", "PassResult", "PassContext", "Requirement", "option", "OptionInfo", "PassInfo", "PassRegistry",
            "REGISTRY", "BUILTIN_PASSES"]
 
 # name -> "module:Class".  One line per pass; later issues append theirs here.
@@ -61,12 +61,22 @@ BUILTIN_PASSES: dict[str, str] = {
 # The pass interface
 
 
+class Requirement(enum.Enum):
+    """Something a pass needs besides the graph; the manager checks them all before running anything."""
+
+    EXAMPLE_INPUTS = "example inputs"            # ctx.example_inputs
+    CALIBRATION_DATA = "calibration data"        # ctx.calibration_data
+    HARDWARE_SPEC = "a hardware spec"            # ctx.hardware given (not the DEFAULT_CPU fallback)
+    TRAINING_GRAPH = "a training graph"          # graph.mode is Mode.TRAINING
+
+
 @dataclass(frozen=True)
 class PassContext:
     """What a pass may depend on besides its options; passes never read globals."""
 
     hardware: "HardwareSpec | None" = None       # None: mlcomp.analysis.cost.DEFAULT_CPU
     example_inputs: tuple[Any, ...] | None = None
+    calibration_data: tuple[Any, ...] | None = None
 
     @property
     def hw(self) -> "HardwareSpec":
@@ -90,9 +100,16 @@ def option(default: Any, help: str) -> Any:  # noqa: A002 - the natural name
 
 
 class Pass:
-    """Base of every pass; subclasses are ``@dataclass(frozen=True)``."""
+    """Base of every pass; subclasses are ``@dataclass(frozen=True)``.
+
+    ``modes`` are the graph modes (``Mode.INFERENCE``/``Mode.TRAINING``) the pass
+    is correct on and ``requires`` what it needs from the context; the pass
+    manager checks both for the whole pipeline before running anything.
+    """
 
     name: ClassVar[str] = ""
+    modes: ClassVar[frozenset[Mode]] = frozenset(Mode)
+    requires: ClassVar[frozenset[Requirement]] = frozenset()
 
     def run(self, graph: "Graph", ctx: PassContext) -> PassResult:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -249,12 +266,12 @@ class PassInfo:
             if opt.name == wanted:
                 return opt
         known = [o.name for o in self.options]
-        close = difflib.get_close_matches(wanted, known, n=1)
+        close = did_you_mean(wanted, known)
         listing = ", ".join(f"{o.name} ({o.type_text()}, default {o.format_value(o.default)})"
                             for o in self.options) or "none"
         raise PipelineSpecError(
             f"pass {self.name!r} has no option {key!r}"
-            + (f"; did you mean {close[0]!r}?" if close else ".")
+            + (f"; did you mean {close!r}?" if close else ".")
             + f" Its options are: {listing}",
             hint="run `mlcomp passes` to list every pass with its options")
 
@@ -264,10 +281,10 @@ class PassInfo:
 
 
 class PassRegistry:
-    """Pass name → pass class, imported on first use."""
+    """Pass name → pass class, imported on first use (a :class:`LazyRegistry` of classes)."""
 
     def __init__(self, refs: Mapping[str, str | type] | None = None) -> None:
-        self._refs: dict[str, str | type] = dict(refs or {})
+        self._classes: LazyRegistry[type] = LazyRegistry("pass", refs, on_unknown=self._unknown, cutoff=0.5)
         self._infos: dict[str, PassInfo] = {}
 
     def register(self, cls_or_ref: str | type, *, name: str | None = None, replace: bool = False) -> None:
@@ -279,38 +296,33 @@ class PassRegistry:
             name = name or cls_or_ref.name
         if not name:
             raise ValueError(f"{cls_or_ref!r} has no pass name")
-        if name in self._refs and not replace:
-            raise ValueError(f"pass {name!r} is already registered")
-        self._refs[name] = cls_or_ref
+        self._classes.register(name, cls_or_ref, replace=replace)
         self._infos.pop(name, None)
 
     def names(self) -> list[str]:
-        return sorted(self._refs)
+        return self._classes.names()
+
+    def copy(self) -> "PassRegistry":
+        """A registry with the same entries, to extend without touching this one (tests, plugins)."""
+        return PassRegistry({n: self._classes.ref(n) for n in self.names()})
 
     def __contains__(self, name: object) -> bool:
-        return name in self._refs
+        return name in self._classes
 
     def get(self, name: str) -> PassInfo:
         """The pass called ``name``; :class:`PipelineSpecError` with the closest match if unknown."""
-        if name not in self._refs:
-            close = difflib.get_close_matches(name, self._refs, n=1, cutoff=0.5)
-            raise PipelineSpecError(
-                f"unknown pass {name!r}" + (f"; did you mean {close[0]!r}?" if close else ".")
-                + f" Known passes: {', '.join(self.names())}",
-                hint="run `mlcomp passes` to see what each pass does")
         if name not in self._infos:
-            self._infos[name] = _describe(name, self._load(name))
+            self._infos[name] = _describe(name, self._classes.get(name))
         return self._infos[name]
 
     def infos(self) -> list[PassInfo]:
         return [self.get(n) for n in self.names()]
 
-    def _load(self, name: str) -> type:
-        ref = self._refs[name]
-        if isinstance(ref, type):
-            return ref
-        module, _, attr = ref.partition(":")
-        return getattr(importlib.import_module(module), attr)
+    def _unknown(self, name: str, close: str | None) -> PipelineSpecError:
+        return PipelineSpecError(
+            f"unknown pass {name!r}" + (f"; did you mean {close!r}?" if close else ".")
+            + f" Known passes: {', '.join(self.names())}",
+            hint="run `mlcomp passes` to see what each pass does")
 
 
 def _describe(name: str, cls: type) -> PassInfo:

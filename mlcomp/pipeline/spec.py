@@ -1,4 +1,4 @@
-"""Pipelines as data, and the pass manager that runs them with its instruments.
+"""Pipelines as data: inline text, TOML files and presets, parsed to one :class:`Pipeline`.
 
 A pipeline is written inline (MLIR style), in a TOML file, or named by a preset;
 all three parse to one frozen :class:`Pipeline` checked against the pass
@@ -16,39 +16,25 @@ registry::
     name = "fuse"
     min_bytes_saved = 4096
 
-``run_pipeline`` runs the passes in order.  The manager, not the passes, owns
-the instruments: ``Graph.verify()`` after every pass, timing and stats, IR/dot
-dumps (``dump_after``), numerical verification against the input graph with the
-first pass and the first node that broke the numbers (``verify``), and a per-pass
-diff that points back at module paths (``explain``).
+:mod:`mlcomp.pipeline.manager` runs a pipeline; this module only parses.
 """
 from __future__ import annotations
 
 import os
-import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
-import torch
+from mlcomp.base.errors import PipelineSpecError
+from mlcomp.pipeline.pass_base import REGISTRY, Pass, PassRegistry, _format_value
+from mlcomp.pipeline.presets import PRESET_TABLE, preset_text
 
-from mlcomp.base.errors import IRError, MlcompError, PassFailure, PipelineSpecError
-from mlcomp.ir import Graph
-from mlcomp.pipeline.instruments import PassDiff, PassRecord, PipelineReport, Reference, dump_graph, snapshot
-from mlcomp.pipeline.pass_base import REGISTRY, Pass, PassContext, PassRegistry
+__all__ = ["PassSpec", "Pipeline", "PRESETS"]
 
-__all__ = ["PassSpec", "Pipeline", "PRESETS", "run_pipeline", "PipelineReport", "PassRecord"]
-
-# Presets are pipelines written the same way as user pipelines.
-PRESETS: dict[str, str] = {
-    "O0": "",
-    "O1": "cleanup",
-    "O2": "cleanup,fuse,cleanup",
-    "O3": "cleanup{fold_max_bytes=16777216},"
-          "fuse{max_group_size=128,peak_slack=0.5,tile_min_elements=262144},"
-          "cleanup{fold_max_bytes=16777216}",
-}
+# Presets are pipelines written the same way as user pipelines (mlcomp.pipeline.presets:
+# what each pass is for, and how a preset adapts to a target).
+PRESETS: dict[str, str] = {name: preset_text(name) for name in PRESET_TABLE}
 
 
 # ---------------------------------------------------------------------------
@@ -66,8 +52,6 @@ class PassSpec:
     def text(self) -> str:
         if not self.options:
             return self.name
-        from mlcomp.pipeline.pass_base import _format_value
-
         return self.name + "{" + ",".join(f"{k}={_format_value(v)}" for k, v in self.options) + "}"
 
     def build(self, registry: PassRegistry | None = None) -> Pass:
@@ -327,101 +311,3 @@ class _Parser:
             raise self.error("unterminated string", start)
         self.i += 1
         return "".join(out)
-
-
-# ---------------------------------------------------------------------------
-# The pass manager
-
-
-def run_pipeline(graph: Graph, pipeline: "Pipeline | str | None", *,
-                 example_inputs: Sequence[torch.Tensor] | None = None, verify: bool = False,
-                 dump_after: str | Iterable[str] | None = None, dump_dir: str | os.PathLike[str] | None = None,
-                 explain: bool = False, check_ir: bool = True, tolerance: float | None = None,
-                 hardware: Any = None, registry: PassRegistry | None = None) -> tuple[Graph, PipelineReport]:
-    """Run ``pipeline`` on a copy of ``graph``; returns the new graph and a :class:`PipelineReport`.
-
-    * ``check_ir``: ``Graph.verify()`` after every pass (a broken graph → :class:`PassFailure`);
-    * ``verify``: compare every value with the interpreter on the input graph after each
-      pass (on ``example_inputs``, random ones from the input metas if not given); a
-      mismatch raises :class:`VerificationError` naming the pass and the first diverging node;
-    * ``dump_after``: a pass name, ``"all"`` or several names; writes the IR text and a dot
-      file per dumped pass into ``dump_dir``;
-    * ``explain``: record a per-pass diff (nodes added/removed, op histogram, groups,
-      bytes moved) in the report; ``report.format()`` prints it.
-    """
-    pipe = Pipeline.coerce(pipeline, registry=registry)
-    passes = pipe.build(registry)
-    dumps = _dump_selection(pipe, dump_after, dump_dir)
-    inputs = tuple(example_inputs) if example_inputs is not None else None
-    reference = Reference(graph, inputs, tolerance) if verify else None
-    ctx = PassContext(hardware=hardware, example_inputs=inputs or (reference.inputs if reference else None))
-    report = PipelineReport(pipe.spec, pipe.target, nodes_before=len(graph))
-    work = graph.copy()
-    if dumps:
-        report.dumps.extend(dump_graph(dump_dir, 0, "input", work))
-    start = time.perf_counter()
-    for index, (spec, p) in enumerate(zip(pipe.passes, passes), 1):
-        before = snapshot(work) if explain else None
-        n_before = len(work)
-        t0 = time.perf_counter()
-        try:
-            result = p.run(work, ctx)
-        except PassFailure:
-            raise
-        except Exception as exc:  # noqa: BLE001 - every failure is reported the same way
-            raise _failure(pipe, index, exc) from exc
-        seconds = time.perf_counter() - t0
-        new = result.graph
-        if check_ir:
-            try:
-                new.verify()
-            except IRError as exc:
-                raise PassFailure(
-                    f"pass {spec.name!r} ({_position(pipe, index)}) produced an invalid graph: {exc.what}",
-                    where=exc.where, hint="this is a bug in the pass; rerun with --dump-after all to see "
-                                          "the IR it wrote") from exc
-        record = PassRecord(index, spec.name, spec.text, seconds, bool(result.changed), dict(result.stats),
-                            n_before, len(new))
-        if reference is not None:
-            record.max_error = reference.check(new, spec.name, _position(pipe, index))
-        if before is not None:
-            record.diff = PassDiff.between(before, snapshot(new), result.stats)
-        if spec.name in dumps or "all" in dumps:
-            report.dumps.extend(dump_graph(dump_dir, index, spec.name, new))
-        report.records.append(record)
-        work = new
-    report.seconds = time.perf_counter() - start
-    report.nodes_after = len(work)
-    report.verified = reference is not None
-    return work, report
-
-
-def _position(pipe: Pipeline, index: int) -> str:
-    before = [p.name for p in pipe.passes[:index - 1]]
-    where = f"pass {index} of {len(pipe)}"
-    return where + (f", after {', '.join(before)}" if before else ", the first")
-
-
-def _failure(pipe: Pipeline, index: int, exc: BaseException) -> PassFailure:
-    name = pipe.passes[index - 1].name
-    detail = exc.message if isinstance(exc, MlcompError) else f"{type(exc).__name__}: {exc}"
-    return PassFailure(f"pass {name!r} ({_position(pipe, index)}) failed: {detail.rstrip('.')}",
-                       hint="run the passes before it alone (mlcomp compile -p ...) and report the model "
-                            "if the failure is not explained above")
-
-
-def _dump_selection(pipe: Pipeline, dump_after: str | Iterable[str] | None,
-                    dump_dir: str | os.PathLike[str] | None) -> set[str]:
-    if dump_after is None:
-        return set()
-    names = {s.strip() for s in (dump_after.split(",") if isinstance(dump_after, str) else dump_after)}
-    names.discard("")
-    if dump_dir is None:
-        raise PipelineSpecError("dump_after needs a dump_dir to write the IR into",
-                                hint="pass --dump-dir DIR (or dump_dir=)")
-    unknown = sorted(names - set(pipe.names) - {"all"})
-    if unknown:
-        raise PipelineSpecError(f"--dump-after names {', '.join(unknown)}, which the pipeline "
-                                f"{pipe.spec or '(empty)'} does not run",
-                                hint="use 'all' or one of: " + ", ".join(dict.fromkeys(pipe.names)))
-    return names

@@ -1,17 +1,18 @@
 """The chapter's experiments as ``mlcomp study NAME``: measured figures beside the chapter's.
 
 Each study is a module with ``run(StudyConfig) -> StudyResult`` and
-``plot(StudyResult, path)``; they are imported only when asked for.
+``plot(StudyResult, path)``; they are imported only when asked for (a
+:class:`~mlcomp.base.registry.LazyRegistry` of modules).
 
     >>> from mlcomp.study import run_study, StudyConfig
     >>> print(run_study("hybridize", StudyConfig(quick=True)).format())
 """
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
 from mlcomp.base.errors import MlcompError
+from mlcomp.base.registry import LazyRegistry
 from mlcomp.study.common import Figure, StudyConfig, StudyResult, Table
 
 # name -> (module, one-line summary)
@@ -28,15 +29,18 @@ class UnknownStudyError(MlcompError):
     """``mlcomp study NAME`` names no study."""
 
 
-def study_module(name: str) -> ModuleType:
-    if name not in STUDIES:
-        import difflib
+def _unknown(name: str, close: str | None) -> UnknownStudyError:
+    return UnknownStudyError(f"there is no study named {name!r}" + (f" (did you mean {close!r}?)" if close else ""),
+                             hint=f"choose one of: {', '.join(STUDIES)}")
 
-        close = difflib.get_close_matches(name, list(STUDIES), n=1)
-        raise UnknownStudyError(f"there is no study named {name!r}" + (f" (did you mean {close[0]!r}?)"
-                                                                        if close else ""),
-                                hint=f"choose one of: {', '.join(STUDIES)}")
-    return importlib.import_module(STUDIES[name][0])
+
+# the module of each study, imported when the study is first asked for
+_MODULES: LazyRegistry[ModuleType] = LazyRegistry(
+    "study", {name: module for name, (module, _) in STUDIES.items()}, on_unknown=_unknown)
+
+
+def study_module(name: str) -> ModuleType:
+    return _MODULES.get(name)
 
 
 def run_study(name: str, config: StudyConfig = StudyConfig()) -> StudyResult:

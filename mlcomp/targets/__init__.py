@@ -5,6 +5,8 @@
     {'cpu': None, 'cuda': 'no CUDA device (torch.cuda.is_available() is False)', ...}
     >>> art = get_target("cpu").compile(graph, CompileOptions())
     >>> art.save("out/model"); Artifact.load("out/model")
+    >>> get_target("tvm").capabilities.describe()
+    'modes inference; dtypes f32, f16, bf16, …; devices cpu, cuda; single device; static shapes only'
 
 Target modules (``cpu``, ``cuda``, ``onnxruntime``, ``tvm``) are imported only
 when asked for, and import their heavy backends lazily inside functions.
@@ -13,6 +15,10 @@ from __future__ import annotations
 
 from mlcomp.targets.artifact import Artifact, TensorSpec
 from mlcomp.targets.base import CompileOptions, Fallback, Target, TargetName, available_targets, get_target
+from mlcomp.targets.capabilities import Capabilities, CapabilityError, DeviceKind
+from mlcomp.targets.options import LogLevel
+from mlcomp.targets.training import TrainingArtifact, compile_training
 
-__all__ = ["Artifact", "TensorSpec", "CompileOptions", "Fallback", "Target", "TargetName",
-           "available_targets", "get_target"]
+__all__ = ["Artifact", "TensorSpec", "CompileOptions", "Fallback", "LogLevel", "Target", "TargetName",
+           "Capabilities", "CapabilityError", "DeviceKind", "available_targets", "get_target",
+           "TrainingArtifact", "compile_training"]

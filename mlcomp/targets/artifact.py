@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import importlib
 import json
 import platform
 import time
@@ -35,6 +34,8 @@ from typing import Any, ClassVar, Protocol, Sequence
 import torch
 
 from mlcomp.base.errors import ArtifactError, InputSpecError
+from mlcomp.base.registry import LazyRegistry
+from mlcomp.models import random_tensor
 from mlcomp.ir import Dim, Graph, Node, TensorMeta, dtype_name, parse_dtype
 
 __all__ = ["Artifact", "TensorSpec", "Runtime", "RuntimeKind", "FORMAT", "FORMAT_VERSION"]
@@ -57,16 +58,18 @@ class RuntimeKind(enum.Enum):
 
     @property
     def loader(self) -> str:
-        return {"torchscript": "mlcomp.targets.cpu:TorchScriptRuntime",
-                "cuda-graph": "mlcomp.targets.cuda:CudaRuntime",
-                "onnxruntime": "mlcomp.targets.onnxruntime:OrtRuntime",
-                "tvm": "mlcomp.targets.tvm:TvmRuntime",
-                "eager": "mlcomp.targets.fallback:EagerRuntime",
-                "partitioned": "mlcomp.targets.fallback:PartitionedRuntime"}[self.value]
+        return str(RUNTIMES.ref(self.value))
 
     def runtime_class(self) -> type["Runtime"]:
-        module, _, cls = self.loader.partition(":")
-        return getattr(importlib.import_module(module), cls)
+        return RUNTIMES.get(self.value)
+
+
+# runtime kind -> "module:Class" that loads its payload, imported on first use
+RUNTIMES: LazyRegistry[type["Runtime"]] = LazyRegistry("runtime", {
+    "torchscript": "mlcomp.targets.cpu:TorchScriptRuntime", "cuda-graph": "mlcomp.targets.cuda:CudaRuntime",
+    "onnxruntime": "mlcomp.targets.onnxruntime:OrtRuntime", "tvm": "mlcomp.targets.tvm:TvmRuntime",
+    "eager": "mlcomp.targets.fallback:EagerRuntime", "partitioned": "mlcomp.targets.fallback:PartitionedRuntime",
+})
 
 
 class Runtime(Protocol):
@@ -131,11 +134,7 @@ class TensorSpec:
 
     def random(self, symbols: dict[str, int] | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
         shape = TensorMeta(self.shape, self.dtype).concrete_shape(symbols or {})
-        if self.dtype.is_floating_point:
-            return torch.randn(shape, generator=generator).to(self.dtype)
-        if self.dtype == torch.bool:
-            return torch.randint(0, 2, shape, generator=generator).bool()
-        return torch.randint(0, 10, shape, generator=generator).to(self.dtype)
+        return random_tensor(shape, self.dtype, generator)
 
 
 def versions() -> dict[str, str | None]:
@@ -279,12 +278,16 @@ class Artifact:
         return result
 
     # -- persistence ------------------------------------------------------
-    def save(self, directory: str | Path) -> Path:
-        """Write the artifact folder (atomically); returns its path."""
-        from mlcomp.base.files import atomic_dir
+    def save(self, directory: str | Path, *, force: bool = True) -> Path:
+        """Write the artifact folder (atomically); returns its path.
 
-        directory = Path(directory)
-        with atomic_dir(directory) as tmp:
+        ``directory`` must be new, empty or an earlier mlcomp output (replaced only with
+        ``force``); a folder of anything else is refused with an OutputPathError.
+        """
+        from mlcomp.base.files import Kind, atomic_dir, check_destination
+
+        directory = check_destination(directory, Kind.DIR, force=force)
+        with atomic_dir(directory, label="artifact") as tmp:
             info = self.runtime.save(tmp)
             if self.reference is not None:
                 torch.save({"inputs": list(self.reference[0]), "expected": list(self.reference[1])},

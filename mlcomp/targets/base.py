@@ -6,8 +6,12 @@
     >>> art = target.compile(graph, CompileOptions(threads=2))
     >>> art(x)
 
-A target implements ``explain(graph, node)`` (``None`` when it can run the node,
-otherwise the reason) and ``build(graph, options, inputs) -> Runtime``.  The
+A target declares what it compiles as a frozen ``capabilities`` ClassVar
+(:mod:`mlcomp.targets.capabilities`: graph modes, dtypes, devices, placement,
+symbolic sizes), implements ``explain(graph, node)`` (``None`` when it can run
+the node, otherwise the reason) and ``build(graph, options, inputs) -> Runtime``.
+``compile`` checks the capabilities before anything is exported or built and
+raises one :class:`CapabilityError` listing every mismatch.  The
 base class checks *every* node first and reports all unsupported ones at once
 (:class:`UnsupportedOpError` with op, module path and source line); with
 ``fallback=Fallback.EAGER`` it splits the graph into supported regions and
@@ -16,109 +20,34 @@ regions that run in torch instead (:mod:`mlcomp.targets.fallback`).
 from __future__ import annotations
 
 import abc
-import dataclasses
 import enum
-import importlib
 import time
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 import torch
 
 from mlcomp.base.errors import MlcompError, TargetUnavailableError, UnsupportedOpError
+from mlcomp.base.registry import LazyRegistry
+from mlcomp.frontend.loading import graph_random_inputs
 from mlcomp.ir import Graph, Node, TensorMeta, map_refs
 from mlcomp.ir.ops import GETITEM, Namespace, Op
+from mlcomp.pipeline.presets import ALL_REWRITES, Rewrite
+from mlcomp.targets.capabilities import Capabilities, CapabilityError, Mismatch, MismatchKind, hint_for, mismatches
+from mlcomp.targets.options import CompileOptions, Fallback, LogLevel, OptionsError
 
 if TYPE_CHECKING:
     from mlcomp.targets.artifact import Artifact, Runtime
 
-__all__ = ["Fallback", "CompileOptions", "OptionsError", "TargetCompileError", "Target", "TargetName",
-           "get_target", "available_targets", "example_inputs", "UNSUPPORTED_EVERYWHERE"]
-
-
-class Fallback(enum.Enum):
-    NONE = "none"      # an unsupported node is an error
-    EAGER = "eager"    # unsupported regions run in torch
-
-
-class OptionsError(MlcompError):
-    """A compile option is unknown or has the wrong type."""
+__all__ = ["Fallback", "CompileOptions", "LogLevel", "OptionsError", "TargetCompileError", "Target", "TargetName",
+           "Capabilities", "CapabilityError", "get_target", "available_targets", "example_inputs",
+           "UNSUPPORTED_EVERYWHERE"]
 
 
 class TargetCompileError(MlcompError):
     """The backend's own compiler (exporter, TVM build) failed on a graph the target accepted."""
 
     exit_code = 3
-
-
-@dataclass(frozen=True)
-class CompileOptions:
-    """Options every target understands (each uses those that apply to it).
-
-    ``device``: ``None`` = the target's default (``cpu``; ``cuda`` for the CUDA
-    target).  ``threads``: intra-op threads (``None`` = the runtime's default).
-    ``tune_trials``/``work_dir``: TVM MetaSchedule budget and its tuning database
-    folder (reused across runs).  ``tolerance``: relative tolerance for
-    verification (``None`` = by dtype).  ``optimize``: TorchScript
-    ``optimize_for_inference`` (``None`` = measure both, keep the faster).
-    ``cuda_graphs``: replay static-shape CUDA models as one CUDA graph.
-    """
-
-    device: str | None = None
-    threads: int | None = None
-    tune_trials: int = 0
-    work_dir: str | None = None
-    fallback: Fallback = Fallback.NONE
-    tolerance: float | None = None
-    optimize: bool | None = None
-    cuda_graphs: bool = True
-    opset: int | None = None
-
-    @classmethod
-    def make(cls, **values: Any) -> "CompileOptions":
-        """Build from loose values (``fallback="eager"``), naming any unknown or ill-typed option.
-
-        ``None`` means "the default" for every option.
-        """
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - set(fields))
-        if unknown:
-            raise OptionsError(f"unknown compile option(s) {', '.join(unknown)}",
-                               hint=f"the options are: {', '.join(fields)}")
-        clean = {key: _check_option(key, value) for key, value in values.items() if value is not None}
-        return cls(**clean)
-
-    def to_json(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["fallback"] = self.fallback.value
-        return out
-
-
-def _check_option(key: str, value: Any) -> Any:
-    """``value`` converted to the option's type; :class:`OptionsError` naming it otherwise."""
-    if key == "fallback":
-        try:
-            return value if isinstance(value, Fallback) else Fallback(str(value).lower())
-        except ValueError:
-            raise OptionsError(f"fallback={value!r} is not valid",
-                               hint="use 'none' (unsupported ops are an error) or 'eager'") from None
-    if key in ("threads", "tune_trials", "opset"):
-        low = 0 if key == "tune_trials" else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise OptionsError(f"{key}={value!r} must be an integer >= {low}")
-        return value
-    if key == "tolerance":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise OptionsError(f"tolerance={value!r} must be a positive number such as 1e-3")
-        return float(value)
-    if key in ("optimize", "cuda_graphs"):
-        if not isinstance(value, bool):
-            raise OptionsError(f"{key}={value!r} must be True or False")
-        return value
-    if key in ("device", "work_dir"):
-        return str(value)
-    return value
 
 
 # Ops no mlcomp target lowers: spectral ops work on complex tensors, which the
@@ -155,6 +84,11 @@ class Target(abc.ABC):
     description: ClassVar[str]
     default_device: ClassVar[str] = "cpu"
     runs_composites_in_torch: ClassVar[bool] = False   # True: composite impls run as torch code
+    # what it compiles (modes, dtypes, devices…), checked by compile() before anything is built;
+    # the default describes torch on the CPU
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    # which kinds of rewrite help it: a preset (-O2…) drops the passes of other kinds for this target
+    rewrites: ClassVar[frozenset[Rewrite]] = ALL_REWRITES
 
     # -- capability -------------------------------------------------------
     def available(self) -> str | None:
@@ -209,8 +143,10 @@ class Target(abc.ABC):
     def check(self, graph: Graph) -> None:
         """Raise :class:`UnsupportedOpError` listing all unsupported nodes (op, module, source)."""
         bad = self.unsupported(graph)
-        if not bad:
-            return
+        if bad:
+            raise self._ops_error(graph, bad)
+
+    def _describe_ops(self, graph: Graph, bad: Mapping[str, str]) -> str:
         groups: dict[tuple[str, str], list[str]] = {}
         for name, reason in bad.items():
             groups.setdefault((str(graph.node(name).op), reason), []).append(name)
@@ -220,12 +156,34 @@ class Target(abc.ABC):
             rest = f" and {len(names) - 3} more: " + ", ".join(f"%{n}" for n in names[3:]) \
                 if len(names) > 3 else ""
             items.append("; ".join(shown) + rest + f": {reason}")
+        return "; ".join(items)
+
+    def _ops_error(self, graph: Graph, bad: Mapping[str, str]) -> UnsupportedOpError:
         err = UnsupportedOpError(
-            f"target {self.name} cannot run {len(bad)} node(s) of {graph.name}: " + "; ".join(items),
+            f"target {self.name} cannot run {len(bad)} node(s) of {graph.name}: " + self._describe_ops(graph, bad),
             hint="run those regions in torch with --fallback eager (fallback='eager'), choose another "
                  "target (see `mlcomp targets`), or change the model to avoid the op")
         err.nodes = dict(bad)   # node name → reason, for programs
-        raise err
+        return err
+
+    def check_capabilities(self, graph: Graph, options: CompileOptions, bad: Mapping[str, str]) -> None:
+        """Raise one :class:`CapabilityError` naming every way ``graph``/``options`` do not fit.
+
+        ``bad``: the unsupported nodes, exempt from the dtype check: under ``fallback='eager'``
+        they run in torch, otherwise they are listed as one problem, with their reasons (alone
+        they raise the plain :class:`UnsupportedOpError` of :meth:`check`).
+        """
+        eager = options.fallback is Fallback.EAGER
+        problems = mismatches(self.capabilities, self.name, graph, self.device(options), runs_elsewhere=bad)
+        if bad and not eager:
+            if not problems:
+                raise self._ops_error(graph, bad)
+            problems.append(Mismatch(MismatchKind.OPS, f"{len(bad)} node(s) use ops target {self.name} "
+                                                       "cannot run: " + self._describe_ops(graph, bad)))
+        if problems:
+            err = CapabilityError(self.name, graph, problems, hint_for(problems))
+            err.nodes = {} if eager else dict(bad)
+            raise err
 
     # -- compilation ------------------------------------------------------
     def device(self, options: CompileOptions) -> str:
@@ -242,9 +200,8 @@ class Target(abc.ABC):
                                          hint="see `mlcomp targets` for the targets this machine can use")
         start = time.perf_counter()
         bad = self.unsupported(graph)
+        self.check_capabilities(graph, options, bad)   # before anything is exported or built
         regions: list[dict[str, Any]] = []
-        if bad and options.fallback is Fallback.NONE:
-            self.check(graph)
         inputs = example_inputs(graph)
         if bad:
             from mlcomp.targets.fallback import build_partitioned
@@ -269,18 +226,7 @@ class Target(abc.ABC):
 
 def example_inputs(graph: Graph, seed: int = 0) -> tuple[torch.Tensor, ...]:
     """Random tensors fitting the graph's inputs (symbolic sizes take their example values)."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for node in graph.input_nodes:
-        meta: TensorMeta = node.tensor_meta
-        shape = meta.concrete_shape(graph.symbols)
-        if meta.dtype.is_floating_point:
-            out.append(torch.randn(shape, generator=gen).to(meta.dtype))
-        elif meta.dtype == torch.bool:
-            out.append(torch.randint(0, 2, shape, generator=gen).bool())
-        else:
-            out.append(torch.randint(0, 10, shape, generator=gen).to(meta.dtype))
-    return tuple(out)
+    return graph_random_inputs(graph, seed)
 
 
 def composite_ops(graph: Graph, node: Node) -> list[Op]:
@@ -355,10 +301,20 @@ class TargetName(enum.Enum):
 
     @property
     def implementation(self) -> str:
-        return {"cpu": "mlcomp.targets.cpu:CpuTarget", "cuda": "mlcomp.targets.cuda:CudaTarget",
-                "onnxruntime": "mlcomp.targets.onnxruntime:OnnxRuntimeTarget",
-                "tvm": "mlcomp.targets.tvm:TvmTarget"}[self.value]
+        return str(TARGETS.ref(self.value))
 
+
+def _unknown_target(name: str, close: str | None) -> TargetUnavailableError:
+    return TargetUnavailableError(
+        f"there is no target named {name!r}" + (f" (did you mean {close!r}?)" if close else ""),
+        hint=f"choose one of: {', '.join(t.value for t in TargetName)}")
+
+
+# target name -> "module:Class"; the class is imported on first use
+TARGETS: LazyRegistry[type[Target]] = LazyRegistry("target", {
+    "cpu": "mlcomp.targets.cpu:CpuTarget", "cuda": "mlcomp.targets.cuda:CudaTarget",
+    "onnxruntime": "mlcomp.targets.onnxruntime:OnnxRuntimeTarget", "tvm": "mlcomp.targets.tvm:TvmTarget",
+}, on_unknown=_unknown_target)
 
 _ALIASES = {"ort": TargetName.ONNXRUNTIME, "onnx": TargetName.ONNXRUNTIME, "torchscript": TargetName.CPU}
 
@@ -369,16 +325,8 @@ def target_name(name: str | TargetName) -> TargetName:
     key = str(name).strip().lower()
     if key in _ALIASES:
         return _ALIASES[key]
-    try:
-        return TargetName(key)
-    except ValueError:
-        import difflib
-
-        known = [t.value for t in TargetName]
-        close = difflib.get_close_matches(key, known, n=1)
-        raise TargetUnavailableError(
-            f"there is no target named {name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""),
-            hint=f"choose one of: {', '.join(known)}") from None
+    TARGETS.ref(key)   # raises with did-you-mean if unknown
+    return TargetName(key)
 
 
 def get_target(name: str | TargetName) -> Target:
@@ -388,8 +336,7 @@ def get_target(name: str | TargetName) -> Target:
 
 @lru_cache(maxsize=None)
 def _instance(name: TargetName) -> Target:
-    module, _, cls = name.implementation.partition(":")
-    return getattr(importlib.import_module(module), cls)()
+    return TARGETS.get(name.value)()
 
 
 def available_targets() -> dict[str, str | None]:

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-import statistics
-import time
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator
 
 import torch
 from mlcomp.targets.artifact import RuntimeKind
@@ -32,6 +30,7 @@ from mlcomp.targets.codegen import to_fx
 
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.quiet import quiet_torch
+from mlcomp.hardware.timing import TimingPolicy, measure_interleaved
 from mlcomp.ir import Graph, Mode
 
 __all__ = ["CpuTarget", "TorchScriptRuntime", "trace_frozen", "threads"]
@@ -77,23 +76,6 @@ def trace_frozen(graph: Graph, inputs: tuple[torch.Tensor, ...], device: str = "
         else:
             scripted = torch.jit.trace(gm, inputs, check_trace=False)
         return torch.jit.freeze(scripted.eval())
-
-
-def median_time(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...], *, budget: float = 1.0,
-                repeats: int = 7, sync: Callable[[], None] | None = None) -> float:
-    """Median seconds per call after warm-up, within roughly ``budget`` seconds."""
-    with torch.no_grad():
-        for _ in range(3):
-            fn(*inputs)
-        times: list[float] = []
-        deadline = time.perf_counter() + budget
-        while len(times) < repeats and (len(times) < 3 or time.perf_counter() < deadline):
-            t0 = time.perf_counter()
-            fn(*inputs)
-            if sync:
-                sync()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 class TorchScriptRuntime:
@@ -166,9 +148,16 @@ class CpuTarget(Target):
 
     @staticmethod
     def _optimize_is_faster(payload: bytes, inputs: tuple[torch.Tensor, ...]) -> bool:
-        """Time the frozen module with and without ``optimize_for_inference``; True if it helps."""
+        """Time the frozen module with and without ``optimize_for_inference``; True if it clearly helps.
+
+        The two are timed interleaved (one call of each per round), so load on a
+        shared machine hits both alike; timed one after the other, a burst of load
+        during one of them decided the choice, and two compiles of one model could
+        differ by 1.5x.  Keeping ``optimize`` needs a 10% win over the median.
+        """
         plain = TorchScriptRuntime._load_module(payload, False, "cpu")
         tuned = TorchScriptRuntime._load_module(payload, True, "cpu")
-        t_plain = median_time(plain, inputs, budget=0.5)
-        t_tuned = median_time(tuned, inputs, budget=0.5)
-        return t_tuned < 0.95 * t_plain
+        with torch.no_grad():
+            timing = measure_interleaved({"plain": lambda: plain(*inputs), "tuned": lambda: tuned(*inputs)},
+                                         TimingPolicy(warmup=3, budget_s=0.25, min_repeats=15, max_repeats=2000))
+        return timing["tuned"].median < 0.9 * timing["plain"].median

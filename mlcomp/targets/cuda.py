@@ -23,7 +23,8 @@ from typing import Any, ClassVar
 import torch
 from mlcomp.targets.artifact import RuntimeKind
 from mlcomp.targets.base import CompileOptions, Target
-from mlcomp.targets.cpu import frozen_bytes, require_inference, trace_frozen
+from mlcomp.targets.capabilities import Capabilities, DeviceKind
+from mlcomp.targets.cpu import frozen_bytes, trace_frozen
 
 from mlcomp.base.errors import MlcompError
 from mlcomp.ir import Graph
@@ -100,6 +101,8 @@ class CudaTarget(Target):
     description = "TorchScript trace + freeze on CUDA, static shapes replayed as CUDA graphs"
     default_device = "cuda:0"
     runs_composites_in_torch = True
+    # one device: a CUDA graph captures the stream of one GPU
+    capabilities = Capabilities(devices=frozenset({DeviceKind.CUDA}))
 
     def available(self) -> str | None:
         if not torch.cuda.is_available():
@@ -107,10 +110,7 @@ class CudaTarget(Target):
         return None
 
     def build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...]) -> CudaRuntime:
-        require_inference(graph, self.name)
-        device = self.device(options)
-        if not device.startswith("cuda"):
-            raise MlcompError(f"target cuda cannot compile for device {device!r}", hint="use --target cpu")
+        device = self.device(options)   # mode, dtypes and device were checked by compile()
         static = not any(n.tensor_meta.is_dynamic for n in graph.input_nodes)
         payload = frozen_bytes(trace_frozen(graph, inputs, device=device))
         return CudaRuntime(payload, device=device,

@@ -31,16 +31,17 @@ from typing import Any, ClassVar, Iterator
 import torch
 from mlcomp.targets.artifact import RuntimeKind
 from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
+from mlcomp.targets.capabilities import REAL_DTYPES, Capabilities, DeviceKind
 from mlcomp.targets.codegen import to_fx
 
 from mlcomp.base.errors import MlcompError
 from mlcomp.ir import Graph
 from mlcomp.ir.ops import Namespace, Op
+from mlcomp.pipeline.presets import Rewrite
 
 __all__ = ["OnnxRuntimeTarget", "OrtRuntime", "export_onnx", "make_session"]
 
 PAYLOAD = "model.onnx"
-_NO_NUMPY = (torch.bfloat16, torch.complex32)
 
 
 @contextlib.contextmanager
@@ -159,6 +160,10 @@ def _registry() -> Any:
 class OnnxRuntimeTarget(Target):
     name = "onnxruntime"
     description = "torch.onnx.export (dynamo) → ONNX Runtime, ORT_ENABLE_ALL, CPU EP (CUDA EP if present)"
+    rewrites = frozenset({Rewrite.CLEANUP})      # fuses on its own: presets skip mlcomp's fusion
+    # inputs and outputs cross as numpy arrays, and numpy has no bfloat16
+    capabilities = Capabilities(io_dtypes=REAL_DTYPES - {torch.bfloat16},
+                                devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}))
 
     def available(self) -> str | None:
         import importlib.util
@@ -183,13 +188,7 @@ class OnnxRuntimeTarget(Target):
         return f"torchlib (onnxscript) has no ONNX translation for {op} and torch has no decomposition of it"
 
     def build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...]) -> OrtRuntime:
-        from mlcomp.targets.cpu import require_inference
-
-        require_inference(graph, self.name)
-        odd = [f"%{n.name} ({n.tensor_meta})" for n in graph.input_nodes if n.tensor_meta.dtype in _NO_NUMPY]
-        if odd:
-            raise MlcompError(f"target onnxruntime cannot take {', '.join(odd)} as graph inputs (no numpy dtype)",
-                              hint="keep model inputs float32; mixed precision casts inside the graph")
+        # mode, dtypes (numpy ones at the boundary) and device were checked by compile()
         module = to_fx(graph).eval()
         dynamic = None
         if any(n.tensor_meta.is_dynamic for n in graph.input_nodes):

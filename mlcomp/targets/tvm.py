@@ -16,45 +16,26 @@ converter for the op.
 """
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
-import sys
-import tempfile
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import torch
 from mlcomp.targets.artifact import RuntimeKind
 from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
+from mlcomp.targets.capabilities import Capabilities, DeviceKind
 from mlcomp.targets.codegen import to_fx
+from mlcomp.targets.tvm_scope import quiet_native
 
 from mlcomp.base.errors import MlcompError
-from mlcomp.ir import Graph
+from mlcomp.ir import Graph, Node, TensorMeta
+from mlcomp.ir.dtypes import dtype_name
 from mlcomp.ir.ops import GETITEM, Namespace, Op
+from mlcomp.pipeline.presets import Rewrite
 
 __all__ = ["TvmTarget", "TvmRuntime", "quiet_native"]
-
-
-@contextlib.contextmanager
-def quiet_native() -> Iterator[None]:
-    """Divert what C++ code writes straight to fd 2 (TVM's log lines) for the duration.
-
-    TVM logs warnings such as ``Scope Loaded`` for every function of an executable;
-    they say nothing actionable to an mlcomp user.  Python-level errors still
-    propagate as exceptions.
-    """
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 class TvmRuntime:
@@ -87,6 +68,10 @@ class TvmRuntime:
         return cls(module, tuned=bool(info.get("tuned")))
 
 
+# ops whose TVM converter emits a float32 bias add whatever the inputs' dtype (measured, TVM 0.27)
+_FLOAT32_ONLY = frozenset({"addmm", "linear"})
+
+
 @lru_cache(maxsize=1)
 def _converters() -> frozenset[str]:
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
@@ -97,11 +82,23 @@ def _converters() -> frozenset[str]:
 class TvmTarget(Target):
     name = "tvm"
     description = "Apache TVM (Relax): DLight schedules, or MetaSchedule with --tune-trials"
+    # from_exported_program converts every real dtype of the table; the VM runs static shapes
+    rewrites = frozenset({Rewrite.CLEANUP})      # fuses on its own: presets skip mlcomp's fusion
+    capabilities = Capabilities(devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}), dynamic_shapes=False)
 
     def available(self) -> str | None:
         if importlib.util.find_spec("tvm") is None:
             return "the apache-tvm package is not installed (pip install apache-tvm)"
         return None
+
+    def explain(self, node: Node, graph: Graph | None = None) -> str | None:
+        reason = super().explain(node, graph)
+        meta = node.meta
+        if reason is None and node.op.namespace is Namespace.ATEN and node.op.name in _FLOAT32_ONLY \
+                and isinstance(meta, TensorMeta) and meta.dtype.is_floating_point and meta.dtype != torch.float32:
+            return (f"TVM 0.27's converter for {node.op.name} types its bias add as float32, so a "
+                    f"{dtype_name(meta.dtype)} {node.op.name} fails to build (a matmul without bias works)")
+        return reason
 
     def explain_op(self, op: Op) -> str | None:
         if op == GETITEM:
@@ -118,24 +115,19 @@ class TvmTarget(Target):
 
     def build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...]) -> TvmRuntime:
         from mlcomp.targets import tvm_backend
-        from mlcomp.targets.cpu import require_inference
 
-        require_inference(graph, self.name)
-        if any(n.tensor_meta.is_dynamic for n in graph.input_nodes):
-            raise MlcompError(f"target tvm compiles static shapes, but {graph.name} has a dynamic input "
-                              f"({', '.join(str(n.meta) for n in graph.input_nodes)})",
-                              hint="capture without --dynamic-batch (one compile per batch size)")
-        device = self.device(options)
-        if device not in ("cpu", "cuda"):
-            raise MlcompError(f"target tvm builds for cpu or cuda, not {device!r}")
+        # mode, dtypes, device and static shapes were checked by compile(); TVM takes the device kind
+        kind = DeviceKind.of(self.device(options))
+        device = kind.value if kind is not None else self.device(options)
         work_dir = options.work_dir
         if options.tune_trials and work_dir:
             work_dir = os.path.abspath(work_dir)
         module = to_fx(graph).eval()
         try:
-            with quiet_native():
-                built = tvm_backend.build(module, inputs, device=device, tune_trials=options.tune_trials,
-                                          work_dir=work_dir)
+            built = tvm_backend.build(module, inputs, device=device, tune_trials=options.tune_trials,
+                                      work_dir=work_dir, build_timeout=options.tune_build_timeout,
+                                      run_timeout=options.tune_run_timeout, log_level=options.log_level,
+                                      worker_torch=options.tune_worker_torch)
         except MlcompError:
             raise
         except Exception as exc:  # noqa: BLE001 - TVM's errors are long C++ traces

@@ -31,30 +31,38 @@ Library offload (``offload=True``), checked on the PyPI wheel apache-tvm 0.27.0.
     cleanly, ``stats["offload"]["reason"]`` says why.  With a wheel built with
     cuBLAS, matmuls on CUDA are partitioned to cuBLAS.
 
-Tuning-speed workarounds (TVM 0.27 + torch in one process; see the helpers):
+Tuning-speed workarounds (TVM 0.27 + torch in one process):
     ``import tvm`` imports torch (tvm_ffi does), which makes TVMScript's
     ``inspect.stack()`` scan ~2000 modules per frame: importing
     ``tvm.s_tir.tensor_intrin`` takes ~60-90 s, in the main process and in every
     MetaSchedule build worker (the build pool is restarted per batch), so with the
-    stock 30 s timeout every build failed.  We patch ``inspect.stack`` while
-    building, skip the intrinsic import in CPU build workers, and hide torch from
-    the workers (``MLCOMP_TVM_WORKER_TORCH=1`` disables that).  Console logging of
-    MetaSchedule is reduced to warnings (``MLCOMP_TVM_VERBOSE=1`` restores it);
-    full logs stay in ``work_dir/logs``.
+    stock 30 s timeout every build failed.  While building, ``inspect.stack`` is
+    replaced by one that skips the module lookup, CPU build workers skip the
+    intrinsic import, and torch is hidden from the workers
+    (``tune_worker_torch=True`` keeps it).  All of that, and the console
+    verbosity (``log_level``), is process state changed only inside a
+    :class:`~mlcomp.targets.tvm_scope.TvmScope` and restored when the build ends,
+    Ctrl-C included; nothing is written outside ``work_dir``, the output folder
+    and the scope's private temporary folder.  Each task's full MetaSchedule log
+    goes to ``work_dir/logs`` through loggers private to the build.
+
+    before: MLCOMP_TVM_BUILD_TIMEOUT=300 mlcomp compile … (environment, read at import)
+    after:  build(module, inputs, tune_trials=64, build_timeout=300)
+            (CompileOptions(tune_build_timeout=300) for the target)
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 
-_LEDGER = "mlcomp_ledger.json"
+from mlcomp.targets.options import LogLevel
+from mlcomp.targets.tvm_scope import TvmScope
+from mlcomp.targets.tvm_tuning import tune
+
 _META = "meta.json"
 _LIB = "model.so"
-_BUILD_TIMEOUT = float(os.environ.get("MLCOMP_TVM_BUILD_TIMEOUT", 180))
-_RUN_TIMEOUT = float(os.environ.get("MLCOMP_TVM_RUN_TIMEOUT", 60))
 
 
 def host_llvm_target(num_cores: int | None = None) -> dict:
@@ -87,83 +95,6 @@ def _make_target(device: str):
         arch = tvm.cuda(0).compute_version.replace(".", "")
         return tvm.target.Target({"kind": "cuda", "arch": f"sm_{arch}"}, host=host_llvm_target())
     raise ValueError(f"unsupported device {device!r} (expected 'cpu' or 'cuda')")
-
-
-def _worker_init():
-    """Install an ``inspect.stack`` that never calls ``inspect.getmodule`` (see module doc).
-
-    Also the MetaSchedule worker initializer, so it must stay self-contained.
-    """
-    import inspect
-    import linecache
-    import sys
-
-    def stack(context=1):
-        frame, out = sys._getframe(1), []
-        while frame is not None:
-            fn, ln = frame.f_code.co_filename, frame.f_lineno
-            line = linecache.getline(fn, ln) if context > 0 else ""
-            out.append(inspect.FrameInfo(frame, fn, ln, frame.f_code.co_name,
-                                         [line] if line else None, 0 if line else None))
-            frame = frame.f_back
-        return out
-
-    inspect.stack = stack
-
-
-def _worker_build(mod, target, _params):
-    """``meta_schedule.builder.default_build`` minus ``import tvm.s_tir.tensor_intrin`` on CPU.
-
-    That import costs ~8 s of CPU per worker per batch; candidates arrive already
-    scheduled (tensorized bodies inlined), so the registry is not needed to compile.
-    """
-    from tvm.driver import build as tvm_build
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
-
-    if target.kind.name != "llvm":
-        import tvm.s_tir.tensor_intrin  # noqa: F401
-    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    return tvm_build(mod, target=target)
-
-
-def _by_value(fn):
-    """Copy of a self-contained ``fn`` that cloudpickle ships by value (workers need not import us)."""
-    import types
-
-    return types.FunctionType(fn.__code__, {"__builtins__": __builtins__}, fn.__name__)
-
-
-class _Patched:
-    """Context: fast ``inspect.stack``; optionally a PYTHONPATH whose ``torch`` fails to import."""
-
-    def __init__(self, hide_torch_from_children: bool = False):
-        self.hide = hide_torch_from_children and os.environ.get("MLCOMP_TVM_WORKER_TORCH") != "1"
-
-    def __enter__(self):
-        import inspect
-        import tempfile
-
-        self._stack, self._path = inspect.stack, os.environ.get("PYTHONPATH")
-        _worker_init()
-        if self.hide:
-            shim = os.path.join(tempfile.gettempdir(), "mlcomp_tvm_worker_shim")
-            init = os.path.join(shim, "torch", "__init__.py")
-            if not os.path.exists(init):
-                os.makedirs(os.path.dirname(init), exist_ok=True)
-                with open(init, "w") as f:
-                    f.write('raise ImportError("torch is hidden from MetaSchedule workers")\n')
-            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [shim, self._path]))
-        return self
-
-    def __exit__(self, *exc):
-        import inspect
-
-        inspect.stack = self._stack
-        if self.hide:
-            if self._path is None:
-                os.environ.pop("PYTHONPATH", None)
-            else:
-                os.environ["PYTHONPATH"] = self._path
 
 
 def _offload(mod, target, stats: dict):
@@ -215,109 +146,50 @@ def _dlight(mod, target):
         return dl.ApplyDefaultSchedule(*rules)(mod)
 
 
-def _tune(mod, target, tune_trials: int, work_dir: str, stats: dict):
-    """MetaSchedule-tune the fused TIR tasks not yet covered by ``work_dir``; apply the database."""
-    import tvm
-    import tvm_ffi
-    from tvm import relax
-    from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.meta_schedule.relax_integration import extract_tasks, extracted_tasks_to_tune_contexts
-
-    os.makedirs(work_dir, exist_ok=True)
-    if not os.environ.get("MLCOMP_TVM_VERBOSE"):
-        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
-    with target:
-        mod = relax.transform.AttachAttrLayoutFreeBuffers()(mod)
-    db = ms.database.JSONDatabase(work_dir=work_dir)
-    ledger_path = os.path.join(work_dir, _LEDGER)
-    ledger = {}
-    if os.path.exists(ledger_path):
-        with open(ledger_path) as f:
-            ledger = json.load(f)
-    tasks = [t for t in extract_tasks(mod, target) if not t.mod.attrs.get("tirx.is_scheduled", False)]
-    hashes = sorted(str(tvm_ffi.structural_hash(t.dispatched[0])) for t in tasks)
-    key = f"{target}|{','.join(hashes)}"
-    spent = ledger.get(key, 0)
-    if spent and any(db.query_tuning_record(t.dispatched[0], target, "main") is None for t in tasks):
-        spent = 0  # a task has no valid record (e.g. all its builds failed): tune again
-    owed = max(0, tune_trials - spent)
-    t0 = time.perf_counter()
-    if owed and tasks:
-        # Gradient task scheduler: one warm-up round of `step` trials per task, then the
-        # rest goes to the tasks whose weighted latency is dropping fastest.
-        per = owed // len(tasks)
-        step = max(1, min(64, max(per // 2, min(per, 8))))
-        # MetaSchedule's population of 512 suits 64-candidate rounds; scale it down for
-        # small rounds (each round's search is the main fixed cost of a small budget).
-        pop = min(512, max(128, 8 * step))
-        strategy = ms.search_strategy.EvolutionarySearch(population_size=pop,
-                                                         init_min_unmeasured=min(50, pop // 2))
-        ctxs, weights = extracted_tasks_to_tune_contexts(tasks, work_dir=work_dir,
-                                                         strategy=strategy, seed=0)
-        with _Patched(hide_torch_from_children=True):
-            init = _by_value(_worker_init)
-            builder = ms.builder.LocalBuilder(timeout_sec=_BUILD_TIMEOUT, initializer=init,
-                                              f_build=_by_value(_worker_build))
-            runner = ms.runner.LocalRunner(timeout_sec=_RUN_TIMEOUT, initializer=init)
-            ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=work_dir, database=db,
-                          builder=builder, runner=runner, max_trials_global=owed,
-                          max_trials_per_task=owed, num_trials_per_iter=step)
-        ledger[key] = spent + owed
-        with open(ledger_path, "w") as f:
-            json.dump(ledger, f, indent=1)
-    records = {t.task_name: len(db.get_top_k(db.commit_workload(t.dispatched[0]), 1 << 20))
-               for t in tasks}
-    stats.update(tuning_seconds=round(time.perf_counter() - t0, 2), tasks=len(tasks),
-                 trials_run=owed, trials_before=spent, records_per_task=records,
-                 db_reused=bool(tasks) and not owed, work_dir=work_dir)
-    with target, db:
-        mod = relax.transform.MetaScheduleApplyDatabase()(mod)
-        # split MetaSchedule's weight repacking out of the kernels and fold it into constants
-        mod = tvm.transform.Sequential([relax.transform.SplitLayoutRewritePreproc(),
-                                        relax.transform.FoldConstant(),
-                                        relax.transform.DeadCodeElimination(["main"])])(mod)
-    return mod
-
-
 def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
-          work_dir: str | None = None, offload: bool = True) -> "TvmModule":
+          work_dir: str | None = None, offload: bool = True, build_timeout: float = 180.0,
+          run_timeout: float = 60.0, log_level: LogLevel = LogLevel.WARNING,
+          worker_torch: bool = False) -> "TvmModule":
     """Compile ``module`` for the exact shapes/dtypes of ``example_inputs``.
 
     ``device``: "cpu" (LLVM for this host) or "cuda".  ``tune_trials``: total
-    MetaSchedule budget, 0 = untuned (see module doc); with no ``work_dir`` a fresh
-    temporary directory is used, so nothing is reused.  ``offload``: try library
-    BYOC (unavailable in the PyPI wheel; recorded in ``stats["offload"]``).
+    MetaSchedule budget, 0 = untuned (see module doc); with no ``work_dir`` the
+    database lives in the build's private temporary folder (removed afterwards),
+    so nothing is reused.  ``offload``: try library BYOC (unavailable in the PyPI
+    wheel; recorded in ``stats["offload"]``).  ``build_timeout``/``run_timeout``:
+    seconds per MetaSchedule candidate build/measurement.  ``log_level``: console
+    verbosity.  ``worker_torch``: let MetaSchedule workers import torch.
     """
-    import tempfile
-
     import torch
     import tvm
     from tvm.relax.frontend.torch import from_exported_program
 
     t_start = time.perf_counter()
-    target = _make_target(device)
-    stats: dict = {"device": device, "target": str(target), "tune_trials": tune_trials,
-                   "trial_budget": "total per build, gradient task scheduler", "db_reused": False}
-    was_training = module.training
-    module.eval()
-    try:
-        with torch.no_grad():
-            ep = torch.export.export(module, tuple(example_inputs))
-    finally:
-        module.train(was_training)
-    n_out = len(ep.graph_signature.user_outputs)
-    # a single output comes back as a bare tensor: saves unpacking a tvm-ffi Array per call
-    mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=n_out == 1)
-    stats["export_seconds"] = round(time.perf_counter() - t_start, 2)
-    if offload:
-        mod = _offload(mod, target, stats)
-    else:
-        stats["offload"] = {"requested": False, "applied": []}
-    with _Patched():
+    with TvmScope(log_level=log_level, hide_torch_from_workers=not worker_torch) as scope:
+        target = _make_target(device)
+        stats: dict = {"device": device, "target": str(target), "tune_trials": tune_trials,
+                       "trial_budget": "total per build, gradient task scheduler", "db_reused": False}
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad():
+                ep = torch.export.export(module, tuple(example_inputs))
+        finally:
+            module.train(was_training)
+        n_out = len(ep.graph_signature.user_outputs)
+        # a single output comes back as a bare tensor: saves unpacking a tvm-ffi Array per call
+        mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=n_out == 1)
+        stats["export_seconds"] = round(time.perf_counter() - t_start, 2)
+        if offload:
+            mod = _offload(mod, target, stats)
+        else:
+            stats["offload"] = {"requested": False, "applied": []}
         mod = _lower_to_tir(mod, target)
         if tune_trials > 0:
-            mod = _tune(mod, target, tune_trials, work_dir or tempfile.mkdtemp(prefix="mlcomp_tvm_"),
-                        stats)
+            mod = tune(mod, target, tune_trials, work_dir or os.path.join(scope.tmp, "tuning"), stats, scope,
+                        build_timeout=build_timeout, run_timeout=run_timeout)
+            if not work_dir:
+                stats["work_dir"] = None   # it was the private folder, gone after the build
         if tune_trials <= 0 or target.kind.name == "cuda":
             mod = _dlight(mod, target)  # untuned, or GPU fall-back for tasks the database lacks
         t0 = time.perf_counter()

@@ -1,0 +1,233 @@
+"""Memory over a schedule: which values are live at each step, bytes per step, the peak.
+
+Every pass that reasons about memory (fusion's peak guard, rematerialisation,
+placement) and every report reads it from here.  A value is *live* from the
+step that produces it to the last step that reads it; the interpreter frees at
+exactly that point.  Views share their base's buffer (a view chain is one
+allocation, held until its last alias is read), graph outputs stay live to the
+end, and a value nobody reads is held to the end too (nothing frees it)::
+
+    graph chain(%x: f32[256]) {          step  live buffers           bytes
+      %a = aten.relu(%x)                   0   a                       1024
+      %v = aten.view(%a, [16, 16])         1   a (v aliases a)         1024
+      %b = aten.exp(%v)                    2   a, b                    2048
+      %c = aten.neg(%b)                    3   b, c                    2048
+      return (%c)                                             peak =  2048
+    }
+
+    >>> live = liveness(graph)             # the graph's order; or liveness(graph, schedule=[...])
+    >>> live.peak_bytes, live.live_at(2), live.bytes_at("b")
+    (2048, frozenset({'a', 'b'}), 2048)
+
+``groups`` runs each group of nodes as one unit (a fused kernel, scheduled
+where its last member was): values produced and read only inside a group never
+reach memory, though the kernel holds the largest of them transiently where
+that exceeds what it writes out.  Graph inputs and parameters are not counted
+unless ``count_inputs``/``count_params``.  Everything is O(n log n).
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from mlcomp.base.errors import IRError
+from mlcomp.ir import Graph, Node, Ref, TensorMeta
+from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM, Namespace
+from mlcomp.ir.opsets import VIEW_LIKE
+
+__all__ = ["Liveness", "liveness", "peak_bytes", "live_bytes_per_node", "storage_roots", "value_bytes", "is_view"]
+
+# every ATen op (any overload) whose result may share its input's storage: the view ops
+# of mlcomp.ir.opsets plus the overloads of the same names (squeeze.default, split.sizes, ...)
+_VIEW_NAMES = frozenset({op.name for op in VIEW_LIKE if op.namespace is Namespace.ATEN}) | frozenset({
+    "view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "unsqueeze", "squeeze",
+    "alias", "detach", "select", "slice", "as_strided", "split", "split_with_sizes", "unbind", "chunk",
+    "lift_fresh_copy", "narrow", "diagonal"})
+
+
+def is_view(node: Node) -> bool:
+    """Whether ``node``'s result aliases its first input's buffer (moves no data, allocates nothing)."""
+    return node.op in VIEW_LIKE or (node.op.namespace is Namespace.ATEN and node.op.name in _VIEW_NAMES)
+
+
+def value_bytes(graph: Graph, node: Node) -> int:
+    """Bytes of the tensor(s) ``node`` produces (symbolic sizes at their example values)."""
+    metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
+    return sum(m.nbytes(graph.symbols) for m in metas if isinstance(m, TensorMeta))
+
+
+def _is_alias(node: Node) -> bool:
+    return (is_view(node) or node.op == GETITEM) and bool(node.inputs) and isinstance(node.inputs[0], Ref)
+
+
+def storage_roots(graph: Graph, *, exclude: Iterable[str] = ()) -> dict[str, str]:
+    """Value → the value whose buffer it uses: a view (or a projection of a tuple) → its base.
+
+    Nodes in ``exclude`` (members of a fused group, which writes fresh buffers) own theirs.
+    """
+    skip = set(exclude)
+    root: dict[str, str] = {}
+    for node in graph.nodes():
+        base = node.inputs[0].name if _is_alias(node) and node.name not in skip else None
+        root[node.name] = root.get(base, node.name) if base is not None else node.name
+    return root
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """Live buffers over a schedule.  Steps index ``schedule`` (one node, or one group)."""
+
+    schedule: tuple[tuple[str, ...], ...]   # the nodes each step runs
+    step_of: Mapping[str, int]              # node -> its step
+    storage: Mapping[str, str]              # value -> root value owning its buffer
+    sizes: Mapping[str, int]                # counted root -> bytes
+    born: Mapping[str, int]                 # counted root -> step allocating it
+    dies: Mapping[str, int]                 # counted root -> last step holding it
+    live_bytes: tuple[int, ...]             # bytes held while each step runs
+    peak_bytes: int
+
+    def live_at(self, step: int) -> frozenset[str]:
+        """Counted buffers (root value names) held while ``step`` runs."""
+        return frozenset(r for r, b in self.born.items() if b <= step <= self.dies[r])
+
+    def bytes_at(self, node: str) -> int:
+        """Bytes held while ``node`` (or the group it belongs to) runs."""
+        return self.live_bytes[self.step_of[node]]
+
+    def interval(self, value: str) -> tuple[int, int] | None:
+        """(first, last) step the buffer of ``value`` is held; ``None`` if it is not counted."""
+        r = self.storage[value]
+        return (self.born[r], self.dies[r]) if r in self.born else None
+
+
+def liveness(graph: Graph, schedule: Sequence[str] | None = None, *, groups: Sequence[Sequence[str]] = (),
+             count_inputs: bool = False, count_params: bool = False) -> Liveness:
+    """Liveness of every buffer when the graph runs in ``schedule`` (default: its order).
+
+    ``schedule`` lists every node once (structural nodes may be left out) in an
+    order that respects data dependencies; ``groups`` cannot be combined with it.
+    """
+    order = graph.order()
+    nodes = {n.name: n for n in graph.nodes()}
+    unit_of: dict[str, str] = {}
+    for i, members in enumerate(groups):
+        for n in members:
+            unit_of[n] = f"#group{i}"
+    of = lambda n: unit_of.get(n, n)  # noqa: E731
+    if schedule is not None:
+        if groups:
+            raise ValueError("liveness takes a schedule or groups, not both")
+        units = _checked_schedule(graph, nodes, order, schedule)
+    else:
+        units = _unit_schedule(nodes, order, of)
+    members: dict[str, list[str]] = {}
+    for name in order:
+        members.setdefault(of(name), []).append(name)
+    step = {u: i for i, u in enumerate(units)}
+    storage = storage_roots(graph, exclude=unit_of)
+    last_use: dict[str, int] = {}
+    for u in units:
+        for name in members[u]:
+            for s in nodes[name].input_names():
+                if of(s) != u:
+                    last_use[storage[s]] = max(last_use.get(storage[s], -1), step[u])
+    outputs = {storage[r.name] for r in graph.output_refs}
+    end = len(units) - 1
+    skip = {OUTPUT} | ({INPUT} if not count_inputs else set()) | ({PARAM} if not count_params else set())
+    sizes: dict[str, int] = {}
+    born: dict[str, int] = {}
+    dies: dict[str, int] = {}
+    live_bytes: list[int] = []
+    frees: dict[int, list[str]] = {}
+    live = 0
+    for i, u in enumerate(units):
+        transient = made = 0
+        for name in members[u]:
+            n = nodes[name]
+            if n.op in skip or storage[name] != name:
+                continue
+            size = value_bytes(graph, n)
+            if u.startswith("#group") and all(of(x.name) == u for x in graph.users(name)):
+                transient = max(transient, size)     # produced and consumed inside the kernel
+                continue
+            sizes[name], born[name] = size, i
+            dies[name] = end if name in outputs or name not in last_use else max(last_use[name], i)
+            frees.setdefault(dies[name], []).append(name)
+            live += size
+            made += size
+        # a kernel overwrites its intermediates in place, so its outputs reuse their buffer
+        live_bytes.append(live + max(0, transient - made))
+        for r in frees.get(i, ()):
+            if i < end or r not in outputs:
+                live -= sizes[r]
+    return Liveness(tuple(tuple(members[u]) for u in units), {n: step[of(n)] for n in order}, storage,
+                    sizes, born, dies, tuple(live_bytes), max(live_bytes, default=0))
+
+
+def _unit_schedule(nodes: Mapping[str, Node], order: list[str], of) -> list[str]:
+    """Units in topological order, each group where its last member stood (ties: graph order)."""
+    pos = {n: i for i, n in enumerate(order)}
+    deps: dict[str, set[str]] = {}
+    first: dict[str, int] = {}
+    for name in order:
+        u = of(name)
+        first[u] = max(first.get(u, pos[name]), pos[name])
+        deps.setdefault(u, set()).update(of(s) for s in nodes[name].input_names() if of(s) != u)
+    users: dict[str, list[str]] = {u: [] for u in deps}
+    for u, ds in deps.items():
+        for d in ds:
+            users[d].append(u)
+    indeg = {u: len(ds) for u, ds in deps.items()}
+    heap = [(first[u], u) for u, k in indeg.items() if k == 0]
+    heapq.heapify(heap)
+    units: list[str] = []
+    while heap:
+        _, u = heapq.heappop(heap)
+        units.append(u)
+        for v in users[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                heapq.heappush(heap, (first[v], v))
+    if len(units) != len(deps):
+        raise IRError("the fusion groups given to liveness form a cycle between groups",
+                      hint="a group must be convex: no path may leave it and come back")
+    return units
+
+
+def _checked_schedule(graph: Graph, nodes: Mapping[str, Node], order: list[str],
+                      schedule: Sequence[str]) -> list[str]:
+    given = list(schedule)
+    seen: set[str] = set()
+    for name in given:
+        if name not in nodes or name in seen:
+            raise IRError(f"schedule names %{name} " + ("twice" if name in seen else "which is not in the graph"),
+                          where=f"graph {graph.name}", hint="list every node of the graph once")
+        seen.add(name)
+    missing = [n for n in order if n not in seen and not nodes[n].op.is_structural]
+    if missing:
+        raise IRError(f"schedule leaves out {len(missing)} node(s), first %{missing[0]}",
+                      where=f"graph {graph.name}", hint="list every compute node of the graph once")
+    # structural nodes the caller left out run where the graph order has them (inputs first, output last)
+    full = [n for n in order if n not in seen and nodes[n].op in (INPUT, PARAM)] + given \
+        + [n for n in order if n not in seen and nodes[n].op == OUTPUT]
+    done: set[str] = set()
+    for name in full:
+        for s in nodes[name].input_names():
+            if s not in done:
+                raise IRError(f"schedule runs %{name} before %{s}, which it reads",
+                              where=f"graph {graph.name}", hint="the schedule must respect data dependencies")
+        done.add(name)
+    return full
+
+
+def peak_bytes(graph: Graph, schedule: Sequence[str] | None = None, *,
+               groups: Sequence[Sequence[str]] = ()) -> int:
+    """The most bytes held at once when the graph runs in ``schedule`` (or with ``groups`` fused)."""
+    return liveness(graph, schedule, groups=groups).peak_bytes
+
+
+def live_bytes_per_node(graph: Graph, schedule: Sequence[str] | None = None) -> dict[str, int]:
+    """Node → bytes held while it runs, in schedule order."""
+    live = liveness(graph, schedule)
+    return {name: live.live_bytes[i] for i, names in enumerate(live.schedule) for name in names}

@@ -1,0 +1,116 @@
+"""Presets (``-O0`` … ``-O3``) as data, and how a preset adapts to the target it compiles for.
+
+Each pass of a preset says what kind of rewrite it is (:class:`Rewrite`); each
+target says which kinds help it (``Target.rewrites``).  Expanding a preset for
+a target keeps the passes whose kind the target wants and records the others,
+with the reason, so the pipeline report can say what was dropped::
+
+    >>> preset_text("O2")                                   # every kind: torch targets
+    'cleanup,fuse,cleanup'
+    >>> adapted = adapt_preset("-O2", "onnxruntime", frozenset({Rewrite.CLEANUP}))
+    >>> adapted.text                                      # cleanup runs to a fixed point: once
+    'cleanup'
+    >>> adapted.dropped[0].reason
+    "onnxruntime fuses kernels itself; mlcomp's fusion measured no gain there (benchmarks/presets.py)"
+
+Two equal passes left next to each other by a drop run once (both run to a
+fixed point).  Only presets adapt: a pipeline the user wrote out (inline text, TOML) runs as
+written, whatever the target.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = [
+    "ALL_REWRITES",
+    "PRESET_TABLE",
+    "AdaptedPreset",
+    "Dropped",
+    "Rewrite",
+    "adapt_preset",
+    "preset_key",
+    "preset_text",
+]
+
+
+class Rewrite(enum.Enum):
+    """What a preset's pass is for."""
+
+    CLEANUP = "cleanup"          # dead code, CSE, no-ops, constant folding: less work for any backend
+    FUSION = "fusion"            # mlcomp's own fused kernels and recompositions (fuse, fuse-*)
+
+    def unwanted_reason(self, target: str) -> str:
+        return _UNWANTED[self].format(target=target)
+
+
+_UNWANTED = {
+    Rewrite.CLEANUP: "{target} does not benefit from graph cleanup",
+    Rewrite.FUSION: "{target} fuses kernels itself; mlcomp's fusion measured no gain there (benchmarks/presets.py)",
+}
+
+ALL_REWRITES: frozenset[Rewrite] = frozenset(Rewrite)
+
+# preset name -> its passes in order, each (what it is for, pass spec text)
+PRESET_TABLE: dict[str, tuple[tuple[Rewrite, str], ...]] = {
+    "O0": (),
+    "O1": ((Rewrite.CLEANUP, "cleanup"),),
+    "O2": ((Rewrite.CLEANUP, "cleanup"), (Rewrite.FUSION, "fuse"), (Rewrite.CLEANUP, "cleanup")),
+    "O3": ((Rewrite.CLEANUP, "cleanup{fold_max_bytes=16777216}"),
+           (Rewrite.FUSION, "fuse{max_group_size=128,peak_slack=0.5,tile_min_elements=262144}"),
+           (Rewrite.CLEANUP, "cleanup{fold_max_bytes=16777216}")),
+}
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """One pass of a preset left out for a target, and why."""
+
+    spec: str
+    rewrite: Rewrite
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.spec} ({self.rewrite.value}): {self.reason}"
+
+
+@dataclass(frozen=True)
+class AdaptedPreset:
+    """A preset expanded for one target: the pipeline text to run and what was left out."""
+
+    preset: str
+    target: str
+    text: str
+    dropped: tuple[Dropped, ...] = ()
+
+
+def preset_key(text: object) -> str | None:
+    """``"-O2"`` / ``"O2"`` → ``"O2"``; anything else (a pass list, a path, a Pipeline) → None."""
+    if not isinstance(text, str):
+        return None
+    key = text.strip().lstrip("-")
+    return key if key in PRESET_TABLE else None
+
+
+def preset_text(name: str) -> str:
+    """The preset with every pass (what ``Pipeline.parse("-O2")`` runs when no target is given)."""
+    key = preset_key(name)
+    if key is None:
+        raise KeyError(name)
+    return ",".join(spec for _, spec in PRESET_TABLE[key])
+
+
+def adapt_preset(pipeline: object, target: str, wanted: frozenset[Rewrite]) -> AdaptedPreset | None:
+    """The preset ``pipeline`` names, without the passes ``target`` does not want; None if not a preset."""
+    key = preset_key(pipeline)
+    if key is None:
+        return None
+    kept: list[str] = []
+    dropped: list[Dropped] = []
+    for rewrite, spec in PRESET_TABLE[key]:
+        if rewrite in wanted:
+            if not kept or kept[-1] != spec:
+                kept.append(spec)
+        else:
+            dropped.append(Dropped(spec, rewrite, rewrite.unwanted_reason(target)))
+    return AdaptedPreset(f"-{key}", target, ",".join(kept), tuple(dropped))
