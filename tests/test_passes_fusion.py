@@ -309,8 +309,8 @@ def test_fuse_elementwise_golden():
     assert out.format() == golden("""
         graph chain(%x: f32[16, 32], %y: f32[32]) {
           %fc.weight: f32[32, 32] = param   # fc
-          %mul: f32[16, 32] = mlcomp.fused_mm_relu_mul_967a58(%x, %fc.weight)   # fc {fusion_group=0}
-          %mul_1: f32[16, 1] = mlcomp.fused_add_tanh_sum_mul_30233b(%mul, %y)   # pool {fusion_group=1}
+          %mul: f32[16, 32] = mlcomp.fused_mm_relu_mul_967a58998142(%x, %fc.weight)   # fc {fusion_group=0}
+          %mul_1: f32[16, 1] = mlcomp.fused_add_tanh_sum_mul_30233b6f0eb9(%mul, %y)   # pool {fusion_group=1}
           return (%mul_1, %mul)
         }""")
     assert stats == {"groups_formed": 2, "nodes_fused": 7, "bytes_saved": 16512, "groups_tiled": 0,

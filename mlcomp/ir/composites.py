@@ -1,7 +1,7 @@
 """mlcomp's composite ops: fused groups, each compiled to one torch function.
 
 The fusion pass turns a group of nodes into one node whose op is a fused
-kernel, e.g. ``mlcomp.fused_convolution_relu_3fa2c1``; the group's body is a
+kernel, e.g. ``mlcomp.fused_convolution_relu_3fa2c1d07b44``; the group's body is a
 small :class:`~mlcomp.ir.graph.Graph` kept by the kernel (``fused_body(op)``).  Every
 distinct body is its own composite op, so a node's attrs stay plain literals and
 the torch code generator, ``torch.jit.trace`` and ``torch.export`` all call the
@@ -10,7 +10,7 @@ kernel like any function and see the ATen ops it runs::
     >>> op = register_fused(body)           # body: a Graph with inputs a0, a1 and one output
     >>> op.resolve()(x, w)                  # runs the generated function
     >>> print(fused_kernel(op).source)
-    def fused_mul_add_relu_3fa2c1(a0, a1):
+    def fused_mul_add_relu_3fa2c1d07b44(a0, a1):
         v0 = _f0(a0, a1)                    # aten.mul.Tensor
         v1 = _f1(v0, 1.0)                   # aten.add_.Tensor: in place, v0 is dead
         v2 = _f2(v1)                        # aten.relu_.default
@@ -38,7 +38,7 @@ from typing import Any, Callable
 import torch
 
 from mlcomp.ir import Graph, Ref, TensorMeta
-from mlcomp.ir.ops import GETITEM, INPUT, Category, Namespace, Op, category, composite_impl, register_composite
+from mlcomp.ir.ops import GETITEM, INPUT, Category, Op, category, composite
 
 __all__ = ["Tiling", "FusedKernel", "register_fused", "fused_kernel", "fused_body", "is_fused"]
 
@@ -52,24 +52,20 @@ class Tiling:
 
 
 def register_fused(body: Graph, tiling: Tiling | None = None) -> Op:
-    """The composite op running ``body``; identical bodies share one op."""
+    """The composite op running ``body``: equal bodies give equal ops (the name holds a digest).
+
+    The op carries its :class:`FusedKernel`, so it belongs to the node (and graph)
+    that uses it; nothing is registered process-wide.
+    """
     key = _kernel_key(body, tiling)
-    digest = hashlib.sha1(key.encode()).hexdigest()
+    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
     names = [n.op.name.strip("_") for n in body.call_nodes() if n.op != GETITEM]
     label = "_".join(dict.fromkeys(names))
     if len(label) > 48:
         label = label[:48].rsplit("_", 1)[0]
-    for width in (6, 12, 40):                   # a longer digest only if six hex digits collide
-        op = Op(Namespace.MLCOMP, f"fused_{label}_{digest[:width]}")
-        existing = fused_kernel(op)
-        if existing is None:
-            cat = max((category(n.op) for n in body.call_nodes() if n.op != GETITEM), default=Category.ELEMWISE)
-            register_composite(op.name, FusedKernel(body, op.name, tiling), category=cat,
-                               doc=f"fused group of {len(names)} ops: {', '.join(names)}")
-            return op
-        if _kernel_key(existing.body, existing.tiling) == key:
-            return op
-    raise AssertionError(f"sha1 collision for fused body {digest}")  # pragma: no cover
+    name = f"fused_{label}_{digest}"
+    cat = max((category(n.op) for n in body.call_nodes() if n.op != GETITEM), default=Category.ELEMWISE)
+    return composite(name, FusedKernel(body, name, tiling, cat))
 
 
 def _kernel_key(body: Graph, tiling: Tiling | None) -> str:
@@ -77,13 +73,7 @@ def _kernel_key(body: Graph, tiling: Tiling | None) -> str:
 
 
 def fused_kernel(op: Op) -> "FusedKernel | None":
-    if not op.is_composite:
-        return None
-    try:
-        impl = composite_impl(op)
-    except KeyError:
-        return None
-    return impl if isinstance(impl, FusedKernel) else None
+    return op.impl if op.is_composite and isinstance(op.impl, FusedKernel) else None
 
 
 def fused_body(op: Op) -> Graph | None:
@@ -98,9 +88,11 @@ def is_fused(op: Op) -> bool:
 class FusedKernel:
     """Callable running a fused body; named so FX code generation can refer to it."""
 
-    def __init__(self, body: Graph, name: str, tiling: Tiling | None = None) -> None:
+    def __init__(self, body: Graph, name: str, tiling: Tiling | None = None,
+                 category: Category = Category.ELEMWISE) -> None:
         self.body = body
         self.tiling = tiling
+        self.category = category
         self.__name__ = self.__qualname__ = name
         self.__module__ = __name__
         self._plan: _Plan | None = None
@@ -123,19 +115,10 @@ class FusedKernel:
         return (self._plan or self._build()).tile is not None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_restore, (self.body, self.__name__, self.tiling))
+        return (FusedKernel, (self.body, self.__name__, self.tiling, self.category))
 
     def __repr__(self) -> str:
         return f"<fused kernel {self.__name__}: {len(self.body.call_nodes())} ops>"
-
-
-def _restore(body: Graph, name: str, tiling: Tiling | None) -> FusedKernel:
-    op = Op(Namespace.MLCOMP, name)
-    kernel = fused_kernel(op)
-    if kernel is None:
-        register_fused(body, tiling)
-        kernel = fused_kernel(op) or FusedKernel(body, name, tiling)
-    return kernel
 
 
 # ---------------------------------------------------------------------------

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import enum
 import operator as _operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 __all__ = [
-    "Op", "Category", "aten", "category", "register_composite", "composite_impl",
+    "Op", "Category", "aten", "category", "composite",
     "INPUT", "PARAM", "OUTPUT", "GETITEM",
 ]
 
@@ -40,6 +40,7 @@ class Op:
     namespace: Namespace
     name: str
     overload: str = "default"
+    impl: Callable[..., Any] | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def qualname(self) -> str:
@@ -74,7 +75,9 @@ class Op:
         if self == GETITEM:
             return _operator.getitem
         if ns is Namespace.MLCOMP:
-            return composite_impl(self)
+            if self.impl is None:
+                raise TypeError(f"composite {self.qualname} carries no implementation")
+            return self.impl
         raise TypeError(f"{self.qualname} is structural and has no callable")
 
     @classmethod
@@ -153,52 +156,18 @@ def category(op: Op) -> Category:
     if op == GETITEM or op.namespace is Namespace.OPERATOR:
         return Category.INJECTIVE
     if op.namespace is Namespace.MLCOMP:
-        spec = _COMPOSITES.get(op.name)
-        return spec.category if spec else Category.OPAQUE
+        return getattr(op.impl, "category", Category.OPAQUE)
     return Category.OPAQUE
 
 
 # ---------------------------------------------------------------------------
-# Composite ops: mlcomp's own operators.  Each carries a torch implementation
-# (so the interpreter and the torch code generator can always run it) and a
-# fusion category.  Passes define them; targets lower them or fall back to
-# the implementation.
+# Composite ops: mlcomp's own operators.  A composite Op carries its torch
+# implementation (``impl``, excluded from equality and hashing: the name
+# identifies it), so the op travels with the node that uses it and belongs to
+# that graph; there is no process-wide table.  ``impl.category`` (if present)
+# is its fusion category.
 
 
-@dataclass(frozen=True)
-class CompositeSpec:
-    name: str
-    impl: Callable[..., Any]
-    category: Category
-    doc: str
-
-
-_COMPOSITES: dict[str, CompositeSpec] = {}
-
-
-def register_composite(name: str, impl: Callable[..., Any], *, category: Category = Category.OPAQUE,
-                       doc: str = "") -> Op:
-    """Declare ``mlcomp.<name>``; returns its :class:`Op`.  Re-registration replaces."""
-    _COMPOSITES[name] = CompositeSpec(name, impl, category, doc or (impl.__doc__ or "").strip())
-    return Op(Namespace.MLCOMP, name)
-
-
-def composite_impl(op: Op) -> Callable[..., Any]:
-    try:
-        return _COMPOSITES[op.name].impl
-    except KeyError:
-        _load_builtin_composites()
-        if op.name in _COMPOSITES:
-            return _COMPOSITES[op.name].impl
-        raise KeyError(f"unknown composite op {op.qualname}") from None
-
-
-def _load_builtin_composites() -> None:
-    """Composite ops are declared next to the passes that introduce them."""
-    import importlib
-
-    for module in ("mlcomp.ir.composites",):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError:
-            pass
+def composite(name: str, impl: Callable[..., Any]) -> Op:
+    """``mlcomp.<name>`` computed by ``impl``."""
+    return Op(Namespace.MLCOMP, name, impl=impl)

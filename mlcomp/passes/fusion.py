@@ -17,7 +17,7 @@ of the graph does not grow past ``peak_slack``.  It then becomes one
 composite node (``mlcomp.ir.composites``) named after the value it computes::
 
     before                                                after
-    %convolution = aten.convolution(%x, %w, %b, ...)      %relu = mlcomp.fused_convolution_relu_1c9e0f(%x, %w, %b)
+    %convolution = aten.convolution(%x, %w, %b, ...)      %relu = mlcomp.fused_convolution_relu_1c9e0f4a2b71(%x, %w, %b)
     %relu = aten.relu.default(%convolution)
 
 ``fuse`` runs the whole family: fold-batchnorm (inference graphs), recompose,
