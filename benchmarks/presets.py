@@ -37,69 +37,14 @@ import mlcomp
 from mlcomp.analysis.verify import flatten_outputs
 from mlcomp.hardware.timing import TimingPolicy, measure_interleaved
 from mlcomp.models import ZOO
+from mlcomp.models.third_party import THIRD_PARTY, build_third_party
 from mlcomp.targets import available_targets
-
-
-class LastHidden(torch.nn.Module):
-    """A ``transformers`` model returning its last hidden state as a plain tensor."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x):
-        return self.model(x).last_hidden_state
-
-
-class GRUTagger(torch.nn.Module):
-    """Token ids → embedding → GRU → per-token tags."""
-
-    def __init__(self, vocab: int = 1000, dim: int = 32, hidden: int = 64, tags: int = 10) -> None:
-        super().__init__()
-        self.emb = torch.nn.Embedding(vocab, dim)
-        self.gru = torch.nn.GRU(dim, hidden, batch_first=True)
-        self.out = torch.nn.Linear(hidden, tags)
-
-    def forward(self, ids):
-        h, _ = self.gru(self.emb(ids))
-        return self.out(h)
-
-
-def _ids(batch: int, seq: int = 32) -> tuple[torch.Tensor, ...]:
-    return (torch.randint(0, 1000, (batch, seq), generator=torch.Generator().manual_seed(1)),)
-
-
-def third_party(name: str, batch: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    import transformers as tf
-
-    torch.manual_seed(0)
-    if name == "bert":
-        cfg = tf.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                            vocab_size=1000)
-        return LastHidden(tf.BertModel(cfg)).eval(), _ids(batch)
-    if name == "distilbert":
-        cfg = tf.DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=1000)
-        return LastHidden(tf.DistilBertModel(cfg)).eval(), _ids(batch)
-    if name == "vit":
-        cfg = tf.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                           image_size=32, patch_size=8)
-        gen = torch.Generator().manual_seed(1)
-        return LastHidden(tf.ViTModel(cfg)).eval(), (torch.randn(batch, 3, 32, 32, generator=gen),)
-    if name == "gpt2":
-        cfg = tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=1000, n_positions=64)
-        return LastHidden(tf.GPT2Model(cfg)).eval(), _ids(batch)
-    if name == "gru-tagger":
-        return GRUTagger().eval(), _ids(batch)
-    raise KeyError(name)
-
-
-THIRD_PARTY = ("bert", "vit", "distilbert", "gpt2", "gru-tagger")
 
 
 def build(name: str, batch: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     if name in ZOO:
         return ZOO[name].build(), ZOO[name].example_inputs(batch)
-    return third_party(name, batch)
+    return build_third_party(name, batch)
 
 
 @dataclass

@@ -24,6 +24,7 @@ import mlcomp
 from mlcomp.ir.builder import GraphBuilder
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.ops import aten
+from mlcomp.models.third_party import build_third_party
 from mlcomp.passes.cleanup import Simplify
 from mlcomp.pipeline.pass_base import PassContext
 from mlcomp.pipeline.presets import PRESET_TABLE, Rewrite, adapt_preset, preset_text
@@ -134,57 +135,12 @@ def test_dropped_passes_are_recorded_and_explicit_pipelines_run_as_written():
 # third-party models: -O2 compiles and verifies
 
 
-class LastHidden(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x):
-        return self.model(x).last_hidden_state
-
-
-class GRUTagger(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = torch.nn.Embedding(1000, 32)
-        self.gru = torch.nn.GRU(32, 64, batch_first=True)
-        self.out = torch.nn.Linear(64, 10)
-
-    def forward(self, ids):
-        h, _ = self.gru(self.emb(ids))
-        return self.out(h)
-
-
-IDS = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(0))
-
-
-def bert():
-    cfg = tf.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                        vocab_size=1000)
-    return LastHidden(tf.BertModel(cfg)), (IDS,)
-
-
-def vit():
-    cfg = tf.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                       image_size=32, patch_size=8)
-    return LastHidden(tf.ViTModel(cfg)), (torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)),)
-
-
-def gpt2():
-    cfg = tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=1000, n_positions=64)
-    return LastHidden(tf.GPT2Model(cfg)), (IDS,)
-
-
-def gru_tagger():
-    return GRUTagger(), (IDS,)
-
-
-MODELS = {"bert": bert, "vit": vit, "gpt2": gpt2, "gru-tagger": gru_tagger}
+MODELS = ("bert", "vit", "gpt2", "gru-tagger")
 
 
 def compile_o2(name: str, target: str):
     torch.manual_seed(0)
-    model, inputs = MODELS[name]()
+    model, inputs = build_third_party(name, batch=2)
     art = mlcomp.compile(model.eval(), inputs, target=target, pipeline="-O2", verify=True)
     with torch.no_grad():
         got = art(*inputs)

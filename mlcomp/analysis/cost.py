@@ -18,12 +18,11 @@ from typing import Iterable, Mapping
 
 import torch
 
-from mlcomp.hardware.spec import DEFAULT_CPU, SPEC_SHEETS, HardwareSpec  # noqa: F401 - re-exported
 from mlcomp.analysis.memory import is_view
-from mlcomp.ir import Graph, Node, TensorMeta, map_refs
+from mlcomp.hardware.spec import DEFAULT_CPU, SPEC_SHEETS, HardwareSpec  # noqa: F401 - re-exported
+from mlcomp.ir import Graph, Node, TensorMeta, map_refs, tensor_metas
 from mlcomp.ir.dtypes import itemsize
 from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM, Category, category
-
 
 
 @dataclass(frozen=True)
@@ -50,12 +49,6 @@ class NodeCost:
 _is_view = is_view
 
 
-def _metas(value: object) -> Iterable[TensorMeta]:
-    if isinstance(value, TensorMeta):
-        yield value
-    elif isinstance(value, tuple):
-        for v in value:
-            yield from _metas(v)
 
 
 def node_flops(graph: Graph, node: Node) -> int:
@@ -98,11 +91,11 @@ def node_bytes(graph: Graph, node: Node) -> tuple[int, int]:
         return 0, 0
     read = 0
     for name in node.input_names():
-        for m in _metas(graph.node(name).meta):
+        for m in tensor_metas(graph.node(name).meta):
             read += m.nbytes(graph.symbols)
-    written = sum(m.nbytes(graph.symbols) for m in _metas(node.meta))
+    written = sum(m.nbytes(graph.symbols) for m in tensor_metas(node.meta))
     if isinstance(node.meta, tuple):  # only the primary output of norm ops is a real result
-        first = next(iter(_metas(node.meta)), None)
+        first = next(iter(tensor_metas(node.meta)), None)
         written = first.nbytes(graph.symbols) if first else 0
     return read, written
 
@@ -137,7 +130,7 @@ def fused_bytes_saved(graph: Graph, members: Iterable[str]) -> int:
         users = graph.users(name)
         if not users or any(u.name not in group for u in users) or _is_view(node):
             continue
-        size = sum(m.nbytes(graph.symbols) for m in _metas(node.meta))
+        size = sum(m.nbytes(graph.symbols) for m in tensor_metas(node.meta))
         saved += size * (1 + len(users))
     return saved
 

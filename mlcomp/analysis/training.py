@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from mlcomp.analysis.cost import _is_view, _metas, node_flops
-from mlcomp.analysis.memory import liveness
-from mlcomp.ir import Graph, Mode, Node
+from mlcomp.analysis.cost import node_flops
+from mlcomp.analysis.memory import is_view, liveness
+from mlcomp.ir import Graph, Mode, Node, tensor_metas
 from mlcomp.ir.node import Phase
 from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM
 
@@ -85,7 +85,7 @@ def _roots(graph: Graph) -> dict[str, str]:
     root: dict[str, str] = {}
     for node in graph.nodes():
         srcs = node.input_names()
-        if (node.op == GETITEM or _is_view(node)) and srcs:
+        if (node.op == GETITEM or is_view(node)) and srcs:
             root[node.name] = root.get(srcs[0], srcs[0])
         else:
             root[node.name] = node.name
@@ -93,7 +93,7 @@ def _roots(graph: Graph) -> dict[str, str]:
 
 
 def _nbytes(graph: Graph, node: Node) -> int:
-    return sum(m.nbytes(graph.symbols) for m in _metas(node.meta))
+    return sum(m.nbytes(graph.symbols) for m in tensor_metas(node.meta))
 
 
 def _modules(graph: Graph) -> dict[str, str]:

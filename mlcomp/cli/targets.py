@@ -197,7 +197,6 @@ def run_cmd(directory: Path, input_files: tuple[str, ...], output: str | None, d
     """Load the artifact in DIRECTORY and run it."""
     import statistics
 
-    import torch
 
     from mlcomp.targets.artifact import Artifact
 

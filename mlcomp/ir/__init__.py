@@ -9,21 +9,9 @@ inference on meta tensors), ``order`` (the O(1) node order), ``graph_tools``
 """
 from mlcomp.ir.dtypes import dtype_name, parse_dtype
 from mlcomp.ir.graph import Graph, graph_inputs_meta, outputs_meta, sequence_of
-from mlcomp.ir.node import (
-                            Annotations,
-                            Dim,
-                            Mode,
-                            Node,
-                            Origin,
-                            Precision,
-                            Ref,
-                            TensorMeta,
-                            format_meta,
-                            format_value,
-                            map_refs,
-                            refs_in,
-)
+from mlcomp.ir.node import (Annotations, Dim, Mode, Node, Origin, Precision, Ref, TensorMeta, format_meta,
+                            format_value, map_refs, refs_in, tensor_metas)
 
 __all__ = ["Graph", "Node", "Ref", "TensorMeta", "Annotations", "Origin", "Precision", "Mode", "Dim",
-           "map_refs", "refs_in", "format_meta", "format_value", "dtype_name", "parse_dtype",
+           "map_refs", "refs_in", "tensor_metas", "format_meta", "format_value", "dtype_name", "parse_dtype",
            "graph_inputs_meta", "outputs_meta", "sequence_of"]

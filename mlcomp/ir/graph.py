@@ -32,19 +32,13 @@ import torch
 
 from mlcomp.base.errors import IRError
 from mlcomp.ir.constants import Constants
-from mlcomp.ir.dtypes import dtype_name, parse_dtype  # noqa: F401 - re-exported
 from mlcomp.ir.graph_tools import GraphTools
-from mlcomp.ir.node import (  # noqa: F401
-    Annotations,
-    Dim,
+from mlcomp.ir.node import (
     Mode,
     Node,
     Origin,
-    Precision,
     Ref,
     TensorMeta,
-    format_meta,
-    format_value,
     map_refs,
     refs_in,
 )

@@ -260,3 +260,11 @@ class Mode(enum.Enum):
     INFERENCE = "inference"
     TRAINING = "training"
 
+
+def tensor_metas(meta: Any) -> list[TensorMeta]:
+    """Every :class:`TensorMeta` in a node's meta (one, a tuple of them, nested, or none)."""
+    if isinstance(meta, TensorMeta):
+        return [meta]
+    if isinstance(meta, tuple):
+        return [m for part in meta for m in tensor_metas(part)]
+    return []

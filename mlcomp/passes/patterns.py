@@ -13,7 +13,7 @@ import math
 from typing import Any, Iterable, Sequence
 
 from mlcomp.ir import Graph, Node, Ref, TensorMeta
-from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, Category, Namespace, Op, aten, category
+from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, Op
 from mlcomp.ir.opsets import (  # noqa: F401 - the op vocabulary passes use as P.NAME
     ADD,
     ADDMM,

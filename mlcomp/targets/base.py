@@ -30,7 +30,7 @@ import torch
 from mlcomp.base.errors import MlcompError, TargetUnavailableError, UnsupportedOpError
 from mlcomp.base.registry import LazyRegistry
 from mlcomp.frontend.loading import graph_random_inputs
-from mlcomp.ir import Graph, Node, TensorMeta, map_refs
+from mlcomp.ir import Graph, Node, TensorMeta, map_refs, tensor_metas
 from mlcomp.ir.ops import GETITEM, Namespace, Op
 from mlcomp.pipeline.presets import ALL_REWRITES, Rewrite
 from mlcomp.targets.capabilities import Capabilities, CapabilityError, Mismatch, MismatchKind, hint_for, mismatches
@@ -61,19 +61,13 @@ UNSUPPORTED_EVERYWHERE: Mapping[str, str] = {
 COMPLEX_REASON = "it reads or produces complex tensors, which mlcomp targets do not lower"
 
 
-def _metas(meta: Any) -> list[TensorMeta]:
-    if isinstance(meta, TensorMeta):
-        return [meta]
-    if isinstance(meta, tuple):
-        return [m for m in meta if isinstance(m, TensorMeta)]
-    return []
 
 
 def _touches_complex(node: Node, graph: Graph | None) -> bool:
-    metas = _metas(node.meta)
+    metas = tensor_metas(node.meta)
     if graph is not None:
         for name in node.input_names():
-            metas += _metas(graph.node(name).meta)
+            metas += tensor_metas(graph.node(name).meta)
     return any(m.dtype.is_complex for m in metas)
 
 

@@ -33,7 +33,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from mlcomp.base.errors import UnsupportedOpError
-from mlcomp.ir import Graph, Mode, Node, TensorMeta
+from mlcomp.ir import Graph, Mode, Node, tensor_metas
 from mlcomp.ir.dtypes import DTYPE_NAMES, dtype_name
 from mlcomp.ir.ops import OUTPUT
 
@@ -140,16 +140,10 @@ class CapabilityError(UnsupportedOpError):
         self.nodes: dict[str, str] = {}
 
 
-def _metas(meta: Any) -> list[TensorMeta]:
-    if isinstance(meta, TensorMeta):
-        return [meta]
-    if isinstance(meta, tuple):
-        return [m for m in meta if isinstance(m, TensorMeta)]
-    return []
 
 
 def _node_dtypes(node: Node) -> list[torch.dtype]:
-    out = [m.dtype for m in _metas(node.meta)]
+    out = [m.dtype for m in tensor_metas(node.meta)]
     if node.ann.precision is not None:
         out.append(node.ann.precision.dtype)
     return out

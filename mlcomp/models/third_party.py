@@ -1,0 +1,78 @@
+"""Models nobody here wrote: ``transformers`` models built from config classes (random weights, no downloads).
+
+Small configurations (2 layers, hidden 64) that capture in seconds; every one
+returns a plain tensor (its last hidden state), so verification compares one
+output::
+
+    >>> model, inputs = build_third_party("bert", batch=2)
+    >>> model(*inputs).shape
+    torch.Size([2, 32, 64])
+
+``transformers`` is optional (the test extra installs it); it is imported only
+when a model is built.  ``gru-tagger`` (embedding → GRU → linear) needs nothing
+beyond torch.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["THIRD_PARTY", "LastHidden", "GRUTagger", "build_third_party", "token_ids"]
+
+THIRD_PARTY = ("bert", "vit", "distilbert", "gpt2", "gru-tagger")
+VOCAB = 1000
+
+
+class LastHidden(nn.Module):
+    """A ``transformers`` model returning its last hidden state as a plain tensor."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x).last_hidden_state
+
+
+class GRUTagger(nn.Module):
+    """Token ids → embedding → GRU → per-token tags."""
+
+    def __init__(self, vocab: int = VOCAB, dim: int = 32, hidden: int = 64, tags: int = 10) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.gru = nn.GRU(dim, hidden, batch_first=True)
+        self.out = nn.Linear(hidden, tags)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h, _ = self.gru(self.emb(ids))
+        return self.out(h)
+
+
+def token_ids(batch: int, seq: int = 32, seed: int = 1) -> tuple[torch.Tensor, ...]:
+    """Deterministic token ids in ``[0, VOCAB)``."""
+    return (torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed)),)
+
+
+def build_third_party(name: str, batch: int = 2, *, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """``(model in eval mode, example inputs)`` for one of :data:`THIRD_PARTY`; ``KeyError`` if unknown."""
+    if name not in THIRD_PARTY:
+        raise KeyError(name)
+    torch.manual_seed(seed)
+    if name == "gru-tagger":
+        return GRUTagger().eval(), token_ids(batch)
+    import transformers as tf
+
+    if name == "bert":
+        cfg = tf.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                            vocab_size=VOCAB)
+        return LastHidden(tf.BertModel(cfg)).eval(), token_ids(batch)
+    if name == "distilbert":
+        cfg = tf.DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=VOCAB)
+        return LastHidden(tf.DistilBertModel(cfg)).eval(), token_ids(batch)
+    if name == "vit":
+        cfg = tf.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                           image_size=32, patch_size=8)
+        gen = torch.Generator().manual_seed(seed + 1)
+        return LastHidden(tf.ViTModel(cfg)).eval(), (torch.randn(batch, 3, 32, 32, generator=gen),)
+    cfg = tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64)
+    return LastHidden(tf.GPT2Model(cfg)).eval(), token_ids(batch)
