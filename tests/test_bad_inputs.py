@@ -318,3 +318,27 @@ def test_verify_reports_which_output_and_how_many():
     assert result.summary() == "FAILED: output 1 (b): NaN/inf: the compiled output has 1 NaN and 1 inf element(s) of 3"
     both = compare(bad, bad.clone())
     assert not both.passed and "eager PyTorch's output has 1 NaN and 1 inf" in both.summary()
+
+
+# ---------------------------------------------------------------------------
+# pass options outside their declared range: refused at parse time, before capture.
+# Spec errors show the spec with a caret under the bad value (three lines, one message).
+
+@pytest.mark.parametrize("spec, expect", [
+    ("fuse{max_group_size=-5}", "option 'max_group_size' of pass 'fuse' must be at least 1, got '-5'"),
+    ("cleanup{max_iterations=0}", "option 'max_iterations' of pass 'cleanup' must be at least 1, got '0'"),
+    ("fuse{peak_slack=-0.1}", "option 'peak_slack' of pass 'fuse' must be at least 0"),
+])
+def test_pass_options_outside_their_range(user_folder, spec, expect):
+    before = _snapshot(user_folder)
+    cwd = os.getcwd()
+    os.chdir(user_folder)
+    try:
+        res = CliRunner().invoke(main, ["compile", "mlp", "-p", spec, "-o", "out"])
+    finally:
+        os.chdir(cwd)
+    err = res.stderr.strip()
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert err.startswith("error: bad pipeline spec at column") and expect in err, err
+    assert len(err.splitlines()) == 3                       # message, the spec, the caret line
+    assert _snapshot(user_folder) == before                 # nothing written

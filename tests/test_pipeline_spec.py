@@ -137,12 +137,12 @@ def test_unknown_pass_without_a_close_match():
 def test_unknown_option_names_pass_option_and_the_accepted_ones():
     msg = _error("fuse{max_grop_size=4}")
     assert "pass 'fuse' has no option 'max_grop_size'; did you mean 'max_group_size'?" in msg
-    assert "max_group_size (int, default 32)" in msg and "tile (bool, default true)" in msg
+    assert "max_group_size (int >= 1, default 32)" in msg and "tile (bool, default true)" in msg
 
 
 def test_ill_typed_options(registry):
     msg = _error("fuse{max_group_size=lots}")
-    assert "option 'max_group_size' of pass 'fuse' expects int, got 'lots'" in msg
+    assert "option 'max_group_size' of pass 'fuse' expects int >= 1, got 'lots'" in msg
     msg = _error("mixed-precision{dtype=fp8}", registry)
     assert "option 'dtype' of pass 'mixed-precision' expects one of bf16|fp16, got 'fp8'" in msg
     msg = _error("mixed-precision{mode=some}", registry)
@@ -290,3 +290,16 @@ def test_pipeline_options_and_helper():
     result = runner.invoke(cmd, ["-O2", "-p", "dce"])
     assert isinstance(result.exception, PipelineSpecError) and "both -p" in str(result.exception)
     assert pipeline_from_cli(default=None).pipeline.spec == ""
+
+
+def test_declared_option_ranges_are_enforced_in_specs_toml_and_python():
+    from mlcomp.passes.fusion import Fuse
+
+    with pytest.raises(PipelineSpecError, match=r"option 'max_group_size' of pass 'fuse' must be at least 1, got '-5'"):
+        Pipeline.parse("fuse{max_group_size=-5}")
+    with pytest.raises(PipelineSpecError, match="must be at least 0"):
+        Pipeline.from_toml_text('[[passes]]\nname = "fuse"\npeak_slack = -0.5\n')
+    with pytest.raises(PipelineSpecError, match="'max_iterations' of pass 'cleanup' must be at least 1, got 0"):
+        REGISTRY.get("cleanup").cls(max_iterations=0)
+    assert Fuse(max_group_size=1).max_group_size == 1          # the bound itself is allowed
+    assert "int >= 1" in REGISTRY.get("fuse").option("max_group_size").type_text()

@@ -36,7 +36,8 @@ class FoldConstants(Pass):
     """Evaluate nodes that depend only on constants; store tensors as parameters, numbers as literals."""
 
     name: ClassVar[str] = "fold-constants"
-    max_bytes: int = option(1 << 20, "largest folded tensor allowed to be bigger than the constants it reads")
+    max_bytes: int = option(1 << 20, "largest folded tensor allowed to be bigger than the constants it reads",
+                            min=0)
     params: bool = option(True, "fold subgraphs of parameters (inference graphs only)")
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:

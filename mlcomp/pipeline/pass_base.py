@@ -94,9 +94,26 @@ class PassResult:
     stats: Mapping[str, Any] = field(default_factory=dict)
 
 
-def option(default: Any, help: str) -> Any:  # noqa: A002 - the natural name
-    """A pass option field: its default and its one-line help (shown by ``mlcomp passes``)."""
-    return field(default=default, metadata={"help": help})
+def option(default: Any, help: str, *, min: float | None = None,  # noqa: A002 - the natural names
+           max: float | None = None) -> Any:
+    """A pass option field: its default, its one-line help (shown by ``mlcomp passes``) and,
+    for numbers, the closed range it must lie in (checked when a spec is parsed and when a
+    pass is constructed in Python)::
+
+        max_group_size: int = option(32, "most nodes in one group", min=1)
+    """
+    return field(default=default, metadata={"help": help, "min": min, "max": max})
+
+
+def _out_of_range(value: Any, low: float | None, high: float | None) -> str | None:
+    """Why ``value`` is outside ``[low, high]``, or ``None`` when it is inside (or not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if low is not None and not value >= low:
+        return f"must be at least {low}"
+    if high is not None and not value <= high:
+        return f"must be at most {high}"
+    return None
 
 
 class Pass:
@@ -110,6 +127,15 @@ class Pass:
     name: ClassVar[str] = ""
     modes: ClassVar[frozenset[Mode]] = frozenset(Mode)
     requires: ClassVar[frozenset[Requirement]] = frozenset()
+
+    def __post_init__(self) -> None:
+        """Options constructed in Python obey the same declared ranges as parsed specs."""
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            problem = _out_of_range(getattr(self, f.name), f.metadata.get("min"), f.metadata.get("max"))
+            if problem:
+                raise PipelineSpecError(f"option {f.name!r} of pass {self.name!r} {problem}, "
+                                        f"got {getattr(self, f.name)!r}",
+                                        hint=f"run `mlcomp passes` to see the options of {self.name!r}")
 
     def run(self, graph: "Graph", ctx: PassContext) -> PassResult:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -136,10 +162,19 @@ class OptionInfo:
     type: Any
     default: Any
     help: str = ""
+    min: float | None = None
+    max: float | None = None
 
     # -- describing ---------------------------------------------------------
     def type_text(self) -> str:
-        return _type_text(self.type)
+        text = _type_text(self.type)
+        if self.min is not None and self.max is not None:
+            return f"{text} in [{self.min}, {self.max}]"
+        if self.min is not None:
+            return f"{text} >= {self.min}"
+        if self.max is not None:
+            return f"{text} <= {self.max}"
+        return text
 
     def format_value(self, value: Any) -> str:
         """Canonical spec text for a value of this option."""
@@ -149,12 +184,17 @@ class OptionInfo:
     def convert(self, value: Any, *, pass_name: str) -> Any:
         """``value`` (spec text, TOML value or Python value) as this option's type."""
         try:
-            return _convert(self.type, value)
+            converted = _convert(self.type, value)
         except (TypeError, ValueError) as exc:
             raise PipelineSpecError(
                 f"option {self.name!r} of pass {pass_name!r} expects {self.type_text()}, "
                 f"got {value!r}" + (f" ({exc})" if str(exc) else ""),
                 hint=f"for example {pass_name}{{{self.name}={self.format_value(self.default)}}}") from None
+        problem = _out_of_range(converted, self.min, self.max)
+        if problem:
+            raise PipelineSpecError(f"option {self.name!r} of pass {pass_name!r} {problem}, got {value!r}",
+                                    hint=f"for example {pass_name}{{{self.name}={self.format_value(self.default)}}}")
+        return converted
 
 
 def _optional_inner(tp: Any) -> Any | None:
@@ -335,7 +375,8 @@ def _describe(name: str, cls: type) -> PassInfo:
             continue
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
-        opts.append(OptionInfo(f.name, hints.get(f.name, type(default)), default, f.metadata.get("help", "")))
+        opts.append(OptionInfo(f.name, hints.get(f.name, type(default)), default, f.metadata.get("help", ""),
+                               f.metadata.get("min"), f.metadata.get("max")))
     summary = cls.summary() if hasattr(cls, "summary") else ""
     return PassInfo(name, cls, summary, tuple(opts))
 
