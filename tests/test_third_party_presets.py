@@ -148,14 +148,14 @@ def compile_o2(name: str, target: str):
     return art
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", sorted(MODELS) + ["t5-encoder"])
 def test_o2_compiles_and_verifies_on_cpu(name):
     art = compile_o2(name, "cpu")
     assert "fuse" in art.manifest["pipeline"]
 
 
 @pytest.mark.ort
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", sorted(MODELS) + ["t5-encoder"])
 def test_o2_compiles_and_verifies_on_onnxruntime(name):
     pytest.importorskip("onnxruntime")
     art = compile_o2(name, "onnxruntime")

@@ -41,6 +41,7 @@ class Op:
     name: str
     overload: str = "default"
     impl: Callable[..., Any] | None = field(default=None, compare=False, hash=False, repr=False)
+    impl: Callable[..., Any] | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def qualname(self) -> str:

@@ -19,7 +19,7 @@ from torch import nn
 
 __all__ = ["THIRD_PARTY", "LastHidden", "GRUTagger", "build_third_party", "token_ids"]
 
-THIRD_PARTY = ("bert", "vit", "distilbert", "gpt2", "gru-tagger")
+THIRD_PARTY = ("bert", "vit", "distilbert", "gpt2", "t5-encoder", "gru-tagger")
 VOCAB = 1000
 
 
@@ -74,5 +74,8 @@ def build_third_party(name: str, batch: int = 2, *, seed: int = 0) -> tuple[nn.M
                            image_size=32, patch_size=8)
         gen = torch.Generator().manual_seed(seed + 1)
         return LastHidden(tf.ViTModel(cfg)).eval(), (torch.randn(batch, 3, 32, 32, generator=gen),)
+    if name == "t5-encoder":
+        cfg = tf.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=VOCAB)
+        return LastHidden(tf.T5EncoderModel(cfg)).eval(), token_ids(batch)
     cfg = tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64)
     return LastHidden(tf.GPT2Model(cfg)).eval(), token_ids(batch)

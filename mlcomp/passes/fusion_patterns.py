@@ -375,16 +375,21 @@ def _reduced_dims(graph: Graph, node: Node, x: Any, dims_at: int) -> int | None:
     return P.last_dims(node.inputs[dims_at], len(xm.shape)) if keep else None
 
 
+def _var_mean_part(graph: Graph, item: Node, x: Any, index: int) -> tuple[int, list[str]] | None:
+    """``var_mean(x, correction=0)[index]`` over the last dims: (dims reduced, nodes matched)."""
+    vm = P.producer(graph, item.inputs[0], P.VAR_MEAN)
+    if vm is None or item.inputs[1] != index or vm.attrs.get("correction", 1) != 0:
+        return None
+    k = _reduced_dims(graph, vm, x, 1)
+    return None if k is None else (k, [item.name, vm.name])
+
+
 def _mean_of(graph: Graph, value: Any, x: Any) -> tuple[int, list[str]] | None:
     n = P.producer(graph, value, P.MEAN_DIM, GETITEM)
     if n is None:
         return None
     if n.op == GETITEM:                                        # var_mean(x)[1]
-        vm = P.producer(graph, n.inputs[0], P.VAR_MEAN)
-        if vm is None or n.inputs[1] != 1 or vm.attrs.get("correction", 1) != 0:
-            return None
-        k = _reduced_dims(graph, vm, x, 1)
-        return None if k is None else (k, [n.name, vm.name])
+        return _var_mean_part(graph, n, x, 1)
     k = _reduced_dims(graph, n, x, 1)
     return None if k is None else (k, [n.name])
 
@@ -394,11 +399,7 @@ def _var_of(graph: Graph, value: Any, x: Any, sub: Node) -> tuple[int, list[str]
     if n is None:
         return None
     if n.op == GETITEM:                                        # var_mean(x)[0]
-        vm = P.producer(graph, n.inputs[0], P.VAR_MEAN)
-        if vm is None or n.inputs[1] != 0 or vm.attrs.get("correction", 1) != 0:
-            return None
-        k = _reduced_dims(graph, vm, x, 1)
-        return None if k is None else (k, [n.name, vm.name])
+        return _var_mean_part(graph, n, x, 0)
     if n.op == P.VAR:
         if n.attrs.get("correction", 1) != 0:
             return None
