@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable
 
 from mlcomp.passes import patterns as P
-from mlcomp.passes.fusion_patterns import FoldBatchNorm, FoldBias, FuseAttention, Recompose
+from mlcomp.passes.attention import FuseAttention
+from mlcomp.passes.fusion_patterns import FoldBatchNorm, FoldBias
+from mlcomp.passes.recompose import Recompose
 
 from mlcomp.analysis.cost import fused_bytes_saved
 from mlcomp.analysis.memory import peak_bytes, value_bytes
@@ -65,7 +67,7 @@ class FuseElementwise(GroupOptions, Pass):
     """Group elementwise/broadcast/injective chains, reduction and compute epilogues into fused kernels."""
 
     name: ClassVar[str] = "fuse-elementwise"
-    compute_only: ClassVar[bool] = False
+    compute_only: bool = option(False, "only groups anchored on a compute op (matmul, convolution) and its epilogue")
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         candidates = form_groups(graph, max_size=self.max_group_size, compute_only=self.compute_only)
@@ -73,11 +75,8 @@ class FuseElementwise(GroupOptions, Pass):
         kept = [(g, s) for g, s in scored if s >= max(self.min_bytes_saved, 1)]
         rejected_small = len(scored) - len(kept)
         limit = estimate_peak_bytes(graph, []) * (1.0 + self.peak_slack) + self.peak_slack_bytes
-        rejected_peak = 0
-        while kept and estimate_peak_bytes(graph, [g for g, _ in kept]) > limit:
-            worst = max(range(len(kept)), key=lambda i: _footprint(graph, kept[i][0]))
-            kept.pop(worst)
-            rejected_peak += 1
+        kept = _within_peak(graph, kept, limit)
+        rejected_peak = len(scored) - rejected_small - len(kept)
         tiling = Tiling(self.tile_elements, self.tile_min_elements) if self.tile else None
         tiled = 0
         for gid, (group, _) in enumerate(kept):
@@ -89,16 +88,13 @@ class FuseElementwise(GroupOptions, Pass):
 
 
 @dataclass(frozen=True)
-class FuseEpilogue(FuseElementwise):
+class FuseEpilogue(GroupOptions, CompositePass):
     """Fold bias adds into addmm/conv, then fuse each compute op with its elementwise epilogue."""
 
     name: ClassVar[str] = "fuse-epilogue"
-    compute_only: ClassVar[bool] = True
 
-    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
-        first = FoldBias().run(graph, ctx)
-        result = super().run(first.graph, ctx)
-        return PassResult(result.graph, result.changed or first.changed, {**first.stats, **result.stats})
+    def body(self) -> Sequential:
+        return Sequential(FoldBias(), FuseElementwise(compute_only=True, **self.group_options()))
 
 
 @dataclass(frozen=True)
@@ -265,6 +261,32 @@ def _footprint(graph: Graph, group: list[str]) -> int:
 def estimate_peak_bytes(graph: Graph, groups: list[list[str]]) -> int:
     """Peak bytes of live intermediates with each group run as one kernel (:mod:`mlcomp.analysis.memory`)."""
     return peak_bytes(graph, groups=groups)
+
+
+def _within_peak(graph: Graph, kept: list[tuple[list[str], int]], limit: float) -> list[tuple[list[str], int]]:
+    """Drop the groups with the largest footprint until the estimated peak is within ``limit``.
+
+    How many to drop is found by bisection over the footprint order (each probe
+    is one O(n log n) liveness pass), so the whole is O(n log² n) rather than one
+    liveness pass per dropped group.  With no group kept the peak is the
+    unfused graph's, which is within the limit by construction.
+    """
+    order = sorted(range(len(kept)), key=lambda i: -_footprint(graph, kept[i][0]))
+
+    def survivors(dropped: int) -> list[tuple[list[str], int]]:
+        gone = set(order[:dropped])
+        return [k for i, k in enumerate(kept) if i not in gone]
+
+    if not kept or estimate_peak_bytes(graph, [g for g, _ in kept]) <= limit:
+        return kept
+    lo, hi = 0, len(kept)            # dropping lo groups exceeds the limit; dropping hi is within it
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if estimate_peak_bytes(graph, [g for g, _ in survivors(mid)]) <= limit:
+            hi = mid
+        else:
+            lo = mid
+    return survivors(hi)
 
 
 # ---------------------------------------------------------------------------

@@ -50,8 +50,8 @@ BUILTIN_PASSES: dict[str, str] = {
     "fold-batchnorm": "mlcomp.passes.fusion_patterns:FoldBatchNorm",
     "fold-bias": "mlcomp.passes.fusion_patterns:FoldBias",
     "fuse-epilogue": "mlcomp.passes.fusion:FuseEpilogue",
-    "fuse-attention": "mlcomp.passes.fusion_patterns:FuseAttention",
-    "recompose": "mlcomp.passes.fusion_patterns:Recompose",
+    "fuse-attention": "mlcomp.passes.attention:FuseAttention",
+    "recompose": "mlcomp.passes.recompose:Recompose",
     "fuse-elementwise": "mlcomp.passes.fusion:FuseElementwise",
     "fuse": "mlcomp.passes.fusion:Fuse",
 }
