@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mlcomp-installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test test-all bench clean
 
 setup: $(STAMP)
 
@@ -22,7 +22,13 @@ $(STAMP): pyproject.toml constraints.txt
 demo: setup
 	$(BIN)/mlcomp bench mlp --targets eager,cpu,onnxruntime,tvm,cuda --batch 1,32 -p -O2
 
+# CI's command: everything except the tests marked `slow` (multi-process runs, TVM tuning, the
+# largest models of a sweep), which `make test-all` adds; the suite stays under 10 minutes on 2 cores
 test: setup
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: setup
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 

@@ -6,9 +6,11 @@
 
 Per model: median / p90 step time (forward, loss, backward, optimizer; the two
 steps timed interleaved), measured peak memory of one step above the state
-before it (CPU: kernel peak RSS ``VmHWM`` reset before the step, heap trimmed;
-CUDA: ``torch.cuda.max_memory_allocated``), the liveness prediction, the bytes
-of saved activations and FLOPs by phase.  Dropout is set to 0 on both sides.
+before it (CPU: torch's allocator events, the running sum of live tensor bytes;
+CUDA: ``torch.cuda.max_memory_allocated``), the liveness prediction with kernel
+scratch and its ratio to the measurement (``pred/meas``), the kernel's peak RSS
+of the compiled step for reference, the bytes of saved activations and FLOPs by
+phase.  Dropout is set to 0 on both sides.
 """
 from __future__ import annotations
 

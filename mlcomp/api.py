@@ -27,13 +27,14 @@ from typing import Any, Sequence
 import torch
 
 from mlcomp.base.errors import InputSpecError, MlcompError, ModelLoadError, OptionError
+from mlcomp.ir.interpreter import evaluate
 from mlcomp.pipeline import Pipeline, run_pipeline
 from mlcomp.pipeline.presets import adapt_preset
 
 __all__ = ["compile", "load", "export", "CompileResult", "check_model_inputs"]
 
 _LOAD_KEYS = ("input_shapes", "batch", "capture", "dynamic_batch", "trust_pickle")
-_TRAIN_KEYS = ("loss", "optimizer", "y", "instruments", "pipeline_verify")   # mode="train" only
+_TRAIN_KEYS = ("loss", "optimizer", "y", "instruments", "pipeline_verify", "loss_scale")   # mode="train" only
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,14 @@ def compile_source(source: Any, graph: Any, *, target: str | None = None, pipeli
     artifact.manifest["capture_seconds"] = round(capture_seconds, 4)
     artifact.manifest["pipeline_seconds"] = round(pipeline_seconds, 4)
     with torch.no_grad():
-        expected = source.eager(*inputs)
+        if report is not None and report.changes_function:
+            # a pass changed the function on purpose (pruning) and declared what it must now compute (the masked
+            # model); every later pass keeps that function, so the artifact is checked against it
+            changed = report.function_changes()[-1]
+            expected = evaluate(changed.declared_reference, *inputs)
+            artifact.manifest["verified_against"] = f"the reference declared by {changed.name} (it changes the function)"
+        else:
+            expected = source.eager(*inputs)
     from mlcomp.analysis.verify import flatten_outputs
 
     artifact.set_reference(inputs, tuple(flatten_outputs(expected)))
@@ -200,21 +208,36 @@ def compile(model_or_path: Any, example_inputs: Sequence[torch.Tensor] | torch.T
 
 
 def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline: Any = None,
-                            verify: bool = True, loss: Any = "cross_entropy", optimizer: Any = "sgd",
+                            verify: bool = True, loss: Any = None, optimizer: Any = "sgd",
                             y: torch.Tensor | None = None, instruments: Sequence[Any] | None = None,
-                            pipeline_verify: bool = False, **options: Any):
+                            pipeline_verify: bool = False, loss_scale: Any = None, **options: Any):
     """``mode="train"``: joint capture, pipeline, a :class:`~mlcomp.targets.training.TrainingArtifact`.
 
     Checks the target and the optimizer spec before capturing; with ``verify`` the
     gradients of one batch are compared with eager autograd (``art.verification``);
     ``pipeline_verify`` checks every pass on the joint graph (first diverging node).
+    ``loss_scale``: ``dynamic``, ``none``, a number, ``dynamic{init=… interval=…}``
+    (:mod:`mlcomp.targets.loss_scaling`); ``None``: dynamic when the graph computes in fp16.
     """
-    from mlcomp.frontend.joint import capture_joint, example_target, loss_function
+    from mlcomp.frontend.joint import (
+        capture_joint,
+        example_target,
+        loss_function,
+        resolve_loss,
+    )
     from mlcomp.targets import CompileOptions
+    from mlcomp.targets.loss_scaling import LossScaleSpec
     from mlcomp.targets.optim import OptimizerSpec
-    from mlcomp.targets.training import check_training_target, compile_training, verify_gradients
+    from mlcomp.targets.training import (
+        check_training_target,
+        compile_training,
+        verify_gradients,
+    )
 
     spec = OptimizerSpec.parse(optimizer)
+    loss = resolve_loss(source, loss)
+    if loss_scale is not None:
+        loss_scale = LossScaleSpec.parse(loss_scale)   # malformed: refused before capture
     check_training_target(target or "cpu")
     opts = CompileOptions.make(**options)
     model, inputs = source.eager, source.inputs()
@@ -231,20 +254,39 @@ def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline
                                 verify=pipeline_verify)
     art = compile_training(graph, target=target or "cpu", optimizer=spec, options=opts,
                            state_keys=list(state),
-                           extra_state={k: v for k, v in state.items() if k not in graph.constants})
+                           extra_state={k: v for k, v in state.items() if k not in graph.constants},
+                           loss_scale=loss_scale)
     if verify:
         verify_gradients(art, model, loss_function(loss), args, tolerance=opts.tolerance or 1e-5)
     return art
 
 
 def load(directory: str | Path, *, verify: bool = False):
-    """Load an artifact folder; ``verify=True`` re-runs its stored reference inputs and compares."""
-    from mlcomp.targets.artifact import Artifact
+    """Load an artifact folder; ``verify=True`` re-runs its stored reference inputs and compares.
 
+    A training artifact (``mlcomp compile --train -o DIR``) comes back as a
+    :class:`~mlcomp.targets.training.TrainingArtifact` that has already checked itself:
+    one step on the stored batch repeats the step the original took.
+    """
+    from mlcomp.targets.artifact import Artifact
+    from mlcomp.targets.training import TRAINING_FORMAT, TrainingArtifact
+
+    if _folder_format(Path(directory)) == TRAINING_FORMAT:
+        return TrainingArtifact.load(directory)
     artifact = Artifact.load(directory)
     if verify:
         artifact.verify(record=False)
     return artifact
+
+
+def _folder_format(directory: Path) -> str | None:
+    import json
+
+    try:
+        manifest = json.loads((directory / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest.get("format") if isinstance(manifest, dict) else None
 
 
 def export(model_or_path: Any, path: str | Path, format: str = "onnx",

@@ -6,7 +6,9 @@ The folder holds
   relative path, so it opens from disk and survives being copied);
 * ``bench.png`` — speedup per target and batch, latency vs batch size;
 * ``roofline.png`` — with ``roofline=True``: every op measured on this machine's roofline;
-* ``inspect.json``, ``pipeline.json``, ``bench.json``, ``bench.csv`` — the data behind it.
+* ``inspect.json``, ``pipeline.json``, ``bench.json``, ``bench.csv`` — the data behind it;
+* ``precision.json`` — when the pipeline runs ``mixed-precision``: per node, the precision
+  chosen and the error it introduced (:mod:`mlcomp.analysis.precision_error`).
 
 The folder is written under a temporary name and renamed when complete
 (:func:`mlcomp.base.files.atomic_dir`): a failure leaves no half-written report.
@@ -16,6 +18,8 @@ and the written folder carries the ``.mlcomp`` marker (``kind: report``).
 """
 from __future__ import annotations
 
+import copy
+
 import datetime as _dt
 import json
 from dataclasses import dataclass, field
@@ -23,6 +27,13 @@ from html import escape
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+
+from mlcomp.analysis.precision_error import by_op, precision_errors
+from mlcomp.analysis.training import phase_flops, predicted_peak, saved_activations
+from mlcomp.base.table import Table
+from mlcomp.frontend.joint import capture_joint, example_target, resolve_loss, without_dropout
+from mlcomp.frontend.joint_origins import bytes_by_origin
 from mlcomp.measure.bench import BenchConfig, BenchResult, Progress, plot_bench, run_bench, to_csv
 from mlcomp.pipeline import Pipeline, run_pipeline
 from mlcomp.study.common import StudyConfig, StudyResult, machine_line
@@ -46,6 +57,7 @@ class ReportConfig:
     capture_method: str = "export"
     roofline: bool = False
     quick: bool = False                     # roofline microbenchmarks at tiny sizes
+    training: bool = False                  # a section from the joint training graph (issue 9)
     # run_bench keyword overrides (clock, sync_for, compiler, availability): fakes in tests, embedding
     bench_options: dict[str, Any] = field(default_factory=dict, hash=False)
 
@@ -80,7 +92,9 @@ def build_report(model: Any, out_dir: str | Path, config: ReportConfig = ReportC
     if graph is None:
         graph = source.capture(method=config.capture_method)
     inspected = inspect_graph(graph)
-    pipe_text, pipe_json, pipe_note = _pipeline_section(graph, source.inputs(), config.bench.pipeline)
+    pipe_text, pipe_json, pipe_note, piped = _pipeline_section(graph, source.inputs(), config.bench.pipeline)
+    precision = _precision_section(graph, piped, source.inputs(), pipe_json)
+    training = _training_section(source) if config.training else None
     bench = run_bench(model, config.bench, input_shapes=input_shapes, trust_pickle=trust_pickle,
                       progress=progress, **config.bench_options)
     roof: StudyResult | None = None
@@ -98,25 +112,86 @@ def build_report(model: Any, out_dir: str | Path, config: ReportConfig = ReportC
         if pipe_json is not None:
             (tmp / "pipeline.json").write_text(json.dumps(pipe_json, indent=2, default=str))
             files.append("pipeline.json")
+        if precision is not None:
+            (tmp / "precision.json").write_text(json.dumps(precision[1], indent=2, default=str))
+            files.append("precision.json")
         if roof is not None:
             roofline.plot(roof, str(tmp / "roofline.png"))
             (tmp / "roofline.json").write_text(json.dumps(roof.to_json(), indent=2, default=str))
             files += ["roofline.png", "roofline.json"]
-        page = _page(bench.model, inspected.format(top=15), pipe_text, pipe_note, bench, roof, config)
+        if training is not None:
+            (tmp / "training.json").write_text(json.dumps(training[1], indent=2, default=str))
+            files.append("training.json")
+        inspect_text = inspected.format(top=15) + (f"\n\n{training[0]}" if training is not None else "")
+        page = _page(bench.model, inspect_text, pipe_text, pipe_note, bench, roof, config,
+                     precision[0] if precision is not None else "")
         (tmp / "index.html").write_text(page)
     return Report(out, tuple(files), bench, pipe_json)
 
 
-def _pipeline_section(graph: Any, inputs: tuple, spec: str | None) -> tuple[str | None, dict | None, str]:
-    """(text, json, note) for the pipeline's per-pass stats; a note only when there is nothing to show."""
+def _training_section(source: Any) -> tuple[str, dict[str, Any]] | None:
+    """One training step from the joint graph: FLOPs by phase, saved activations by module (the
+    nodes' origins), predicted peak.  ``None`` for a source without a Python module to train."""
+    if not isinstance(source.eager, torch.nn.Module):
+        return None
+    model, inputs = without_dropout(copy.deepcopy(source.eager)), source.inputs()
+    loss = resolve_loss(source, None)
+    graph = capture_joint(model, inputs, example_target(model, inputs, loss), loss=loss, name=source.name)
+    saved = saved_activations(graph)
+    data = {"flops": {p.value: n for p, n in phase_flops(graph).items()}, "saved_bytes": sum(s.nbytes for s in saved),
+            "saved_bytes_by_module": bytes_by_origin(graph, saved), "predicted_peak": predicted_peak(graph).total}
+    lines = [f"training step (joint graph, {len(graph)} nodes): FLOPs " + ", ".join(
+        f"{k} {v:.3g}" for k, v in data["flops"].items()) + f"; predicted peak {data['predicted_peak']} B",
+        f"saved activations {data['saved_bytes']} B, by module:"]
+    lines += [f"  {m:<32} {n} B" for m, n in list(data["saved_bytes_by_module"].items())[:10]]
+    return "\n".join(lines), data
+
+
+def _pipeline_section(graph: Any, inputs: tuple, spec: str | None) -> tuple[str | None, dict | None, str, Any]:
+    """(text, json, note, output graph) for the pipeline's per-pass stats; a note only when there is nothing."""
     if not spec:
-        return None, None, "No pipeline given (pass -p PIPELINE to run one and show its per-pass stats)."
-    _, report = run_pipeline(graph.copy(), Pipeline.coerce(spec), example_inputs=inputs)
-    return report.format(), report.to_json(), ""
+        return None, None, "No pipeline given (pass -p PIPELINE to run one and show its per-pass stats).", None
+    out, report = run_pipeline(graph.copy(), Pipeline.coerce(spec), example_inputs=inputs)
+    return report.format(), report.to_json(), "", out
+
+
+# ---------------------------------------------------------------------------
+# Mixed precision: per op, the precision chosen and the error it introduced
+
+_PRECISION_ROWS = 60     # nodes shown, largest introduced error first (all of them in precision.json)
+
+
+def _precision_section(graph: Any, piped: Any, inputs: tuple, pipe_json: dict | None) -> tuple[str, dict] | None:
+    """(html, json) when the pipeline ran ``mixed-precision``: the pass's decision and a per-node error table."""
+    stats = [p.get("stats", {}) for p in (pipe_json or {}).get("passes", []) if p.get("name") == "mixed-precision"]
+    if piped is None or not stats:
+        return None
+    rows = precision_errors(graph, piped, inputs)
+    decision = stats[-1]
+    shown = sorted(rows, key=lambda r: -(r.introduced if r.introduced == r.introduced else 0.0))[:_PRECISION_ROWS]
+    nodes = Table(f"per node ({len(shown)} of {len(rows)}, largest introduced error first)",
+                  ("node", "op", "module", "precision", "why", "introduced", "max abs error", "rel error"),
+                  tuple((r.name, r.op, r.module or "<root>", r.precision, r.reason or "-", f"{r.introduced:.2e}",
+                         f"{r.error:.2e}", f"{r.rel_error:.2e}") for r in shown), right=frozenset({5, 6, 7}))
+    ops = by_op(rows)
+    per_op = Table("per op kind", ("op", "nodes", "precisions", "max introduced", "max abs error"),
+                   tuple((op, str(e["nodes"]), ", ".join(e["precisions"]), f"{e['introduced']:.2e}",
+                          f"{e['error']:.2e}") for op, e in sorted(ops.items(), key=lambda kv: -kv[1]["introduced"])),
+                   right=frozenset({1, 3, 4}))
+    head = (f"dtype {decision.get('dtype')} ({decision.get('choice', '')}); nodes per precision "
+            f"{decision.get('nodes')}; weights {decision.get('param_bytes_before')} → "
+            f"{decision.get('param_bytes_after')} bytes; declared tolerance {decision.get('declared_tolerance')}")
+    html = "\n".join([
+        "<h2>Mixed precision: per op, the precision chosen and the error it introduced</h2>",
+        f"<p>{escape(head)}</p>",
+        "<p>Both graphs run on the example inputs. <em>introduced</em>: the op alone, re-run in its precision on "
+        "the fp32 values of its inputs; <em>max abs error</em>: the node's value against fp32, everything "
+        "upstream included.</p>", per_op.to_html(), nodes.to_html()])
+    return html, {"decision": decision, "nodes": [r.to_json() for r in rows], "by_op": ops}
 
 
 def _page(name: str, inspect_text: str, pipe_text: str | None, pipe_note: str, bench: BenchResult,
-          roof: StudyResult | None, config: ReportConfig) -> str:
+          roof: StudyResult | None, config: ReportConfig, precision_html: str = "") -> str:
     when = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>mlcomp report: {escape(name)}</title>",
              f"<style>{_CSS}</style></head><body>",
@@ -125,6 +200,8 @@ def _page(name: str, inspect_text: str, pipe_text: str | None, pipe_note: str, b
              "<h2>Graph (inspect)</h2>", f"<pre>{escape(inspect_text)}</pre>",
              f"<h2>Pipeline {escape(config.bench.pipeline or '')}</h2>"]
     parts.append(f"<pre>{escape(pipe_text)}</pre>" if pipe_text else f"<p class='muted'>{escape(pipe_note)}</p>")
+    if precision_html:
+        parts.append(precision_html)
     parts += ["<h2>Benchmark: eager vs compiled targets</h2>",
               f"<p>Warm-up {bench.policy.warmup} calls, then repeats until {bench.policy.budget_s:g} s are spent "
               f"(at least {bench.policy.min_repeats}); the device is synchronised before the clock stops; "
@@ -138,6 +215,7 @@ def _page(name: str, inspect_text: str, pipe_text: str | None, pipe_note: str, b
         parts.append("<img src='roofline.png' alt='roofline'>")
         parts += [f"<p class='muted'>{escape(n)}</p>" for n in roof.notes]
     parts.append("<p class='muted'>Data: bench.json, bench.csv, inspect.json"
-                 + (", pipeline.json" if pipe_text else "") + (", roofline.json" if roof else "") + ".</p>")
+                 + (", pipeline.json" if pipe_text else "") + (", precision.json" if precision_html else "")
+                 + (", roofline.json" if roof else "") + ".</p>")
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -9,11 +9,17 @@ import weakref
 import pytest
 import torch
 
-from mlcomp.analysis.memory import live_bytes_per_node, liveness, peak_bytes, storage_roots
+from mlcomp.analysis.memory import (
+    buffers,
+    live_bytes_per_node,
+    liveness,
+    peak_bytes,
+    storage_roots,
+)
 from mlcomp.base.errors import IRError
 from mlcomp.ir.builder import GraphBuilder
 from mlcomp.ir.interpreter import Interpreter
-from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, aten
+from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM, aten
 
 KB = 1024
 
@@ -105,6 +111,43 @@ def test_groups_keep_internal_values_out_of_memory():
     assert live.live_bytes == (0, KB, 2 * KB, KB)
 
 
+def pool():
+    """max_pool2d_with_indices returns two fresh tensors: values (1 KiB, read at once) and i64 indices
+    (2 KiB, read last).  Each is its own buffer: the values die after exp, the indices live on."""
+    b = GraphBuilder("pool")
+    x = b.input("x", (1, 4, 16, 16))                                   # 4 KiB
+    mp = b.call(aten("max_pool2d_with_indices"), b.call(aten("relu"), x), [2, 2])
+    values, indices = b.call(GETITEM, mp, 0), b.call(GETITEM, mp, 1)
+    late = b.call(aten("neg"), b.call(aten("exp"), values))
+    return b.output(b.call(aten("add.Tensor"), late, indices))
+
+
+def test_tuple_results_are_one_buffer_per_element():
+    g = pool()
+    bufs = buffers(g)
+    assert bufs.storage["getitem"] == "getitem" and bufs.storage["getitem_1"] == "getitem_1"
+    assert storage_roots(g)["getitem"] == "max_pool2d_with_indices"       # the unit a rewrite recomputes
+    assert (bufs.size["getitem"], bufs.size["getitem_1"], bufs.size["max_pool2d_with_indices"]) == (KB, 2 * KB, 0)
+    assert bufs.allocator["getitem"] == bufs.allocator["getitem_1"] == "max_pool2d_with_indices"
+    live = liveness(g)
+    # x relu pool getitem getitem_1 exp neg add output: the values (1 KiB) are freed after exp, not held
+    # with the indices until add (which would read 5 KiB at neg and add)
+    assert live.live_bytes == (0, 4 * KB, 7 * KB, 3 * KB, 3 * KB, 4 * KB, 4 * KB, 4 * KB, KB)
+    assert live.interval("getitem") == (2, 5) and live.interval("getitem_1") == (2, 7)
+
+
+def test_tuple_elements_are_held_by_the_tuple_until_its_last_getitem():
+    b = GraphBuilder("late_pick")
+    x = b.input("x", (1, 4, 16, 16))
+    mp = b.call(aten("max_pool2d_with_indices"), x, [2, 2])
+    values = b.call(GETITEM, mp, 0)
+    mid = b.call(aten("exp"), values)
+    late = b.call(GETITEM, mp, 1)                 # the tuple (and so the values) lives until here
+    g = b.output(b.call(aten("add.Tensor"), mid, late))
+    live = liveness(g)
+    assert live.interval("getitem") == (1, live.step_of["getitem_1"])
+
+
 # ---------------------------------------------------------------------------
 # The interpreter frees each value after its last read: what it holds must be what liveness says
 
@@ -112,6 +155,8 @@ def test_groups_keep_internal_values_out_of_memory():
 def measured_live_sets(graph, *inputs):
     """Run the interpreter; before each compute node, which produced tensors are still alive."""
     interp = Interpreter(graph)
+    roots = buffers(graph)
+    element = {(roots.tuple_of[r], graph.node(r).inputs[1]): r for r in roots.tuple_of}
     refs: dict[str, weakref.ref] = {}
     seen: dict[str, frozenset[str]] = {}
 
@@ -121,6 +166,10 @@ def measured_live_sets(graph, *inputs):
             out = fn(*args, **kwargs)
             if isinstance(out, torch.Tensor):
                 refs[node.name] = weakref.ref(out)
+            elif isinstance(out, tuple):      # a fresh tuple: each element is the buffer liveness names
+                for k, t in enumerate(out):
+                    if isinstance(t, torch.Tensor):
+                        refs[element.get((node.name, k), node.name)] = weakref.ref(t)
             return out
         return run
 
@@ -133,6 +182,10 @@ def measured_live_sets(graph, *inputs):
 def test_interpreter_holds_exactly_the_predicted_buffers(make):
     g = make()
     _check_against_interpreter(g, torch.randn(256))
+
+
+def test_interpreter_agrees_on_tuple_results():
+    _check_against_interpreter(pool(), torch.randn(1, 4, 16, 16))
 
 
 def test_interpreter_agrees_on_a_zoo_model(captured):
@@ -150,6 +203,6 @@ def _check_against_interpreter(g, *inputs):
         # buffers alive just before the node runs = live during its step, minus what it allocates;
         # a root is alive while any alias of it is (a view keeps its base), which liveness models
         # by holding the root to the last read of any alias
-        predicted = {r for r in live.live_at(step) if live.born[r] < step}
+        predicted = {r for r in live.live_at(step) if live.born[r] < step and live.sizes[r]}
         alive_roots = {live.storage[n] for n in seen[node.name]} & set(live.sizes)
         assert alive_roots == predicted, node.name

@@ -47,6 +47,20 @@ def nan_model():
     return Nan(), (torch.randn(2, 4),)
 '''
 
+HISTC_FACTORY = '''
+import torch
+from torch import nn
+
+
+class Histogram(nn.Module):
+    def forward(self, x):
+        return torch.histc(x, bins=4)          # the ONNX exporter cannot translate histc with min == max
+
+
+def histc_model():
+    return Histogram(), (torch.randn(2, 8),)
+'''
+
 
 def _snapshot(root: Path) -> dict[str, str]:
     """Every path under ``root`` → a digest of its content ("dir" for folders)."""
@@ -293,9 +307,41 @@ def test_writers_refuse_user_folders_themselves(user_folder):
     (["bench", "resnet18", "--targets", "eager", "--batch", "1,2000000000"], "more than this machine's"),
     (["bench", "NAN", "--targets", "eager", "--input-shape", "0x4"], "every size must be a positive integer"),
     (["export", "PT2B2", "--format", "onnx", "-o", "m.onnx", "--batch", "2"], "its batch is fixed"),
+    # issue 15, one consistent CLI: -O/-p on every pipeline command, --targets checked before any model is
+    # loaded (no/such/model.pt proves it), report's --batch list (old --bench-batch), --output-names, --json
+    (["bench", "no/such/model.pt", "--targets", "eager,onnxruntim"], "did you mean 'onnxruntime'"),
+    (["report", "no/such/model.pt", "-o", "rep", "--targets", "eager,tvmm"], "did you mean 'tvm'"),
+    (["compile", "no/such/model.pt", "--json", "--target", "tvmm"], "did you mean 'tvm'"),
+    (["bench", "mlp", "-O", "5"], "'-O'"),
+    (["report", "mlp", "-o", "rep", "-O", "9"], "'-O'"),
+    (["export", "mlp", "--format", "onnx", "-o", "m.onnx", "-O2", "-p", "dce"], "both -p 'dce' and -O2"),
+    (["bench", "mlp", "-O1", "-p", "dce"], "both -p 'dce' and -O1"),
+    (["bench", "no/such/model.pt", "-p", "missing.toml"], "cannot read pipeline file missing.toml"),
+    (["report", "no/such/model.pt", "-o", "rep", "-p", "missing.toml"], "cannot read pipeline file"),
+    (["export", "no/such/model.pt", "--format", "onnx", "-o", "m.onnx", "-p", "missing.toml"],
+     "cannot read pipeline file"),
+    (["compile", "mlp", "--output-names", "logits,aux"], "--output-names gives 2 name(s) but mlp has 1 output(s)"),
+    (["compile", "mlp", "--output-names", "two words"], "must be distinct identifiers"),
+    (["report", "mlp", "-o", "rep", "--batch", "0"], "give positive integers"),
+    (["report", "mlp", "-o", "rep", "--batch", "1,x"], "comma-separated list of integers"),
+    (["report", "PT2B2", "-o", "rep", "--batch", "1,2"], "--batch 1 cannot run it"),
+    (["report", "resnet18", "-o", "rep", "--batch", "1,2000000000"], "more than this machine's"),
+    (["targets", "--jsn"], "No such option"),
+    (["run", "userdir", "--json"], "not an mlcomp artifact folder"),
+    # issue 11 (pruning): sparsity outside [0, 1), 2:4 for a device without semi-structured kernels
+    (["compile", "lenet", "-p", "prune{sparsity=1.0}", "-o", "out"], "must be in [0, 1), got 1.0"),
+    (["compile", "lenet", "-p", "prune{method=2:4}", "-o", "out"], "device 'cpu' cannot run them"),
+    # issue 13 (placement and pipeline partition): too many stages, an impossible memory limit (the error
+    # gives the least that works), a device this machine lacks, launch of a one-process artifact
+    (["partition", "mlp", "--stages", "20"], "cannot cut mlp into 20 stages: it has only 8 compute node(s)"),
+    (["partition", "mlp", "--stages", "2", "--memory-limit", "1KiB"], "the smallest limit any cut meets is"),
+    (["partition", "mlp", "--memory-limit", "lots"], "memory_limit='lots' is not a size"),
+    (["compile", "mlp", "-p", "place{devices=[cuda:7,cpu]}", "-o", "out"], "device cuda:7 does not exist"),
+    (["compile", "mlp", "--target", "distributed", "-p", "cleanup", "-o", "out"], "has no pipeline stages"),
+    (["launch", "CPUART"], "launch runs pipeline artifacts only"),
 ])
-def test_inputs_checked_up_front(user_folder, nan_factory, pt2_batch2, args, expect):
-    names = {"NAN": nan_factory, "PT2B2": pt2_batch2}
+def test_inputs_checked_up_front(user_folder, nan_factory, pt2_batch2, artifact, args, expect):
+    names = {"NAN": nan_factory, "PT2B2": pt2_batch2, "CPUART": str(artifact)}
     check(user_folder, [names.get(a, a) for a in args], expect=(expect,))
 
 
@@ -328,6 +374,11 @@ def test_verify_reports_which_output_and_how_many():
     ("fuse{max_group_size=-5}", "option 'max_group_size' of pass 'fuse' must be at least 1, got '-5'"),
     ("cleanup{max_iterations=0}", "option 'max_iterations' of pass 'cleanup' must be at least 1, got '0'"),
     ("fuse{peak_slack=-0.1}", "option 'peak_slack' of pass 'fuse' must be at least 0"),
+    # issue 10, mixed precision: a dtype it cannot lower to, an unknown policy
+    ("mixed-precision{dtype=int8}", "option 'dtype' of pass 'mixed-precision' expects one of bf16|fp16|auto|fp32, "
+                                    "got 'int8'"),
+    ("mixed-precision{policy=fastest}", "option 'policy' of pass 'mixed-precision' expects one of "
+                                        "default|compute-only"),
 ])
 def test_pass_options_outside_their_range(user_folder, spec, expect):
     before = _snapshot(user_folder)
@@ -342,3 +393,138 @@ def test_pass_options_outside_their_range(user_folder, spec, expect):
     assert err.startswith("error: bad pipeline spec at column") and expect in err, err
     assert len(err.splitlines()) == 3                       # message, the spec, the caret line
     assert _snapshot(user_folder) == before                 # nothing written
+
+
+# ---------------------------------------------------------------------------
+# issue 15: a backend's real first error (op, node, module), and a hint that works when followed
+
+@pytest.mark.ort
+def test_onnx_export_failure_names_op_node_and_module(user_folder, tmp_path_factory):
+    path = tmp_path_factory.mktemp("factories") / "histc_factory.py"
+    path.write_text(HISTC_FACTORY)
+    err = check(user_folder, ["compile", f"{path}:histc_model", "--target", "onnxruntime", "-o", "out"], code=3,
+                expect=("exporting histc_model to ONNX failed: NotImplementedError: aten_histc",
+                        "Where: node %histc (aten.histc.default), module <root> (Histogram)", "--target cpu"))
+    assert "exporter log" not in err and "Next steps" not in err
+
+
+# ---------------------------------------------------------------------------
+# issue 11 (pruning): a scope that matches nothing stops the pipeline (a pass failure, exit 3)
+
+def test_prune_scope_that_matches_nothing(user_folder):
+    check(user_folder, ["compile", "lenet", "-p", "prune{scope=attention}", "-o", "out"], code=3,
+          expect=("matches nothing in graph lenet: it has no head groups", "kinds conv, linear"))
+
+
+# ---------------------------------------------------------------------------
+# issue 10 (mixed precision on targets, loss scaling): a malformed loss scale is refused before capture;
+# a low-precision op a target cannot run is refused before the build, listing the nodes
+
+@pytest.mark.parametrize("scale, expect", [
+    ("dynamic{init=-1}", "dynamic scaling needs init > 0"),
+    ("sometimes", "there is no loss-scale mode 'sometimes'"),
+    ("dynamic{interval=ten}", "interval='ten' is not a number"),
+    (0, "a loss scale must be a positive finite number"),
+])
+def test_malformed_loss_scale(user_folder, scale, expect):
+    import mlcomp
+    from mlcomp.targets.loss_scaling import LossScaleError
+
+    before = _snapshot(user_folder)
+    with pytest.raises(LossScaleError) as info:
+        mlcomp.compile("mlp", mode="train", loss_scale=scale)
+    message = str(info.value)
+    assert expect in message and "\n" not in message and "dynamic{init=65536" in message
+    assert _snapshot(user_folder) == before
+
+
+@pytest.mark.tvm
+def test_fp16_op_a_target_cannot_run_is_listed():
+    from mlcomp.ir.builder import GraphBuilder
+    from mlcomp.ir.ops import aten
+    from mlcomp.targets import CompileOptions, get_target
+    from mlcomp.targets.capabilities import CapabilityError
+
+    b = GraphBuilder("halflinear")
+    x = b.call(aten("_to_copy"), b.input("x", (2, 8)), dtype=torch.float16)
+    y = b.call(aten("linear"), x, b.param("fc.weight", torch.randn(4, 8).half()),
+               b.param("fc.bias", torch.randn(4).half()), origin="fc")
+    graph = b.output(b.call(aten("_to_copy"), y, dtype=torch.float32))
+    with pytest.raises(CapabilityError) as info:
+        get_target("tvm").compile(graph, CompileOptions())
+    message = str(info.value)
+    assert "target tvm cannot compile halflinear: (1) dtype: target tvm cannot run aten.linear.default in f16" \
+        in message and "(used by %linear)" in message and "\n" not in message
+
+
+# ---------------------------------------------------------------------------
+# issue 12 (rematerialisation): bad budgets, remat on an inference graph (a budget below the minimum:
+# tests/test_remat.py::test_budget_below_the_minimum)
+
+@pytest.mark.parametrize("args, code, expect", [
+    (["compile", "mlp", "-p", "remat{budget=-1}", "-o", "out"], 2, "option 'budget' of pass 'remat' must be above 0"),
+    (["compile", "mlp", "-p", "remat{budget=12XB}", "-o", "out"], 2, "unit 'XB' is not one of B, KB, MB, GB"),
+    (["compile", "mlp", "-p", "remat", "-o", "out"], 3, "pass 'remat' (pass 1 of 1) runs on training graphs only"),
+])
+def test_remat_bad_input(user_folder, args, code, expect):
+    check(user_folder, args, code=code, expect=(expect,))
+
+
+# issue 9 (training graphs): a loss that is not a scalar, no trainable parameters, an integer-only
+# output, an optimizer spec with an unknown option, --train with onnxruntime, --loss beside a
+# factory's own loss: each refused before anything is written
+TRAIN_FACTORY = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+
+
+class ArgMax(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = _net()
+
+    def forward(self, x):
+        return self.net(x).argmax(-1)
+
+
+def per_sample_loss():
+    return _net(), (torch.randn(2, 4),), lambda out, y: F.cross_entropy(out, y, reduction="none")
+
+
+def frozen():
+    return _net().requires_grad_(False), (torch.randn(2, 4),)
+
+
+def integer_output():
+    return ArgMax(), (torch.randn(2, 4),)
+'''
+
+
+@pytest.fixture(scope="module")
+def train_factory(tmp_path_factory):
+    path = tmp_path_factory.mktemp("factories") / "train_factory.py"
+    path.write_text(TRAIN_FACTORY)
+    return str(path)
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["compile", "FAC:per_sample_loss", "--train", "-o", "out"], "the loss of per_sample_loss is not a scalar"),
+    (["compile", "FAC:frozen", "--train", "-o", "out"], "has no parameters that require grad"),
+    (["inspect", "FAC:integer_output", "--train"], "returns an integer tensor (torch.int64), which has no gradient"),
+    (["compile", "mlp", "--train", "--optimizer", "sgd{lr=0.1 momentm=0.9}", "-o", "out"],
+     "optimizer 'sgd' has no option 'momentm'; did you mean 'momentum'?"),
+    (["compile", "mlp", "--train", "--optimizer", "adam{lr=0}", "-o", "out"], "must be greater than 0"),
+    (["compile", "mlp", "--train", "--target", "onnxruntime", "-o", "out"],
+     "target onnxruntime cannot compile training graphs"),
+    (["bench", "mlp", "--train", "--targets", "onnxruntime"], "target onnxruntime cannot compile training graphs"),
+    (["compile", "FAC:per_sample_loss", "--train", "--loss", "mse", "-o", "out"],
+     "returns its own loss function (<lambda>) and --loss mse was given too"),
+])
+def test_training_bad_inputs(user_folder, train_factory, args, expect):
+    check(user_folder, [a.replace("FAC", train_factory) for a in args], expect=(expect,))

@@ -138,7 +138,8 @@ def test_every_pass_leaves_the_user_state_dict_byte_identical(captured, name):
     passes = REGISTRY.names()
     assert {"cleanup", "fuse", "fuse-elementwise", "fold-batchnorm"} <= set(passes)
     for spec in passes:
-        run_pipeline(graph, spec)
+        if graph.mode in REGISTRY.get(spec).cls.modes:     # training-only passes (remat) skip inference graphs
+            run_pipeline(graph, spec)
     run_pipeline(graph, "-O3")
     assert_same_bytes(before, state_bytes(module))
     with torch.no_grad():

@@ -116,3 +116,52 @@ def test_real_process_exit_code_and_no_traceback(tmp_path):
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------
+# issue 15: a backend's real first error (op, node, module path), not its boilerplate
+
+ONNX_FAILURE = (
+    "Failed to convert the exported program to an ONNX model. \x1b[96mThis is step 3/3\x1b[0m of exporting the "
+    "model to ONNX. Next steps:\n- If there is a missing ONNX function, implement it and register it to the "
+    "registry.\n\n## Exception summary\n\n<class 'torch.onnx._internal.exporter._errors.DispatchError'>: No ONNX "
+    "function found for <OpOverload(op='aten._convolution', overload='default')>. Failure message: No "
+    "decompositions registered for the real-valued input\n⬆️\n<class 'torch.onnx._internal.exporter._errors."
+    "ConversionError'>: Error when translating node %conv : [num_users=1] = call_function[target=torch.ops.aten."
+    "_convolution.default](args = (%x,), kwargs = {}). See the stack trace for more information.\n\n(Refer to "
+    "the full stack trace above for more information.)")
+
+DYNAMO_FAILURE = (
+    "Dynamic control flow is not supported at the moment. Please use functorch.experimental.control_flow.cond "
+    "to explicitly capture the control flow.\n\nfrom user code:\n   File \"model.py\", line 3, in forward\n"
+    "    if x.sum() > 0:\n\nSet TORCHDYNAMO_VERBOSE=1 for the internal stack trace (please do this especially "
+    "if you're reporting a bug to PyTorch). For even more developer context, set TORCH_LOGS=\"+dynamo\"\n\n"
+    "Use tlparse to see full graph. (https://github.com/pytorch/tlparse?tab=readme-ov-file#tlparse-parse-structured-pt2-logs)")
+
+
+def test_onnx_exporter_error_names_the_op_node_and_module():
+    from mlcomp.ir import Origin
+    from mlcomp.targets.backend_errors import first_error
+
+    gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Conv2d(3, 2, 3)))
+    node = next(n for n in gm.graph.nodes if n.op == "call_module")
+    node.name = "conv"
+    node.meta["mlcomp_origin"] = Origin("features.0", "Conv2d")
+    failure = first_error(RuntimeError(ONNX_FAILURE), gm)
+    assert failure.message == ("DispatchError: No ONNX function found for aten._convolution.default. Failure "
+                               "message: No decompositions registered for the real-valued input")
+    assert failure.where() == "node %conv (aten._convolution.default), module features.0 (Conv2d)"
+
+
+def test_tvm_and_dynamo_errors_skip_the_advice_lines():
+    from mlcomp.targets.backend_errors import first_error
+
+    failure = first_error(RuntimeError(DYNAMO_FAILURE))
+    assert failure.message.startswith("RuntimeError: Dynamic control flow is not supported")
+    assert "tlparse" not in failure.message and failure.where() is None
+    native = RuntimeError("Traceback (most recent call last):\n  0: tvm::relax::Foo\n  1: bar\n"
+                          "  File \"/src/tvm/x.cc\", line 3\nInternalError: Check failed: (ndim == 4) is false: "
+                          "conv2d expects 4-d input for aten.convolution.default")
+    failure = first_error(native)
+    assert failure.message.startswith("InternalError: Check failed: (ndim == 4)")
+    assert failure.op == "aten.convolution.default"

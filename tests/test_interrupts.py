@@ -151,3 +151,24 @@ def test_interrupt_swallowed_by_a_command_that_finishes(user_folder, monkeypatch
 
     monkeypatch.setattr(loading, "load_model", swallow)
     check(user_folder, ["inspect", "mlp"], code=130)
+
+
+def test_bench_stops_at_the_interrupted_build(user_folder, monkeypatch):
+    """Ctrl-C during a target build that the native library turns into its own error (TVM's FFI does):
+    bench records the cell as failed, but its next progress step stops the run (no further builds)."""
+    from mlcomp.targets.cpu import CpuTarget
+
+    calls = []
+
+    def native_build(*args, **kwargs):
+        calls.append(1)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        except KeyboardInterrupt:
+            raise RuntimeError("TVMError: .") from None
+
+    monkeypatch.setattr(CpuTarget, "build", native_build)
+    check(user_folder, ["bench", "mlp", "--targets", "eager,cpu", "--batch", "1,2", "--budget", "0.002",
+                        "--min-repeats", "1", "--warmup", "0", "--no-memory"], code=130)
+    assert len(calls) == 1                      # batch 2 was never built

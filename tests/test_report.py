@@ -85,3 +85,18 @@ def test_cli_report(tmp_path) -> None:
                                     "--budget", "0.005", "--min-repeats", "1", "--warmup", "1"])
     assert res.exit_code == 0, res.output
     assert "wrote" in res.output and (out / "index.html").exists() and (out / "bench.png").exists()
+
+
+def test_cli_report_with_a_training_section(tmp_path) -> None:
+    from mlcomp.cli.main import main
+
+    out = tmp_path / "r"
+    res = CliRunner().invoke(main, ["report", "mlp", "-o", str(out), "--targets", "eager", "--batch", "2", "--train",
+                                    "--budget", "0.005", "--min-repeats", "1", "--warmup", "1"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "training.json").read_text())
+    assert "training step (joint graph" in (out / "index.html").read_text()
+    flops = data["flops"]
+    assert flops["backward"] > flops["forward"] > 0          # two matmuls per linear layer backward, one forward
+    assert data["saved_bytes"] > 0 and data["predicted_peak"] > 0
+    assert sum(data["saved_bytes_by_module"].values()) <= data["saved_bytes"]

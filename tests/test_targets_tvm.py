@@ -45,19 +45,27 @@ def test_supports_asks_the_importer():
     assert "no converter" in tvm.explain_op(aten("kthvalue"))
 
 
-def test_low_precision_addmm_is_reported_not_built():
-    """TVM 0.27 types addmm's bias add as float32: a float16 addmm is refused up front, a float32 one is not."""
+def test_low_precision_addmm_is_lowered_and_linear_reported():
+    """TVM 0.27's importer computes addmm in float32 whatever its inputs: a bf16/fp16 addmm is lowered to
+    mm + add before the build (issue 10); a low-precision linear (same importer problem) is refused up front."""
     from mlcomp.ir.builder import GraphBuilder
+    from mlcomp.targets.tvm import lower_low_precision
 
-    for dtype, refused in ((torch.float16, True), (torch.bfloat16, True), (torch.float32, False)):
+    for dtype, low in ((torch.float16, True), (torch.bfloat16, True), (torch.float32, False)):
         b = GraphBuilder("lin")
         x = b.input("x", (2, 16), dtype)
-        w = b.call(aten("permute"), b.param("fc.weight", torch.randn(8, 16, dtype=dtype)), [1, 0])
-        graph = b.output(b.call(aten("addmm"), b.param("fc.bias", torch.randn(8, dtype=dtype)), x, w))
+        weight, bias = b.param("fc.weight", torch.randn(8, 16, dtype=dtype)), b.param("fc.bias", torch.randn(8, dtype=dtype))
+        graph = b.output(b.call(aten("addmm"), bias, x, b.call(aten("permute"), weight, [1, 0])))
+        assert get_target("tvm").unsupported(graph) == {}, dtype
+        assert bool(lower_low_precision(graph).nodes(aten("mm"))) is low, dtype
+        b = GraphBuilder("lin")
+        x = b.input("x", (2, 16), dtype)
+        weight, bias = b.param("fc.weight", torch.randn(8, 16, dtype=dtype)), b.param("fc.bias", torch.randn(8, dtype=dtype))
+        graph = b.output(b.call(aten("linear"), x, weight, bias))
         bad = get_target("tvm").unsupported(graph)
-        assert (list(bad) == ["addmm"]) is refused and (bad == {}) is not refused, (dtype, bad)
-        if refused:
-            assert "types its bias add as float32" in bad["addmm"]
+        assert (list(bad) == ["linear"]) is low, (dtype, bad)
+        if low:
+            assert "computes linear in float32 whatever its inputs" in bad["linear"]
 
 
 class Median(nn.Module):

@@ -3,8 +3,13 @@
 Every zoo model and two Hugging Face models (BERT and ViT from small configs) are
 captured once (batch 4) as a joint forward+loss+backward graph; each one must
 verify, give gradients within 1e-5 relative of eager autograd, and follow eager
-through 5 SGD and 5 Adam steps.  Dropout is set to 0: the graph's decomposed
-dropout draws different random numbers from eager's fused kernel.
+through 5 SGD and 5 Adam steps (torch's default ``eps=1e-8``) within 1e-5 per
+parameter.  Both hold because the joint graph keeps the fused kernels eager autograd
+runs (``mlcomp.frontend.joint.joint_decompositions``): on CPU the gradients are
+bitwise eager's.  To keep the file cheap the transformer (2 layers, d_model 64,
+seq 16) and the GRU (6 steps) are the zoo classes at a reduced size; resnet18 is
+the zoo model itself, captured once per module.  Dropout is set to 0: the graph's
+dropout draws different random numbers from eager's kernel.
 """
 from __future__ import annotations
 
@@ -43,15 +48,14 @@ from mlcomp.targets.training import (
 
 BATCH = 4
 GRAD_TOL = 1e-5      # gradients, relative to the parameter's largest gradient (fp32)
-# state after 5 steps, norm-wise ||compiled - eager|| / ||eager|| over every float tensor.  One step
-# agrees to ~1e-6 (per tensor); later steps amplify fp32 reassociation differences wherever a
-# ReLU/max decision flips (resnet18 at batch 4, per tensor: 6e-7 after one SGD step, 7e-4 after five).
-STEP_TOL = 1e-3
-LOSS_TOL = 1e-4      # losses of the five steps, max |compiled - eager| / the first eager loss
+# every parameter and buffer after 5 steps: max |compiled - eager| / max |eager|, per tensor.  The
+# gradients are eager's bit for bit on CPU, so this holds with Adam's default eps=1e-8, which
+# divides each element by its own magnitude and would turn any rounding difference in a
+# mathematically zero gradient (attention key biases) into a whole lr step.
+STEP_TOL = 1e-5
+LOSS_TOL = 1e-5      # losses of the five steps, max |compiled - eager| / the first eager loss
 SGD = "sgd{lr=0.01 momentum=0.9 weight_decay=1e-4}"
-# eps=1e-6: a mathematically zero gradient (attention key biases) is rounding noise on both sides,
-# which Adam's default eps=1e-8 turns into full-size updates of random sign
-ADAM = "adam{lr=1e-3 eps=1e-6}"
+ADAM = "adam{lr=1e-3}"
 
 
 # ---------------------------------------------------------------------------
@@ -100,8 +104,23 @@ def _zoo(name: str):
     return z.build(), z.example_inputs(BATCH)
 
 
+def _small_transformer():
+    from mlcomp.models.transformer import TransformerEncoderModel
+
+    torch.manual_seed(0)
+    return TransformerEncoderModel(d_model=64, heads=4, ff=128, layers=2), \
+        (torch.randn(BATCH, 16, 64, generator=torch.Generator().manual_seed(0)),)
+
+
+def _small_gru():
+    from mlcomp.models.sequence import GRUClassifier
+
+    torch.manual_seed(0)
+    return GRUClassifier(steps=6), (torch.randn(BATCH, 6, 64, generator=torch.Generator().manual_seed(0)),)
+
+
 MODELS = {"mlp": lambda: _zoo("mlp"), "lenet": lambda: _zoo("lenet"), "resnet18": lambda: _zoo("resnet18"),
-          "transformer": lambda: _zoo("transformer"), "gru": lambda: _zoo("gru"), "bert": _bert, "vit": _vit}
+          "transformer": _small_transformer, "gru": _small_gru, "bert": _bert, "vit": _vit}
 
 
 @pytest.fixture(scope="module")
@@ -130,35 +149,29 @@ graph tiny(%args_0: f32[2, 4], %target: f32[2, 2]) {
   %0.bias: f32[3] = param   # 0
   %2.weight: f32[2, 3] = param   # 2
   %2.bias: f32[2] = param   # 2
-  %permute: f32[4, 3] = aten.permute.default(%0.weight, [1, 0])   # {phase=forward}
-  %addmm: f32[2, 3] = aten.addmm.default(%0.bias, %args_0, %permute)   # {phase=forward}
-  %relu: f32[2, 3] = aten.relu.default(%addmm)   # {phase=forward}
-  %permute_1: f32[3, 2] = aten.permute.default(%2.weight, [1, 0])   # {phase=forward}
-  %addmm_1: f32[2, 2] = aten.addmm.default(%2.bias, %relu, %permute_1)   # {phase=forward}
-  %sub: f32[2, 2] = aten.sub.Tensor(%addmm_1, %target)   # {phase=loss}
-  %pow_1: f32[2, 2] = aten.pow.Tensor_Scalar(%sub, 2)   # {phase=loss}
-  %loss: f32[] = aten.mean.default(%pow_1)   # {phase=loss}
+  %permute: f32[4, 3] = aten.permute.default(%0.weight, [1, 0])   # 0 {phase=forward}
+  %addmm: f32[2, 3] = aten.addmm.default(%0.bias, %args_0, %permute)   # 0 {phase=forward}
+  %relu: f32[2, 3] = aten.relu.default(%addmm)   # 1 {phase=forward}
+  %permute_1: f32[3, 2] = aten.permute.default(%2.weight, [1, 0])   # 2 {phase=forward}
+  %addmm_1: f32[2, 2] = aten.addmm.default(%2.bias, %relu, %permute_1)   # 2 {phase=forward}
+  %loss: f32[] = aten.mse_loss.default(%addmm_1, %target)   # {phase=loss}
   %full_like: f32[] = aten.full_like.default(%loss, 1, pin_memory=False, memory_format=torch.preserve_format)   # {phase=backward}
-  %sub_1: f32[2, 2] = aten.sub.Tensor(%addmm_1, %target)   # {phase=backward}
-  %mul: f32[2, 2] = aten.mul.Tensor(%sub_1, 0.5)   # {phase=backward}
-  %mul_1: f32[2, 2] = aten.mul.Tensor(%mul, %full_like)   # {phase=backward}
-  %permute_2: f32[2, 3] = aten.permute.default(%permute_1, [1, 0])   # {phase=backward}
-  %mm: f32[2, 3] = aten.mm.default(%mul_1, %permute_2)   # {phase=backward}
-  %permute_3: f32[2, 2] = aten.permute.default(%mul_1, [1, 0])   # {phase=backward}
-  %mm_1: f32[2, 3] = aten.mm.default(%permute_3, %relu)   # {phase=backward}
-  %permute_4: f32[3, 2] = aten.permute.default(%mm_1, [1, 0])   # {phase=backward}
-  %sum_1: f32[1, 2] = aten.sum.dim_IntList(%mul_1, [0], True)   # {phase=backward}
-  %grad:2.bias: f32[2] = aten.view.default(%sum_1, [2])   # {phase=backward}
-  %grad:2.weight: f32[2, 3] = aten.permute.default(%permute_4, [1, 0])   # {phase=backward}
-  %le: bool[2, 3] = aten.le.Scalar(%relu, 0)   # {phase=backward}
-  %scalar_tensor: f32[] = aten.scalar_tensor.default(0, dtype=f32, layout=torch.strided, device=cpu)   # {phase=backward}
-  %where: f32[2, 3] = aten.where.self(%le, %scalar_tensor, %mm)   # {phase=backward}
-  %permute_6: f32[3, 2] = aten.permute.default(%where, [1, 0])   # {phase=backward}
-  %mm_2: f32[3, 4] = aten.mm.default(%permute_6, %args_0)   # {phase=backward}
-  %permute_7: f32[4, 3] = aten.permute.default(%mm_2, [1, 0])   # {phase=backward}
-  %sum_2: f32[1, 3] = aten.sum.dim_IntList(%where, [0], True)   # {phase=backward}
-  %grad:0.bias: f32[3] = aten.view.default(%sum_2, [3])   # {phase=backward}
-  %grad:0.weight: f32[3, 4] = aten.permute.default(%permute_7, [1, 0])   # {phase=backward}
+  %mse_loss_backward: f32[2, 2] = aten.mse_loss_backward.default(%full_like, %addmm_1, %target, 1)   # 2 {phase=backward}
+  %permute_2: f32[2, 3] = aten.permute.default(%permute_1, [1, 0])   # 2 {phase=backward}
+  %mm: f32[2, 3] = aten.mm.default(%mse_loss_backward, %permute_2)   # 2 {phase=backward}
+  %permute_3: f32[2, 2] = aten.permute.default(%mse_loss_backward, [1, 0])   # 2 {phase=backward}
+  %mm_1: f32[2, 3] = aten.mm.default(%permute_3, %relu)   # 2 {phase=backward}
+  %permute_4: f32[3, 2] = aten.permute.default(%mm_1, [1, 0])   # 2 {phase=backward}
+  %sum_1: f32[1, 2] = aten.sum.dim_IntList(%mse_loss_backward, [0], True)   # 2 {phase=backward}
+  %grad:2.bias: f32[2] = aten.view.default(%sum_1, [2])   # 2 {phase=backward}
+  %grad:2.weight: f32[2, 3] = aten.permute.default(%permute_4, [1, 0])   # 2 {phase=backward}
+  %threshold_backward: f32[2, 3] = aten.threshold_backward.default(%mm, %relu, 0)   # 1 {phase=backward}
+  %permute_6: f32[3, 2] = aten.permute.default(%threshold_backward, [1, 0])   # 1 {phase=backward}
+  %mm_2: f32[3, 4] = aten.mm.default(%permute_6, %args_0)   # 0 {phase=backward}
+  %permute_7: f32[4, 3] = aten.permute.default(%mm_2, [1, 0])   # 0 {phase=backward}
+  %sum_2: f32[1, 3] = aten.sum.dim_IntList(%threshold_backward, [0], True)   # 0 {phase=backward}
+  %grad:0.bias: f32[3] = aten.view.default(%sum_2, [3])   # 0 {phase=backward}
+  %grad:0.weight: f32[3, 4] = aten.permute.default(%permute_7, [1, 0])   # 0 {phase=backward}
   return (%loss, %grad:0.weight, %grad:0.bias, %grad:2.weight, %grad:2.bias)
 }"""
 
@@ -233,9 +246,19 @@ def test_phases_and_outputs_on_resnet18(captured):
     for n in graph.call_nodes():
         assert n.ann.phase is not None, n.name
         counts[n.ann.phase] += 1
-    assert counts[Phase.FORWARD] > 100 and counts[Phase.LOSS] > 3 and counts[Phase.BACKWARD] > counts[Phase.FORWARD]
+    assert counts[Phase.FORWARD] > 100 and counts[Phase.LOSS] >= 2 and counts[Phase.BACKWARD] > counts[Phase.FORWARD]
     conv_bwd = [n for n in graph.call_nodes() if n.op.name == "convolution_backward"]
     assert conv_bwd and all(n.ann.phase is Phase.BACKWARD for n in conv_bwd)
+    # origins: forward nodes from the pre-joint program's modules, backward nodes from what they differentiate
+    kinds = {n.op.name: set() for n in graph.call_nodes()}
+    for n in graph.call_nodes():
+        kinds[n.op.name].add(n.origin.module_type if n.origin else None)
+    assert kinds["convolution"] == kinds["convolution_backward"] == {"Conv2d"}
+    assert kinds["_native_batch_norm_legit_functional"] == kinds["native_batch_norm_backward"] == {"BatchNorm2d"}
+    assert "ReLU" in kinds["relu"] and kinds["threshold_backward"] == kinds["relu"]   # F.relu: the block
+    first = next(n for n in graph.call_nodes() if n.op.name == "convolution_backward" and
+                 n.origin.module_path == "layer1.0.conv1")
+    assert first.ann.phase is Phase.BACKWARD
 
 
 def test_verify_names_the_first_diverging_backward_node(tiny):
@@ -244,11 +267,12 @@ def test_verify_names_the_first_diverging_backward_node(tiny):
 
     _, x, y, graph, _ = tiny
     broken = graph.copy()
-    node = broken.node("mul")                     # d(loss)/d(out) = (out - y) * 0.5 … in the backward
-    broken.replace(node.with_(inputs=(node.inputs[0], 0.25)))
+    node = broken.node("mse_loss_backward")       # reduction mean (1) → none (0): no division by the batch
+    broken.replace(node.with_(inputs=node.inputs[:3] + (0,)))
     with pytest.raises(VerificationError) as info:
         Reference(graph, (x, y)).check(broken, "fake-pass", "1/1")
-    assert "The first value that diverges is %mul (aten.mul.Tensor) in the backward phase" in info.value.message
+    assert ("The first value that diverges is %mse_loss_backward (aten.mse_loss_backward.default) in the "
+            "backward phase from module 2 (Linear)") in info.value.message
 
 
 def test_pipeline_on_the_joint_graph_keeps_gradients():
@@ -281,7 +305,7 @@ def test_training_matches_eager(name, captured):
         eager = copy.deepcopy(reference)
         before = {k: v.clone() for k, v in art.state_dict().items()}
         cmp = compare_steps(art, eager, loss_fn, args, steps=5)
-        assert cmp["global_rel"] <= STEP_TOL, (spec, cmp["global_rel"], cmp["worst"], cmp["worst_rel"])
+        assert cmp["worst_rel"] <= STEP_TOL, (spec, cmp["worst"], cmp["worst_rel"])
         assert cmp["loss_rel"] <= LOSS_TOL, (spec, cmp["compiled_losses"], cmp["eager_losses"])
         moved = [k for k, v in art.state_dict().items() if v.is_floating_point() and not torch.equal(v, before[k])]
         assert len(moved) >= len(art.params)    # every parameter was updated by the artifact itself
@@ -373,23 +397,35 @@ def test_integer_only_output_is_refused():
 
 
 @pytest.mark.parametrize("spec,message", [
-    ("sgd{lr=0.1 foo=1}", "optimizer sgd has no option 'foo'"),
-    ("adam{lr=fast}", "must be a number"),
-    ("rmsprop{lr=0.1}", "no optimizer named 'rmsprop'"),
-    ("sgd{lr}", "is not key=value"),
+    ("sgd{lr=0.1 momentm=0.9}", "optimizer 'sgd' has no option 'momentm'; did you mean 'momentum'?"),
+    ("adam{lr=fast}", "option 'lr' of optimizer 'adam' expects float >= 0.0, got 'fast'"),
+    ("adm{lr=0.1}", "unknown optimizer 'adm'; did you mean 'adam'?"),
+    ("sgd{lr}", "expected '=' after option name 'lr'"),
+    ("sgd{lr=0}", "option 'lr' of optimizer 'sgd' must be greater than 0, got 0.0"),
+    ("sgd{lr=0.1 momentum=1}", "option 'momentum' of optimizer 'sgd' must be in [0, 1), got 1.0"),
+    ("adam{betas=(0.9,1.0)}", "option 'betas' of optimizer 'adam' must be two numbers, each in [0, 1)"),
+    ("sgd{lr=-1}", "option 'lr' of optimizer 'sgd' must be at least 0.0"),
+    ("sgd,adam", "names 2 optimizers; give one"),
 ])
 def test_bad_optimizer_specs(spec, message):
-    with pytest.raises(OptimizerSpecError, match=message) as info:
+    """The pipeline grammar's errors, in optimizer words: column, did-you-mean, declared ranges."""
+    with pytest.raises(OptimizerSpecError) as info:
         OptimizerSpec.parse(spec)
-    assert "takes:" in info.value.message or "choose one of" in info.value.message or "e.g." in info.value.message \
-        or "key=value" in info.value.message
+    assert message in info.value.message and "Traceback" not in info.value.message
+    assert "pass" not in info.value.message.replace("passes", "")
 
 
 def test_optimizer_spec_parses_typed_options():
     spec = OptimizerSpec.parse("sgd{lr=0.05, momentum=0.9 nesterov=true}")
     assert (spec.options.lr, spec.options.momentum, spec.options.nesterov) == (0.05, 0.9, True)
-    assert OptimizerSpec.parse(spec.text()) == spec
+    assert spec.text() == "sgd{lr=0.05,momentum=0.9,nesterov=true}" and OptimizerSpec.parse(spec.text()) == spec
+    adam = OptimizerSpec.parse("adam{lr=1e-3 betas=(0.9,0.99)}")
+    assert adam.options.betas == (0.9, 0.99) and adam.options.eps == 1e-8 == torch.optim.Adam([
+        torch.zeros(1, requires_grad=True)]).defaults["eps"]
+    assert OptimizerSpec.parse("adam{betas=[0.9,0.99]}").options.betas == (0.9, 0.99)
     assert OptimizerSpec.parse("adamw").options.weight_decay == 0.01
+    opt = adam.build([torch.zeros(2, requires_grad=True)])
+    assert isinstance(opt, torch.optim.Adam) and opt.defaults["betas"] == (0.9, 0.99) and opt.defaults["foreach"]
 
 
 @pytest.mark.parametrize("target", ["onnxruntime", "tvm"])
@@ -401,7 +437,7 @@ def test_training_on_inference_targets_is_refused(target):
 
 @pytest.mark.parametrize("args,message", [
     (["--target", "onnxruntime"], "target onnxruntime cannot compile training graphs"),
-    (["--optimizer", "sgd{lr=0.1 foo=1}"], "optimizer sgd has no option 'foo'"),
+    (["--optimizer", "sgd{lr=0.1 foo=1}"], "optimizer 'sgd' has no option 'foo'"),
     (["--loss", "hinge"], "there is no loss named 'hinge'"),
 ])
 def test_cli_compile_train_refuses_before_writing(tmp_path, args, message):

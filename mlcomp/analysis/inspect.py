@@ -1,6 +1,8 @@
 """``mlcomp inspect``: what a captured graph is made of and how parallel it is.
 
-The report holds the op histogram, parameter count and bytes, per-node and
+The report holds the op histogram, parameter count and bytes (integer
+constants such as BatchNorm's ``num_batches_tracked`` are buffers, counted
+apart), per-node and
 total FLOPs (``torch.utils.flop_counter`` on meta tensors), bytes moved,
 arithmetic intensity (all from :mod:`mlcomp.analysis.cost`), the peak memory of
 live activations (:mod:`mlcomp.analysis.memory`), and the *parallelism profile*: the width of every
@@ -55,6 +57,8 @@ class InspectReport:
     critical_path: list[str] = field(repr=False)
     critical_path_flops: int = 0
     peak_activation_bytes: int = 0      # analysis.memory, graph order, inputs/params not counted
+    buffers: int = 0                    # integer/bool constants (BatchNorm's num_batches_tracked …)
+    buffer_bytes: int = 0
 
     @property
     def intensity(self) -> float:
@@ -74,7 +78,8 @@ class InspectReport:
         return {
             "name": self.name, "inputs": self.inputs, "outputs": self.outputs, "nodes": self.nodes,
             "op_histogram": self.op_histogram, "params": self.params, "param_bytes": self.param_bytes,
-            "param_dtypes": self.param_dtypes, "flops": self.flops, "bytes": self.bytes,
+            "param_dtypes": self.param_dtypes, "buffers": self.buffers, "buffer_bytes": self.buffer_bytes,
+            "flops": self.flops, "bytes": self.bytes,
             "intensity": self.intensity, "peak_activation_bytes": self.peak_activation_bytes,
             "parallelism": {
                 "generations": len(self.generation_widths), "widths": self.generation_widths,
@@ -91,7 +96,8 @@ class InspectReport:
                  f"  inputs   {', '.join(self.inputs)}",
                  f"  outputs  {', '.join(self.outputs)}",
                  f"  params   {self.params:,} ({_human_bytes(self.param_bytes)}; "
-                 + ", ".join(f"{k}: {v:,}" for k, v in self.param_dtypes.items()) + ")",
+                 + ", ".join(f"{k}: {v:,}" for k, v in self.param_dtypes.items()) + ")"
+                 + (f"; buffers {self.buffers:,} integer ({_human_bytes(self.buffer_bytes)})" if self.buffers else ""),
                  f"  nodes    {self.nodes} compute nodes",
                  f"  FLOPs    {_human(self.flops)}FLOP   bytes moved {_human_bytes(self.bytes)}   "
                  f"intensity {self.intensity:.2f} FLOP/B",
@@ -102,11 +108,11 @@ class InspectReport:
         for op, n in sorted(self.op_histogram.items(), key=lambda kv: (-kv[1], kv[0])):
             lines.append(f"  {op:<{width}}  {n:>5}")
         lines += ["", f"top {min(top, len(self.rows))} nodes by FLOPs"]
-        hdr = f"  {'node':<28} {'op':<34} {'module':<22} {'GFLOP':>9} {'MB':>8} {'FLOP/B':>8}"
+        hdr = f"  {'node':<28} {'op':<34} {'module':<22} {'GFLOP':>9} {'bytes':>10} {'FLOP/B':>8}"
         lines.append(hdr)
         for r in sorted(self.rows, key=lambda r: -r.flops)[:top]:
             lines.append(f"  {r.name[:28]:<28} {r.op[:34]:<34} {r.module[:22]:<22} {r.flops / 1e9:>9.4f} "
-                         f"{r.bytes / 1e6:>8.3f} {r.intensity:>8.2f}")
+                         f"{_human_bytes(r.bytes):>10} {r.intensity:>8.2f}")
         total_nodes = sum(self.generation_widths)
         lines += ["", "parallelism profile (automatic parallelism on the real graph)",
                   f"  generations {len(self.generation_widths)} (critical path {len(self.critical_path)} ops, "
@@ -123,9 +129,13 @@ def inspect_graph(graph: Graph) -> InspectReport:
     hist = Counter(str(n.op) for n in compute)
     params = graph.nodes(PARAM)
     param_dtypes: Counter[str] = Counter()
-    param_count = param_bytes = 0
+    param_count = param_bytes = buffer_count = buffer_bytes = 0
     for p in params:
         t = graph.constants[p.name]
+        if not (t.is_floating_point() or t.is_complex()):     # step counters, indices: state, not weights
+            buffer_count += t.numel()
+            buffer_bytes += t.numel() * itemsize(t.dtype)
+            continue
         param_count += t.numel()
         param_bytes += t.numel() * itemsize(t.dtype)
         param_dtypes[dtype_name(t.dtype)] += t.numel()
@@ -141,7 +151,7 @@ def inspect_graph(graph: Graph) -> InspectReport:
         param_dtypes=dict(param_dtypes), flops=total.flops, bytes=total.bytes, rows=rows,
         generation_widths=[len(g) for g in graph.generations()], critical_path=path,
         critical_path_flops=sum(costs[n].flops for n in path if n in costs),
-        peak_activation_bytes=memory.peak_bytes(graph))
+        peak_activation_bytes=memory.peak_bytes(graph), buffers=buffer_count, buffer_bytes=buffer_bytes)
 
 
 def _human(x: float) -> str:
@@ -152,6 +162,7 @@ def _human(x: float) -> str:
 
 
 def _human_bytes(x: float) -> str:
+    """Binary units (KiB, MiB, GiB): the one convention of compile, inspect, bench and report."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if abs(x) >= scale:
             return f"{x / scale:.2f} {unit}"

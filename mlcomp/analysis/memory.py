@@ -19,6 +19,14 @@ end, and a value nobody reads is held to the end too (nothing frees it)::
     >>> live.peak_bytes, live.live_at(2), live.bytes_at("b")
     (2048, frozenset({'a', 'b'}), 2048)
 
+An op returning several fresh tensors (``native_batch_norm``,
+``max_pool2d_with_indices``) allocates one buffer per element (:class:`Buffers`):
+the element a ``getitem`` picks dies after its own last reader, not with the
+tuple's last element, which is what generated fx code and the interpreter do
+(before this, resnet18's batch-norm outputs were held until the backward read the
+saved mean, and its training peak was over-predicted by 48%).  ``workspace``
+adds a kernel's scratch at its own step (:mod:`mlcomp.analysis.workspace`).
+
 ``groups`` runs each group of nodes as one unit (a fused kernel, scheduled
 where its last member was): values produced and read only inside a group never
 reach memory, though the kernel holds the largest of them transiently where
@@ -28,15 +36,16 @@ unless ``count_inputs``/``count_params``.  Everything is O(n log n).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 from mlcomp.base.errors import IRError
 from mlcomp.ir import Graph, Node, Ref, TensorMeta
 from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM, Namespace
 from mlcomp.ir.opsets import VIEW_LIKE
 
-__all__ = ["Liveness", "liveness", "peak_bytes", "live_bytes_per_node", "storage_roots", "value_bytes", "is_view"]
+__all__ = ["Buffers", "Liveness", "buffers", "is_view", "live_bytes_per_node", "liveness", "peak_bytes",
+           "storage_roots", "value_bytes"]
 
 # every ATen op (any overload) whose result may share its input's storage: the view ops
 # of mlcomp.ir.opsets plus the overloads of the same names (squeeze.default, split.sizes, ...)
@@ -61,10 +70,73 @@ def _is_alias(node: Node) -> bool:
     return (is_view(node) or node.op == GETITEM) and bool(node.inputs) and isinstance(node.inputs[0], Ref)
 
 
-def storage_roots(graph: Graph, *, exclude: Iterable[str] = ()) -> dict[str, str]:
-    """Value → the value whose buffer it uses: a view (or a projection of a tuple) → its base.
+def _element(graph: Graph, node: Node) -> tuple[str, int] | None:
+    """``(tuple node, index)`` when ``node`` picks one tensor out of an op's fresh tuple result."""
+    if node.op != GETITEM or len(node.inputs) < 2 or not isinstance(node.inputs[0], Ref) \
+            or not isinstance(node.inputs[1], int):
+        return None
+    src = graph.node(node.inputs[0].name)
+    if not isinstance(src.meta, tuple) or is_view(src) or src.op == GETITEM or src.op.is_structural:
+        return None
+    k = node.inputs[1]
+    return (src.name, k) if 0 <= k < len(src.meta) and isinstance(src.meta[k], TensorMeta) else None
 
-    Nodes in ``exclude`` (members of a fused group, which writes fresh buffers) own theirs.
+
+@dataclass(frozen=True)
+class Buffers:
+    """Which buffer each value lives in, the size of each buffer and the node that allocates it.
+
+    A view (or a projection of a view's tuple) lives in its base's buffer.  An op
+    returning several fresh tensors (``native_batch_norm``, ``max_pool2d_with_indices``)
+    allocates one buffer per element: the element some ``getitem`` picks is named
+    after that (first) ``getitem``, the elements nobody picks are charged to the
+    tuple node itself.  ``tuple_of`` maps an element buffer to its tuple node: the
+    tuple holds every element until its last ``getitem`` has read it.
+    """
+
+    storage: Mapping[str, str]     # value -> root value owning its buffer
+    size: Mapping[str, int]        # root -> bytes
+    allocator: Mapping[str, str]   # root -> the node whose execution allocates it
+    tuple_of: Mapping[str, str]    # element root -> tuple node holding it
+
+
+def buffers(graph: Graph, *, exclude: Iterable[str] = ()) -> Buffers:
+    """The :class:`Buffers` of ``graph``; nodes in ``exclude`` (members of a fused group,
+    which writes fresh buffers) own theirs.  O(n)."""
+    skip = set(exclude)
+    root: dict[str, str] = {}
+    size: dict[str, int] = {}
+    allocator: dict[str, str] = {}
+    tuple_of: dict[str, str] = {}
+    picked: dict[tuple[str, int], str] = {}
+    for node in graph.nodes():
+        elem = _element(graph, node) if node.name not in skip else None
+        if elem is not None:
+            first = picked.setdefault(elem, node.name)
+            root[node.name] = first
+            if first == node.name:
+                tup = elem[0]
+                size[first] = graph.node(tup).meta[elem[1]].nbytes(graph.symbols)
+                size[tup] -= size[first]
+                allocator[first], tuple_of[first] = tup, tup
+            continue
+        base = node.inputs[0].name if _is_alias(node) and node.name not in skip else None
+        if base is not None:
+            root[node.name] = root.get(base, base)
+        else:
+            root[node.name] = node.name
+            size[node.name] = value_bytes(graph, node)
+            allocator[node.name] = node.name
+    return Buffers(root, size, allocator, tuple_of)
+
+
+def storage_roots(graph: Graph, *, exclude: Iterable[str] = ()) -> dict[str, str]:
+    """Value → the value whose computation made its buffer: a view (or a projection of a tuple) → its base.
+
+    This is the unit a rewrite recomputes (a ``getitem`` follows the op that made
+    the tuple); for the unit memory is freed in, one buffer per tuple element, see
+    :func:`buffers`.  Nodes in ``exclude`` (members of a fused group, which writes
+    fresh buffers) own theirs.
     """
     skip = set(exclude)
     root: dict[str, str] = {}
@@ -102,11 +174,14 @@ class Liveness:
 
 
 def liveness(graph: Graph, schedule: Sequence[str] | None = None, *, groups: Sequence[Sequence[str]] = (),
-             count_inputs: bool = False, count_params: bool = False) -> Liveness:
+             count_inputs: bool = False, count_params: bool = False,
+             workspace: Mapping[str, int] | None = None) -> Liveness:
     """Liveness of every buffer when the graph runs in ``schedule`` (default: its order).
 
     ``schedule`` lists every node once (structural nodes may be left out) in an
     order that respects data dependencies; ``groups`` cannot be combined with it.
+    ``workspace`` (node → bytes, :func:`mlcomp.analysis.workspace.op_workspaces`) is
+    scratch a kernel holds during its own step only.
     """
     order = graph.order()
     nodes = {n.name: n for n in graph.nodes()}
@@ -114,7 +189,7 @@ def liveness(graph: Graph, schedule: Sequence[str] | None = None, *, groups: Seq
     for i, members in enumerate(groups):
         for n in members:
             unit_of[n] = f"#group{i}"
-    of = lambda n: unit_of.get(n, n)  # noqa: E731
+    of = lambda n: unit_of.get(n, n)
     if schedule is not None:
         if groups:
             raise ValueError("liveness takes a schedule or groups, not both")
@@ -125,13 +200,24 @@ def liveness(graph: Graph, schedule: Sequence[str] | None = None, *, groups: Seq
     for name in order:
         members.setdefault(of(name), []).append(name)
     step = {u: i for i, u in enumerate(units)}
-    storage = storage_roots(graph, exclude=unit_of)
+    bufs = buffers(graph, exclude=unit_of)
+    storage = bufs.storage
     last_use: dict[str, int] = {}
     for u in units:
         for name in members[u]:
             for s in nodes[name].input_names():
                 if of(s) != u:
                     last_use[storage[s]] = max(last_use.get(storage[s], -1), step[u])
+    # an element of a tuple result is held by the tuple until the tuple's last reader
+    for elem, tup in bufs.tuple_of.items():
+        if tup in last_use:
+            last_use[elem] = max(last_use.get(elem, -1), last_use[tup])
+    allocates: dict[str, list[str]] = {}
+    for r, by in bufs.allocator.items():
+        allocates.setdefault(by, []).append(r)
+    readers_of: dict[str, list[str]] = {}
+    for name, r in storage.items():
+        readers_of.setdefault(r, []).append(name)
     outputs = {storage[r.name] for r in graph.output_refs}
     end = len(units) - 1
     skip = {OUTPUT} | ({INPUT} if not count_inputs else set()) | ({PARAM} if not count_params else set())
@@ -144,20 +230,21 @@ def liveness(graph: Graph, schedule: Sequence[str] | None = None, *, groups: Seq
     for i, u in enumerate(units):
         transient = made = 0
         for name in members[u]:
-            n = nodes[name]
-            if n.op in skip or storage[name] != name:
+            if nodes[name].op in skip:
                 continue
-            size = value_bytes(graph, n)
-            if u.startswith("#group") and all(of(x.name) == u for x in graph.users(name)):
-                transient = max(transient, size)     # produced and consumed inside the kernel
-                continue
-            sizes[name], born[name] = size, i
-            dies[name] = end if name in outputs or name not in last_use else max(last_use[name], i)
-            frees.setdefault(dies[name], []).append(name)
-            live += size
-            made += size
+            for r in allocates.get(name, ()):
+                size = bufs.size[r]
+                if u.startswith("#group") and all(of(x.name) == u for a in readers_of[r] for x in graph.users(a)):
+                    transient = max(transient, size)     # produced and consumed inside the kernel
+                    continue
+                sizes[r], born[r] = size, i
+                dies[r] = end if r in outputs or r not in last_use else max(last_use[r], i)
+                frees.setdefault(dies[r], []).append(r)
+                live += size
+                made += size
+        scratch = max((workspace.get(n, 0) for n in members[u]), default=0) if workspace else 0
         # a kernel overwrites its intermediates in place, so its outputs reuse their buffer
-        live_bytes.append(live + max(0, transient - made))
+        live_bytes.append(live + max(0, transient - made) + scratch)
         for r in frees.get(i, ()):
             if i < end or r not in outputs:
                 live -= sizes[r]

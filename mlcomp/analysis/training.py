@@ -20,7 +20,12 @@ allocated by its node and freed after its last reader (a view keeps its base
 alive); graph outputs (loss, gradients, new buffers) live to the end.  Parameters, buffers and inputs are
 *resident*; the prediction is the transient peak above them, the quantity a
 measured step peak (allocator high-water mark minus what was allocated before
-the step) is compared with.
+the step) is compared with.  With ``workspace``
+(:func:`mlcomp.analysis.workspace.op_workspaces`) kernels' scratch is added at
+its step.  Against torch's CPU allocator events for the compiled step of every
+zoo model at batch 32 (mlp, lenet, resnet18, transformer, gru) the prediction
+with workspaces is exact to the byte; without them lenet reads 0.82 and resnet18
+0.975 of the measurement (im2col columns).
 """
 from __future__ import annotations
 
@@ -28,10 +33,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mlcomp.analysis.cost import node_flops
-from mlcomp.analysis.memory import is_view, liveness
+from mlcomp.analysis.memory import buffers, liveness
 from mlcomp.ir import Graph, Mode, Node, tensor_metas
 from mlcomp.ir.node import Phase
-from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM
+from mlcomp.ir.ops import INPUT, OUTPUT, PARAM
 
 __all__ = [
     "PeakEstimate",
@@ -80,18 +85,6 @@ def _require_joint(graph: Graph) -> None:
                           hint="capture it with mlcomp.frontend.joint.capture_joint (`--train`)")
 
 
-def _roots(graph: Graph) -> dict[str, str]:
-    """Each value → the value whose storage it uses (views and getitems resolve to their base)."""
-    root: dict[str, str] = {}
-    for node in graph.nodes():
-        srcs = node.input_names()
-        if (node.op == GETITEM or is_view(node)) and srcs:
-            root[node.name] = root.get(srcs[0], srcs[0])
-        else:
-            root[node.name] = node.name
-    return root
-
-
 def _nbytes(graph: Graph, node: Node) -> int:
     return sum(m.nbytes(graph.symbols) for m in tensor_metas(node.meta))
 
@@ -118,18 +111,18 @@ def _modules(graph: Graph) -> dict[str, str]:
 def saved_activations(graph: Graph) -> list[SavedValue]:
     """Forward values read by the backward, by base tensor, in graph order."""
     _require_joint(graph)
-    root = _roots(graph)
+    bufs = buffers(graph)
     mod = _modules(graph)
     readers: dict[str, int] = {}
     for node in graph.call_nodes():
         if node.ann.phase is not Phase.BACKWARD:
             continue
         for src in node.input_names():
-            base = graph.node(root[src])
+            base = graph.node(bufs.storage[src])
             if base.op == PARAM or base.ann.phase is Phase.BACKWARD or base.op == OUTPUT:
                 continue
             readers[base.name] = readers.get(base.name, 0) + 1
-    return [SavedValue(n.name, _nbytes(graph, n), mod[n.name], readers[n.name])
+    return [SavedValue(n.name, bufs.size[n.name], mod[n.name], readers[n.name])
             for n in graph.nodes() if n.name in readers]
 
 
@@ -151,10 +144,11 @@ def phase_flops(graph: Graph) -> dict[Phase, int]:
     return out
 
 
-def predicted_peak(graph: Graph) -> PeakEstimate:
+def predicted_peak(graph: Graph, workspace: Mapping[str, int] | None = None) -> PeakEstimate:
     """Resident bytes (parameters, buffers, inputs) and the transient peak from
-    :func:`mlcomp.analysis.memory.liveness` over the graph order."""
-    live = liveness(graph)
+    :func:`mlcomp.analysis.memory.liveness` over the graph order; ``workspace``
+    (:func:`mlcomp.analysis.workspace.op_workspaces`) adds kernels' scratch at their step."""
+    live = liveness(graph, workspace=workspace)
     resident = sum(_nbytes(graph, n) for n in graph.nodes() if n.op in (PARAM, INPUT))
     if not live.live_bytes:
         return PeakEstimate(resident, 0, "")

@@ -20,13 +20,16 @@ from mlcomp.base.registry import LazyRegistry
 # command name -> "module:attribute"; each module owns its commands
 COMMANDS: LazyRegistry[click.Command] = LazyRegistry("command", {
     "compile": "mlcomp.cli.targets:compile_cmd",
-    "run": "mlcomp.cli.targets:run_cmd",
+    "run": "mlcomp.cli.run:run_cmd",
     "export": "mlcomp.cli.targets:export_cmd",
     "targets": "mlcomp.cli.targets:targets_cmd",
     "passes": "mlcomp.cli.passes:passes_cmd",
     "bench": "mlcomp.cli.study:bench_cmd",
     "study": "mlcomp.cli.study:study_cmd",
     "report": "mlcomp.cli.study:report_cmd",
+    "partition": "mlcomp.cli.partition:partition_cmd",
+    "launch": "mlcomp.cli.partition:launch_cmd",
+    "profile": "mlcomp.cli.partition:profile_cmd",
 })
 
 
@@ -121,15 +124,18 @@ def main(ctx: click.Context, show_traceback: bool) -> None:
 # ---------------------------------------------------------------------------
 # shared options
 
-def model_options(fn: Any) -> Any:
-    """Options every command that loads a model accepts."""
+def model_options(fn: Any = None, *, batch: bool = True) -> Any:
+    """Options every command that loads a model accepts (``@model_options(batch=False)``: a command
+    whose ``--batch`` is a list, such as report, declares its own)."""
+    if fn is None:
+        return lambda f: model_options(f, batch=batch)
     opts = [
         click.argument("model"),
         click.option("--input-shape", "input_shapes", multiple=True, metavar="1x3x32x32[:f32]",
                      help="Shape (and dtype) of one input; repeat per input. Needed when the model file "
                           "carries no shapes."),
-        click.option("--batch", type=click.IntRange(min=1), default=None,
-                     help="Batch size for zoo models (default 1)."),
+        *([click.option("--batch", type=click.IntRange(min=1), default=None,
+                        help="Batch size for zoo models (default 1).")] if batch else []),
         click.option("--capture", "capture_method", type=click.Choice(["export", "fx"]), default="export",
                      show_default=True, help="torch.export (ATen) or torch.fx.symbolic_trace then make_fx."),
         click.option("--dynamic-batch", is_flag=True, help="Mark the batch dimension dynamic."),

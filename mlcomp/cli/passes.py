@@ -24,13 +24,38 @@ import click
 
 from mlcomp.base.errors import PipelineSpecError
 
-__all__ = ["passes_cmd", "pipeline_options", "pipeline_from_cli", "PipelineRequest"]
+__all__ = ["DEFAULT_PIPELINE", "TOML_EXAMPLE", "passes_cmd", "preset_options", "pipeline_options",
+           "pipeline_from_cli", "resolve_pipeline", "PipelineRequest"]
+
+# The pipeline every command runs when neither -p nor -O is given (compile, export, bench, report).
+DEFAULT_PIPELINE = "-O2"
+
+# The TOML pipeline format, as `mlcomp passes --help` and the README show it (tests/test_cli_options.py
+# parses this text, and the README's copy of it, with Pipeline.from_toml_text).
+TOML_EXAMPLE = """\
+target = "onnxruntime"        # optional: the target when --target is not given
+[[passes]]
+name = "cleanup"
+[[passes]]
+name = "fuse"
+max_group_size = 16           # any option `mlcomp passes` lists, with its type
+"""
 
 
-@click.command("passes")
+@click.command("passes", epilog="A pipeline file (-p my.toml) is TOML: an optional target, then one [[passes]] "
+                                "table per pass with its name and options, in order:\n\n\b\n"
+                                + "\n".join("    " + line for line in TOML_EXAMPLE.splitlines())
+                                + "\n\nInstead of [[passes]] a file may give the inline form: "
+                                  'pipeline = "cleanup,fuse{max_group_size=16}"; a [[passes]] name may be a '
+                                  "preset (-O2). Unknown keys, passes and options are refused with the list "
+                                  "of known ones.")
 @click.option("--json", "as_json", is_flag=True, help="Print passes and presets as JSON.")
 def passes_cmd(as_json: bool) -> None:
-    """List the passes a pipeline can name, their options, and the -O presets."""
+    """List the passes a pipeline can name, their options, and the -O presets.
+
+    A pipeline is written inline (-p "cleanup,fuse{max_group_size=16}"), as a
+    preset (-O0 .. -O3; -O2 is the default), or as a TOML file (-p file.toml).
+    """
     from mlcomp.pipeline import PRESETS
     from mlcomp.pipeline.composite import CompositePass, children, describe
     from mlcomp.pipeline.pass_base import REGISTRY
@@ -46,7 +71,7 @@ def passes_cmd(as_json: bool) -> None:
                         "options": [
                 {"name": o.name, "type": o.type_text(), "default": o.format_value(o.default), "help": o.help}
                 for o in i.options]} for i in infos],
-            "presets": {f"-{k}": v for k, v in PRESETS.items()}}, indent=2))
+            "presets": {f"-{k}": v for k, v in PRESETS.items()}, "default": DEFAULT_PIPELINE}, indent=2))
         return
     click.echo('passes (write a pipeline as -p "name,name{option=value,...}"):')
     width = max(len(i.name) for i in infos)
@@ -68,21 +93,52 @@ def passes_cmd(as_json: bool) -> None:
                 click.echo(f"  {'':<{width}}    {name:<{w0}}  {typ:<{w1}}  = {default:<{w2}}  {opt.help}")
     click.echo("presets:")
     for name, spec in PRESETS.items():
-        click.echo(f"  -{name}  {spec or '(no passes)'}")
+        default = "   (the default, adapted to the target)" if f"-{name}" == DEFAULT_PIPELINE else ""
+        click.echo(f"  -{name}  {spec or '(no passes)'}{default}")
 
 
 # ---------------------------------------------------------------------------
 # Shared options
 
 
-def pipeline_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Click options: -p/--pipeline, -O, --dump-after, --dump-dir, --verify, --explain."""
+def preset_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Click options every command that runs a pipeline shares: -p/--pipeline and -O0..-O3.
+
+    Turn the two values into the pipeline text with :func:`resolve_pipeline`.
+    """
     opts = [
         click.option("-p", "--pipeline", default=None, metavar="SPEC|FILE.toml",
-                     help='Passes to run, e.g. "cleanup,fuse{max_group_size=16}" or a TOML file '
-                          "(see `mlcomp passes`)."),
+                     help='Passes to run, e.g. "cleanup,fuse{max_group_size=16}", a preset "-O2" or a TOML '
+                          f"file (see `mlcomp passes --help`). Default: {DEFAULT_PIPELINE}."),
         click.option("-O", "opt_level", type=click.Choice(["0", "1", "2", "3"]), default=None,
-                     help="Preset pipeline -O0..-O3 (instead of -p)."),
+                     help=f"Preset pipeline -O0 (no passes) .. -O3, adapted to the target; instead of -p. "
+                          f"Default: {DEFAULT_PIPELINE}."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def resolve_pipeline(pipeline: str | None, opt_level: str | None, *,
+                     default: str | None = DEFAULT_PIPELINE) -> str | None:
+    """The pipeline text for -p/-O (``-O2`` stays a preset name, so it adapts to the target).
+
+    ``-p`` and ``-O`` exclude each other; with neither, ``default``.
+
+        >>> resolve_pipeline(None, "1"), resolve_pipeline("dce", None), resolve_pipeline(None, None)
+        ('-O1', 'dce', '-O2')
+    """
+    if pipeline is not None and opt_level is not None:
+        raise PipelineSpecError(f"both -p {pipeline!r} and -O{opt_level} were given",
+                                hint="use one: a preset (-O0..-O3) or an explicit pipeline (-p)")
+    if opt_level is not None:
+        return f"-O{opt_level}"
+    return pipeline if pipeline is not None else default
+
+
+def pipeline_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Click options: :func:`preset_options` plus --dump-after, --dump-dir, --verify, --explain."""
+    opts = [
         click.option("--dump-after", default=None, metavar="PASS|all",
                      help="Write the IR (text and dot) after this pass, at any depth (comma-separated; "
                           "'fuse.fold-bias' for one composite's child; 'all' for every top-level pass)."),
@@ -96,7 +152,7 @@ def pipeline_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     ]
     for opt in reversed(opts):
         fn = opt(fn)
-    return fn
+    return preset_options(fn)
 
 
 @dataclass(frozen=True)
@@ -108,6 +164,7 @@ class PipelineRequest:
     dump_after: str | None = None
     dump_dir: str | None = None
     explain: bool = False
+    text: str | None = None       # as given (-O2 stays a preset name, adapted to the target later)
 
     def instruments(self) -> list[Any]:
         """The pass manager's instruments for these flags (IR check and timing always)."""
@@ -124,7 +181,7 @@ class PipelineRequest:
 
 def pipeline_from_cli(pipeline: str | None = None, opt_level: str | None = None, dump_after: str | None = None,
                       dump_dir: str | None = "mlcomp-dump", verify_passes: bool = False, explain: bool = False,
-                      *, default: str | None = "O2") -> PipelineRequest:
+                      *, default: str | None = DEFAULT_PIPELINE) -> PipelineRequest:
     """The :class:`PipelineRequest` for the values :func:`pipeline_options` parsed.
 
     ``-p`` and ``-O`` exclude each other; with neither, ``default`` (a preset name
@@ -132,13 +189,5 @@ def pipeline_from_cli(pipeline: str | None = None, opt_level: str | None = None,
     """
     from mlcomp.pipeline import Pipeline
 
-    if pipeline is not None and opt_level is not None:
-        raise PipelineSpecError(f"both -p {pipeline!r} and -O{opt_level} were given",
-                                hint="use one: a preset (-O0..-O3) or an explicit pipeline (-p)")
-    if opt_level is not None:
-        pipe = Pipeline.preset(f"O{opt_level}")
-    elif pipeline is not None:
-        pipe = Pipeline.coerce(pipeline)
-    else:
-        pipe = Pipeline.coerce(default)
-    return PipelineRequest(pipe, verify_passes, dump_after, dump_dir, explain)
+    text = resolve_pipeline(pipeline, opt_level, default=default)
+    return PipelineRequest(Pipeline.coerce(text), verify_passes, dump_after, dump_dir, explain, text)

@@ -9,18 +9,23 @@
 from __future__ import annotations
 
 import json
-import sys
-import time
-from typing import Any, TextIO
+from pathlib import Path
+from typing import Any
 
 import click
 
 from mlcomp.base.files import Kind, check_destination
+from mlcomp.base.progress import Progress, ProgressLine
 from mlcomp.cli.main import load_and_capture, model_options
+from mlcomp.cli.passes import preset_options, resolve_pipeline
 from mlcomp.hardware.timing import BenchConfigError
 
+__all__ = ["bench_cmd", "study_cmd", "report_cmd", "ProgressLine"]
 
-def _int_list(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+
+def _int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
     try:
         out = tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
@@ -34,27 +39,9 @@ def _name_list(ctx: click.Context, param: click.Parameter, value: str) -> tuple[
     return tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
 
 
-class ProgressLine:
-    """One status line on stderr: rewritten in place on a terminal, one line per step otherwise."""
-
-    def __init__(self, stream: TextIO, *, tty: bool) -> None:
-        self.stream, self.tty, self.start = stream, tty, time.monotonic()
-        self._width = 0
-
-    def __call__(self, done: int, total: int, message: str) -> None:
-        text = f"[{done}/{total} {time.monotonic() - self.start:5.0f}s] {message}"
-        if self.tty:
-            pad = max(0, self._width - len(text))
-            self.stream.write("\r" + text + " " * pad + ("\n" if done >= total else ""))
-            self._width = 0 if done >= total else len(text)
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-
-
-def _progress(flag: bool) -> ProgressLine | None:
-    tty = sys.stderr.isatty()
-    return ProgressLine(sys.stderr, tty=tty) if (flag or tty) else None
+def _progress(flag: bool, *, machine_output: bool = False) -> Progress:
+    """The command's progress: a live line on a terminal (or with --progress), else a log line per stage."""
+    return Progress.for_command(machine_output=machine_output, live=True if flag else None)
 
 
 def _set_threads(threads: int | None) -> None:
@@ -121,19 +108,43 @@ def _check_pt2_batches(models: tuple[str, ...], batches: tuple[int, ...]) -> Non
                                    hint=f"give --batch {batch}, or export the model again with a dynamic batch")
 
 
+def _checked_pipeline(pipeline: str | None, opt_level: str | None) -> str:
+    """-p/-O (default -O2) parsed before any model is loaded, so a bad spec fails first."""
+    from mlcomp.pipeline import Pipeline
+
+    text = resolve_pipeline(pipeline, opt_level)
+    Pipeline.coerce(text)
+    return text
+
+
+def _check_targets(targets: tuple[str, ...]) -> None:
+    """Every name in --targets known (eager, or a target `mlcomp targets` lists) before any capture."""
+    from mlcomp.base.registry import did_you_mean
+    from mlcomp.targets import TargetName
+
+    known = ["eager", *(t.value for t in TargetName)]
+    unknown = [t for t in targets if t not in known]
+    if unknown:
+        close = did_you_mean(unknown[0], known)
+        raise BenchConfigError(f"unknown target {unknown[0]!r} in --targets" + (f" (did you mean {close!r}?)"
+                                                                                 if close else ""),
+                               hint=f"known targets: {', '.join(known)} (see `mlcomp targets`)")
+
+
 def timing_options(fn: Any) -> Any:
     opts = [
         click.option("--budget", type=float, default=1.0, show_default=True,
                      help="Seconds of timing per measurement (repeats stop when it is spent)."),
         click.option("--warmup", type=int, default=3, show_default=True, help="Untimed calls first."),
         click.option("--min-repeats", type=int, default=5, show_default=True,
-                     help="Timed calls at least, even when the budget is spent."),
+                     help="Timed calls per measurement at least, even when the budget is spent."),
         click.option("--max-repeats", type=int, default=10_000, show_default=True,
-                     help="Timed calls at most, even when budget is left."),
+                     help="Timed calls per measurement at most, even when budget is left."),
         click.option("--threads", type=int, default=None,
                      help="Intra-op threads for eager torch and every compiled runtime (default: each one's own)."),
         click.option("--progress", "show_progress", is_flag=True,
-                     help="Show progress on stderr even when it is not a terminal."),
+                     help="Show the live progress line on stderr even when it is not a terminal (otherwise "
+                          "a plain line per stage is logged)."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -147,7 +158,7 @@ def timing_options(fn: Any) -> Any:
               help="Comma-separated targets; eager always runs as the reference. Add cuda on a GPU machine.")
 @click.option("--batch", "batches", default="1", show_default=True, callback=_int_list,
               help="Comma-separated batch sizes, e.g. 1,32.")
-@click.option("-p", "--pipeline", default=None, help="Pass pipeline for the compiled targets, e.g. -O2.")
+@preset_options
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="1x3x32x32[:float32]",
               help="Shape of one input (repeat per input) for model files that carry none.")
 @click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled module (executes its code).")
@@ -162,11 +173,14 @@ def timing_options(fn: Any) -> Any:
 @click.option("--train", is_flag=True, help="Time a training step (eager vs compiled on cpu/cuda) instead.")
 @click.option("--loss", default="cross_entropy", show_default=True, help="With --train: cross_entropy, mse or model.")
 @click.option("--optimizer", default="sgd{lr=0.01 momentum=0.9}", show_default=True, help="With --train.")
+@click.option("--remat-sweep", is_flag=True, help="With --train: remat budgets 1.0/0.5/0.25/0.1/sqrt (mincut) vs "
+              "peak memory and step time; --plot draws memory vs step time.")
 def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], batches: tuple[int, ...],
-              pipeline: str | None, input_shapes: tuple[str, ...], trust_pickle: bool, budget: float, warmup: int,
+              pipeline: str | None, opt_level: str | None, input_shapes: tuple[str, ...], trust_pickle: bool,
+              budget: float, warmup: int,
               min_repeats: int, max_repeats: int, threads: int | None, show_progress: bool, no_memory: bool,
               json_out: str | None, csv_out: str | None, plot_file: str | None, train: bool = False,
-              loss: str = "cross_entropy", optimizer: str = "sgd") -> None:
+              loss: str = "cross_entropy", optimizer: str = "sgd", remat_sweep: bool = False) -> None:
     """Time MODEL(s) eager vs compiled targets: median and p90 latency, speedup, cold compile time,
     peak memory, max error vs eager. One table per model."""
     from mlcomp.hardware.timing import TimingPolicy
@@ -179,6 +193,8 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
     if not models:
         raise BenchConfigError("no model given", hint="name one or more models, or pass --zoo")
     _check_outputs(json=json_out, csv=csv_out, plot=plot_file)
+    pipeline = _checked_pipeline(pipeline, opt_level)
+    _check_targets(targets)
     from mlcomp.api import check_model_inputs
 
     for model in models:
@@ -187,6 +203,15 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
             check_model_inputs(model, (), max(batches))
     _check_pt2_batches(models, batches)
     _set_threads(threads)
+    if remat_sweep:   # the remat budget sweep: mlcomp.measure.remat_sweep
+        from mlcomp.measure.remat_sweep import sweep_models
+
+        if not train:
+            raise BenchConfigError("--remat-sweep measures training steps", hint="add --train")
+        _write(json_out, sweep_models(models, batches, loss=loss, optimizer=optimizer, plot_file=plot_file,
+                                      policy=TimingPolicy(warmup, budget, min_repeats, max_repeats),
+                                      echo=click.echo if json_out != "-" else None))
+        return
     if train:   # eager vs compiled training step: mlcomp.cli.training
         from mlcomp.cli.training import bench_train
 
@@ -198,11 +223,12 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
         return
     config = BenchConfig(targets, batches, pipeline, TimingPolicy(warmup, budget, min_repeats, max_repeats),
                          memory=not no_memory, threads=threads)
-    progress = _progress(show_progress)
+    progress = _progress(show_progress, machine_output="-" in (json_out, csv_out))
     results = []
     for model in models:
         res = run_bench(model, config, input_shapes=input_shapes, trust_pickle=trust_pickle, progress=progress)
         results.append(res)
+        progress.clear()
         if json_out != "-" and csv_out != "-":
             click.echo(res.format())
             click.echo()
@@ -216,10 +242,11 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
 @click.command("study")
 @click.argument("name", required=False)
 @click.option("--quick", is_flag=True, help="Tiny sizes: a smoke run in seconds (figures are not meaningful).")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where the study runs: auto picks cuda when a GPU is available, else cpu.")
 @click.option("--budget", type=float, default=0.5, show_default=True, help="Seconds of timing per measurement.")
 @click.option("--targets", default="cpu,onnxruntime,tvm", show_default=True, callback=_name_list,
-              help="hybridize: compiled targets to compare with eager.")
+              help="hybridize: comma-separated compiled targets to compare with eager.")
 @click.option("--model", default=None, help="roofline: the model whose ops are placed (default resnet18; "
                                              "mlp with --quick).")
 @click.option("--batch", type=int, default=1, show_default=True, help="roofline: batch size.")
@@ -262,42 +289,57 @@ def study_cmd(name: str | None, quick: bool, device: str, budget: float, targets
 
 
 def _suffixed(path: str, key: str) -> str:
-    from pathlib import Path
-
     p = Path(path)
     return str(p.with_name(f"{p.stem}-{key}{p.suffix or '.png'}"))
 
 
 @click.command("report")
-@model_options
+@model_options(batch=False)
 @click.option("-o", "--output", required=True, type=click.Path(), help="Report folder.")
 @click.option("--force", is_flag=True,
               help="Replace an earlier mlcomp output at -o (never a folder mlcomp did not write).")
-@click.option("-p", "--pipeline", default=None, help="Pass pipeline to run (per-pass stats) and bench with.")
+@preset_options
 @click.option("--targets", default="eager,cpu,onnxruntime,tvm", show_default=True, callback=_name_list,
               help="Comma-separated targets for the benchmark section; eager always runs as the reference.")
-@click.option("--bench-batch", "bench_batches", default="1,32", show_default=True, callback=_int_list,
-              help="Batch sizes for the benchmark section.")
+@click.option("--batch", "bench_batches", default=None, callback=_int_list, metavar="1,32",
+              help="Comma-separated batch sizes for the benchmark section (default 1,32); inspect and the "
+                   "pipeline use the model's own batch.")
+@click.option("--bench-batch", "old_bench_batches", default=None, callback=_int_list, hidden=True,
+              help="Old name of --batch.")
 @click.option("--roofline", is_flag=True, help="Add a roofline section (measures this machine first).")
 @click.option("--quick", is_flag=True, help="Roofline microbenchmarks at tiny sizes.")
+@click.option("--train", is_flag=True, help="Add a training section from the joint forward+backward graph: FLOPs "
+              "by phase, saved activations by module, predicted peak.")
 @timing_options
-def report_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
-               dynamic_batch: bool, trust_pickle: bool, output: str, pipeline: str | None,
-               targets: tuple[str, ...], bench_batches: tuple[int, ...], roofline: bool, quick: bool,
+def report_cmd(model: str, input_shapes: tuple[str, ...], capture_method: str,
+               dynamic_batch: bool, trust_pickle: bool, output: str, pipeline: str | None, opt_level: str | None,
+               targets: tuple[str, ...], bench_batches: tuple[int, ...] | None,
+               old_bench_batches: tuple[int, ...] | None, roofline: bool, quick: bool, train: bool,
                budget: float, warmup: int, min_repeats: int, max_repeats: int, threads: int | None,
                show_progress: bool, force: bool) -> None:
-    """One HTML page for MODEL: inspect, the pipeline's per-pass stats, the bench table and plots."""
+    """One HTML page for MODEL: inspect, the pipeline's per-pass stats (default -O2), the bench table
+    and plots."""
+    from mlcomp.api import check_model_inputs
     from mlcomp.hardware.timing import TimingPolicy
     from mlcomp.measure.bench import BenchConfig
     from mlcomp.report import ReportConfig, build_report
 
     check_destination(output, Kind.DIR, force=force)
+    bench_batches = bench_batches or old_bench_batches or (1, 32)
+    pipeline = _checked_pipeline(pipeline, opt_level)
+    _check_targets(targets)
+    if not input_shapes and not model.endswith(".pt2"):
+        check_model_inputs(model, (), max(bench_batches))
+    _check_pt2_batches((model,), bench_batches)
     _set_threads(threads)
-    source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
+    progress = _progress(show_progress)
+    with progress.stage(f"capture {model}"):
+        source, graph = load_and_capture(model, input_shapes, None, capture_method, dynamic_batch, trust_pickle)
     config = ReportConfig(BenchConfig(targets, bench_batches, pipeline,
                                       TimingPolicy(warmup, budget, min_repeats, max_repeats), threads=threads),
-                          capture_method=capture_method, roofline=roofline, quick=quick)
+                          capture_method=capture_method, roofline=roofline, quick=quick, training=train)
     rep = build_report(model, output, config, input_shapes=input_shapes, trust_pickle=trust_pickle,
-                       source=source, graph=graph, progress=_progress(show_progress), force=force)
+                       source=source, graph=graph, progress=progress, force=force)
+    progress.clear()
     click.echo(rep.bench.format())
-    click.echo(f"wrote {output}/index.html ({', '.join(rep.files)})")
+    click.echo(f"wrote {Path(output) / 'index.html'} ({', '.join(rep.files)})")

@@ -1,4 +1,4 @@
-"""CLI commands for targets: ``compile``, ``run``, ``export`` and ``targets``.
+"""CLI commands for targets: ``compile``, ``export`` and ``targets`` (``run``: :mod:`mlcomp.cli.run`).
 
     $ mlcomp compile resnet18 --target onnxruntime -p -O2 -o out/r18
     captured resnet18: 213 nodes in 4.1s
@@ -14,21 +14,26 @@ and are printed there without a traceback.
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import click
 
 from mlcomp.analysis.verify import check_tolerance
-from mlcomp.base.errors import ArtifactError, InputSpecError, OptionError
+from mlcomp.base.errors import ArtifactError, OptionError
 from mlcomp.base.files import Kind, check_destination
+from mlcomp.base.progress import Progress
 from mlcomp.cli.main import load_and_capture, model_options
-from mlcomp.cli.passes import pipeline_from_cli, pipeline_options
+from mlcomp.cli.passes import pipeline_from_cli, pipeline_options, preset_options, resolve_pipeline
+from mlcomp.hardware.timing import fmt_bytes
+from mlcomp.pipeline.instruments import Instrument
 
-__all__ = ["compile_cmd", "run_cmd", "export_cmd", "targets_cmd"]
+__all__ = ["compile_cmd", "export_cmd", "targets_cmd"]
 
 
 def _tolerance(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
@@ -52,9 +57,8 @@ def _check_target_flags(target: str, tune_trials: int, tuning_dir: str | None) -
     return name
 
 
-def _size(path: Path) -> str:
-    total = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
-    return f"{total / 1e6:.1f} MB" if total >= 1e5 else f"{total / 1e3:.1f} kB"
+def _bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
 
 
 @click.command("compile")
@@ -75,6 +79,12 @@ def _size(path: Path) -> str:
 @click.option("--tuning-dir", type=click.Path(file_okay=False), default=None,
               help="TVM tuning database folder, reused across runs.")
 @click.option("--fresh-check", is_flag=True, help="Also reload and verify the artifact in a new Python process.")
+@click.option("--output-names", default=None, metavar="NAME,NAME...",
+              help="Names of the model's outputs in the artifact (default: the model's own: dict keys or "
+                   "named-tuple fields, else output, output_1, ...).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print what was done (capture, pipeline, compile, verification, saved files) as one JSON "
+                   "object on stdout instead of text; progress goes to stderr.")
 @_force_option
 @click.option("--train", is_flag=True, help="Compile a training step (forward, loss, backward, optimizer).")
 @click.option("--loss", default="cross_entropy", show_default=True, help="With --train: cross_entropy, mse or model.")
@@ -87,65 +97,156 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                 pipeline: str | None, opt_level: str | None, dump_after: str | None, dump_dir: str,
                 verify_passes: bool, explain: bool, tolerance: float | None, fallback: str,
                 threads: int | None, device: str | None, tune_trials: int, tuning_dir: str | None,
-                fresh_check: bool, force: bool, train: bool = False, loss: str = "cross_entropy",
-                optimizer: str = "sgd", steps: int = 5) -> None:
-    """Capture MODEL, run a pipeline, lower it to a target, verify against eager and save it."""
+                fresh_check: bool, output_names: str | None = None, as_json: bool = False, force: bool = False,
+                train: bool = False, loss: str = "cross_entropy", optimizer: str = "sgd", steps: int = 5) -> None:
+    """Capture MODEL, run a pipeline (default -O2), lower it to a target, verify against eager and save it."""
     from mlcomp.api import compile_source
 
-    request = pipeline_from_cli(pipeline, opt_level, dump_after, dump_dir, verify_passes, explain, default=None)
-    pipeline = request.pipeline.spec if opt_level is not None else pipeline
-    if train:   # the training path: mlcomp.cli.training
+    request = pipeline_from_cli(pipeline, opt_level, dump_after, dump_dir, verify_passes, explain)
+    if train:   # the training path: mlcomp.cli.training (runs a pipeline only when one is given)
         from mlcomp.cli.training import compile_train
 
         return compile_train(model, input_shapes, batch, trust_pickle, target=target, output=output, loss=loss,
                              optimizer=optimizer, steps=steps, tolerance=tolerance, device=device,
-                             pipeline=pipeline, instruments=request.instruments(), force=force)
+                             pipeline=resolve_pipeline(pipeline, opt_level, default=None),
+                             instruments=request.instruments(), force=force)
 
     if output is not None:
         check_destination(output, Kind.DIR, force=force)
-    if target is not None:
-        _check_target_flags(target, tune_trials, tuning_dir)
-    t0 = time.perf_counter()
-    source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
-    capture_seconds = time.perf_counter() - t0
-    click.echo(f"captured {graph.name}: {len(graph)} nodes in {capture_seconds:.1f}s")
-    if target is None and pipeline and pipeline.strip().endswith(".toml"):
-        from mlcomp.pipeline import Pipeline
-
-        target = Pipeline.from_toml(pipeline.strip()).target
-    target = target or "cpu"
+    target = target or request.pipeline.target or "cpu"      # a TOML file may name the target
     canonical = _check_target_flags(target, tune_trials, tuning_dir)
+    names = _parse_names(output_names)
+    progress = Progress.for_command(machine_output=as_json)
+    say = _Say(progress, quiet=as_json)
+    facts: dict[str, Any] = {"model": model}
+    t0 = time.perf_counter()
+    with progress.stage(f"capture {model}"):
+        source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
+    capture_seconds = time.perf_counter() - t0
+    names = _check_names(names, len(graph.output_refs), graph.name)
+    facts.update(model=graph.name, nodes=len(graph), capture_seconds=round(capture_seconds, 3))
+    say(f"captured {graph.name}: {len(graph)} nodes in {capture_seconds:.1f}s")
     output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{canonical}", Kind.DIR, force=force)
-    result = compile_source(source, graph, target=target, pipeline=pipeline, verify=False,
-                            instruments=request.instruments(),
+    build = f"build for {canonical}" + (f" (tuning {tune_trials} trials)" if tune_trials else "")
+    progress.note(f"pipeline {request.text} for {canonical}" if request.text else build)
+    result = compile_source(source, graph, target=target, pipeline=request.text, verify=False,
+                            instruments=[*request.instruments(), _PassProgress(progress, build)],
                             capture_seconds=capture_seconds, tolerance=tolerance, fallback=fallback,
                             threads=threads, device=device, tune_trials=tune_trials, work_dir=tuning_dir)
+    progress.clear()
     art = result.artifact
-    if result.pipeline_report is not None:
-        click.echo(result.pipeline_report.format(nested=request.explain))
-    click.echo(f"compiled for {art.target} in {art.compile_seconds:.1f}s")
-    for region in art.manifest.get("fallback_regions", []):
+    _name_outputs(art, names or _model_output_names(source, len(art.outputs)))
+    report = result.pipeline_report
+    facts.update(target=art.target, device=art.manifest.get("device"), pipeline=art.manifest.get("pipeline"),
+                 pipeline_given=request.text, pipeline_report=report.to_json() if report is not None else None,
+                 compile_seconds=round(art.compile_seconds, 3), inputs=[str(s) for s in art.inputs],
+                 outputs=[str(s) for s in art.outputs], fallback_regions=art.manifest.get("fallback_regions", []))
+    if report is not None:
+        say(report.format(nested=request.explain))
+    say(f"compiled for {art.target} in {art.compile_seconds:.1f}s")
+    for region in facts["fallback_regions"]:
         if region["runs_on"] != art.target:
-            click.echo(f"fallback: region {region['region']} ({region['nodes']} nodes: "
-                       f"{', '.join(region['ops'])}) runs in {region['runs_on']}")
+            say(f"fallback: region {region['region']} ({region['nodes']} nodes: "
+                f"{', '.join(region['ops'])}) runs in {region['runs_on']}")
     stats = getattr(art.runtime, "stats", None)
     if isinstance(stats, dict) and stats.get("tune_trials"):
-        click.echo(f"tvm tuning: {stats.get('trials_run', 0)} trials run, tasks reused: "
-                   f"{len(stats.get('tasks_reused', []))} (database {stats.get('work_dir')})")
-    check = art.verify(tolerance=tolerance, raise_on_failure=False)
-    click.echo(f"verified against eager: {check.summary()}")
+        facts["tuning"] = {"trials_run": stats.get("trials_run", 0), "work_dir": str(stats.get("work_dir")),
+                           "tasks_reused": len(stats.get("tasks_reused", []))}
+        say(f"tvm tuning: {stats.get('trials_run', 0)} trials run, tasks reused: "
+            f"{len(stats.get('tasks_reused', []))} (database {stats.get('work_dir')})")
+    against = art.manifest.get("verified_against") or "eager"
+    with progress.stage(f"verify against {against}"):
+        check = art.verify(tolerance=tolerance, raise_on_failure=False)
+    say(f"verified against {against}: {check.summary()}")
     check.raise_if_failed(where=f"target {art.target}, model {graph.name}")
-    art.save(output, force=force)
-    payload = ", ".join(f"{e['path']}" for e in art.manifest["payload"][:4])
     from mlcomp.targets.artifact import Artifact
 
-    again = Artifact.load(output).verify(record=False)
-    click.echo(f"saved {output} ({payload}; {_size(output)}); reloaded from disk: {again.summary()}")
+    with progress.stage(f"save {output}"):
+        art.save(output, force=force)
+        again = Artifact.load(output).verify(record=False)
+    files = [e["path"] for e in art.manifest["payload"]]
+    size = _bytes(output)
+    facts.update(verification=check.to_json(), output=str(output), files=files, size_bytes=size,
+                 reloaded=again.to_json())
+    say(f"saved {output} ({', '.join(files[:4])}; {fmt_bytes(size)}); reloaded from disk: {again.summary()}")
     if fresh_check:
-        _fresh_check(output)
+        with progress.stage("reload in a fresh process"):
+            line = _fresh_check(output)
+        facts["fresh_process"] = line
+        say(f"fresh process: {line}")
+    if as_json:
+        click.echo(json.dumps(facts, indent=2, default=str))
 
 
-def _fresh_check(output: Path) -> None:
+class _Say:
+    """The command's text lines (stdout), after erasing a live progress line; nothing with --json."""
+
+    def __init__(self, progress: Progress, *, quiet: bool) -> None:
+        self.progress, self.quiet = progress, quiet
+
+    def __call__(self, text: str) -> None:
+        if not self.quiet:
+            self.progress.clear()
+            click.echo(text)
+
+
+class _PassProgress(Instrument):
+    """Reports each top-level pass, then the target build, as a progress stage."""
+
+    def __init__(self, progress: Progress, build: str) -> None:
+        self.progress, self.build, self.depth = progress, build, 0
+
+    def before_pass(self, p: Any, graph: Any, ctx: Any) -> None:
+        if self.depth == 0:
+            self.progress.note(f"pass {p.name} ({len(graph)} nodes)")
+        self.depth += 1
+
+    def after_pass(self, p: Any, result: Any, record: Any) -> None:
+        self.depth -= 1
+
+    def end_pipeline(self, graph: Any, report: Any) -> None:
+        self.progress.note(self.build)
+
+
+def _parse_names(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",")]
+    if not all(n.isidentifier() for n in names) or len(set(names)) != len(names):
+        raise OptionError(f"--output-names {text!r} must be distinct identifiers separated by commas",
+                          hint="e.g. --output-names logits,aux")
+    return names
+
+
+def _check_names(names: list[str] | None, count: int, model: str) -> list[str] | None:
+    if names is not None and len(names) != count:
+        raise OptionError(f"--output-names gives {len(names)} name(s) but {model} has {count} output(s)",
+                          hint=f"give exactly {count} comma-separated name(s)")
+    return names
+
+
+def _model_output_names(source: Any, count: int) -> list[str]:
+    """The model's own names for its outputs (see :func:`mlcomp.frontend.capture.output_names`)."""
+    import torch
+
+    with torch.no_grad():
+        return _names_of(source.eager(*source.inputs()), count)
+
+
+def _names_of(outputs: Any, count: int) -> list[str]:
+    from mlcomp.frontend.capture import output_names
+
+    names = output_names(outputs)
+    return names if len(names) == count else ["output" if i == 0 else f"output_{i}" for i in range(count)]
+
+
+def _name_outputs(art: Any, names: list[str]) -> None:
+    """Give the artifact's outputs public names (in memory and in the manifest it saves)."""
+    art.outputs = [replace(spec, name=name) for spec, name in zip(art.outputs, names)]
+    art.manifest["outputs"] = [spec.to_json() for spec in art.outputs]
+
+
+def _fresh_check(output: Path) -> str:
     proc = subprocess.run([sys.executable, "-m", "mlcomp", "run", str(output), "--verify"],
                           capture_output=True, text=True)
     if proc.returncode != 0:
@@ -153,105 +254,7 @@ def _fresh_check(output: Path) -> None:
                             f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}",
                             hint="the artifact depends on state of this process; report it")
     last = [ln for ln in proc.stdout.splitlines() if ln.startswith("verified")]
-    click.echo(f"fresh process: {last[-1] if last else 'ok'}")
-
-
-def _read_inputs(files: Sequence[str]) -> list[Any]:
-    import numpy as np
-    import torch
-
-    values: list[Any] = []
-    for name in files:
-        path = Path(name)
-        suffix = path.suffix.lower()
-        try:
-            if suffix == ".npy":
-                values.append(torch.from_numpy(np.load(path, allow_pickle=False)))
-            elif suffix == ".npz":
-                with np.load(path, allow_pickle=False) as data:
-                    values.extend(torch.from_numpy(data[k]) for k in data.files)
-            elif suffix in (".pt", ".pth"):
-                obj = torch.load(path, map_location="cpu", weights_only=True)
-                values.extend(obj if isinstance(obj, (list, tuple)) else [obj])
-            else:
-                raise InputSpecError(f"input file {name} is neither .npy, .npz nor .pt",
-                                     hint="save inputs with numpy.save or torch.save")
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise InputSpecError(f"input file {name} could not be read: {exc}",
-                                 hint="give a .npy/.npz written by numpy or a .pt holding tensors") from None
-    return values
-
-
-@click.command("run")
-@click.argument("directory", type=click.Path(path_type=Path))
-@click.option("-i", "--input", "input_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
-              help="Input tensor file (.npy, .npz or .pt); repeat per input. Default: random inputs.")
-@click.option("-o", "--output", type=click.Path(), default=None,
-              help="Write the outputs to this .npz (or .pt) file.")
-@click.option("--verify", "do_verify", is_flag=True,
-              help="Run the artifact's stored reference inputs and compare with eager outputs.")
-@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Run this many times and report the median latency.")
-def run_cmd(directory: Path, input_files: tuple[str, ...], output: str | None, do_verify: bool,
-            repeat: int) -> None:
-    """Load the artifact in DIRECTORY and run it."""
-    import statistics
-
-
-    from mlcomp.targets.artifact import Artifact
-
-    if output:
-        if not output.endswith((".npz", ".pt")):
-            raise InputSpecError(f"--output {output} must end in .npz or .pt",
-                                 hint="name the file out.npz (numpy) or out.pt (torch)")
-        check_destination(output, Kind.FILE, option="--output")
-    art = Artifact.load(directory)
-    click.echo(f"loaded {art.manifest['model']} for {art.target} ({', '.join(map(str, art.inputs))})")
-    if do_verify:
-        result = art.verify(record=False, raise_on_failure=False)
-        click.echo(f"verified against stored eager outputs: {result.summary()}")
-        result.raise_if_failed(where=f"artifact {directory}")
-        if not input_files and not output and repeat == 1:
-            return
-    if input_files:
-        inputs = tuple(_read_inputs(input_files))
-        source = "from " + ", ".join(input_files)
-    elif do_verify and art.reference is not None:
-        inputs, source = art.reference[0], "the stored reference inputs"
-    else:
-        inputs, source = art.random_inputs(), "random inputs from the input spec"
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = art(*inputs)
-        times.append(time.perf_counter() - t0)
-    outs = out if isinstance(out, tuple) else (out,)
-    click.echo(f"ran on {source}: median {statistics.median(times) * 1e3:.3f} ms over {repeat} run(s)")
-    for spec, value in zip(art.outputs, outs):
-        flat = value.detach().float().flatten()
-        head = ", ".join(f"{v:.4g}" for v in flat[:6].tolist())
-        click.echo(f"  {spec.name}: {list(value.shape)} {str(value.dtype).replace('torch.', '')} "
-                   f"[{head}{', ...' if flat.numel() > 6 else ''}]")
-    if output:
-        _write_outputs(output, [s.name for s in art.outputs], outs)
-        click.echo(f"wrote {output}")
-
-
-def _write_outputs(path: str, names: list[str], outs: Sequence[Any]) -> None:
-    import numpy as np
-    import torch
-
-    from mlcomp.base.files import atomic_path
-
-    with atomic_path(path) as tmp:
-        if path.endswith(".pt"):
-            torch.save({n: o.detach().cpu() for n, o in zip(names, outs)}, tmp)
-        elif path.endswith(".npz"):
-            with open(tmp, "wb") as fh:
-                np.savez(fh, **{n: o.detach().cpu().float().numpy() if o.dtype == torch.bfloat16
-                                else o.detach().cpu().numpy() for n, o in zip(names, outs)})
-        else:
-            raise InputSpecError(f"--output {path} must end in .npz or .pt")
+    return last[-1] if last else "ok"
 
 
 @click.command("export")
@@ -259,42 +262,67 @@ def _write_outputs(path: str, names: list[str], outs: Sequence[Any]) -> None:
 @click.option("-f", "--format", "fmt", type=click.Choice(["onnx", "torchscript", "pt2", "tvm"]), required=True,
               help="onnx (model.onnx), torchscript (frozen .pt), pt2 (ExportedProgram), tvm (folder).")
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="File (folder for tvm).")
-@click.option("-p", "--pipeline", default=None, metavar="SPEC|FILE.toml", help="Passes to run first.")
+@preset_options
 @click.option("--tolerance", type=float, default=None, callback=_tolerance,
               help="Relative tolerance for verification.")
 @_force_option
 def export_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                dynamic_batch: bool, trust_pickle: bool, fmt: str, output: Path, pipeline: str | None,
-               tolerance: float | None, force: bool) -> None:
-    """Write MODEL as a standalone file, reload it with the plain tool and verify it."""
+               opt_level: str | None, tolerance: float | None, force: bool) -> None:
+    """Write MODEL as a standalone file, reload it with the plain tool and verify it.
+
+    A preset (-O2, the default) adapts to the format's runtime as compile does for a target.
+    """
     import torch
 
-    from mlcomp.pipeline import Pipeline, run_pipeline
-    from mlcomp.targets.export import ExportFormat, export_graph
+    from mlcomp.pipeline import run_pipeline
+    from mlcomp.targets.export import ExportFormat, export_graph, export_pipeline
 
-    check_destination(output, Kind.DIR if fmt == "tvm" else Kind.FILE, force=force)
-    source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
+    fmt_ = ExportFormat.parse(fmt)
+    check_destination(output, Kind.DIR if fmt_ is ExportFormat.TVM else Kind.FILE, force=force)
+    pipe, adapted = export_pipeline(fmt_, resolve_pipeline(pipeline, opt_level))    # parsed before capture
+    progress = Progress.for_command()
+    with progress.stage(f"capture {model}"):
+        source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
     inputs = source.inputs()
-    if pipeline:
-        graph, _ = run_pipeline(graph, Pipeline.coerce(pipeline), example_inputs=inputs)
+    if pipe.passes:
+        with progress.stage(f"pipeline {pipe.spec}"):
+            graph, _ = run_pipeline(graph, pipe, example_inputs=inputs)
     with torch.no_grad():
         expected = source.eager(*inputs)
     t0 = time.perf_counter()
-    path, result = export_graph(graph, ExportFormat.parse(fmt), output, inputs, expected, tolerance=tolerance)
-    click.echo(f"exported {graph.name} as {fmt} to {path} ({_size(path)}) in {time.perf_counter() - t0:.1f}s")
+    with progress.stage(f"export {fmt} and reload"):
+        path, result = export_graph(graph, fmt_, output, inputs, expected, tolerance=tolerance,
+                                    names=_names_of(expected, len(graph.output_refs)))
+    progress.clear()
+    if adapted is not None and adapted.dropped:
+        click.echo(f"pipeline {adapted.preset} for {adapted.target}: {pipe.spec or '(no passes)'}; dropped "
+                   + "; ".join(str(d) for d in adapted.dropped))
+    click.echo(f"exported {graph.name} as {fmt} to {path} ({fmt_bytes(_bytes(path))}) "
+               f"in {time.perf_counter() - t0:.1f}s")
     click.echo(f"reloaded with the plain tool and verified: {result.summary()}")
 
 
 @click.command("targets")
-def targets_cmd() -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the same facts (name, availability and why not, description, capabilities) as JSON.")
+def targets_cmd(as_json: bool = False) -> None:
     """List the targets, what each compiles (modes, dtypes, devices) and whether it can run here."""
     from mlcomp.targets import TargetName, get_target
 
-    width = max(len(t.value) for t in TargetName)
+    rows = []
     for name in TargetName:
         target = get_target(name)
         reason = target.available()
-        state = "available" if reason is None else f"unavailable: {reason}"
-        click.echo(f"{name.value:<{width}}  {state}")
-        click.echo(f"{'':<{width}}  {target.description}")
-        click.echo(f"{'':<{width}}  compiles: {target.capabilities.describe()}")
+        rows.append({"name": name.value, "available": reason is None, "reason": reason,
+                     "description": target.description, "compiles": target.capabilities.describe(),
+                     "capabilities": target.capabilities.to_json()})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    width = max(len(r["name"]) for r in rows)
+    for row in rows:
+        state = "available" if row["available"] else f"unavailable: {row['reason']}"
+        click.echo(f"{row['name']:<{width}}  {state}")
+        click.echo(f"{'':<{width}}  {row['description']}")
+        click.echo(f"{'':<{width}}  compiles: {row['compiles']}")

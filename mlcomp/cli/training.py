@@ -1,30 +1,34 @@
 """What ``--train`` does in ``mlcomp compile``, ``mlcomp inspect`` and ``mlcomp bench``.
 
     $ mlcomp compile mlp --train --loss cross_entropy --optimizer "adam{lr=1e-3}" -o out/mlp-train
-    captured mlp for training: 77 nodes (forward 10, loss 14, backward 44) in 5.9s
-    gradients vs eager autograd: worst 2.4e-07 relative (0.bias), loss 0.0e+00: passed
-    5 steps compiled vs eager (adam{lr=0.001 ...}): losses 0.69 → 0.13 / 0.69 → 0.13, parameters within 1.9e-07
-    saved out/mlp-train (joint.ir.txt, state_dict.pt, manifest.json)
-    $ mlcomp inspect resnet18 --train --batch 32
+    captured mlp for training: 55 nodes (forward 10, loss 3, backward 38) in 2.1s
+    gradients vs eager autograd: worst 0.0e+00 relative (0.weight), loss 0.0e+00: passed
+    5 steps compiled vs eager (adam): losses 0.69 → 0.13 / 0.69 → 0.13, parameters within 0.0e+00 (0.weight)
+    saved out/mlp-train (joint.ir.txt, step.pt, state.pt, optimizer.pt, reference.pt, manifest.json)
+    $ mlcomp inspect resnet18 --train --batch 32      # FLOPs by phase, saved activations by module
     $ mlcomp bench resnet18 --train --batch 32
+    $ mlcomp compile models.py:make --train           # make() returns (model, loss_fn): its loss is used
 
 The commands themselves live in :mod:`mlcomp.cli.targets`, :mod:`mlcomp.cli.main`
 and :mod:`mlcomp.cli.study`; they call these functions when ``--train`` is given.
-Every check that can fail (target, optimizer spec, loss name, output folder)
-runs before the model is captured, and the output folder is written atomically,
-so a failure writes nothing.
+Every check that can fail (target, optimizer spec, loss name, output folder, a
+``--loss`` beside a factory's own loss) runs before the model is captured, and the
+output folder is written atomically, so a failure writes nothing.  ``--verify``
+(``-v``) checks every pass on the joint graph and names the first diverging node
+with its phase and module path.
 """
 from __future__ import annotations
 
 import copy
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import click
 import torch
 
-from mlcomp.base.errors import MlcompError
+from mlcomp.base.errors import MlcompError, VerificationError
 
 __all__ = ["bench_train", "check_train_flags", "compile_train", "inspect_train"]
 
@@ -41,6 +45,15 @@ def check_train_flags(target: str | None, loss: str, optimizer: str) -> tuple[An
     return spec, kind
 
 
+def _given(option: str) -> bool:
+    """Whether ``--option`` was typed (not its default): a factory's loss and ``--loss`` conflict."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return False
+    source = ctx.get_parameter_source(option)
+    return source is not None and source is not click.core.ParameterSource.DEFAULT
+
+
 def _load(model: str, input_shapes: tuple[str, ...], batch: int | None, trust_pickle: bool):
     from mlcomp.api import check_model_inputs
     from mlcomp.frontend.loading import load_model
@@ -53,9 +66,16 @@ def _load(model: str, input_shapes: tuple[str, ...], batch: int | None, trust_pi
     return source
 
 
-def _capture(source: Any, loss: Any, dropout_off: bool = True):
-    import time
+def _loss_of(source: Any, loss: str) -> Any:
+    """``--loss`` (a LossKind value) or the factory's loss_fn; both given: refused."""
+    from mlcomp.frontend.joint import LossKind, resolve_loss
 
+    chosen = resolve_loss(source, loss if _given("loss") else None, option="--loss")
+    return chosen.value if isinstance(chosen, LossKind) else (LossKind.parse(loss).value if chosen is None
+                                                               else chosen)
+
+
+def _capture(source: Any, loss: Any, dropout_off: bool = True):
     from mlcomp.analysis.training import phase_counts
     from mlcomp.frontend.joint import capture_joint, example_target, without_dropout
 
@@ -71,27 +91,33 @@ def _capture(source: Any, loss: Any, dropout_off: bool = True):
     return reference, inputs, y, graph
 
 
+def _loss_name(loss: Any) -> str:
+    return loss if isinstance(loss, str) else getattr(loss, "__name__", type(loss).__name__)
+
+
 def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, trust_pickle: bool, *,
                   target: str | None, output: Path | None, loss: str, optimizer: str, steps: int,
                   tolerance: float | None, device: str | None, pipeline: str | None, instruments: Any,
                   force: bool) -> None:
-    """``mlcomp compile MODEL --train``: capture, compile, verify, compare N steps, save."""
-    from mlcomp.base.files import Kind, atomic_dir, check_destination
+    """``mlcomp compile MODEL --train``: capture, compile, verify, compare N steps, save the artifact folder."""
+    from mlcomp.base.files import Kind, check_destination
     from mlcomp.frontend.joint import loss_function
     from mlcomp.targets.base import CompileOptions
     from mlcomp.targets.training import (
+        SAVED_FILES,
         compare_steps,
         compile_training,
         verify_gradients,
     )
 
-    spec, kind = check_train_flags(target, loss, optimizer)
+    spec, _ = check_train_flags(target, loss, optimizer)
     target = target or "cpu"
     if output is not None:
         check_destination(output, Kind.DIR, force=force)
     source = _load(model, input_shapes, batch, trust_pickle)
-    reference, inputs, y, graph = _capture(source, kind.value)
-    loss_fn = loss_function(kind.value)
+    chosen = _loss_of(source, loss)
+    reference, inputs, y, graph = _capture(source, chosen)
+    loss_fn = loss_function(chosen)
     args = tuple(inputs) + ((y,) if loss_fn is not None else ())
     if pipeline:
         from mlcomp.pipeline import Pipeline, run_pipeline
@@ -101,45 +127,40 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
     output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{target}-train", Kind.DIR, force=force)
     keys = list(reference.state_dict())
     options = CompileOptions.make(device=device, tolerance=tolerance)
+    tol = tolerance or 1e-5
     art = compile_training(graph, target=target, optimizer=spec, options=options, state_keys=keys)
-    check = verify_gradients(art, reference, loss_fn, args, tolerance=tolerance or 1e-5)
+    check = verify_gradients(art, reference, loss_fn, args, tolerance=tol)
     click.echo(f"gradients vs eager autograd: worst {check['worst_rel']:.1e} relative ({check['worst']}), "
                f"loss {check['loss_rel']:.1e}: passed")
-    initial = {k: v.clone() for k, v in art.state_dict().items()}
     cmp = compare_steps(compile_training(graph, target=target, optimizer=spec, options=options, state_keys=keys),
                         copy.deepcopy(reference), loss_fn, args, steps=steps)
     click.echo(f"{steps} steps compiled vs eager ({spec.text()}): losses {cmp['compiled_losses'][0]:.4g} → "
                f"{cmp['compiled_losses'][-1]:.4g} / {cmp['eager_losses'][0]:.4g} → {cmp['eager_losses'][-1]:.4g}, "
                f"parameters within {cmp['worst_rel']:.1e} relative ({cmp['worst']})")
-    manifest = {"model": graph.name, "target": target, "device": art.device, "mode": "training",
-                "loss": kind.value, "optimizer": spec.text(), "gradient_check": check,
-                "step_check": cmp, "outputs": [r.name for r in graph.output_refs]}
-    with atomic_dir(output, overwrite=True, label="training artifact") as tmp:
-        (tmp / "joint.ir.txt").write_text(graph.format() + "\n")
-        torch.save(initial, tmp / "state_dict.pt")
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-    click.echo(f"saved {output} (joint.ir.txt, state_dict.pt, manifest.json)")
+    if cmp["worst_rel"] > tol or cmp["loss_rel"] > tol:
+        raise VerificationError(f"{steps} compiled training steps of {graph.name} drift from eager: {cmp['worst']} "
+                                f"differs by {cmp['worst_rel']:.2e} relative (losses {cmp['loss_rel']:.2e}), "
+                                f"tolerance {tol:.0e}", hint="raise --tolerance, or run with --verify")
+    art.verification = dict(check, loss=_loss_name(chosen), steps=cmp)
+    art.save(output, force=True)
+    click.echo(f"saved {output} ({', '.join(SAVED_FILES)}, manifest.json)")
 
 
 def inspect_train(model: str, input_shapes: tuple[str, ...], batch: int | None, trust_pickle: bool, *,
                   loss: str, as_json: bool, show_ir: bool, top: int) -> None:
     """``mlcomp inspect MODEL --train``: FLOPs by phase, saved activations by module, predicted peak."""
-    from mlcomp.analysis.training import (
-        phase_flops,
-        predicted_peak,
-        saved_activations,
-        saved_bytes_by_module,
-    )
+    from mlcomp.analysis.training import phase_flops, predicted_peak, saved_activations
     from mlcomp.frontend.joint import LossKind
+    from mlcomp.frontend.joint_origins import bytes_by_origin
     from mlcomp.hardware.timing import fmt_bytes
     from mlcomp.ir.node import Phase
 
-    kind = LossKind.parse(loss)
+    LossKind.parse(loss)
     source = _load(model, input_shapes, batch, trust_pickle)
-    _, _, _, graph = _capture(source, kind.value)
+    _, _, _, graph = _capture(source, _loss_of(source, loss))
     flops = phase_flops(graph)
     saved = saved_activations(graph)
-    by_module = saved_bytes_by_module(graph)
+    by_module = bytes_by_origin(graph, saved)
     peak = predicted_peak(graph)
     fwd = flops[Phase.FORWARD] + flops[Phase.LOSS]
     report = {"flops": {p.value: n for p, n in flops.items()},
@@ -155,7 +176,7 @@ def inspect_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
         click.echo()
     click.echo("FLOPs: " + ", ".join(f"{p.value} {n / 1e9:.4g} G" for p, n in flops.items())
                + f"; backward / forward = {report['backward_over_forward']:.2f}")
-    click.echo(f"saved activations: {len(saved)} values, {fmt_bytes(report['saved_activation_bytes'])}")
+    click.echo(f"saved activations: {len(saved)} values, {fmt_bytes(report['saved_activation_bytes'])}, by module:")
     for module, nbytes in list(by_module.items())[:top]:
         click.echo(f"  {module:<32} {fmt_bytes(nbytes)}")
     click.echo(f"predicted peak (liveness): {fmt_bytes(peak.total)} = resident {fmt_bytes(peak.resident)} "
@@ -165,6 +186,7 @@ def inspect_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
 def bench_train(models: tuple[str, ...], batches: tuple[int, ...], *, targets: tuple[str, ...], policy: Any,
                 loss: str, optimizer: str, json_out: str | None) -> str:
     """``mlcomp bench MODEL --train``: one table row per model and batch; returns the JSON text."""
+    from mlcomp.frontend.loading import load_model
     from mlcomp.measure.training_bench import bench_training, format_rows
 
     compiled = [t for t in targets if t != "eager"] or ["cpu"]
@@ -173,8 +195,14 @@ def bench_train(models: tuple[str, ...], batches: tuple[int, ...], *, targets: t
         check_train_flags(target, loss, optimizer)
         for model in models:
             for batch in batches:
-                rows.append(bench_training(model, batch=batch, loss=loss, optimizer=optimizer, target=target,
-                                           policy=policy))
+                if ":" in model:   # a factory: its own loss (and inputs) if it returns them
+                    source = load_model(model, batch=batch)
+                    rows.append(bench_training(source.eager, inputs=source.inputs(), name=source.name,
+                                               batch=batch, loss=_loss_of(source, loss), optimizer=optimizer,
+                                               target=target, policy=policy))
+                else:
+                    rows.append(bench_training(model, batch=batch, loss=loss, optimizer=optimizer, target=target,
+                                               policy=policy))
     if json_out != "-":
         click.echo(format_rows(rows))
     return json.dumps([r.to_json() for r in rows], indent=2)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import enum
 import re
-import traceback
 from typing import Any, Sequence
 
 import torch
@@ -31,6 +30,14 @@ from torch import nn
 
 from mlcomp.base.errors import CaptureError, InputSpecError
 from mlcomp.base.quiet import quiet_torch
+from mlcomp.frontend.provenance import (
+    explain_export_failure,
+    first_line,
+    identifier,
+    origin_of,
+    output_names,
+    user_frame,
+)
 from mlcomp.ir import Graph, Mode, Node, Origin, Ref, TensorMeta, dtype_name, map_refs
 from mlcomp.ir.ops import INPUT, OUTPUT, Op
 
@@ -55,7 +62,7 @@ def capture_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], *,
         try:
             ep = torch.export.export(module, example_inputs, dynamic_shapes=dynamic_shapes)
         except Exception as exc:  # noqa: BLE001 - converted to a user error below
-            raise _explain_export_failure(exc, name) from None
+            raise explain_export_failure(exc, name) from None
     try:
         return capture_exported(ep, name=name, training=training)
     except CaptureError as first:
@@ -81,7 +88,7 @@ def capture_exported(ep: "torch.export.ExportedProgram", *, name: str = "graph",
             frames = re.findall(r'File "([^"]+)", line (\d+), in \w+\n\s*(.+)', str(exc))
             where = f"{frames[-1][0]}:{frames[-1][1]} ({frames[-1][2].strip()})" if frames else None
             raise CaptureError(f"torch.export captured {name} but its program cannot be lowered to core "
-                               f"ATen: {_first_line(exc)}", where=where,
+                               f"ATen: {first_line(exc)}", where=where,
                                hint="this is a gap in torch's decompositions, not in your model; try "
                                     "--capture fx, or rewrite the line named (e.g. .view → .reshape)") from None
     sig = ep.graph_signature
@@ -91,7 +98,7 @@ def capture_exported(ep: "torch.export.ExportedProgram", *, name: str = "graph",
     for spec in sig.input_specs:
         if spec.target is not None and spec.kind.name != "USER_INPUT":
             constant_of[spec.arg.name] = spec.target
-    return _from_fx(ep.graph_module.graph, name=name, training=training,
+    return from_fx(ep.graph_module.graph, name=name, training=training,
                     constant_of=constant_of, tensors=state)
 
 
@@ -125,8 +132,8 @@ def _check_runs(module: nn.Module, inputs: tuple[torch.Tensor, ...], name: str) 
         shapes = ", ".join(f"{'x'.join(map(str, t.shape))}:{dtype_name(t.dtype)}"
                            for t in inputs if isinstance(t, torch.Tensor))
         raise InputSpecError(
-            f"{name} fails on example inputs of shape {shapes}: {type(exc).__name__}: {_first_line(exc)}",
-            where=_user_frame(exc),
+            f"{name} fails on example inputs of shape {shapes}: {type(exc).__name__}: {first_line(exc)}",
+            where=user_frame(exc),
             hint="check --input-shape (one per model input, e.g. --input-shape 1x3x32x32:f32)") from None
 
 
@@ -143,8 +150,8 @@ def _capture_fx(module: nn.Module, inputs: tuple[torch.Tensor, ...], *, name: st
         gm = torch.fx.symbolic_trace(module)
     except Exception as exc:  # noqa: BLE001
         raise CaptureError(
-            f"torch.fx.symbolic_trace could not trace {name}: {_first_line(exc)}",
-            where=_user_frame(exc),
+            f"torch.fx.symbolic_trace could not trace {name}: {first_line(exc)}",
+            where=user_frame(exc),
             hint="data-dependent Python control flow cannot be traced symbolically; rewrite the branch "
                  "with torch.cond or torch.where, or use the default --capture export") from None
     params = dict(gm.named_parameters())
@@ -158,10 +165,10 @@ def _capture_fx(module: nn.Module, inputs: tuple[torch.Tensor, ...], *, name: st
         try:
             traced = make_fx(fn, decomposition_table=core_aten_decompositions())(params, *inputs)
         except Exception as exc:  # noqa: BLE001
-            raise _explain_export_failure(exc, name) from None
+            raise explain_export_failure(exc, name) from None
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     constant_of = {ph.name: names[i] for i, ph in enumerate(placeholders[:len(names)])}
-    return _from_fx(traced.graph, name=name, training=training, constant_of=constant_of,
+    return from_fx(traced.graph, name=name, training=training, constant_of=constant_of,
                     tensors=dict(params))
 
 
@@ -179,8 +186,8 @@ def capture_traced(fn: Any, inputs: tuple[torch.Tensor, ...], *, name: str,
         try:
             traced = make_fx(lambda *xs: fn(*xs), decomposition_table=core_aten_decompositions())(*inputs)
         except Exception as exc:  # noqa: BLE001
-            raise _explain_export_failure(exc, name) from None
-    return _from_fx(traced.graph, name=name, training=False, constant_of={}, tensors={},
+            raise explain_export_failure(exc, name) from None
+    return from_fx(traced.graph, name=name, training=False, constant_of={}, tensors={},
                     constant_names=constant_names)
 
 
@@ -188,10 +195,10 @@ def capture_traced(fn: Any, inputs: tuple[torch.Tensor, ...], *, name: str,
 # FX graph → IR
 
 
-def _from_fx(fx_graph: torch.fx.Graph, *, name: str, training: bool,
+def from_fx(fx_graph: torch.fx.Graph, *, name: str, training: bool,
              constant_of: dict[str, str], tensors: dict[str, torch.Tensor],
              constant_names: dict[int, str] | None = None) -> Graph:
-    graph = Graph(_identifier(name), mode=Mode.TRAINING if training else Mode.INFERENCE)
+    graph = Graph(identifier(name), mode=Mode.TRAINING if training else Mode.INFERENCE)
     own = _OwnCopies()
     rename: dict[str, str] = {}
     unsupported: list[str] = []
@@ -226,21 +233,38 @@ def _from_fx(fx_graph: torch.fx.Graph, *, name: str, training: bool,
             continue
         if fx_node.target is torch.ops.aten._assert_tensor_metadata.default:
             continue   # export's check of a value's dtype/shape, which the IR's metas already state
+        target, fx_args = _normalise(fx_node.target, args)
         try:
-            op = Op.from_torch(fx_node.target)
+            op = Op.from_torch(target)
         except KeyError as exc:
-            unsupported.append(f"{exc.args[0]} (node {fx_node.name}, {_origin(fx_node)})")
+            unsupported.append(f"{exc.args[0]} (node {fx_node.name}, {origin_of(fx_node)})")
             continue
+        args = fx_args
         kwargs = _convert_args(dict(fx_node.kwargs), rename)
         node_name = graph.fresh_name(fx_node.name)
         rename[fx_node.name] = node_name
         graph.add(Node(node_name, op, inputs=tuple(args), attrs=kwargs,
-                       meta=_meta_of(fx_node, graph), origin=_origin(fx_node)))
+                       meta=_meta_of(fx_node, graph), origin=origin_of(fx_node)))
     if unsupported:
         raise CaptureError("the captured graph uses operations mlcomp's IR cannot represent: "
                            + "; ".join(unsupported),
                            hint="register a decomposition for them or keep them out of the compiled region")
     return graph
+
+
+def _normalise(target: Any, args: list[Any] | tuple[Any, ...]) -> tuple[Any, Any]:
+    """TorchScript's private spellings of core ops, rewritten to the core op (same value).
+
+    A TorchScript archive traced at the dispatcher keeps ``aten._convolution``
+    (input, weight, bias, stride, padding, dilation, transposed, output_padding,
+    groups, benchmark, deterministic, cudnn_enabled, allow_tf32); the last four
+    only pick a backend kernel, so it is ``aten.convolution`` of the first nine.
+    No exporter translates ``_convolution`` (ONNX, TVM), so without this a
+    TorchScript model with convolutions reached only the torch targets.
+    """
+    if target is torch.ops.aten._convolution.default and len(args) >= 9:
+        return torch.ops.aten.convolution.default, tuple(args[:9])
+    return target, args
 
 
 class _OwnCopies:
@@ -314,82 +338,4 @@ def _meta_of(fx_node: torch.fx.Node, graph: Graph) -> Any:
     return conv(val)
 
 
-def _origin(fx_node: torch.fx.Node) -> Origin:
-    stack = fx_node.meta.get("nn_module_stack") or {}
-    path, mtype = "", ""
-    if stack:
-        path, qual = list(stack.values())[-1]
-        mtype = str(qual).rsplit(".", 1)[-1]
-        path = _clean_path(path)
-    return Origin(path, mtype, _source_line(fx_node.meta.get("stack_trace") or ""))
-
-
-def _clean_path(path: str) -> str:
-    # export spells module paths like "L['self'].layer1[0].conv1" in some versions
-    path = re.sub(r"^L\['self'\]\.?", "", str(path))
-    path = re.sub(r"\[(\d+)\]", r".\1", path)
-    path = path.replace("._modules['", ".").replace("']", "")
-    return path.strip(".")
-
-
-_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
-
-
-def _source_line(stack_trace: str) -> str:
-    """The innermost frame of user code (not torch's) as ``file.py:line``."""
-    frames = _FRAME.findall(stack_trace)
-    user = [f for f in frames if "/torch/" not in f[0] and "site-packages" not in f[0]]
-    pick = (user or frames)[-1] if (user or frames) else None
-    return f"{pick[0]}:{pick[1]}" if pick else ""
-
-
-def _identifier(name: str) -> str:
-    return re.sub(r"\W", "_", name) or "graph"
-
-
-# ---------------------------------------------------------------------------
-# Failures
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
-def _user_frame(exc: BaseException) -> str | None:
-    frames = traceback.extract_tb(exc.__traceback__)
-    user = [f for f in frames if "/torch/" not in f.filename and "/mlcomp/" not in f.filename
-            and "site-packages" not in f.filename and not f.filename.startswith("<")]
-    if not user:
-        return None
-    f = user[-1]
-    return f"{f.filename}:{f.lineno} ({(f.line or '').strip()})"
-
-
-def _explain_export_failure(exc: BaseException, name: str) -> CaptureError:
-    text = str(exc)
-    where = None
-    m = re.search(r'File "([^"]+)", line (\d+), in (\w+)\n\s*(.+)', text)
-    if m:
-        where = f"{m.group(1)}:{m.group(2)} in {m.group(3)} ({m.group(4).strip()})"
-    else:
-        where = _user_frame(exc)
-    data_dependent = any(k in text for k in ("data-dependent", "GuardOnDataDependent", "control flow"))
-    if data_dependent or "DataDependent" in type(exc).__name__:
-        return CaptureError(
-            f"model {name} branches on the value of a tensor (data-dependent control flow), "
-            "which a static graph cannot capture without silently fixing one branch",
-            where=where,
-            hint="rewrite the branch with torch.cond(pred, true_fn, false_fn, operands) or torch.where, "
-                 "or move it out of the compiled model")
-    if isinstance(exc, InputSpecError):
-        return CaptureError(exc.message)
-    if any(k in text for k in ("size mismatch", "shape", "Expected", "mat1 and mat2", "must match")):
-        return CaptureError(f"running {name} on the example inputs failed: {_first_line(exc)}",
-                            where=where,
-                            hint="check --input-shape: the shapes must be ones the model accepts")
-    return CaptureError(f"torch.export could not capture {name}: {_first_line(exc)}", where=where,
-                        hint="try --capture fx, or simplify the unsupported construct it names")
-
-
-__all__ = ["CaptureMethod", "capture_module", "capture_exported", "map_refs"]
+__all__ = ["CaptureMethod", "capture_module", "capture_exported", "map_refs", "output_names"]

@@ -6,7 +6,9 @@ A model spec is one of
 * a TorchScript archive (``torch.jit.save`` output, usually ``.pt``);
 * an ExportedProgram (``torch.export.save`` output, ``.pt2``);
 * a factory ``path/to/file.py:fn`` or ``package.module:fn`` returning a module,
-  or ``(module, example_inputs)``;
+  ``(module, example_inputs)``, ``(module, loss_fn)`` or ``(module, example_inputs,
+  loss_fn)``, where ``loss_fn(output, target)`` is the loss a training step uses
+  (``ModelSource.loss_fn``; ``--train`` refuses a ``--loss`` given beside it);
 * an ``nn.Module`` object (Python API).
 
 A pickled full module (``torch.save(model)``) runs code when loaded and is
@@ -30,10 +32,12 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from mlcomp.base.errors import InputSpecError, ModelLoadError, UnsafePickleError
+from mlcomp import models
+from mlcomp.base.errors import CaptureError, InputSpecError, ModelLoadError, UnsafePickleError
+from mlcomp.base.quiet import quiet_torch
+from mlcomp.frontend.capture import CaptureMethod, capture_exported, capture_module, capture_traced
 from mlcomp.base.registry import did_you_mean
 from mlcomp.ir import Graph, dtype_name, parse_dtype
-from mlcomp import models
 from mlcomp.models import random_tensor
 
 INPUT_SPEC_FILE = "mlcomp_inputs.json"   # stored inside TorchScript archives by `models save`
@@ -87,6 +91,7 @@ class ModelSource:
     exported: Any = None                        # torch.export.ExportedProgram when loaded from .pt2
     kind: str = "module"                        # module | torchscript | exported | zoo
     notes: list[str] = field(default_factory=list)
+    loss_fn: Any = None                         # a factory's loss_fn(output, target), for --train
 
     def inputs(self) -> tuple[torch.Tensor, ...]:
         if self.example_inputs is None:
@@ -97,8 +102,6 @@ class ModelSource:
 
     def capture(self, *, method: str = "export", dynamic_batch: bool = False,
                 training: bool = False) -> Graph:
-        from mlcomp.frontend.capture import CaptureMethod, capture_exported, capture_module
-
         if self.kind == "exported" and self.exported is not None and not dynamic_batch \
                 and method == "export":
             return capture_exported(self.exported, name=self.name, training=training)
@@ -290,14 +293,26 @@ def _load_factory(text: str, given: tuple[torch.Tensor, ...] | None, batch: int 
         result = fn()
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"factory {text} raised {type(exc).__name__}: {_short(exc)}", where=text) from None
-    inputs = given
-    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module):
-        result, fac_inputs = result
-        if inputs is None:
+    inputs, loss_fn = given, None
+    if isinstance(result, tuple) and len(result) in (2, 3) and isinstance(result[0], nn.Module):
+        result, *rest = result
+        if rest and _is_loss(rest[-1]):
+            loss_fn = rest.pop()
+        if len(rest) > 1 or (len(rest) == 1 and _is_loss(rest[0])):
+            raise ModelLoadError(f"factory {text} returned {len(rest) + 2} items; expected (module, "
+                                 "example_inputs), (module, loss_fn) or (module, example_inputs, loss_fn)",
+                                 where=text, hint="return the loss function last")
+        if rest and inputs is None:
+            fac_inputs = rest[0]
             inputs = tuple(fac_inputs) if isinstance(fac_inputs, (list, tuple)) else (fac_inputs,)
     if not isinstance(result, nn.Module):
         raise ModelLoadError(f"factory {text} returned a {type(result).__name__}, not an nn.Module")
-    return ModelSource(fn_name, result.eval(), inputs, text, kind="module")
+    return ModelSource(fn_name, result.eval(), inputs, text, kind="module", loss_fn=loss_fn)
+
+
+def _is_loss(value: Any) -> bool:
+    """A loss function: callable, and not example inputs (tensors are not callable; modules are)."""
+    return callable(value) and not isinstance(value, (torch.Tensor, list, tuple))
 
 
 def _capture_torchscript(source: ModelSource) -> Graph:
@@ -307,13 +322,9 @@ def _capture_torchscript(source: ModelSource) -> Graph:
     the branch the example takes, which is only correct when no condition depends
     on tensor *values*; :func:`_data_dependent_branch` checks that first.
     """
-    from mlcomp.frontend.capture import capture_traced
-
     module = source.eager
     branch = _data_dependent_branch(module)
     if branch is not None:
-        from mlcomp.base.errors import CaptureError
-
         raise CaptureError(
             f"TorchScript model {source.name} branches on the value of a tensor "
             "(data-dependent control flow); tracing it would silently fix one branch",
@@ -321,9 +332,6 @@ def _capture_torchscript(source: ModelSource) -> Graph:
             hint="rewrite the branch with torch.cond or torch.where before scripting, or export the model "
                  "with torch.export.save (.pt2)")
     from torch._export.converter import TS2EPConverter
-
-    from mlcomp.base.quiet import quiet_torch
-    from mlcomp.frontend.capture import capture_module
 
     with quiet_torch():
         try:  # TorchScript → ExportedProgram, then re-exported with the example's static shapes
@@ -369,7 +377,6 @@ def save_torchscript(module: nn.Module, inputs: Sequence[torch.Tensor], path: st
     # Trace the exported (static-shape, functional) module rather than the raw one:
     # tracing nn.MultiheadAttention directly records sizes as tensors (int(tensor)),
     # which no converter can turn back into static shapes.
-    from mlcomp.base.quiet import quiet_torch
 
     with quiet_torch():
         flat = torch.export.export(module, tuple(inputs)).module()

@@ -20,11 +20,15 @@ and injectable so that tests can drive it with fakes:
 Peak memory is the growth of the process's resident set over a baseline taken
 just before the measured block (Linux: the kernel's own high-water mark, reset
 through ``/proc/self/clear_refs``; elsewhere a psutil sampling thread), or
-``torch.cuda.max_memory_allocated`` growth on a CUDA device.
+``torch.cuda.max_memory_allocated`` growth on a CUDA device.  On CPU,
+``PeakMemory(source=MemorySource.ALLOCATOR)`` instead follows torch's CPU
+allocator (every tensor allocation and free), the figure a liveness prediction
+is compared with.
 """
 from __future__ import annotations
 
 import ctypes
+import enum
 import math
 import re
 import threading
@@ -252,29 +256,70 @@ class MemoryReading:
                 "growth_bytes": self.growth, "method": self.method}
 
 
+class MemorySource(enum.Enum):
+    """What a CPU :class:`PeakMemory` reads (a CUDA device always reads its caching allocator)."""
+
+    RSS = "rss"              # the process's resident set: everything, at page and malloc-arena granularity
+    ALLOCATOR = "allocator"  # every tensor allocation and free of torch's CPU allocator, exactly
+
+
+def _allocator_peak(events: Any) -> tuple[int, int]:
+    """(peak, end) of the running sum of CPU allocation sizes (frees are negative) in time order."""
+    from torch._C._profiler import _EventType
+
+    sizes: list[tuple[int, int]] = []
+    stack = list(events)
+    while stack:
+        e = stack.pop()
+        if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
+            sizes.append((e.start_time_ns, e.extra_fields.alloc_size))
+        stack.extend(e.children)
+    sizes.sort()
+    run = peak = 0
+    for _, size in sizes:
+        run += size
+        peak = max(peak, run)
+    return peak, run
+
+
 class PeakMemory:
     """Context manager measuring peak memory growth over the baseline at entry.
 
-    ``device="cpu"`` measures the process RSS: the kernel's high-water mark
-    where it can be reset, otherwise a psutil sampling thread every
-    ``interval_s``.  ``device="cuda[:i]"`` measures
-    ``torch.cuda.max_memory_allocated``.  After the block, ``.reading`` holds a
-    :class:`MemoryReading`.
+    ``device="cpu"`` with ``source=MemorySource.RSS`` (the default) measures the
+    process RSS: the kernel's high-water mark where it can be reset, otherwise a
+    psutil sampling thread every ``interval_s``.  RSS sees everything the process
+    touches but not every free: glibc serves tensors of a size it has seen freed
+    from its heap (the mmap threshold adapts upwards) and keeps freed chunks there,
+    so the high-water mark includes fragmentation and pages of earlier steps.
 
-        >>> with PeakMemory() as mem:
+    ``source=MemorySource.ALLOCATOR`` records every allocation and free of torch's
+    CPU allocator (``torch.profiler`` with ``profile_memory``: c10 reports each
+    ``alloc``/``free`` with its size) and returns the highest running sum of live
+    tensor bytes.  It sees a freed activation the moment its last reference goes,
+    which is what a liveness prediction models; it does not see memory that
+    bypasses the allocator (BLAS packing buffers, Python objects).  The profiler
+    slows the measured block, so time it separately.
+
+    ``device="cuda[:i]"`` measures ``torch.cuda.max_memory_allocated``.  After the
+    block, ``.reading`` holds a :class:`MemoryReading`.
+
+        >>> with PeakMemory("cpu", source=MemorySource.ALLOCATOR) as mem:
         ...     run()
         >>> mem.reading.growth
     """
 
-    def __init__(self, device: str = "cpu", *, interval_s: float = 0.001) -> None:
+    def __init__(self, device: str = "cpu", *, interval_s: float = 0.001,
+                 source: MemorySource = MemorySource.RSS) -> None:
         self.device = str(device)
         self.interval_s = interval_s
+        self.source = source
         self.reading: MemoryReading | None = None
         self._baseline = 0
         self._peak = 0
         self._method = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._profiler: Any = None
 
     def __enter__(self) -> "PeakMemory":
         if self.device.startswith("cuda"):
@@ -284,6 +329,14 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._baseline = torch.cuda.memory_allocated(self.device)
             self._method = "torch.cuda.max_memory_allocated"
+            return self
+        if self.source is MemorySource.ALLOCATOR:
+            import torch.profiler
+
+            self._method = "torch CPU allocator (profiler memory events: live tensor bytes)"
+            self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                    profile_memory=True)
+            self._profiler.__enter__()
             return self
         _trim_heap()
         self._baseline = _rss()
@@ -307,6 +360,11 @@ class PeakMemory:
 
             torch.cuda.synchronize(self.device)
             peak, end = torch.cuda.max_memory_allocated(self.device), torch.cuda.memory_allocated(self.device)
+        elif self._profiler is not None:
+            prof, self._profiler = self._profiler, None
+            prof.__exit__(*exc)
+            # relative to the state at entry: the baseline is 0, growth is the peak of live bytes
+            peak, end = _allocator_peak(prof.profiler.kineto_results.experimental_event_tree())
         elif self._thread is not None:
             self._stop.set()
             self._thread.join()

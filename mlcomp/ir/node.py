@@ -23,7 +23,7 @@ from mlcomp.ir.dtypes import dtype_name, itemsize
 from mlcomp.ir.ops import INPUT, PARAM, Op
 
 __all__ = ["Ref", "map_refs", "refs_in", "Dim", "TensorMeta", "Precision", "Annotations", "Origin",
-           "Node", "Mode", "Phase", "format_meta", "format_value"]
+           "Node", "Mode", "Phase", "PrecisionReason", "format_meta", "format_value"]
 
 # ---------------------------------------------------------------------------
 # Values
@@ -131,11 +131,22 @@ class Phase(enum.Enum):
     BACKWARD = "backward"
 
 
+class PrecisionReason(enum.Enum):
+    """Why a mixed-precision pass gave a node its precision (mlcomp.passes.mixed_precision)."""
+
+    POLICY = "policy"            # the per-op policy table
+    DENIED = "denied"            # deny= matched the op or the module path
+    ALLOWED = "allowed"          # allow= matched the op or the module path
+    OVERFLOW = "overflow"        # range guard: calibrated values exceed the dtype's largest finite value
+    UNDERFLOW = "underflow"      # range guard: calibrated values fall below the smallest normal (or to 0)
+
+
 @dataclass(frozen=True)
 class Annotations:
     """Decisions passes record on a node; targets and reports read them."""
 
     precision: Precision | None = None   # mixed precision: compute dtype of this node
+    precision_reason: PrecisionReason | None = None   # mixed precision: why that precision
     fusion_group: int | None = None      # fusion: id of the group the node belongs to
     stage: int | None = None             # placement/partition: pipeline stage
     device: str | None = None            # placement: "cpu", "cuda:0"…

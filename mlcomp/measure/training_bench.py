@@ -8,11 +8,19 @@ For one model and batch size it
 2. checks the compiled gradients against eager autograd on the batch;
 3. times both steps (forward, loss, backward, optimizer step) interleaved, with
    the timing protocol of :mod:`mlcomp.hardware.timing` (warm-up, median, p90);
-4. measures each step's peak memory above what was allocated before it
-   (:class:`~mlcomp.hardware.timing.PeakMemory`: on CPU the kernel's peak RSS,
-   ``VmHWM``, reset before the step, after trimming the heap, so freed activations
-   are seen; on CUDA ``torch.cuda.max_memory_allocated``) and sets it beside the
-   liveness prediction (:func:`mlcomp.analysis.training.predicted_peak`);
+4. measures each step's peak memory above what was allocated before it and sets
+   it beside the liveness prediction (:func:`mlcomp.analysis.training.predicted_peak`).
+   On CPU the measured figure is torch's CPU allocator followed event by event
+   (:class:`~mlcomp.hardware.timing.PeakMemory` with ``MemorySource.ALLOCATOR``:
+   ``torch.profiler`` memory events, the running sum of live tensor bytes); it is
+   the method that sees an activation freed the moment the generated code drops
+   it.  The kernel's peak RSS (``VmHWM`` reset before the step, heap trimmed) is
+   reported beside it but is not what the prediction models: glibc keeps freed
+   chunks of sizes it has seen in its heap, so RSS carries fragmentation and
+   earlier steps' pages (on resnet18 b32 it reads above the allocator's peak).
+   On CUDA the figure is ``torch.cuda.max_memory_allocated``.  The prediction
+   adds each kernel's scratch (:func:`mlcomp.analysis.workspace.op_workspaces`:
+   CPU convolution's im2col columns), which the allocator sees and no graph value shows;
 5. reports saved-activation bytes and FLOPs per phase.
 
     >>> row = bench_training("resnet18", batch=32)
@@ -28,14 +36,19 @@ from typing import Any
 import torch
 
 from mlcomp.analysis.training import phase_flops, predicted_peak, saved_activations
+from mlcomp.analysis.workspace import op_workspaces
+from mlcomp.base.errors import InputSpecError
 from mlcomp.base.table import Table
 from mlcomp.frontend.joint import (
     capture_joint,
     example_target,
     loss_function,
+    model_output,
     without_dropout,
 )
 from mlcomp.hardware.timing import (
+    MemoryReading,
+    MemorySource,
     PeakMemory,
     Timing,
     TimingPolicy,
@@ -44,11 +57,13 @@ from mlcomp.hardware.timing import (
     measure_interleaved,
     synchronizer,
 )
+from mlcomp.ir import Graph
 from mlcomp.ir.node import Phase
 from mlcomp.targets.optim import OptimizerSpec
 from mlcomp.targets.training import compile_training, verify_gradients
 
-__all__ = ["DEFAULT_POLICY", "TrainingBenchRow", "bench_training", "format_rows"]
+__all__ = ["DEFAULT_POLICY", "TrainingBenchRow", "TrainingCase", "bench_training", "format_rows", "step_peak",
+           "training_case"]
 
 DEFAULT_POLICY = TimingPolicy(warmup=2, budget_s=2.0)
 
@@ -63,7 +78,8 @@ class TrainingBenchRow:
     eager_peak: int          # measured step peak above the state before the step, bytes
     compiled_peak: int
     memory_method: str
-    predicted_transient: int  # liveness over the joint graph (activations + gradients)
+    compiled_rss: int        # kernel peak RSS growth of the compiled step (CPU; same as compiled_peak on CUDA)
+    predicted_transient: int  # liveness over the joint graph (activations + gradients + kernel scratch)
     saved_bytes: int
     forward_flops: int
     loss_flops: int
@@ -74,17 +90,62 @@ class TrainingBenchRow:
         return {"model": self.model, "batch": self.batch, "device": self.device,
                 "eager": self.eager.to_json(), "compiled": self.compiled.to_json(),
                 "eager_peak_bytes": self.eager_peak, "compiled_peak_bytes": self.compiled_peak,
-                "memory_method": self.memory_method, "predicted_transient_bytes": self.predicted_transient,
+                "memory_method": self.memory_method, "compiled_rss_bytes": self.compiled_rss,
+                "predicted_transient_bytes": self.predicted_transient,
                 "saved_activation_bytes": self.saved_bytes, "forward_flops": self.forward_flops,
                 "loss_flops": self.loss_flops, "backward_flops": self.backward_flops,
                 "grad_rel_error": self.grad_rel_error}
 
 
-def _zoo_model(name: str, batch: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    from mlcomp import models
+def step_peak(step: Any, device: str, source: MemorySource = MemorySource.ALLOCATOR) -> MemoryReading:
+    """Peak memory of one call of ``step`` above the state before it, after one unmeasured call
+    (optimizer state and lazily created buffers exist before the measured one)."""
+    sync = synchronizer(device)
+    step()
+    sync()
+    with PeakMemory(device, source=source) as mem:
+        step()
+        sync()
+    assert mem.reading is not None
+    return mem.reading
 
-    z = models.get(name)
-    return z.build(), z.example_inputs(batch)
+
+@dataclass(frozen=True)
+class TrainingCase:
+    """A model in training mode (dropout off), its batch, the loss's target and its joint graph."""
+
+    name: str
+    batch: int
+    model: torch.nn.Module
+    inputs: tuple[torch.Tensor, ...]
+    target: torch.Tensor | None
+    loss: Any
+    graph: Graph
+
+    def args(self, device: str) -> tuple[torch.Tensor, ...]:
+        """The step's arguments on ``device``: the inputs, then the loss's target (if any)."""
+        return tuple(t.to(device) for t in self.inputs) + ((self.target.to(device),) if self.target is not None
+                                                           else ())
+
+
+def training_case(model: str | torch.nn.Module, *, batch: int = 32, inputs: Sequence[torch.Tensor] | None = None,
+                  loss: Any = "cross_entropy", name: str | None = None) -> TrainingCase:
+    """Capture the joint graph of ``model`` (a zoo name, or a module with ``inputs``) on one batch."""
+    if isinstance(model, str):
+        from mlcomp import models
+
+        z = models.get(model)
+        name = name or model
+        model, inputs = z.build(), z.example_inputs(batch)
+    name = name or type(model).__name__
+    if inputs is None:
+        raise InputSpecError(f"bench --train of {name} needs example inputs", hint="pass inputs=(x,)")
+    model = without_dropout(model).train()
+    inputs = tuple(inputs)
+    y = example_target(model, inputs, loss)
+    graph = capture_joint(model, inputs, y, loss=loss, name=name)
+    return TrainingCase(name, int(inputs[0].shape[0]) if inputs and inputs[0].dim() else batch, model, inputs, y,
+                        loss, graph)
 
 
 def bench_training(model: str | torch.nn.Module, *, batch: int = 32, inputs: Sequence[torch.Tensor] | None = None,
@@ -92,24 +153,14 @@ def bench_training(model: str | torch.nn.Module, *, batch: int = 32, inputs: Seq
                    target: str = "cpu", policy: TimingPolicy = DEFAULT_POLICY,
                    name: str | None = None) -> TrainingBenchRow:
     """Eager vs compiled training step of ``model`` (a zoo name or a module with ``inputs``)."""
-    if isinstance(model, str):
-        name = name or model
-        model, inputs = _zoo_model(model, batch)
-    name = name or type(model).__name__
-    if inputs is None:
-        from mlcomp.base.errors import InputSpecError
-
-        raise InputSpecError(f"bench --train of {name} needs example inputs", hint="pass inputs=(x,)")
-    model = without_dropout(model).train()
-    inputs = tuple(inputs)
-    y = example_target(model, inputs, loss)
+    case = training_case(model, batch=batch, inputs=inputs, loss=loss, name=name)
+    name, model, graph = case.name, case.model, case.graph
     loss_fn = loss_function(loss)
     spec = OptimizerSpec.parse(optimizer)
     eager = copy.deepcopy(model)
-    graph = capture_joint(model, inputs, y, loss=loss, name=name)
     art = compile_training(graph, target=target, optimizer=spec, state_keys=list(model.state_dict()))
     device = art.device
-    args = tuple(t.to(device) for t in inputs) + ((y.to(device),) if y is not None else ())
+    args = case.args(device)
     check = verify_gradients(art, eager, loss_fn, args, tolerance=1e-4)
     eager = eager.to(device).train()
     opt = spec.build(p for p in eager.parameters() if p.requires_grad)
@@ -117,8 +168,6 @@ def bench_training(model: str | torch.nn.Module, *, batch: int = 32, inputs: Seq
     def eager_step() -> None:
         opt.zero_grad(set_to_none=True)
         out = eager(*args[:-1]) if loss_fn is not None else eager(*args)
-        from mlcomp.frontend.joint import model_output
-
         value = loss_fn(model_output(out), args[-1]) if loss_fn is not None else model_output(out)
         value.backward()
         opt.step()
@@ -128,18 +177,13 @@ def bench_training(model: str | torch.nn.Module, *, batch: int = 32, inputs: Seq
 
     sync = synchronizer(device)
     timings = measure_interleaved({"eager": eager_step, "compiled": compiled_step}, policy, sync=sync)
-    peaks = {}
-    for key, fn in (("eager", eager_step), ("compiled", compiled_step)):
-        fn()                            # optimizer state exists before the measured step
-        sync()
-        with PeakMemory(device) as mem:
-            fn()
-            sync()
-        peaks[key] = mem.reading
+    peaks = {key: step_peak(fn, device) for key, fn in (("eager", eager_step), ("compiled", compiled_step))}
+    rss = step_peak(compiled_step, device, MemorySource.RSS) if device == "cpu" else peaks["compiled"]
     flops = phase_flops(graph)
     return TrainingBenchRow(
-        name, batch, device, timings["eager"], timings["compiled"], peaks["eager"].growth,
-        peaks["compiled"].growth, peaks["compiled"].method, predicted_peak(graph).transient,
+        name, case.batch, device, timings["eager"], timings["compiled"], peaks["eager"].growth,
+        peaks["compiled"].growth, peaks["compiled"].method, rss.growth,
+        predicted_peak(graph, op_workspaces(graph, device=device)).transient,
         sum(s.nbytes for s in saved_activations(graph)), flops[Phase.FORWARD], flops[Phase.LOSS],
         flops[Phase.BACKWARD], check["worst_rel"])
 
@@ -147,17 +191,22 @@ def bench_training(model: str | torch.nn.Module, *, batch: int = 32, inputs: Seq
 def format_rows(rows: Sequence[TrainingBenchRow]) -> str:
     """The training table: step times, peaks (measured / predicted), saved bytes, FLOPs by phase."""
     columns = ("model", "batch", "eager step (med / p90)", "compiled step (med / p90)", "speedup",
-               "peak eager", "peak compiled", "predicted", "saved acts", "fwd GFLOP", "bwd GFLOP", "bwd/fwd")
+               "peak eager", "peak compiled", "predicted", "pred/meas", "RSS compiled", "saved acts", "fwd GFLOP",
+               "bwd GFLOP", "bwd/fwd")
     cells = []
     for r in rows:
         cells.append((r.model, str(r.batch), f"{fmt_seconds(r.eager.median)} / {fmt_seconds(r.eager.p90)}",
                       f"{fmt_seconds(r.compiled.median)} / {fmt_seconds(r.compiled.p90)}",
                       f"{r.eager.median / r.compiled.median:.2f}x", fmt_bytes(r.eager_peak),
-                      fmt_bytes(r.compiled_peak), fmt_bytes(r.predicted_transient), fmt_bytes(r.saved_bytes),
+                      fmt_bytes(r.compiled_peak), fmt_bytes(r.predicted_transient),
+                      f"{r.predicted_transient / r.compiled_peak:.3f}" if r.compiled_peak else "—",
+                      fmt_bytes(r.compiled_rss), fmt_bytes(r.saved_bytes),
                       f"{(r.forward_flops + r.loss_flops) / 1e9:.3g}", f"{r.backward_flops / 1e9:.3g}",
                       f"{r.backward_flops / max(r.forward_flops + r.loss_flops, 1):.2f}"))
     table = Table(f"training step on {rows[0].device if rows else '?'}", columns, tuple(cells),
                   right=frozenset(range(1, len(columns))))
     methods = sorted({r.memory_method for r in rows})
     return table.format() + "\npeak memory: measured " + "; ".join(methods) + \
-        ", above the state before the step; predicted = liveness over the joint graph (activations + gradients)"
+        ", above the state before the step; predicted = liveness over the joint graph (activations + gradients + " \
+        "kernel scratch); " \
+        "RSS = kernel peak RSS growth of the compiled step, for reference"

@@ -20,6 +20,7 @@ import torch
 from mlcomp.base.errors import ModelLoadError
 from mlcomp.base.registry import did_you_mean
 from mlcomp.models.classic import LeNet, mlp
+from mlcomp.models.mobilenet import mobilenet
 from mlcomp.models.resnet import resnet18
 from mlcomp.models.sequence import GRUClassifier
 from mlcomp.models.transformer import TransformerEncoderModel
@@ -68,6 +69,7 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              TransformerEncoderModel, (128, 256)),
     ZooModel("gru", "GRU sequence classifier unrolled over 16 steps (Python loop), 64 features",
              GRUClassifier, (16, 64)),
+    ZooModel("mobilenet", "MobileNetV2-style: depthwise convs, inverted residuals, 3x32x32", mobilenet, (3, 32, 32)),
 )}
 
 

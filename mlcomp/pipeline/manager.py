@@ -162,7 +162,8 @@ class _Recorder(Observer):
     def leave(self, p: Pass, result: PassResult, at: Position) -> None:
         frame = self.frames.pop()
         record = PassRecord(at.index, p.name, pass_text(p), 0.0, bool(result.changed), dict(result.stats),
-                            frame.nodes_before, len(result.graph), children=frame.children, at=at)
+                            frame.nodes_before, len(result.graph), children=frame.children, at=at,
+                            declared_reference=result.reference)
         for inst in reversed(self.instruments):
             inst.after_pass(p, result, record)
         self._siblings().append(record)

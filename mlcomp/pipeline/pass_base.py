@@ -54,6 +54,11 @@ BUILTIN_PASSES: dict[str, str] = {
     "recompose": "mlcomp.passes.recompose:Recompose",
     "fuse-elementwise": "mlcomp.passes.fusion:FuseElementwise",
     "fuse": "mlcomp.passes.fusion:Fuse",
+    "mixed-precision": "mlcomp.passes.mixed_precision:MixedPrecision",
+    "remat": "mlcomp.passes.remat:Remat",
+    "partition": "mlcomp.passes.partition:Partition",
+    "place": "mlcomp.passes.place:Place",
+    "prune": "mlcomp.passes.prune:Prune",
 }
 
 
@@ -77,6 +82,7 @@ class PassContext:
     hardware: "HardwareSpec | None" = None       # None: mlcomp.analysis.cost.DEFAULT_CPU
     example_inputs: tuple[Any, ...] | None = None
     calibration_data: tuple[Any, ...] | None = None
+    cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # per-run memo (remat's profile)
 
     @property
     def hw(self) -> "HardwareSpec":
@@ -87,11 +93,16 @@ class PassContext:
 
 @dataclass(frozen=True)
 class PassResult:
-    """A pass's output: the graph, whether anything changed, and numbers for the report."""
+    """A pass's output: the graph, whether anything changed, and numbers for the report.
+
+    ``reference`` is set by a pass that changes the function on purpose (pruning):
+    the graph its result must equal, which ``--verify`` checks instead of the input.
+    """
 
     graph: "Graph"
     changed: bool
     stats: Mapping[str, Any] = field(default_factory=dict)
+    reference: "Graph | None" = None
 
 
 def option(default: Any, help: str, *, min: float | None = None,  # noqa: A002 - the natural names

@@ -120,6 +120,7 @@ class PassRecord:
     skipped: str | None = None          # why a composite's child did not run
     peak_bytes_before: int | None = None    # Memory
     peak_bytes_after: int | None = None
+    declared_reference: "Graph | None" = field(default=None, repr=False, compare=False)  # set by function-changing passes
 
     @property
     def path(self) -> str:
@@ -179,6 +180,16 @@ class PipelineReport:
         """Every record, nested ones included, in run order."""
         for r in self.records:
             yield from r.walk()
+
+    @property
+    def changes_function(self) -> bool:
+        """True when a pass changed the model's function on purpose (pruning): the compiled
+        model is then checked against the pipeline's output graph, not the eager model."""
+        return bool(self.function_changes())
+
+    def function_changes(self) -> list[PassRecord]:
+        """The records of passes that changed the function, in run order."""
+        return [r for r in self.walk() if r.declared_reference is not None]
 
     def stats(self, name: str) -> dict[str, Any]:
         """Stats of the first top-level run of pass ``name``, else of its first nested run (KeyError if none)."""
@@ -257,8 +268,8 @@ def _jsonable(v: Any) -> Any:
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
+    for unit in ("B", "KiB", "MiB", "GiB"):      # binary units, as inspect, bench and compile print them
+        if abs(n) < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n:.1f} GB"  # pragma: no cover
+    return f"{n:.1f} GiB"  # pragma: no cover

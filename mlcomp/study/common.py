@@ -8,10 +8,8 @@ apart from the text of the chapter's number and where it comes from
 from __future__ import annotations
 
 import math
-import os
-import platform
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from mlcomp.base.table import Table  # noqa: F401 - re-exported for the studies
 from mlcomp.hardware.probe import machine_line  # noqa: F401 - re-exported

@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Protocol, Sequence
 
 import torch
 
+from mlcomp.analysis.ranges import declared_tolerance
 from mlcomp.base.errors import ArtifactError, InputSpecError
 from mlcomp.base.registry import LazyRegistry
 from mlcomp.models import random_tensor
@@ -55,6 +56,7 @@ class RuntimeKind(enum.Enum):
     TVM = "tvm"
     EAGER = "eager"
     PARTITIONED = "partitioned"
+    PIPELINE = "pipeline"
 
     @property
     def loader(self) -> str:
@@ -69,6 +71,7 @@ RUNTIMES: LazyRegistry[type["Runtime"]] = LazyRegistry("runtime", {
     "torchscript": "mlcomp.targets.cpu:TorchScriptRuntime", "cuda-graph": "mlcomp.targets.cuda:CudaRuntime",
     "onnxruntime": "mlcomp.targets.onnxruntime:OrtRuntime", "tvm": "mlcomp.targets.tvm:TvmRuntime",
     "eager": "mlcomp.targets.fallback:EagerRuntime", "partitioned": "mlcomp.targets.fallback:PartitionedRuntime",
+    "pipeline": "mlcomp.targets.distributed:PipelineRuntime",
 })
 
 
@@ -177,6 +180,8 @@ class Artifact:
             "symbols": dict(graph.symbols), "pipeline": pipeline, "options": options,
             "fallback_regions": regions or [], "compile_seconds": round(compile_seconds, 4),
             "verification": None,
+            # what the graph's bf16/fp16 nodes imply (mlcomp.analysis.ranges); verify's default
+            "declared_tolerance": declared.rtol if (declared := declared_tolerance(graph)) else None,
         }
         return cls(runtime, manifest)
 
@@ -267,6 +272,8 @@ class Artifact:
             inputs, expected = self.reference
         if tolerance is None:
             tolerance = (self.manifest.get("options") or {}).get("tolerance")
+        if tolerance is None:
+            tolerance = self.manifest.get("declared_tolerance")
         result = check_against(self, expected, inputs, tolerance=tolerance,
                                names=[s.name for s in self.outputs],
                                where=f"target {self.target}, model {self.manifest['model']}",

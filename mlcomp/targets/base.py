@@ -292,6 +292,7 @@ class TargetName(enum.Enum):
     CUDA = "cuda"
     ONNXRUNTIME = "onnxruntime"
     TVM = "tvm"
+    DISTRIBUTED = "distributed"
 
     @property
     def implementation(self) -> str:
@@ -308,6 +309,7 @@ def _unknown_target(name: str, close: str | None) -> TargetUnavailableError:
 TARGETS: LazyRegistry[type[Target]] = LazyRegistry("target", {
     "cpu": "mlcomp.targets.cpu:CpuTarget", "cuda": "mlcomp.targets.cuda:CudaTarget",
     "onnxruntime": "mlcomp.targets.onnxruntime:OnnxRuntimeTarget", "tvm": "mlcomp.targets.tvm:TvmTarget",
+    "distributed": "mlcomp.targets.distributed:DistributedTarget",
 }, on_unknown=_unknown_target)
 
 _ALIASES = {"ort": TargetName.ONNXRUNTIME, "onnx": TargetName.ONNXRUNTIME, "torchscript": TargetName.CPU}

@@ -38,7 +38,7 @@ from mlcomp.ir.dtypes import DTYPE_NAMES, dtype_name
 from mlcomp.ir.ops import OUTPUT
 
 __all__ = ["DeviceKind", "Capabilities", "MismatchKind", "Mismatch", "CapabilityError", "REAL_DTYPES",
-           "mismatches"]
+           "TORCH_CPU", "TORCH_CUDA", "mismatches"]
 
 # every real dtype of the one dtype table; no target lowers complex tensors
 REAL_DTYPES: frozenset[torch.dtype] = frozenset(d for d in DTYPE_NAMES if not d.is_complex)
@@ -93,6 +93,12 @@ class Capabilities:
                 "io_dtypes": [dtype_name(d) for d in _ordered(self.boundary_dtypes)],
                 "devices": [d.value for d in DeviceKind if d in self.devices],
                 "multi_device": self.multi_device, "dynamic_shapes": self.dynamic_shapes}
+
+
+# Targets that run generated torch code also run joint training graphs: the training step
+# (mlcomp.targets.training.TrainingArtifact) is that code plus a torch.optim optimizer.
+TORCH_CPU = Capabilities(modes=frozenset({Mode.INFERENCE, Mode.TRAINING}))
+TORCH_CUDA = Capabilities(modes=frozenset({Mode.INFERENCE, Mode.TRAINING}), devices=frozenset({DeviceKind.CUDA}))
 
 
 def _ordered(dtypes: frozenset[torch.dtype]) -> list[torch.dtype]:

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Iterator
 import torch
 from mlcomp.targets.artifact import RuntimeKind
 from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
+from mlcomp.targets.capabilities import TORCH_CPU
 from mlcomp.targets.codegen import to_fx
 
 from mlcomp.base.errors import MlcompError
@@ -132,6 +133,7 @@ def frozen_bytes(module: torch.jit.ScriptModule) -> bytes:
 class CpuTarget(Target):
     name = "cpu"
     description = "TorchScript trace + freeze (+ optimize_for_inference) on the CPU"
+    capabilities = TORCH_CPU   # training graphs: mlcomp.targets.training
     runs_composites_in_torch = True
 
     def build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...]) -> TorchScriptRuntime:

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import torch
 from mlcomp.targets.artifact import RuntimeKind
 from mlcomp.targets.base import CompileOptions, Target
-from mlcomp.targets.capabilities import Capabilities, DeviceKind
+from mlcomp.targets.capabilities import TORCH_CUDA
 from mlcomp.targets.cpu import frozen_bytes, trace_frozen
 
 from mlcomp.base.errors import MlcompError
@@ -102,7 +102,7 @@ class CudaTarget(Target):
     default_device = "cuda:0"
     runs_composites_in_torch = True
     # one device: a CUDA graph captures the stream of one GPU
-    capabilities = Capabilities(devices=frozenset({DeviceKind.CUDA}))
+    capabilities = TORCH_CUDA   # training graphs: mlcomp.targets.training
 
     def available(self) -> str | None:
         if not torch.cuda.is_available():

@@ -31,9 +31,11 @@ from mlcomp.targets.codegen import to_fx
 
 from mlcomp.analysis.verify import VerifyResult, check_against
 from mlcomp.base.errors import MlcompError
-from mlcomp.ir import Graph
+from mlcomp.ir import Graph, tensor_metas
+from mlcomp.pipeline import Pipeline
+from mlcomp.pipeline.presets import AdaptedPreset, adapt_preset
 
-__all__ = ["ExportFormat", "export_graph"]
+__all__ = ["ExportFormat", "export_graph", "export_pipeline"]
 
 
 class ExportFormat(enum.Enum):
@@ -53,6 +55,25 @@ class ExportFormat(enum.Enum):
                               hint=f"choose one of: {', '.join(f.value for f in cls)}") from None
 
 
+# the runtime that loads each format: a preset (-O2) adapts to it as compile adapts to a target
+_RUNS_ON = {ExportFormat.ONNX: "onnxruntime", ExportFormat.TVM: "tvm",
+            ExportFormat.TORCHSCRIPT: "cpu", ExportFormat.PT2: "cpu"}
+
+
+def export_pipeline(fmt: ExportFormat | str, pipeline: Any) -> tuple[Pipeline, AdaptedPreset | None]:
+    """The pipeline to run before exporting in ``fmt``, and how a preset was adapted (None if not a preset).
+
+        >>> pipe, adapted = export_pipeline("onnx", "-O2")
+        >>> pipe.spec, [d.spec for d in adapted.dropped]        # onnxruntime fuses kernels itself
+        ('cleanup', ['fuse'])
+    """
+    from mlcomp.targets.base import get_target
+
+    target = _RUNS_ON[ExportFormat.parse(fmt)]
+    adapted = adapt_preset(pipeline, target, get_target(target).rewrites)
+    return (Pipeline.parse(adapted.text) if adapted is not None else Pipeline.coerce(pipeline)), adapted
+
+
 def _reload_onnx(path: str) -> Callable[..., Any]:
     import onnxruntime as ort
 
@@ -66,9 +87,16 @@ def _reload_onnx(path: str) -> Callable[..., Any]:
 
 
 def _write_onnx(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Callable[..., Any]:
+    """Casts of a mixed-precision graph become ONNX ``Cast`` nodes; ops the ORT CPU provider has no
+    bf16/fp16 kernel for are kept fp32 in the file (see :mod:`mlcomp.targets.ort_precision`), so the
+    file runs on plain ``onnxruntime``."""
+    from mlcomp.targets.base import get_target
     from mlcomp.targets.onnxruntime import export_onnx
 
-    Path(tmp).write_bytes(export_onnx(to_fx(graph).eval(), inputs, name=graph.name))
+    model = export_onnx(to_fx(graph).eval(), inputs, name=graph.name)
+    if any(m.dtype in (torch.bfloat16, torch.float16) for n in graph.nodes() for m in tensor_metas(n.meta)):
+        model, _ = get_target("onnxruntime").lower_precision(model)
+    Path(tmp).write_bytes(model)
     return _reload_onnx(tmp)
 
 
@@ -94,10 +122,10 @@ def _write_pt2(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Call
 
 def _write_tvm(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Callable[..., Any]:
     from mlcomp.targets import tvm_backend
-    from mlcomp.targets.tvm import quiet_native
+    from mlcomp.targets.tvm import lower_low_precision, quiet_native
 
     with quiet_native():
-        built = tvm_backend.build(to_fx(graph).eval(), inputs, device="cpu")
+        built = tvm_backend.build(to_fx(lower_low_precision(graph)).eval(), inputs, device="cpu")
         built.save(tmp)
         return tvm_backend.TvmModule.load(tmp)
 
@@ -107,8 +135,12 @@ _WRITERS = {ExportFormat.ONNX: _write_onnx, ExportFormat.TORCHSCRIPT: _write_tor
 
 
 def export_graph(graph: Graph, fmt: ExportFormat, path: str | Path, inputs: Sequence[torch.Tensor],
-                 expected: Any, *, tolerance: float | None = None) -> tuple[Path, VerifyResult]:
-    """Write ``graph`` in ``fmt`` to ``path``, reload it with the plain tool and verify it."""
+                 expected: Any, *, tolerance: float | None = None,
+                 names: Sequence[str] | None = None) -> tuple[Path, VerifyResult]:
+    """Write ``graph`` in ``fmt`` to ``path``, reload it with the plain tool and verify it.
+
+    ``names``: the model's output names for the verification report (default: the graph's).
+    """
     from mlcomp.targets.base import get_target
 
     from mlcomp.base.files import atomic_dir, atomic_path
@@ -125,7 +157,7 @@ def export_graph(graph: Graph, fmt: ExportFormat, path: str | Path, inputs: Sequ
         get_target("cpu").check(graph)
     path = Path(path)
     inputs = tuple(inputs)
-    names = [r.name for r in graph.output_refs]
+    names = list(names) if names is not None else [r.name for r in graph.output_refs]
     where = f"{fmt.value} export of {graph.name}, reloaded from disk"
     if fmt is ExportFormat.TVM:
         with atomic_dir(path) as tmp:

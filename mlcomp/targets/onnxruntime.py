@@ -18,6 +18,16 @@ torch tensors without copying (``torch.from_numpy``).
 
 ``supports(node)`` asks the exporter's own registry: an op is supported when
 torchlib translates it or when a core ATen decomposition exists for it.
+
+Mixed precision: a graph with bf16/fp16 values exports with ``Cast`` nodes and
+low-precision initializers; nodes the execution provider has no kernel for in
+that dtype run in fp32 instead (:mod:`mlcomp.targets.ort_precision`, decided
+from ORT's kernel registry and cached in the target), and the runtime's
+``precision`` record (saved in the manifest) lists them::
+
+    >>> art = get_target("onnxruntime").compile(bf16_graph)
+    >>> art.runtime.precision["by_op"]
+    {'Gemm': 2, 'Relu': 1}       # ORT 1.23's CPU EP: no bf16 Gemm/Relu kernels, kept fp32
 """
 from __future__ import annotations
 
@@ -30,12 +40,14 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 from mlcomp.targets.artifact import RuntimeKind
+from mlcomp.targets.backend_errors import first_error
 from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
 from mlcomp.targets.capabilities import REAL_DTYPES, Capabilities, DeviceKind
 from mlcomp.targets.codegen import to_fx
+from mlcomp.targets.ort_precision import KernelTable, keep_unsupported_fp32, summarize
 
 from mlcomp.base.errors import MlcompError
-from mlcomp.ir import Graph
+from mlcomp.ir import Graph, tensor_metas
 from mlcomp.ir.ops import Namespace, Op
 from mlcomp.pipeline.presets import Rewrite
 
@@ -64,17 +76,16 @@ def export_onnx(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], *, op
     """``torch.onnx.export(dynamo=True)`` + ``onnx.checker``; returns the serialised model."""
     import onnx
 
-    with quiet_exporter() as printed:
+    with quiet_exporter():
         try:
             program = torch.onnx.export(module, inputs, dynamo=True, opset_version=opset,
                                         dynamic_shapes=dynamic_shapes, verbose=False, optimize=True)
-        except Exception as exc:  # noqa: BLE001 - turned into a user-facing error
-            lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+        except Exception as exc:  # noqa: BLE001 - turned into a user-facing error (issue 15: the real cause)
+            failure = first_error(exc, module)
             raise TargetCompileError(
-                f"exporting {name} to ONNX failed: {type(exc).__name__}: {lines[0] if lines else ''}",
-                where="torch.onnx.export(dynamo=True)",
-                hint="run with --fallback eager to keep the failing ops in torch, or use --target cpu; "
-                     "exporter log: " + " | ".join(printed.getvalue().splitlines()[-3:])) from None
+                f"exporting {name} to ONNX failed: {failure.message}",
+                where=failure.where() or "torch.onnx.export(dynamo=True)",
+                hint="The cpu target (TorchScript) runs every op: use --target cpu, or --target tvm") from None
     proto = program.model_proto
     try:
         onnx.checker.check_model(proto)
@@ -108,8 +119,10 @@ class OrtRuntime:
     kind: ClassVar[RuntimeKind] = RuntimeKind.ONNXRUNTIME
     checks_inputs: ClassVar[bool] = True     # ORT rejects wrong shapes/dtypes (static dims) itself
 
-    def __init__(self, model: bytes, *, threads: int | None = None, device: str = "cpu") -> None:
+    def __init__(self, model: bytes, *, threads: int | None = None, device: str = "cpu",
+                 precision: dict[str, Any] | None = None) -> None:
         self.model = model
+        self.precision = precision      # nodes kept fp32 for lack of a low-precision kernel
         self.threads = threads
         self.device = device
         self.session = make_session(model, threads=threads, device=device)
@@ -135,12 +148,13 @@ class OrtRuntime:
     def save(self, directory: Path) -> dict[str, Any]:
         (directory / PAYLOAD).write_bytes(self.model)
         return {"file": PAYLOAD, "threads": self.threads, "device": self.device,
-                "onnx_inputs": self.input_names, "onnx_outputs": self.output_names}
+                "onnx_inputs": self.input_names, "onnx_outputs": self.output_names, "precision": self.precision}
 
     @classmethod
     def load(cls, directory: Path, info: dict[str, Any]) -> "OrtRuntime":
         model = (directory / info.get("file", PAYLOAD)).read_bytes()
-        return cls(model, threads=info.get("threads"), device=info.get("device", "cpu"))
+        return cls(model, threads=info.get("threads"), device=info.get("device", "cpu"),
+                   precision=info.get("precision"))
 
 
 def _as_numpy(t: torch.Tensor) -> Any:
@@ -164,6 +178,20 @@ class OnnxRuntimeTarget(Target):
     # inputs and outputs cross as numpy arrays, and numpy has no bfloat16
     capabilities = Capabilities(io_dtypes=REAL_DTYPES - {torch.bfloat16},
                                 devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}))
+
+    def __init__(self) -> None:
+        self._kernels: dict[str, KernelTable] = {}    # provider -> what it runs in bf16/fp16 (cached)
+
+    def lower_precision(self, model: bytes, device: str = "cpu") -> tuple[bytes, dict[str, Any] | None]:
+        """``model`` with the nodes ORT cannot run in bf16/fp16 kept in fp32; ``None`` record if none are low."""
+        import onnx
+
+        proto = onnx.load_from_string(model)
+        provider = "CUDAExecutionProvider" if device.startswith("cuda") else "CPUExecutionProvider"
+        table = self._kernels.setdefault(provider, KernelTable(provider))
+        lowered, kept = keep_unsupported_fp32(proto, table)
+        record = dict(summarize(kept), provider=provider)
+        return (lowered.SerializeToString() if kept else model), record
 
     def available(self) -> str | None:
         import importlib.util
@@ -195,4 +223,11 @@ class OnnxRuntimeTarget(Target):
             dynamic = tuple({i: torch.export.Dim.DYNAMIC for i, d in enumerate(n.tensor_meta.shape)
                              if isinstance(d, str)} for n in graph.input_nodes)
         model = export_onnx(module, inputs, opset=options.opset, dynamic_shapes=dynamic, name=graph.name)
-        return OrtRuntime(model, threads=options.threads, device=self.device(options))
+        precision = None
+        if _has_low_precision(graph):
+            model, precision = self.lower_precision(model, self.device(options))
+        return OrtRuntime(model, threads=options.threads, device=self.device(options), precision=precision)
+
+
+def _has_low_precision(graph: Graph) -> bool:
+    return any(m.dtype in (torch.bfloat16, torch.float16) for n in graph.nodes() for m in tensor_metas(n.meta))

@@ -13,6 +13,17 @@ tuned before.  Shapes are static: another batch size needs another compile.
 
 ``supports(node)`` asks TVM's ExportedProgram importer whether it has a
 converter for the op.
+
+Mixed precision: bf16/fp16 graphs go through Relax as they are (the casts
+become ``R.astype``; TVM's LLVM codegen legalizes bf16 arithmetic to fp32 with
+bf16 storage).  TVM 0.27's importer returns ``addmm`` and ``convolution`` in float32 whatever
+their inputs (``out_dtype="float32"``), so low-precision ones are lowered
+around it first (:func:`lower_low_precision`); a node TVM cannot run in its precision is refused before the build with
+a :class:`~mlcomp.targets.capabilities.CapabilityError` listing the nodes::
+
+    before: %addmm: bf16[2, 16] = aten.addmm.default(%l1.bias, %x_bf16, %permute)
+    after:  %addmm_mm: bf16[2, 16] = aten.mm.default(%x_bf16, %permute)
+            %addmm: bf16[2, 16] = aten.add.Tensor(%addmm_mm, %l1.bias)
 """
 from __future__ import annotations
 
@@ -20,19 +31,29 @@ import importlib.util
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 import torch
 from mlcomp.targets.artifact import RuntimeKind
-from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
-from mlcomp.targets.capabilities import Capabilities, DeviceKind
+from mlcomp.targets.backend_errors import first_error
+from mlcomp.targets.base import CompileOptions, Fallback, Target, TargetCompileError
+from mlcomp.targets.capabilities import (
+    Capabilities,
+    CapabilityError,
+    DeviceKind,
+    Mismatch,
+    MismatchKind,
+    hint_for,
+    mismatches,
+)
 from mlcomp.targets.codegen import to_fx
 from mlcomp.targets.tvm_scope import quiet_native
 
 from mlcomp.base.errors import MlcompError
-from mlcomp.ir import Graph, Node, TensorMeta
+from mlcomp.ir import Graph, Node, Ref, TensorMeta
+from mlcomp.ir.builder import new_node, substitute
 from mlcomp.ir.dtypes import dtype_name
-from mlcomp.ir.ops import GETITEM, Namespace, Op
+from mlcomp.ir.ops import GETITEM, Namespace, Op, aten
 from mlcomp.pipeline.presets import Rewrite
 
 __all__ = ["TvmTarget", "TvmRuntime", "quiet_native"]
@@ -68,8 +89,52 @@ class TvmRuntime:
         return cls(module, tuned=bool(info.get("tuned")))
 
 
-# ops whose TVM converter emits a float32 bias add whatever the inputs' dtype (measured, TVM 0.27)
-_FLOAT32_ONLY = frozenset({"addmm", "linear"})
+# ops whose TVM converter emits a float32 result whatever the inputs' dtype (measured, TVM 0.27: the
+# importer hard-codes out_dtype="float32"); addmm and convolution are lowered around it before the
+# build (lower_low_precision), linear is refused
+_FLOAT32_ONLY = frozenset({"linear"})
+_LOW = (torch.bfloat16, torch.float16)
+_ADDMM, _CONV, _TO_COPY = aten("addmm"), aten("convolution"), aten("_to_copy")
+
+
+def _low(node: Node) -> bool:
+    return isinstance(node.meta, TensorMeta) and node.meta.dtype in _LOW
+
+
+def lower_low_precision(graph: Graph) -> Graph:
+    """``graph``, or a copy whose bf16/fp16 ``addmm`` and ``convolution`` TVM's importer types right.
+
+    ``addmm(bias, a, b)`` → ``add(mm(a, b), bias)``; ``convolution(x, w, bias, …)`` →
+    ``add(_to_copy(convolution(x, w, None, …), dtype), view(bias, [1, C, 1, 1]))``: the
+    importer returns the convolution in float32 (fp32 accumulation), the cast, a no-op
+    in torch, brings it back to the graph's dtype.  O(n).
+    """
+    todo = [n for n in graph.nodes(_ADDMM) if _low(n) and len(n.inputs) == 3
+            and n.attrs.get("beta", 1) == 1 and n.attrs.get("alpha", 1) == 1]
+    todo += [n for n in graph.nodes(_CONV) if _low(n) and len(n.inputs) >= 3 and not n.attrs]
+    if not todo:
+        return graph
+    out = graph.copy()
+    for node in todo:
+        where = {"origin": node.origin, "before": node.name}
+        if node.op == _ADDMM:
+            bias, a, b = node.inputs
+            core = new_node(out, aten("mm"), (a, b), name=f"{node.name}_mm", **where)
+        else:
+            bias = node.inputs[2]
+            conv = new_node(out, _CONV, (*node.inputs[:2], None, *node.inputs[3:]), name=f"{node.name}_nobias",
+                            **where)
+            cast = (_TO_COPY, (Ref(conv.name),), {"dtype": node.meta.dtype})
+            if bias is None:
+                new = substitute(out, node.name, *cast, origin=node.origin)
+                out.replace(new.with_(ann=node.ann))
+                continue
+            core = new_node(out, *cast, name=f"{node.name}_cast", **where)
+            ones = [1] * (len(node.meta.shape) - 2)
+            bias = Ref(new_node(out, aten("view"), (bias, [1, -1, *ones]), name=f"{node.name}_bias", **where).name)
+        new = substitute(out, node.name, aten("add", "Tensor"), (Ref(core.name), bias), origin=node.origin)
+        out.replace(new.with_(ann=node.ann))
+    return out
 
 
 @lru_cache(maxsize=1)
@@ -92,13 +157,39 @@ class TvmTarget(Target):
         return None
 
     def explain(self, node: Node, graph: Graph | None = None) -> str | None:
-        reason = super().explain(node, graph)
-        meta = node.meta
-        if reason is None and node.op.namespace is Namespace.ATEN and node.op.name in _FLOAT32_ONLY \
-                and isinstance(meta, TensorMeta) and meta.dtype.is_floating_point and meta.dtype != torch.float32:
-            return (f"TVM 0.27's converter for {node.op.name} types its bias add as float32, so a "
-                    f"{dtype_name(meta.dtype)} {node.op.name} fails to build (a matmul without bias works)")
-        return reason
+        return super().explain(node, graph) or self.precision_reason(node)
+
+    def precision_reason(self, node: Node) -> str | None:
+        """Why TVM cannot run ``node`` in its (bf16/fp16) precision; ``None`` when it can."""
+        if _low(node) and node.op.namespace is Namespace.ATEN and node.op.name in _FLOAT32_ONLY:
+            return (f"TVM 0.27's importer computes {node.op.name} in float32 whatever its inputs "
+                    f"(out_dtype='float32'), so a {dtype_name(node.meta.dtype)} {node.op.name} fails to build")
+        return None
+
+    def check_capabilities(self, graph: Graph, options: CompileOptions, bad: Mapping[str, str]) -> None:
+        """As :meth:`Target.check_capabilities`, with nodes TVM cannot run in their precision reported as
+        one dtype problem per precision (a :class:`CapabilityError`) rather than as unsupported ops."""
+        precision = {n: r for n, r in bad.items() if self.precision_reason(graph.node(n))}
+        if not precision or options.fallback is Fallback.EAGER:
+            return super().check_capabilities(graph, options, bad)
+        rest = {n: r for n, r in bad.items() if n not in precision}
+        problems = mismatches(self.capabilities, self.name, graph, self.device(options), runs_elsewhere=bad)
+        by_dtype: dict[torch.dtype, list[str]] = {}
+        for name in precision:
+            by_dtype.setdefault(graph.node(name).meta.dtype, []).append(name)
+        for dtype, names in by_dtype.items():
+            ops = sorted({str(graph.node(n).op) for n in names})
+            reasons = "; ".join(dict.fromkeys(precision[n] for n in names))
+            problems.append(Mismatch(MismatchKind.DTYPE, f"target {self.name} cannot run {', '.join(ops)} in "
+                                                         f"{dtype_name(dtype)}: {reasons}", tuple(names)))
+        if rest:
+            problems.append(Mismatch(MismatchKind.OPS, f"{len(rest)} node(s) use ops target {self.name} cannot "
+                                                       "run: " + self._describe_ops(graph, rest)))
+        err = CapabilityError(self.name, graph, problems,
+                              "keep those ops in fp32 (mixed-precision{deny=...}), run them in torch with "
+                              "--fallback eager, or compile for cpu; " + hint_for(problems))
+        err.nodes = dict(bad)
+        raise err
 
     def explain_op(self, op: Op) -> str | None:
         if op == GETITEM:
@@ -122,7 +213,7 @@ class TvmTarget(Target):
         work_dir = options.work_dir
         if options.tune_trials and work_dir:
             work_dir = os.path.abspath(work_dir)
-        module = to_fx(graph).eval()
+        module = to_fx(lower_low_precision(graph)).eval()
         try:
             built = tvm_backend.build(module, inputs, device=device, tune_trials=options.tune_trials,
                                       work_dir=work_dir, build_timeout=options.tune_build_timeout,
@@ -130,11 +221,10 @@ class TvmTarget(Target):
                                       worker_torch=options.tune_worker_torch)
         except MlcompError:
             raise
-        except Exception as exc:  # noqa: BLE001 - TVM's errors are long C++ traces
-            lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+        except Exception as exc:  # noqa: BLE001 - TVM's errors are long C++ traces (issue 15: the real cause)
+            failure = first_error(exc, module)
             raise TargetCompileError(
-                f"TVM could not build {graph.name}: {type(exc).__name__}: {lines[-1] if lines else ''}",
-                where="mlcomp.targets.tvm_backend.build",
-                hint="run with --fallback eager only helps for ops TVM does not know; otherwise use "
-                     "--target onnxruntime or cpu") from None
+                f"TVM could not build {graph.name}: {failure.message}",
+                where=failure.where() or "mlcomp.targets.tvm_backend.build",
+                hint="The cpu target (TorchScript) runs every op: use --target cpu, or --target onnxruntime") from None
         return TvmRuntime(built, tuned=options.tune_trials > 0)

@@ -1,0 +1,227 @@
+"""A pipeline schedule simulator: GPipe, 1F1B and interleaved 1F1B on per-stage times.
+
+Each rank runs its operations (forward ``F`` or backward ``B`` of one
+microbatch on one of its stages) in the order its schedule prescribes; an
+operation starts when its rank is free and its input has arrived (``F`` of
+stage ``s`` needs ``F`` of stage ``s-1``; ``B`` of stage ``s`` needs ``B`` of
+``s+1``, the last stage's ``B`` its own ``F``).  Out come the per-rank
+timeline, the bubble fraction, throughput and the peak memory per rank::
+
+    GPipe, S=2 stages of 1 s, M=3 microbatches, forward only
+    rank 0  F0 F1 F2 .       makespan = (M+S-1)·t = 4 s
+    rank 1  .  F0 F1 F2      bubble = (S-1)/(M+S-1) = 1/4
+
+    >>> tl = simulate([1.0, 1.0], microbatches=3, schedule=Schedule.GPIPE)
+    >>> tl.makespan, tl.bubble_fraction
+    (4.0, 0.25)
+
+Memory: a microbatch's activations of a stage are held from the start of its
+``F`` to the end of its ``B`` (training), or for the ``F`` alone (inference);
+peak memory per rank = its parameters + the most activation bytes in flight.
+1F1B caps what is in flight at ``S - rank`` microbatches, GPipe holds all
+``M``.  Interleaved 1F1B gives every rank ``v`` stages (rank ``r`` runs stages
+``r, r+R, …``) and needs ``M`` to be a multiple of the ranks ``R``.
+Everything is O(ops · R).  :func:`plot_timeline` draws the Gantt chart
+(matplotlib, imported when called).
+"""
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+from mlcomp.base.errors import MlcompError
+
+__all__ = ["Schedule", "Op", "Event", "Timeline", "simulate", "in_flight", "rank_orders", "plot_timeline"]
+
+
+class Schedule(enum.Enum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+
+
+class Op(enum.Enum):
+    FORWARD = "F"
+    BACKWARD = "B"
+
+
+@dataclass(frozen=True)
+class Event:
+    rank: int
+    stage: int
+    microbatch: int
+    op: Op
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    schedule: Schedule
+    ranks: int
+    stages: int
+    microbatches: int
+    events: tuple[Event, ...]
+    makespan: float
+    busy: tuple[float, ...]             # seconds each rank computes
+    peak_memory: tuple[int, ...]        # bytes per rank: parameters + activations in flight
+    peak_in_flight: tuple[int, ...]     # most microbatches a rank holds at once
+
+    @property
+    def bubble_fraction(self) -> float:
+        total = self.ranks * self.makespan
+        return 1.0 - sum(self.busy) / total if total > 0 else 0.0
+
+    @property
+    def throughput(self) -> float:
+        """Microbatches per second."""
+        return self.microbatches / self.makespan if self.makespan > 0 else float("inf")
+
+
+def in_flight(schedule: Schedule, rank: int, ranks: int, microbatches: int, training: bool) -> int:
+    """How many microbatches' activations rank ``rank`` holds at most under ``schedule``."""
+    if not training:
+        return 1
+    if schedule is Schedule.GPIPE:
+        return microbatches
+    return min(microbatches, ranks - rank)
+
+
+def rank_orders(schedule: Schedule, ranks: int, microbatches: int, virtual: int = 1,
+                training: bool = False) -> list[list[tuple[Op, int, int]]]:
+    """The ordered ``(op, stage, microbatch)`` list each rank runs."""
+    m = microbatches
+    if schedule is not Schedule.INTERLEAVED:
+        virtual = 1
+    elif m % ranks:
+        raise MlcompError(f"interleaved 1F1B needs the microbatches ({m}) to be a multiple of the ranks ({ranks})",
+                          hint=f"use microbatches={ranks * max(1, m // ranks)} or schedule=1f1b")
+    orders: list[list[tuple[Op, int, int]]] = []
+    for r in range(ranks):
+        if schedule is Schedule.INTERLEAVED:
+            n = m * virtual
+            fwd = [(Op.FORWARD, ((k // ranks) % virtual) * ranks + r, (k // (ranks * virtual)) * ranks + k % ranks)
+                   for k in range(n)]
+            bwd = [(Op.BACKWARD, (virtual - 1 - (k // ranks) % virtual) * ranks + r,
+                    (k // (ranks * virtual)) * ranks + k % ranks) for k in range(n)]
+            warm = min(n, (ranks - r - 1) * 2 + (virtual - 1) * ranks)
+        else:
+            fwd = [(Op.FORWARD, r, i) for i in range(m)]
+            bwd = [(Op.BACKWARD, r, i) for i in range(m)]
+            warm = m if schedule is Schedule.GPIPE else min(m, ranks - r - 1)
+        if not training:
+            orders.append(fwd)
+            continue
+        seq = fwd[:warm]
+        for k in range(len(fwd) - warm):
+            seq += [fwd[warm + k], bwd[k]]
+        seq += bwd[len(fwd) - warm:]
+        orders.append(seq)
+    return orders
+
+
+def simulate(forward: Sequence[float], backward: Sequence[float] | None = None, *, microbatches: int,
+             schedule: Schedule = Schedule.GPIPE, virtual: int = 1, transfer: Sequence[float] = (),
+             param_bytes: Sequence[int] = (), activation_bytes: Sequence[int] = ()) -> Timeline:
+    """Simulate ``len(forward)`` stages (``virtual`` per rank for interleaved) over ``microbatches``.
+
+    ``backward``: per-stage backward seconds (training) or ``None`` (inference);
+    ``transfer[s]``: seconds from stage ``s`` to ``s+1`` (a delay, not rank time).
+    """
+    stages = len(forward)
+    if schedule is not Schedule.INTERLEAVED:
+        virtual = 1
+    if stages % virtual:
+        raise MlcompError(f"{stages} stages cannot be spread evenly as {virtual} per rank")
+    ranks = stages // virtual
+    training = backward is not None
+    orders = rank_orders(schedule, ranks, microbatches, virtual, training)
+    delay = list(transfer) + [0.0] * stages
+    pbytes = list(param_bytes) + [0] * stages
+    abytes = list(activation_bytes) + [0] * stages
+    done: dict[tuple[Op, int, int], float] = {}
+    free = [0.0] * ranks
+    heads = [0] * ranks
+    events: list[Event] = []
+    held = [0] * ranks
+    peak_bytes = [0] * ranks
+    count = [0] * ranks
+    peak_count = [0] * ranks
+    releases: list[list[tuple[float, int]]] = [[] for _ in range(ranks)]
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for r in range(ranks):
+            while heads[r] < len(orders[r]):
+                op, s, mb = orders[r][heads[r]]
+                if op is Op.FORWARD:
+                    dep = (Op.FORWARD, s - 1, mb) if s > 0 else None
+                    lag = delay[s - 1] if s > 0 else 0.0
+                else:
+                    dep = (Op.BACKWARD, s + 1, mb) if s < stages - 1 else (Op.FORWARD, s, mb)
+                    lag = delay[s] if s < stages - 1 else 0.0
+                if dep is not None and dep not in done:
+                    break
+                ready = done[dep] + lag if dep is not None else 0.0
+                start = max(free[r], ready)
+                cost = forward[s] if op is Op.FORWARD else backward[s]  # type: ignore[index]
+                end = start + cost
+                # free what finished before this op starts, then account for this op
+                for t, b in [x for x in releases[r] if x[0] <= start]:
+                    held[r] -= b
+                    count[r] -= 1
+                releases[r] = [x for x in releases[r] if x[0] > start]
+                if op is Op.FORWARD:
+                    held[r] += abytes[s]
+                    count[r] += 1
+                    peak_bytes[r] = max(peak_bytes[r], held[r])
+                    peak_count[r] = max(peak_count[r], count[r])
+                    if not training:
+                        releases[r].append((end, abytes[s]))
+                else:
+                    releases[r].append((end, abytes[s]))
+                done[(op, s, mb)] = end
+                free[r] = end
+                events.append(Event(r, s, mb, op, start, end))
+                heads[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # pragma: no cover - the orders above never deadlock
+            raise MlcompError(f"schedule {schedule.value} deadlocks on {stages} stages")
+    makespan = max((e.end for e in events), default=0.0)
+    busy = [0.0] * ranks
+    for e in events:
+        busy[e.rank] += e.end - e.start
+    params = [sum(pbytes[s] for s in range(r, stages, ranks)) for r in range(ranks)]
+    return Timeline(schedule, ranks, stages, microbatches, tuple(sorted(events, key=lambda e: (e.rank, e.start))),
+                    makespan, tuple(busy), tuple(p + b for p, b in zip(params, peak_bytes)), tuple(peak_count))
+
+
+def plot_timeline(timeline: Timeline, path: str | os.PathLike[str], *, title: str = "") -> None:
+    """Draw the Gantt chart of ``timeline`` (one row per rank, F light, B dark) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    from mlcomp.base.files import atomic_path
+
+    fig, ax = plt.subplots(figsize=(10, 0.6 * timeline.ranks + 1.4))
+    cmap = plt.get_cmap("tab10")
+    for e in timeline.events:
+        colour = cmap(e.microbatch % 10)
+        ax.broken_barh([(e.start, e.end - e.start)], (e.rank - 0.4, 0.8), facecolors=colour,
+                       alpha=0.55 if e.op is Op.FORWARD else 1.0, edgecolor="black", linewidth=0.4)
+        ax.text(e.start + (e.end - e.start) / 2, e.rank, f"{e.op.value}{e.microbatch}", ha="center",
+                va="center", fontsize=7)
+    ax.set_yticks(range(timeline.ranks), [f"rank {r}" for r in range(timeline.ranks)])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds")
+    ax.set_title(title or f"{timeline.schedule.value}: {timeline.stages} stages, {timeline.microbatches} "
+                          f"microbatches, bubble {timeline.bubble_fraction:.1%}")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)

@@ -1,0 +1,142 @@
+"""CLI for pipeline parallelism: ``partition``, ``launch`` and ``profile``.
+
+    $ mlcomp profile resnet18 --batch 8 -o r18-times.json          # measured seconds per node
+    $ mlcomp partition resnet18 --batch 8 --stages 4 --times r18-times.json --plot timeline.png
+    stage  nodes  time ms  memory MiB  sends MiB
+    0         17    5.133        0.60       0.25
+    ...
+    balance (slowest / mean) 1.145; simulated 1f1b, 4 microbatches: bubble 42.9%, 70.1 batches/s
+    $ mlcomp compile resnet18 --target distributed -p "partition{stages=2}" -o out/r18-pp
+    $ mlcomp launch out/r18-pp --nproc 2 --check              # torchrun on this host, gloo on CPU
+
+``launch`` is a thin wrapper over ``torchrun`` (``python -m torch.distributed.run``
+… ``-m mlcomp.launch ARTIFACT``); for several hosts run torchrun with
+``--nnodes``/``--node-rank``/``--master-addr`` yourself, same arguments.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from mlcomp.analysis.pipeline_schedule import Schedule, plot_timeline, simulate
+from mlcomp.analysis.placement_cost import PlacementCost, measure_node_times
+from mlcomp.base.errors import MlcompError
+from mlcomp.base.files import Kind, check_destination, write_text_atomic
+from mlcomp.base.table import Table
+from mlcomp.cli.main import load_and_capture, model_options
+from mlcomp.passes.partition import Objective, even_cuts, parse_bytes, plan_of, solve
+from mlcomp.targets.distributed import check_artifact, torchrun_command
+
+__all__ = ["partition_cmd", "launch_cmd", "profile_cmd"]
+
+
+def _read_times(path: str | None) -> dict[str, float] | None:
+    if path is None:
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+        return {str(k): float(v) for k, v in data["seconds"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise MlcompError(f"cannot read node times from {path}: {type(exc).__name__}: {exc}",
+                          hint="write them with `mlcomp profile MODEL -o FILE`") from None
+
+
+@click.command("partition")
+@model_options
+@click.option("--stages", type=click.IntRange(min=1), default=2, show_default=True, help="Pipeline stages.")
+@click.option("--objective", type=click.Choice([o.value for o in Objective]), default="throughput",
+              show_default=True, help="Minimise the slowest stage, the sum of stage times, or stage memory.")
+@click.option("--microbatches", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Microbatches per batch (memory in flight, simulated schedule).")
+@click.option("--schedule", type=click.Choice([s.value for s in Schedule]), default="1f1b", show_default=True,
+              help="Pipeline schedule to cost and simulate.")
+@click.option("--memory-limit", default=None, help="Bytes per stage (512MiB, 2GiB).")
+@click.option("--training", is_flag=True, help="Cost forward and backward.")
+@click.option("--times", "times_file", default=None, help="Per-node seconds from `mlcomp profile`.")
+@click.option("--plot", "plot_file", type=click.Path(), default=None, help="Draw the simulated timeline (PNG).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def partition_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
+                  dynamic_batch: bool, trust_pickle: bool, stages: int, objective: str, microbatches: int,
+                  schedule: str, memory_limit: str | None, training: bool, times_file: str | None,
+                  plot_file: str | None, as_json: bool) -> None:
+    """Cut MODEL into pipeline stages (exact DP) and simulate the schedule; nothing is compiled."""
+    if plot_file:
+        check_destination(plot_file, Kind.FILE, force=True)
+    times = _read_times(times_file)
+    _, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
+    pc = PlacementCost.of(graph, times=times)
+    kind = Schedule(schedule)
+    plan = solve(pc, stages, Objective(objective), training=training, microbatches=microbatches, schedule=kind,
+                 memory_limit=parse_bytes(memory_limit))
+    even = plan_of(pc, even_cuts(pc.n, stages), backward=2.0 if training else 0.0, flight=lambda s: 1)
+    bounds = [0, *plan.cuts, pc.n]
+    fwd = [t / 3 if training else t for t in plan.stage_times]     # stage_time counts backward as 2x forward
+    virtual = 2 if kind is Schedule.INTERLEAVED and stages % 2 == 0 and microbatches % (stages // 2) == 0 else 1
+    tl = simulate(fwd, [2 * t for t in fwd] if training else None, microbatches=microbatches,
+                  schedule=kind if virtual > 1 or kind is not Schedule.INTERLEAVED else Schedule.ONE_F_ONE_B,
+                  virtual=virtual, param_bytes=[pc.param_bytes(bounds[s], bounds[s + 1]) for s in range(stages)],
+                  activation_bytes=[pc.activation_bytes(bounds[s], bounds[s + 1]) for s in range(stages)])
+    rows = [[s, sum(len(pc.units[u]) for u in range(bounds[s], bounds[s + 1])), f"{plan.stage_times[s] * 1e3:.3f}",
+             f"{plan.stage_memory[s] / 2**20:.2f}", f"{pc.cut_bytes[bounds[s + 1]] / 2**20:.3f}"]
+            for s in range(stages)]
+    facts = {"model": graph.name, "stages": stages, "cuts": list(plan.cuts),
+             "stage_seconds": list(plan.stage_times), "stage_memory_bytes": list(plan.stage_memory),
+             "balance": plan.balance, "even_split_balance": even.balance, "bubble_fraction": tl.bubble_fraction,
+             "batches_per_second": tl.throughput / microbatches, "measured_times": times is not None}
+    if plot_file:
+        plot_timeline(tl, plot_file, title=f"{graph.name}: {stages} stages, {kind.value}, {microbatches} microbatches")
+    if as_json:
+        click.echo(json.dumps(facts, indent=1))
+        return
+    click.echo(Table(f"{graph.name} in {stages} stages ({objective})",
+                     ("stage", "nodes", "time ms", "memory MiB", "sends MiB"),
+                     tuple(tuple(str(c) for c in r) for r in rows), right=frozenset({0, 1, 2, 3, 4})).format())
+    click.echo(f"balance (slowest / mean) {plan.balance:.3f} (even split by node count: {even.balance:.3f}); "
+               f"simulated {kind.value}, {microbatches} microbatches: bubble {tl.bubble_fraction:.1%}, "
+               f"{tl.throughput / microbatches:.1f} batches/s")
+    if plot_file:
+        click.echo(f"timeline written to {plot_file}")
+
+
+@click.command("launch")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--nproc", type=click.IntRange(min=1), default=None, help="Processes (default: one per stage).")
+@click.option("--schedule", type=click.Choice([s.value for s in Schedule]), default=None,
+              help="Schedule (default: the artifact's).")
+@click.option("--microbatches", type=click.IntRange(min=1), default=None,
+              help="Microbatches per batch (default: the artifact's, one per stage).")
+@click.option("--train", is_flag=True, help="Run one training step (loss on the last stage, SGD per stage).")
+@click.option("--check", is_flag=True, help="Compare with a single-process run of the same stages.")
+@click.option("--repeat", type=click.IntRange(min=0), default=0, help="Time this many more batches.")
+def launch_cmd(artifact: Path, nproc: int | None, schedule: str | None, microbatches: int | None, train: bool,
+               check: bool, repeat: int) -> None:
+    """Run a distributed artifact on this host with torchrun (gloo on CPU, NCCL on GPU)."""
+    manifest = check_artifact(artifact)
+    nproc = nproc or int(manifest.get("runtime_info", {}).get("stages", 1))
+    extra = [*(["--schedule", schedule] if schedule else []),
+             *(["--microbatches", str(microbatches)] if microbatches else []),
+             *(["--train"] if train else []), *(["--check"] if check else []),
+             *(["--repeat", str(repeat)] if repeat else [])]
+    code = subprocess.call(torchrun_command(artifact, nproc, extra=extra))
+    if code:
+        sys.exit(code)
+
+
+@click.command("profile")
+@model_options
+@click.option("-o", "--output", type=click.Path(), required=True, help="JSON file of seconds per node.")
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Timed runs per node (the median is kept).")
+def profile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
+                dynamic_batch: bool, trust_pickle: bool, output: str, repeats: int) -> None:
+    """Measure every node's time on this machine (for `mlcomp partition --times`)."""
+    check_destination(output, Kind.FILE, force=True)
+    source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
+    seconds = measure_node_times(graph, source.inputs(), repeats=repeats)
+    write_text_atomic(output, json.dumps({"model": graph.name, "repeats": repeats, "seconds": seconds}, indent=1))
+    click.echo(f"{len(seconds)} node times of {graph.name} ({sum(seconds.values()) * 1e3:.2f} ms in all) "
+               f"written to {output}")

@@ -1,0 +1,154 @@
+"""The mixed-precision policy: which precision each op computes in, per device kind.
+
+Every op gets one :class:`Rule`:
+
+* ``lower`` — compute in the low dtype (bf16/fp16); float inputs are cast down;
+* ``follow`` — compute in the precision its inputs arrive in (pointwise ops, views,
+  pooling); mixed inputs compute in fp32;
+* ``keep-fp32`` — compute in fp32 and stay there; followers continue in fp32;
+* ``widen`` — fp32 math, but the result goes back to the precision its inputs came in.
+
+The table is seeded from the rules of ``../shared/seeds/004_*.txt`` ("Low/Mixed
+Precision": matrix products and convolutions in low precision; pointwise ops follow
+their inputs; ops where |f(x)| ≫ |x| (exp, square, log, pow), reductions, norms and
+losses in fp32 math) and from torch's autocast op lists, which differ by device.  On
+the CPU torch's reduced-precision kernels (softmax, layer norm, mean) accumulate in
+fp32 internally (``at::opmath_type<BFloat16>`` is float) and autocast's CPU list
+leaves them alone, so they *follow*; autocast's CUDA list runs them in fp32, so
+there they *widen*::
+
+    >>> rule_for(policy_table(PolicyName.DEFAULT, DeviceKind.CPU), aten("_softmax"))
+    (<Rule.FOLLOW: 'follow'>, 'pointwise/data-movement op: computes in the precision of its inputs')
+    >>> rule_for(policy_table(PolicyName.DEFAULT, DeviceKind.CUDA), aten("_softmax"))[0]
+    <Rule.WIDEN: 'widen'>
+
+``compute-only`` keeps everything fp32 except the ``lower`` ops and data movement
+(what eager autocast does: a cast before and after every matrix product).  Ops the table does not know
+and that are not pointwise or data movement keep fp32 (a kernel may lack a low-
+precision variant).  Before/after of the default CPU table on a linear + softmax::
+
+    %addmm: f32 = addmm(%b, %x, %w^T)           %x_bf16: bf16 = _to_copy(%x, dtype=bf16)
+    %_softmax: f32 = _softmax(%addmm, -1)   →   %addmm: bf16 = addmm(%b, %x_bf16, %w^T)  {lower}
+                                                %_softmax: bf16 = _softmax(%addmm, -1)  {follow}
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+from mlcomp.ir.ops import Category, Namespace, Op, aten, category
+
+__all__ = ["Rule", "DeviceKind", "PolicyName", "PolicyTable", "policy_table", "rule_for"]
+
+
+class Rule(enum.Enum):
+    LOWER = "lower"
+    FOLLOW = "follow"
+    KEEP_FP32 = "keep-fp32"
+    WIDEN = "widen"
+
+
+class DeviceKind(enum.Enum):
+    """The kind of device a policy is for (the target's device)."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class PolicyName(enum.Enum):
+    DEFAULT = "default"            # the seed rules + autocast lists below
+    COMPUTE_ONLY = "compute-only"  # only matrix products/convolutions in low precision (eager autocast)
+
+
+_PRODUCTS = """mm addmm bmm baddbmm addbmm matmul linear convolution _convolution conv1d conv2d conv3d
+conv_transpose1d conv_transpose2d conv_transpose3d convolution_backward scaled_dot_product_attention
+_scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_efficient_attention
+_scaled_dot_product_flash_attention prelu""".split()
+_GROWTH = """exp exp2 expm1 log log1p log2 log10 pow reciprocal rsqrt sinh cosh tan acos asin erfinv
+softplus""".split()
+_REDUCTIONS = """sum prod cumsum cumprod logsumexp norm linalg_vector_norm frobenius_norm var std var_mean
+dist cdist renorm""".split()
+_LOSSES = """nll_loss_forward nll_loss_backward nll_loss2d_forward nll_loss2d_backward mse_loss
+mse_loss_backward binary_cross_entropy binary_cross_entropy_backward binary_cross_entropy_with_logits
+l1_loss smooth_l1_loss smooth_l1_loss_backward huber_loss huber_loss_backward kl_div soft_margin_loss
+_log_softmax _log_softmax_backward_data log_softmax""".split()
+# normalisation with batch statistics (training) and the backward of every normalisation
+_NORM_STATS = """native_batch_norm_backward native_layer_norm_backward native_group_norm_backward
+native_group_norm embedding_dense_backward""".split()
+_NORM_TRAIN = """native_batch_norm _native_batch_norm_legit _native_batch_norm_legit_functional""".split()
+# reductions whose CPU kernels accumulate in fp32 (opmath) and that autocast's CUDA list runs in fp32
+_DEVICE_DEPENDENT = """_softmax _safe_softmax softmax native_layer_norm layer_norm _softmax_backward_data""".split()
+_POINTWISE_EXTRA = """_native_batch_norm_legit_no_training threshold_backward sigmoid_backward tanh_backward
+gelu_backward silu_backward hardtanh_backward leaky_relu_backward elu_backward hardswish_backward
+native_dropout native_dropout_backward avg_pool2d_backward max_pool2d_with_indices_backward
+_adaptive_avg_pool2d_backward mean amax amin max min avg_pool2d _adaptive_avg_pool2d adaptive_avg_pool2d
+max_pool2d_with_indices max_pool2d embedding""".split()
+
+_REASONS = {
+    "product": "matrix product/convolution: the seed rule and autocast run it in low precision",
+    "growth": "|f(x)| can be much larger than |x| (exp, log, pow): fp32 math (seed rule)",
+    "reduction": "reduction/norm: accumulates many terms, fp32 math (seed rule)",
+    "loss": "loss or log-softmax: fp32 math (seed rule, autocast fp32 list)",
+    "norm": "normalisation statistics/backward: fp32 math (seed rule)",
+    "norm_train": "batch statistics in fp32, the normalised result back in low precision",
+    "cpu_opmath": "pointwise/data-movement op: computes in the precision of its inputs",
+    "cuda_fp32": "softmax/layer norm: fp32 math on CUDA (autocast's CUDA fp32 list), result back in low precision",
+    "pointwise": "pointwise/data-movement op: computes in the precision of its inputs",
+    "unknown": "op without a known low-precision kernel: kept fp32",
+    "compute_only": "policy compute-only: only matrix products and convolutions run in low precision",
+}
+
+
+@dataclass(frozen=True)
+class PolicyTable:
+    """Op name → (rule, reason) for one policy and device kind; unknown ops by category."""
+
+    name: PolicyName
+    device: DeviceKind
+    rules: Mapping[str, tuple[Rule, str]]
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        """``(op, rule, reason)`` rows, sorted by op name (for reports and docs)."""
+        return [(op, rule.value, why) for op, (rule, why) in sorted(self.rules.items())]
+
+
+def policy_table(name: PolicyName, device: DeviceKind) -> PolicyTable:
+    """The table for ``name`` on ``device``."""
+    rules: dict[str, tuple[Rule, str]] = {}
+
+    def put(ops: list[str], rule: Rule, why: str) -> None:
+        for op in ops:
+            rules[op] = (rule, _REASONS[why])
+
+    put(_POINTWISE_EXTRA, Rule.FOLLOW, "pointwise")
+    put(_GROWTH, Rule.KEEP_FP32, "growth")
+    put(_REDUCTIONS, Rule.KEEP_FP32, "reduction")
+    put(_LOSSES, Rule.KEEP_FP32, "loss")
+    put(_NORM_STATS, Rule.KEEP_FP32, "norm")
+    put(_NORM_TRAIN, Rule.WIDEN, "norm_train")
+    if device is DeviceKind.CUDA:
+        put(_DEVICE_DEPENDENT, Rule.WIDEN, "cuda_fp32")
+    else:
+        put(_DEVICE_DEPENDENT, Rule.FOLLOW, "cpu_opmath")
+    put(_PRODUCTS, Rule.LOWER, "product")
+    if name is PolicyName.COMPUTE_ONLY:
+        for op, (rule, _) in list(rules.items()):
+            if rule is not Rule.LOWER and category(aten(op)) is not Category.INJECTIVE:
+                rules[op] = (Rule.KEEP_FP32, _REASONS["compute_only"])
+    return PolicyTable(name, device, MappingProxyType(rules))
+
+
+def rule_for(table: PolicyTable, op: Op) -> tuple[Rule, str]:
+    """The rule for ``op`` and why; ops not in the table follow if pointwise or data movement."""
+    if op.namespace in (Namespace.ATEN, Namespace.PRIMS) and op.name in table.rules:
+        return table.rules[op.name]
+    kind = category(op)
+    if kind is Category.INJECTIVE:     # data movement: exact in any precision
+        return Rule.FOLLOW, _REASONS["pointwise"]
+    if table.name is PolicyName.COMPUTE_ONLY:
+        return Rule.KEEP_FP32, _REASONS["compute_only"]
+    if kind in (Category.ELEMWISE, Category.BROADCAST) or op.namespace is Namespace.MLCOMP:
+        return Rule.FOLLOW, _REASONS["pointwise"]
+    return Rule.KEEP_FP32, _REASONS["unknown"]
