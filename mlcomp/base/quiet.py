@@ -1,17 +1,23 @@
-"""A scoped silence for torch's exporters: warnings, prints and log records, all restored on exit.
+"""Scoped silences, all restored on exit: torch's exporters (warnings, prints, log records) and
+native code writing straight to file descriptor 2 (TVM's log lines, the profiler's start/stop lines).
 
     >>> with quiet_torch():
     ...     torch.export.export(model, args)     # nothing printed; levels restored afterwards
+    >>> with quiet_native():
+    ...     profiler.__enter__()                 # "USDT: ... profiler_start" goes to /dev/null
 """
 from __future__ import annotations
 
 import contextlib
 import io
 import logging
+import os
+import sys
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["quiet_torch"]
+__all__ = ["quiet_native", "quiet_torch"]
 
 
 class quiet_torch:
@@ -39,3 +45,24 @@ class quiet_torch:
             logging.getLogger(name).setLevel(level)
         self._out.__exit__(*exc)
         self._ctx.__exit__(*exc)
+
+
+@contextlib.contextmanager
+def quiet_native() -> Iterator[None]:
+    """Send what C++ code writes straight to fd 2 to ``/dev/null`` for the duration.
+
+    Python-level errors still arrive as exceptions; fd 2 is restored on any exit.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        sink = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(sink, 2)
+        finally:
+            os.close(sink)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)

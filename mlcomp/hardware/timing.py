@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from mlcomp.base.errors import MlcompError
+from mlcomp.base.quiet import quiet_native
 
 Clock = Callable[[], float]
 Sync = Callable[[], None]
@@ -336,7 +337,8 @@ class PeakMemory:
             self._method = "torch CPU allocator (profiler memory events: live tensor bytes)"
             self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                                     profile_memory=True)
-            self._profiler.__enter__()
+            with quiet_native():                 # kineto prints "profiler_start" to fd 2
+                self._profiler.__enter__()
             return self
         _trim_heap()
         self._baseline = _rss()
@@ -362,7 +364,8 @@ class PeakMemory:
             peak, end = torch.cuda.max_memory_allocated(self.device), torch.cuda.memory_allocated(self.device)
         elif self._profiler is not None:
             prof, self._profiler = self._profiler, None
-            prof.__exit__(*exc)
+            with quiet_native():                 # and "profiler_stop"
+                prof.__exit__(*exc)
             # relative to the state at entry: the baseline is 0, growth is the peak of live bytes
             peak, end = _allocator_peak(prof.profiler.kineto_results.experimental_event_tree())
         elif self._thread is not None:

@@ -47,7 +47,7 @@ from mlcomp.targets.capabilities import (
     mismatches,
 )
 from mlcomp.targets.codegen import to_fx
-from mlcomp.targets.tvm_scope import quiet_native
+from mlcomp.base.quiet import quiet_native
 
 from mlcomp.base.errors import MlcompError
 from mlcomp.ir import Graph, Node, Ref, TensorMeta

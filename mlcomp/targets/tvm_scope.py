@@ -56,6 +56,7 @@ import tempfile
 import threading
 from typing import Any, Callable, Iterator
 
+from mlcomp.base.quiet import quiet_native
 from mlcomp.targets.options import LogLevel
 
 __all__ = ["TvmScope", "quiet_native", "fast_inspect_stack"]
@@ -87,27 +88,6 @@ def fast_inspect_stack():
 
     previous, inspect.stack = inspect.stack, stack
     return previous
-
-
-@contextlib.contextmanager
-def quiet_native() -> Iterator[None]:
-    """Send what C++ code writes straight to fd 2 (TVM's log lines) to ``/dev/null`` for the duration.
-
-    Python-level errors still arrive as exceptions; fd 2 is restored on any exit.
-    """
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        sink = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(sink, 2)
-        finally:
-            os.close(sink)
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 class TvmScope:
