@@ -29,10 +29,12 @@ from mlcomp.analysis.training import (
 )
 from mlcomp.base.errors import MlcompError
 from mlcomp.frontend.joint import (
+    LossKind,
     TrainingError,
     capture_joint,
     example_target,
     loss_function,
+    output_names,
     without_dropout,
 )
 from mlcomp.ir import Graph, Mode, Node, Ref, TensorMeta
@@ -450,3 +452,30 @@ def test_cli_compile_train_refuses_before_writing(tmp_path, args, message):
     assert result.exit_code != 0
     assert message in result.output and "Traceback" not in result.output
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+class _UnusedHead(nn.Module):
+    """A model with a parameter the loss never reaches (like BERT's pooler under a last-hidden head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 4)
+        self.pooler = nn.Linear(4, 4)          # never called
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_parameters_the_loss_never_reaches_are_traced_as_frozen():
+    torch.manual_seed(0)
+    model, x = _UnusedHead(), torch.randn(3, 8)
+    y = torch.randint(0, 4, (3,))
+    graph = capture_joint(model, (x,), y, loss=LossKind.CROSS_ENTROPY)
+    assert all(p.requires_grad for p in model.parameters())          # the user's module is left as it was
+    assert [n for n in output_names(graph) if n.startswith("grad:")] == ["grad:body.weight", "grad:body.bias"]
+    art = compile_training(graph, optimizer="sgd{lr=0.1}", state_keys=list(model.state_dict()))
+    check = verify_gradients(art, model, F.cross_entropy, (x, y))
+    assert check["passed"] and check["worst_rel"] == 0.0
+    reference = copy.deepcopy(model)
+    art.step(x, y)
+    assert torch.equal(art.state_dict()["pooler.weight"], reference.pooler.weight)   # eager's optimizer skips it too

@@ -148,12 +148,17 @@ def capture_joint(model: nn.Module, inputs: Sequence[torch.Tensor], target: torc
 def _capture(model: nn.Module, inputs: tuple[torch.Tensor, ...], target: torch.Tensor | None,
              loss_fn: Callable[..., Any] | None, name: str) -> Graph:
     model.train(True)
-    check_trainable(model, inputs, target, loss_fn, name)
-    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    unused = check_trainable(model, inputs, target, loss_fn, name)
+    # parameters the loss never reaches get no gradient in eager either: trace them as frozen
+    # (requires_grad restored afterwards, the user's module is left as it was)
+    flipped = [p for n, p in model.named_parameters() if n in unused]
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad} | set(unused)
     wrapper = _WithLoss(model, loss_fn)
     args = inputs if loss_fn is None else inputs + (target,)
     with quiet_torch():
         try:
+            for p in flipped:
+                p.requires_grad_(False)
             ep = torch.export.export(wrapper, args)
             modules = module_sequence(ep, _strip)
             ep = _forward_backward(ep)
@@ -161,6 +166,9 @@ def _capture(model: nn.Module, inputs: tuple[torch.Tensor, ...], target: torch.T
             raise
         except Exception as exc:  # noqa: BLE001 - converted to a user error
             raise explain_export_failure(exc, name) from None
+        finally:
+            for p in flipped:
+                p.requires_grad_(True)
     return _to_ir(ep, name, frozen, has_target=loss_fn is not None, modules=modules)
 
 

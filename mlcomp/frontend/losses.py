@@ -115,22 +115,31 @@ def without_dropout(module: nn.Module) -> nn.Module:
 
 
 def check_trainable(model: nn.Module, inputs: Sequence[torch.Tensor], target: torch.Tensor | None,
-                    loss_fn: Callable[..., Any] | None, name: str) -> None:
-    """Raise :class:`TrainingError` for a model/loss pair that cannot make a training step."""
+                    loss_fn: Callable[..., Any] | None, name: str) -> frozenset[str]:
+    """Raise :class:`TrainingError` for a model/loss pair that cannot make a training step; else the
+    names of trainable parameters the loss does not reach (an unused pooler): eager autograd leaves
+    their ``.grad`` None and optimizers skip them, so the joint graph treats them as frozen."""
     if not any(p.requires_grad and p.is_floating_point() for p in model.parameters()):
         raise TrainingError(f"{name} has no parameters that require grad, so a training step has nothing "
                             "to update", where=name,
                             hint="unfreeze some parameters (p.requires_grad_(True)) or compile for inference")
     saved = {k: v.detach().clone() for k, v in model.named_buffers()}   # the check must not move BN stats
-    with quiet_torch(), torch.no_grad():
+    try:
+        return _reached(model, inputs, target, loss_fn, name)
+    finally:
+        with torch.no_grad():
+            for k, v in model.named_buffers():
+                v.copy_(saved[k])
+
+
+def _reached(model: nn.Module, inputs: Sequence[torch.Tensor], target: torch.Tensor | None,
+             loss_fn: Callable[..., Any] | None, name: str) -> frozenset[str]:
+    with quiet_torch(), torch.enable_grad():
         try:
             out = model_output(model(*inputs))
         except Exception as exc:  # noqa: BLE001 - a user model failing on its inputs
             raise TrainingError(f"{name} fails on the example inputs: {type(exc).__name__}: {exc}",
                                 where=name, hint="check the example inputs' shapes") from None
-        finally:
-            for k, v in model.named_buffers():
-                v.copy_(saved[k])
     if not isinstance(out, torch.Tensor):
         raise TrainingError(f"{name} returns a {type(out).__name__}, not a tensor a loss can read", where=name,
                             hint="return a tensor (or a tuple whose first element is the logits/loss)")
@@ -155,3 +164,9 @@ def check_trainable(model: nn.Module, inputs: Sequence[torch.Tensor], target: to
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise TrainingError(f"{what} of {name} is not a scalar (shape {shape}); backward needs one number",
                             where=name, hint="reduce it (mean or sum), e.g. reduction='mean'")
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.is_floating_point()]
+    if not loss.requires_grad:
+        raise TrainingError(f"{what} of {name} does not depend on any parameter that requires grad", where=name,
+                            hint="check that the loss is computed from the model's output, not a detached copy")
+    grads = torch.autograd.grad(loss, [p for _, p in trainable], allow_unused=True)
+    return frozenset(n for (n, _), g in zip(trainable, grads) if g is None)

@@ -11,6 +11,7 @@ text/dot forms.  ``Graph`` inherits it; nothing else should::
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 import networkx as nx
@@ -41,11 +42,26 @@ class GraphTools:
     _checked: dict[str, tuple[Node, tuple[Node, ...]]]
     _checked_symbols: tuple[tuple[str, int], ...]
     call_nodes: Callable[[], list[Node]]
+    replace: Callable[[Node], Node]
     nodes: Callable[..., list[Node]]
     _ordered: Callable[[], list[str]]
     _sort: Callable[[], None]
 
     # -- analysis (networkx, built on demand) ---------------------------------
+
+    def annotate(self, field: str, values: Mapping[str, Any]) -> bool:
+        """Set annotation ``field`` of each named node to its value; True if any node changed.
+
+            >>> graph.annotate("stage", {"linear": 0, "relu": 1})    # a placement: node → stage
+            True
+        """
+        changed = False
+        for name, value in values.items():
+            node = self._nodes[name]
+            if getattr(node.ann, field) != value:
+                self.replace(node.with_ann(**{field: value}))
+                changed = True
+        return changed
     def _nx(self) -> nx.DiGraph:
         """The whole graph as a networkx DiGraph (nodes and edges in insertion order)."""
         g = nx.DiGraph()

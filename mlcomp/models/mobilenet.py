@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mlcomp.models.resnet import randomize_batchnorm
+
 
 class InvertedResidual(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
@@ -54,12 +56,4 @@ class MobileNetSmall(nn.Module):
 
 
 def mobilenet(num_classes: int = 10) -> MobileNetSmall:
-    model = MobileNetSmall(num_classes)
-    g = torch.Generator().manual_seed(0)
-    for m in model.modules():        # non-trivial batch-norm statistics, as in the zoo ResNet
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
-            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-            m.weight.data.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-            m.bias.data.copy_(torch.randn(m.num_features, generator=g) * 0.1)
-    return model
+    return randomize_batchnorm(MobileNetSmall(num_classes))   # non-trivial statistics, as in the zoo ResNet

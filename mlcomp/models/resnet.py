@@ -1,6 +1,7 @@
 """ResNet-18, the d2l CIFAR variant: 3x3 stem, no max-pool, four stages of two blocks."""
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.nn import functional as F
 
@@ -44,15 +45,19 @@ class ResNet18(nn.Module):
 
 
 def resnet18(num_classes: int = 10) -> ResNet18:
-    model = ResNet18(num_classes)
     # random but non-trivial batch-norm statistics, so BN folding is really tested
-    import torch
+    return randomize_batchnorm(ResNet18(num_classes))
 
-    g = torch.Generator().manual_seed(0)
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
-            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-            m.weight.data.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-            m.bias.data.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+
+def randomize_batchnorm(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Give every BatchNorm2d non-trivial statistics and affine parameters (seeded), so folding
+    and pruning by BN scale are tested on something other than identity norms."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.bias.copy_(torch.randn(m.num_features, generator=g) * 0.1)
     return model

@@ -35,7 +35,7 @@ import enum
 import math
 import re
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, ClassVar, Sequence
 
 from mlcomp.analysis.pipeline_schedule import Schedule, in_flight
@@ -259,12 +259,7 @@ class Partition(Pass):
         plan = solve(pc, self.stages, self.objective, training=self.training, microbatches=self.microbatches,
                      schedule=self.schedule, memory_limit=parse_bytes(self.memory_limit or None))
         stage = pc.node_stage(plan.cuts)
-        changed = False
-        for name, s in stage.items():
-            node = graph.node(name)
-            if node.ann.stage != s:
-                graph.replace(node.with_(ann=replace(node.ann, stage=s)))
-                changed = True
+        changed = graph.annotate("stage", stage)
         stats = {"stages": self.stages, "cuts": list(plan.cuts),
                  "stage_ms": [round(t * 1e3, 4) for t in plan.stage_times],
                  "balance": round(plan.balance, 4),

@@ -22,7 +22,7 @@ before anything is placed.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, ClassVar, Sequence
 
 import psutil
@@ -163,12 +163,7 @@ class Place(Pass):
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         devices = devices_here(self.devices, ctx.hardware)
         placement = assign_devices(graph, devices, self.policy)
-        changed = False
-        for name, dev in placement.items():
-            node = graph.node(name)
-            if node.ann.device != dev:
-                graph.replace(node.with_(ann=replace(node.ann, device=dev)))
-                changed = True
+        changed = graph.annotate("device", placement)
         counts = {d.name: 0 for d in devices}
         for dev in placement.values():
             counts[dev] += 1

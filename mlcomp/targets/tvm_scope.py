@@ -51,7 +51,6 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 from typing import Any, Callable, Iterator
