@@ -34,7 +34,8 @@ from mlcomp.analysis.training import phase_flops, predicted_peak, saved_activati
 from mlcomp.base.table import Table
 from mlcomp.frontend.joint import capture_joint, example_target, resolve_loss, without_dropout
 from mlcomp.frontend.joint_origins import bytes_by_origin
-from mlcomp.measure.bench import BenchConfig, BenchResult, Progress, plot_bench, run_bench, to_csv
+from mlcomp.measure.bench import BenchConfig, Progress, plot_bench, run_bench
+from mlcomp.measure.bench_results import BenchResult, to_csv
 from mlcomp.pipeline import Pipeline, run_pipeline
 from mlcomp.study.common import StudyConfig, StudyResult, machine_line
 

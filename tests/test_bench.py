@@ -13,9 +13,9 @@ import torch
 from click.testing import CliRunner
 
 from mlcomp.base.errors import MlcompError
+from mlcomp.hardware.memory import PeakMemory
 from mlcomp.hardware.timing import (
     BenchConfigError,
-    PeakMemory,
     TimingPolicy,
     fmt_bytes,
     fmt_seconds,
@@ -24,7 +24,8 @@ from mlcomp.hardware.timing import (
     median,
     percentile,
 )
-from mlcomp.measure.bench import BenchConfig, plot_bench, rebatch, run_bench, to_csv
+from mlcomp.measure.bench import BenchConfig, plot_bench, rebatch, run_bench
+from mlcomp.measure.bench_results import to_csv
 
 
 @pytest.fixture(autouse=True)

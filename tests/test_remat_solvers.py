@@ -15,9 +15,8 @@ import random
 import pytest
 import torch
 
+from mlcomp.passes.remat_problem import Candidate, RematProblem
 from mlcomp.passes.remat_solvers import (
-    Candidate,
-    RematProblem,
     Solver,
     estimate,
     knapsack,

@@ -17,7 +17,7 @@ a prediction that is to agree with it has to count them at that step::
 
 :func:`op_workspaces` runs each node whose op is in :data:`WORKSPACE_OPS` once,
 alone, on seeded random inputs of its input metas, under the allocator's events
-(:class:`~mlcomp.hardware.timing.PeakMemory`, ``MemorySource.ALLOCATOR`` on
+(:class:`~mlcomp.hardware.memory.PeakMemory`, ``MemorySource.ALLOCATOR`` on
 CPU, the caching allocator's peak on CUDA), after one unmeasured warm-up call;
 the workspace is the call's peak above its own outputs.  Nodes with the same op,
 input metas and literal arguments share one measurement (``cache``, owned by the
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from mlcomp.analysis.memory import value_bytes
-from mlcomp.hardware.timing import MemorySource, PeakMemory
+from mlcomp.hardware.memory import MemorySource, PeakMemory
 from mlcomp.ir import Graph, Node, Ref, TensorMeta, map_refs
 from mlcomp.ir.ops import Namespace
 

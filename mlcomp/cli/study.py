@@ -184,7 +184,8 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
     """Time MODEL(s) eager vs compiled targets: median and p90 latency, speedup, cold compile time,
     peak memory, max error vs eager. One table per model."""
     from mlcomp.hardware.timing import TimingPolicy
-    from mlcomp.measure.bench import BenchConfig, plot_bench, run_bench, to_csv
+    from mlcomp.measure.bench import BenchConfig, plot_bench, run_bench
+    from mlcomp.measure.bench_results import to_csv
 
     if all_zoo:
         from mlcomp.models import ZOO

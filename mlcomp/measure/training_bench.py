@@ -11,7 +11,7 @@ For one model and batch size it
 4. measures each step's peak memory above what was allocated before it and sets
    it beside the liveness prediction (:func:`mlcomp.analysis.training.predicted_peak`).
    On CPU the measured figure is torch's CPU allocator followed event by event
-   (:class:`~mlcomp.hardware.timing.PeakMemory` with ``MemorySource.ALLOCATOR``:
+   (:class:`~mlcomp.hardware.memory.PeakMemory` with ``MemorySource.ALLOCATOR``:
    ``torch.profiler`` memory events, the running sum of live tensor bytes); it is
    the method that sees an activation freed the moment the generated code drops
    it.  The kernel's peak RSS (``VmHWM`` reset before the step, heap trimmed) is
@@ -46,10 +46,8 @@ from mlcomp.frontend.joint import (
     model_output,
     without_dropout,
 )
+from mlcomp.hardware.memory import MemoryReading, MemorySource, PeakMemory
 from mlcomp.hardware.timing import (
-    MemoryReading,
-    MemorySource,
-    PeakMemory,
     Timing,
     TimingPolicy,
     fmt_bytes,

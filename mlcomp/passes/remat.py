@@ -52,14 +52,8 @@ from mlcomp.ir.builder import remove_dead
 from mlcomp.ir.node import Annotations, Phase
 from mlcomp.ir.ops import GETITEM
 from mlcomp.ir.opsets import is_pure
-from mlcomp.passes.remat_solvers import (
-    Candidate,
-    RematPlan,
-    RematProblem,
-    Solver,
-    minimum,
-    solve,
-)
+from mlcomp.passes.remat_problem import Candidate, RematPlan, RematProblem
+from mlcomp.passes.remat_solvers import Solver, minimum, solve
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
 __all__ = ["Budget", "CostModel", "Remat", "RematError", "build_problem", "forward_values", "parse_budget",

@@ -17,7 +17,7 @@ Variants measured here (fresh seeded model each, one warm-up batch first):
   barrier the frontend generates and submits every batch at once; the queued
   input batches are what piles up.
 
-Memory is the peak growth over the loop (:class:`mlcomp.hardware.timing.PeakMemory`);
+Memory is the peak growth over the loop (:class:`mlcomp.hardware.memory.PeakMemory`);
 the frontend's clock at each third of the epoch mirrors the chapter's
 ``batch 50 / 100 / 150`` prints.
 
@@ -33,7 +33,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mlcomp.hardware.timing import Clock, PeakMemory, synchronizer
+from mlcomp.hardware.memory import PeakMemory
+from mlcomp.hardware.timing import Clock, synchronizer
 from mlcomp.study import chapter
 from mlcomp.study.asynchrony import ThreadBackend
 from mlcomp.study.common import Figure, StudyConfig, StudyResult, Table, machine_line
