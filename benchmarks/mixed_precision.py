@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/mixed_precision.py                      # every zoo model, batch 1 and 32
     .venv/bin/python benchmarks/mixed_precision.py --models mlp,lenet --batches 1 --targets cpu,onnxruntime
     .venv/bin/python benchmarks/mixed_precision.py --json out.json --budget 0.5
+    .venv/bin/python benchmarks/mixed_precision.py --models resnet18 --batches 32 --targets cpu,onnxruntime \
+        --budget 0 --repeats 3 --warmup 1       # one row, quickly
 
 For each (model, batch) it captures the model once, runs ``mixed-precision{dtype=auto}``
 (to print what ``auto`` picks on this machine and why) and ``mixed-precision{dtype=bf16}``
@@ -152,13 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--targets", default="cpu,onnxruntime,tvm")
     ap.add_argument("--threads", type=int, default=1, help="torch/ORT threads (default 1: a shared machine)")
     ap.add_argument("--budget", type=float, default=0.5, help="seconds per runner per (model, batch)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="fewest timed rounds per runner (1 with a small --budget: a quick row on a loaded machine)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds per runner")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     has_bf16, why = native_bf16()
     print(machine_line())
     print(f"native bf16: {'yes' if has_bf16 else 'NO'} ({why}); load: {os.getloadavg()[0]:.1f}")
-    policy = TimingPolicy(warmup=1, budget_s=args.budget, min_repeats=3, max_repeats=1000)
+    policy = TimingPolicy(warmup=args.warmup, budget_s=args.budget, min_repeats=args.repeats, max_repeats=1000)
     rows: list[Row] = []
     infos: dict[str, Any] = {}
     for name in args.models.split(","):

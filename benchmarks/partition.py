@@ -1,91 +1,55 @@
 """Pipeline partition benchmark: the DP's cut vs an even split by node count, predicted vs measured.
 
-    .venv/bin/python benchmarks/partition.py                    # links + all models, 2 and 4 stages
-    .venv/bin/python benchmarks/partition.py --links            # only the gloo loopback link
+    .venv/bin/python benchmarks/partition.py                    # probe + all models, 2 and 4 stages
+    .venv/bin/python benchmarks/partition.py --links            # only the link / schedule-overhead probe
     .venv/bin/python benchmarks/partition.py --models deep_mlp --stages 2 --json out.json
 
-1. The link: two processes (gloo over TCP loopback) send tensors of 4 KiB … 16 MiB
-   back and forth; ``latency + bytes / bandwidth`` is fitted by least squares.
+1. The probe (:class:`mlcomp.hardware.link.LinkProbe`, two gloo processes):
+   per-message latency and bandwidth (ping-pong 4 KiB … 16 MiB), the schedule's
+   fixed cost per (microbatch, stage) and per batch (an empty 2-stage pipeline
+   at two microbatch counts), and the cores this process may use.
 2. Per model, node times are measured at the microbatch size with one thread
    (what each torchrun process gets), the cost table uses them and the measured
    link, and the DP cuts the graph into S stages.  The same graph cut evenly
    by node count (what a user does by hand) is the baseline.  For both: the
-   predicted stage times, max/mean balance, the simulated 1F1B schedule
-   (bubble fraction, throughput, peak memory per stage) and the measured
-   throughput of ``mlcomp.launch`` on S gloo processes (inference, M
-   microbatches, median of timed batches).
+   predicted stage times, max/mean balance, the simulated 1F1B schedule with
+   compute (CPU seconds per node, measured in graph order on one thread) +
+   overhead + communication events on the probed cores, at the speed the host's
+   load leaves each rank (re-measured just before each launch), run for as
+   many back-to-back batches as the measurement times (bubble fraction,
+   throughput, peak memory per stage), and the measured throughput of
+   ``mlcomp.launch`` on S gloo processes (inference, M microbatches).
+   ``pred_compute_only`` is what the model without overhead or cores predicts;
+   ``predicted_batches_s`` uses the load measured just before the launch,
+   ``pred_during`` the load a spinning thread saw while it ran; ``pred_cpu_ms``
+   and ``meas_cpu_ms`` are each rank's CPU per batch (the model's work against
+   the processes' CPU time), ``got_share`` the mean share of a core a rank got.
 
-The machine has 2 cores: with 4 processes they are oversubscribed, so the
-4-stage measurements say how the schedule degrades, not what 4 cores would give.
+The machine has 2 cores: with 4 processes they are oversubscribed; the
+simulator serialises compute beyond the probed core count.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import socket
-import statistics
+import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from mlcomp.analysis.pipeline_schedule import Schedule, simulate
-from mlcomp.analysis.placement_cost import Link, PlacementCost, measure_node_times
+from mlcomp.analysis.placement_cost import PlacementCost, measure_node_times
 from mlcomp.frontend.loading import load_model
+from mlcomp.hardware.link import LinkProbe, LinkProfile, background_threads, cpu_share
 from mlcomp.models import ZOO
 from mlcomp.passes.partition import even_cuts, plan_of, solve
 from mlcomp.targets.distributed import DistributedTarget, launch_check
-
-SIZES = [1 << k for k in range(12, 25, 2)]     # 4 KiB … 16 MiB
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _pingpong(rank: int, port: int, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    times = {}
-    for size in SIZES:
-        t = torch.zeros(size // 4)
-        samples = []
-        for _ in range(12):
-            dist.barrier()
-            start = time.perf_counter()
-            if rank == 0:
-                dist.send(t, 1)
-                dist.recv(t, 1)
-            else:
-                dist.recv(t, 0)
-                dist.send(t, 0)
-            samples.append((time.perf_counter() - start) / 2)
-        times[size] = statistics.median(samples[2:])
-    if rank == 0:
-        Path(out).write_text(json.dumps(times))
-    dist.destroy_process_group()
-
-
-def measure_link() -> Link:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "link.json")
-        mp.spawn(_pingpong, args=(_free_port(), out), nprocs=2, join=True)
-        times = {int(k): v for k, v in json.loads(Path(out).read_text()).items()}
-    xs, ys = list(times), list(times.values())
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    latency = max(my - slope * mx, times[min(xs)] * 0.5)
-    for size, t in times.items():
-        print(f"  {size / 2**10:8.0f} KiB  {t * 1e6:9.1f} us  {size / t / 1e9:6.2f} GB/s")
-    return Link("gloo over TCP loopback (measured)", 1.0 / slope, latency)
-
 
 def deep_mlp() -> nn.Module:
     widths = [512, 1024, 256, 2048] * 8 + [512]
@@ -107,26 +71,59 @@ def one_thread_times(graph: Any, inputs: Any) -> dict[str, float]:
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return measure_node_times(graph, inputs, repeats=7)
+        return measure_node_times(graph, inputs, repeats=7, clock=time.thread_time)
     finally:
         torch.set_num_threads(before)
 
 
+class LoadMeter:
+    """A thread that spins while a launch runs: its CPU / wall time is the share of a core one more busy
+    thread got meanwhile (the main thread only waits on the subprocess, without the GIL)."""
+
+    def __enter__(self) -> "LoadMeter":
+        self._stop = threading.Event()
+        self.share = 1.0
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self._thread.start()
+        return self
+
+    def _spin(self) -> None:
+        w0, c0 = time.perf_counter(), time.thread_time()
+        x = 0
+        while not self._stop.is_set():
+            for i in range(2000):
+                x += i
+        self.share = min(1.0, (time.thread_time() - c0) / max(time.perf_counter() - w0, 1e-9))
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def run_cut(name: str, graph: Any, module: nn.Module, pc: PlacementCost, cuts: tuple[int, ...], micro: int,
-            mb_inputs: Any, repeat: int, launch: bool = True) -> dict[str, Any]:
+            mb_inputs: Any, repeat: int, prof: LinkProfile, launch: bool = True) -> dict[str, Any]:
     stages = len(cuts) + 1
     plan = plan_of(pc, cuts, backward=0.0, flight=lambda s: 1)
     bounds = [0, *cuts, pc.n]
-    tl = simulate(list(plan.stage_times), microbatches=micro, schedule=Schedule.ONE_F_ONE_B,
+    compute = [pc.compute_seconds(bounds[s], bounds[s + 1]) for s in range(stages)]
+    common = dict(microbatches=micro, schedule=Schedule.ONE_F_ONE_B, transfer=[pc.transfer_seconds(c) for c in cuts],
                   param_bytes=[pc.param_bytes(bounds[s], bounds[s + 1]) for s in range(stages)],
                   activation_bytes=[pc.activation_bytes(bounds[s], bounds[s + 1]) for s in range(stages)])
+    # the host's load now: one busy thread's share of a core gives the other processes' runnable threads
+    background = background_threads(cpu_share(0.5), prof.cores, 1)
+    speed = prof.speed(stages, background)
+    tl = simulate(compute, overhead=prof.op_overhead, step_overhead=prof.step_overhead, cores=prof.cores,
+                  batches=repeat, speed=speed, **common)
+    bare = simulate(compute, **common)          # the model before: compute + transfers, one batch
     staged = graph.copy()
     for node, s in pc.node_stage(cuts).items():
         staged.replace(staged.node(node).with_ann(stage=s))
-    predicted = tl.throughput / micro
+    predicted = 1.0 / tl.batch_seconds
     row = {"model": name, "stages": stages, "cuts": list(cuts),
            "stage_ms": [round(t * 1e3, 3) for t in plan.stage_times], "balance": round(plan.balance, 3),
+           "pred_compute_only": round(bare.throughput / micro, 2),
            "predicted_batches_s": round(predicted, 2), "bubble": round(tl.bubble_fraction, 3),
+           "background": round(background, 1), "speed": round(speed, 3),
            "peak_mem_MiB": [round(b / 2**20, 2) for b in tl.peak_memory]}
     if not launch:
         return row
@@ -135,10 +132,24 @@ def run_cut(name: str, graph: Any, module: nn.Module, pc: PlacementCost, cuts: t
         art.set_reference(mb_inputs, (module(*mb_inputs),))
     with tempfile.TemporaryDirectory() as tmp:
         folder = art.save(Path(tmp) / "art")
-        result = launch_check(folder, stages, microbatches=micro, repeat=repeat)
+        with LoadMeter() as meter:
+            result = launch_check(folder, stages, microbatches=micro, repeat=repeat)
     measured = 1.0 / result["seconds_per_batch"]
+    # the load while it ran: the meter's thread shared the cores with the S ranks and the others
+    during = background_threads(meter.share, prof.cores, stages + 1)
+    speed_during = prof.speed(stages, during + 1)
+    predicted_during = 1.0 / simulate(compute, overhead=prof.op_overhead, step_overhead=prof.step_overhead,
+                                      cores=prof.cores, batches=repeat, speed=speed_during, **common).batch_seconds
+    # CPU seconds per batch per rank: what the model says each rank works (compute + overhead on a core of
+    # its own) against what each rank's process used; CPU / wall is the share of a core it got
+    pred_cpu = [b * speed / repeat for b in tl.busy]
+    meas_cpu = result["cpu_seconds_per_batch"]
     return dict(row, measured_batches_s=round(measured, 2), pred_over_meas=round(predicted / measured, 3),
-                passed=result["passed"])
+                background_during=round(during, 1), pred_during=round(predicted_during, 2),
+                during_over_meas=round(predicted_during / measured, 3),
+                pred_cpu_ms=[round(c * 1e3, 1) for c in pred_cpu], meas_cpu_ms=[round(c * 1e3, 1) for c in meas_cpu],
+                got_share=round(sum(meas_cpu) / result["seconds_per_batch"] / stages, 3),
+                passed=result["passed"], load=round(os.getloadavg()[0], 1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,9 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--predict-only", action="store_true", help="no launches: predictions only")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    print("gloo loopback link (ping-pong, one direction):")
-    link = measure_link()
-    print(f"  fit: latency {link.latency * 1e6:.1f} us, bandwidth {link.bandwidth / 1e9:.2f} GB/s")
+    prof = LinkProbe().result
+    print(prof.format(), flush=True)
     if args.links:
         return 0
     rows = []
@@ -163,21 +173,22 @@ def main(argv: list[str] | None = None) -> int:
         module = build()
         mb_inputs = inputs_of(args.mb_size)
         graph = load_model(module, example_inputs=mb_inputs).capture()
-        pc = PlacementCost.of(graph, link=link, times=one_thread_times(graph, mb_inputs))
+        pc = PlacementCost.of(graph, link=prof.link, times=one_thread_times(graph, mb_inputs))
         for stages in args.stages:
             for label, cuts in (("dp", solve(pc, stages).cuts), ("even", even_cuts(pc.n, stages))):
-                row = run_cut(name, graph, module, pc, tuple(cuts), args.micro, mb_inputs, args.repeat,
+                row = run_cut(name, graph, module, pc, tuple(cuts), args.micro, mb_inputs, args.repeat, prof,
                               launch=not args.predict_only)
                 row["cut"] = label
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    cols = ["model", "stages", "cut", "stage_ms", "balance", "predicted_batches_s", "measured_batches_s",
-            "pred_over_meas", "bubble", "peak_mem_MiB"]
+    cols = ["model", "stages", "cut", "stage_ms", "balance", "bubble", "peak_mem_MiB", "pred_compute_only",
+            "background", "predicted_batches_s", "background_during", "pred_during", "measured_batches_s",
+            "pred_over_meas", "during_over_meas", "got_share", "pred_cpu_ms", "meas_cpu_ms", "load"]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
         print("| " + " | ".join(str(r.get(c, "-")) for c in cols) + " |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"link": vars(link), "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"probe": prof.to_json(), "rows": rows}, indent=1))
     return 0
 
 

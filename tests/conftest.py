@@ -24,6 +24,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_compile_cache():
+    """In-process CLI calls default to ``compile --no-cache`` (never the real ~/.cache, no hits between
+    tests); cache tests pass ``--cache --cache-dir DIR``.  Session-scoped, so module-scoped fixtures that
+    compile see it too; restored at the end of the session."""
+    from mlcomp.cli.main import main
+
+    before = main.context_settings.get("default_map", _ABSENT)
+    main.context_settings["default_map"] = {"compile": {"use_cache": False}}
+    yield
+    if before is _ABSENT:
+        main.context_settings.pop("default_map", None)
+    else:
+        main.context_settings["default_map"] = before
+
+
+_ABSENT = object()
+
+
 @pytest.fixture(scope="session")
 def zoo():
     from mlcomp.models import ZOO

@@ -330,7 +330,7 @@ def test_writers_refuse_user_folders_themselves(user_folder):
     (["run", "userdir", "--json"], "not an mlcomp artifact folder"),
     # issue 11 (pruning): sparsity outside [0, 1), 2:4 for a device without semi-structured kernels
     (["compile", "lenet", "-p", "prune{sparsity=1.0}", "-o", "out"], "must be in [0, 1), got 1.0"),
-    (["compile", "lenet", "-p", "prune{method=2:4}", "-o", "out"], "device 'cpu' cannot run them"),
+    (["compile", "lenet", "-p", "prune{method=2:4}", "-o", "out"], "target cpu cannot run them"),
     # issue 13 (placement and pipeline partition): too many stages, an impossible memory limit (the error
     # gives the least that works), a device this machine lacks, launch of a one-process artifact
     (["partition", "mlp", "--stages", "20"], "cannot cut mlp into 20 stages: it has only 8 compute node(s)"),
@@ -339,6 +339,19 @@ def test_writers_refuse_user_folders_themselves(user_folder):
     (["compile", "mlp", "-p", "place{devices=[cuda:7,cpu]}", "-o", "out"], "device cuda:7 does not exist"),
     (["compile", "mlp", "--target", "distributed", "-p", "cleanup", "-o", "out"], "has no pipeline stages"),
     (["launch", "CPUART"], "launch runs pipeline artifacts only"),
+    # issue 14 (openvino target): a misspelt name, a device the OpenVINO CPU plugin cannot run on
+    (["compile", "no/such/model.pt", "--target", "openvin"], "did you mean 'openvino'"),
+    (["compile", "mlp", "--target", "openvino", "--device", "cuda", "-o", "out"],
+     "device 'cuda' is not one target openvino runs on (cpu)"),
+    # issue 14 parts 3 and 6 (--target auto, compile cache): --candidates without auto or naming auto, a
+    # misspelt candidate (all before the model is loaded), cache info for a key no entry has
+    (["compile", "no/such/model.pt", "--target", "cpu", "--candidates", "cpu"],
+     "--candidates applies to --target auto only"),
+    (["compile", "no/such/model.pt", "--target", "auto", "--candidates", "cpu,auto"],
+     "must name one or more targets other than auto"),
+    (["compile", "no/such/model.pt", "--target", "auto", "--candidates", "cpu,onnxruntim"],
+     "did you mean 'onnxruntime'"),
+    (["cache", "info", "ffff", "--cache-dir", "cachedir"], "no cache entry in cachedir starts with 'ffff'"),
 ])
 def test_inputs_checked_up_front(user_folder, nan_factory, pt2_batch2, artifact, args, expect):
     names = {"NAN": nan_factory, "PT2B2": pt2_batch2, "CPUART": str(artifact)}
@@ -423,7 +436,7 @@ def test_prune_scope_that_matches_nothing(user_folder):
 @pytest.mark.parametrize("scale, expect", [
     ("dynamic{init=-1}", "dynamic scaling needs init > 0"),
     ("sometimes", "there is no loss-scale mode 'sometimes'"),
-    ("dynamic{interval=ten}", "interval='ten' is not a number"),
+    ("dynamic{interval=ten}", "option 'interval' of loss-scale mode 'dynamic' expects int >= 1, got 'ten'"),
     (0, "a loss scale must be a positive finite number"),
 ])
 def test_malformed_loss_scale(user_folder, scale, expect):
@@ -528,3 +541,54 @@ def train_factory(tmp_path_factory):
 ])
 def test_training_bad_inputs(user_folder, train_factory, args, expect):
     check(user_folder, [a.replace("FAC", train_factory) for a in args], expect=(expect,))
+
+
+# issue 11 (pruning): options and targets that cannot work are refused before the model is loaded;
+# the model is the user folder's empty x.pt2, which fails to load if anything tries
+@pytest.mark.parametrize("args, expect", [
+    (["compile", "x.pt2", "-p", "prune{sparsity=1.0}", "-o", "out"],
+     "option 'sparsity' of pass 'prune' must be in [0, 1), got 1.0"),
+    (["compile", "x.pt2", "-p", "cleanup,prune{method=2:4}", "-o", "out"],
+     "run only on CUDA GPUs of compute capability 8.0 or newer; target cpu cannot run them"),
+    (["compile", "x.pt2", "-p", "prune{method=2:4 device=cuda}", "--target", "onnxruntime", "-o", "out"],
+     "target onnxruntime cannot run them"),
+])
+def test_prune_refused_before_capture(user_folder, args, expect):
+    err = check(user_folder, args, expect=(expect,))
+    assert "x.pt2 is empty" not in err
+
+
+def test_prune_target_refused_by_the_api_before_capture(user_folder):
+    import mlcomp
+    from mlcomp.base.errors import PipelineSpecError
+
+    with pytest.raises(PipelineSpecError, match="target onnxruntime cannot run them"):
+        mlcomp.compile(str(user_folder / "x.pt2"), target="onnxruntime", pipeline="prune{method=2:4}")
+
+
+# ---------------------------------------------------------------------------
+# issue 10 (mixed precision, finishing): --loss-scale is read by the pipeline grammar and refused before
+# capture (compile and bench); a deny pattern that matches nothing compiles, with a warning naming it.
+# (dtype=int8: test_pass_options_outside_their_range; fp16 a target cannot run:
+# test_fp16_op_a_target_cannot_run_is_listed; fp16 on a CPU measured slow:
+# tests/test_mixed_precision.py::test_fp16_on_a_slow_cpu_warns_from_the_probe)
+
+@pytest.mark.parametrize("args, expect", [
+    (["compile", "mlp", "--train", "--loss-scale", "dynamic{growth_intervall=5}", "-o", "out"],
+     "loss-scale mode 'dynamic' has no option 'growth_intervall'; did you mean 'growth_interval'?"),
+    (["bench", "mlp", "--train", "--loss-scale", "-1"], "a loss scale must be a positive finite number"),
+])
+def test_loss_scale_flag_refused_before_capture(user_folder, args, expect):
+    check(user_folder, args, expect=(expect,))
+
+
+def test_deny_pattern_matching_nothing_warns_by_name(user_folder):
+    cwd = os.getcwd()
+    os.chdir(user_folder)
+    try:
+        res = CliRunner().invoke(main, ["compile", "mlp", "-p", "mixed-precision{dtype=bf16 deny=[decoder.*]}",
+                                        "-o", "out"])
+    finally:
+        os.chdir(cwd)
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    assert "deny pattern 'decoder.*' matched no node" in res.output

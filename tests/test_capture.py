@@ -7,7 +7,12 @@ from mlcomp.models import ZOO, random_tensor
 from torch.utils.flop_counter import FlopCounterMode
 
 from mlcomp.analysis import cost
-from mlcomp.base.errors import InputSpecError
+from mlcomp.analysis.inspect import inspect_graph
+from mlcomp.frontend.decompose import DecompositionFailed, decompose
+from mlcomp.targets import CompileOptions, get_target
+from mlcomp.targets.cpu import TorchScriptRuntime, _kernels, frozen_bytes, trace_frozen
+from mlcomp.base.errors import CaptureError, InputSpecError
+from mlcomp.frontend.capture import capture_exported
 from mlcomp.frontend.loading import InputSpec, graph_random_inputs, load_model, save_torchscript
 from mlcomp.ir.interpreter import Interpreter
 
@@ -125,3 +130,133 @@ def test_random_inputs_follow_the_graph_and_its_symbols():
     ints = random_tensor((1000,), torch.int64, torch.Generator().manual_seed(0))
     assert ints.dtype == torch.int64 and int(ints.min()) == 0 and int(ints.max()) == 9
     assert random_tensor((8,), torch.bool).dtype == torch.bool
+
+
+# ---------------------------------------------------------------------------
+# Issue 14 part 5: op-by-op decomposition fallback (mlcomp/frontend/decompose.py).
+# A torch.library op in a namespace of this module only, with CPU and Meta kernels;
+# the user's decomposition of it either works or raises.
+
+_LIB = torch.library.Library("mlcomp_test_capture", "DEF")
+_LIB.define("twice(Tensor x) -> Tensor")
+_LIB.impl("twice", lambda x: x * 2, "CPU")
+_LIB.impl("twice", lambda x: torch.empty_like(x), "Meta")
+TWICE = torch.ops.mlcomp_test_capture.twice.default
+
+
+def _broken(x):
+    raise RuntimeError("decomposition of twice is broken")
+
+
+class WithTwice(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.b(TWICE(torch.relu(self.a(x)))))
+
+
+X8 = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+KEPT_OPS = ["aten.permute.default", "aten.addmm.default", "aten.relu.default", "mlcomp_test_capture::twice.default",
+            "aten.permute.default", "aten.addmm.default", "aten.gelu.default"]
+
+
+@pytest.fixture(scope="module")
+def kept_graph():
+    return load_model(WithTwice().eval(), example_inputs=(X8,)).capture(decompositions={TWICE: _broken})
+
+
+def test_a_failing_decomposition_keeps_only_that_op(kept_graph):
+    graph = kept_graph
+    graph.verify()
+    assert [str(n.op) for n in graph.call_nodes()] == KEPT_OPS          # everything else is core ATen
+    assert graph.kept_ops == {"mlcomp_test_capture::twice.default":
+                              "its decomposition fails: RuntimeError: decomposition of twice is broken"}
+    model = WithTwice().eval()
+    with torch.no_grad():
+        torch.testing.assert_close(Interpreter(graph).run(X8)[0], model(X8), rtol=1e-6, atol=1e-6)
+    assert "kept     mlcomp_test_capture::twice.default undecomposed" in inspect_graph(graph).format()
+    assert inspect_graph(graph).to_json()["kept_ops"] == graph.kept_ops
+    assert graph.copy().kept_ops == graph.kept_ops
+
+
+def test_a_working_decomposition_is_used():
+    graph = load_model(WithTwice().eval(), example_inputs=(X8,)).capture(decompositions={TWICE: lambda x: x * 2})
+    assert graph.kept_ops == {}
+    assert [str(n.op) for n in graph.call_nodes()] == [o.replace("mlcomp_test_capture::twice.default", "aten.mul.Tensor")
+                                                      for o in KEPT_OPS]
+
+
+def test_bisection_finds_every_culprit_in_log_runs():
+    ep = torch.export.export(WithTwice().eval(), (X8,))
+    table = {TWICE: _broken, torch.ops.aten.gelu.default: _broken}
+    lowered, report = decompose(ep, table)
+    assert set(report.kept) == {"mlcomp_test_capture::twice.default", "aten.gelu.default"}
+    # 1 failing run, 1 with every suspect kept, then per culprit ~log2(k) probes and one check (k = 4 here)
+    assert report.runs <= 2 + 2 * (2 + 1)
+    kinds = {n.target for n in lowered.graph_module.graph.nodes if n.op == "call_function"}
+    assert {TWICE, torch.ops.aten.gelu.default} <= kinds and torch.ops.aten.linear.default not in kinds
+    assert report.to_json()["kept"] == report.kept
+
+
+def test_a_failure_no_kept_op_explains_is_the_first_error():
+    broken_meta = [False]
+
+    def meta(x):
+        if broken_meta[0]:
+            raise RuntimeError("shape function of fragile is broken")
+        return torch.empty_like(x)
+
+    _LIB.define("fragile(Tensor x) -> Tensor")
+    _LIB.impl("fragile", lambda x: x + 1, "CPU")
+    _LIB.impl("fragile", meta, "Meta")
+
+    class Fragile(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.mlcomp_test_capture.fragile(TWICE(x))
+
+    ep = torch.export.export(Fragile(), (X8,))
+    broken_meta[0] = True                      # from here on no retrace can run it, whatever is kept
+    with pytest.raises(DecompositionFailed, match="shape function of fragile is broken"):
+        decompose(ep, {TWICE: _broken})
+    with pytest.raises(CaptureError, match="even keeping every op kind undecomposed: shape function of fragile"):
+        capture_exported(ep, name="fragile", decompositions={TWICE: _broken})
+
+
+def test_kept_op_runs_on_cpu_and_is_refused_clearly_elsewhere(kept_graph):
+    model = WithTwice().eval()
+    art = get_target("cpu").compile(kept_graph.copy(), CompileOptions.make())
+    with torch.no_grad():
+        torch.testing.assert_close(art(X8), model(X8))
+    node = next(n for n in kept_graph.call_nodes() if str(n.op).startswith("mlcomp_test_capture"))
+    assert get_target("onnxruntime").explain(node, kept_graph) == \
+        "mlcomp_test_capture::twice.default has no ONNX translation"
+    assert "no converter for mlcomp_test_capture::twice.default" in get_target("tvm").explain(node, kept_graph)
+
+
+@pytest.mark.ort
+def test_kept_op_runs_in_torch_under_fallback_eager(kept_graph):
+    pytest.importorskip("onnxruntime")
+    model = WithTwice().eval()
+    mixed = get_target("onnxruntime").compile(kept_graph.copy(), CompileOptions.make(fallback="eager"))
+    with torch.no_grad():
+        torch.testing.assert_close(mixed(X8), model(X8), rtol=1e-5, atol=1e-5)
+    regions = mixed.manifest["fallback_regions"]
+    assert [r["ops"] for r in regions if r["runs_on"] != "onnxruntime"] == [["mlcomp_test_capture::twice.default"]]
+
+
+# Issue 14 part 6b: the cpu target times optimize_for_inference only where it changes the kernels.
+
+def test_cpu_target_times_optimize_only_when_it_changes_kernels(captured):
+    for name, changes in (("mlp", False), ("lenet", True)):
+        _, inputs, graph = captured(name)
+        payload = frozen_bytes(trace_frozen(graph, inputs))
+        plain = TorchScriptRuntime._load_module(payload, False, "cpu")
+        tuned = TorchScriptRuntime._load_module(payload, True, "cpu")
+        assert (_kernels(plain) != _kernels(tuned)) is changes, name   # lenet: convolutions become MKLDNN
+    _, inputs, graph = captured("mlp")
+    art = get_target("cpu").compile(graph, CompileOptions.make())
+    assert art.runtime.optimize is False                  # decided without timing: same kernels either way
+    torch.testing.assert_close(art(*inputs), Interpreter(graph).run(*inputs)[0])

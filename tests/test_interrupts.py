@@ -114,7 +114,7 @@ def test_real_ctrl_c_during_a_slow_build(user_folder):
               "        time.sleep(0.1)\n"
               "CpuTarget.build = slow\n"
               "from mlcomp.cli.main import main\n"
-              "main(['compile', 'mlp', '--target', 'cpu', '-o', 'out'])\n")
+              "main(['compile', 'mlp', '--target', 'cpu', '-o', 'out', '--no-cache'])\n")
     before = _snapshot(user_folder)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=user_folder, env=env, text=True,

@@ -295,8 +295,15 @@ def test_two_four_pattern_and_refusal_without_a_kernel():
     mask = two_four_mask(w)
     assert (mask.reshape(8, 4, 4).sum(-1) == 2).all()
     assert two_four_mask(torch.randn(4, 6)) is None
-    with pytest.raises(PipelineSpecError, match="compute capability 8.0"):
-        Prune(method=PruneMethod.TWO_FOUR, device="cpu")
+    two_four = Prune(method=PruneMethod.TWO_FOUR)
+    for target in ("cpu", "onnxruntime", "tvm"):
+        with pytest.raises(PipelineSpecError, match=f"compute capability 8.0 or newer; target {target} cannot"):
+            two_four.check_target(target)
+    Prune().check_target("cpu")                                       # channel pruning runs anywhere
+    from mlcomp.pipeline import Pipeline
+
+    with pytest.raises(PipelineSpecError, match=r"must be in \[0, 1\)"):          # refused when parsed
+        Pipeline.parse("cleanup,prune{sparsity=1.0}")
 
 
 # ---------------------------------------------------------------------------

@@ -51,7 +51,7 @@ def test_every_table_is_a_lazy_registry():
     assert {"compile", "passes", "study"} <= set(COMMANDS.names())
     assert set(RUNTIMES.names()) == {k.value for k in RuntimeKind}
     assert RuntimeKind.EAGER.runtime_class().__name__ == "EagerRuntime"
-    assert TARGETS.names() == ["cpu", "cuda", "distributed", "onnxruntime", "tvm"] and get_target("ort").name == "onnxruntime"
+    assert TARGETS.names() == ["cpu", "cuda", "distributed", "onnxruntime", "openvino", "tvm"] and get_target("ort").name == "onnxruntime"
     with pytest.raises(TargetUnavailableError, match="there is no target named 'onnxrt' \\(did you mean 'onnxruntime'"):
         get_target("onnxrt")
     with pytest.raises(PipelineSpecError, match="unknown pass 'fuse-elemntwise'; did you mean 'fuse-elementwise'"):

@@ -135,7 +135,7 @@ def test_options_are_checked():
 
 def test_registry_and_availability():
     avail = available_targets()
-    assert set(avail) == {"cpu", "cuda", "onnxruntime", "tvm", "distributed"}
+    assert set(avail) == {"cpu", "cuda", "onnxruntime", "openvino", "tvm", "distributed"}
     assert avail["cpu"] is None
     assert get_target("ort") is get_target("onnxruntime")
     with pytest.raises(TargetUnavailableError, match="did you mean 'tvm'"):

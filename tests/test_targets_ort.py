@@ -114,3 +114,161 @@ def test_export_onnx_reloads_in_plain_onnxruntime(tmp_path):
     assert result.passed and path.is_file()
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert session.get_inputs()[0].shape == [1, 1, 28, 28]
+
+
+# --- issue 14 part 4: the exported graph keeps what ORT fuses (mlcomp.targets.onnx_patterns) ---------
+
+
+class AttentionBlock(nn.Module):
+    """A post-norm encoder block as transformers writes it: SDPA, heads merged by transpose + reshape."""
+
+    def __init__(self, dim: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.ff1, self.ff2 = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        x = self.norm1(x + self.proj(a.transpose(1, 2).reshape(b, s, d)))
+        return self.norm2(x + self.ff2(torch.nn.functional.gelu(self.ff1(x))))
+
+
+def _ort_op_counts(model: bytes, tmp_path) -> dict[str, int]:
+    """Node counts by op type of the graph ORT runs after its own optimisations."""
+    import collections
+
+    import onnx
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    so.log_severity_level = 3
+    ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    return dict(collections.Counter(n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node))
+
+
+@pytest.fixture(scope="module")
+def attention_art():
+    torch.manual_seed(0)
+    module, x = AttentionBlock().eval(), torch.randn(2, 4, 16)
+    graph = load_model(module, example_inputs=(x,)).capture()
+    return module, x, graph, get_target("onnxruntime").compile(graph, CompileOptions(threads=1))
+
+
+def test_attention_block_exports_the_ops_ort_fuses(attention_art, tmp_path):
+    module, x, _graph, art = attention_art
+    assert art.runtime.rewritten["rewrites"] == {"batched_linear": 1, "safe_softmax": 1}
+    counts = _ort_op_counts(art.runtime.model, tmp_path)
+    # every Linear a Gemm (the merged-heads projection no longer a MatMul against an expanded weight),
+    # the softmax guard one ReduceMax + Equal + Where (no Not/Cast), LayerNorm fused with its residual
+    assert counts.get("Gemm") == 4 and "MatMul" in counts and counts.get("FusedMatMul", 0) + counts["MatMul"] == 2
+    assert counts.get("ReduceMax") == 1 and counts.get("Where") == 1 and "Not" not in counts and "Cast" not in counts
+    assert counts.get("SkipLayerNormalization") == 2 and counts.get("Gelu", 0) + counts.get("BiasGelu", 0) == 1
+    with torch.no_grad():
+        assert torch.allclose(art(x), module(x), rtol=1e-4, atol=1e-5)
+
+
+def test_safe_softmax_rewrite_keeps_fully_masked_rows_zero():
+    """The guard's value is kept exactly: a row that is all -inf gives 0 (not NaN) after the rewrite."""
+    from mlcomp.targets.codegen import to_fx
+    from mlcomp.targets.onnx_patterns import cheap_safe_softmax
+
+    class Masked(nn.Module):
+        def forward(self, q, mask):
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+    q = torch.randn(1, 1, 3, 4)
+    mask = torch.tensor([[True, True, True], [False, False, False], [True, False, True]])
+    graph = load_model(Masked().eval(), example_inputs=(q, mask)).capture()
+    rewritten = graph.copy()
+    assert cheap_safe_softmax(rewritten) == 1
+    lines = [line.strip().split("   #")[0] for line in str(rewritten).splitlines()]
+    assert any(" = aten.amax.default(" in line and ", [-1], True)" in line for line in lines)
+    assert not any("aten.any.dim" in line or "aten.logical_not" in line for line in lines)
+    with torch.no_grad():
+        out = to_fx(rewritten)(q, mask)[0]
+    assert torch.equal(out[0, 0, 1], torch.zeros(4))
+    assert torch.allclose(out, Masked()(q, mask).nan_to_num(0.0), atol=1e-6)
+
+
+GRU_GOLDEN = """\
+graph GRUTagger(%ids: i64[2, 5]) {
+  %emb.weight: f32[20, 4] = param   # emb
+  %gru.weight_ih_l0: f32[18, 4] = param   # gru
+  %gru.weight_hh_l0: f32[18, 6] = param   # gru
+  %gru.bias_ih_l0: f32[18] = param   # gru
+  %gru.bias_hh_l0: f32[18] = param   # gru
+  %out.weight: f32[3, 6] = param   # out
+  %out.bias: f32[3] = param   # out
+  %embedding: f32[2, 5, 4] = aten.embedding.default(%emb.weight, %ids)   # emb
+  %gru_h0: f32[1, 2, 6] = aten.full.default([1, 2, 6], 0.0, dtype=f32)   # gru
+  %gru_rnn: (f32[2, 5, 6], f32[1, 2, 6]) = aten.gru.input(%embedding, %gru_h0, [%gru.weight_ih_l0, \
+%gru.weight_hh_l0, %gru.bias_ih_l0, %gru.bias_hh_l0], True, 1, 0.0, False, False, True)   # gru
+  %permute_7: f32[2, 5, 6] = graph.getitem(%gru_rnn, 0)   # gru
+  %permute_8: f32[6, 3] = aten.permute.default(%out.weight, [1, 0])   # out
+  %bmm_1_flat: f32[10, 6] = aten.reshape.default(%permute_7, [10, 6])   # out
+  %bmm_1_addmm: f32[10, 3] = aten.addmm.default(%out.bias, %bmm_1_flat, %permute_8)   # out
+  %add_21: f32[2, 5, 3] = aten.view.default(%bmm_1_addmm, [2, 5, 3])   # out
+  return (%add_21,)
+}"""
+
+
+@pytest.fixture(scope="module")
+def gru_tagger():
+    from mlcomp.models.third_party import GRUTagger
+
+    torch.manual_seed(0)
+    module = GRUTagger(vocab=20, dim=4, hidden=6, tags=3).eval()
+    ids = torch.randint(0, 20, (2, 5), generator=torch.Generator().manual_seed(1))
+    return module, ids, load_model(module, example_inputs=(ids,)).capture()
+
+
+def test_gru_tagger_exports_one_onnx_gru(gru_tagger, tmp_path):
+    from mlcomp.targets.onnx_patterns import ort_friendly
+
+    module, ids, graph = gru_tagger
+    before = str(graph)
+    rewritten, stats = ort_friendly(graph, (ids,))
+    assert str(graph) == before                               # the input graph is untouched
+    assert str(rewritten) == GRU_GOLDEN
+    assert stats.recomposed == ["gru"] and stats.rewrites == {"batched_linear": 1, "safe_softmax": 0}
+    assert stats.nodes_before > 100 and stats.nodes_after == GRU_GOLDEN.count(" = ") + 2   # + input, output
+    art = get_target("onnxruntime").compile(graph, CompileOptions(threads=1))
+    assert art.runtime.rewritten["recomposed"] == ["gru"]
+    counts = _ort_op_counts(art.runtime.model, tmp_path)
+    assert counts.get("GRU") == 1 and counts.get("Gemm") == 1
+    assert not {"Sigmoid", "Tanh", "Split"} & set(counts)    # no unrolled cell left
+    with torch.no_grad():
+        assert torch.allclose(art(ids), module(ids), rtol=1e-4, atol=1e-5)
+
+
+def test_gru_region_reading_a_foreign_constant_is_left_alone(gru_tagger):
+    """A region whose weights a pass replaced (not ``<module>.weight_ih_l0`` …) is exported unrolled."""
+    from mlcomp.ir.builder import rename
+    from mlcomp.targets.onnx_patterns import ort_friendly
+
+    _module, ids, graph = gru_tagger
+    graph = graph.copy()
+    rename(graph, "gru.weight_hh_l0", "folded_constant")
+    rewritten, stats = ort_friendly(graph, (ids,))
+    assert stats.recomposed == [] and "folded_constant" in stats.skipped["gru"]
+    assert any(n.op.name == "sigmoid" for n in rewritten.nodes())
+
+
+def test_gru_tagger_at_o2_is_still_one_onnx_gru(gru_tagger):
+    """-O2 for onnxruntime keeps the weights unfolded, and the folded initial state (``h0`` and
+    ``h0.view(batch, hidden)``, two constants with the same zeros) is read as one state."""
+    import mlcomp
+
+    module, ids, _graph = gru_tagger
+    art = mlcomp.compile(module, (ids,), target="onnxruntime", pipeline="-O2", threads=1)
+    assert art.manifest["pipeline"] == "cleanup{fold_params=false}"
+    assert art.runtime.rewritten["recomposed"] == ["gru"] and art.runtime.rewritten["skipped"] == {}
+    with torch.no_grad():
+        assert torch.allclose(art(ids), module(ids), rtol=1e-4, atol=1e-5)

@@ -30,12 +30,43 @@ def test_zoo_compiles_and_verifies(built, name):
     assert info["tuned"] is False and info["device"] == "cpu"
 
 
-def test_fresh_process_reload_and_plain_tvm_runtime(built):
-    report = fresh_process_check([b.directory for b in built.values()], plain="tvm")
+_PLAIN_WITH_KERNELS = """
+def plain(d):
+    import os, runpy
+    import tvm
+    from tvm import relax
+    if os.path.exists(d + "/kernels.py"):     # the vendor kernels the module calls, registered without mlcomp
+        runpy.run_path(d + "/kernels.py")["register_kernels"]()
+    vm = relax.VirtualMachine(tvm.runtime.load_module(d + "/model.so"), tvm.cpu())
+    def run(*xs):
+        out = vm["main"](*[tvm.runtime.tensor(x.numpy()) for x in xs])
+        out = [out] if hasattr(out, "numpy") else list(out)
+        return [torch.from_numpy(o.numpy()) for o in out]
+    return run
+"""
+
+
+def test_fresh_process_reload_and_plain_tvm_runtime(built, monkeypatch):
+    """mlcomp.load, and TVM's own runtime plus the artifact's kernels.py (torch and tvm_ffi only)."""
+    import tests.targets_common as common
+
+    monkeypatch.setitem(common._PLAIN, "tvm+kernels", _PLAIN_WITH_KERNELS)
+    report = fresh_process_check([b.directory for b in built.values()], plain="tvm+kernels")
     assert set(report) == set(ZOO_NAMES)
     for name, r in report.items():
         assert r["passed"] and r["target"] == "tvm", name
         assert r["mlcomp_rel"] <= FP32_RTOL and r["plain_rel"] <= FP32_RTOL, (name, r)
+
+
+def test_manifest_and_explain_say_which_op_runs_where(built):
+    """resnet18: every conv2d and the classifier's linear in torch's kernels, nothing left unscheduled."""
+    info = built["resnet18"].artifact.manifest["runtime_info"]
+    kernels = {k: v["count"] for k, v in info["kernels"]["kernels"].items()}
+    assert kernels == {"mlcomp.torch.conv2d": 20, "mlcomp.torch.linear": 1}
+    assert info["schedules"]["unscheduled"] == 0
+    lines = built["resnet18"].artifact.runtime.explain_lines()
+    assert lines[0].startswith("conv2d ×20 → torch ") and "mlcomp.torch.conv2d" in lines[0]
+    assert any(ln.startswith("TVM kernels: ") for ln in lines)
 
 
 def test_supports_asks_the_importer():
@@ -123,3 +154,27 @@ def test_tuning_database_is_reused_across_compiles(tmp_path):
         assert torch.allclose(second(x), module(x), atol=1e-5)
     second.save(tmp_path / "art")
     assert Artifact.load(tmp_path / "art").manifest["runtime_info"]["tuned"] is True
+    # untuned compile pointed at the database: its records are used, nothing is tuned, no vendor kernels
+    third = get_target("tvm").compile(graph, CompileOptions(work_dir=str(tmp_path / "db")))
+    assert third.runtime.tuned and third.runtime.stats["trials_run"] == 0 and "kernels" not in third.runtime.stats
+
+
+@pytest.mark.slow
+def test_a_second_model_with_the_same_linear_reuses_its_records(tmp_path):
+    """Two models sharing Linear(32, 32)+ReLU at batch 2: the second tunes only its new task."""
+    torch.manual_seed(0)
+    a = nn.Sequential(nn.Linear(32, 32), nn.ReLU()).eval()
+    b = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    x = torch.randn(2, 32)
+    db = str(tmp_path / "shared-db")
+    tvm = get_target("tvm")
+    seen = []
+    first = tvm.tune(load_model(a, example_inputs=(x,)).capture(), CompileOptions(tune_trials=4, work_dir=db),
+                     progress=lambda done, total, msg: seen.append((done, total)))
+    assert first.stats["tasks"] == 1 and first.stats["tasks_reused"] == [] and first.stats["trials_run"] == 4
+    assert seen and seen[-1] == (4, 4) and all(d <= t for d, t in seen)
+    second = tvm.tune(load_model(b, example_inputs=(x,)).capture(), CompileOptions(tune_trials=4, work_dir=db))
+    assert second.stats["tasks"] == 2 and len(second.stats["tasks_reused"]) == 1
+    assert second.stats["trials_run"] == 2                   # the new task's share only
+    with torch.no_grad():
+        torch.testing.assert_close(second(x)[0], b(x), rtol=1e-4, atol=1e-5)

@@ -1,11 +1,14 @@
-"""Models nobody tuned mlcomp for: random-weight Hugging Face BERT and GPT-2 built from configs.
+"""Models nobody tuned mlcomp for: random-weight Hugging Face BERT, ViT, DistilBERT, GPT-2, T5 encoder.
 
-Findings (torch 2.13): BERT captures through torch.export and the interpreter
-matches eager; torch.fx.symbolic_trace cannot trace either (Python control flow
-on shapes inside transformers); torch.export of GPT-2 yields a program whose
-``view`` fails after decomposition (strides differ from eager's), so capture
-retries with views as reshapes and GPT-2 captures too.  Each test fails if that
-behaviour changes, in either direction.
+Findings (torch 2.13): every one captures through torch.export and the
+interpreter matches eager; torch.fx.symbolic_trace cannot trace them (Python
+control flow on shapes inside transformers).  GPT-2's program fails core-ATen
+decomposition: a decomposition gives a value other strides than eager (a
+``[2, 32, 64]`` tensor with strides ``(64, 128, 1)``), so a later ``view``
+fails.  Capture lowers views as reshapes (the corrected decomposition) and
+records it in ``graph.kept_ops``; without that fix, bisection over op kinds
+would keep ``scaled_dot_product_attention`` undecomposed instead.  Each test
+fails if that behaviour changes, in either direction.
 """
 from __future__ import annotations
 
@@ -13,63 +16,32 @@ import pytest
 import torch
 
 from mlcomp.base.errors import CaptureError
+from mlcomp.frontend.decompose import VIEW_FIX
 from mlcomp.frontend.loading import load_model
 from mlcomp.ir.interpreter import Interpreter
+from mlcomp.models.third_party import build_third_party
 
 tf = pytest.importorskip("transformers", reason="transformers is part of the test extra")
 
-
-class LastHidden(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids):
-        return self.model(input_ids=ids).last_hidden_state
+KEPT = {"gpt2": {VIEW_FIX}}       # every other model lowers to core ATen without help
 
 
-def bert():
-    torch.manual_seed(0)
-    cfg = tf.BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=256, vocab_size=1000)
-    return LastHidden(tf.BertModel(cfg)).eval()
-
-
-def gpt2():
-    torch.manual_seed(0)
-    cfg = tf.GPT2Config(n_embd=128, n_layer=2, n_head=4, vocab_size=1000, n_positions=128)
-    return LastHidden(tf.GPT2Model(cfg)).eval()
-
-
-IDS = torch.randint(0, 1000, (2, 32), generator=torch.Generator().manual_seed(0))
-
-
-def test_bert_captures_and_interprets():
-    model = bert()
-    graph = load_model(model, example_inputs=(IDS,)).capture()
+@pytest.mark.parametrize("name", ["bert", "vit", "distilbert", "gpt2", "t5-encoder"])
+def test_captures_and_interprets(name):
+    model, inputs = build_third_party(name, batch=2)
+    graph = load_model(model, example_inputs=inputs).capture()
     graph.verify()
+    assert set(graph.kept_ops) == KEPT.get(name, set())
     ops = {str(n.op) for n in graph.call_nodes()}
-    assert {"aten.embedding.default", "aten.native_layer_norm.default", "aten.bmm.default"} <= ops
+    assert "aten._assert_tensor_metadata.default" not in ops
+    assert {"aten.native_layer_norm.default", "aten.bmm.default"} <= ops or name == "t5-encoder"
+    assert all(op.startswith(("aten.", "graph.")) for op in ops)          # nothing left outside ATen
     with torch.no_grad():
-        torch.testing.assert_close(Interpreter(graph).run(IDS)[0], model(IDS), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(Interpreter(graph).run(*inputs)[0], model(*inputs), rtol=1e-5, atol=1e-5)
 
 
-def test_bert_fx_path_fails_clearly():
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_fx_path_fails_clearly(name):
+    model, inputs = build_third_party(name, batch=2)
     with pytest.raises(CaptureError, match="symbolic_trace could not trace LastHidden"):
-        load_model(bert(), example_inputs=(IDS,)).capture(method="fx")
-
-
-def test_gpt2_captures_and_interprets():
-    """torch.export's program for GPT-2 calls ``view`` on a tensor whose decomposed strides differ
-    from eager's (torch 2.13); capture retries with views as reshapes and then lowers it."""
-    model = gpt2()
-    graph = load_model(model, example_inputs=(IDS,)).capture()
-    graph.verify()
-    assert "aten._assert_tensor_metadata.default" not in {str(n.op) for n in graph.call_nodes()}
-    with torch.no_grad():
-        torch.testing.assert_close(Interpreter(graph).run(IDS)[0], model(IDS), rtol=1e-5, atol=1e-5)
-
-
-def test_gpt2_fx_path_fails_clearly():
-    with pytest.raises(CaptureError, match="symbolic_trace could not trace LastHidden"):
-        load_model(gpt2(), example_inputs=(IDS,)).capture(method="fx")
+        load_model(model, example_inputs=inputs).capture(method="fx")

@@ -107,13 +107,15 @@ def test_removed_clone_reaches_views_behind_elementwise_ops():
 def test_presets_adapt_to_what_a_target_wants():
     assert preset_text("-O2") == "cleanup,fuse,cleanup"
     assert get_target("cpu").rewrites == frozenset(Rewrite)
-    for name in ("onnxruntime", "tvm"):
+    for name, text, dropped in (("tvm", "cleanup", [("fuse", Rewrite.FUSION)]),
+                                ("onnxruntime", "cleanup{fold_params=false}",
+                                 [("fuse", Rewrite.FUSION), ("cleanup{fold_params=true}", Rewrite.WEIGHT_FOLDING)])):
         wanted = get_target(name).rewrites
         assert Rewrite.FUSION not in wanted
         adapted = adapt_preset("-O2", name, wanted)
-        assert adapted is not None and adapted.text == "cleanup"
-        assert [(d.spec, d.rewrite) for d in adapted.dropped] == [("fuse", Rewrite.FUSION)]
-        assert name in adapted.dropped[0].reason
+        assert adapted is not None and adapted.text == text
+        assert [(d.spec, d.rewrite) for d in adapted.dropped] == dropped
+        assert all(name in d.reason for d in adapted.dropped)
     assert adapt_preset("cleanup,fuse", "onnxruntime", frozenset({Rewrite.CLEANUP})) is None
     assert adapt_preset("-O0", "tvm", frozenset()).text == ""
     assert set(PRESET_TABLE) == {"O0", "O1", "O2", "O3"}
@@ -122,8 +124,9 @@ def test_presets_adapt_to_what_a_target_wants():
 def test_dropped_passes_are_recorded_and_explicit_pipelines_run_as_written():
     art = mlcomp.compile("mlp", target="onnxruntime", pipeline="-O2")
     report = art.manifest["pipeline_report"]
-    assert art.manifest["pipeline"] == "cleanup"
-    assert len(report["dropped"]) == 1 and report["dropped"][0].startswith("fuse (fusion): onnxruntime fuses")
+    assert art.manifest["pipeline"] == "cleanup{fold_params=false}"
+    assert len(report["dropped"]) == 2 and report["dropped"][0].startswith("fuse (fusion): onnxruntime fuses")
+    assert report["dropped"][1].startswith("cleanup{fold_params=true} (weight-folding): onnxruntime folds weight")
     art = mlcomp.compile("mlp", target="onnxruntime", pipeline="cleanup,fuse,cleanup")
     assert art.manifest["pipeline"] == "cleanup,fuse,cleanup"
     assert art.manifest["pipeline_report"]["dropped"] == []
@@ -159,7 +162,7 @@ def test_o2_compiles_and_verifies_on_cpu(name):
 def test_o2_compiles_and_verifies_on_onnxruntime(name):
     pytest.importorskip("onnxruntime")
     art = compile_o2(name, "onnxruntime")
-    assert art.manifest["pipeline"] == "cleanup"
+    assert art.manifest["pipeline"] == "cleanup{fold_params=false}"
 
 
 TVM_GPT2 = pytest.mark.xfail(strict=True, raises=mlcomp.MlcompError,

@@ -8,6 +8,15 @@ side is finer::
     a: 768 (one atom)                       a = b3 × c256   (a is split; b, c unchanged)
     fixed flags, roles on a                 copied to both parts
 
+An atom may also be a *concatenation* of atoms (``cat``: a concat's output axis, or
+the input of a split or slice, which is a concat read backwards)::
+
+    o = cat([p64, q64, r64])     o: 192 = p ++ q ++ r; a channel c of q is channel 64 + c of o
+
+A concat atom is never split into a product (that would mix its parts: it is fixed
+instead); unifying two concats of the same part sizes unifies the parts, other
+boundaries fix both.  A fixed concat fixes its parts and passes on its roles (:meth:`finalize`).
+
 A fixed atom (an input, an output, an index…) stays fixed through every union and
 split.  ``find`` compresses paths, so a walk over n nodes costs O(n α(n)).
 """
@@ -40,6 +49,7 @@ class Atoms:
         self.split: dict[int, list[int]] = {}
         self.up: list[int | None] = []      # the atom this one was split from
         self.roles: dict[int, set[Role]] = {}
+        self.concat: dict[int, list[int]] = {}  # root -> its parts, in order (sizes add up)
 
     def new(self, size: int, fixed: str | None = None, up: int | None = None) -> int:
         self.parent.append(len(self.parent))
@@ -68,6 +78,15 @@ class Atoms:
                 out.append(a)
         return out
 
+    def cat(self, parts: list[int]) -> int:
+        """An atom that is ``parts`` one after the other (size-0 parts dropped; one part is itself)."""
+        parts = [p for p in parts if self.size[p] != 0]
+        if len(parts) == 1:
+            return parts[0]
+        root = self.new(sum(self.size[p] for p in parts))
+        self.concat[root] = parts
+        return root
+
     def union(self, a: int, b: int) -> None:
         a, b = self.find(a), self.find(b)
         if a == b:
@@ -77,10 +96,42 @@ class Atoms:
         self.parent[b] = a
         self.fixed[a] = self.fixed[a] or self.fixed[b]
         self.roles.setdefault(a, set()).update(self.roles.pop(b, set()))
+        ca, cb = self.concat.pop(a, None), self.concat.pop(b, None)
+        if ca is not None or cb is not None:
+            self.concat[a] = ca if ca is not None else cb           # type: ignore[assignment]
+        if ca is not None and cb is not None:
+            if [self.size[p] for p in ca] == [self.size[p] for p in cb]:
+                for x, y in zip(ca, cb):
+                    self.unify([x], [y])
+            else:
+                self.fix([a] + cb, "split and concatenated at different offsets")
 
     def fix(self, atoms: Iterable[int], why: str) -> None:
-        for a in self.leaves(atoms):
+        todo = self.leaves(atoms)
+        while todo:                       # a stack, not recursion: concats may nest thousands deep
+            a = todo.pop()
             self.fixed[a] = self.fixed[a] or why
+            if a in self.concat:
+                todo.extend(self.leaves(self.concat[a]))
+
+    def finalize(self) -> None:
+        """Carry fixed flags and roles from every concat to its parts (set by unions after the concat).
+
+        A part reached twice gets nothing new the second time: O(atoms) in all.
+        """
+        todo = list(self.concat)
+        while todo:
+            r = self.find(todo.pop())
+            why, roles = self.fixed[r], self.roles.get(r, set())
+            for a in self.leaves(self.concat.get(r, ())):
+                new_flag = why is not None and self.fixed[a] is None
+                new_roles = not roles <= self.roles.get(a, set())
+                if new_flag:
+                    self.fixed[a] = why
+                if new_roles:
+                    self.roles.setdefault(a, set()).update(roles)
+                if (new_flag or new_roles) and a in self.concat:
+                    todo.append(a)
 
     def mark(self, atoms: Iterable[int], role: Role) -> None:
         for a in self.leaves(atoms):
@@ -108,9 +159,9 @@ class Atoms:
             if sx == sy:
                 self.union(x, y)
                 i, j = i + 1, j + 1
-            elif sx > sy and sx % sy == 0:
+            elif sx > sy and sx % sy == 0 and x not in self.concat:
                 a[i:i + 1] = list(self._cut(x, sy))
-            elif sy > sx and sy % sx == 0:
+            elif sy > sx and sy % sx == 0 and y not in self.concat:
                 b[j:j + 1] = list(self._cut(y, sx))
             else:
                 self.fix(a[i:] + b[j:], "a reshape mixes channels")

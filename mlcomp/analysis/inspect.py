@@ -59,6 +59,7 @@ class InspectReport:
     peak_activation_bytes: int = 0      # analysis.memory, graph order, inputs/params not counted
     buffers: int = 0                    # integer/bool constants (BatchNorm's num_batches_tracked …)
     buffer_bytes: int = 0
+    kept_ops: dict[str, str] = field(default_factory=dict)   # left undecomposed by capture → why
 
     @property
     def intensity(self) -> float:
@@ -79,7 +80,7 @@ class InspectReport:
             "name": self.name, "inputs": self.inputs, "outputs": self.outputs, "nodes": self.nodes,
             "op_histogram": self.op_histogram, "params": self.params, "param_bytes": self.param_bytes,
             "param_dtypes": self.param_dtypes, "buffers": self.buffers, "buffer_bytes": self.buffer_bytes,
-            "flops": self.flops, "bytes": self.bytes,
+            "flops": self.flops, "bytes": self.bytes, "kept_ops": dict(self.kept_ops),
             "intensity": self.intensity, "peak_activation_bytes": self.peak_activation_bytes,
             "parallelism": {
                 "generations": len(self.generation_widths), "widths": self.generation_widths,
@@ -103,6 +104,7 @@ class InspectReport:
                  f"intensity {self.intensity:.2f} FLOP/B",
                  f"  memory   peak activations {_human_bytes(self.peak_activation_bytes)} "
                  "(graph order; inputs and params not counted)",
+                 *(f"  kept     {op} undecomposed: {why}" for op, why in self.kept_ops.items()),
                  "", "op histogram"]
         width = max((len(k) for k in self.op_histogram), default=10)
         for op, n in sorted(self.op_histogram.items(), key=lambda kv: (-kv[1], kv[0])):
@@ -151,7 +153,8 @@ def inspect_graph(graph: Graph) -> InspectReport:
         param_dtypes=dict(param_dtypes), flops=total.flops, bytes=total.bytes, rows=rows,
         generation_widths=[len(g) for g in graph.generations()], critical_path=path,
         critical_path_flops=sum(costs[n].flops for n in path if n in costs),
-        peak_activation_bytes=memory.peak_bytes(graph), buffers=buffer_count, buffer_bytes=buffer_bytes)
+        peak_activation_bytes=memory.peak_bytes(graph), buffers=buffer_count, buffer_bytes=buffer_bytes,
+        kept_ops=dict(graph.kept_ops))
 
 
 def _human(x: float) -> str:

@@ -15,18 +15,46 @@ timeline, the bubble fraction, throughput and the peak memory per rank::
     >>> tl.makespan, tl.bubble_fraction
     (4.0, 0.25)
 
+What a real pipeline pays besides compute (``torch.distributed.pipelining``
+on gloo; figures from :class:`mlcomp.hardware.link.LinkProbe`) enters as three
+kinds of events, so the predicted time of a batch is the simulated makespan:
+
+* **compute**: ``forward[s]`` / ``backward[s]`` on the rank;
+* **overhead** (rank time, before the compute of every op): ``overhead``
+  seconds per (microbatch, stage): the schedule's Python work, irecv/isend
+  setup and waits; ``step_overhead`` once per batch per rank (splitting the
+  batch, merging outputs);
+* **communication** (a delay between ranks, not rank time):
+  ``transfer[s] = messages · latency + bytes / bandwidth`` from stage ``s`` to
+  ``s+1`` (:meth:`PlacementCost.transfer_seconds`).
+
+``cores``: at most that many ops run at once; an op whose rank is ready waits
+for the first core to free up (list scheduling in time order), which is how 4
+single-threaded ranks share 2 cores; ``speed`` (< 1) divides every op's rank
+time when other processes load the host (``LinkProfile.speed``: a fair
+scheduler leaves ``R`` ranks ``cores · R / (B + R)`` cores beside ``B`` busy
+threads).  ``batches`` runs that many steps back to
+back, as a timed loop does (rank 0 starts the next batch while the last rank
+finishes this one); throughput is ``batches · M / makespan``::
+
+    S=2, M=2, compute 1 s, overhead 0.5 s, transfer 0.25 s, 1 core
+    rank 0  [o F0][o F1]                          F0 on rank 1 is ready at 1.75
+    rank 1               [o F0][o F1]             but the core frees at 3.0
+    makespan = 4 · 1.5 = 6.0 s (2 cores: 1.5 + 0.25 + 1.5 + 1.5 = 4.75 s)
+
 Memory: a microbatch's activations of a stage are held from the start of its
 ``F`` to the end of its ``B`` (training), or for the ``F`` alone (inference);
 peak memory per rank = its parameters + the most activation bytes in flight.
 1F1B caps what is in flight at ``S - rank`` microbatches, GPipe holds all
 ``M``.  Interleaved 1F1B gives every rank ``v`` stages (rank ``r`` runs stages
 ``r, r+R, …``) and needs ``M`` to be a multiple of the ranks ``R``.
-Everything is O(ops · R).  :func:`plot_timeline` draws the Gantt chart
+Everything is O(ops · R + ops · log cores).  :func:`plot_timeline` draws the Gantt chart
 (matplotlib, imported when called).
 """
 from __future__ import annotations
 
 import enum
+import heapq
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -55,6 +83,7 @@ class Event:
     op: Op
     start: float
     end: float
+    overhead: float = 0.0               # of end - start, seconds of schedule overhead (the rest computes)
 
 
 @dataclass(frozen=True)
@@ -68,6 +97,12 @@ class Timeline:
     busy: tuple[float, ...]             # seconds each rank computes
     peak_memory: tuple[int, ...]        # bytes per rank: parameters + activations in flight
     peak_in_flight: tuple[int, ...]     # most microbatches a rank holds at once
+    batches: int = 1                    # steps simulated back to back
+
+    @property
+    def batch_seconds(self) -> float:
+        """Seconds per batch (``M`` microbatches) in steady back-to-back running."""
+        return self.makespan / self.batches
 
     @property
     def bubble_fraction(self) -> float:
@@ -77,7 +112,7 @@ class Timeline:
     @property
     def throughput(self) -> float:
         """Microbatches per second."""
-        return self.microbatches / self.makespan if self.makespan > 0 else float("inf")
+        return self.microbatches * self.batches / self.makespan if self.makespan > 0 else float("inf")
 
 
 def in_flight(schedule: Schedule, rank: int, ranks: int, microbatches: int, training: bool) -> int:
@@ -122,25 +157,52 @@ def rank_orders(schedule: Schedule, ranks: int, microbatches: int, virtual: int 
     return orders
 
 
+def _batched_orders(orders: list[list[tuple[Op, int, int]]], microbatches: int, batches: int,
+                    step_overhead: float) -> list[list[tuple[Op, int, int, float]]]:
+    """Each rank's order repeated for ``batches`` back-to-back steps (microbatch ``b·M + i``); the first op
+    of every step carries the per-step overhead."""
+    out = []
+    for order in orders:
+        seq: list[tuple[Op, int, int, float]] = []
+        for b in range(batches):
+            seq += [(op, s, b * microbatches + mb, step_overhead if k == 0 else 0.0)
+                    for k, (op, s, mb) in enumerate(order)]
+        out.append(seq)
+    return out
+
+
 def simulate(forward: Sequence[float], backward: Sequence[float] | None = None, *, microbatches: int,
              schedule: Schedule = Schedule.GPIPE, virtual: int = 1, transfer: Sequence[float] = (),
-             param_bytes: Sequence[int] = (), activation_bytes: Sequence[int] = ()) -> Timeline:
+             param_bytes: Sequence[int] = (), activation_bytes: Sequence[int] = (), overhead: float = 0.0,
+             step_overhead: float = 0.0, cores: int | None = None, batches: int = 1,
+             speed: float = 1.0) -> Timeline:
     """Simulate ``len(forward)`` stages (``virtual`` per rank for interleaved) over ``microbatches``.
 
     ``backward``: per-stage backward seconds (training) or ``None`` (inference);
-    ``transfer[s]``: seconds from stage ``s`` to ``s+1`` (a delay, not rank time).
+    ``transfer[s]``: seconds from stage ``s`` to ``s+1`` (a delay, not rank time);
+    ``overhead``: rank seconds every (microbatch, stage) op pays besides compute;
+    ``step_overhead``: rank seconds per batch; ``cores``: at most this many ops
+    run at once (``None``: every rank has its own core); ``batches``: steps run
+    back to back, as a timed loop runs them; ``speed``: the fraction of a core a
+    running op gets (rank time is divided by it; below 1 on a loaded host).
     """
     stages = len(forward)
     if schedule is not Schedule.INTERLEAVED:
         virtual = 1
     if stages % virtual:
         raise MlcompError(f"{stages} stages cannot be spread evenly as {virtual} per rank")
+    if cores is not None and cores < 1:
+        raise MlcompError(f"cores={cores}: the simulator needs at least one core")
+    if not 0.0 < speed <= 1.0:
+        raise MlcompError(f"speed={speed}: a rank gets more than nothing and at most a whole core")
     ranks = stages // virtual
     training = backward is not None
-    orders = rank_orders(schedule, ranks, microbatches, virtual, training)
+    orders = _batched_orders(rank_orders(schedule, ranks, microbatches, virtual, training), microbatches,
+                             max(1, batches), step_overhead)
     delay = list(transfer) + [0.0] * stages
     pbytes = list(param_bytes) + [0] * stages
     abytes = list(activation_bytes) + [0] * stages
+    core_free = [0.0] * cores if cores is not None else None     # a min-heap of when each core frees up
     done: dict[tuple[Op, int, int], float] = {}
     free = [0.0] * ranks
     heads = [0] * ranks
@@ -152,51 +214,61 @@ def simulate(forward: Sequence[float], backward: Sequence[float] | None = None, 
     releases: list[list[tuple[float, int]]] = [[] for _ in range(ranks)]
     remaining = sum(len(o) for o in orders)
     while remaining:
-        progressed = False
+        # list scheduling in time order: of the ranks whose next op has its input, the one ready first
+        pick: tuple[float, int] | None = None
         for r in range(ranks):
-            while heads[r] < len(orders[r]):
-                op, s, mb = orders[r][heads[r]]
-                if op is Op.FORWARD:
-                    dep = (Op.FORWARD, s - 1, mb) if s > 0 else None
-                    lag = delay[s - 1] if s > 0 else 0.0
-                else:
-                    dep = (Op.BACKWARD, s + 1, mb) if s < stages - 1 else (Op.FORWARD, s, mb)
-                    lag = delay[s] if s < stages - 1 else 0.0
-                if dep is not None and dep not in done:
-                    break
-                ready = done[dep] + lag if dep is not None else 0.0
-                start = max(free[r], ready)
-                cost = forward[s] if op is Op.FORWARD else backward[s]  # type: ignore[index]
-                end = start + cost
-                # free what finished before this op starts, then account for this op
-                for t, b in [x for x in releases[r] if x[0] <= start]:
-                    held[r] -= b
-                    count[r] -= 1
-                releases[r] = [x for x in releases[r] if x[0] > start]
-                if op is Op.FORWARD:
-                    held[r] += abytes[s]
-                    count[r] += 1
-                    peak_bytes[r] = max(peak_bytes[r], held[r])
-                    peak_count[r] = max(peak_count[r], count[r])
-                    if not training:
-                        releases[r].append((end, abytes[s]))
-                else:
-                    releases[r].append((end, abytes[s]))
-                done[(op, s, mb)] = end
-                free[r] = end
-                events.append(Event(r, s, mb, op, start, end))
-                heads[r] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # pragma: no cover - the orders above never deadlock
+            if heads[r] >= len(orders[r]):
+                continue
+            op, s, mb, _ = orders[r][heads[r]]
+            if op is Op.FORWARD:
+                dep = (Op.FORWARD, s - 1, mb) if s > 0 else None
+                lag = delay[s - 1] if s > 0 else 0.0
+            else:
+                dep = (Op.BACKWARD, s + 1, mb) if s < stages - 1 else (Op.FORWARD, s, mb)
+                lag = delay[s] if s < stages - 1 else 0.0
+            if dep is not None and dep not in done:
+                continue
+            ready = max(free[r], done[dep] + lag if dep is not None else 0.0)
+            if pick is None or ready < pick[0]:
+                pick = (ready, r)
+        if pick is None:  # pragma: no cover - the orders above never deadlock
             raise MlcompError(f"schedule {schedule.value} deadlocks on {stages} stages")
+        start, r = pick
+        op, s, mb, extra = orders[r][heads[r]]
+        if core_free is not None:
+            start = max(start, heapq.heappop(core_free))
+        work = (forward[s] if op is Op.FORWARD else backward[s])  # type: ignore[index]
+        cost = (extra + overhead + work) / speed
+        end = start + cost
+        if core_free is not None:
+            heapq.heappush(core_free, end)
+        # free what finished before this op starts, then account for this op
+        for t, b in [x for x in releases[r] if x[0] <= start]:
+            held[r] -= b
+            count[r] -= 1
+        releases[r] = [x for x in releases[r] if x[0] > start]
+        if op is Op.FORWARD:
+            held[r] += abytes[s]
+            count[r] += 1
+            peak_bytes[r] = max(peak_bytes[r], held[r])
+            peak_count[r] = max(peak_count[r], count[r])
+            if not training:
+                releases[r].append((end, abytes[s]))
+        else:
+            releases[r].append((end, abytes[s]))
+        done[(op, s, mb)] = end
+        free[r] = end
+        events.append(Event(r, s, mb, op, start, end, (extra + overhead) / speed))
+        heads[r] += 1
+        remaining -= 1
     makespan = max((e.end for e in events), default=0.0)
     busy = [0.0] * ranks
     for e in events:
         busy[e.rank] += e.end - e.start
     params = [sum(pbytes[s] for s in range(r, stages, ranks)) for r in range(ranks)]
     return Timeline(schedule, ranks, stages, microbatches, tuple(sorted(events, key=lambda e: (e.rank, e.start))),
-                    makespan, tuple(busy), tuple(p + b for p, b in zip(params, peak_bytes)), tuple(peak_count))
+                    makespan, tuple(busy), tuple(p + b for p, b in zip(params, peak_bytes)), tuple(peak_count),
+                    max(1, batches))
 
 
 def plot_timeline(timeline: Timeline, path: str | os.PathLike[str], *, title: str = "") -> None:

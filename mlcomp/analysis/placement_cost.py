@@ -18,7 +18,7 @@ contiguous range ``[i, j)`` O(1); the crossing bytes of every cut come from one
 difference array, so building the table is O(n) after the cost model.
 
 Links: ``bytes / bandwidth + latency`` per transfer.  ``gloo-loopback`` was
-measured on this host (``benchmarks/partition.py`` re-measures it); PCIe and
+measured on this host by :class:`mlcomp.hardware.link.LinkProbe`; PCIe and
 NVLink are spec-sheet figures (PCIe 4.0 x16 ≈ 32 GB/s per direction, NVLink 3
 on A100 600 GB/s, NVLink 4 on H100 900 GB/s, both totals over all links).
 """
@@ -28,12 +28,13 @@ import itertools
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from mlcomp.analysis.cost import node_cost
 from mlcomp.analysis.memory import is_view, value_bytes
+from mlcomp.hardware.link import Link
 from mlcomp.hardware.spec import DEFAULT_CPU, HardwareSpec
 from mlcomp.ir import Graph, Node, TensorMeta, map_refs
 from mlcomp.ir.interpreter import Interpreter
@@ -42,26 +43,12 @@ from mlcomp.ir.ops import GETITEM, INPUT, PARAM
 __all__ = ["Link", "LINKS", "PlacementCost", "units_of", "measure_node_times"]
 
 
-@dataclass(frozen=True)
-class Link:
-    """A point-to-point link: ``seconds(bytes) = latency + bytes / bandwidth``."""
-
-    name: str
-    bandwidth: float        # bytes/s, one direction
-    latency: float          # seconds per message
-
-    def seconds(self, nbytes: float, messages: int = 1) -> float:
-        if nbytes <= 0 and messages <= 0:
-            return 0.0
-        return messages * self.latency + nbytes / self.bandwidth
-
-
-# gloo-loopback: send/recv ping-pong between two processes on this host (2-core EPYC, torch 2.13), fitted
-# latency + bytes/bandwidth by benchmarks/partition.py (4 KiB … 16 MiB).  Measured on 2026-11-23 at load
-# average 15-18 (eight engineers on two cores): 0.28-0.29 GB/s, 0.8-1.2 ms; re-measure on a quiet host with
-# `benchmarks/partition.py --links` and pass the result as PlacementCost.of(link=...).  The rest: spec sheets.
+# gloo-loopback: a default for when no probe ran; the probe (mlcomp.hardware.link.LinkProbe, two processes,
+# ping-pong 4 KiB … 16 MiB, relative-error fit) measured 180 us and 2.8 GB/s on 2026-11-23 at load average
+# 6.9 on this 2-core host.  Pass a fresh LinkProbe().result.link as PlacementCost.of(link=...).  The rest:
+# spec sheets.
 LINKS: dict[str, Link] = {
-    "gloo-loopback": Link("gloo over TCP loopback (measured on this host, loaded)", 0.29e9, 0.8e-3),
+    "gloo-loopback": Link("gloo over TCP loopback (measured on this host, loaded)", 2.8e9, 180e-6),
     "pcie4-x16": Link("PCIe 4.0 x16 (spec sheet, one direction)", 32e9, 10e-6),
     "nvlink3": Link("NVLink 3, A100 (spec sheet, all links)", 600e9, 5e-6),
     "nvlink4": Link("NVLink 4, H100 (spec sheet, all links)", 900e9, 5e-6),
@@ -210,24 +197,33 @@ class PlacementCost:
         return out
 
 
-def measure_node_times(graph: Graph, inputs: Sequence[Any], *, repeats: int = 5) -> dict[str, float]:
-    """Median seconds of every compute node, each op run ``repeats`` times on real inputs (``mlcomp profile``).
+def measure_node_times(graph: Graph, inputs: Sequence[Any], *, repeats: int = 5,
+                       clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """Median seconds of every compute node over ``repeats`` sweeps of the graph (``mlcomp profile``).
 
-    The graph runs once to get every value; then each node is re-run alone on its
-    recorded inputs, so one slow node does not blur the others.
+    The graph runs once to record every value; then each sweep calls every node
+    in topological order on its recorded inputs, timing each call alone.  Nodes
+    run in their real order, so a layer's weights are as cold in the cache as
+    in a real forward (re-running one node back to back would keep them warm
+    and under-count memory-bound layers 2x on a 75 MB MLP).  ``clock``:
+    ``time.perf_counter`` (wall) or ``time.thread_time`` (CPU seconds of this
+    thread: what a one-thread rank needs on a core of its own, whatever the
+    load of the host; :meth:`mlcomp.hardware.link.LinkProfile.speed` turns it
+    back into wall time on a shared host).
     """
     with torch.no_grad():
         env = Interpreter(graph).run_all(*inputs)
-        out: dict[str, float] = {}
+        calls = []
         for node in graph.call_nodes():
-            fn = node.op.resolve()
-            args = map_refs(node.inputs, lambda r: env[r.name])
-            kwargs = map_refs(dict(node.attrs), lambda r: env[r.name])
-            fn(*args, **kwargs)                 # warm-up: first-call allocations and dispatch caches
-            samples = []
-            for _ in range(repeats):
-                start = time.perf_counter()
+            calls.append((node.name, node.op.resolve(), map_refs(node.inputs, lambda r: env[r.name]),
+                          map_refs(dict(node.attrs), lambda r: env[r.name])))
+        samples: dict[str, list[float]] = {name: [] for name, *_ in calls}
+        for sweep in range(repeats + 1):            # sweep 0 warms up: first-call allocations, dispatch caches
+            for name, fn, args, kwargs in calls:
+                if not sweep:
+                    fn(*args, **kwargs)
+                    continue
+                start = clock()
                 fn(*args, **kwargs)
-                samples.append(time.perf_counter() - start)
-            out[node.name] = statistics.median(samples)
-    return out
+                samples[name].append(clock() - start)
+    return {name: statistics.median(s) for name, s in samples.items()}

@@ -30,6 +30,8 @@ COMMANDS: LazyRegistry[click.Command] = LazyRegistry("command", {
     "partition": "mlcomp.cli.partition:partition_cmd",
     "launch": "mlcomp.cli.partition:launch_cmd",
     "profile": "mlcomp.cli.partition:profile_cmd",
+    "cache": "mlcomp.cli.cache:cache_group",
+    "tune": "mlcomp.cli.tune:tune_cmd",
 })
 
 

@@ -6,6 +6,7 @@
     0         17    5.133        0.60       0.25
     ...
     balance (slowest / mean) 1.145; simulated 1f1b, 4 microbatches: bubble 42.9%, 70.1 batches/s
+    $ mlcomp partition deep.py:model --stages 4 --probe        # + measured link, schedule overhead, cores
     $ mlcomp compile resnet18 --target distributed -p "partition{stages=2}" -o out/r18-pp
     $ mlcomp launch out/r18-pp --nproc 2 --check              # torchrun on this host, gloo on CPU
 
@@ -28,6 +29,7 @@ from mlcomp.base.errors import MlcompError
 from mlcomp.base.files import Kind, check_destination, write_text_atomic
 from mlcomp.base.table import Table
 from mlcomp.cli.main import load_and_capture, model_options
+from mlcomp.hardware.link import LinkProbe
 from mlcomp.passes.partition import Objective, even_cuts, parse_bytes, plan_of, solve
 from mlcomp.targets.distributed import check_artifact, torchrun_command
 
@@ -58,35 +60,42 @@ def _read_times(path: str | None) -> dict[str, float] | None:
 @click.option("--training", is_flag=True, help="Cost forward and backward.")
 @click.option("--times", "times_file", default=None, help="Per-node seconds from `mlcomp profile`.")
 @click.option("--plot", "plot_file", type=click.Path(), default=None, help="Draw the simulated timeline (PNG).")
+@click.option("--probe", is_flag=True, help="Measure the gloo link, the schedule's overhead and the cores "
+              "here first (2 processes, seconds) and simulate with them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def partition_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                   dynamic_batch: bool, trust_pickle: bool, stages: int, objective: str, microbatches: int,
                   schedule: str, memory_limit: str | None, training: bool, times_file: str | None,
-                  plot_file: str | None, as_json: bool) -> None:
+                  plot_file: str | None, probe: bool, as_json: bool) -> None:
     """Cut MODEL into pipeline stages (exact DP) and simulate the schedule; nothing is compiled."""
     if plot_file:
         check_destination(plot_file, Kind.FILE, force=True)
     times = _read_times(times_file)
     _, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
-    pc = PlacementCost.of(graph, times=times)
+    prof = LinkProbe().result if probe else None
+    pc = PlacementCost.of(graph, times=times, link=prof.link if prof else None)
     kind = Schedule(schedule)
     plan = solve(pc, stages, Objective(objective), training=training, microbatches=microbatches, schedule=kind,
                  memory_limit=parse_bytes(memory_limit))
     even = plan_of(pc, even_cuts(pc.n, stages), backward=2.0 if training else 0.0, flight=lambda s: 1)
     bounds = [0, *plan.cuts, pc.n]
-    fwd = [t / 3 if training else t for t in plan.stage_times]     # stage_time counts backward as 2x forward
+    fwd = [pc.compute_seconds(bounds[s], bounds[s + 1]) for s in range(stages)]    # transfers are delays
     virtual = 2 if kind is Schedule.INTERLEAVED and stages % 2 == 0 and microbatches % (stages // 2) == 0 else 1
     tl = simulate(fwd, [2 * t for t in fwd] if training else None, microbatches=microbatches,
                   schedule=kind if virtual > 1 or kind is not Schedule.INTERLEAVED else Schedule.ONE_F_ONE_B,
                   virtual=virtual, param_bytes=[pc.param_bytes(bounds[s], bounds[s + 1]) for s in range(stages)],
-                  activation_bytes=[pc.activation_bytes(bounds[s], bounds[s + 1]) for s in range(stages)])
+                  activation_bytes=[pc.activation_bytes(bounds[s], bounds[s + 1]) for s in range(stages)],
+                  transfer=[pc.transfer_seconds(c) for c in plan.cuts],
+                  overhead=prof.op_overhead if prof else 0.0, step_overhead=prof.step_overhead if prof else 0.0,
+                  cores=prof.cores if prof else None, speed=prof.speed(stages // virtual) if prof else 1.0)
     rows = [[s, sum(len(pc.units[u]) for u in range(bounds[s], bounds[s + 1])), f"{plan.stage_times[s] * 1e3:.3f}",
              f"{plan.stage_memory[s] / 2**20:.2f}", f"{pc.cut_bytes[bounds[s + 1]] / 2**20:.3f}"]
             for s in range(stages)]
     facts = {"model": graph.name, "stages": stages, "cuts": list(plan.cuts),
              "stage_seconds": list(plan.stage_times), "stage_memory_bytes": list(plan.stage_memory),
              "balance": plan.balance, "even_split_balance": even.balance, "bubble_fraction": tl.bubble_fraction,
-             "batches_per_second": tl.throughput / microbatches, "measured_times": times is not None}
+             "batches_per_second": tl.throughput / microbatches, "measured_times": times is not None,
+             "probe": prof.to_json() if prof else None}
     if plot_file:
         plot_timeline(tl, plot_file, title=f"{graph.name}: {stages} stages, {kind.value}, {microbatches} microbatches")
     if as_json:
@@ -98,6 +107,8 @@ def partition_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, 
     click.echo(f"balance (slowest / mean) {plan.balance:.3f} (even split by node count: {even.balance:.3f}); "
                f"simulated {kind.value}, {microbatches} microbatches: bubble {tl.bubble_fraction:.1%}, "
                f"{tl.throughput / microbatches:.1f} batches/s")
+    if prof:
+        click.echo(prof.format())
     if plot_file:
         click.echo(f"timeline written to {plot_file}")
 

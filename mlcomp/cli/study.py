@@ -173,6 +173,9 @@ def timing_options(fn: Any) -> Any:
 @click.option("--train", is_flag=True, help="Time a training step (eager vs compiled on cpu/cuda) instead.")
 @click.option("--loss", default="cross_entropy", show_default=True, help="With --train: cross_entropy, mse or model.")
 @click.option("--optimizer", default="sgd{lr=0.01 momentum=0.9}", show_default=True, help="With --train.")
+@click.option("--loss-scale", default=None, metavar="SPEC",
+              help='With --train: dynamic, none, a static scale (1024) or "dynamic{init=65536 growth_interval=2000}" '
+                   "(default: dynamic when the graph computes in fp16, else none).")
 @click.option("--remat-sweep", is_flag=True, help="With --train: remat budgets 1.0/0.5/0.25/0.1/sqrt (mincut) vs "
               "peak memory and step time; --plot draws memory vs step time.")
 def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], batches: tuple[int, ...],
@@ -180,7 +183,8 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
               budget: float, warmup: int,
               min_repeats: int, max_repeats: int, threads: int | None, show_progress: bool, no_memory: bool,
               json_out: str | None, csv_out: str | None, plot_file: str | None, train: bool = False,
-              loss: str = "cross_entropy", optimizer: str = "sgd", remat_sweep: bool = False) -> None:
+              loss: str = "cross_entropy", optimizer: str = "sgd", remat_sweep: bool = False,
+              loss_scale: str | None = None) -> None:
     """Time MODEL(s) eager vs compiled targets: median and p90 latency, speedup, cold compile time,
     peak memory, max error vs eager. One table per model."""
     from mlcomp.hardware.timing import TimingPolicy
@@ -220,7 +224,7 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
         train_targets = targets if given else ("cpu",)
         _write(json_out, bench_train(models, batches, targets=train_targets, loss=loss, optimizer=optimizer,
                                      policy=TimingPolicy(warmup, budget, min_repeats, max_repeats),
-                                     json_out=json_out))
+                                     json_out=json_out, loss_scale=loss_scale))
         return
     config = BenchConfig(targets, batches, pipeline, TimingPolicy(warmup, budget, min_repeats, max_repeats),
                          memory=not no_memory, threads=threads)

@@ -64,7 +64,10 @@ def _bytes(path: Path) -> int:
 @click.command("compile")
 @model_options
 @click.option("-t", "--target", default=None, metavar="TARGET",
-              help="cpu, cuda, onnxruntime (ort) or tvm (default: the pipeline file's target, else cpu).")
+              help="cpu, cuda, onnxruntime (ort), tvm, or auto: compile for every target available here, verify "
+                   "and time each, keep the fastest that verified (default: the pipeline file's target, else cpu).")
+@click.option("--candidates", default=None, metavar="T,T...",
+              help="With --target auto: the targets to try (default: every target available here but distributed).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Artifact folder to write (default mlcomp-out/MODEL-TARGET).")
 @pipeline_options
@@ -79,6 +82,14 @@ def _bytes(path: Path) -> int:
 @click.option("--tuning-dir", type=click.Path(file_okay=False), default=None,
               help="TVM tuning database folder, reused across runs.")
 @click.option("--fresh-check", is_flag=True, help="Also reload and verify the artifact in a new Python process.")
+@click.option("--cache/--no-cache", "use_cache", default=True, show_default=True,
+              help="Reuse an artifact compiled before for the same captured graph, pipeline, target, options and "
+                   "versions, and store new ones (--no-cache: neither).")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Compile cache folder (default ~/.cache/mlcomp; `mlcomp cache clear` empties it).")
+@click.option("--no-verify", is_flag=True,
+              help="Skip comparing the artifact with eager PyTorch (a cache hit is otherwise verified too); an "
+                   "unverified artifact is not stored in the cache.")
 @click.option("--output-names", default=None, metavar="NAME,NAME...",
               help="Names of the model's outputs in the artifact (default: the model's own: dict keys or "
                    "named-tuple fields, else output, output_1, ...).")
@@ -92,15 +103,21 @@ def _bytes(path: Path) -> int:
               help='With --train: e.g. "sgd{lr=0.05 momentum=0.9}" or "adam{lr=1e-3}".')
 @click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True,
               help="With --train: compiled steps compared with as many eager steps.")
+@click.option("--loss-scale", default=None, metavar="SPEC",
+              help='With --train: dynamic, none, a static scale (1024) or "dynamic{init=65536 growth_interval=2000}" '
+                   "(default: dynamic when the graph computes in fp16, else none).")
 def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
-                dynamic_batch: bool, trust_pickle: bool, target: str | None, output: Path | None,
-                pipeline: str | None, opt_level: str | None, dump_after: str | None, dump_dir: str,
-                verify_passes: bool, explain: bool, tolerance: float | None, fallback: str,
+                dynamic_batch: bool, trust_pickle: bool, target: str | None, candidates: str | None,
+                output: Path | None, pipeline: str | None, opt_level: str | None, dump_after: str | None,
+                dump_dir: str, verify_passes: bool, explain: bool, tolerance: float | None, fallback: str,
                 threads: int | None, device: str | None, tune_trials: int, tuning_dir: str | None,
-                fresh_check: bool, output_names: str | None = None, as_json: bool = False, force: bool = False,
-                train: bool = False, loss: str = "cross_entropy", optimizer: str = "sgd", steps: int = 5) -> None:
-    """Capture MODEL, run a pipeline (default -O2), lower it to a target, verify against eager and save it."""
-    from mlcomp.api import compile_source
+                fresh_check: bool, use_cache: bool = True, cache_dir: Path | None = None, no_verify: bool = False,
+                output_names: str | None = None, as_json: bool = False, force: bool = False,
+                train: bool = False, loss: str = "cross_entropy", optimizer: str = "sgd", steps: int = 5,
+                loss_scale: str | None = None) -> None:
+    """Capture MODEL, run a pipeline (default -O2), lower it to a target (or the fastest of several: --target
+    auto), verify against eager and save it.  A second compile of the same model reuses the cached artifact."""
+    from mlcomp.api import AutoReport, compile_model, is_auto
 
     request = pipeline_from_cli(pipeline, opt_level, dump_after, dump_dir, verify_passes, explain)
     if train:   # the training path: mlcomp.cli.training (runs a pipeline only when one is given)
@@ -109,12 +126,17 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
         return compile_train(model, input_shapes, batch, trust_pickle, target=target, output=output, loss=loss,
                              optimizer=optimizer, steps=steps, tolerance=tolerance, device=device,
                              pipeline=resolve_pipeline(pipeline, opt_level, default=None),
-                             instruments=request.instruments(), force=force)
+                             instruments=request.instruments(), force=force, loss_scale=loss_scale)
 
     if output is not None:
         check_destination(output, Kind.DIR, force=force)
     target = target or request.pipeline.target or "cpu"      # a TOML file may name the target
-    canonical = _check_target_flags(target, tune_trials, tuning_dir)
+    auto = is_auto(target)
+    canonical = "auto" if auto else _check_target_flags(target, tune_trials, tuning_dir)
+    chosen = _candidates(candidates, canonical)
+    cache, bypass = _cache_for(use_cache, cache_dir, request)
+    if not auto:                                              # auto: each candidate is checked (api/auto.py)
+        request.pipeline.check_target(canonical)              # e.g. prune{method=2:4} off CUDA: before capture
     names = _parse_names(output_names)
     progress = Progress.for_command(machine_output=as_json)
     say = _Say(progress, quiet=as_json)
@@ -126,15 +148,30 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     names = _check_names(names, len(graph.output_refs), graph.name)
     facts.update(model=graph.name, nodes=len(graph), capture_seconds=round(capture_seconds, 3))
     say(f"captured {graph.name}: {len(graph)} nodes in {capture_seconds:.1f}s")
+    facts["kept_ops"] = dict(graph.kept_ops)
+    for op, why in graph.kept_ops.items():   # frontend/decompose.py: ops left undecomposed
+        say(f"capture kept {op} undecomposed: {why}")
     output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{canonical}", Kind.DIR, force=force)
     build = f"build for {canonical}" + (f" (tuning {tune_trials} trials)" if tune_trials else "")
     progress.note(f"pipeline {request.text} for {canonical}" if request.text else build)
-    result = compile_source(source, graph, target=target, pipeline=request.text, verify=False,
-                            instruments=[*request.instruments(), _PassProgress(progress, build)],
-                            capture_seconds=capture_seconds, tolerance=tolerance, fallback=fallback,
-                            threads=threads, device=device, tune_trials=tune_trials, work_dir=tuning_dir)
+    def instruments(name: str) -> list[Any]:          # one set per target tried (auto: per candidate)
+        return [*request.instruments(), _PassProgress(progress, f"build for {name}" if auto else build)]
+    result = compile_model(source, graph, target=target, candidates=chosen, pipeline=request.text,
+                           verify=not no_verify, cache=cache, note=progress.note,
+                           instruments=instruments if auto else instruments(canonical),
+                           capture_seconds=capture_seconds, tolerance=tolerance, fallback=fallback,
+                           threads=threads, device=device, tune_trials=tune_trials, work_dir=tuning_dir)
     progress.clear()
     art = result.artifact
+    hit = result.cache is not None and result.cache.status.value == "hit"
+    for line in [*(result.cache.removed if result.cache else []), *([bypass] if bypass else [])]:
+        say(line)
+    if result.cache is not None:
+        say(result.cache.line())
+        facts["cache"] = dict(result.cache.to_json(), folder=str(cache.root))
+    if art.manifest.get("auto"):
+        facts["auto"] = art.manifest["auto"]
+        say(("the cached artifact's choice, " if hit else "") + AutoReport.format_json(art.manifest["auto"]))
     _name_outputs(art, names or _model_output_names(source, len(art.outputs)))
     report = result.pipeline_report
     facts.update(target=art.target, device=art.manifest.get("device"), pipeline=art.manifest.get("pipeline"),
@@ -143,7 +180,7 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                  outputs=[str(s) for s in art.outputs], fallback_regions=art.manifest.get("fallback_regions", []))
     if report is not None:
         say(report.format(nested=request.explain))
-    say(f"compiled for {art.target} in {art.compile_seconds:.1f}s")
+    say(f"compiled for {art.target} in {art.compile_seconds:.1f}s" + (" (when it was stored)" if hit else ""))
     for region in facts["fallback_regions"]:
         if region["runs_on"] != art.target:
             say(f"fallback: region {region['region']} ({region['nodes']} nodes: "
@@ -154,21 +191,28 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                            "tasks_reused": len(stats.get("tasks_reused", []))}
         say(f"tvm tuning: {stats.get('trials_run', 0)} trials run, tasks reused: "
             f"{len(stats.get('tasks_reused', []))} (database {stats.get('work_dir')})")
+    if request.explain and hasattr(art.runtime, "explain_lines"):   # e.g. tvm: which ops run in which kernel
+        for line in art.runtime.explain_lines():
+            say(f"{art.target}: {line}")
     against = art.manifest.get("verified_against") or "eager"
-    with progress.stage(f"verify against {against}"):
-        check = art.verify(tolerance=tolerance, raise_on_failure=False)
-    say(f"verified against {against}: {check.summary()}")
-    check.raise_if_failed(where=f"target {art.target}, model {graph.name}")
+    check = result.check
+    if check is None:
+        say("not verified against eager (--no-verify)")
+    else:
+        say(f"verified against {against}: {check.summary()}")
+        check.raise_if_failed(where=f"target {art.target}, model {graph.name}")
     from mlcomp.targets.artifact import Artifact
 
     with progress.stage(f"save {output}"):
         art.save(output, force=force)
-        again = Artifact.load(output).verify(record=False)
+        again = Artifact.load(output)
+        reloaded = again.verify(record=False) if check is not None else None
     files = [e["path"] for e in art.manifest["payload"]]
     size = _bytes(output)
-    facts.update(verification=check.to_json(), output=str(output), files=files, size_bytes=size,
-                 reloaded=again.to_json())
-    say(f"saved {output} ({', '.join(files[:4])}; {fmt_bytes(size)}); reloaded from disk: {again.summary()}")
+    facts.update(verification=check.to_json() if check else None, output=str(output), files=files,
+                 size_bytes=size, reloaded=reloaded.to_json() if reloaded else None)
+    say(f"saved {output} ({', '.join(files[:4])}; {fmt_bytes(size)}); reloaded from disk"
+        + (f": {reloaded.summary()}" if reloaded else ""))
     if fresh_check:
         with progress.stage("reload in a fresh process"):
             line = _fresh_check(output)
@@ -176,6 +220,33 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
         say(f"fresh process: {line}")
     if as_json:
         click.echo(json.dumps(facts, indent=2, default=str))
+
+
+def _candidates(text: str | None, target: str) -> list[str] | None:
+    """--candidates checked before any capture: only with --target auto, known target names."""
+    from mlcomp.targets import get_target
+
+    if text is None:
+        return None
+    if target != "auto":
+        raise OptionError(f"--candidates applies to --target auto only, not to {target}",
+                          hint="drop --candidates, or compile with --target auto")
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names or "auto" in names:
+        raise OptionError(f"--candidates {text!r} must name one or more targets other than auto",
+                          hint="e.g. --candidates cpu,onnxruntime")
+    return [get_target(n).name for n in names]
+
+
+def _cache_for(use_cache: bool, cache_dir: Path | None, request: Any) -> tuple[Any, str | None]:
+    """The compile cache to use (None with --no-cache) and a line when the flags bypass it."""
+    from mlcomp.api import CompileCache, default_cache_dir
+
+    if not use_cache:
+        return None, None
+    if request.dump_after or request.verify:
+        return None, f"cache not used: {'--dump-after' if request.dump_after else '--verify'} needs the passes to run"
+    return CompileCache(cache_dir or default_cache_dir()), None
 
 
 class _Say:

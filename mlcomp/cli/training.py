@@ -8,6 +8,7 @@
     $ mlcomp inspect resnet18 --train --batch 32      # FLOPs by phase, saved activations by module
     $ mlcomp bench resnet18 --train --batch 32
     $ mlcomp compile models.py:make --train           # make() returns (model, loss_fn): its loss is used
+    $ mlcomp compile mlp --train --loss-scale "dynamic{init=65536 growth_interval=2000}"   # or 1024, none
 
 The commands themselves live in :mod:`mlcomp.cli.targets`, :mod:`mlcomp.cli.main`
 and :mod:`mlcomp.cli.study`; they call these functions when ``--train`` is given.
@@ -33,12 +34,16 @@ from mlcomp.base.errors import MlcompError, VerificationError
 __all__ = ["bench_train", "check_train_flags", "compile_train", "inspect_train"]
 
 
-def check_train_flags(target: str | None, loss: str, optimizer: str) -> tuple[Any, Any]:
-    """Target capability, loss name and optimizer spec, checked before any capture."""
+def check_train_flags(target: str | None, loss: str, optimizer: str, loss_scale: str | None = None
+                      ) -> tuple[Any, Any]:
+    """Target capability, loss name, optimizer spec and ``--loss-scale``, checked before any capture."""
     from mlcomp.frontend.joint import LossKind
+    from mlcomp.targets.loss_scaling import LossScaleSpec
     from mlcomp.targets.optim import OptimizerSpec
     from mlcomp.targets.training import check_training_target
 
+    if loss_scale is not None:
+        LossScaleSpec.parse(loss_scale)
     spec = OptimizerSpec.parse(optimizer)
     kind = LossKind.parse(loss)
     check_training_target(target or "cpu")
@@ -98,7 +103,7 @@ def _loss_name(loss: Any) -> str:
 def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, trust_pickle: bool, *,
                   target: str | None, output: Path | None, loss: str, optimizer: str, steps: int,
                   tolerance: float | None, device: str | None, pipeline: str | None, instruments: Any,
-                  force: bool) -> None:
+                  force: bool, loss_scale: str | None = None) -> None:
     """``mlcomp compile MODEL --train``: capture, compile, verify, compare N steps, save the artifact folder."""
     from mlcomp.base.files import Kind, check_destination
     from mlcomp.frontend.joint import loss_function
@@ -110,7 +115,7 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
         verify_gradients,
     )
 
-    spec, _ = check_train_flags(target, loss, optimizer)
+    spec, _ = check_train_flags(target, loss, optimizer, loss_scale)
     target = target or "cpu"
     if output is not None:
         check_destination(output, Kind.DIR, force=force)
@@ -128,15 +133,20 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
     keys = list(reference.state_dict())
     options = CompileOptions.make(device=device, tolerance=tolerance)
     tol = tolerance or 1e-5
-    art = compile_training(graph, target=target, optimizer=spec, options=options, state_keys=keys)
+    art = compile_training(graph, target=target, optimizer=spec, options=options, state_keys=keys,
+                           loss_scale=loss_scale)
     check = verify_gradients(art, reference, loss_fn, args, tolerance=tol)
     click.echo(f"gradients vs eager autograd: worst {check['worst_rel']:.1e} relative ({check['worst']}), "
                f"loss {check['loss_rel']:.1e}: passed")
-    cmp = compare_steps(compile_training(graph, target=target, optimizer=spec, options=options, state_keys=keys),
+    cmp = compare_steps(compile_training(graph, target=target, optimizer=spec, options=options, state_keys=keys,
+                                         loss_scale=loss_scale),
                         copy.deepcopy(reference), loss_fn, args, steps=steps)
+    if art.loss_scaler is not None:
+        click.echo(f"loss scaling: {art.loss_scaler.spec.text()}")
     click.echo(f"{steps} steps compiled vs eager ({spec.text()}): losses {cmp['compiled_losses'][0]:.4g} → "
                f"{cmp['compiled_losses'][-1]:.4g} / {cmp['eager_losses'][0]:.4g} → {cmp['eager_losses'][-1]:.4g}, "
                f"parameters within {cmp['worst_rel']:.1e} relative ({cmp['worst']})")
+    tol = max(tol, cmp["tolerance"] or 0.0)    # a mixed-precision graph: its declared tolerance
     if cmp["worst_rel"] > tol or cmp["loss_rel"] > tol:
         raise VerificationError(f"{steps} compiled training steps of {graph.name} drift from eager: {cmp['worst']} "
                                 f"differs by {cmp['worst_rel']:.2e} relative (losses {cmp['loss_rel']:.2e}), "
@@ -184,7 +194,7 @@ def inspect_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
 
 
 def bench_train(models: tuple[str, ...], batches: tuple[int, ...], *, targets: tuple[str, ...], policy: Any,
-                loss: str, optimizer: str, json_out: str | None) -> str:
+                loss: str, optimizer: str, json_out: str | None, loss_scale: str | None = None) -> str:
     """``mlcomp bench MODEL --train``: one table row per model and batch; returns the JSON text."""
     from mlcomp.frontend.loading import load_model
     from mlcomp.measure.training_bench import bench_training, format_rows
@@ -192,17 +202,18 @@ def bench_train(models: tuple[str, ...], batches: tuple[int, ...], *, targets: t
     compiled = [t for t in targets if t != "eager"] or ["cpu"]
     rows = []
     for target in compiled:
-        check_train_flags(target, loss, optimizer)
+        check_train_flags(target, loss, optimizer, loss_scale)
+        scaling = {"loss_scale": loss_scale} if loss_scale is not None else {}
         for model in models:
             for batch in batches:
                 if ":" in model:   # a factory: its own loss (and inputs) if it returns them
                     source = load_model(model, batch=batch)
                     rows.append(bench_training(source.eager, inputs=source.inputs(), name=source.name,
                                                batch=batch, loss=_loss_of(source, loss), optimizer=optimizer,
-                                               target=target, policy=policy))
+                                               target=target, policy=policy, **scaling))
                 else:
                     rows.append(bench_training(model, batch=batch, loss=loss, optimizer=optimizer, target=target,
-                                               policy=policy))
+                                               policy=policy, **scaling))
     if json_out != "-":
         click.echo(format_rows(rows))
     return json.dumps([r.to_json() for r in rows], indent=2)

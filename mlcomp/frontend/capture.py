@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from mlcomp.base.errors import CaptureError, InputSpecError
 from mlcomp.base.quiet import quiet_torch
+from mlcomp.frontend.decompose import DecompositionFailed, decompose
 from mlcomp.frontend.provenance import (
     explain_export_failure,
     first_line,
@@ -49,8 +50,9 @@ class CaptureMethod(enum.Enum):
 
 def capture_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], *,
                    method: CaptureMethod = CaptureMethod.EXPORT, dynamic_batch: bool = False,
-                   training: bool = False, name: str | None = None) -> Graph:
-    """Capture an ``nn.Module`` called on ``example_inputs``."""
+                   training: bool = False, name: str | None = None,
+                   decompositions: Mapping[Any, Callable[..., Any]] | None = None) -> Graph:
+    """Capture an ``nn.Module`` called on ``example_inputs`` (``decompositions``: see :func:`capture_exported`)."""
     example_inputs = tuple(example_inputs)
     name = name or type(module).__name__
     module = module.train(training)
@@ -64,7 +66,7 @@ def capture_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], *,
         except Exception as exc:  # noqa: BLE001 - converted to a user error below
             raise explain_export_failure(exc, name) from None
     try:
-        return capture_exported(ep, name=name, training=training)
+        return capture_exported(ep, name=name, training=training, decompositions=decompositions)
     except CaptureError as first:
         if training or dynamic_batch:
             raise
@@ -78,17 +80,23 @@ def capture_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], *,
             raise first from None
 
 
-def capture_exported(ep: "torch.export.ExportedProgram", *, name: str = "graph",
-                     training: bool = False) -> Graph:
-    """Convert an ExportedProgram (any dialect) to the IR at core-ATen level."""
+def capture_exported(ep: "torch.export.ExportedProgram", *, name: str = "graph", training: bool = False,
+                     decompositions: Mapping[Any, Callable[..., Any]] | None = None) -> Graph:
+    """Convert an ExportedProgram (any dialect) to the IR at core-ATen level.
+
+    ``decompositions`` (op overload → function) go over torch's default table. Ops whose
+    decomposition fails stay undecomposed (:mod:`mlcomp.frontend.decompose`);
+    ``graph.kept_ops`` says which and why.
+    """
     with quiet_torch():
         try:
-            ep = _decompose(ep)
-        except Exception as exc:  # noqa: BLE001
+            ep, lowering = decompose(ep, decompositions)
+        except DecompositionFailed as failed:
+            exc = failed.cause
             frames = re.findall(r'File "([^"]+)", line (\d+), in \w+\n\s*(.+)', str(exc))
             where = f"{frames[-1][0]}:{frames[-1][1]} ({frames[-1][2].strip()})" if frames else None
             raise CaptureError(f"torch.export captured {name} but its program cannot be lowered to core "
-                               f"ATen: {first_line(exc)}", where=where,
+                               f"ATen, even keeping every op kind undecomposed: {first_line(exc)}", where=where,
                                hint="this is a gap in torch's decompositions, not in your model; try "
                                     "--capture fx, or rewrite the line named (e.g. .view → .reshape)") from None
     sig = ep.graph_signature
@@ -98,29 +106,10 @@ def capture_exported(ep: "torch.export.ExportedProgram", *, name: str = "graph",
     for spec in sig.input_specs:
         if spec.target is not None and spec.kind.name != "USER_INPUT":
             constant_of[spec.arg.name] = spec.target
-    return from_fx(ep.graph_module.graph, name=name, training=training,
+    graph = from_fx(ep.graph_module.graph, name=name, training=training,
                     constant_of=constant_of, tensors=state)
-
-
-def _decompose(ep: "torch.export.ExportedProgram") -> "torch.export.ExportedProgram":
-    """``run_decompositions``, retried with every ``view`` as a ``reshape`` if it fails.
-
-    Decompositions can give a value other strides than eager did (GPT-2: a
-    ``[2, 16, 64]`` tensor with strides ``(64, 128, 1)``), so a ``view`` that was
-    legal in eager fails while lowering.  ``reshape`` equals ``view`` wherever the
-    view was legal, and decomposes back to a view where the new strides allow.
-    """
-    try:
-        return ep.run_decompositions()
-    except Exception:
-        views = [n for n in ep.graph_module.graph.nodes
-                 if n.op == "call_function" and n.target is torch.ops.aten.view.default]
-        if not views:
-            raise
-        for node in views:
-            node.target = torch.ops.aten.reshape.default
-        ep.graph_module.recompile()
-        return ep.run_decompositions()
+    graph.kept_ops.update(lowering.kept)
+    return graph
 
 
 def _check_runs(module: nn.Module, inputs: tuple[torch.Tensor, ...], name: str) -> None:

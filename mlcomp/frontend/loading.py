@@ -27,7 +27,7 @@ import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -101,14 +101,17 @@ class ModelSource:
         return self.example_inputs
 
     def capture(self, *, method: str = "export", dynamic_batch: bool = False,
-                training: bool = False) -> Graph:
+                training: bool = False, decompositions: Mapping[Any, Callable[..., Any]] | None = None) -> Graph:
+        """The IR; ``decompositions`` (op overload → function) go over torch's default table (export only)."""
         if self.kind == "exported" and self.exported is not None and not dynamic_batch \
                 and method == "export":
-            return capture_exported(self.exported, name=self.name, training=training)
+            return capture_exported(self.exported, name=self.name, training=training,
+                                    decompositions=decompositions)
         if self.kind == "torchscript":
             return _capture_torchscript(self)
         return capture_module(self.eager, self.inputs(), method=CaptureMethod(method),
-                              dynamic_batch=dynamic_batch, training=training, name=self.name)
+                              dynamic_batch=dynamic_batch, training=training, name=self.name,
+                              decompositions=decompositions)
 
 
 def graph_random_inputs(graph: Graph, seed: int = 0) -> tuple[torch.Tensor, ...]:

@@ -170,6 +170,17 @@ def last_level_cache_bytes() -> int:
     return best
 
 
+def vector_bits() -> int:
+    """Widest SIMD register the CPU reports (512 AVX-512F, 256 AVX/AVX2, else 128 SSE/NEON)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next((set(ln.split(":", 1)[1].split()) for ln in fh if ln.startswith(("flags", "Features"))),
+                         set())
+    except OSError:
+        flags = set()
+    return 512 if "avx512f" in flags else 256 if flags & {"avx", "avx2"} else 128
+
+
 def cpu_name() -> str:
     """The CPU model name from ``/proc/cpuinfo`` ("" where unknown)."""
     try:

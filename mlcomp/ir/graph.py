@@ -89,6 +89,8 @@ class Graph(GraphTools):
         self._checked_symbols: tuple[tuple[str, int], ...] = ()
         # infer_meta's memo: (op, literal args, input shapes/dtypes) -> meta; shared by copies
         self.meta_cache: dict[Any, Any] = {}
+        # ops capture left undecomposed -> why (mlcomp.frontend.decompose); inspect and --explain print it
+        self.kept_ops: dict[str, str] = {}
 
     # -- construction -----------------------------------------------------
     def add(self, node: Node, *, before: str | None = None) -> Node:
@@ -333,6 +335,7 @@ class Graph(GraphTools):
         g._first_compute, g._first_compute_stale = self._first_compute, self._first_compute_stale
         g._checked, g._checked_symbols = dict(self._checked), self._checked_symbols
         g.meta_cache = self.meta_cache
+        g.kept_ops = dict(self.kept_ops)
         return g
 
     def subgraph(self, names: Iterable[str], *, name: str | None = None) -> "Graph":

@@ -33,6 +33,7 @@ class Namespace(enum.Enum):
     PRIMS = "prims"        # torch.ops.prims (rare in core ATen graphs)
     OPERATOR = "operator"  # python operator.* on symbolic sizes
     MLCOMP = "mlcomp"      # mlcomp composite ops (fused regions, precision casts…)
+    LIBRARY = "library"    # torch.ops.<lib>.<name> from torch.library, kept undecomposed; name is "lib::name"
 
 
 @dataclass(frozen=True, order=True)
@@ -47,6 +48,8 @@ class Op:
     def qualname(self) -> str:
         if self.namespace in (Namespace.GRAPH, Namespace.OPERATOR, Namespace.MLCOMP):
             return f"{self.namespace.value}.{self.name}"
+        if self.namespace is Namespace.LIBRARY:
+            return f"{self.name}.{self.overload}"
         return f"{self.namespace.value}.{self.name}.{self.overload}"
 
     def __str__(self) -> str:
@@ -71,6 +74,11 @@ class Op:
 
             packet = getattr(getattr(torch.ops, ns.value), self.name)
             return getattr(packet, self.overload)
+        if ns is Namespace.LIBRARY:
+            import torch
+
+            lib, _, name = self.name.partition("::")
+            return getattr(getattr(getattr(torch.ops, lib), name), self.overload)
         if ns is Namespace.OPERATOR:
             return getattr(_operator, self.name)
         if self == GETITEM:
@@ -89,7 +97,7 @@ class Op:
         if isinstance(target, torch._ops.OpOverload):
             ns = target.namespace
             if ns not in ("aten", "prims"):
-                raise KeyError(f"{ns}::{target._opname}")
+                return cls(Namespace.LIBRARY, f"{ns}::{target._opname}", target._overloadname)
             return cls(Namespace(ns), target._opname, target._overloadname)
         if target is _operator.getitem:
             return GETITEM

@@ -68,7 +68,8 @@ def is_pure(op: Op) -> bool:
         return False
     if op.namespace in (Namespace.ATEN, Namespace.PRIMS):
         return op.name not in _RANDOM and not has_side_effects(op)
-    return True  # getitem, operator.*, mlcomp composites
+    # getitem, operator.*, mlcomp composites; a torch.library op may be random or stateful: never merged
+    return op.namespace is not Namespace.LIBRARY
 
 
 def is_fusable(op: Op) -> bool:

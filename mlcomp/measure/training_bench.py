@@ -149,14 +149,15 @@ def training_case(model: str | torch.nn.Module, *, batch: int = 32, inputs: Sequ
 def bench_training(model: str | torch.nn.Module, *, batch: int = 32, inputs: Sequence[torch.Tensor] | None = None,
                    loss: Any = "cross_entropy", optimizer: str = "sgd{lr=0.01 momentum=0.9}",
                    target: str = "cpu", policy: TimingPolicy = DEFAULT_POLICY,
-                   name: str | None = None) -> TrainingBenchRow:
+                   name: str | None = None, loss_scale: Any = None) -> TrainingBenchRow:
     """Eager vs compiled training step of ``model`` (a zoo name or a module with ``inputs``)."""
     case = training_case(model, batch=batch, inputs=inputs, loss=loss, name=name)
     name, model, graph = case.name, case.model, case.graph
     loss_fn = loss_function(loss)
     spec = OptimizerSpec.parse(optimizer)
     eager = copy.deepcopy(model)
-    art = compile_training(graph, target=target, optimizer=spec, state_keys=list(model.state_dict()))
+    art = compile_training(graph, target=target, optimizer=spec, state_keys=list(model.state_dict()),
+                           loss_scale=loss_scale)
     device = art.device
     args = case.args(device)
     check = verify_gradients(art, eager, loss_fn, args, tolerance=1e-4)

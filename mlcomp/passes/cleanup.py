@@ -362,9 +362,10 @@ class Cleanup(CompositePass):
     max_iterations: int = option(4, "rounds of the four passes before stopping", min=1)
     fold: bool = option(True, "fold constant subgraphs (fold-constants)")
     fold_max_bytes: int = option(1 << 20, "largest folded constant that may be bigger than its inputs", min=0)
+    fold_params: bool = option(True, "also fold subgraphs that read only parameters (inference graphs)")
 
     def body(self) -> FixedPoint:
-        fold = [FoldConstants(max_bytes=self.fold_max_bytes)] if self.fold else []
+        fold = [FoldConstants(max_bytes=self.fold_max_bytes, params=self.fold_params)] if self.fold else []
         return FixedPoint(Sequential(Simplify(), *fold, CommonSubexpressionElimination(), DeadCodeElimination()),
                           self.max_iterations)
 

@@ -17,8 +17,7 @@ hands a value to another, and converts graph-owned weights once, at compile time
                                                      %exp: f32[2, 4] = aten.exp(%mm_f32)       {fp32, policy}
                                                      return (%exp,)
 
-A cast pair the graph already had (``bf16 → f32 → bf16``) is removed by ``cleanup``
-(``simplify`` cancels casts whose first step is exact).  Stats: the dtype chosen and
+Cast pairs (``bf16 → f32 → bf16``) are removed by ``cleanup``.  Stats: the dtype chosen and
 why (``dtype=auto`` decides from the hardware: bf16 where the probe measured bf16
 matrix products faster than fp32, fp16 on CUDA, else fp32 and the graph is left
 unchanged), node counts per precision, casts inserted, weight bytes before/after,
@@ -33,11 +32,10 @@ optimizer updates); each parameter read in low precision gets ONE cast node
 ``%<param>_bf16 = aten._to_copy(%<param>, dtype=bf16)`` right before its first
 reader, shared by forward and backward, so the low-precision copy is made once per
 step inside the graph.  Losses, log-softmax, reductions (the bias gradients' ``sum``)
-and normalisation statistics compute in fp32.  Every output keeps its captured
-dtype: ``%loss`` and every ``%grad:<param>`` are fp32 (a cast ``…_f32`` before the
-output where the gradient was computed in low precision), and so are the buffer
-updates ``%new:<buffer>``.  A loss scale multiplies ``%loss``'s gradient seed, so it
-flows through the low-precision backward unchanged; unscale the fp32 gradients.
+and normalisation statistics compute in fp32; a norm reads its weight, bias and running
+statistics in fp32 (``precision_policy.fp32_operands``), so its saved statistics are fp32
+as the IR says and its fused backward reads fp32 only.  Outputs keep their captured dtype
+(``%loss``, ``%grad:<param>`` via a cast ``…_f32``, ``%new:<buffer>``: fp32).
 """
 from __future__ import annotations
 
@@ -60,7 +58,7 @@ from mlcomp.ir.meta import infer_meta
 from mlcomp.ir.node import PrecisionReason
 from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM, Namespace
 from mlcomp.passes import patterns as P
-from mlcomp.passes.precision_policy import DeviceKind, PolicyName, Rule, policy_table, rule_for
+from mlcomp.passes.precision_policy import DeviceKind, PolicyName, Rule, fp32_operands, policy_table, rule_for
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
 __all__ = ["MixedPrecision", "LowDtype", "MixedPrecisionWarning"]
@@ -315,6 +313,8 @@ class _Rewriter:
             else:
                 target = torch.float32
             want = {s: target for s in floats}
+            if self.training:    # a norm's parameters and running statistics stay fp32 (mixed-type kernel)
+                want.update((s, torch.float32) for s in fp32_operands(node) if s in want)
         swap = {s: Ref(self._get(s, d)) for s, d in want.items()}
         new = node.with_(inputs=map_refs(node.inputs, lambda r: swap.get(r.name, r)),
                          attrs=map_refs(dict(node.attrs), lambda r: swap.get(r.name, r)))
@@ -326,9 +326,10 @@ class _Rewriter:
         out = _float_meta(new.meta)
         if decision is not None and out is not None:
             new = new.with_ann(precision=_PRECISION[out.dtype], precision_reason=decision[1])
-        elif node.op == GETITEM and out is not None:
+        elif node.op == GETITEM and out is not None:   # an element: its own dtype, the tuple's reason
             src = g.node(node.input_names()[0])
-            new = new.with_ann(precision=src.ann.precision, precision_reason=src.ann.precision_reason)
+            new = new.with_ann(precision=_PRECISION[out.dtype] if src.ann.precision is not None else None,
+                               precision_reason=src.ann.precision_reason)
         g.replace(new)
         if isinstance(new.meta, TensorMeta) and new.meta.dtype in _FLOATS:
             self.original[node.name] = node.meta.dtype if isinstance(node.meta, TensorMeta) else new.meta.dtype

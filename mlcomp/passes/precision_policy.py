@@ -38,9 +38,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
+from mlcomp.ir import Node, Ref
 from mlcomp.ir.ops import Category, Namespace, Op, aten, category
 
-__all__ = ["Rule", "DeviceKind", "PolicyName", "PolicyTable", "policy_table", "rule_for"]
+__all__ = ["Rule", "DeviceKind", "PolicyName", "PolicyTable", "fp32_operands", "policy_table", "rule_for"]
 
 
 class Rule(enum.Enum):
@@ -85,6 +86,18 @@ gelu_backward silu_backward hardtanh_backward leaky_relu_backward elu_backward h
 native_dropout native_dropout_backward avg_pool2d_backward max_pool2d_with_indices_backward
 _adaptive_avg_pool2d_backward mean amax amin max min avg_pool2d _adaptive_avg_pool2d adaptive_avg_pool2d
 max_pool2d_with_indices max_pool2d embedding""".split()
+
+# normalisation kernels whose affine parameters and running statistics may stay fp32 beside a
+# low-precision input (CPU and CUDA kernels take the mixed types; eager autocast runs them so).  With
+# fp32 parameters the saved statistics (mean, rstd) come out fp32, as the meta kernels say; with
+# low-precision parameters the CPU kernels return low-precision statistics that the meta kernels
+# still call fp32, and the fp32 backward kernel that reads them fails ("expected scalar type Float")
+_AFFINE = ("weight", "bias")
+_RUNNING = ("weight", "bias", "running_mean", "running_var")
+_FP32_OPERANDS = {"native_layer_norm": _AFFINE, "layer_norm": _AFFINE, "native_group_norm": _AFFINE,
+                  "group_norm": _AFFINE, "native_batch_norm": _RUNNING, "_native_batch_norm_legit": _RUNNING,
+                  "_native_batch_norm_legit_functional": _RUNNING,
+                  "_native_batch_norm_legit_no_training": _RUNNING, "batch_norm": _RUNNING}
 
 _REASONS = {
     "product": "matrix product/convolution: the seed rule and autocast run it in low precision",
@@ -138,6 +151,19 @@ def policy_table(name: PolicyName, device: DeviceKind) -> PolicyTable:
             if rule is not Rule.LOWER and category(aten(op)) is not Category.INJECTIVE:
                 rules[op] = (Rule.KEEP_FP32, _REASONS["compute_only"])
     return PolicyTable(name, device, MappingProxyType(rules))
+
+
+def fp32_operands(node: Node) -> list[str]:
+    """Values ``node`` reads that stay fp32 on a training graph whatever precision it computes in: a
+    normalisation's affine parameters and running statistics (the mixed-type kernels autocast uses),
+    passed positionally or by keyword."""
+    names = _FP32_OPERANDS.get(node.op.name, ()) if node.op.namespace is Namespace.ATEN else ()
+    if not names:
+        return []
+    schema = node.op.resolve()._schema
+    found = [node.attrs.get(n) for n in names]
+    found += [node.inputs[i] for i, a in enumerate(schema.arguments) if a.name in names and i < len(node.inputs)]
+    return [r.name for r in found if isinstance(r, Ref)]
 
 
 def rule_for(table: PolicyTable, op: Op) -> tuple[Rule, str]:

@@ -10,6 +10,8 @@ to ``round_to``) and rewrites the graph physically smaller::
     %layer1.0.conv1.weight: f32[64, 64, 3, 3]          %layer1.0.conv1.weight: f32[32, 32, 3, 3]
     %fc.weight: f32[10, 512] = param                   %fc.weight: f32[10, 256] = param
 
+Channels that reach a ``cat``, ``split`` or slice are pruned per part, and the
+concat's channels follow (``ChannelGroups.with_concats``); GroupNorm loses whole groups.
 Pruning changes the function, so the pass hands the manager a *masked reference*
 (``PassResult.reference``): the original graph with the same channels zeroed
 where they leave their group; ``--verify`` checks the pruned graph against it
@@ -19,7 +21,7 @@ separately (relative error, cosine similarity, top-1 agreement).
 ``method=magnitude`` and ``method=2:4`` keep the shapes and write zeros into the
 weights: no mlcomp target runs a sparse kernel (on this CPU, CSR matmul beat dense
 only above ~80% zeros when measured), so the stats say "dense" and give the compressed size;
-2:4 is refused unless the pass runs for a CUDA device of compute capability 8.0+.
+2:4 is refused before capture (``check_target``) unless the target is CUDA of compute capability 8.0+.
 """
 from __future__ import annotations
 
@@ -98,17 +100,29 @@ class Prune(Pass):
             raise PipelineSpecError(f"option 'sparsity' of pass 'prune' must be in [0, 1), got {self.sparsity!r}: "
                                     f"1 would remove every channel",
                                     hint="for example prune{sparsity=0.5}")
-        if self.method is PruneMethod.TWO_FOUR and not semi_structured_device(self.device):
+
+    def check_target(self, target: str) -> None:
+        """2:4 weights pay only through torch's semi-structured kernels: CUDA, capability 8.0+."""
+        if self.method is not PruneMethod.TWO_FOUR:
+            return
+        device = self.device if self.device.startswith("cuda") else "cuda"
+        if target != "cuda" or not semi_structured_device(device):
+            where = (f"target {target} cannot run them" if target != "cuda"
+                     else f"this machine has no such GPU for device {device!r}")
             raise PipelineSpecError(
                 f"prune{{method=2:4}} writes weights for torch's semi-structured sparse kernels, which run only "
-                f"on CUDA GPUs of compute capability 8.0 or newer; device {self.device!r} cannot run them",
+                f"on CUDA GPUs of compute capability 8.0 or newer; {where}",
                 hint="use method=magnitude (dense weights with zeros) or method=channel (a smaller dense model) "
-                     "for this device, or device=cuda on an Ampere or newer GPU")
+                     "for this target, or --target cuda on an Ampere or newer GPU")
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         if self.recalibrate_bn and ctx.calibration_data is None:
             raise PassFailure("prune{recalibrate_bn=true} needs calibration data and none was given",
                               hint="pass calibration_data= (a few batches of real inputs)")
+        if self.method is PruneMethod.TWO_FOUR and not semi_structured_device(self.device):
+            raise PassFailure(f"prune{{method=2:4}} needs a CUDA device of compute capability 8.0 or newer for "
+                              f"torch's semi-structured kernels; device {self.device!r} is not one",
+                              hint="use method=magnitude or method=channel, or device=cuda on an Ampere or newer GPU")
         if self.method in (PruneMethod.MAGNITUDE, PruneMethod.TWO_FOUR):
             return self._weights(graph, ctx)
         groups = find_channel_groups(graph, exclude=self.exclude)
@@ -133,14 +147,15 @@ class Prune(Pass):
         if not keep:
             return PassResult(graph, False, {"method": self.method.value, "groups_pruned": 0,
                                              "notes": notes + [f"sparsity {self.sparsity} removes no channel"]})
-        reference = masked(graph, groups, keep)
+        full = groups.with_concats(keep)          # a concat's (or split's) channels follow its parts
+        reference = masked(graph, groups, full)
         before = _model_size(graph)
         flops_before = {n.name: node_flops(graph, n) for n in graph.call_nodes()
                         if n.op.is_composite or category(n.op) is Category.COMPUTE}   # FLOPs live there
         out = graph.copy()
-        shrink(out, groups, keep)
+        shrink(out, groups, full)
         if self.recalibrate_bn:
-            recalibrate_bn(out, reference, groups, keep, ctx.calibration_data)
+            recalibrate_bn(out, reference, groups, full, ctx.calibration_data)
         after = _model_size(out)
         flops_after = sum(node_flops(out, out.node(n)) for n in flops_before)
         stats: dict[str, Any] = {
@@ -235,22 +250,40 @@ def semi_structured_device(device: str) -> bool:
 
 
 def _importance(graph: Graph, groups: ChannelGroups, g: ChannelGroup, how: Importance) -> torch.Tensor:
-    """One score per channel of the group: each weight's per-channel norm over its mean, summed."""
-    sources = g.bn_scales if how is Importance.BN_SCALE and g.bn_scales else g.weights
+    """One score per channel of the group: each weight's per-channel norm over its mean, summed.
+
+    Weights that read a concat (or split) holding the group count too, on the part it occupies.
+    """
+    bn = how is Importance.BN_SCALE
+    sources = g.bn_scales if bn and g.bn_scales else g.weights
     score = torch.zeros(g.size, dtype=torch.float64)
-    for name in sources:
-        t = graph.constants[name].detach().double()
-        for pname, axis in g.params:
-            if pname != name:
-                continue
-            layout = groups.layout(name, axis)
+    for pname, axis in g.params:
+        if pname in sources:
+            layout = groups.layout(pname, axis)
             pos = next(i for i, (gid, _) in enumerate(layout) if gid == g.id)
-            shaped = t.reshape(*t.shape[:axis], *[s for _, s in layout], *t.shape[axis + 1:])
-            per = shaped.movedim(axis + pos, 0).reshape(g.size, -1)
-            s = per.abs().sum(1) if how is Importance.L1 else per.abs().amax(1) if how is Importance.BN_SCALE \
-                else per.pow(2).sum(1).sqrt()
-            score += s / s.mean().clamp_min(1e-12)
+            t = _factored(graph.constants[pname], axis, [s for _, s in layout])
+            score += _norm(t.movedim(axis + pos, 0).reshape(g.size, -1), how)
+    for root, offset, factors, pos in groups.inside(g.id):
+        whole = groups.groups[root]
+        for pname, axis in whole.params:
+            if pname in (whole.bn_scales if bn and whole.bn_scales else whole.weights):
+                layout = groups.layout(pname, axis)
+                at = axis + next(i for i, (gid, _) in enumerate(layout) if gid == root)
+                t = _factored(graph.constants[pname], axis, [s for _, s in layout])
+                t = _factored(t.narrow(at, offset, math.prod(factors)), at, factors)
+                score += _norm(t.movedim(at + pos, 0).reshape(g.size, -1), how)
     return score
+
+
+def _factored(t: torch.Tensor, axis: int, sizes: list[int]) -> torch.Tensor:
+    return t.detach().double().reshape(*t.shape[:axis], *sizes, *t.shape[axis + 1:])
+
+
+def _norm(per: torch.Tensor, how: Importance) -> torch.Tensor:
+    """Per-row norm of ``per`` (rows: channels), over its mean."""
+    s = per.abs().sum(1) if how is Importance.L1 else per.abs().amax(1) if how is Importance.BN_SCALE \
+        else per.pow(2).sum(1).sqrt()
+    return s / s.mean().clamp_min(1e-12)
 
 
 def _group_stats(graph: Graph, groups: ChannelGroups, chosen: list[ChannelGroup], keep: dict[int, torch.Tensor],

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from mlcomp.analysis.channel_groups import ChannelGroups
+from mlcomp.analysis.channel_groups import ChannelGroups, flat_index
 from mlcomp.base.errors import IRError
 from mlcomp.ir import Graph, Node, Ref, TensorMeta
 from mlcomp.ir.builder import new_node
@@ -33,18 +33,16 @@ from mlcomp.passes import patterns as P
 
 __all__ = ["axis_index", "shrink", "masked", "magnitude_masks", "two_four_mask", "recalibrate_bn"]
 
+_SPLITS_SIZES = aten("split_with_sizes")
+_SPLITS = frozenset({aten("split.Tensor"), _SPLITS_SIZES})
+_GROUP_NORM = aten("native_group_norm")
+
 Keep = Mapping[int, torch.Tensor]     # group id -> sorted indices of the channels kept
 
 
 def axis_index(layout: list[tuple[int | None, int]], keep: Keep) -> torch.Tensor | None:
     """Flat indices an axis keeps, given its (group, size) factors; None when no factor is pruned."""
-    if not any(gid in keep for gid, _ in layout):
-        return None
-    idx = torch.zeros(1, dtype=torch.long)
-    for gid, size in layout:
-        part = keep[gid] if gid in keep else torch.arange(size)
-        idx = (idx[:, None] * size + part[None, :]).reshape(-1)
-    return idx
+    return flat_index(layout, keep)
 
 
 def _new_size(layout: list[tuple[int | None, int]], keep: Keep) -> int:
@@ -89,10 +87,48 @@ def _update_literals(graph: Graph, groups: ChannelGroups, keep: Keep, node: Node
         before = node.tensor_meta.shape[1]
         if ins[8] == before and groups.layout(node.name, 1):        # depthwise: one group per channel
             ins[8] = _new_size(groups.layout(node.name, 1), keep)
+    elif node.op in _SPLITS or node.op == P.SLICE:
+        return _update_offsets(graph, groups, keep, node)
+    elif node.op == _GROUP_NORM and isinstance(ins[0], Ref):
+        channels = _new_size(groups.layout(ins[0].name, 1), keep) if groups.layout(ins[0].name, 1) else ins[4]
+        ins[6] = ins[6] * channels // ins[4]                          # whole groups only: per-group size stays
+        ins[4] = channels
     else:
         return node
     if tuple(ins) == node.inputs:
         return node
+    return graph.replace(node.with_(inputs=tuple(ins)))
+
+
+def _update_offsets(graph: Graph, groups: ChannelGroups, keep: Keep, node: Node) -> Node:
+    """Split sizes and slice bounds on a pruned axis: count the kept channels before each offset."""
+    ins = list(node.inputs)
+    d = ins[1] if node.op == P.SLICE else (ins[2] if len(ins) > 2 else 0)
+    if not isinstance(ins[0], Ref):
+        return node
+    d %= len(graph.node(ins[0].name).tensor_meta.shape)
+    idx = axis_index(groups.layout(ins[0].name, d), keep)
+    if idx is None:
+        return node
+    size = graph.node(ins[0].name).tensor_meta.concrete_shape(graph.symbols)[d]
+
+    def kept_before(offset: int) -> int:
+        return int((idx < offset).sum())
+
+    if node.op == P.SLICE:
+        start, end = (ins[2] if len(ins) > 2 else 0), (ins[3] if len(ins) > 3 else size)
+        start, end = (max(0, min(size, v + size if v < 0 else v)) for v in (start, end))
+        ins[2:4] = [kept_before(start), kept_before(max(start, end))]
+    else:
+        metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
+        bounds = [0]
+        for m in metas:
+            bounds.append(bounds[-1] + m.concrete_shape(graph.symbols)[d])
+        sizes = [kept_before(b) - kept_before(a) for a, b in zip(bounds, bounds[1:])]
+        if node.op == _SPLITS_SIZES or len(set(sizes[:-1])) > 1 or sizes[-1] > sizes[0]:
+            kind = type(node.inputs[1]) if isinstance(node.inputs[1], (list, tuple)) else list
+            return graph.replace(node.with_(op=_SPLITS_SIZES, inputs=(ins[0], kind(sizes), d)))
+        ins[1] = sizes[0]
     return graph.replace(node.with_(inputs=tuple(ins)))
 
 

@@ -151,6 +151,13 @@ class Pass:
     def run(self, graph: "Graph", ctx: PassContext) -> PassResult:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def check_target(self, target: str) -> None:
+        """Refuse (``PipelineSpecError``) a target whose runtime cannot use what this pass writes.
+
+        Called with the canonical target name before any model is loaded; passes that
+        do not care about the target keep this no-op.
+        """
+
     @classmethod
     def summary(cls) -> str:
         doc = (cls.__doc__ or "").strip()

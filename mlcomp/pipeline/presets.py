@@ -12,6 +12,8 @@ with the reason, so the pipeline report can say what was dropped::
     'cleanup'
     >>> adapted.dropped[0].reason
     "onnxruntime fuses kernels itself; mlcomp's fusion measured no gain there (benchmarks/presets.py)"
+    >>> adapt_preset("-O1", "onnxruntime", frozenset({Rewrite.CLEANUP})).text   # no weight folding
+    'cleanup{fold_params=false}'
 
 Two equal passes left next to each other by a drop run once (both run to a
 fixed point).  Only presets adapt: a pipeline the user wrote out (inline text, TOML) runs as
@@ -39,6 +41,7 @@ class Rewrite(enum.Enum):
 
     CLEANUP = "cleanup"          # dead code, CSE, no-ops, constant folding: less work for any backend
     FUSION = "fusion"            # mlcomp's own fused kernels and recompositions (fuse, fuse-*)
+    WEIGHT_FOLDING = "weight-folding"  # cleanup also folds what reads only weights (a Linear's transpose)
 
     def unwanted_reason(self, target: str) -> str:
         return _UNWANTED[self].format(target=target)
@@ -47,7 +50,13 @@ class Rewrite(enum.Enum):
 _UNWANTED = {
     Rewrite.CLEANUP: "{target} does not benefit from graph cleanup",
     Rewrite.FUSION: "{target} fuses kernels itself; mlcomp's fusion measured no gain there (benchmarks/presets.py)",
+    Rewrite.WEIGHT_FOLDING: "{target} folds weight subgraphs itself when it loads the model; folded here they no "
+                            "longer read the layer's own weights, which its exporter needs to put layers such as "
+                            "GRU back (benchmarks/ort_parity.py)",
 }
+
+# the option that turns weight folding off in a cleanup pass (``cleanup{fold_params=false}``)
+_NO_WEIGHT_FOLDING = "fold_params=false"
 
 ALL_REWRITES: frozenset[Rewrite] = frozenset(Rewrite)
 
@@ -107,10 +116,22 @@ def adapt_preset(pipeline: object, target: str, wanted: frozenset[Rewrite]) -> A
         return None
     kept: list[str] = []
     dropped: list[Dropped] = []
+    no_folding = False
     for rewrite, spec in PRESET_TABLE[key]:
+        if rewrite is Rewrite.CLEANUP and rewrite in wanted and Rewrite.WEIGHT_FOLDING not in wanted:
+            spec = _with_option(spec, _NO_WEIGHT_FOLDING)
+            no_folding = True
         if rewrite in wanted:
             if not kept or kept[-1] != spec:
                 kept.append(spec)
         else:
             dropped.append(Dropped(spec, rewrite, rewrite.unwanted_reason(target)))
+    if no_folding:
+        dropped.append(Dropped(_with_option("cleanup", "fold_params=true"), Rewrite.WEIGHT_FOLDING,
+                               Rewrite.WEIGHT_FOLDING.unwanted_reason(target)))
     return AdaptedPreset(f"-{key}", target, ",".join(kept), tuple(dropped))
+
+
+def _with_option(spec: str, option: str) -> str:
+    """``cleanup`` → ``cleanup{opt}``; ``cleanup{a=1}`` → ``cleanup{a=1 opt}``."""
+    return f"{spec[:-1]} {option}}}" if spec.endswith("}") else f"{spec}{{{option}}}"

@@ -86,6 +86,11 @@ class Pipeline:
     def build(self, registry: PassRegistry | None = None) -> list[Pass]:
         return [p.build(registry) for p in self.passes]
 
+    def check_target(self, target: str, registry: PassRegistry | None = None) -> None:
+        """Ask every pass whether ``target`` (a canonical name) can run its output; before any capture."""
+        for p in self.build(registry):
+            p.check_target(target)
+
     # -- construction -----------------------------------------------------
     @classmethod
     def parse(cls, text: str, *, registry: PassRegistry | None = None) -> "Pipeline":
@@ -169,7 +174,9 @@ def _preset_key(text: str) -> str | None:
 
 
 def _spec_of(info: Any, given: dict[str, Any]) -> PassSpec:
-    """Options in field order, without those equal to their default."""
+    """Options in field order, without those equal to their default; the pass is built once so
+    checks across options (``Pass.__post_init__``) refuse a bad spec when it is parsed."""
+    info.make(given)
     opts = tuple((o.name, given[o.name]) for o in info.options
                  if o.name in given and given[o.name] != o.default)
     return PassSpec(info.name, opts)

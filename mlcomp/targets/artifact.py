@@ -57,6 +57,7 @@ class RuntimeKind(enum.Enum):
     EAGER = "eager"
     PARTITIONED = "partitioned"
     PIPELINE = "pipeline"
+    OPENVINO = "openvino"
 
     @property
     def loader(self) -> str:
@@ -72,6 +73,7 @@ RUNTIMES: LazyRegistry[type["Runtime"]] = LazyRegistry("runtime", {
     "onnxruntime": "mlcomp.targets.onnxruntime:OrtRuntime", "tvm": "mlcomp.targets.tvm:TvmRuntime",
     "eager": "mlcomp.targets.fallback:EagerRuntime", "partitioned": "mlcomp.targets.fallback:PartitionedRuntime",
     "pipeline": "mlcomp.targets.distributed:PipelineRuntime",
+    "openvino": "mlcomp.targets.openvino:OpenVinoRuntime",
 })
 
 
@@ -144,7 +146,7 @@ def versions() -> dict[str, str | None]:
     """Versions of the packages an artifact depends on (read from metadata, nothing imported)."""
     out: dict[str, str | None] = {"python": platform.python_version()}
     for key, dist in (("mlcomp", "mlcomp"), ("torch", "torch"), ("onnx", "onnx"),
-                      ("onnxruntime", "onnxruntime"), ("tvm", "apache-tvm")):
+                      ("onnxruntime", "onnxruntime"), ("tvm", "apache-tvm"), ("openvino", "openvino")):
         try:
             out[key] = metadata.version(dist)
         except metadata.PackageNotFoundError:

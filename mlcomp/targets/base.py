@@ -293,6 +293,7 @@ class TargetName(enum.Enum):
     ONNXRUNTIME = "onnxruntime"
     TVM = "tvm"
     DISTRIBUTED = "distributed"
+    OPENVINO = "openvino"
 
     @property
     def implementation(self) -> str:
@@ -310,6 +311,7 @@ TARGETS: LazyRegistry[type[Target]] = LazyRegistry("target", {
     "cpu": "mlcomp.targets.cpu:CpuTarget", "cuda": "mlcomp.targets.cuda:CudaTarget",
     "onnxruntime": "mlcomp.targets.onnxruntime:OnnxRuntimeTarget", "tvm": "mlcomp.targets.tvm:TvmTarget",
     "distributed": "mlcomp.targets.distributed:DistributedTarget",
+    "openvino": "mlcomp.targets.openvino:OpenVinoTarget",
 }, on_unknown=_unknown_target)
 
 _ALIASES = {"ort": TargetName.ONNXRUNTIME, "onnx": TargetName.ONNXRUNTIME, "torchscript": TargetName.CPU}

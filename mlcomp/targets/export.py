@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from mlcomp.targets.codegen import to_fx
+from mlcomp.targets.onnx_patterns import ort_friendly
 
 from mlcomp.analysis.verify import VerifyResult, check_against
 from mlcomp.base.errors import MlcompError
@@ -87,13 +88,15 @@ def _reload_onnx(path: str) -> Callable[..., Any]:
 
 
 def _write_onnx(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Callable[..., Any]:
-    """Casts of a mixed-precision graph become ONNX ``Cast`` nodes; ops the ORT CPU provider has no
-    bf16/fp16 kernel for are kept fp32 in the file (see :mod:`mlcomp.targets.ort_precision`), so the
-    file runs on plain ``onnxruntime``."""
+    """The graph the ``onnxruntime`` target exports (:func:`mlcomp.targets.onnx_patterns.ort_friendly`:
+    RNN layers as ONNX RNN ops, linears as ``Gemm``).  Casts of a mixed-precision graph become ONNX
+    ``Cast`` nodes; ops the ORT CPU provider has no bf16/fp16 kernel for are kept fp32 in the file
+    (see :mod:`mlcomp.targets.ort_precision`), so the file runs on plain ``onnxruntime``."""
     from mlcomp.targets.base import get_target
     from mlcomp.targets.onnxruntime import export_onnx
 
-    model = export_onnx(to_fx(graph).eval(), inputs, name=graph.name)
+    friendly, _ = ort_friendly(graph, inputs)
+    model = export_onnx(to_fx(friendly).eval(), inputs, name=graph.name)
     if any(m.dtype in (torch.bfloat16, torch.float16) for n in graph.nodes() for m in tensor_metas(n.meta)):
         model, _ = get_target("onnxruntime").lower_precision(model)
     Path(tmp).write_bytes(model)

@@ -34,11 +34,13 @@ from typing import Any
 
 import torch
 
-from mlcomp.base.errors import MlcompError
+from mlcomp.base.errors import MlcompError, PipelineSpecError
 from mlcomp.ir import Graph, Mode, Node, Ref, TensorMeta
 from mlcomp.ir.builder import new_node
 from mlcomp.ir.node import Phase
 from mlcomp.ir.ops import INPUT, aten
+from mlcomp.pipeline.pass_base import PassRegistry, option
+from mlcomp.pipeline.spec import Pipeline
 
 __all__ = [
     "LOSS_SCALE_INPUT",
@@ -52,7 +54,6 @@ __all__ = [
 
 LOSS_SCALE_INPUT = "loss_scale"
 _SEED_OPS = frozenset({aten("full_like"), aten("ones_like")})
-_SPEC = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?:\{(.*)\})?\s*$", re.DOTALL)
 
 
 class LossScaleError(MlcompError):
@@ -81,7 +82,10 @@ class LossScaleSpec:
 
     @classmethod
     def parse(cls, value: str | float | int | LossScaleSpec | None, *, graph: Graph | None = None) -> LossScaleSpec:
-        """``None``: dynamic when ``graph`` computes anything in fp16 (the range problem), else none."""
+        """``None``: dynamic when ``graph`` computes anything in fp16 (the range problem), else none.
+
+        Text goes through the pipeline grammar (:mod:`mlcomp.pipeline.spec`), as optimizer specs do:
+        ``dynamic{init=65536 growth_interval=2000}`` reads, and fails, like a pass spec."""
         if isinstance(value, LossScaleSpec):
             return value
         if value is None:
@@ -97,22 +101,23 @@ class LossScaleSpec:
             return cls._static(float(text), text)
         except ValueError:
             pass
-        m = _SPEC.match(text)
-        if not m:
-            raise _bad(text, "it is not a number, a mode, or mode{key=value ...}")
-        name, body = m.group(1).lower(), m.group(2)
         try:
-            mode = LossScaleMode(name)
-        except ValueError:
-            raise _bad(text, f"there is no loss-scale mode {name!r}") from None
-        values = _options(text, mode, body or "")
+            pipe = Pipeline.parse(text.lower(), registry=_REGISTRY)
+        except PipelineSpecError as exc:
+            raise _bad(text, _grammar_words(exc.what)) from None
+        if len(pipe.passes) != 1:
+            raise _bad(text, f"it names {len(pipe.passes)} loss-scale modes; give one")
+        item = pipe.passes[0]
+        mode, given = LossScaleMode(item.name), dict(item.options)
+        if mode is LossScaleMode.NONE:
+            return cls(LossScaleMode.NONE)
         if mode is LossScaleMode.STATIC:
-            return cls._static(values.get("scale", cls.init), text)
-        spec = cls(mode, **values)
-        if mode is LossScaleMode.DYNAMIC:
-            if not (spec.init > 0 and math.isfinite(spec.init)) or spec.growth <= 1 or not 0 < spec.backoff < 1 \
-                    or spec.interval < 1:
-                raise _bad(text, "dynamic scaling needs init > 0, growth > 1, 0 < backoff < 1 and interval >= 1")
+            return cls._static(float(given.get("scale", cls.init)), text)
+        o = DynamicOptions(**given)
+        spec = cls(mode, init=float(o.init), growth=float(o.growth), backoff=float(o.backoff),
+                   interval=int(o.growth_interval or o.interval))
+        if not (spec.init > 0 and math.isfinite(spec.init)) or spec.growth <= 1 or not 0 < spec.backoff < 1:
+            raise _bad(text, "dynamic scaling needs init > 0, growth > 1, 0 < backoff < 1 and interval >= 1")
         return spec
 
     @classmethod
@@ -125,34 +130,50 @@ class LossScaleSpec:
         if self.mode is LossScaleMode.NONE:
             return "none"
         if self.mode is LossScaleMode.STATIC:
-            return f"static{{scale={self.init}}}"
-        return (f"dynamic{{init={self.init} growth={self.growth} backoff={self.backoff} "
+            return f"static{{scale={self.init!r}}}"
+        return (f"dynamic{{init={self.init!r} growth={self.growth!r} backoff={self.backoff!r} "
                 f"interval={self.interval}}}")
 
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode.value, "init": self.init, "growth": self.growth, "backoff": self.backoff,
+                "interval": self.interval}
 
-_KEYS = {LossScaleMode.DYNAMIC: ("init", "growth", "backoff", "interval"), LossScaleMode.STATIC: ("scale",),
-         LossScaleMode.NONE: ()}
+
+@dataclass(frozen=True)
+class DynamicOptions:
+    """``dynamic{…}``: torch.amp.GradScaler's schedule (its ``growth_interval`` is accepted for ``interval``)."""
+
+    init: float = option(2.0 ** 16, "the first scale, > 0")
+    growth: float = option(2.0, "factor after interval clean steps, > 1", min=1.0)
+    backoff: float = option(0.5, "factor after an inf/NaN gradient, in (0, 1)", min=0.0, max=1.0)
+    interval: int = option(2000, "clean steps in a row before growing", min=1)
+    growth_interval: int = option(0, "the same as interval (torch.amp.GradScaler's name); 0: not given", min=0)
 
 
-def _options(text: str, mode: LossScaleMode, body: str) -> dict[str, Any]:
-    allowed = _KEYS[mode]
-    out: dict[str, Any] = {}
-    for item in filter(None, re.split(r"[\s,]+", body.strip())):
-        key, eq, raw = item.partition("=")
-        if not eq or key not in allowed:
-            takes = ", ".join(allowed) if allowed else "no options"
-            raise _bad(text, f"{item!r} is not an option of {mode.value} (it takes {takes})")
-        try:
-            number = float(raw)
-        except ValueError:
-            raise _bad(text, f"{key}={raw!r} is not a number") from None
-        if key == "interval":
-            if number != int(number):
-                raise _bad(text, f"interval={raw!r} is not a whole number of steps")
-            out[key] = int(number)
-        else:
-            out[key] = number
-    return out
+@dataclass(frozen=True)
+class StaticOptions:
+    """``static{scale=…}``: one fixed scale (a bare number means the same)."""
+
+    scale: float = option(2.0 ** 16, "the scale, > 0", min=0.0)
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """``none``: gradients as computed."""
+
+
+_REGISTRY = PassRegistry({LossScaleMode.DYNAMIC.value: DynamicOptions, LossScaleMode.STATIC.value: StaticOptions,
+                          LossScaleMode.NONE.value: NoOptions})
+
+
+def _grammar_words(what: str) -> str:
+    """The pipeline parser's message in loss-scale words, on one line."""
+    located = re.match(r"bad pipeline spec at column (\d+):\n.*\n\s*\^ (.*)", what, re.DOTALL)
+    if located:
+        what = f"at column {located.group(1)}: {located.group(2)}"
+    return (what.replace("unknown pass", "there is no loss-scale mode").replace("Known passes", "Known modes")
+            .replace("of pass '", "of loss-scale mode '").replace("pass '", "loss-scale mode '")
+            .replace("expected a pass name", "expected a mode (dynamic, static, none) or a number"))
 
 
 def _bad(text: Any, why: str) -> LossScaleError:
@@ -252,6 +273,22 @@ class LossScaler:
     def stats(self) -> dict[str, Any]:
         return {"loss_scale": self.spec.text(), "scale": self.scale, "steps": self.steps,
                 "skipped_steps": list(self.skipped), "scale_changes": [dict(c) for c in self.changes]}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the next step depends on, and the history (JSON: floats round-trip exactly)."""
+        return {"spec": self.spec.to_json(), "scale": self.scale, "clean": self.clean, "steps": self.steps,
+                "skipped": list(self.skipped), "changes": [dict(c) for c in self.changes]}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> LossScaler:
+        """The scaler :meth:`state_dict` described, mid-run (a saved training artifact reloaded)."""
+        s = dict(state["spec"])
+        scaler = cls(LossScaleSpec(LossScaleMode(s["mode"]), init=float(s["init"]), growth=float(s["growth"]),
+                                   backoff=float(s["backoff"]), interval=int(s["interval"])))
+        scaler.scale, scaler.clean, scaler.steps = float(state["scale"]), int(state["clean"]), int(state["steps"])
+        scaler.skipped = [int(i) for i in state["skipped"]]
+        scaler.changes = [dict(c) for c in state["changes"]]
+        return scaler
 
     def __repr__(self) -> str:
         return f"<LossScaler {self.spec.text()} scale={self.scale} skipped={len(self.skipped)}>"

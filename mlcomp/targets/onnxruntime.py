@@ -5,6 +5,12 @@
     >>> art.save("out/mlp-ort")                      # out/mlp-ort/model.onnx
     >>> onnxruntime.InferenceSession("out/mlp-ort/model.onnx")   # plain ORT loads the payload
 
+Before export the graph is rewritten into what ORT's own fusions match
+(:func:`mlcomp.targets.onnx_patterns.ort_friendly`: unrolled GRU layers back to
+one ONNX ``GRU``, broadcast-weight ``bmm`` back to ``Gemm``, the safe-softmax
+guard as one ``ReduceMax``), checked against the graph on the example inputs;
+``art.runtime.rewritten`` (saved in the manifest) says what changed.
+
 Export uses the dynamo exporter (``torch.onnx.export(..., dynamo=True)``, which
 translates core ATen with onnxscript's torchlib; the legacy TorchScript exporter
 fails on fused transformer layers), then ``onnx.checker``, then an
@@ -44,6 +50,7 @@ from mlcomp.targets.backend_errors import first_error
 from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
 from mlcomp.targets.capabilities import REAL_DTYPES, Capabilities, DeviceKind
 from mlcomp.targets.codegen import to_fx
+from mlcomp.targets.onnx_patterns import ort_friendly
 from mlcomp.targets.ort_precision import KernelTable, keep_unsupported_fp32, summarize
 
 from mlcomp.base.errors import MlcompError
@@ -120,9 +127,10 @@ class OrtRuntime:
     checks_inputs: ClassVar[bool] = True     # ORT rejects wrong shapes/dtypes (static dims) itself
 
     def __init__(self, model: bytes, *, threads: int | None = None, device: str = "cpu",
-                 precision: dict[str, Any] | None = None) -> None:
+                 precision: dict[str, Any] | None = None, rewritten: dict[str, Any] | None = None) -> None:
         self.model = model
         self.precision = precision      # nodes kept fp32 for lack of a low-precision kernel
+        self.rewritten = rewritten      # what onnx_patterns.ort_friendly rewrote before export
         self.threads = threads
         self.device = device
         self.session = make_session(model, threads=threads, device=device)
@@ -148,13 +156,14 @@ class OrtRuntime:
     def save(self, directory: Path) -> dict[str, Any]:
         (directory / PAYLOAD).write_bytes(self.model)
         return {"file": PAYLOAD, "threads": self.threads, "device": self.device,
-                "onnx_inputs": self.input_names, "onnx_outputs": self.output_names, "precision": self.precision}
+                "onnx_inputs": self.input_names, "onnx_outputs": self.output_names, "precision": self.precision,
+                "rewritten": self.rewritten}
 
     @classmethod
     def load(cls, directory: Path, info: dict[str, Any]) -> "OrtRuntime":
         model = (directory / info.get("file", PAYLOAD)).read_bytes()
         return cls(model, threads=info.get("threads"), device=info.get("device", "cpu"),
-                   precision=info.get("precision"))
+                   precision=info.get("precision"), rewritten=info.get("rewritten"))
 
 
 def _as_numpy(t: torch.Tensor) -> Any:
@@ -174,7 +183,7 @@ def _registry() -> Any:
 class OnnxRuntimeTarget(Target):
     name = "onnxruntime"
     description = "torch.onnx.export (dynamo) → ONNX Runtime, ORT_ENABLE_ALL, CPU EP (CUDA EP if present)"
-    rewrites = frozenset({Rewrite.CLEANUP})      # fuses on its own: presets skip mlcomp's fusion
+    rewrites = frozenset({Rewrite.CLEANUP})   # fuses and folds weights on its own: presets skip both
     # inputs and outputs cross as numpy arrays, and numpy has no bfloat16
     capabilities = Capabilities(io_dtypes=REAL_DTYPES - {torch.bfloat16},
                                 devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}))
@@ -217,6 +226,7 @@ class OnnxRuntimeTarget(Target):
 
     def build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...]) -> OrtRuntime:
         # mode, dtypes (numpy ones at the boundary) and device were checked by compile()
+        graph, rewritten = ort_friendly(graph, inputs)     # what ORT's fusions match (onnx_patterns)
         module = to_fx(graph).eval()
         dynamic = None
         if any(n.tensor_meta.is_dynamic for n in graph.input_nodes):
@@ -226,7 +236,8 @@ class OnnxRuntimeTarget(Target):
         precision = None
         if _has_low_precision(graph):
             model, precision = self.lower_precision(model, self.device(options))
-        return OrtRuntime(model, threads=options.threads, device=self.device(options), precision=precision)
+        return OrtRuntime(model, threads=options.threads, device=self.device(options), precision=precision,
+                          rewritten=rewritten.to_json())
 
 
 def _has_low_precision(graph: Graph) -> bool:

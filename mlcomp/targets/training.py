@@ -244,9 +244,6 @@ class TrainingArtifact:
         ``inputs`` (default: the batch the gradients were verified on) is traced and stored
         with the loss and state one step from now, which :meth:`load` repeats and compares.
         """
-        if self.loss_scaler is not None:
-            raise MlcompError(f"saving the loss-scaled training artifact of {self.name} is not supported",
-                              hint="save its state_dict() instead, or compile without loss scaling")
         inputs = inputs if inputs is not None else self.reference_inputs
         if inputs is None:
             raise MlcompError(f"saving the training artifact of {self.name} needs a batch to check the reload "
@@ -263,7 +260,9 @@ class TrainingArtifact:
                     "torch_version": torch.__version__, "model": self.name, "target": self.target,
                     "device": self.device, "optimizer": self.optimizer_spec.text(), "steps": self.steps,
                     "state_keys": self._state_keys, "extra_keys": list(self._extra), "outputs": self._outs,
-                    "attributes": self._names, "verification": self.verification, "files": list(SAVED_FILES)}
+                    "attributes": self._names, "verification": self.verification, "files": list(SAVED_FILES),
+                    # the scaler's spec, running scale and history: the reloaded step scales as the next one would
+                    "loss_scaling": self.loss_scaler.state_dict() if self.loss_scaler is not None else None}
         with atomic_dir(directory, label="training artifact") as tmp:
             (tmp / "joint.ir.txt").write_text((self.graph.format() if self.graph is not None else "") + "\n")
             torch.jit.save(self.module, str(tmp / "step.pt"))
@@ -298,7 +297,9 @@ class TrainingArtifact:
                                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}",
                                 hint="compile it again (`mlcomp compile MODEL --train -o DIR`)") from None
         art = cls.__new__(cls)
-        art.graph, art.loss_scaler, art.verification = None, None, manifest.get("verification")
+        art.graph, art.verification = None, manifest.get("verification")
+        scaling = manifest.get("loss_scaling")
+        art.loss_scaler = LossScaler.from_state(scaling) if scaling else None
         extra = {k: state[k] for k in manifest["extra_keys"]}
         art._bind(module, manifest["attributes"], manifest["outputs"], name=manifest["model"],
                   target=manifest["target"], device=device, optimizer=OptimizerSpec.parse(manifest["optimizer"]),

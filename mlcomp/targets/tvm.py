@@ -5,11 +5,16 @@
     >>> art.save("out/mlp-tvm")          # out/mlp-tvm/model.so (+ meta.json)
 
 The build itself is :func:`mlcomp.targets.tvm_backend.build`: ``torch.export``
-of the generated module, ``from_exported_program``, BatchNorm folding, fusion,
-and either DLight default schedules (``tune_trials=0``, the default) or
-MetaSchedule with a total budget of ``tune_trials`` trials.  ``work_dir`` holds
-the tuning database; pointing several runs at the same folder reuses what was
-tuned before.  Shapes are static: another batch size needs another compile.
+of the generated module, ``from_exported_program``, BatchNorm folding, fusion, then
+untuned (``tune_trials=0`` and no database, the default): float32 conv2d/matmul/linear
+in torch's oneDNN/MKL kernels through packed functions (:mod:`tvm_offload`,
+:mod:`tvm_kernels`) and everything else fused by TVM and scheduled by DLight's GEMV/
+Reduction rules and mlcomp's ParallelVector (:mod:`tvm_schedules`); or MetaSchedule
+with a budget of ``tune_trials`` trials (:meth:`TvmTarget.tune`, ``mlcomp tune``).
+``work_dir`` holds the tuning database, shared across models by task workload; a
+build given a ``work_dir`` with records uses them (no vendor kernels then).
+``art.runtime.explain_lines()`` says which op ran where.  Shapes are static: another
+batch size needs another compile.
 
 ``supports(node)`` asks TVM's ExportedProgram importer whether it has a
 converter for the op.
@@ -31,12 +36,12 @@ import importlib.util
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 from mlcomp.targets.artifact import RuntimeKind
 from mlcomp.targets.backend_errors import first_error
-from mlcomp.targets.base import CompileOptions, Fallback, Target, TargetCompileError
+from mlcomp.targets.base import CompileOptions, Fallback, Target, TargetCompileError, example_inputs
 from mlcomp.targets.capabilities import (
     Capabilities,
     CapabilityError,
@@ -47,6 +52,7 @@ from mlcomp.targets.capabilities import (
     mismatches,
 )
 from mlcomp.targets.codegen import to_fx
+from mlcomp.targets.tvm_offload import OffloadReport
 from mlcomp.base.quiet import quiet_native
 
 from mlcomp.base.errors import MlcompError
@@ -78,7 +84,24 @@ class TvmRuntime:
         with quiet_native():
             files = self.module.save(str(directory))
         return {"files": files, "device": self.module.device, "tuned": self.tuned,
-                "stats": {k: v for k, v in self.stats.items() if isinstance(v, (int, float, str, bool))}}
+                "stats": {k: v for k, v in self.stats.items() if isinstance(v, (int, float, str, bool))},
+                "kernels": self.stats.get("kernels"), "schedules": self.stats.get("schedules")}
+
+    def explain_lines(self) -> list[str]:
+        """Where each heavy op runs and how the rest was scheduled, one line each (``--explain``)."""
+        lines = []
+        if self.stats.get("kernels"):
+            lines += OffloadReport.from_json(self.stats["kernels"]).lines()
+        sched = self.stats.get("schedules")
+        if sched:
+            lines.append(f"TVM kernels: {sched.get('scheduled', 0)} scheduled (DLight GEMV/Reduction, mlcomp "
+                         f"ParallelVector at {sched.get('vector_bits')}-bit vectors), {sched.get('unscheduled', 0)} "
+                         "left as plain loop nests")
+        if "tasks" in self.stats:
+            lines.append(f"MetaSchedule database {self.stats.get('work_dir')}: {self.stats['tasks']} tasks, "
+                         f"{len(self.stats.get('tasks_reused', []))} reused, {self.stats.get('trials_run', 0)} "
+                         "trials run now")
+        return lines
 
     @classmethod
     def load(cls, directory: Path, info: dict[str, Any]) -> "TvmRuntime":
@@ -146,9 +169,10 @@ def _converters() -> frozenset[str]:
 
 class TvmTarget(Target):
     name = "tvm"
-    description = "Apache TVM (Relax): DLight schedules, or MetaSchedule with --tune-trials"
+    description = ("Apache TVM (Relax): conv/matmul in torch's oneDNN/MKL kernels, the rest fused and scheduled "
+                   "by TVM; or MetaSchedule-tuned (mlcomp tune, --tune-trials, --tuning-dir)")
     # from_exported_program converts every real dtype of the table; the VM runs static shapes
-    rewrites = frozenset({Rewrite.CLEANUP})      # fuses on its own: presets skip mlcomp's fusion
+    rewrites = frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING})   # fuses on its own: presets skip mlcomp's fusion
     capabilities = Capabilities(devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}), dynamic_shapes=False)
 
     def available(self) -> str | None:
@@ -205,20 +229,39 @@ class TvmTarget(Target):
         return f"TVM's PyTorch importer (from_exported_program) has no converter for {op}"
 
     def build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...]) -> TvmRuntime:
+        return self._build(graph, options, inputs)
+
+    def tune(self, graph: Graph, options: CompileOptions,
+             progress: Callable[[int, int, str], None] | None = None) -> TvmRuntime:
+        """Tune ``graph``'s tasks into ``options.work_dir`` (``options.tune_trials`` in all) and build with them.
+
+        What ``mlcomp tune`` runs; ``progress(done, total, message)`` after every measured batch.
+        The graph must be fully supported (no fallback regions: those are not TVM's to tune).
+        """
+        if not options.tune_trials or not options.work_dir:
+            raise ValueError("tune needs tune_trials > 0 and a work_dir (the database folder)")
+        bad = self.unsupported(graph)
+        self.check_capabilities(graph, options, bad)
+        self.check(graph)
+        return self._build(graph, options, example_inputs(graph), progress)
+
+    def _build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...],
+               progress: Callable[[int, int, str], None] | None = None) -> TvmRuntime:
         from mlcomp.targets import tvm_backend
 
         # mode, dtypes, device and static shapes were checked by compile(); TVM takes the device kind
         kind = DeviceKind.of(self.device(options))
         device = kind.value if kind is not None else self.device(options)
         work_dir = options.work_dir
-        if options.tune_trials and work_dir:
+        if work_dir:
             work_dir = os.path.abspath(work_dir)
         module = to_fx(lower_low_precision(graph)).eval()
         try:
             built = tvm_backend.build(module, inputs, device=device, tune_trials=options.tune_trials,
                                       work_dir=work_dir, build_timeout=options.tune_build_timeout,
                                       run_timeout=options.tune_run_timeout, log_level=options.log_level,
-                                      worker_torch=options.tune_worker_torch)
+                                      worker_torch=options.tune_worker_torch,
+                                      **({"progress": progress} if progress is not None else {}))
         except MlcompError:
             raise
         except Exception as exc:  # noqa: BLE001 - TVM's errors are long C++ traces (issue 15: the real cause)
@@ -227,4 +270,4 @@ class TvmTarget(Target):
                 f"TVM could not build {graph.name}: {failure.message}",
                 where=failure.where() or "mlcomp.targets.tvm_backend.build",
                 hint="The cpu target (TorchScript) runs every op: use --target cpu, or --target onnxruntime") from None
-        return TvmRuntime(built, tuned=options.tune_trials > 0)
+        return TvmRuntime(built, tuned="tasks" in built.stats)    # tuned now, or records of a database applied

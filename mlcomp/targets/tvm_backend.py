@@ -3,24 +3,29 @@
 Flow: ``torch.export.export`` -> ``tvm.relax.frontend.torch.from_exported_program``
 (``keep_params_as_input=False``: weights become Relax constants, so the exported
 ``model.so`` needs no torch model) -> BatchNorm folded into conv weights, ops
-decomposed, constants folded -> legalize + fuse to TIR -> schedule ->
+decomposed, constants folded -> heavy ops to vendor kernels (untuned) ->
+legalize + fuse to TIR -> schedule ->
 ``tvm.compile`` -> ``relax.VirtualMachine``.  Shapes are static (one build per
 input shape).
 
 Scheduling
-    ``tune_trials == 0``: untuned; CPU gets the DLight CPU rules (GEMV, Reduction),
-    CUDA the DLight GPU rules.  ``tune_trials > 0``: MetaSchedule.  ``tune_trials``
-    is the TOTAL trial budget of a build over all extracted tasks: MetaSchedule's
-    gradient task scheduler gives every task a warm-up round of about
+    Untuned on CPU (``tune_trials == 0``, no database in ``work_dir``): float32 conv2d,
+    matmul and linear go to torch's kernels through packed functions
+    (:mod:`mlcomp.targets.tvm_offload`); every other fused PrimFunc gets DLight's GEMV/
+    Reduction rules or mlcomp's ParallelVector (:mod:`mlcomp.targets.tvm_schedules`);
+    ``stats["kernels"]`` and ``stats["schedules"]`` say what went where.  CUDA gets the
+    DLight GPU rules.  ``tune_trials > 0``: MetaSchedule.  ``tune_trials``
+    is the TOTAL trial budget of a build, shared evenly by the extracted tasks;
+    the ledger ``mlcomp_ledger.json`` counts trials per (target, task workload), so a
+    task tuned to its share by any earlier build (of any model) with a valid record
+    is reused (``stats["tasks_reused"]``) and only the other tasks are tuned.
+    MetaSchedule's gradient task scheduler gives every task a warm-up round of about
     ``min(64, budget // (2 * n_tasks))`` trials (8 if the budget allows), then
     spends the rest on the tasks whose weighted latency improves most.  Records go
     to a JSON database in ``work_dir`` (``database_workload.json``,
-    ``database_tuning_record.json``); a ledger ``mlcomp_ledger.json`` counts trials
-    spent per (target, set of tasks).  If that reaches ``tune_trials`` and every
-    task has a valid record nothing is tuned (a rebuild of the same model with the
-    same ``work_dir`` only re-compiles); a larger budget tunes the difference,
-    seeded from the records already there.  Weights are "layout free" while
-    tuning, so MetaSchedule may pick packed weight layouts; the repacking is
+    ``database_tuning_record.json``).  A build with ``tune_trials == 0`` and a
+    ``work_dir`` holding records applies them and tunes nothing.  Weights are "layout
+    free" while tuning, so MetaSchedule may pick packed weight layouts; the repacking is
     constant-folded into the weights.
 
 Library offload (``offload=True``), checked on the PyPI wheel apache-tvm 0.27.0.post1:
@@ -56,13 +61,20 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Callable
 
 from mlcomp.targets.options import LogLevel
+from mlcomp.hardware.probe import vector_bits
+from mlcomp.targets.tvm_kernels import register_kernels
+from mlcomp.targets.tvm_offload import offload as offload_to_kernels
+from mlcomp.targets.tvm_schedules import default_rules, schedule_counts
 from mlcomp.targets.tvm_scope import TvmScope
 from mlcomp.targets.tvm_tuning import tune
 
 _META = "meta.json"
 _LIB = "model.so"
+_KERNELS = "kernels.py"                   # the vendor kernels' registration, for a loader without mlcomp
+_RECORDS = "database_tuning_record.json"   # MetaSchedule's JSONDatabase in a tuning folder
 
 
 def host_llvm_target(num_cores: int | None = None) -> dict:
@@ -119,37 +131,45 @@ def _offload(mod, target, stats: dict):
     return mod
 
 
-def _lower_to_tir(mod, target):
-    """Graph clean-up, then legalize + fuse to TIR (what ``zero_pipeline`` does before tuning)."""
+def _prepare(mod, target):
+    """Graph clean-up on Relax: BatchNorm folded into conv weights, ops decomposed, constants folded."""
     import tvm
     from tvm import relax
     from tvm.relax.transform.fold_batch_norm_to_conv2d_for_inference import FoldBatchnormToConv2D
 
     seq = [FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference(),
-           relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant(),
-           relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+           relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant()]
+    with target:
+        return tvm.transform.Sequential(seq)(mod)
+
+
+def _lower_to_tir(mod, target):
+    """Legalize + fuse to TIR (what ``zero_pipeline`` does before tuning)."""
+    import tvm
+    from tvm import relax
+
+    seq = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
            relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
     with target:
         return tvm.transform.Sequential(seq)(mod)
 
 
-def _dlight(mod, target):
-    """DLight default schedules for functions MetaSchedule did not schedule."""
+def _default_schedules(mod, target, stats: dict):
+    """Default schedules (DLight GEMV/Reduction, mlcomp's ParallelVector) for what is not yet scheduled."""
     from tvm.s_tir import dlight as dl
 
-    if target.kind.name == "cuda":
-        rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-                 dl.gpu.Fallback()]
-    else:
-        rules = [dl.cpu.GEMV(), dl.cpu.Reduction()]
+    bits = vector_bits()
     with target:
-        return dl.ApplyDefaultSchedule(*rules)(mod)
+        mod = dl.ApplyDefaultSchedule(*default_rules(target, bits))(mod)
+    stats["schedules"] = dict(schedule_counts(mod), vector_bits=bits)
+    return mod
 
 
 def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
           work_dir: str | None = None, offload: bool = True, build_timeout: float = 180.0,
           run_timeout: float = 60.0, log_level: LogLevel = LogLevel.WARNING,
-          worker_torch: bool = False) -> "TvmModule":
+          worker_torch: bool = False, kernels: bool | None = None,
+          progress: Callable[[int, int, str], None] | None = None) -> "TvmModule":
     """Compile ``module`` for the exact shapes/dtypes of ``example_inputs``.
 
     ``device``: "cpu" (LLVM for this host) or "cuda".  ``tune_trials``: total
@@ -159,6 +179,11 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
     wheel; recorded in ``stats["offload"]``).  ``build_timeout``/``run_timeout``:
     seconds per MetaSchedule candidate build/measurement.  ``log_level``: console
     verbosity.  ``worker_torch``: let MetaSchedule workers import torch.
+    ``kernels``: send float32 conv2d/matmul to torch's kernels (:mod:`tvm_offload`);
+    default: on for an untuned CPU build without a tuning database (``work_dir`` holding
+    records), off otherwise
+    (a database holds TVM's own tuned matmul/conv kernels).  ``progress(done, total,
+    message)``: called after every tuning batch.
     """
     import torch
     import tvm
@@ -168,7 +193,7 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
     with TvmScope(log_level=log_level, hide_torch_from_workers=not worker_torch) as scope:
         target = _make_target(device)
         stats: dict = {"device": device, "target": str(target), "tune_trials": tune_trials,
-                       "trial_budget": "total per build, gradient task scheduler", "db_reused": False}
+                       "trial_budget": "total per build, an even share per task; tasks tuned before are reused", "db_reused": False}
         was_training = module.training
         module.eval()
         try:
@@ -184,14 +209,21 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
             mod = _offload(mod, target, stats)
         else:
             stats["offload"] = {"requested": False, "applied": []}
+        mod = _prepare(mod, target)
+        use_db = tune_trials > 0 or bool(work_dir and os.path.exists(os.path.join(work_dir, _RECORDS)))
+        if kernels is None:
+            kernels = target.kind.name == "llvm" and not use_db
+        if kernels:
+            register_kernels()
+            mod, report = offload_to_kernels(mod)
+            stats["kernels"] = report.to_json()
         mod = _lower_to_tir(mod, target)
-        if tune_trials > 0:
+        if use_db:
             mod = tune(mod, target, tune_trials, work_dir or os.path.join(scope.tmp, "tuning"), stats, scope,
-                        build_timeout=build_timeout, run_timeout=run_timeout)
+                        build_timeout=build_timeout, run_timeout=run_timeout, progress=progress)
             if not work_dir:
                 stats["work_dir"] = None   # it was the private folder, gone after the build
-        if tune_trials <= 0 or target.kind.name == "cuda":
-            mod = _dlight(mod, target)  # untuned, or GPU fall-back for tasks the database lacks
+        mod = _default_schedules(mod, target, stats)   # what MetaSchedule's database did not schedule
         t0 = time.perf_counter()
         ex = tvm.compile(mod, target=target)
     stats["compile_seconds"] = round(time.perf_counter() - t0, 2)
@@ -229,21 +261,40 @@ class TvmModule:
         return tuple(_flatten(out, torch))
 
     def save(self, directory: str) -> list[str]:
-        """Write ``model.so`` (kernels + VM bytecode + baked weights) and ``meta.json``."""
+        """Write ``model.so`` (kernels + VM bytecode + baked weights) and ``meta.json``.
+
+        A module that calls vendor kernels also gets ``kernels.py``, a copy of
+        :mod:`mlcomp.targets.tvm_kernels` (it imports only torch and tvm_ffi): with only TVM's
+        runtime and torch, ``runpy.run_path("kernels.py")["register_kernels"]()`` before
+        ``tvm.runtime.load_module("model.so")`` runs the model without mlcomp.
+        """
+        import shutil
+
+        from mlcomp.targets import tvm_kernels
+
         os.makedirs(directory, exist_ok=True)
         self._ex.export_library(os.path.join(directory, _LIB))
         meta = {"device": self.device, "num_outputs": self.num_outputs, "stats": self.stats}
         with open(os.path.join(directory, _META), "w") as f:
             json.dump(meta, f, indent=1, default=str)
-        return [_LIB, _META]
+        files = [_LIB, _META]
+        if self.stats.get("kernels", {}).get("kernels"):
+            shutil.copyfile(tvm_kernels.__file__, os.path.join(directory, _KERNELS))
+            files.append(_KERNELS)
+        return files
 
     @classmethod
     def load(cls, directory: str, device: str = "cpu") -> "TvmModule":
-        """Load a saved module; needs only the TVM runtime (no torch model, no compiler passes)."""
+        """Load a saved module; needs only the TVM runtime (no torch model, no compiler passes).
+
+        The vendor kernels it calls (``stats["kernels"]``) are registered first.
+        """
         import tvm
 
         with open(os.path.join(directory, _META)) as f:
             meta = json.load(f)
+        if meta.get("stats", {}).get("kernels", {}).get("kernels"):
+            register_kernels()
         lib = tvm.runtime.load_module(os.path.join(directory, _LIB))
         return cls(lib, device, meta["num_outputs"], dict(meta.get("stats", {}), loaded_from=directory))
 

@@ -7,9 +7,11 @@ of ``trials`` on the tasks (see the budget rules in ``tvm_backend``)::
 
     before: work_dir/ empty            after: work_dir/database_workload.json,
                                               database_tuning_record.json,
-                                              mlcomp_ledger.json  {"llvm …|<task hashes>": 64},
+                                              mlcomp_ledger.json  {"llvm …|<task hash>": 64, …},
                                               logs/task_0_fused_matmul_add_relu.log
     a second build with the same budget: nothing tuned, stats["db_reused"] is True
+    another model with a task of the same workload: that task is in stats["tasks_reused"],
+    only its other tasks are tuned (the ledger is keyed by target and task workload)
 
 It runs inside the build's :class:`~mlcomp.targets.tvm_scope.TvmScope`: worker
 processes start in ``scope.for_workers()`` (torch hidden, temporary files in the
@@ -26,6 +28,7 @@ import json
 import logging
 import os
 import time
+from typing import Callable
 
 from mlcomp.targets.options import LogLevel
 from mlcomp.targets.tvm_scope import TvmScope, fast_inspect_stack
@@ -58,8 +61,15 @@ def _by_value(fn):
 
 
 def tune(mod, target, tune_trials: int, work_dir: str, stats: dict, scope: TvmScope, *,
-         build_timeout: float, run_timeout: float):
-    """MetaSchedule-tune the fused TIR tasks not yet covered by ``work_dir``; apply the database."""
+         build_timeout: float, run_timeout: float, progress: Callable[[int, int, str], None] | None = None):
+    """MetaSchedule-tune the fused TIR tasks not yet covered by ``work_dir``; apply the database.
+
+    The budget is shared evenly: each task is owed ``tune_trials // len(tasks)`` trials (at least 1).
+    The ledger counts trials per (target, task workload), so a task any earlier build, of this
+    model or another, already tuned to its share and that has a valid record is *reused*
+    (``stats["tasks_reused"]``); the trials still owed to the other tasks are spent on them only.
+    ``progress(done, total, message)`` is called after every measured batch.
+    """
     import tvm
     import tvm_ffi
     from tvm import relax
@@ -76,13 +86,16 @@ def tune(mod, target, tune_trials: int, work_dir: str, stats: dict, scope: TvmSc
     if os.path.exists(ledger_path):
         with open(ledger_path) as f:
             ledger = json.load(f)
-    tasks = [t for t in extract_tasks(mod, target) if not t.mod.attrs.get("tirx.is_scheduled", False)]
-    hashes = sorted(str(tvm_ffi.structural_hash(t.dispatched[0])) for t in tasks)
-    key = f"{target}|{','.join(hashes)}"
-    spent = ledger.get(key, 0)
-    if spent and any(db.query_tuning_record(t.dispatched[0], target, "main") is None for t in tasks):
-        spent = 0  # a task has no valid record (e.g. all its builds failed): tune again
-    owed = max(0, tune_trials - spent)
+    every = [t for t in extract_tasks(mod, target) if not t.mod.attrs.get("tirx.is_scheduled", False)]
+    keys = {t.task_name: f"{target}|{tvm_ffi.structural_hash(t.dispatched[0])}" for t in every}
+    share = max(1, tune_trials // max(1, len(every))) if tune_trials > 0 else 0
+    spent = {t.task_name: int(ledger.get(keys[t.task_name], 0)) for t in every}
+    has_record = {t.task_name: db.query_tuning_record(t.dispatched[0], target, "main") is not None for t in every}
+    reused = [t.task_name for t in every if has_record[t.task_name] and spent[t.task_name] >= share]
+    tasks = [t for t in every if t.task_name not in reused and share]
+    # a task without a valid record (all its builds failed, say) is tuned to its whole share again
+    owed_by = {t.task_name: share - spent[t.task_name] if has_record[t.task_name] else share for t in tasks}
+    owed = sum(owed_by.values())
     t0 = time.perf_counter()
     if owed and tasks:
         # Gradient task scheduler: one warm-up round of `step` trials per task, then the
@@ -108,20 +121,21 @@ def tune(mod, target, tune_trials: int, work_dir: str, stats: dict, scope: TvmSc
                                       database=db, builder=_builder(scope, build_timeout, init),
                                       runner=_runner(scope, runner),
                                       # first, so an interrupted batch does not train the cost model
-                                      measure_callbacks=[_stop_when_interrupted(scope)]
+                                      measure_callbacks=[_stop_when_interrupted(scope, owed, progress)]
                                       + ms.measure_callback.MeasureCallback.create("default"),
                                       max_trials_global=owed, max_trials_per_task=owed,
                                       num_trials_per_iter=step)
                 finally:
                     runner.pool.shutdown()   # its workers would otherwise live until garbage collection
-        ledger[key] = spent + owed
+        for t in tasks:
+            ledger[keys[t.task_name]] = spent[t.task_name] + owed_by[t.task_name]
         with open(ledger_path, "w") as f:
             json.dump(ledger, f, indent=1)
     records = {t.task_name: len(db.get_top_k(db.commit_workload(t.dispatched[0]), 1 << 20))
-               for t in tasks}
-    stats.update(tuning_seconds=round(time.perf_counter() - t0, 2), tasks=len(tasks),
-                 trials_run=owed, trials_before=spent, records_per_task=records,
-                 db_reused=bool(tasks) and not owed, work_dir=work_dir)
+               for t in every}
+    stats.update(tuning_seconds=round(time.perf_counter() - t0, 2), tasks=len(every),
+                 trials_run=owed if tasks else 0, trials_before=sum(spent.values()), records_per_task=records,
+                 tasks_reused=reused, db_reused=bool(every) and not (owed and tasks), work_dir=work_dir)
     with target, db:
         mod = relax.transform.MetaScheduleApplyDatabase()(mod)
         # split MetaSchedule's weight repacking out of the kernels and fold it into constants
@@ -238,8 +252,9 @@ def _runner(scope: TvmScope, runner):
     return StoppableRunner()
 
 
-def _stop_when_interrupted(scope: TvmScope):
-    """A measure callback that ends tuning after the current batch once Ctrl-C was recorded.
+def _stop_when_interrupted(scope: TvmScope, total: int = 0,
+                           progress: Callable[[int, int, str], None] | None = None):
+    """A measure callback that reports progress and ends tuning after the batch once Ctrl-C was recorded.
 
     Raising here, between batches, is the safe point: TVM's C++ scheduler unwinds cleanly
     (an exception raised elsewhere inside it can end the process in std::terminate).
@@ -247,10 +262,20 @@ def _stop_when_interrupted(scope: TvmScope):
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
 
+    done = [0]
+
     @derived_object
     class StopWhenInterrupted(ms.measure_callback.PyMeasureCallback):
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
             if scope.interrupted:
                 raise RuntimeError("tuning interrupted (Ctrl-C)")
+            done[0] += len(measure_candidates)
+            if progress is not None:
+                ok = sum(1 for r in runner_results if r.error_msg is None)
+                try:
+                    progress(min(done[0], total), total, f"task {task_id}: {ok}/{len(runner_results)} ran")
+                except BaseException:   # noqa: BLE001 - a Ctrl-C the progress line saw: stop here, safely
+                    scope.interrupted = True
+                    raise RuntimeError("tuning interrupted (Ctrl-C)") from None
 
     return StopWhenInterrupted()

@@ -1,0 +1,118 @@
+"""One compile for one target: pipeline (adapted to the target), lowering, verification against eager.
+
+    >>> source = load_model("mlp"); graph = source.capture()
+    >>> result = compile_source(source, graph, target="onnxruntime", pipeline="-O2")
+    >>> result.artifact.target, result.check.passed
+    ('onnxruntime', True)
+
+Before (``mlcomp.api`` as one module): a target was a name only, so the auto target could not
+try targets the registry does not hold; after: ``target`` is a name or a
+:class:`~mlcomp.targets.base.Target` instance (the tests' fake targets), and the
+result carries the verification it did (``check``) for the caller to print.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from mlcomp.analysis.verify import flatten_outputs
+from mlcomp.ir.interpreter import evaluate
+from mlcomp.pipeline import Pipeline, run_pipeline
+from mlcomp.pipeline.presets import adapt_preset
+from mlcomp.targets import CompileOptions, Target, get_target
+
+__all__ = ["CompileResult", "compile_source", "resolve_target", "adapted_pipeline", "eager_reference"]
+
+Note = Callable[[str], None]
+
+
+@dataclass
+class CompileResult:
+    """What a compile produced, for the CLI and :func:`mlcomp.compile` to report.
+
+    ``check``: the verification against eager (None when not verified); ``cache``: a
+    :class:`~mlcomp.api.cache.CacheOutcome` when a compile cache was used; ``auto``: the
+    :class:`~mlcomp.api.auto.AutoReport` of ``target="auto"``.
+    """
+
+    artifact: Any
+    pipeline_report: Any
+    capture_seconds: float
+    pipeline_seconds: float
+    check: Any = None
+    cache: Any = None
+    auto: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+def resolve_target(target: str | Target | None, pipeline: Any = None) -> Target:
+    """A target instance: the given one, the name's, the pipeline file's ``target``, else cpu."""
+    if isinstance(target, Target):
+        return target
+    if target is None and pipeline is not None and pipeline != "":
+        target = Pipeline.coerce(pipeline).target if not isinstance(pipeline, Pipeline) else pipeline.target
+    return get_target(target or "cpu")
+
+
+def adapted_pipeline(pipeline: Any, target: Target) -> tuple[Pipeline | None, Any]:
+    """The pipeline as it runs for ``target`` (a preset adapted, anything else as written) and the adaptation."""
+    if pipeline is None or pipeline == "":
+        return None, None
+    adapted = adapt_preset(pipeline, target.name, target.rewrites)
+    return (Pipeline.parse(adapted.text) if adapted else Pipeline.coerce(pipeline)), adapted
+
+
+def eager_reference(source: Any, inputs: Sequence[torch.Tensor], report: Any) -> tuple[tuple[Any, ...], str | None]:
+    """What the artifact must compute on ``inputs``: eager, or the reference a pass declared (pruning)."""
+    with torch.no_grad():
+        if report is not None and report.changes_function:
+            # a pass changed the function on purpose (pruning) and declared what it must now compute (the masked
+            # model); every later pass keeps that function, so the artifact is checked against it
+            changed = report.function_changes()[-1]
+            expected = evaluate(changed.declared_reference, *inputs)
+            return tuple(flatten_outputs(expected)), \
+                f"the reference declared by {changed.name} (it changes the function)"
+        return tuple(flatten_outputs(source.eager(*inputs))), None
+
+
+def compile_source(source: Any, graph: Any, *, target: str | Target | None = None, pipeline: Any = None,
+                   verify: bool = True, capture_seconds: float = 0.0,
+                   instruments: Sequence[Any] | None = None, raise_on_failure: bool = True,
+                   **options: Any) -> CompileResult:
+    """Pipeline + lowering + verification for an already captured model.
+
+    ``target`` None: the pipeline file's ``target``, else ``cpu``.  ``instruments`` go to
+    :func:`mlcomp.pipeline.run_pipeline` (None: its defaults, IR check and timing).  With
+    ``verify`` the artifact is compared with eager on the example inputs (``result.check``);
+    a mismatch raises unless ``raise_on_failure`` is False.
+    """
+    chosen = resolve_target(target, pipeline)
+    opts = CompileOptions.make(**options)            # unknown or ill-typed options: refused before any pass
+    report, pipeline_seconds, spec = None, 0.0, None
+    inputs = source.inputs()
+    pipe, adapted = adapted_pipeline(pipeline, chosen)
+    if pipe is not None:
+        t0 = time.perf_counter()
+        graph, report = run_pipeline(graph, pipe, example_inputs=inputs, instruments=instruments)
+        if adapted is not None and report is not None:
+            report.target = report.target or adapted.target
+            report.dropped = [str(d) for d in adapted.dropped]
+        pipeline_seconds = time.perf_counter() - t0
+        spec = pipe.spec
+    artifact = chosen.compile(graph, opts)
+    artifact.manifest["pipeline"] = spec
+    to_json = getattr(report, "to_json", None)
+    artifact.manifest["pipeline_report"] = to_json() if callable(to_json) else None
+    artifact.manifest["capture_seconds"] = round(capture_seconds, 4)
+    artifact.manifest["pipeline_seconds"] = round(pipeline_seconds, 4)
+    expected, against = eager_reference(source, inputs, report)
+    if against:
+        artifact.manifest["verified_against"] = against
+    artifact.set_reference(inputs, expected)
+    check = None
+    if verify:
+        check = artifact.verify(tolerance=opts.tolerance, raise_on_failure=raise_on_failure)
+    return CompileResult(artifact, report, capture_seconds, pipeline_seconds, check=check)

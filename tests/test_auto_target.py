@@ -1,0 +1,168 @@
+"""``target="auto"`` (issue 14 part 3): fastest verified candidate, failures reported, never picked.
+
+Fake targets are passed as the candidate list (the global registry is untouched); their
+runtimes advance an injected clock by a fixed cost per call, so "fastest" is decided
+without wall-clock assertions.  One real run compiles the zoo mlp for cpu and onnxruntime.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import mlcomp
+from mlcomp.api import AutoTargetError, compile_auto, compile_model
+from mlcomp.cli.main import main
+from mlcomp.frontend.loading import load_model
+from mlcomp.hardware.timing import TimingPolicy
+from mlcomp.ir import Mode
+from mlcomp.targets import Capabilities, Target
+from mlcomp.targets.artifact import RuntimeKind
+from mlcomp.targets.codegen import to_fx
+
+FAST = TimingPolicy(warmup=1, budget_s=0.01, min_repeats=3, max_repeats=5)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeRuntime:
+    kind: ClassVar[RuntimeKind] = RuntimeKind.EAGER
+
+    def __init__(self, module: Any, clock: FakeClock, cost_s: float, offset: float) -> None:
+        self.module, self.clock, self.cost_s, self.offset = module, clock, cost_s, offset
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self.clock.now += self.cost_s
+        with torch.no_grad():
+            return tuple(out + self.offset for out in self.module(*inputs))
+
+    def save(self, directory):  # pragma: no cover - fakes are never saved
+        raise RuntimeError("fake")
+
+
+class FakeTarget(Target):
+    """Runs the graph as torch code; ``cost_s`` per call on the fake clock; ``offset`` breaks the numbers."""
+
+    description = "a fake for the auto target's tests"
+
+    def __init__(self, name: str, clock: FakeClock, cost_s: float, *, offset: float = 0.0, crash: bool = False,
+                 unavailable: str | None = None, capabilities: Capabilities | None = None) -> None:
+        self.name, self.clock, self.cost_s, self.offset = name, clock, cost_s, offset
+        self.crash, self.unavailable = crash, unavailable
+        self.builds = 0
+        if capabilities is not None:
+            self.capabilities = capabilities
+
+    def available(self) -> str | None:
+        return self.unavailable
+
+    def build(self, graph, options, inputs):
+        self.builds += 1
+        if self.crash:
+            raise RuntimeError("the backend crashed")
+        return FakeRuntime(to_fx(graph).eval(), self.clock, self.cost_s, self.offset)
+
+
+@pytest.fixture(scope="module")
+def mlp(captured):
+    module, inputs, graph = captured("mlp", 2)
+    return load_model(module, example_inputs=inputs), graph
+
+
+def test_picks_the_fastest_verified_fake_and_records_every_candidate(mlp):
+    source, graph = mlp
+    clock = FakeClock()
+    fakes = [FakeTarget("slow", clock, 3e-3), FakeTarget("fast", clock, 1e-3),
+             FakeTarget("wrong", clock, 1e-5, offset=1.0),               # fastest of all, but wrong numbers
+             FakeTarget("crash", clock, 1e-6, crash=True),
+             FakeTarget("absent", clock, 1e-6, unavailable="no such device here"),
+             FakeTarget("trainer", clock, 1e-6, capabilities=Capabilities(modes=frozenset({Mode.TRAINING})))]
+    result = compile_auto(source, graph, candidates=fakes, pipeline="dce", policy=FAST, clock=clock)
+    art = result.artifact
+    assert art.target == "fast" and result.check.passed and result.pipeline_report is not None
+    rows = {c["target"]: c for c in art.manifest["auto"]["candidates"]}
+    assert list(rows) == ["slow", "fast", "wrong", "crash", "absent", "trainer"]
+    assert art.manifest["auto"]["picked"] == "fast" and [r["picked"] for r in rows.values()].count(True) == 1
+    assert rows["slow"]["median_ms"] == pytest.approx(3.0) and rows["fast"]["median_ms"] == pytest.approx(1.0)
+    assert rows["slow"]["verified"] and rows["slow"]["compile_seconds"] > 0
+    assert not rows["wrong"]["verified"] and rows["wrong"]["reason"].startswith("verification failed: FAILED")
+    assert rows["wrong"]["median_ms"] is None                          # never timed, so never picked
+    assert rows["crash"]["reason"] == "compile failed: RuntimeError: the backend crashed"
+    assert rows["absent"]["reason"] == "unavailable: no such device here" and fakes[4].builds == 0
+    assert rows["trainer"]["reason"].startswith("cannot take the graph:") and "inference" in rows["trainer"]["reason"]
+    table = result.auto.table().format().splitlines()
+    assert table[0] == "auto: picked fast (fastest that verified; * marks it)"
+    assert table[1].split() == ["target", "compile", "median", "verified"]
+    assert any(line.startswith("fast *") and line.endswith("yes") for line in table)
+    assert any(line.startswith("wrong") and "no: verification failed" in line for line in table)
+
+
+def test_never_picks_a_failing_candidate_even_alone_with_the_public_api(mlp):
+    source, graph = mlp
+    clock = FakeClock()
+    good, wrong = FakeTarget("good", clock, 5e-3), FakeTarget("wrong", clock, 0.0, offset=0.5)
+    module = source.eager
+    art = mlcomp.compile(module, source.inputs(), target="auto", candidates=[wrong, good], pipeline="")
+    assert art.target == "good" and art.verification["passed"]
+    picked = [c["target"] for c in art.manifest["auto"]["candidates"] if c["picked"]]
+    assert picked == ["good"] and wrong.builds == 1
+
+
+def test_error_lists_every_candidate_when_none_verifies(mlp):
+    source, graph = mlp
+    clock = FakeClock()
+    fakes = [FakeTarget("wrong", clock, 1e-3, offset=1.0), FakeTarget("crash", clock, 1e-3, crash=True)]
+    with pytest.raises(AutoTargetError) as err:
+        compile_model(source, graph, target="auto", candidates=fakes, pipeline="")
+    text = str(err.value)
+    assert text.startswith(f"no candidate target compiled and verified {graph.name}: wrong: verification failed: "
+                           "FAILED")
+    assert "crash: compile failed: RuntimeError: the backend crashed" in text and "\n" not in text
+
+
+def test_candidates_only_with_auto(mlp):
+    source, graph = mlp
+    with pytest.raises(mlcomp.MlcompError, match="candidates apply to target='auto'"):
+        compile_model(source, graph, target="cpu", candidates=["cpu"])
+    with pytest.raises(mlcomp.MlcompError, match="auto cannot be one of its own candidates"):
+        compile_model(source, graph, target="auto", candidates=[FakeTarget("auto", FakeClock(), 0.0)])
+
+
+@pytest.mark.ort
+def test_real_auto_on_the_zoo_mlp_with_cpu_and_onnxruntime(mlp):
+    source, graph = mlp
+    result = compile_model(source, graph, target="auto", candidates=["cpu", "onnxruntime"], pipeline="-O2",
+                           auto_timing=FAST)
+    art = result.artifact
+    rows = {c["target"]: c for c in art.manifest["auto"]["candidates"]}
+    assert set(rows) == {"cpu", "onnxruntime"} and all(r["verified"] for r in rows.values())
+    assert art.target == min(rows, key=lambda t: rows[t]["median_ms"]) and rows[art.target]["picked"]
+    assert result.check.passed
+    x = source.inputs()
+    torch.testing.assert_close(art(*x), source.eager(*x), rtol=1e-4, atol=1e-5)
+    # the winner's pipeline was adapted to it (-O2 drops fusion for onnxruntime)
+    adapted = {"onnxruntime": "cleanup{fold_params=false}", "tvm": "cleanup", "openvino": "cleanup"}
+    assert art.manifest["pipeline"] == adapted.get(art.target, "cleanup,fuse,cleanup")
+
+
+def test_cli_prints_the_candidates_table(tmp_path):
+    out = tmp_path / "art"
+    res = CliRunner().invoke(main, ["compile", "mlp", "--target", "auto", "--candidates", "cpu", "-O0", "-o", str(out),
+                                    "--no-cache", "--cache-dir", str(tmp_path / "unused")])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    title = lines.index("auto: picked cpu (fastest that verified; * marks it)")
+    assert lines[title + 1].split() == ["target", "compile", "median", "verified"]
+    assert lines[title + 3].startswith("cpu *") and lines[title + 3].endswith("yes")
+    assert not [ln for ln in lines if ln.startswith("cache ")] and not (tmp_path / "unused").exists()
+    assert mlcomp.load(out).manifest["auto"]["picked"] == "cpu"
+    bad = CliRunner().invoke(main, ["compile", "mlp", "--target", "cpu", "--candidates", "cpu"])
+    assert bad.exit_code == 2 and "--candidates applies to --target auto only" in bad.output
