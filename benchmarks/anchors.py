@@ -108,9 +108,10 @@ def _build(tool: str, module, inputs, threads: int, tune_trials: int, work_dir: 
             compiled(*inputs)                 # inductor compiles on the first call
         return compiled, "inductor"
     if tool == "ort":
-        from mlcomp.targets.onnxruntime import make_session, quiet_exporter
+        from mlcomp.base.quiet import quiet_converter
+        from mlcomp.targets.onnxruntime import make_session
 
-        with quiet_exporter():
+        with quiet_converter():
             program = torch.onnx.export(module, inputs, dynamo=True)
         session = make_session(program.model_proto.SerializeToString(), threads=threads)
         names = [i.name for i in session.get_inputs()]

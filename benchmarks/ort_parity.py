@@ -84,10 +84,10 @@ def op_counts(model: bytes, threads: int) -> Counter:
 
 
 def plain(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], threads: int):
-    from mlcomp.targets.onnxruntime import quiet_exporter
+    from mlcomp.base.quiet import quiet_converter
 
     t0 = time.perf_counter()
-    with quiet_exporter():
+    with quiet_converter():
         program = torch.onnx.export(module, inputs, dynamo=True, verbose=False)
     model = program.model_proto.SerializeToString()
     sess = session(model, threads)

@@ -95,9 +95,10 @@ def _direct_compile(module, inputs):
 
 
 def _direct_ort(module, inputs, threads: int):
-    from mlcomp.targets.onnxruntime import make_session, quiet_exporter
+    from mlcomp.base.quiet import quiet_converter
+    from mlcomp.targets.onnxruntime import make_session
 
-    with quiet_exporter():
+    with quiet_converter():
         program = torch.onnx.export(module, inputs, dynamo=True)
     session = make_session(program.model_proto.SerializeToString(), threads=threads)
     names = [i.name for i in session.get_inputs()]

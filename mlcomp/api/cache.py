@@ -26,7 +26,6 @@ regions) is not cached, and the outcome says why.
 from __future__ import annotations
 
 import enum
-import hashlib
 import json
 import os
 import shutil
@@ -38,6 +37,7 @@ from typing import Any
 
 from mlcomp.api.cache_key import CacheKey
 from mlcomp.base.errors import MlcompError
+from mlcomp.base.files import sha256_file
 from mlcomp.targets.artifact import Artifact
 
 __all__ = ["CompileCache", "CacheStatus", "CacheOutcome", "CacheEntry", "default_cache_dir", "ENTRY_FORMAT"]
@@ -106,12 +106,6 @@ class CorruptEntry(Exception):
     """An entry that fails its checks; the message says which."""
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _files(folder: Path) -> dict[str, Path]:
@@ -197,7 +191,7 @@ class CompileCache:
         # by Artifact.load against that manifest (once, not twice: resnet18's payload is 45 MB)
         covered = _payload_names(found.get(MANIFEST))
         for name, path in found.items():
-            if name not in covered and _sha256(path) != listed[name]["sha256"]:
+            if name not in covered and sha256_file(path) != listed[name]["sha256"]:
                 raise CorruptEntry(f"{name} does not match its checksum (truncated or modified)")
         return record
 
@@ -217,7 +211,7 @@ class CompileCache:
                 artifact.save(staging / ARTIFACT)
             except (MlcompError, OSError, RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
                 return f"the {artifact.target} artifact cannot be saved ({type(exc).__name__}: {exc})"
-            files = [{"path": name, "bytes": p.stat().st_size, "sha256": _sha256(p)}
+            files = [{"path": name, "bytes": p.stat().st_size, "sha256": sha256_file(p)}
                      for name, p in _files(staging / ARTIFACT).items()]
             record = {"format": ENTRY_FORMAT, "key": key.digest, "parts": dict(key.parts),
                       "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files,

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
+import hashlib
 import json
 import os
 import shutil
@@ -42,7 +43,7 @@ from typing import Any, Iterator
 from mlcomp.base.errors import OutputPathError
 from mlcomp.base.version import __version__
 
-__all__ = ["Kind", "MARKER", "check_destination", "is_mlcomp_output", "atomic_path", "write_text_atomic",
+__all__ = ["sha256_file", "Kind", "MARKER", "check_destination", "is_mlcomp_output", "atomic_path", "write_text_atomic",
            "atomic_dir", "InterruptScope", "raise_if_interrupted"]
 
 MARKER = ".mlcomp"
@@ -315,3 +316,12 @@ def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = True, label: s
                 shutil.rmtree(tmp, ignore_errors=True)
             if not ok:
                 _remove_created(created)
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """The hex SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["quiet_native", "quiet_torch"]
+__all__ = ["quiet_converter", "quiet_native", "quiet_torch"]
 
 
 class quiet_torch:
@@ -66,3 +66,17 @@ def quiet_native() -> Iterator[None]:
         sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)
+
+
+@contextlib.contextmanager
+def quiet_converter() -> Iterator[io.StringIO]:
+    """:func:`quiet_torch`, plus what model converters (the ONNX exporter, OpenVINO's frontend) print:
+    their stdout goes to the yielded buffer and logging below ERROR is off; both restored on exit."""
+    buffer = io.StringIO()
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with quiet_torch(), contextlib.redirect_stdout(buffer):
+            yield buffer
+    finally:
+        logging.disable(previous)

@@ -22,7 +22,6 @@ The folder is written under a temporary name and renamed when complete
 from __future__ import annotations
 
 import enum
-import hashlib
 import json
 import platform
 import time
@@ -35,6 +34,7 @@ import torch
 
 from mlcomp.analysis.ranges import declared_tolerance
 from mlcomp.base.errors import ArtifactError, InputSpecError
+from mlcomp.base.files import sha256_file
 from mlcomp.base.registry import LazyRegistry
 from mlcomp.models import random_tensor
 from mlcomp.ir import Dim, Graph, Node, TensorMeta, dtype_name, parse_dtype
@@ -368,16 +368,10 @@ def _bad(directory: Path, what: str) -> ArtifactError:
                               "do not edit artifact folders by hand")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _payload(directory: Path) -> list[dict[str, Any]]:
-    return [{"path": p.relative_to(directory).as_posix(), "bytes": p.stat().st_size, "sha256": _sha256(p)}
+    return [{"path": p.relative_to(directory).as_posix(), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
             for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST]
 
 
@@ -385,7 +379,7 @@ def _check_file(directory: Path, entry: dict[str, Any]) -> None:
     path = directory / entry["path"]
     if not path.is_file():
         raise _bad(directory, f"payload file {entry['path']} is missing")
-    if path.stat().st_size != entry.get("bytes") or _sha256(path) != entry.get("sha256"):
+    if path.stat().st_size != entry.get("bytes") or sha256_file(path) != entry.get("sha256"):
         raise _bad(directory, f"payload file {entry['path']} does not match its checksum (truncated or modified)")
 
 

@@ -37,12 +37,9 @@ from ORT's kernel registry and cached in the target), and the runtime's
 """
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import torch
 from mlcomp.targets.artifact import RuntimeKind
@@ -54,6 +51,7 @@ from mlcomp.targets.onnx_patterns import ort_friendly
 from mlcomp.targets.ort_precision import KernelTable, keep_unsupported_fp32, summarize
 
 from mlcomp.base.errors import MlcompError
+from mlcomp.base.quiet import quiet_converter
 from mlcomp.ir import Graph, tensor_metas
 from mlcomp.ir.ops import Namespace, Op
 from mlcomp.pipeline.presets import Rewrite
@@ -63,27 +61,12 @@ __all__ = ["OnnxRuntimeTarget", "OrtRuntime", "export_onnx", "make_session"]
 PAYLOAD = "model.onnx"
 
 
-@contextlib.contextmanager
-def quiet_exporter() -> Iterator[io.StringIO]:
-    """Silence the exporter's progress prints and registry warnings; yields what it printed."""
-    from mlcomp.base.quiet import quiet_torch
-
-    buffer = io.StringIO()
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        with quiet_torch(), contextlib.redirect_stdout(buffer):
-            yield buffer
-    finally:
-        logging.disable(previous)
-
-
 def export_onnx(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], *, opset: int | None = None,
                 dynamic_shapes: Any = None, name: str = "model") -> bytes:
     """``torch.onnx.export(dynamo=True)`` + ``onnx.checker``; returns the serialised model."""
     import onnx
 
-    with quiet_exporter():
+    with quiet_converter():
         try:
             program = torch.onnx.export(module, inputs, dynamo=True, opset_version=opset,
                                         dynamic_shapes=dynamic_shapes, verbose=False, optimize=True)
@@ -176,7 +159,7 @@ def _as_numpy(t: torch.Tensor) -> Any:
 def _registry() -> Any:
     from torch.onnx._internal.exporter import _registration
 
-    with quiet_exporter():
+    with quiet_converter():
         return _registration.ONNXRegistry.from_torchlib()
 
 

@@ -33,13 +33,10 @@ OpenVINO's Concat and reported per node, so ``--fallback eager`` runs it in torc
 """
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import io
-import logging
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import torch
 from mlcomp.targets.artifact import RuntimeKind
@@ -48,6 +45,7 @@ from mlcomp.targets.capabilities import Capabilities, DeviceKind
 from mlcomp.targets.codegen import to_fx
 
 from mlcomp.base.errors import MlcompError
+from mlcomp.base.quiet import quiet_converter
 from mlcomp.hardware.probe import cpu_flags
 from mlcomp.ir import Graph, Node, TensorMeta, tensor_metas
 from mlcomp.ir.dtypes import dtype_name
@@ -88,21 +86,6 @@ def precision_hint(requested: torch.dtype, flags: tuple[str, ...]) -> tuple[torc
     return torch.float32, (f"the graph asks for {dtype_name(requested)} but this CPU has none of "
                            f"{', '.join(_NEEDS[requested])} (hardware probe): OpenVINO computes in f32, "
                            "keeping the graph's casts")
-
-
-@contextlib.contextmanager
-def quiet_frontend() -> Iterator[io.StringIO]:
-    """Silence the frontend's warnings and prints while converting; restores logging on exit."""
-    from mlcomp.base.quiet import quiet_torch
-
-    buffer = io.StringIO()
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        with quiet_torch(), contextlib.redirect_stdout(buffer):
-            yield buffer
-    finally:
-        logging.disable(previous)
 
 
 def _config(hint: torch.dtype, threads: int | None) -> dict[Any, Any]:
@@ -279,7 +262,7 @@ def convert(graph: Graph, inputs: tuple[torch.Tensor, ...]) -> Any:
     from torch.fx.passes.shape_prop import ShapeProp
 
     module = to_fx(graph).eval()
-    with torch.no_grad(), quiet_frontend():
+    with torch.no_grad(), quiet_converter():
         table = _translated()
         lowered = {n.op.resolve(): _decomposition(n.op) for n in graph.call_nodes()
                    if n.op.namespace in (Namespace.ATEN, Namespace.PRIMS)
