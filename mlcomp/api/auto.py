@@ -8,8 +8,9 @@ Before: the user compiled and benchmarked each target by hand.  After: each cand
 target is checked against the captured graph (available here, capabilities, ops),
 compiled with the pipeline adapted to it, verified against eager, then all verified
 artifacts are timed together on the example inputs with the interleaved-median
-protocol (:func:`mlcomp.hardware.timing.measure_interleaved`: one call of each per
-round, so load drift hits every candidate alike).  A candidate that is unavailable,
+protocol (:func:`mlcomp.hardware.timing.measure_interleaved`: one sample of each per
+round, so load drift hits every candidate alike; a sample is a block of calls lasting
+about ``BLOCK_S``, so the switch between runtimes' thread pools is not charged to one call).  A candidate that is unavailable,
 cannot take the graph, fails to compile or fails verification is recorded with the
 reason and never picked; when none verifies, :class:`AutoTargetError` lists them all.
 
@@ -19,6 +20,7 @@ multi-process pipeline, not a single-process artifact) is never a default candid
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
@@ -36,6 +38,7 @@ __all__ = ["AUTO", "AutoTargetError", "Candidate", "AutoReport", "auto_candidate
 AUTO = "auto"
 # a short budget per candidate: ranking targets needs a stable median, not bench's precision
 DEFAULT_AUTO_TIMING = TimingPolicy(warmup=3, budget_s=0.3, min_repeats=5)
+BLOCK_S = 0.02          # seconds of calls per timing sample (see _time)
 
 
 class AutoTargetError(MlcompError):
@@ -203,21 +206,30 @@ def _time(built: dict[str, CompileResult], inputs: Sequence[Any], policy: Timing
           rows: dict[str, Candidate]) -> dict[str, float]:
     """Median seconds per call of each built artifact, timed round-robin; a failing call disqualifies."""
     fns: dict[str, Callable[[], Any]] = {}
+    calls: dict[str, int] = {}
     for name, result in list(built.items()):
         art = result.artifact
         try:
+            start = clock()
             art(*inputs)                       # one call outside the clock: a crash here is not a timing
+            once = clock() - start
         except Exception as exc:  # noqa: BLE001 - reported as the candidate's reason
             rows[name] = replace(rows[name], verified=False, reason=f"running it failed: {_first_line(exc)}")
             del built[name]
             continue
-        fns[name] = (lambda a=art: a(*inputs))
+        # a sample is a block of calls lasting about BLOCK_S: the first call after switching runtimes
+        # competes with the previous runtime's thread pool spinning down, and one call per sample
+        # would charge that to every runtime but torch's own (anchors: auto picked cpu over faster
+        # openvino and onnxruntime on resnet18 and the transformer)
+        calls[name] = max(1, min(1000, math.ceil(BLOCK_S / max(once, 1e-9))))
+        fns[name] = (lambda a=art, k=calls[name]: [a(*inputs) for _ in range(k)])
     if not fns:
         raise AutoTargetError("every verified candidate failed when run again for timing: "
                               + "; ".join(f"{c.target}: {c.reason}" for c in rows.values()),
                               hint="name one target with --target and report the failure")
     syncs = {name: synchronizer(built[name].artifact.manifest.get("device") or "cpu") for name in fns}
     timings = measure_interleaved(fns, policy, clock=clock, sync=syncs)
-    for name, timing in timings.items():
-        rows[name] = replace(rows[name], median_s=timing.median)
-    return {name: timing.median for name, timing in timings.items()}
+    medians = {name: timing.median / calls[name] for name, timing in timings.items()}
+    for name, median in medians.items():
+        rows[name] = replace(rows[name], median_s=median)
+    return medians
