@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/ort_parity.py                          # every model, 2 threads
     .venv/bin/python benchmarks/ort_parity.py --models gru-tagger,bert --threads 1 --diff
+    .venv/bin/python benchmarks/ort_parity.py --models resnet18@1,transformer@1    # one batch of a model
     .venv/bin/python benchmarks/ort_parity.py --threads 1 --clock thread     # on a busy machine
     .venv/bin/python benchmarks/ort_parity.py --json out.json
 
@@ -196,7 +197,8 @@ def print_diff(rows: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="", help="comma-separated model names (default: all rows)")
+    parser.add_argument("--models", default="",
+                        help="comma-separated model names, NAME@BATCH for one row (default: all rows)")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads for ORT and torch")
     parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
     parser.add_argument("--round-s", type=float, default=0.05, help="seconds per runner per round")
@@ -208,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     wanted = [m for m in args.models.split(",") if m]
     every = ZOO_ROWS + THIRD_ROWS
-    rows_spec = [(m, b) for w in wanted for m, b in every if m == w] if wanted else every   # in the order asked
+    # in the order asked; "resnet18@1" picks one batch of a model listed with several
+    rows_spec = [(m, b) for w in wanted for m, b in every
+                 if m == w.split("@")[0] and ("@" not in w or str(b) == w.split("@")[1])] if wanted else every
     rows = []
     for name, batch in rows_spec:
         rows.append(measure(name, batch, args.threads, args.rounds, args.round_s, args.clock,

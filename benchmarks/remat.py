@@ -52,10 +52,10 @@ from mlcomp.analysis.training import predicted_peak, saved_activations
 from mlcomp.analysis.workspace import op_workspaces
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.table import Table
+from mlcomp.base.units import fmt_bytes
 from mlcomp.frontend.joint import loss_function, model_output
 from mlcomp.hardware.timing import (
     TimingPolicy,
-    fmt_bytes,
     fmt_seconds,
     measure_interleaved,
 )

@@ -29,11 +29,14 @@ from typing import Any, Sequence
 
 import torch
 
+from mlcomp.analysis.inspect import inspect_graph
 from mlcomp.analysis.precision_error import by_op, precision_errors
 from mlcomp.analysis.training import phase_flops, predicted_peak, saved_activations
+from mlcomp.base.files import Kind, atomic_dir, check_destination
 from mlcomp.base.table import Table
 from mlcomp.frontend.joint import capture_joint, example_target, resolve_loss, without_dropout
 from mlcomp.frontend.joint_origins import bytes_by_origin
+from mlcomp.frontend.loading import load_model
 from mlcomp.measure.bench import BenchConfig, Progress, plot_bench, run_bench
 from mlcomp.measure.bench_results import BenchResult, to_csv
 from mlcomp.pipeline import Pipeline, run_pipeline
@@ -82,10 +85,6 @@ def build_report(model: Any, out_dir: str | Path, config: ReportConfig = ReportC
     through :func:`mlcomp.cli.main.load_and_capture`); otherwise they are loaded here.
     ``out_dir`` may replace an earlier mlcomp output only with ``force``.
     """
-    from mlcomp.analysis.inspect import inspect_graph
-    from mlcomp.base.files import Kind, atomic_dir, check_destination
-    from mlcomp.frontend.loading import load_model
-
     out = check_destination(out_dir, Kind.DIR, force=force)
     if source is None:
         source = load_model(model, input_shapes=input_shapes, trust_pickle=trust_pickle,

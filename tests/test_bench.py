@@ -13,11 +13,11 @@ import torch
 from click.testing import CliRunner
 
 from mlcomp.base.errors import MlcompError
+from mlcomp.base.units import fmt_bytes
 from mlcomp.hardware.memory import PeakMemory
 from mlcomp.hardware.timing import (
     BenchConfigError,
     TimingPolicy,
-    fmt_bytes,
     fmt_seconds,
     measure,
     measure_interleaved,

@@ -138,10 +138,8 @@ class AttentionBlock(nn.Module):
         return self.norm2(x + self.ff2(torch.nn.functional.gelu(self.ff1(x))))
 
 
-def _ort_op_counts(model: bytes, tmp_path) -> dict[str, int]:
-    """Node counts by op type of the graph ORT runs after its own optimisations."""
-    import collections
-
+def _ort_op_types(model: bytes, tmp_path) -> list[str]:
+    """Op types, in order, of the graph ORT runs after its own optimisations."""
     import onnx
     import onnxruntime as ort
 
@@ -150,7 +148,14 @@ def _ort_op_counts(model: bytes, tmp_path) -> dict[str, int]:
     so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     so.log_severity_level = 3
     ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-    return dict(collections.Counter(n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node))
+    return [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node]
+
+
+def _ort_op_counts(model: bytes, tmp_path) -> dict[str, int]:
+    """Node counts by op type of the graph ORT runs after its own optimisations."""
+    import collections
+
+    return dict(collections.Counter(_ort_op_types(model, tmp_path)))
 
 
 @pytest.fixture(scope="module")
@@ -166,35 +171,181 @@ def test_attention_block_exports_the_ops_ort_fuses(attention_art, tmp_path):
     assert art.runtime.rewritten["rewrites"] == {"batched_linear": 1, "safe_softmax": 1}
     counts = _ort_op_counts(art.runtime.model, tmp_path)
     # every Linear a Gemm (the merged-heads projection no longer a MatMul against an expanded weight),
-    # the softmax guard one ReduceMax + Equal + Where (no Not/Cast), LayerNorm fused with its residual
+    # the softmax guard IsNaN + Where as torch.onnx's own SDPA (no row reduction), LayerNorm fused with its residual
     assert counts.get("Gemm") == 4 and "MatMul" in counts and counts.get("FusedMatMul", 0) + counts["MatMul"] == 2
-    assert counts.get("ReduceMax") == 1 and counts.get("Where") == 1 and "Not" not in counts and "Cast" not in counts
+    assert counts.get("IsNaN") == 1 and counts.get("Where") == 1
+    assert not {"ReduceMax", "Equal", "Not", "Cast"} & set(counts)
     assert counts.get("SkipLayerNormalization") == 2 and counts.get("Gelu", 0) + counts.get("BiasGelu", 0) == 1
     with torch.no_grad():
         assert torch.allclose(art(x), module(x), rtol=1e-4, atol=1e-5)
 
 
-def test_safe_softmax_rewrite_keeps_fully_masked_rows_zero():
-    """The guard's value is kept exactly: a row that is all -inf gives 0 (not NaN) after the rewrite."""
+class Masked(nn.Module):
+    def forward(self, q, mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+
+SAFE_SOFTMAX_BEFORE = """\
+  %_softmax: f32[1, 1, 3, 3] = aten._softmax.default(%add, -1, False)
+  %eq: bool[1, 1, 3, 3] = aten.eq.Scalar(%add, -inf)
+  %logical_not: bool[1, 1, 3, 3] = aten.logical_not.default(%eq)
+  %any_1: bool[1, 1, 3, 1] = aten.any.dim(%logical_not, -1, True)
+  %logical_not_1: bool[1, 1, 3, 1] = aten.logical_not.default(%any_1)
+  %full_like: f32[1, 1, 3, 3] = aten.full_like.default(%_softmax, 0, pin_memory=False, \
+memory_format=torch.preserve_format)
+  %where_1: f32[1, 1, 3, 3] = aten.where.self(%logical_not_1, %full_like, %_softmax)"""
+
+SAFE_SOFTMAX_AFTER = """\
+  %_softmax: f32[1, 1, 3, 3] = aten._softmax.default(%add, -1, False)
+  %where_1_nan: bool[1, 1, 3, 3] = aten.isnan.default(%_softmax)
+  %where_1_zero: f32[] = aten.scalar_tensor.default(0.0, dtype=f32)
+  %where_1: f32[1, 1, 3, 3] = aten.where.self(%where_1_nan, %where_1_zero, %_softmax)"""
+
+
+def _between(graph, first: str, last: str) -> str:
+    """The lines of ``graph`` from the one defining ``%first`` to the one defining ``%last``, origins cut."""
+    lines = [line.split("   #")[0] for line in str(graph).splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"  %{first}:"))
+    end = next(i for i, line in enumerate(lines) if line.startswith(f"  %{last}:"))
+    return "\n".join(lines[start:end + 1])
+
+
+def test_safe_softmax_rewrite_keeps_fully_masked_rows_zero(tmp_path):
+    """The guard becomes torch.onnx's own: softmax, then NaN → 0 (ORT: IsNaN + Where, no row reduction).
+    A fully masked row still gives 0, in torch and in ORT."""
     from mlcomp.targets.codegen import to_fx
     from mlcomp.targets.onnx_patterns import cheap_safe_softmax
 
-    class Masked(nn.Module):
-        def forward(self, q, mask):
-            return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
-
-    q = torch.randn(1, 1, 3, 4)
+    q = torch.randn(1, 1, 3, 4, generator=torch.Generator().manual_seed(0))
     mask = torch.tensor([[True, True, True], [False, False, False], [True, False, True]])
     graph = load_model(Masked().eval(), example_inputs=(q, mask)).capture()
     rewritten = graph.copy()
     assert cheap_safe_softmax(rewritten) == 1
-    lines = [line.strip().split("   #")[0] for line in str(rewritten).splitlines()]
-    assert any(" = aten.amax.default(" in line and ", [-1], True)" in line for line in lines)
-    assert not any("aten.any.dim" in line or "aten.logical_not" in line for line in lines)
+    assert _between(graph, "_softmax", "where_1") == SAFE_SOFTMAX_BEFORE
+    assert _between(rewritten, "_softmax", "where_1") == SAFE_SOFTMAX_AFTER
+    assert len(rewritten.order()) == len(graph.order()) - 3
+    expected = Masked()(q, mask).nan_to_num(0.0)
+    art = get_target("onnxruntime").compile(graph, CompileOptions(threads=1))
+    assert art.runtime.rewritten["rewrites"] == {"batched_linear": 0, "safe_softmax": 1}
+    # unrewritten, ORT ran Equal, Not, Cast, ReduceMax, Cast before the Softmax (test_batched_linear_after_cleanup…)
+    assert _ort_op_types(art.runtime.model, tmp_path) == ["FusedMatMul", "Where", "Add", "Softmax", "IsNaN", "Where",
+                                                          "MatMul"]
     with torch.no_grad():
-        out = to_fx(rewritten)(q, mask)[0]
-    assert torch.equal(out[0, 0, 1], torch.zeros(4))
-    assert torch.allclose(out, Masked()(q, mask).nan_to_num(0.0), atol=1e-6)
+        for out in (to_fx(rewritten)(q, mask)[0], art(q, mask)):
+            assert torch.equal(out[0, 0, 1], torch.zeros(4))
+            assert torch.allclose(out, expected, atol=1e-6)
+
+
+class SafeSoftmax(nn.Module):
+    def forward(self, x):
+        return torch.ops.aten._safe_softmax(x, -1)
+
+
+def test_safe_softmax_rewrite_maps_a_nan_row_to_zero_like_torch_onnx():
+    """Where the guard's own value is NaN (a row with NaN or +inf) the rewrite gives 0, as the IsNaN guard
+    torch.onnx emits for SDPA does; everywhere else the two are bit for bit equal."""
+    from mlcomp.targets.codegen import to_fx
+    from mlcomp.targets.onnx_patterns import cheap_safe_softmax
+
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[0.5, -inf, 1.0, 2.0], [-inf, -inf, -inf, -inf], [0.0, nan, 1.0, -inf], [0.0, inf, 1.0, 2.0]])
+    graph = load_model(SafeSoftmax().eval(), example_inputs=(x,)).capture()
+    rewritten = graph.copy()
+    assert cheap_safe_softmax(rewritten) == 1
+    assert [n.op.name for n in rewritten.nodes()][1:-1] == ["_softmax", "isnan", "scalar_tensor", "where"]
+    with torch.no_grad():
+        original, ours = to_fx(graph)(x)[0], to_fx(rewritten)(x)[0]
+    assert torch.equal(original[:2], ours[:2]) and torch.equal(ours[1], torch.zeros(4))
+    assert original[2:].isnan().all() and torch.equal(ours[2:], torch.zeros(2, 4))
+
+
+class HeadsProj(nn.Module):
+    """Attention whose merged heads go through a Linear: capture gives ``bmm`` against the broadcast weight."""
+
+    def __init__(self, bias: bool = True) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8, bias=bias)
+
+    def forward(self, q):
+        b, h, s, d = q.shape
+        a = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        return self.proj(a.transpose(1, 2).reshape(b, s, h * d))
+
+
+HEADS_PROJ_BEFORE = """\
+  %view_6: f32[2, 3, 8] = aten.reshape.default(%permute_3, [2, 3, 8])
+  %permute_4: f32[8, 8] = aten.permute.default(%proj.weight, [1, 0])
+  %expand_5: f32[2, 8, 8] = aten.expand.default(%permute_4, [2, 8, 8])
+  %bmm_2: f32[2, 3, 8] = aten.bmm.default(%view_6, %expand_5)
+  %add: f32[2, 3, 8] = aten.add.Tensor(%bmm_2, %proj.bias)"""
+
+HEADS_PROJ_AFTER = """\
+  %view_6: f32[2, 3, 8] = aten.reshape.default(%permute_3, [2, 3, 8])
+  %permute_4: f32[8, 8] = aten.permute.default(%proj.weight, [1, 0])
+  %bmm_2_flat: f32[6, 8] = aten.reshape.default(%view_6, [6, 8])
+  %bmm_2_addmm: f32[6, 8] = aten.addmm.default(%proj.bias, %bmm_2_flat, %permute_4)
+  %add: f32[2, 3, 8] = aten.view.default(%bmm_2_addmm, [2, 3, 8])"""
+
+
+@pytest.fixture(scope="module")
+def heads_proj_o2():
+    """HeadsProj captured and run through onnxruntime's -O2 (``cleanup{fold_params=false}``), which drops the
+    no-op ``view(expand(x))`` pairs the batched-linear rewrite first matched."""
+    from mlcomp.pipeline.manager import run_pipeline
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 2, 3, 4)
+    out = {}
+    for bias in (True, False):
+        module = HeadsProj(bias).eval()
+        graph, _ = run_pipeline(load_model(module, example_inputs=(q,)).capture(), "cleanup{fold_params=false}")
+        out[bias] = module, graph
+    return q, out
+
+
+def test_batched_linear_after_cleanup_is_one_gemm(heads_proj_o2, tmp_path):
+    from mlcomp.targets.codegen import to_fx
+    from mlcomp.targets.onnx_patterns import ort_friendly
+    from mlcomp.targets.onnxruntime import export_onnx
+
+    q, graphs = heads_proj_o2
+    module, graph = graphs[True]
+    before = str(graph)
+    rewritten, stats = ort_friendly(graph, (q,))
+    assert str(graph) == before
+    assert _between(graph, "view_6", "add") == HEADS_PROJ_BEFORE
+    assert _between(rewritten, "view_6", "add") == HEADS_PROJ_AFTER
+    assert stats.rewrites == {"batched_linear": 1, "safe_softmax": 1}
+    assert (stats.nodes_before, stats.nodes_after) == (28, 25)
+    assert _ort_op_types(export_onnx(to_fx(graph).eval(), (q,)), tmp_path) == \
+        ["FusedMatMul", "Equal", "Not", "Cast", "ReduceMax", "Cast", "Softmax", "Where", "MatMul", "Transpose",
+         "Reshape", "MatMul", "Add"]
+    art = get_target("onnxruntime").compile(graph, CompileOptions(threads=1))
+    assert art.runtime.rewritten["rewrites"] == {"batched_linear": 1, "safe_softmax": 1}
+    assert _ort_op_types(art.runtime.model, tmp_path) == \
+        ["FusedMatMul", "Softmax", "IsNaN", "Where", "MatMul", "Transpose", "Reshape", "Gemm", "Reshape"]
+    with torch.no_grad():
+        assert torch.allclose(art(q), module(q), rtol=1e-5, atol=1e-6)
+
+
+def test_batched_linear_without_bias_after_cleanup(heads_proj_o2):
+    """No bias: the product itself (no view after it at -O2) becomes ``view(mm(reshape(x), w.T))``."""
+    from mlcomp.targets.codegen import to_fx
+    from mlcomp.targets.onnx_patterns import linearize_batched_matmuls
+
+    q, graphs = heads_proj_o2
+    module, graph = graphs[False]
+    rewritten = graph.copy()
+    assert linearize_batched_matmuls(rewritten) == 1
+    assert _between(rewritten, "view_6", "bmm_2") == """\
+  %view_6: f32[2, 3, 8] = aten.reshape.default(%permute_3, [2, 3, 8])
+  %permute_4: f32[8, 8] = aten.permute.default(%proj.weight, [1, 0])
+  %bmm_2_flat: f32[6, 8] = aten.reshape.default(%view_6, [6, 8])
+  %bmm_2_mm: f32[6, 8] = aten.mm.default(%bmm_2_flat, %permute_4)
+  %bmm_2: f32[2, 3, 8] = aten.view.default(%bmm_2_mm, [2, 3, 8])"""
+    assert not any(n.op.name == "expand" for n in rewritten.nodes())
+    with torch.no_grad():
+        assert torch.allclose(to_fx(rewritten)(q)[0], module(q), rtol=1e-5, atol=1e-6)
 
 
 GRU_GOLDEN = """\

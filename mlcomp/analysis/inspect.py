@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlcomp.analysis import cost, memory
+from mlcomp.base.units import fmt_bytes
 from mlcomp.ir import Graph, dtype_name
 from mlcomp.ir.dtypes import itemsize
 from mlcomp.ir.ops import GETITEM, PARAM
@@ -96,13 +97,13 @@ class InspectReport:
         lines = [f"model {self.name}",
                  f"  inputs   {', '.join(self.inputs)}",
                  f"  outputs  {', '.join(self.outputs)}",
-                 f"  params   {self.params:,} ({_human_bytes(self.param_bytes)}; "
+                 f"  params   {self.params:,} ({_bytes(self.param_bytes)}; "
                  + ", ".join(f"{k}: {v:,}" for k, v in self.param_dtypes.items()) + ")"
-                 + (f"; buffers {self.buffers:,} integer ({_human_bytes(self.buffer_bytes)})" if self.buffers else ""),
+                 + (f"; buffers {self.buffers:,} integer ({_bytes(self.buffer_bytes)})" if self.buffers else ""),
                  f"  nodes    {self.nodes} compute nodes",
-                 f"  FLOPs    {_human(self.flops)}FLOP   bytes moved {_human_bytes(self.bytes)}   "
+                 f"  FLOPs    {_human(self.flops)}FLOP   bytes moved {_bytes(self.bytes)}   "
                  f"intensity {self.intensity:.2f} FLOP/B",
-                 f"  memory   peak activations {_human_bytes(self.peak_activation_bytes)} "
+                 f"  memory   peak activations {_bytes(self.peak_activation_bytes)} "
                  "(graph order; inputs and params not counted)",
                  *(f"  kept     {op} undecomposed: {why}" for op, why in self.kept_ops.items()),
                  "", "op histogram"]
@@ -114,7 +115,7 @@ class InspectReport:
         lines.append(hdr)
         for r in sorted(self.rows, key=lambda r: -r.flops)[:top]:
             lines.append(f"  {r.name[:28]:<28} {r.op[:34]:<34} {r.module[:22]:<22} {r.flops / 1e9:>9.4f} "
-                         f"{_human_bytes(r.bytes):>10} {r.intensity:>8.2f}")
+                         f"{_bytes(r.bytes):>10} {r.intensity:>8.2f}")
         total_nodes = sum(self.generation_widths)
         lines += ["", "parallelism profile (automatic parallelism on the real graph)",
                   f"  generations {len(self.generation_widths)} (critical path {len(self.critical_path)} ops, "
@@ -164,12 +165,9 @@ def _human(x: float) -> str:
     return f"{x:.0f} "
 
 
-def _human_bytes(x: float) -> str:
-    """Binary units (KiB, MiB, GiB): the one convention of compile, inspect, bench and report."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(x) >= scale:
-            return f"{x / scale:.2f} {unit}"
-    return f"{x:.0f} B"
+def _bytes(x: float) -> str:
+    """Two decimals: inspect prints one model, so sizes are read closely."""
+    return fmt_bytes(x, digits=2)
 
 
 def _sparkline(widths: list[int], limit: int = 80) -> str:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from mlcomp.analysis.cost import node_flops
 from mlcomp.analysis.memory import buffers, liveness
+from mlcomp.base.errors import MlcompError
 from mlcomp.ir import Graph, Mode, Node, tensor_metas
 from mlcomp.ir.node import Phase
 from mlcomp.ir.ops import INPUT, OUTPUT, PARAM
@@ -79,8 +80,6 @@ def node_phase(node: Node) -> Phase | None:
 
 def _require_joint(graph: Graph) -> None:
     if graph.mode is not Mode.TRAINING or not any(n.ann.phase is Phase.BACKWARD for n in graph.call_nodes()):
-        from mlcomp.base.errors import MlcompError
-
         raise MlcompError(f"graph {graph.name} is not a joint training graph (no backward-phase nodes)",
                           hint="capture it with mlcomp.frontend.joint.capture_joint (`--train`)")
 

@@ -22,6 +22,21 @@ sha256) and then loads the artifact (which checks its own payload); any problem 
 the entry and reports one line, and the caller compiles again.  Only verified artifacts
 are stored; one that cannot be saved (or saved again once loaded, such as eager fallback
 regions) is not cached, and the outcome says why.
+
+Size cap: after every store the least recently used entries are evicted until the
+entries fit ``max_bytes`` (default :data:`DEFAULT_MAX_BYTES`, 2 GiB; ``--cache-max-size``,
+``mlcomp cache prune --max-size``).  The entry just stored is never evicted, even when
+it alone is over the cap (the prune report says so).  An entry's use time is its
+folder's mtime, set when it is stored and on every hit: one ``utime`` call, atomic,
+without rewriting the checksummed ``entry.json`` that a concurrent reader may be
+checking.  Eviction is removal (rename into ``trash/``, then delete), and a lookup
+whose entry vanishes underneath it is a plain miss, not a corrupt entry::
+
+    $ mlcomp compile mlp -o a; mlcomp compile lenet -o b; mlcomp compile mlp -o a2     # the hit refreshes mlp
+    $ mlcomp compile mlp -O1 -o d --cache-max-size 1.5MiB --explain
+    cache miss 695205e78e19: compiled and stored
+    cache over its 1.5 MiB cap: evicted 1 least recently used entry (265.2 KiB); 1.3 MiB left in 2 entries
+    cache evicted 592d0a44ab75 (lenet, cpu, 265.2 KiB)
 """
 from __future__ import annotations
 
@@ -36,11 +51,13 @@ from pathlib import Path
 from typing import Any
 
 from mlcomp.api.cache_key import CacheKey
+from mlcomp.api.cache_size import DEFAULT_MAX_BYTES, CacheEntry, PruneReport, lru_victims, parse_size
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.files import sha256_file
 from mlcomp.targets.artifact import Artifact
 
-__all__ = ["CompileCache", "CacheStatus", "CacheOutcome", "CacheEntry", "default_cache_dir", "ENTRY_FORMAT"]
+__all__ = ["CompileCache", "CacheStatus", "CacheOutcome", "CacheEntry", "PruneReport", "default_cache_dir",
+           "parse_size", "DEFAULT_MAX_BYTES", "ENTRY_FORMAT"]   # the size pieces live in mlcomp.api.cache_size
 
 ENTRY = "entry.json"
 MANIFEST = "manifest.json"
@@ -86,22 +103,6 @@ class CacheOutcome:
                 "reason": self.reason, "removed": list(self.removed)}
 
 
-@dataclass(frozen=True)
-class CacheEntry:
-    """One stored entry as ``mlcomp cache list`` shows it."""
-
-    key: str
-    path: Path
-    parts: dict[str, Any]
-    created: str
-    bytes: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "path": str(self.path), "model": self.parts.get("model"),
-                "target": self.parts.get("target"), "pipeline": self.parts.get("pipeline"),
-                "created": self.created, "bytes": self.bytes}
-
-
 class CorruptEntry(Exception):
     """An entry that fails its checks; the message says which."""
 
@@ -121,11 +122,17 @@ def _payload_names(manifest: Path | None) -> set[str]:
 
 
 class CompileCache:
-    """A compile cache rooted at ``root``; counts ``hits``, ``misses``, ``stores`` and ``corrupt`` entries."""
+    """A compile cache rooted at ``root``, its entries kept under ``max_bytes`` (``None``: no cap).
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    Counts ``hits``, ``misses``, ``stores``, ``corrupt`` and ``evicted`` entries; ``last_prune``
+    is the :class:`PruneReport` of the latest store.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], max_bytes: int | None = DEFAULT_MAX_BYTES) -> None:
         self.root = Path(root).expanduser()
-        self.hits = self.misses = self.stores = self.corrupt = 0
+        self.max_bytes = None if max_bytes is None else parse_size(max_bytes, option="max_bytes")
+        self.hits = self.misses = self.stores = self.corrupt = self.evicted = 0
+        self.last_prune: PruneReport | None = None
 
     def __repr__(self) -> str:
         return f"<CompileCache {self.root}: {self.hits} hit(s), {self.misses} miss(es)>"
@@ -159,6 +166,9 @@ class CompileCache:
             self._check(entry, key)
             artifact = Artifact.load(entry / ARTIFACT)
         except (CorruptEntry, MlcompError, OSError, ValueError, KeyError, TypeError) as exc:
+            if not entry.is_dir():      # evicted or removed by another process while we read it
+                self.misses += 1
+                return None, None
             what = exc.what if isinstance(exc, MlcompError) else str(exc)
             what = what.split(" is damaged: ", 1)[-1]          # Artifact.load's "the artifact at PATH is damaged"
             self.remove(entry)
@@ -167,6 +177,7 @@ class CompileCache:
             what = " ".join(what.split())[:300]
             return None, f"cache entry {key.short} is corrupt ({what}); removed, compiling again"
         self.hits += 1
+        _touch(entry)                   # a hit makes the entry the most recently used
         return artifact, None
 
     def _check(self, entry: Path, key: CacheKey) -> dict[str, Any]:
@@ -224,6 +235,9 @@ class CompileCache:
                     raise
                 # another process stored the same key first: its entry is as good as ours
             self.stores += 1
+            _touch(self.path(key))
+            if self.max_bytes is not None:
+                self.last_prune = self.prune(self.max_bytes, keep=key.digest)
             return None
         except OSError as exc:
             return f"writing the cache entry failed ({exc.strerror or exc})"
@@ -231,15 +245,37 @@ class CompileCache:
             shutil.rmtree(staging, ignore_errors=True)
 
     # -- maintenance --------------------------------------------------------
-    def remove(self, entry: Path) -> None:
-        """Take ``entry`` out of ``entries/`` in one rename, then delete it."""
+    def remove(self, entry: Path) -> bool:
+        """Take ``entry`` out of ``entries/`` in one rename, then delete it; False if it was already gone."""
         self._prepare()
         grave = Path(tempfile.mkdtemp(prefix=f"{entry.name[:12]}.", dir=self.root / "trash"))
         try:
             os.rename(entry, grave / "entry")
+            removed = True
         except OSError:
-            pass                                        # already gone (another process removed it)
+            removed = False                             # already gone (another process removed it)
         shutil.rmtree(grave, ignore_errors=True)
+        return removed
+
+    def prune(self, max_bytes: int | str | None = None, *, keep: str | None = None) -> PruneReport:
+        """Evict least recently used entries until the rest fit ``max_bytes`` (default: this cache's cap).
+
+        ``keep``: the digest of an entry never evicted (the one just stored); when it alone is
+        over the cap every other entry goes and the report's ``kept_over_cap`` names it.
+        """
+        cap = self.max_bytes if max_bytes is None else parse_size(max_bytes, option="--max-size")
+        entries = self.entries()
+        victims = lru_victims(entries, cap, keep=keep) if cap is not None else []
+        report = PruneReport(cap)
+        gone = {e.key for e in victims}
+        for entry in victims:
+            if self.remove(entry.path):               # False: another process removed it first
+                report.evicted.append(entry)
+        report.kept = [e for e in entries if e.key not in gone]
+        report.kept_over_cap = next((e for e in report.kept if e.key == keep and cap is not None
+                                     and e.bytes > cap), None)
+        self.evicted += len(report.evicted)
+        return report
 
     def entries(self) -> list[CacheEntry]:
         """Every stored entry, newest first (unreadable ones are listed with empty parts)."""
@@ -248,11 +284,15 @@ class CompileCache:
             return out
         for entry in self.entries_dir.iterdir():
             try:
+                used = entry.stat().st_mtime
                 record = json.loads((entry / ENTRY).read_text())
                 parts, created, size = record.get("parts", {}), record.get("created", ""), int(record.get("bytes", 0))
             except (OSError, ValueError, AttributeError):
-                parts, created, size = {}, "", sum(p.stat().st_size for p in _files(entry).values())
-            out.append(CacheEntry(entry.name, entry, parts, created, size))
+                if not entry.is_dir():
+                    continue                            # removed while we listed
+                used, parts, created = 0.0, {}, ""
+                size = sum(p.stat().st_size for p in _files(entry).values() if p.exists())
+            out.append(CacheEntry(entry.name, entry, parts, created, size, used))
         return sorted(out, key=lambda e: (e.created, e.key), reverse=True)
 
     def find(self, prefix: str) -> list[CacheEntry]:
@@ -269,6 +309,14 @@ class CompileCache:
                 for leftover in folder.iterdir():
                     shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink()
         return len(entries), sum(e.bytes for e in entries)
+
+
+def _touch(entry: Path) -> None:
+    """Mark ``entry`` used now (its folder's mtime); an entry evicted meanwhile is left alone."""
+    try:
+        os.utime(entry)
+    except OSError:
+        pass
 
 
 def uncacheable(artifact: Artifact) -> str | None:

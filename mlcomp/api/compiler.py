@@ -37,10 +37,22 @@ from mlcomp.api.cache_key import CacheKey, UncacheableGraph, cache_key
 from mlcomp.api.inputs import LOAD_KEYS, TRAIN_KEYS, check_options, load_source
 from mlcomp.api.lowering import CompileResult, Note, adapted_pipeline, compile_source, eager_reference, resolve_target
 from mlcomp.base.errors import MlcompError, OptionError
+from mlcomp.base.files import Kind, check_destination
+from mlcomp.frontend.joint import capture_joint, example_target, loss_function, resolve_loss
 from mlcomp.hardware.timing import TimingPolicy
 from mlcomp.pipeline import Pipeline, run_pipeline
 from mlcomp.pipeline.presets import preset_key
 from mlcomp.targets import CompileOptions, Target
+from mlcomp.targets.artifact import Artifact
+from mlcomp.targets.loss_scaling import LossScaleSpec
+from mlcomp.targets.optim import OptimizerSpec
+from mlcomp.targets.training import (
+    TRAINING_FORMAT,
+    TrainingArtifact,
+    check_training_target,
+    compile_training,
+    verify_gradients,
+)
 
 __all__ = ["compile", "compile_model", "open_cache", "is_auto", "load", "export", "compile_training_source"]
 
@@ -210,21 +222,6 @@ def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline
     ``loss_scale``: ``dynamic``, ``none``, a number, ``dynamic{init=… interval=…}``
     (:mod:`mlcomp.targets.loss_scaling`); ``None``: dynamic when the graph computes in fp16.
     """
-    from mlcomp.frontend.joint import (
-        capture_joint,
-        example_target,
-        loss_function,
-        resolve_loss,
-    )
-    from mlcomp.targets import CompileOptions
-    from mlcomp.targets.loss_scaling import LossScaleSpec
-    from mlcomp.targets.optim import OptimizerSpec
-    from mlcomp.targets.training import (
-        check_training_target,
-        compile_training,
-        verify_gradients,
-    )
-
     spec = OptimizerSpec.parse(optimizer)
     loss = resolve_loss(source, loss)
     if loss_scale is not None:
@@ -259,9 +256,6 @@ def load(directory: str | Path, *, verify: bool = False):
     :class:`~mlcomp.targets.training.TrainingArtifact` that has already checked itself:
     one step on the stored batch repeats the step the original took.
     """
-    from mlcomp.targets.artifact import Artifact
-    from mlcomp.targets.training import TRAINING_FORMAT, TrainingArtifact
-
     if _folder_format(Path(directory)) == TRAINING_FORMAT:
         return TrainingArtifact.load(directory)
     artifact = Artifact.load(directory)
@@ -289,7 +283,7 @@ def export(model_or_path: Any, path: str | Path, format: str = "onnx",
     is checked before capture: a tvm folder may replace only an earlier mlcomp output (and only
     with ``force``), never a file or a folder of anything else.
     """
-    from mlcomp.base.files import Kind, check_destination
+    # lazy: the exporters import every target module (cpu, onnxruntime, tvm), which `mlcomp.compile` does not need
     from mlcomp.targets.export import ExportFormat, export_graph
 
     load_opts = {k: options.pop(k) for k in LOAD_KEYS if k in options}

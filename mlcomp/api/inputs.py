@@ -14,7 +14,11 @@ from typing import Any, Sequence
 
 import torch
 
+from mlcomp import models
+from mlcomp.analysis.verify import check_tolerance
 from mlcomp.base.errors import InputSpecError, MlcompError, ModelLoadError, OptionError
+from mlcomp.frontend.loading import load_model
+from mlcomp.ir.dtypes import parse_dtype
 
 __all__ = ["check_model_inputs", "check_options", "load_source", "LOAD_KEYS", "TRAIN_KEYS"]
 
@@ -25,8 +29,6 @@ TRAIN_KEYS = ("loss", "optimizer", "y", "instruments", "pipeline_verify", "loss_
 def load_source(model_or_path: Any, example_inputs: Sequence[torch.Tensor] | torch.Tensor | None,
                 load_opts: dict[str, Any]):
     """The :class:`~mlcomp.frontend.loading.ModelSource` for a module, file or zoo name."""
-    from mlcomp.frontend.loading import load_model
-
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     return load_model(model_or_path, example_inputs=example_inputs,
@@ -58,8 +60,6 @@ def check_model_inputs(model: Any, input_shapes: Sequence[Any], batch: int | Non
     Before: ``--input-shape 100000x100000x1000`` died in the allocator asking for 40 TB;
     after: "--input-shape 100000x100000x1000 needs 3.73e+04 GiB for one input, more than …".
     """
-    from mlcomp.ir.dtypes import parse_dtype
-
     if isinstance(model, str) and not model.strip():
         raise ModelLoadError("the MODEL argument is empty", hint="give a zoo name (see `mlcomp models list`), "
                              "a .pt/.pt2 file or a factory path/to/file.py:fn")
@@ -85,16 +85,12 @@ def check_model_inputs(model: Any, input_shapes: Sequence[Any], batch: int | Non
             continue                      # malformed: the loader explains the syntax
         _check_size(text, shape, itemsize, "--input-shape")
     if isinstance(batch, int) and not input_shapes:
-        from mlcomp import models
-
         if isinstance(model, str) and model in models.ZOO:
             _check_size(str(batch), (batch, *models.ZOO[model].input_shape), 4, "--batch")
 
 
 def check_options(model: Any, load_opts: dict[str, Any], tolerance: Any) -> None:
     """Values checked before anything is loaded: batch, tolerance."""
-    from mlcomp.analysis.verify import check_tolerance
-
     batch = load_opts.get("batch")
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
         raise OptionError(f"batch={batch!r} is not a positive integer", hint="give batch=1 or more")

@@ -1,4 +1,4 @@
-"""``mlcomp cache list|info|clear``: look into and empty the compile cache.
+"""``mlcomp cache list|info|clear|prune``: look into, empty and cap the compile cache.
 
     $ mlcomp cache list
     1 cached artifact(s) in /root/.cache/mlcomp
@@ -9,10 +9,14 @@
     $ mlcomp cache info                # the folder: entries, bytes, leftover temporaries
     $ mlcomp cache clear
     removed 1 cached artifact(s), 664.4 KiB, from /root/.cache/mlcomp
+    $ mlcomp cache prune --max-size 500MB   # evict least recently used entries until the rest fit
+    evicted 3 least recently used entries (1.1 GiB) from /root/.cache/mlcomp; 12 entries, 441.2 MiB left (cap 476.8 MiB)
 
 Before: there was no cache to look into; after, the folder ``mlcomp compile`` reuses
 artifacts from (:mod:`mlcomp.api.cache`) can be listed, inspected and emptied, with the
 same ``--cache-dir`` option as ``compile``.  Registered lazily by :mod:`mlcomp.cli.main`.
+``mlcomp compile`` takes its cache options from here too (``--cache-max-size``, the
+eviction lines it prints after a store).
 """
 from __future__ import annotations
 
@@ -24,9 +28,9 @@ import click
 
 from mlcomp.base.errors import OptionError
 from mlcomp.base.table import Table
-from mlcomp.hardware.timing import fmt_bytes
+from mlcomp.base.units import fmt_bytes
 
-__all__ = ["cache_group"]
+__all__ = ["cache_for_compile", "cache_group", "cache_max_size_option", "eviction_lines"]
 
 
 def _cache_dir_option(fn: Any) -> Any:
@@ -34,10 +38,43 @@ def _cache_dir_option(fn: Any) -> Any:
                         help="Compile cache folder (default ~/.cache/mlcomp, as for `mlcomp compile`).")(fn)
 
 
-def _open(cache_dir: Path | None):
-    from mlcomp.api import CompileCache, default_cache_dir
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """A size option in bytes, checked before any model is loaded or folder touched."""
+    from mlcomp.api.cache_size import parse_size
 
-    return CompileCache(cache_dir or default_cache_dir())
+    return None if value is None else parse_size(value, option=param.opts[0])
+
+
+def cache_max_size_option(fn: Any) -> Any:
+    """``mlcomp compile --cache-max-size SIZE``."""
+    return click.option("--cache-max-size", default=None, metavar="SIZE", callback=_size,
+                        help="Cap on the compile cache (500MB, 2GiB; default 2GiB): after a store the least "
+                             "recently used entries are evicted until the rest fit (never the one just stored).")(fn)
+
+
+def _open(cache_dir: Path | None, max_bytes: int | None = None):
+    from mlcomp.api.cache import DEFAULT_MAX_BYTES, CompileCache, default_cache_dir
+
+    return CompileCache(cache_dir or default_cache_dir(), DEFAULT_MAX_BYTES if max_bytes is None else max_bytes)
+
+
+def cache_for_compile(use_cache: bool, cache_dir: Path | None, request: Any,
+                      max_bytes: int | None = None) -> tuple[Any, str | None]:
+    """The compile cache ``mlcomp compile`` uses (None with --no-cache) and a line when the flags bypass it."""
+    if not use_cache:
+        return None, None
+    if request.dump_after or request.verify:
+        return None, f"cache not used: {'--dump-after' if request.dump_after else '--verify'} needs the passes to run"
+    return _open(cache_dir, max_bytes), None
+
+
+def eviction_lines(cache: Any, facts: dict[str, Any], *, each: bool = False) -> list[str]:
+    """What the eviction after a store did (nothing if nothing was evicted); recorded in ``facts`` too."""
+    report = cache.last_prune if cache is not None else None
+    if report is None:
+        return []
+    facts["prune"] = report.to_json()
+    return report.lines(each=each)
 
 
 @click.group("cache")
@@ -112,3 +149,22 @@ def cache_clear(cache_dir: Path | None) -> None:
     cache = _open(cache_dir)
     count, size = cache.clear()
     click.echo(f"removed {count} cached artifact(s), {fmt_bytes(size)}, from {cache.root}")
+
+
+@cache_group.command("prune")
+@_cache_dir_option
+@click.option("--max-size", default=None, metavar="SIZE", callback=_size,
+              help="Keep the cache under SIZE (500MB, 2GiB; default 2GiB, as `mlcomp compile`), evicting the least "
+                   "recently used entries (a hit counts as a use).")
+@click.option("--json", "as_json", is_flag=True, help="Print what was evicted and kept as JSON.")
+def cache_prune(cache_dir: Path | None, max_size: int | None, as_json: bool) -> None:
+    """Evict least recently used cached artifacts until the rest fit the size cap."""
+    cache = _open(cache_dir, max_size)
+    report = cache.prune()
+    if as_json:
+        click.echo(json.dumps(dict(report.to_json(), folder=str(cache.root)), indent=2))
+        return
+    n, left = len(report.evicted), len(report.kept)
+    click.echo(f"evicted {n} least recently used entr{'y' if n == 1 else 'ies'} ({fmt_bytes(report.freed)}) "
+               f"from {cache.root}; {left} entr{'y' if left == 1 else 'ies'}, {fmt_bytes(report.kept_bytes)} left "
+               f"(cap {fmt_bytes(report.max_bytes)})")

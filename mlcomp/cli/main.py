@@ -232,10 +232,9 @@ def models_list(as_json: bool) -> None:
 def models_save(name: str, fmt: str, output: str, batch: int) -> None:
     """Write zoo model NAME as a TorchScript archive or an ExportedProgram."""
     from mlcomp import models
+    from mlcomp.api import check_model_inputs
     from mlcomp.base.files import atomic_path
     from mlcomp.frontend.loading import save_torchscript
-
-    from mlcomp.api import check_model_inputs
 
     check_destination(output, Kind.FILE)
     check_model_inputs(name, (), batch)

@@ -33,7 +33,7 @@ from mlcomp.hardware.link import LinkProbe
 from mlcomp.passes.partition import Objective, even_cuts, parse_bytes, plan_of, solve
 from mlcomp.targets.distributed import check_artifact, torchrun_command
 
-__all__ = ["partition_cmd", "launch_cmd", "profile_cmd"]
+__all__ = ["launch_cmd", "partition_cmd", "profile_cmd"]
 
 
 def _read_times(path: str | None) -> dict[str, float] | None:

@@ -17,15 +17,24 @@ them into a :class:`PipelineRequest` with :func:`pipeline_from_cli`::
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import click
 
 from mlcomp.base.errors import PipelineSpecError
 
-__all__ = ["DEFAULT_PIPELINE", "TOML_EXAMPLE", "passes_cmd", "preset_options", "pipeline_options",
-           "pipeline_from_cli", "resolve_pipeline", "PipelineRequest"]
+__all__ = [
+    "DEFAULT_PIPELINE",
+    "TOML_EXAMPLE",
+    "PipelineRequest",
+    "passes_cmd",
+    "pipeline_from_cli",
+    "pipeline_options",
+    "preset_options",
+    "resolve_pipeline",
+]
 
 # The pipeline every command runs when neither -p nor -O is given (compile, export, bench, report).
 DEFAULT_PIPELINE = "-O2"

@@ -20,7 +20,7 @@ from mlcomp.cli.main import load_and_capture, model_options
 from mlcomp.cli.passes import preset_options, resolve_pipeline
 from mlcomp.hardware.timing import BenchConfigError
 
-__all__ = ["bench_cmd", "study_cmd", "report_cmd", "ProgressLine"]
+__all__ = ["ProgressLine", "bench_cmd", "report_cmd", "study_cmd"]
 
 
 def _int_list(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:

@@ -28,9 +28,15 @@ from mlcomp.analysis.verify import check_tolerance
 from mlcomp.base.errors import ArtifactError, OptionError
 from mlcomp.base.files import Kind, check_destination
 from mlcomp.base.progress import Progress
+from mlcomp.base.units import fmt_bytes
+from mlcomp.cli.cache import cache_for_compile, cache_max_size_option, eviction_lines
 from mlcomp.cli.main import load_and_capture, model_options
-from mlcomp.cli.passes import pipeline_from_cli, pipeline_options, preset_options, resolve_pipeline
-from mlcomp.hardware.timing import fmt_bytes
+from mlcomp.cli.passes import (
+    pipeline_from_cli,
+    pipeline_options,
+    preset_options,
+    resolve_pipeline,
+)
 from mlcomp.pipeline.instruments import Instrument
 
 __all__ = ["compile_cmd", "export_cmd", "targets_cmd"]
@@ -87,6 +93,7 @@ def _bytes(path: Path) -> int:
                    "versions, and store new ones (--no-cache: neither).")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Compile cache folder (default ~/.cache/mlcomp; `mlcomp cache clear` empties it).")
+@cache_max_size_option
 @click.option("--no-verify", is_flag=True,
               help="Skip comparing the artifact with eager PyTorch (a cache hit is otherwise verified too); an "
                    "unverified artifact is not stored in the cache.")
@@ -111,7 +118,8 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                 output: Path | None, pipeline: str | None, opt_level: str | None, dump_after: str | None,
                 dump_dir: str, verify_passes: bool, explain: bool, tolerance: float | None, fallback: str,
                 threads: int | None, device: str | None, tune_trials: int, tuning_dir: str | None,
-                fresh_check: bool, use_cache: bool = True, cache_dir: Path | None = None, no_verify: bool = False,
+                fresh_check: bool, use_cache: bool = True, cache_dir: Path | None = None,
+                cache_max_size: int | None = None, no_verify: bool = False,
                 output_names: str | None = None, as_json: bool = False, force: bool = False,
                 train: bool = False, loss: str = "cross_entropy", optimizer: str = "sgd", steps: int = 5,
                 loss_scale: str | None = None) -> None:
@@ -134,7 +142,7 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     auto = is_auto(target)
     canonical = "auto" if auto else _check_target_flags(target, tune_trials, tuning_dir)
     chosen = _candidates(candidates, canonical)
-    cache, bypass = _cache_for(use_cache, cache_dir, request)
+    cache, bypass = cache_for_compile(use_cache, cache_dir, request, cache_max_size)
     if not auto:                                              # auto: each candidate is checked (api/auto.py)
         request.pipeline.check_target(canonical)              # e.g. prune{method=2:4} off CUDA: before capture
     names = _parse_names(output_names)
@@ -169,6 +177,8 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     if result.cache is not None:
         say(result.cache.line())
         facts["cache"] = dict(result.cache.to_json(), folder=str(cache.root))
+        for line in eviction_lines(cache, facts["cache"], each=request.explain):   # after this store
+            say(line)
     if art.manifest.get("auto"):
         facts["auto"] = art.manifest["auto"]
         say(("the cached artifact's choice, " if hit else "") + AutoReport.format_json(art.manifest["auto"]))
@@ -236,17 +246,6 @@ def _candidates(text: str | None, target: str) -> list[str] | None:
         raise OptionError(f"--candidates {text!r} must name one or more targets other than auto",
                           hint="e.g. --candidates cpu,onnxruntime")
     return [get_target(n).name for n in names]
-
-
-def _cache_for(use_cache: bool, cache_dir: Path | None, request: Any) -> tuple[Any, str | None]:
-    """The compile cache to use (None with --no-cache) and a line when the flags bypass it."""
-    from mlcomp.api import CompileCache, default_cache_dir
-
-    if not use_cache:
-        return None, None
-    if request.dump_after or request.verify:
-        return None, f"cache not used: {'--dump-after' if request.dump_after else '--verify'} needs the passes to run"
-    return CompileCache(cache_dir or default_cache_dir()), None
 
 
 class _Say:

@@ -5,6 +5,10 @@
     gradients vs eager autograd: worst 0.0e+00 relative (0.weight), loss 0.0e+00: passed
     5 steps compiled vs eager (adam): losses 0.69 → 0.13 / 0.69 → 0.13, parameters within 0.0e+00 (0.weight)
     saved out/mlp-train (joint.ir.txt, step.pt, state.pt, optimizer.pt, reference.pt, manifest.json)
+    $ mlcomp compile mlp --batch 4 --train -p "mixed-precision{dtype=bf16}"   # compiled, autocast, fp32
+    gradients vs eager autograd: against fp32 eager, the bf16 gradient of 2.bias is 1.76e-01 off and eager
+    autocast's 1.75e-01 (compiled vs autocast 1.37e-03), within the bound 0.219 = 1.25 × autocast's 0.175
+    (from autocast); the loss is 3.18e-04 off (autocast 3.18e-04), within the bound 0.02, …: passed
     $ mlcomp inspect resnet18 --train --batch 32      # FLOPs by phase, saved activations by module
     $ mlcomp bench resnet18 --train --batch 32
     $ mlcomp compile models.py:make --train           # make() returns (model, loss_fn): its loss is used
@@ -114,6 +118,7 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
         compile_training,
         verify_gradients,
     )
+    from mlcomp.targets.training_check import describe_gradients, describe_steps
 
     spec, _ = check_train_flags(target, loss, optimizer, loss_scale)
     target = target or "cpu"
@@ -136,21 +141,29 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
     art = compile_training(graph, target=target, optimizer=spec, options=options, state_keys=keys,
                            loss_scale=loss_scale)
     check = verify_gradients(art, reference, loss_fn, args, tolerance=tol)
-    click.echo(f"gradients vs eager autograd: worst {check['worst_rel']:.1e} relative ({check['worst']}), "
-               f"loss {check['loss_rel']:.1e}: passed")
+    if check["reference"] == "fp32":
+        click.echo(f"gradients vs eager autograd: worst {check['worst_rel']:.1e} relative ({check['worst']}), "
+                   f"loss {check['loss_rel']:.1e}: passed")
+    else:   # a mixed-precision graph: the three-way check (compiled, eager autocast, fp32) and its bound
+        click.echo(f"gradients vs eager autograd: {describe_gradients(check)}: passed")
     cmp = compare_steps(compile_training(graph, target=target, optimizer=spec, options=options, state_keys=keys,
                                          loss_scale=loss_scale),
                         copy.deepcopy(reference), loss_fn, args, steps=steps)
     if art.loss_scaler is not None:
         click.echo(f"loss scaling: {art.loss_scaler.spec.text()}")
-    click.echo(f"{steps} steps compiled vs eager ({spec.text()}): losses {cmp['compiled_losses'][0]:.4g} → "
-               f"{cmp['compiled_losses'][-1]:.4g} / {cmp['eager_losses'][0]:.4g} → {cmp['eager_losses'][-1]:.4g}, "
-               f"parameters within {cmp['worst_rel']:.1e} relative ({cmp['worst']})")
-    tol = max(tol, cmp["tolerance"] or 0.0)    # a mixed-precision graph: its declared tolerance
+    mixed = cmp.get("reference") is not None   # a mixed-precision graph: compiled, eager autocast and fp32
+    if mixed:
+        click.echo(f"{steps} steps compiled vs eager ({spec.text()}): {describe_steps(cmp)}")
+    else:
+        click.echo(f"{steps} steps compiled vs eager ({spec.text()}): losses {cmp['compiled_losses'][0]:.4g} → "
+                   f"{cmp['compiled_losses'][-1]:.4g} / {cmp['eager_losses'][0]:.4g} → {cmp['eager_losses'][-1]:.4g}, "
+                   f"parameters within {cmp['worst_rel']:.1e} relative ({cmp['worst']})")
+    tol = max(tol, cmp["tolerance"] or 0.0)    # a mixed-precision graph: the worst tensor's bound
     if cmp["worst_rel"] > tol or cmp["loss_rel"] > tol:
-        raise VerificationError(f"{steps} compiled training steps of {graph.name} drift from eager: {cmp['worst']} "
-                                f"differs by {cmp['worst_rel']:.2e} relative (losses {cmp['loss_rel']:.2e}), "
-                                f"tolerance {tol:.0e}", hint="raise --tolerance, or run with --verify")
+        raise VerificationError(f"{steps} compiled training steps of {graph.name} drift from eager: "
+                                + (describe_steps(cmp) if mixed else f"{cmp['worst']} differs by "
+                                   f"{cmp['worst_rel']:.2e} relative (losses {cmp['loss_rel']:.2e}), "
+                                   f"tolerance {tol:.0e}"), hint="raise --tolerance, or run with --verify")
     art.verification = dict(check, loss=_loss_name(chosen), steps=cmp)
     art.save(output, force=True)
     click.echo(f"saved {output} ({', '.join(SAVED_FILES)}, manifest.json)")
@@ -160,9 +173,9 @@ def inspect_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
                   loss: str, as_json: bool, show_ir: bool, top: int) -> None:
     """``mlcomp inspect MODEL --train``: FLOPs by phase, saved activations by module, predicted peak."""
     from mlcomp.analysis.training import phase_flops, predicted_peak, saved_activations
+    from mlcomp.base.units import fmt_bytes
     from mlcomp.frontend.joint import LossKind
     from mlcomp.frontend.joint_origins import bytes_by_origin
-    from mlcomp.hardware.timing import fmt_bytes
     from mlcomp.ir.node import Phase
 
     LossKind.parse(loss)

@@ -27,7 +27,7 @@ from mlcomp.base.progress import Progress
 from mlcomp.cli.main import load_and_capture, model_options
 from mlcomp.cli.passes import preset_options, resolve_pipeline
 
-__all__ = ["tune_cmd", "DEFAULT_DB"]
+__all__ = ["DEFAULT_DB", "tune_cmd"]
 
 DEFAULT_DB = Path("mlcomp-out") / "tvm-tuning"
 

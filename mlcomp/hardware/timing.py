@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from mlcomp.base.errors import MlcompError
 
@@ -195,17 +196,6 @@ def fmt_seconds(s: float | None) -> str:
             v = s / scale
             return f"{v:.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
     return f"{s:g} s"  # pragma: no cover
-
-
-def fmt_bytes(n: float | None, *, sign: bool = False) -> str:
-    """``12.3 MiB``; ``+12.3 MiB`` with ``sign``."""
-    if n is None:
-        return "—"
-    pre = "+" if sign and n >= 0 else ""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= scale:
-            return f"{pre}{n / scale:.1f} {unit}"
-    return f"{pre}{int(n)} B"
 
 
 def fmt_rate(v: float | None, unit: str) -> str:

@@ -29,6 +29,7 @@ from typing import Any, Callable
 import torch
 
 from mlcomp.ir import Graph, Ref, TensorMeta
+from mlcomp.ir import opsets as P
 from mlcomp.ir.ops import GETITEM, INPUT, Category, Op, category
 
 __all__ = ["KernelPlan", "Tile", "Tiling"]
@@ -155,8 +156,6 @@ def _inplace_choices(body: Graph) -> dict[str, tuple[Op, int]]:
     intermediate of the body (or a reshape/permute of one) that nothing else
     reads: not an input, not a body output, not an overlapping view.
     """
-    from mlcomp.ir import opsets as P
-
     outputs = {r.name for r in body.output_refs}
     out: dict[str, tuple[Op, int]] = {}
     for node in body.call_nodes():
@@ -175,8 +174,6 @@ def _inplace_choices(body: Graph) -> dict[str, tuple[Op, int]]:
 
 
 def _writable(body: Graph, name: str, outputs: set[str]) -> bool:
-    from mlcomp.ir import opsets as P
-
     aliases = P.SHAPE_OPS | P.PERMUTE_OPS | P.SQUEEZE_OPS | {P.UNSQUEEZE}
     while True:
         node = body.node(name)

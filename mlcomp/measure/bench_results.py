@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from mlcomp.base.table import Table
+from mlcomp.base.units import fmt_bytes
 from mlcomp.hardware.memory import MemoryReading
-from mlcomp.hardware.timing import Timing, TimingPolicy, fmt_bytes, fmt_seconds
+from mlcomp.hardware.timing import Timing, TimingPolicy, fmt_seconds
 from mlcomp.measure.plots import EAGER
 
-__all__ = ["BenchResult", "BenchRow", "CSV_FIELDS", "to_csv"]
+__all__ = ["CSV_FIELDS", "BenchResult", "BenchRow", "to_csv"]
 
 
 @dataclass(frozen=True)

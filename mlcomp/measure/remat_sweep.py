@@ -45,10 +45,10 @@ from mlcomp.analysis.workspace import op_workspaces
 from mlcomp.base.errors import PassFailure
 from mlcomp.base.files import atomic_path
 from mlcomp.base.table import Table
+from mlcomp.base.units import fmt_bytes
 from mlcomp.hardware.timing import (
     Timing,
     TimingPolicy,
-    fmt_bytes,
     fmt_seconds,
     measure_interleaved,
     synchronizer,

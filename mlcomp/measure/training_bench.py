@@ -35,10 +35,12 @@ from typing import Any
 
 import torch
 
+from mlcomp import models
 from mlcomp.analysis.training import phase_flops, predicted_peak, saved_activations
 from mlcomp.analysis.workspace import op_workspaces
 from mlcomp.base.errors import InputSpecError
 from mlcomp.base.table import Table
+from mlcomp.base.units import fmt_bytes
 from mlcomp.frontend.joint import (
     capture_joint,
     example_target,
@@ -50,7 +52,6 @@ from mlcomp.hardware.memory import MemoryReading, MemorySource, PeakMemory
 from mlcomp.hardware.timing import (
     Timing,
     TimingPolicy,
-    fmt_bytes,
     fmt_seconds,
     measure_interleaved,
     synchronizer,
@@ -130,8 +131,6 @@ def training_case(model: str | torch.nn.Module, *, batch: int = 32, inputs: Sequ
                   loss: Any = "cross_entropy", name: str | None = None) -> TrainingCase:
     """Capture the joint graph of ``model`` (a zoo name, or a module with ``inputs``) on one batch."""
     if isinstance(model, str):
-        from mlcomp import models
-
         z = models.get(model)
         name = name or model
         model, inputs = z.build(), z.example_inputs(batch)

@@ -33,18 +33,19 @@ from __future__ import annotations
 
 import enum
 import math
-import re
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Sequence
+from typing import ClassVar
 
 from mlcomp.analysis.pipeline_schedule import Schedule, in_flight
 from mlcomp.analysis.placement_cost import PlacementCost
 from mlcomp.base.errors import MlcompError, PipelineSpecError
+from mlcomp.base.units import SIZE_HINT, SizeError, parse_size
 from mlcomp.ir import Graph
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
-__all__ = ["Objective", "Partition", "PartitionError", "Plan", "solve", "parse_bytes", "even_cuts"]
+__all__ = ["Objective", "Partition", "PartitionError", "Plan", "even_cuts", "parse_bytes", "solve"]
 
 
 class PartitionError(MlcompError):
@@ -57,17 +58,14 @@ class Objective(enum.Enum):
     MEMORY = "memory"
 
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-
-
 def parse_bytes(text: str | int | None) -> int | None:
-    """``"2GiB"`` → 2147483648; ``"512MB"``, ``"1e9"`` and plain integers too."""
-    if text is None or isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise PartitionError(f"memory_limit={text!r} is not a size", hint="write it like 512MiB, 2GiB or 1e9")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    """``"2GiB"`` → 2147483648; ``"512MB"``, ``"1e9"`` and plain integers too (:mod:`mlcomp.base.units`)."""
+    if text is None:
+        return None
+    try:
+        return parse_size(text)
+    except SizeError as exc:
+        raise PartitionError(f"memory_limit={text!r} is not a size ({exc})", hint=SIZE_HINT) from None
 
 
 @dataclass(frozen=True)
@@ -162,10 +160,10 @@ def solve(pc: PlacementCost, stages: int, objective: Objective = Objective.THROU
         raise PartitionError(f"cannot cut {pc.graph_name} into {stages} stages: it has only {n} compute "
                              "node(s) to place", hint=f"ask for at most {n} stages")
     backward = 2.0 if training else 0.0
-    flight = (lambda s: in_flight(schedule, s, stages, microbatches, training))  # noqa: E731
+    flight = (lambda s: in_flight(schedule, s, stages, microbatches, training))
     kappa = 2.0 if training else 1.0
-    key_a = lambda j: pc._pt[j] * (1 + backward) + kappa * pc.transfer_seconds(j)  # noqa: E731
-    key_b = lambda i: pc._pt[i] * (1 + backward) - kappa * pc.transfer_seconds(i)  # noqa: E731
+    key_a = lambda j: pc._pt[j] * (1 + backward) + kappa * pc.transfer_seconds(j)
+    key_b = lambda i: pc._pt[i] * (1 + backward) - kappa * pc.transfer_seconds(i)
     limit = math.inf if memory_limit is None else float(memory_limit)
     if _sweep(pc, stages, key_b, key_a, math.inf, flight, limit) is None:
         least = solve(pc, stages, Objective.MEMORY, training=training, microbatches=microbatches,

@@ -36,7 +36,6 @@ from __future__ import annotations
 import enum
 import fnmatch
 import math
-import re
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -47,8 +46,10 @@ from mlcomp.analysis.cost import node_flops
 from mlcomp.analysis.memory import is_view, liveness, storage_roots, value_bytes
 from mlcomp.analysis.training import predicted_peak, saved_activations
 from mlcomp.base.errors import PassFailure, PipelineSpecError
+from mlcomp.base.units import SizeError, parse_size, size_unit
 from mlcomp.ir import Graph, Mode, Node, Ref, map_refs, tensor_metas
 from mlcomp.ir.builder import remove_dead
+from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.node import Annotations, Phase
 from mlcomp.ir.ops import GETITEM
 from mlcomp.ir.opsets import is_pure
@@ -59,8 +60,6 @@ from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 __all__ = ["Budget", "CostModel", "Remat", "RematError", "build_problem", "forward_values", "parse_budget",
            "rewrite", "saved_bytes"]
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 _FORWARD = (Phase.FORWARD, Phase.LOSS)
 
 
@@ -84,14 +83,14 @@ class Budget:
 
 
 def parse_budget(text: str) -> Budget:
-    """``0.5`` (a fraction in (0, 1]) or ``256MB`` / ``1.5GiB`` / ``4096`` B (a size)."""
+    """``0.5`` (a fraction in (0, 1]) or ``256MB`` / ``1.5GiB`` / ``4096`` B (a size, :mod:`mlcomp.base.units`)."""
     raw = str(text).strip()
-    m = re.fullmatch(r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)", raw)
-    hint = "give a fraction in (0, 1] of the saved activations without remat, e.g. remat{budget=0.5}, or a size such as 256MB"
-    if m is None or m.group(2).upper() not in _UNITS:
-        why = f"unit {m.group(2)!r} is not one of B, KB, MB, GB (KiB, MiB, GiB)" if m else "it is not a number"
-        raise PipelineSpecError(f"option 'budget' of pass 'remat' got {raw!r}: {why}", hint=hint)
-    value, unit = float(m.group(1)), m.group(2).upper()
+    hint = ("give a fraction in (0, 1] of the saved activations without remat, e.g. remat{budget=0.5}, "
+            "or a size such as 256MB (KB, MB, GB: powers of 1000; KiB, MiB, GiB: powers of 1024)")
+    try:
+        value, unit = size_unit(raw)
+    except SizeError as exc:
+        raise PipelineSpecError(f"option 'budget' of pass 'remat' got {raw!r}: {exc}", hint=hint) from None
     if value <= 0:
         raise PipelineSpecError(f"option 'budget' of pass 'remat' must be above 0, got {raw!r}", hint=hint)
     if unit == "" and value <= 1.0:
@@ -99,7 +98,7 @@ def parse_budget(text: str) -> Budget:
     if unit == "" and value != int(value):
         raise PipelineSpecError(f"option 'budget' of pass 'remat' got {raw!r}: a fraction must be at most 1 "
                                 "and a size a whole number of bytes", hint=hint)
-    return Budget(nbytes=int(value * _UNITS[unit]))
+    return Budget(nbytes=parse_size(raw))
 
 
 def _banned(node: Node, keep: tuple[str, ...]) -> bool:
@@ -118,8 +117,6 @@ def _profile(graph: Graph, names: list[str], ctx: PassContext) -> dict[str, floa
                      tuple(repr(graph.node(s).meta) for s in n.input_names()))
     todo = [graph.node(n) for n in names if key(graph.node(n)) not in cache]
     if todo:
-        from mlcomp.ir.interpreter import Interpreter
-
         if ctx.example_inputs is None:
             raise RematError(f"remat{{cost=profile}} times every forward node of {graph.name} on the example "
                              "inputs, and none were given", where=f"pass remat, graph {graph.name}",

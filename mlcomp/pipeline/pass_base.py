@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Mapping
 
 from mlcomp.base.errors import PipelineSpecError
 from mlcomp.base.registry import LazyRegistry, did_you_mean
+from mlcomp.hardware.spec import DEFAULT_CPU
 from mlcomp.ir.node import Mode
 
 if typing.TYPE_CHECKING:
@@ -86,8 +87,6 @@ class PassContext:
 
     @property
     def hw(self) -> "HardwareSpec":
-        from mlcomp.hardware.spec import DEFAULT_CPU
-
         return self.hardware or DEFAULT_CPU
 
 

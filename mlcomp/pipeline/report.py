@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import collections
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from mlcomp.analysis.cost import node_bytes
+from mlcomp.base.units import fmt_bytes
 from mlcomp.ir import Graph
 from mlcomp.pipeline.composite import Position
 
-__all__ = ["PassRecord", "PipelineReport", "Snapshot", "snapshot", "PassDiff", "human_bytes"]
+__all__ = ["PassDiff", "PassRecord", "PipelineReport", "Snapshot", "snapshot"]
 
 
 # ---------------------------------------------------------------------------
@@ -62,7 +64,7 @@ class PassDiff:
     groups: int = 0
 
     @classmethod
-    def between(cls, before: Snapshot, after: Snapshot, stats: Mapping[str, Any]) -> "PassDiff":
+    def between(cls, before: Snapshot, after: Snapshot, stats: Mapping[str, Any]) -> PassDiff:
         added = tuple(n for n in after.modules if n not in before.modules)
         removed = tuple(n for n in before.modules if n not in after.modules)
         rewritten = tuple(n for n in after.kinds if n in before.kinds and before.kinds[n] != after.kinds[n])
@@ -78,8 +80,8 @@ class PassDiff:
             return ["no nodes added, removed or rewritten"]
         saved = self.bytes_before - self.bytes_after
         lines = [f"-{len(self.removed)} +{len(self.added)} ~{len(self.rewritten)} nodes; "
-                 f"bytes moved {human_bytes(self.bytes_before)} -> {human_bytes(self.bytes_after)} "
-                 f"({'saved ' + human_bytes(saved) if saved >= 0 else 'added ' + human_bytes(-saved)})"
+                 f"bytes moved {fmt_bytes(self.bytes_before)} -> {fmt_bytes(self.bytes_after)} "
+                 f"({'saved ' + fmt_bytes(saved) if saved >= 0 else 'added ' + fmt_bytes(-saved)})"
                  + (f"; {self.groups} fusion group(s)" if self.groups else "")]
         ops = sorted(self.op_delta.items(), key=lambda kv: (-abs(kv[1]), kv[0]))
         shown = ", ".join(f"{op} {d:+d}" for op, d in ops[:limit])
@@ -115,12 +117,12 @@ class PassRecord:
     nodes_after: int
     max_error: float | None = None      # max relative output error after this pass (Verify)
     diff: PassDiff | None = None        # Explain
-    children: list["PassRecord"] = field(default_factory=list)
+    children: list[PassRecord] = field(default_factory=list)
     at: Position | None = None          # where it ran (None: built by hand)
     skipped: str | None = None          # why a composite's child did not run
     peak_bytes_before: int | None = None    # Memory
     peak_bytes_after: int | None = None
-    declared_reference: "Graph | None" = field(default=None, repr=False, compare=False)  # set by function-changing passes
+    declared_reference: Graph | None = field(default=None, repr=False, compare=False)  # set by function-changing passes
 
     @property
     def path(self) -> str:
@@ -146,7 +148,7 @@ class PassRecord:
         """Fixed-point round inside its composite."""
         return self.at.round if self.at else None
 
-    def walk(self) -> Iterator["PassRecord"]:
+    def walk(self) -> Iterator[PassRecord]:
         """This record and every record nested in it, in run order."""
         yield self
         for c in self.children:
@@ -241,13 +243,13 @@ def _stats_text(r: PassRecord) -> str:
     if r.max_error is not None:
         text += f"; max rel err {r.max_error:.1e}"
     if r.peak_bytes_before is not None and r.peak_bytes_after is not None:
-        text += f"; peak {human_bytes(r.peak_bytes_before)} -> {human_bytes(r.peak_bytes_after)}"
+        text += f"; peak {fmt_bytes(r.peak_bytes_before)} -> {fmt_bytes(r.peak_bytes_after)}"
     return text
 
 
 def _fmt(v: Any, key: str = "") -> str:
     if isinstance(v, (int, float)) and not isinstance(v, bool) and "bytes" in key:
-        return human_bytes(v)
+        return fmt_bytes(v)
     if isinstance(v, float):
         return f"{v:.3g}"
     if isinstance(v, Mapping):
@@ -267,9 +269,3 @@ def _jsonable(v: Any) -> Any:
     return str(v)
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):      # binary units, as inspect, bench and compile print them
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover

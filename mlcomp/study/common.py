@@ -11,9 +11,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlcomp.base.table import Table  # noqa: F401 - re-exported for the studies
+from mlcomp.base.table import Table
+from mlcomp.base.units import fmt_bytes
 from mlcomp.hardware.probe import machine_line  # noqa: F401 - re-exported
-from mlcomp.hardware.timing import Clock, TimingPolicy, fmt_bytes, fmt_rate, fmt_seconds
+from mlcomp.hardware.timing import Clock, TimingPolicy, fmt_rate, fmt_seconds
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class StudyResult:
         return "\n".join(parts)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "StudyResult":
+    def from_json(cls, d: dict[str, Any]) -> StudyResult:
         """Rebuild a result from :meth:`to_json` (to re-plot or re-print without measuring again)."""
         figures = tuple(Figure(f["label"], f["measured"], f["unit"], f["chapter"] or "", f["note"] or "")
                         for f in d["figures"])

@@ -33,11 +33,14 @@ from typing import Any, ClassVar, Protocol, Sequence
 import torch
 
 from mlcomp.analysis.ranges import declared_tolerance
-from mlcomp.base.errors import ArtifactError, InputSpecError
-from mlcomp.base.files import sha256_file
+from mlcomp.analysis.verify import check_against
+from mlcomp.base.errors import ArtifactError, InputSpecError, TargetUnavailableError
+from mlcomp.base.files import Kind, atomic_dir, check_destination, sha256_file
 from mlcomp.base.registry import LazyRegistry
+from mlcomp.base.version import __version__
 from mlcomp.models import random_tensor
 from mlcomp.ir import Dim, Graph, Node, TensorMeta, dtype_name, parse_dtype
+from mlcomp.targets.registry import get_target
 
 __all__ = ["Artifact", "TensorSpec", "Runtime", "RuntimeKind", "FORMAT", "FORMAT_VERSION"]
 
@@ -172,8 +175,6 @@ class Artifact:
     def new(cls, runtime: "Runtime", *, target: str, device: str, graph: Graph, inputs: Sequence[TensorSpec],
             outputs: Sequence[TensorSpec], options: dict[str, Any], compile_seconds: float,
             regions: list[dict[str, Any]] | None = None, pipeline: str | None = None) -> "Artifact":
-        from mlcomp.base.version import __version__
-
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "mlcomp_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions(),
@@ -265,8 +266,6 @@ class Artifact:
     def verify(self, inputs: Sequence[torch.Tensor] | None = None, expected: Any = None, *,
                tolerance: float | None = None, record: bool = True, raise_on_failure: bool = True):
         """Compare with eager outputs (the stored reference by default); raises VerificationError."""
-        from mlcomp.analysis.verify import check_against
-
         if inputs is None or expected is None:
             if self.reference is None:
                 raise ArtifactError("this artifact has no reference inputs/outputs to verify against",
@@ -293,8 +292,6 @@ class Artifact:
         ``directory`` must be new, empty or an earlier mlcomp output (replaced only with
         ``force``); a folder of anything else is refused with an OutputPathError.
         """
-        from mlcomp.base.files import Kind, atomic_dir, check_destination
-
         directory = check_destination(directory, Kind.DIR, force=force)
         with atomic_dir(directory, label="artifact") as tmp:
             info = self.runtime.save(tmp)
@@ -349,8 +346,6 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         raise _bad(directory, f"its {MANIFEST} is not an mlcomp artifact manifest")
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
-        from mlcomp.base.version import __version__
-
         raise ArtifactError(
             f"the artifact at {directory} was written by mlcomp {manifest.get('mlcomp_version', '?')} in "
             f"artifact format {version}; this mlcomp ({__version__}) reads format {FORMAT_VERSION}",
@@ -385,10 +380,6 @@ def _check_file(directory: Path, entry: dict[str, Any]) -> None:
 
 def _check_backend(kind: RuntimeKind, manifest: dict[str, Any]) -> None:
     """A clear error when the backend this payload needs is missing here."""
-    from mlcomp.targets.base import get_target
-
-    from mlcomp.base.errors import TargetUnavailableError
-
     reason = get_target(manifest["target"]).available()
     if reason and kind is not RuntimeKind.EAGER:
         raise TargetUnavailableError(

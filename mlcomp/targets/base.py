@@ -1,4 +1,4 @@
-"""What every target shares: options, the support check, compilation and the registry.
+"""What every target shares: options, the support check and compilation.
 
     >>> from mlcomp.targets import get_target, CompileOptions
     >>> target = get_target("onnxruntime")
@@ -16,32 +16,35 @@ base class checks *every* node first and reports all unsupported ones at once
 (:class:`UnsupportedOpError` with op, module path and source line); with
 ``fallback=Fallback.EAGER`` it splits the graph into supported regions and
 regions that run in torch instead (:mod:`mlcomp.targets.fallback`).
+
+Targets are found by name in :mod:`mlcomp.targets.registry` (``TARGETS``,
+``get_target``, ``TargetName``); this module re-exports those names.
 """
 from __future__ import annotations
 
 import abc
-import enum
 import time
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping
 
 import torch
 
 from mlcomp.base.errors import MlcompError, TargetUnavailableError, UnsupportedOpError
-from mlcomp.base.registry import LazyRegistry
 from mlcomp.frontend.loading import graph_random_inputs
 from mlcomp.ir import Graph, Node, TensorMeta, map_refs, tensor_metas
 from mlcomp.ir.ops import GETITEM, Namespace, Op
 from mlcomp.pipeline.presets import ALL_REWRITES, Rewrite
+from mlcomp.targets.artifact import Artifact, Runtime, TensorSpec
 from mlcomp.targets.capabilities import Capabilities, CapabilityError, Mismatch, MismatchKind, hint_for, mismatches
+from mlcomp.targets.fallback import build_partitioned
 from mlcomp.targets.options import CompileOptions, Fallback, LogLevel, OptionsError
-
-if TYPE_CHECKING:
-    from mlcomp.targets.artifact import Artifact, Runtime
+# the registry lives in its own module (below this one and artifact); re-exported so
+# ``from mlcomp.targets.base import get_target, TARGETS`` keeps working
+from mlcomp.targets.registry import TARGETS, TargetName, available_targets, get_target, target_name
 
 __all__ = ["Fallback", "CompileOptions", "LogLevel", "OptionsError", "TargetCompileError", "Target", "TargetName",
            "Capabilities", "CapabilityError", "get_target", "available_targets", "example_inputs",
-           "UNSUPPORTED_EVERYWHERE"]
+           "UNSUPPORTED_EVERYWHERE", "TARGETS", "target_name"]
 
 
 class TargetCompileError(MlcompError):
@@ -183,10 +186,8 @@ class Target(abc.ABC):
     def device(self, options: CompileOptions) -> str:
         return options.device or self.default_device
 
-    def compile(self, graph: Graph, options: CompileOptions | None = None) -> "Artifact":
+    def compile(self, graph: Graph, options: CompileOptions | None = None) -> Artifact:
         """Lower ``graph`` to an :class:`~mlcomp.targets.artifact.Artifact` (not yet verified)."""
-        from mlcomp.targets.artifact import Artifact, TensorSpec
-
         options = options or CompileOptions()
         reason = self.available()
         if reason:
@@ -198,8 +199,6 @@ class Target(abc.ABC):
         regions: list[dict[str, Any]] = []
         inputs = example_inputs(graph)
         if bad:
-            from mlcomp.targets.fallback import build_partitioned
-
             runtime, regions = build_partitioned(self, graph, options, set(bad), inputs)
         else:
             runtime = self.build(graph, options, inputs)
@@ -211,7 +210,7 @@ class Target(abc.ABC):
             compile_seconds=seconds, regions=regions)
 
     @abc.abstractmethod
-    def build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...]) -> "Runtime":
+    def build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...]) -> Runtime:
         """Lower a fully supported graph; ``inputs`` are random tensors fitting its inputs."""
 
     def __repr__(self) -> str:
@@ -281,62 +280,3 @@ def _trace_ops(op: Op, args: _Hashable, kwargs: _Hashable) -> tuple[Op, ...]:
             except KeyError:
                 found.setdefault(Op(Namespace.MLCOMP, f"<{getattr(n.target, '__name__', n.target)}>"), None)
     return tuple(found)
-
-
-# ---------------------------------------------------------------------------
-# Registry
-
-
-class TargetName(enum.Enum):
-    CPU = "cpu"
-    CUDA = "cuda"
-    ONNXRUNTIME = "onnxruntime"
-    TVM = "tvm"
-    DISTRIBUTED = "distributed"
-    OPENVINO = "openvino"
-
-    @property
-    def implementation(self) -> str:
-        return str(TARGETS.ref(self.value))
-
-
-def _unknown_target(name: str, close: str | None) -> TargetUnavailableError:
-    return TargetUnavailableError(
-        f"there is no target named {name!r}" + (f" (did you mean {close!r}?)" if close else ""),
-        hint=f"choose one of: {', '.join(t.value for t in TargetName)}")
-
-
-# target name -> "module:Class"; the class is imported on first use
-TARGETS: LazyRegistry[type[Target]] = LazyRegistry("target", {
-    "cpu": "mlcomp.targets.cpu:CpuTarget", "cuda": "mlcomp.targets.cuda:CudaTarget",
-    "onnxruntime": "mlcomp.targets.onnxruntime:OnnxRuntimeTarget", "tvm": "mlcomp.targets.tvm:TvmTarget",
-    "distributed": "mlcomp.targets.distributed:DistributedTarget",
-    "openvino": "mlcomp.targets.openvino:OpenVinoTarget",
-}, on_unknown=_unknown_target)
-
-_ALIASES = {"ort": TargetName.ONNXRUNTIME, "onnx": TargetName.ONNXRUNTIME, "torchscript": TargetName.CPU}
-
-
-def target_name(name: str | TargetName) -> TargetName:
-    if isinstance(name, TargetName):
-        return name
-    key = str(name).strip().lower()
-    if key in _ALIASES:
-        return _ALIASES[key]
-    TARGETS.ref(key)   # raises with did-you-mean if unknown
-    return TargetName(key)
-
-
-def get_target(name: str | TargetName) -> Target:
-    """The target called ``name`` (``cpu``, ``cuda``, ``onnxruntime``/``ort``, ``tvm``)."""
-    return _instance(target_name(name))
-
-
-@lru_cache(maxsize=None)
-def _instance(name: TargetName) -> Target:
-    return TARGETS.get(name.value)()
-
-
-def available_targets() -> dict[str, str | None]:
-    """Every target → ``None`` if usable here, else the reason it is not."""
-    return {t.value: get_target(t).available() for t in TargetName}

@@ -27,11 +27,19 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from mlcomp.targets import tvm_backend
 from mlcomp.targets.codegen import to_fx
+from mlcomp.targets.cpu import trace_frozen
 from mlcomp.targets.onnx_patterns import ort_friendly
+from mlcomp.targets.onnxruntime import export_onnx
+from mlcomp.targets.registry import get_target
+from mlcomp.targets.tvm import lower_low_precision, quiet_native
 
 from mlcomp.analysis.verify import VerifyResult, check_against
 from mlcomp.base.errors import MlcompError
+from mlcomp.base.files import atomic_dir, atomic_path
+from mlcomp.base.quiet import quiet_torch
+from mlcomp.frontend.loading import INPUT_SPEC_FILE, InputSpec
 from mlcomp.ir import Graph, tensor_metas
 from mlcomp.pipeline import Pipeline
 from mlcomp.pipeline.presets import AdaptedPreset, adapt_preset
@@ -68,7 +76,6 @@ def export_pipeline(fmt: ExportFormat | str, pipeline: Any) -> tuple[Pipeline, A
         >>> pipe.spec, [d.spec for d in adapted.dropped]        # onnxruntime fuses kernels itself
         ('cleanup', ['fuse'])
     """
-    from mlcomp.targets.base import get_target
 
     target = _RUNS_ON[ExportFormat.parse(fmt)]
     adapted = adapt_preset(pipeline, target, get_target(target).rewrites)
@@ -92,8 +99,6 @@ def _write_onnx(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Cal
     RNN layers as ONNX RNN ops, linears as ``Gemm``).  Casts of a mixed-precision graph become ONNX
     ``Cast`` nodes; ops the ORT CPU provider has no bf16/fp16 kernel for are kept fp32 in the file
     (see :mod:`mlcomp.targets.ort_precision`), so the file runs on plain ``onnxruntime``."""
-    from mlcomp.targets.base import get_target
-    from mlcomp.targets.onnxruntime import export_onnx
 
     friendly, _ = ort_friendly(graph, inputs)
     model = export_onnx(to_fx(friendly).eval(), inputs, name=graph.name)
@@ -104,9 +109,6 @@ def _write_onnx(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Cal
 
 
 def _write_torchscript(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Callable[..., Any]:
-    from mlcomp.targets.cpu import trace_frozen
-
-    from mlcomp.frontend.loading import INPUT_SPEC_FILE, InputSpec
 
     module = trace_frozen(graph, inputs)
     extra = {INPUT_SPEC_FILE: json.dumps([InputSpec.of(t).to_json() for t in inputs])}
@@ -115,7 +117,6 @@ def _write_torchscript(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str)
 
 
 def _write_pt2(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Callable[..., Any]:
-    from mlcomp.base.quiet import quiet_torch
 
     with quiet_torch():
         program = torch.export.export(to_fx(graph).eval(), inputs)
@@ -124,8 +125,6 @@ def _write_pt2(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Call
 
 
 def _write_tvm(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Callable[..., Any]:
-    from mlcomp.targets import tvm_backend
-    from mlcomp.targets.tvm import lower_low_precision, quiet_native
 
     with quiet_native():
         built = tvm_backend.build(to_fx(lower_low_precision(graph)).eval(), inputs, device="cpu")
@@ -144,9 +143,6 @@ def export_graph(graph: Graph, fmt: ExportFormat, path: str | Path, inputs: Sequ
 
     ``names``: the model's output names for the verification report (default: the graph's).
     """
-    from mlcomp.targets.base import get_target
-
-    from mlcomp.base.files import atomic_dir, atomic_path
 
     fmt = ExportFormat.parse(fmt)
     needs = {ExportFormat.ONNX: "onnxruntime", ExportFormat.TVM: "tvm"}.get(fmt)

@@ -17,17 +17,16 @@ each with its own payload; eager regions are saved as ExportedPrograms
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
-from mlcomp.targets.artifact import RuntimeKind
+from mlcomp.targets.artifact import Runtime, RuntimeKind
 from mlcomp.targets.codegen import to_fx
+from mlcomp.targets.options import CompileOptions
 
+from mlcomp.base.quiet import quiet_torch
 from mlcomp.ir import Graph
 from mlcomp.ir.ops import GETITEM, PARAM
-
-if TYPE_CHECKING:
-    from mlcomp.targets.base import CompileOptions, Target
 
 __all__ = ["split_regions", "build_partitioned", "EagerRuntime", "PartitionedRuntime"]
 
@@ -127,8 +126,6 @@ class EagerRuntime:
     def save(self, directory: Path) -> dict[str, Any]:
         if self.inputs is None:  # loaded from disk: the ExportedProgram is already there
             raise RuntimeError("an eager region loaded from disk cannot be saved again")
-        from mlcomp.base.quiet import quiet_torch
-
         with quiet_torch():
             ep = torch.export.export(self.module, self.inputs)
             torch.export.save(ep, str(directory / self.FILE))
@@ -176,7 +173,19 @@ class PartitionedRuntime:
         return cls(info["inputs"], info["outputs"], parts)
 
 
-def build_partitioned(target: "Target", graph: Graph, options: "CompileOptions", unsupported: set[str],
+class RegionBuilder(Protocol):
+    """What :func:`build_partitioned` needs of a target (:class:`mlcomp.targets.base.Target` is one).
+
+    A protocol rather than ``Target`` itself: ``base`` imports this module to split graphs,
+    so naming ``Target`` here would make the two import each other.
+    """
+
+    name: str
+
+    def build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...]) -> Runtime: ...
+
+
+def build_partitioned(target: RegionBuilder, graph: Graph, options: CompileOptions, unsupported: set[str],
                       inputs: tuple[torch.Tensor, ...]) -> tuple[PartitionedRuntime, list[dict[str, Any]]]:
     """Build each region (target or eager); returns the runtime and a description of the regions."""
     env: dict[str, Any] = {n.name: t for n, t in zip(graph.input_nodes, inputs)}

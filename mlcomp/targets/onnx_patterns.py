@@ -7,22 +7,30 @@ eager module never has, and ORT's optimiser then cannot fuse them.
 * **unrolled RNN layers** (:mod:`mlcomp.targets.onnx_recompose`): one ONNX ``GRU``;
 * **batched linear** — ``nn.Linear`` on a 3-D input that is not viewable as 2-D
   decomposes to ``bmm`` with the weight broadcast over the batch (ONNX: a 3-D
-  ``MatMul`` against an expanded weight, then ``Add``).  It becomes one ``addmm``
-  on the input reshaped to 2-D (ONNX ``Gemm``, bias included, the weight an
-  initializer)::
+  ``MatMul`` against an expanded weight, which ORT folds into a ``[B, K, N]``
+  initializer, then ``Add``).  It becomes one ``addmm`` on the input reshaped to
+  2-D (ONNX ``Gemm``, bias included, the weight an initializer).  Capture wraps
+  both operands in no-op ``view(expand(·))`` pairs; after ``cleanup`` (-O2) they
+  are gone, and both forms match::
 
-      before: %bmm = aten.bmm(view(expand(%x, [B,S,K])), view(expand(permute(%w, [1,0]), [B,K,N])))
-              %add = aten.add.Tensor(aten.view(%bmm, [B,S,N]), %bias)
+      before: %bmm = aten.bmm(%x, aten.expand(aten.permute(%w, [1,0]), [B,K,N]))
+              %add = aten.add.Tensor(%bmm, %bias)
       after:  %add = aten.view(aten.addmm(%bias, aten.reshape(%x, [B*S,K]), permute(%w, [1,0])), [B,S,N])
 
 * **safe softmax** — attention's ``_safe_softmax`` guard (rows that are all
   ``-inf`` give 0, not NaN) decomposes to eq/not/any/not/full_like/where (ONNX:
-  Equal, Not, Cast, ReduceMax, Not, Where).  The same value is ``max(x) == -inf``::
+  Equal, Not, Cast, ReduceMax, Not, Where: a row reduction that costs ORT as much
+  as the softmax).  It becomes the guard torch.onnx emits for SDPA (IsNaN, Where)::
 
       before: %where_1 = where(not(any(not(eq(%x, -inf)), -1, True)), full_like(%sm, 0), %sm)
-      after:  %where_1 = where(eq(amax(%x, [-1], True), -inf), scalar_tensor(0.0), %sm)
+      after:  %where_1 = where(isnan(%sm), scalar_tensor(0.0), %sm)
 
-Each rewrite computes the value it replaces (it takes over that value's name).
+  An all ``-inf`` row is NaN after softmax, so both give 0 there and are equal
+  wherever the guard's value is not NaN; a row holding NaN or ``+inf`` (NaN for
+  the guard) gives 0 — what plain ``torch.onnx.export`` + ORT computes too.
+
+Each rewrite computes the value it replaces (it takes over that value's name;
+the safe softmax wherever that value is not NaN).
 The rewritten graph must reproduce the original on the example inputs, else the
 original is exported and the stats say so.  Every rewrite is one pass over the
 nodes (O(n)).
@@ -53,29 +61,32 @@ def _producer(graph: Graph, value: Any, op: Any) -> Node | None:
     return node if node.op == op else None
 
 
-def _noop_view(graph: Graph, value: Any) -> Ref | None:
-    """``x`` for ``view(expand(x, s), s)`` where both keep ``x``'s shape (how matmul broadcasts)."""
+def _batched_operand(graph: Graph, value: Any) -> Ref | None:
+    """The 3-D value a ``bmm`` multiplies: ``x`` itself, or ``x`` for ``view(expand(x, s), s)`` where both keep
+    ``x``'s shape (how matmul broadcasts before cleanup drops the no-op pair)."""
+    if not isinstance(value, Ref):
+        return None
     view = _producer(graph, value, _VIEW)
     expand = view and _producer(graph, view.inputs[0], _EXPAND)
-    if expand is None:
-        return None
-    base = expand.inputs[0]
-    shape = tuple(graph.node(base.name).tensor_meta.shape) if isinstance(base, Ref) else None
-    if shape is None or tuple(expand.inputs[1]) != shape or tuple(view.inputs[1]) != shape:
-        return None
-    return base
+    if expand is not None and isinstance(expand.inputs[0], Ref):
+        shape = tuple(graph.node(expand.inputs[0].name).tensor_meta.shape)
+        if tuple(expand.inputs[1]) == shape and tuple(view.inputs[1]) == shape:
+            return expand.inputs[0]
+    meta = graph.node(value.name).meta
+    return value if isinstance(meta, TensorMeta) and len(meta.shape) == 3 else None
 
 
 def _broadcast_weight(graph: Graph, value: Any) -> Ref | None:
-    """``permute(w)`` for ``view(expand(permute(w, [1,0]), [B,K,N]), [B,K,N])``, ``w`` a 2-D parameter."""
+    """``permute(w)`` for ``[view](expand(permute(w, [1,0]), [B,K,N]), [B,K,N])``, ``w`` a 2-D parameter
+    (the no-op view is gone after cleanup)."""
     view = _producer(graph, value, _VIEW)
-    expand = view and _producer(graph, view.inputs[0], _EXPAND)
+    expand = _producer(graph, view.inputs[0], _EXPAND) if view is not None else _producer(graph, value, _EXPAND)
     permute = expand and _producer(graph, expand.inputs[0], _PERMUTE)
     if permute is None or list(permute.inputs[1]) != [1, 0] or graph.node(permute.inputs[0].name).op != PARAM:
         return None
     k, n = permute.tensor_meta.shape
     target = tuple(expand.inputs[1])
-    if len(target) != 3 or target[1:] != (k, n) or tuple(view.inputs[1]) != target:
+    if len(target) != 3 or target[1:] != (k, n) or (view is not None and tuple(view.inputs[1]) != target):
         return None
     return Ref(permute.name)
 
@@ -89,22 +100,26 @@ def linearize_batched_matmuls(graph: Graph) -> int:
     """Rewrite ``bmm`` against a broadcast 2-D weight (plus its bias add) as ``addmm``; returns the count."""
     done = 0
     for bmm in graph.nodes(_BMM):
-        x = _noop_view(graph, bmm.inputs[0])
+        x = _batched_operand(graph, bmm.inputs[0])
         w_t = _broadcast_weight(graph, bmm.inputs[1])
-        view = _sole_user(graph, bmm.name)
-        if x is None or w_t is None or view is None or view.op != _VIEW or not isinstance(bmm.meta, TensorMeta):
+        if x is None or w_t is None or not isinstance(bmm.meta, TensorMeta):
             continue
         batch, rows, k = graph.node(x.name).tensor_meta.shape
         n = bmm.tensor_meta.shape[2]
         if any(not isinstance(d, int) for d in (batch, rows, k, n)):
             continue           # symbolic sizes: leave it to the exporter
-        add = _sole_user(graph, view.name)
+        out = bmm              # the product, or the no-op view of it that capture leaves
+        view = _sole_user(graph, bmm.name)
+        if view is not None and view.op == _VIEW and tuple(view.inputs[1]) == (batch, rows, n):
+            out = view
+        add = _sole_user(graph, out.name)
         bias = None
-        if add is not None and add.op == _ADD and len(add.inputs) == 2 and add.inputs[0] == Ref(view.name):
+        if add is not None and add.op == _ADD and len(add.inputs) == 2 and add.inputs[0] == Ref(out.name):
             other = add.inputs[1]
             node = graph.node(other.name) if isinstance(other, Ref) else None
             if node is not None and node.op == PARAM and tuple(node.tensor_meta.shape) == (n,):
                 bias = other
+        stale = [out.name, bmm.name, *bmm.input_names()]
         flat = new_node(graph, aten("reshape"), [x, [batch * rows, k]], name=f"{bmm.name}_flat",
                         origin=bmm.origin, before=bmm.name)
         if bias is not None:
@@ -114,14 +129,14 @@ def linearize_batched_matmuls(graph: Graph) -> int:
         else:
             mm = new_node(graph, aten("mm"), [Ref(flat.name), w_t], name=f"{bmm.name}_mm",
                           origin=bmm.origin, before=bmm.name)
-            substitute(graph, view.name, _VIEW, [Ref(mm.name), [batch, rows, n]], origin=view.origin)
-        remove_dead(graph, [view.name, bmm.name])
+            substitute(graph, out.name, _VIEW, [Ref(mm.name), [batch, rows, n]], origin=out.origin)
+        remove_dead(graph, stale)
         done += 1
     return done
 
 
 def cheap_safe_softmax(graph: Graph) -> int:
-    """Rewrite the ``_safe_softmax`` guard as ``amax(x) == -inf``; returns the count."""
+    """Rewrite the ``_safe_softmax`` guard as ``where(isnan(softmax), 0, softmax)``; returns the count."""
     done = 0
     for where in graph.nodes(_WHERE):
         cond, zeros, soft = where.inputs
@@ -136,14 +151,11 @@ def cheap_safe_softmax(graph: Graph) -> int:
         dim, keep = any_.inputs[1], any_.inputs[2] if len(any_.inputs) > 2 else False
         if eq.inputs[0] != sm.inputs[0] or full.inputs[0] != soft or not keep or dim != sm.inputs[1]:
             continue
-        dtype = where.tensor_meta.dtype
-        peak = new_node(graph, aten("amax"), [eq.inputs[0], [dim], True], name=f"{where.name}_max",
-                        origin=where.origin, before=not_any.name)
-        substitute(graph, not_any.name, _EQ, [Ref(peak.name), float("-inf")], origin=not_any.origin)
-        zero = new_node(graph, aten("scalar_tensor"), [0.0], {"dtype": dtype}, name=f"{where.name}_zero",
-                        origin=where.origin, before=where.name)
-        substitute(graph, where.name, _WHERE, [cond, Ref(zero.name), soft], origin=where.origin)
-        remove_dead(graph, [any_.name, full.name])
+        nan = new_node(graph, aten("isnan"), [soft], name=f"{where.name}_nan", origin=where.origin, before=where.name)
+        zero = new_node(graph, aten("scalar_tensor"), [0.0], {"dtype": where.tensor_meta.dtype},
+                        name=f"{where.name}_zero", origin=where.origin, before=where.name)
+        substitute(graph, where.name, _WHERE, [Ref(nan.name), Ref(zero.name), soft], origin=where.origin)
+        remove_dead(graph, [not_any.name, full.name])
         done += 1
     return done
 

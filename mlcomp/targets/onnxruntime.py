@@ -8,7 +8,7 @@
 Before export the graph is rewritten into what ORT's own fusions match
 (:func:`mlcomp.targets.onnx_patterns.ort_friendly`: unrolled GRU layers back to
 one ONNX ``GRU``, broadcast-weight ``bmm`` back to ``Gemm``, the safe-softmax
-guard as one ``ReduceMax``), checked against the graph on the example inputs;
+guard as torch.onnx's ``IsNaN`` + ``Where``), checked against the graph on the example inputs;
 ``art.runtime.rewritten`` (saved in the manifest) says what changed.
 
 Export uses the dynamo exporter (``torch.onnx.export(..., dynamo=True)``, which

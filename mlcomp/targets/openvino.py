@@ -48,7 +48,7 @@ from mlcomp.base.errors import MlcompError
 from mlcomp.base.quiet import quiet_converter
 from mlcomp.hardware.probe import cpu_flags
 from mlcomp.ir import Graph, Node, TensorMeta, tensor_metas
-from mlcomp.ir.dtypes import dtype_name
+from mlcomp.ir.dtypes import dtype_name, parse_dtype
 from mlcomp.ir.ops import Namespace, Op
 from mlcomp.pipeline.presets import Rewrite
 
@@ -144,8 +144,6 @@ class OpenVinoRuntime:
     @classmethod
     def load(cls, directory: Path, info: dict[str, Any]) -> "OpenVinoRuntime":
         import openvino as ov
-
-        from mlcomp.ir.dtypes import parse_dtype
 
         model = ov.Core().read_model(str(directory / info.get("xml", XML)), str(directory / info.get("bin", BIN)))
         return cls(model, requested=parse_dtype(info.get("requested", "f32")), threads=info.get("threads"))

@@ -1,0 +1,96 @@
+"""Targets by name: the ``TARGETS`` table, ``TargetName``, ``get_target`` and ``available_targets``.
+
+    >>> from mlcomp.targets.registry import get_target, target_name
+    >>> target_name("ort")
+    <TargetName.ONNXRUNTIME: 'onnxruntime'>
+    >>> get_target("ort")                     # imports mlcomp.targets.onnxruntime now
+    <Target onnxruntime>
+    >>> get_target("onnxruntme")
+    TargetUnavailableError: there is no target named 'onnxruntme' (did you mean 'onnxruntime'?)
+
+This module sits below both :mod:`mlcomp.targets.base` (what a target is) and
+:mod:`mlcomp.targets.artifact` (what a target builds), and imports neither at
+run time: an artifact looks up the target its payload needs here when it is
+loaded, and ``base`` builds artifacts, so keeping the table apart is what lets
+both import it at module level without a cycle.  Before this module existed
+the table lived in ``base`` and ``artifact`` reached it through a
+function-local import::
+
+    before:  artifact._check_backend ──(inside the function)──▶ base.get_target
+             base.Target.compile     ──(inside the function)──▶ artifact.Artifact
+    after:   artifact ──▶ registry ◀── base ──▶ artifact       (all at module level)
+
+Each target class is imported on first use from its ``"module:Class"``
+reference, so ``import mlcomp.targets`` never imports tvm or onnxruntime.
+``mlcomp.targets.base`` re-exports every public name here, so
+``from mlcomp.targets.base import get_target, TARGETS`` keeps working.
+"""
+from __future__ import annotations
+
+import enum
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from mlcomp.base.errors import TargetUnavailableError
+from mlcomp.base.registry import LazyRegistry
+
+if TYPE_CHECKING:   # annotations only: nothing from base runs when this module is imported
+    from mlcomp.targets.base import Target
+
+__all__ = ["TargetName", "TARGETS", "target_name", "get_target", "available_targets"]
+
+
+class TargetName(enum.Enum):
+    CPU = "cpu"
+    CUDA = "cuda"
+    ONNXRUNTIME = "onnxruntime"
+    TVM = "tvm"
+    DISTRIBUTED = "distributed"
+    OPENVINO = "openvino"
+
+    @property
+    def implementation(self) -> str:
+        return str(TARGETS.ref(self.value))
+
+
+def _unknown_target(name: str, close: str | None) -> TargetUnavailableError:
+    return TargetUnavailableError(
+        f"there is no target named {name!r}" + (f" (did you mean {close!r}?)" if close else ""),
+        hint=f"choose one of: {', '.join(t.value for t in TargetName)}")
+
+
+# target name -> "module:Class"; the class is imported on first use
+TARGETS: LazyRegistry[type[Target]] = LazyRegistry("target", {
+    "cpu": "mlcomp.targets.cpu:CpuTarget", "cuda": "mlcomp.targets.cuda:CudaTarget",
+    "onnxruntime": "mlcomp.targets.onnxruntime:OnnxRuntimeTarget", "tvm": "mlcomp.targets.tvm:TvmTarget",
+    "distributed": "mlcomp.targets.distributed:DistributedTarget",
+    "openvino": "mlcomp.targets.openvino:OpenVinoTarget",
+}, on_unknown=_unknown_target)
+
+_ALIASES = {"ort": TargetName.ONNXRUNTIME, "onnx": TargetName.ONNXRUNTIME, "torchscript": TargetName.CPU}
+
+
+def target_name(name: str | TargetName) -> TargetName:
+    """``name`` as a :class:`TargetName` (aliases ``ort``, ``onnx``, ``torchscript`` accepted)."""
+    if isinstance(name, TargetName):
+        return name
+    key = str(name).strip().lower()
+    if key in _ALIASES:
+        return _ALIASES[key]
+    TARGETS.ref(key)   # raises with did-you-mean if unknown
+    return TargetName(key)
+
+
+def get_target(name: str | TargetName) -> Target:
+    """The target called ``name`` (``cpu``, ``cuda``, ``onnxruntime``/``ort``, ``tvm``)."""
+    return _instance(target_name(name))
+
+
+@lru_cache(maxsize=None)
+def _instance(name: TargetName) -> Target:
+    return TARGETS.get(name.value)()
+
+
+def available_targets() -> dict[str, str | None]:
+    """Every target → ``None`` if usable here, else the reason it is not."""
+    return {t.value: get_target(t).available() for t in TargetName}
