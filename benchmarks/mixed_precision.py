@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/mixed_precision.py --models mlp,lenet --batches 1 --targets cpu,onnxruntime
     .venv/bin/python benchmarks/mixed_precision.py --json out.json --budget 0.5
     .venv/bin/python benchmarks/mixed_precision.py --models resnet18 --batches 32 --targets cpu,onnxruntime \
-        --budget 0 --repeats 3 --warmup 1       # one row, quickly
+        --budget 0.01 --repeats 3 --warmup 1    # one row, quickly
 
 For each (model, batch) it captures the model once, runs ``mixed-precision{dtype=auto}``
 (to print what ``auto`` picks on this machine and why) and ``mixed-precision{dtype=bf16}``

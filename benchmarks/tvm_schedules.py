@@ -10,7 +10,19 @@ DLight GEMV/Reduction only, matmul and conv as plain loop nests) and ``tvm-after
 the rest fused by TVM with mlcomp's ParallelVector schedule), each verified against eager
 (max norm-wise relative error).  Timing: interleaved rounds with the order rotated every round,
 median per runner (``mlcomp.hardware.timing.measure_interleaved`` per round); the load
-average is printed before and after.  ``--threads`` sets torch's and TVM's thread count.
+average is printed before and after.  ``--threads`` sets torch's and TVM's thread count
+(``TVM_NUM_THREADS`` of this benchmark process only, as ``benchmarks/anchors.py`` does).
+
+``--ablate``: also the current build without each of the larger rewrites of the kernel offload
+(``tvm_offload.Fusion``: attention → SDPA, conv/linear epilogues, layer norm) and without any of them
+(``tvm-no-fusion``) and with all (``tvm-all-fusions``: built the same way, no artifact wrapper, the fair
+reference for the others), timed in the same interleaved rounds, to decide which of them pay.
+
+Threads (issue 14): ``tvm-after`` calls torch's kernels, so its TVM code has no parallel loop
+(column "TVM par. loops", from ``stats["schedules"]``) and TVM's thread pool never starts.
+``tvm-before`` does start it when its build has parallel loops; its workers busy-wait after
+each call, which also slows the runners timed next to it in this process: compare with
+``--no-before`` for eager against the current build.
 """
 from __future__ import annotations
 
@@ -64,7 +76,7 @@ def _rel(expected, actual) -> float:
     return compare(tuple(flatten_outputs(expected)), tuple(flatten_outputs(actual))).max_rel
 
 
-def run(name: str, batch: int, *, before: bool, budget: float, rounds: int) -> dict:
+def run(name: str, batch: int, *, before: bool, budget: float, rounds: int, ablate: bool = False) -> dict:
     from mlcomp.frontend.loading import load_model
     from mlcomp.hardware.timing import TimingPolicy, measure_interleaved
     from mlcomp.targets import CompileOptions, get_target
@@ -82,6 +94,19 @@ def run(name: str, batch: int, *, before: bool, budget: float, rounds: int) -> d
     row["kernels"] = art.runtime.stats.get("kernels")
     row["schedules"] = art.runtime.stats.get("schedules")
     runners["tvm-after"] = lambda: art(*inputs)
+    if ablate:
+        from mlcomp.targets.tvm_backend import build
+        from mlcomp.targets.tvm_offload import ALL_FUSIONS, Fusion
+
+        # tvm-all-fusions: the same build as tvm-after without the artifact's call wrapper (threads, checks)
+        variants = ({"tvm-all-fusions": ALL_FUSIONS} | {f"tvm-no-{f.value}": ALL_FUSIONS - {f} for f in Fusion}
+                    | {"tvm-no-fusion": frozenset()})
+        row["ablations"] = list(variants)
+        fx = to_fx(graph).eval()
+        for label, fusions in variants.items():
+            mod = build(fx, inputs, fusions=fusions)
+            row[f"err_{label}"] = _rel(expected, mod(*inputs))
+            runners[label] = (lambda m: lambda: m(*inputs))(mod)
     if before:
         t0 = time.perf_counter()
         old = _before_backend().build(to_fx(graph).eval(), inputs)
@@ -111,6 +136,7 @@ def main() -> None:
     ap.add_argument("--no-before", action="store_true", help="skip the last commit's untuned build (slow)")
     ap.add_argument("--budget", type=float, default=4.0, help="seconds of timing per runner")
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--ablate", action="store_true", help="also time the build without each offload fusion")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.set_num_threads(_THREADS)
@@ -118,15 +144,26 @@ def main() -> None:
     rows = []
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            row = run(name, batch, before=not args.no_before, budget=args.budget, rounds=args.rounds)
+            row = run(name, batch, before=not args.no_before, budget=args.budget, rounds=args.rounds,
+                      ablate=args.ablate)
             rows.append(row)
             print(json.dumps(row), flush=True)
     print(f"# load after: {os.getloadavg()}")
-    print("| model@batch | eager ms | tvm before ms | tvm after ms | speedup vs eager | max rel err | compile s |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"threads {_THREADS}")
+    print("| model@batch | eager ms | tvm before ms | tvm after ms | speedup vs eager | max rel err | compile s "
+          "| TVM par. loops |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']}@{r['batch']} | {r['eager_ms']} | {r.get('tvm-before_ms', '—')} | {r['tvm-after_ms']} | "
-              f"{r['speedup_vs_eager']} | {r['err_after']:.1e} | {r['compile_after_s']} |")
+              f"{r['speedup_vs_eager']} | {r['err_after']:.1e} | {r['compile_after_s']} | "
+              f"{(r['schedules'] or {}).get('parallel_loops', '—')} |")
+    ablations = rows[0].get("ablations", []) if rows else []
+    if ablations:
+        print("\n| model@batch | eager ms | tvm ms | " + " | ".join(f"{a} ms" for a in ablations) + " |")
+        print("|---" * (3 + len(ablations)) + "|")
+        for r in rows:
+            print(f"| {r['model']}@{r['batch']} | {r['eager_ms']} | {r['tvm-after_ms']} | "
+                  + " | ".join(str(r[f"{a}_ms"]) for a in ablations) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

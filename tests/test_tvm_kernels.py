@@ -53,7 +53,10 @@ def _render(func) -> list[str]:
             return str(a.global_symbol)
         if isinstance(a, tvm.ir.expr.Var):
             return a.name
-        return str(int(a.value))
+        if isinstance(a, relax.ShapeExpr):
+            return "shape"
+        value = getattr(a.value, "value", a.value)
+        return f"{value:g}" if isinstance(value, float) else str(int(value))
 
     lines = []
     for block in func.body.blocks:
@@ -74,8 +77,9 @@ def relax_before_after():
     model, x = _tiny()
     mod = from_exported_program(torch.export.export(model, (x,)), keep_params_as_input=False)
     mod = tvm_backend._prepare(mod, tvm.target.Target("llvm"))
-    after, report = offload(mod)
-    return _render(mod["main"]), _render(after["main"]), report
+    plain, report = offload(mod, frozenset())
+    fused, _ = offload(mod)
+    return _render(mod["main"]), _render(plain["main"]), report, _render(fused["main"])
 
 
 _BEFORE = """\
@@ -110,13 +114,14 @@ lv11 = relax.call_pure_packed(mlcomp.torch.matmul, lv10, const[5x2])"""
 def test_offload_golden_ir(relax_before_after):
     """conv2d (plain and depthwise), linear (matmul + bias add) and matmul go to the kernels; the
     BatchNorm arithmetic after the convolution, relu and mean stay in Relax for TVM to fuse."""
-    before, after, _ = relax_before_after
+    before, after, _, fused = relax_before_after
     assert "\n".join(before) == _BEFORE
     assert "\n".join(after) == _AFTER
+    assert "\n".join(fused) == _AFTER    # the fusions: no sigmoid/gelu after a kernel, no attention or norm
 
 
 def test_offload_report_counts_each_op(relax_before_after):
-    _, _, report = relax_before_after
+    _, _, report, _ = relax_before_after
     assert report.to_json()["kernels"] == {
         "mlcomp.torch.conv2d": {"op": "conv2d", "count": 2, "runs_in": report.to_json()["kernels"][
             "mlcomp.torch.conv2d"]["runs_in"]},
@@ -144,8 +149,9 @@ def test_numbers_and_stats_against_eager(built_tiny):
                                                            "mlcomp.torch.matmul": 1}
     from mlcomp.hardware.probe import vector_bits
 
+    # the module calls torch's kernels: TVM's own code is serial (torch's thread pool owns the cores)
     assert mod.stats["schedules"] == {"scheduled": mod.stats["schedules"]["scheduled"], "unscheduled": 0,
-                                      "vector_bits": vector_bits()}
+                                      "vector_bits": vector_bits(), "parallel": False, "parallel_loops": 0}
     assert mod.stats["schedules"]["scheduled"] >= 2
 
 
@@ -211,3 +217,75 @@ def test_tune_cli_refuses_a_file_as_database(tmp_path):
     assert result.exit_code != 0
     assert "'--db'" in result.output and "is a file" in result.output
     assert "Traceback" not in result.output
+
+
+def _softmax_and_relu_mod():
+    """Two PrimFuncs: a row softmax-like reduction (DLight Reduction) and an elementwise add+relu (ParallelVector)."""
+    import tvm
+    from tvm import te
+
+    a = te.placeholder((64, 1024), name="a")
+    k = te.reduce_axis((0, 1024), name="k")
+    s = te.compute((64,), lambda i: te.sum(a[i, k], axis=k), name="s")
+    norm = te.compute(a.shape, lambda i, j: a[i, j] / s[i], name="norm")
+    relu = te.compute(a.shape, lambda i, j: te.max(a[i, j] + 1.0, 0.0), name="relu")
+    return tvm.IRModule({"norm": te.create_prim_func([a, norm]).with_attr("global_symbol", "norm"),
+                         "relu": te.create_prim_func([a, relu]).with_attr("global_symbol", "relu")})
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_serial_rules_keep_vector_loops_and_drop_parallel_ones(parallel):
+    """parallel=False (a module calling torch's kernels): the same schedules minus every parallel loop."""
+    import tvm
+    from tvm.s_tir import dlight as dl
+
+    from mlcomp.hardware.probe import vector_bits
+    from mlcomp.targets.tvm_schedules import default_rules, parallel_loops, schedule_counts
+
+    mod, target = _softmax_and_relu_mod(), tvm.target.Target("llvm")
+    with target:
+        after = dl.ApplyDefaultSchedule(*default_rules(target, vector_bits(), parallel=parallel))(mod)
+    assert schedule_counts(after) == {"scheduled": 2, "unscheduled": 0}
+    # one parallel loop per func (Reduction's spatial loop, ParallelVector's fused outer loop), or none
+    assert parallel_loops(after) == (2 if parallel else 0)
+    relu, norm = after["relu"].script(), after["norm"].script()
+    assert f"T.vectorized({vector_bits() // 32})" in relu          # ParallelVector's lanes either way
+    assert "T.vectorized(" in norm and "s[v0] = s[v0] + a[v0, v1]" in norm   # Reduction's body, still fused
+    if not parallel:
+        assert "for ax0 in range(64):" in norm, norm                  # the spatial loop Reduction parallelised
+    f = tvm.compile(after, target=target)
+    x, y = torch.randn(64, 1024), torch.empty(64, 1024)
+    f["norm"](x, y)
+    torch.testing.assert_close(y, x / x.sum(1, keepdim=True), rtol=1e-4, atol=1e-5)
+    f["relu"](x, y)
+    torch.testing.assert_close(y, torch.relu(x + 1))
+
+
+def test_call_scopes_torch_threads_and_leaves_the_process_as_it_was(built_tiny):
+    """threads=1: torch's kernels see 1 thread during the call; afterwards the count, the core affinity
+    and the process's threads (TVM's pool never starts: no parallel loop) are what they were."""
+    import os
+
+    from mlcomp.targets.tvm import TvmRuntime
+
+    model, x, mod = built_tiny
+    seen = []
+
+    class Recording:      # the real module, noting torch's thread count while it runs
+        device, stats = mod.device, mod.stats
+
+        def __call__(self, *inputs):
+            seen.append(torch.get_num_threads())
+            return mod(*inputs)
+
+    before = torch.get_num_threads()
+    want = 1 if before > 1 else 2
+    runtime = TvmRuntime(Recording(), tuned=False, threads=want)
+    runtime(x)                           # warm: torch's own pool may start on a first call
+    tasks, affinity = len(os.listdir("/proc/self/task")), os.sched_getaffinity(0)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(runtime(x)[0], model(x), rtol=1e-5, atol=1e-5)
+    assert seen == [want] * 4 and torch.get_num_threads() == before
+    assert os.sched_getaffinity(0) == affinity and len(os.listdir("/proc/self/task")) == tasks
+    assert any("run serially" in line for line in runtime.explain_lines())

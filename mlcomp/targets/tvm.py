@@ -70,20 +70,33 @@ class TvmRuntime:
 
     kind: ClassVar[RuntimeKind] = RuntimeKind.TVM
 
-    def __init__(self, module: Any, *, tuned: bool) -> None:
+    def __init__(self, module: Any, *, tuned: bool, threads: int | None = None) -> None:
         self.module = module
         self.tuned = tuned
+        self.threads = threads
         self.stats = dict(module.stats)
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Run the VM; with ``threads`` set, torch's kernels it calls use that many threads, for this call only.
+
+        TVM's own code is serial when the module calls torch's kernels (``stats["schedules"]``),
+        so torch's intra-op count is the one thread setting there is; it is put back afterwards.
+        """
         if self.module.device != "cpu":
             inputs = tuple(t.to(self.module.device) for t in inputs)
-        return self.module(*inputs)
+        before = torch.get_num_threads()
+        if self.threads is None or before == self.threads:
+            return self.module(*inputs)
+        torch.set_num_threads(self.threads)
+        try:
+            return self.module(*inputs)
+        finally:
+            torch.set_num_threads(before)
 
     def save(self, directory: Path) -> dict[str, Any]:
         with quiet_native():
             files = self.module.save(str(directory))
-        return {"files": files, "device": self.module.device, "tuned": self.tuned,
+        return {"files": files, "device": self.module.device, "tuned": self.tuned, "threads": self.threads,
                 "stats": {k: v for k, v in self.stats.items() if isinstance(v, (int, float, str, bool))},
                 "kernels": self.stats.get("kernels"), "schedules": self.stats.get("schedules")}
 
@@ -97,6 +110,9 @@ class TvmRuntime:
             lines.append(f"TVM kernels: {sched.get('scheduled', 0)} scheduled (DLight GEMV/Reduction, mlcomp "
                          f"ParallelVector at {sched.get('vector_bits')}-bit vectors), {sched.get('unscheduled', 0)} "
                          "left as plain loop nests")
+            if sched.get("parallel") is False:
+                lines.append("TVM kernels run serially: torch's kernels own the cores (TVM's thread pool, spinning "
+                             "after each parallel loop, would take them from torch's)")
         if "tasks" in self.stats:
             lines.append(f"MetaSchedule database {self.stats.get('work_dir')}: {self.stats['tasks']} tasks, "
                          f"{len(self.stats.get('tasks_reused', []))} reused, {self.stats.get('trials_run', 0)} "
@@ -109,7 +125,7 @@ class TvmRuntime:
 
         with quiet_native():
             module = tvm_backend.TvmModule.load(str(directory), device=info.get("device", "cpu"))
-        return cls(module, tuned=bool(info.get("tuned")))
+        return cls(module, tuned=bool(info.get("tuned")), threads=info.get("threads"))
 
 
 # ops whose TVM converter emits a float32 result whatever the inputs' dtype (measured, TVM 0.27: the
@@ -270,4 +286,5 @@ class TvmTarget(Target):
                 f"TVM could not build {graph.name}: {failure.message}",
                 where=failure.where() or "mlcomp.targets.tvm_backend.build",
                 hint="The cpu target (TorchScript) runs every op: use --target cpu, or --target onnxruntime") from None
-        return TvmRuntime(built, tuned="tasks" in built.stats)    # tuned now, or records of a database applied
+        # tuned now, or records of a database applied
+        return TvmRuntime(built, tuned="tasks" in built.stats, threads=options.threads)

@@ -12,8 +12,11 @@ Scheduling
     Untuned on CPU (``tune_trials == 0``, no database in ``work_dir``): float32 conv2d,
     matmul and linear go to torch's kernels through packed functions
     (:mod:`mlcomp.targets.tvm_offload`); every other fused PrimFunc gets DLight's GEMV/
-    Reduction rules or mlcomp's ParallelVector (:mod:`mlcomp.targets.tvm_schedules`);
-    ``stats["kernels"]`` and ``stats["schedules"]`` say what went where.  CUDA gets the
+    Reduction rules or mlcomp's ParallelVector (:mod:`mlcomp.targets.tvm_schedules`),
+    without parallel loops when the module calls torch's kernels (torch's OpenMP pool owns
+    the cores; TVM's pool spinning next to it made resnet18 3× slower on 2 cores), so the
+    VM never starts TVM's thread pool; ``stats["kernels"]`` and ``stats["schedules"]``
+    (``parallel``, ``parallel_loops``) say what went where.  CUDA gets the
     DLight GPU rules.  ``tune_trials > 0``: MetaSchedule.  ``tune_trials``
     is the TOTAL trial budget of a build, shared evenly by the extracted tasks;
     the ledger ``mlcomp_ledger.json`` counts trials per (target, task workload), so a
@@ -66,8 +69,9 @@ from typing import Callable
 from mlcomp.targets.options import LogLevel
 from mlcomp.hardware.probe import vector_bits
 from mlcomp.targets.tvm_kernels import register_kernels
+from mlcomp.targets.tvm_offload import ALL_FUSIONS, Fusion
 from mlcomp.targets.tvm_offload import offload as offload_to_kernels
-from mlcomp.targets.tvm_schedules import default_rules, schedule_counts
+from mlcomp.targets.tvm_schedules import default_rules, parallel_loops, schedule_counts
 from mlcomp.targets.tvm_scope import TvmScope
 from mlcomp.targets.tvm_tuning import tune
 
@@ -154,14 +158,19 @@ def _lower_to_tir(mod, target):
         return tvm.transform.Sequential(seq)(mod)
 
 
-def _default_schedules(mod, target, stats: dict):
-    """Default schedules (DLight GEMV/Reduction, mlcomp's ParallelVector) for what is not yet scheduled."""
+def _default_schedules(mod, target, stats: dict, *, parallel: bool = True):
+    """Default schedules (DLight GEMV/Reduction, mlcomp's ParallelVector) for what is not yet scheduled.
+
+    ``parallel=False``: no parallel loops (the module calls torch's kernels, which own the cores).
+    """
     from tvm.s_tir import dlight as dl
 
     bits = vector_bits()
     with target:
-        mod = dl.ApplyDefaultSchedule(*default_rules(target, bits))(mod)
-    stats["schedules"] = dict(schedule_counts(mod), vector_bits=bits)
+        mod = dl.ApplyDefaultSchedule(*default_rules(target, bits, parallel=parallel))(mod)
+    stats["schedules"] = dict(schedule_counts(mod), vector_bits=bits, parallel=parallel)
+    if target.kind.name == "llvm":
+        stats["schedules"]["parallel_loops"] = parallel_loops(mod)
     return mod
 
 
@@ -169,6 +178,7 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
           work_dir: str | None = None, offload: bool = True, build_timeout: float = 180.0,
           run_timeout: float = 60.0, log_level: LogLevel = LogLevel.WARNING,
           worker_torch: bool = False, kernels: bool | None = None,
+          fusions: frozenset[Fusion] = ALL_FUSIONS,
           progress: Callable[[int, int, str], None] | None = None) -> "TvmModule":
     """Compile ``module`` for the exact shapes/dtypes of ``example_inputs``.
 
@@ -182,7 +192,8 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
     ``kernels``: send float32 conv2d/matmul to torch's kernels (:mod:`tvm_offload`);
     default: on for an untuned CPU build without a tuning database (``work_dir`` holding
     records), off otherwise
-    (a database holds TVM's own tuned matmul/conv kernels).  ``progress(done, total,
+    (a database holds TVM's own tuned matmul/conv kernels).  ``fusions``: which larger rewrites
+    the kernel offload also applies (attention, epilogues, layer norm).  ``progress(done, total,
     message)``: called after every tuning batch.
     """
     import torch
@@ -215,7 +226,7 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
             kernels = target.kind.name == "llvm" and not use_db
         if kernels:
             register_kernels()
-            mod, report = offload_to_kernels(mod)
+            mod, report = offload_to_kernels(mod, fusions)
             stats["kernels"] = report.to_json()
         mod = _lower_to_tir(mod, target)
         if use_db:
@@ -223,7 +234,9 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
                         build_timeout=build_timeout, run_timeout=run_timeout, progress=progress)
             if not work_dir:
                 stats["work_dir"] = None   # it was the private folder, gone after the build
-        mod = _default_schedules(mod, target, stats)   # what MetaSchedule's database did not schedule
+        # torch's kernels in the module: torch's thread pool owns the cores, TVM's code stays serial
+        calls_torch = bool(kernels and stats["kernels"]["kernels"])
+        mod = _default_schedules(mod, target, stats, parallel=not calls_torch)   # what the database did not schedule
         t0 = time.perf_counter()
         ex = tvm.compile(mod, target=target)
     stats["compile_seconds"] = round(time.perf_counter() - t0, 2)
