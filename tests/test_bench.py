@@ -139,6 +139,30 @@ def test_interleaved_variants_alternate_and_share_the_budget() -> None:
     assert set(t["a"].samples) == {0.25} and set(t["b"].samples) == {0.5}
 
 
+def test_lead_in_calls_run_before_each_sample_untimed() -> None:
+    """A runtime's first call after another runtime's pays for that one's spinning threads: with
+    ``lead_in`` it is run untimed, and only the call after it is a sample."""
+    log: list[str] = []
+    clock = FakeClock()
+    first = {"a": True, "b": True}
+
+    def variant(name: str):
+        def call():
+            log.append(name)
+            clock.advance(9.0 if first[name] else 1.0)     # the call right after a switch is slow
+            first[name], first["b" if name == "a" else "a"] = False, True
+        return call
+
+    t = measure_interleaved({"a": variant("a"), "b": variant("b")},
+                            TimingPolicy(warmup=0, budget_s=1.0, min_repeats=3, max_repeats=3), clock=clock,
+                            lead_in=1)
+    assert log == ["a", "a", "b", "b"] * 3
+    assert set(t["a"].samples) == set(t["b"].samples) == {1.0}
+    plain = measure_interleaved({"a": variant("a"), "b": variant("b")},
+                                TimingPolicy(warmup=0, budget_s=1.0, min_repeats=3, max_repeats=3), clock=clock)
+    assert set(plain["a"].samples) == set(plain["b"].samples) == {9.0}   # what lead_in keeps out
+
+
 @pytest.mark.parametrize("kwargs", [{"budget_s": 0}, {"warmup": -1}, {"min_repeats": 0},
                                     {"min_repeats": 5, "max_repeats": 2}])
 def test_policy_rejects_bad_values(kwargs: dict) -> None:

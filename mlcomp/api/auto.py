@@ -10,7 +10,8 @@ compiled with the pipeline adapted to it, verified against eager, then all verif
 artifacts are timed together on the example inputs with the interleaved-median
 protocol (:func:`mlcomp.hardware.timing.measure_interleaved`: one sample of each per
 round, so load drift hits every candidate alike; a sample is a block of calls lasting
-about ``BLOCK_S``, so the switch between runtimes' thread pools is not charged to one call).  A candidate that is unavailable,
+about ``BLOCK_S`` after an untimed block, so the switch between runtimes' thread pools is
+not charged to the runtime switched to).  A candidate that is unavailable,
 cannot take the graph, fails to compile or fails verification is recorded with the
 reason and never picked; when none verifies, :class:`AutoTargetError` lists them all.
 
@@ -217,10 +218,10 @@ def _time(built: dict[str, CompileResult], inputs: Sequence[Any], policy: Timing
             rows[name] = replace(rows[name], verified=False, reason=f"running it failed: {_first_line(exc)}")
             del built[name]
             continue
-        # a sample is a block of calls lasting about BLOCK_S: the first call after switching runtimes
-        # competes with the previous runtime's thread pool spinning down, and one call per sample
-        # would charge that to every runtime but torch's own (anchors: auto picked cpu over faster
-        # openvino and onnxruntime on resnet18 and the transformer)
+        # a sample is a block of calls lasting about BLOCK_S, after one untimed block (lead_in): the
+        # first calls after switching runtimes compete with the previous runtime's thread pool
+        # spinning down, which would be charged to every runtime but torch's own (anchors: auto
+        # picked cpu over faster openvino and onnxruntime on resnet18 and the transformer)
         calls[name] = max(1, min(1000, math.ceil(BLOCK_S / max(once, 1e-9))))
         fns[name] = (lambda a=art, k=calls[name]: [a(*inputs) for _ in range(k)])
     if not fns:
@@ -228,7 +229,7 @@ def _time(built: dict[str, CompileResult], inputs: Sequence[Any], policy: Timing
                               + "; ".join(f"{c.target}: {c.reason}" for c in rows.values()),
                               hint="name one target with --target and report the failure")
     syncs = {name: synchronizer(built[name].artifact.manifest.get("device") or "cpu") for name in fns}
-    timings = measure_interleaved(fns, policy, clock=clock, sync=syncs)
+    timings = measure_interleaved(fns, policy, clock=clock, sync=syncs, lead_in=1)
     medians = {name: timing.median / calls[name] for name, timing in timings.items()}
     for name, median in medians.items():
         rows[name] = replace(rows[name], median_s=median)

@@ -153,14 +153,18 @@ def measure(fn: Callable[[], Any], policy: TimingPolicy = TimingPolicy(), *, clo
 
 def measure_interleaved(fns: Mapping[str, Callable[[], Any]], policy: TimingPolicy = TimingPolicy(), *,
                         clock: Clock = time.perf_counter,
-                        sync: Sync | Mapping[str, Sync] = no_sync) -> dict[str, Timing]:
+                        sync: Sync | Mapping[str, Sync] = no_sync, lead_in: int = 0) -> dict[str, Timing]:
     """Time several variants round-robin, one sample of each per round.
 
     On a shared machine the load drifts; timing variant A for a second and then
     B for a second compares A's moment with B's.  Interleaving spreads the drift
     over every variant.  Each variant is warmed up first; rounds continue until
     ``len(fns) * budget_s`` is spent (at least ``min_repeats`` rounds, at most
-    ``max_repeats``).  ``sync`` is one synchroniser or one per variant.
+    ``max_repeats``).  ``sync`` is one synchroniser or one per variant.  ``lead_in`` calls of
+    a variant run untimed right before each of its samples: variants that are different
+    runtimes in one process (torch, ONNX Runtime, OpenVINO) each keep a thread pool that
+    spins for a while after its last call, and the first call of the next runtime competes
+    with it for the cores, a cost none of them pays when it runs alone.
     """
     syncs = {k: (sync[k] if isinstance(sync, Mapping) else sync) for k in fns}
     warm: dict[str, tuple[float, int]] = {}
@@ -177,6 +181,10 @@ def measure_interleaved(fns: Mapping[str, Callable[[], Any]], policy: TimingPoli
     begin, rounds = clock(), 0
     while rounds < policy.max_repeats:
         for name, fn in fns.items():
+            if lead_in:
+                for _ in range(lead_in):
+                    fn()
+                syncs[name]()
             start = clock()
             fn()
             syncs[name]()
