@@ -153,7 +153,12 @@ def test_budget_is_met_and_gradients_unchanged(deep, spec):
     assert stats["activations_saved_bytes"] == kept        # the solvers' model is the saved-activation count
     assert stats["peak_after_bytes"] == predicted_peak(after).transient
     assert stats["peak_before_bytes"] == predicted_peak(graph).transient
-    assert stats["peak_after_bytes"] < stats["peak_before_bytes"]
+    assert stats["peak_after_bytes"] <= stats["peak_before_bytes"]
+    if "cost=profile" not in spec:
+        # with measured costs the kept set follows the timings of the run (which values are cheap to
+        # recompute), so whether the peak's moment loses a kept value varies: the contract there is
+        # "budget met, peak not raised"; with the FLOP model the choice is fixed and the peak falls
+        assert stats["peak_after_bytes"] < stats["peak_before_bytes"]
     assert _max_rel(_grads(after, inputs)[1], _grads(graph, inputs)[1]) <= GRAD_TOL
 
 
