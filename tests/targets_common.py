@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 from mlcomp.targets import CompileOptions, get_target
 
 from mlcomp.analysis.verify import flatten_outputs
@@ -51,6 +52,18 @@ def compile_zoo(target: str, captured, root: Path, names=ZOO_NAMES, **options) -
     return out
 
 
+class KthValueNet(nn.Module):
+    """``kthvalue`` has a torch kernel but no ONNX or OpenVINO translation (and no decomposition)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = torch.relu(self.fc(x))
+        return y - torch.kthvalue(y, 3, dim=-1, keepdim=True).values
+
+
 _PLAIN = {
     "torchscript": """
 def plain(d):
@@ -66,8 +79,11 @@ def plain(d):
 """,
     "tvm": """
 def plain(d):
+    import os, runpy
     import tvm
     from tvm import relax
+    if os.path.exists(d + "/kernels.py"):     # the vendor kernels the module calls, registered without mlcomp
+        runpy.run_path(d + "/kernels.py")["register_kernels"]()
     vm = relax.VirtualMachine(tvm.runtime.load_module(d + "/model.so"), tvm.cpu())
     def run(*xs):
         out = vm["main"](*[tvm.runtime.tensor(x.numpy()) for x in xs])

@@ -14,7 +14,7 @@ from mlcomp.base.errors import InputSpecError, TargetUnavailableError, Unsupport
 from mlcomp.frontend.loading import load_model
 from mlcomp.hardware.probe import cpu_flags
 from mlcomp.pipeline import run_pipeline
-from tests.targets_common import FP32_RTOL, ZOO_NAMES, compile_zoo
+from tests.targets_common import FP32_RTOL, ZOO_NAMES, KthValueNet, compile_zoo
 
 pytestmark = pytest.mark.openvino
 
@@ -100,17 +100,6 @@ def test_precision_follows_the_pipeline_and_never_goes_below_it(captured):
     assert art.verify(record=False).passed        # against eager fp32, at the graph's declared tolerance
 
 
-class KthValue(nn.Module):
-    """kthvalue runs in torch but OpenVINO's frontend has no translation for it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(16, 16)
-
-    def forward(self, x):
-        y = torch.relu(self.fc(x))
-        return y - torch.kthvalue(y, 3, dim=-1, keepdim=True).values
-
 
 class EmptyCat(nn.Module):
     """torch's legacy cat rule skips a 1-D empty operand (GPT-2's past key/value); OpenVINO's Concat refuses it."""
@@ -124,7 +113,7 @@ class EmptyCat(nn.Module):
 
 
 def test_unsupported_ops_are_explained_per_node_and_fall_back():
-    module, x = KthValue().eval(), torch.randn(4, 16)
+    module, x = KthValueNet().eval(), torch.randn(4, 16)
     graph = load_model(module, example_inputs=(x,)).capture()
     target = get_target("openvino")
     bad = target.unsupported(graph)

@@ -11,7 +11,7 @@ from torch import nn
 
 from mlcomp.base.errors import UnsupportedOpError
 from mlcomp.frontend.loading import load_model
-from tests.targets_common import FP32_RTOL, ZOO_NAMES, compile_zoo, fresh_process_check
+from tests.targets_common import FP32_RTOL, ZOO_NAMES, KthValueNet, compile_zoo, fresh_process_check
 
 pytestmark = pytest.mark.ort
 
@@ -79,20 +79,9 @@ def test_call_overhead_is_no_worse_than_calling_the_session_directly(captured):
     assert t_ours <= 1.10 * t_direct + 5e-6, (t_ours, t_direct)
 
 
-class TopK(nn.Module):
-    """kthvalue has a torch kernel but no ONNX translation (and no decomposition)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(16, 16)
-
-    def forward(self, x):
-        y = torch.relu(self.fc(x))
-        return y - torch.kthvalue(y, 3, dim=-1, keepdim=True).values
-
 
 def test_op_without_onnx_translation_is_reported_and_falls_back():
-    module, x = TopK().eval(), torch.randn(4, 16)
+    module, x = KthValueNet().eval(), torch.randn(4, 16)
     graph = load_model(module, example_inputs=(x,)).capture()
     assert get_target("cpu").unsupported(graph) == {}
     with pytest.raises(UnsupportedOpError, match="kthvalue") as err:

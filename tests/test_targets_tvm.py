@@ -30,28 +30,9 @@ def test_zoo_compiles_and_verifies(built, name):
     assert info["tuned"] is False and info["device"] == "cpu"
 
 
-_PLAIN_WITH_KERNELS = """
-def plain(d):
-    import os, runpy
-    import tvm
-    from tvm import relax
-    if os.path.exists(d + "/kernels.py"):     # the vendor kernels the module calls, registered without mlcomp
-        runpy.run_path(d + "/kernels.py")["register_kernels"]()
-    vm = relax.VirtualMachine(tvm.runtime.load_module(d + "/model.so"), tvm.cpu())
-    def run(*xs):
-        out = vm["main"](*[tvm.runtime.tensor(x.numpy()) for x in xs])
-        out = [out] if hasattr(out, "numpy") else list(out)
-        return [torch.from_numpy(o.numpy()) for o in out]
-    return run
-"""
-
-
-def test_fresh_process_reload_and_plain_tvm_runtime(built, monkeypatch):
+def test_fresh_process_reload_and_plain_tvm_runtime(built):
     """mlcomp.load, and TVM's own runtime plus the artifact's kernels.py (torch and tvm_ffi only)."""
-    import tests.targets_common as common
-
-    monkeypatch.setitem(common._PLAIN, "tvm+kernels", _PLAIN_WITH_KERNELS)
-    report = fresh_process_check([b.directory for b in built.values()], plain="tvm+kernels")
+    report = fresh_process_check([b.directory for b in built.values()], plain="tvm")
     assert set(report) == set(ZOO_NAMES)
     for name, r in report.items():
         assert r["passed"] and r["target"] == "tvm", name
