@@ -14,16 +14,19 @@
    by node count (what a user does by hand) is the baseline.  For both: the
    predicted stage times, max/mean balance, the simulated 1F1B schedule with
    compute (CPU seconds per node, measured in graph order on one thread) +
-   overhead + communication events on the probed cores, at the speed the host's
-   load leaves each rank (re-measured just before each launch), run for as
-   many back-to-back batches as the measurement times (bubble fraction,
-   throughput, peak memory per stage), and the measured throughput of
-   ``mlcomp.launch`` on S gloo processes (inference, M microbatches).
-   ``pred_compute_only`` is what the model without overhead or cores predicts;
-   ``predicted_batches_s`` uses the load measured just before the launch,
-   ``pred_during`` the load a spinning thread saw while it ran; ``pred_cpu_ms``
-   and ``meas_cpu_ms`` are each rank's CPU per batch (the model's work against
-   the processes' CPU time), ``got_share`` the mean share of a core a rank got.
+   overhead + communication events on the probed cores, sends that block as
+   the probed link does (gloo: until the receive is posted) where the schedule
+   waits for them, at the speed the host's load leaves each rank (other
+   processes' busy cores from ``/proc/stat``, just before each launch; nothing
+   spins while it runs), for as many back-to-back batches as the measurement
+   times (bubble fraction, throughput, peak memory per stage), and the measured
+   throughput of ``mlcomp.launch`` on S gloo processes (inference, M
+   microbatches).  ``pred_compute_only`` is what the model without overhead or
+   cores predicts, ``pred_buffered`` the model with sends that never block;
+   ``background`` / ``background_after`` the busy cores before / after the
+   launch; ``pred_cpu_ms`` and ``meas_cpu_ms`` are each rank's CPU per batch
+   (the model's work against the processes' CPU time), ``got_share`` the mean
+   share of a core a rank got.
 
 The machine has 2 cores: with 4 processes they are oversubscribed; the
 simulator serialises compute beyond the probed core count.
@@ -35,7 +38,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,7 @@ from torch import nn
 from mlcomp.analysis.pipeline_schedule import Schedule, simulate
 from mlcomp.analysis.placement_cost import PlacementCost, measure_node_times
 from mlcomp.frontend.loading import load_model
-from mlcomp.hardware.link import LinkProbe, LinkProfile, background_threads, cpu_share
+from mlcomp.hardware.link import LinkProbe, LinkProfile, background_now
 from mlcomp.models import ZOO
 from mlcomp.passes.partition import even_cuts, plan_of, solve
 from mlcomp.targets.distributed import DistributedTarget, launch_check
@@ -76,30 +78,6 @@ def one_thread_times(graph: Any, inputs: Any) -> dict[str, float]:
         torch.set_num_threads(before)
 
 
-class LoadMeter:
-    """A thread that spins while a launch runs: its CPU / wall time is the share of a core one more busy
-    thread got meanwhile (the main thread only waits on the subprocess, without the GIL)."""
-
-    def __enter__(self) -> "LoadMeter":
-        self._stop = threading.Event()
-        self.share = 1.0
-        self._thread = threading.Thread(target=self._spin, daemon=True)
-        self._thread.start()
-        return self
-
-    def _spin(self) -> None:
-        w0, c0 = time.perf_counter(), time.thread_time()
-        x = 0
-        while not self._stop.is_set():
-            for i in range(2000):
-                x += i
-        self.share = min(1.0, (time.thread_time() - c0) / max(time.perf_counter() - w0, 1e-9))
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def run_cut(name: str, graph: Any, module: nn.Module, pc: PlacementCost, cuts: tuple[int, ...], micro: int,
             mb_inputs: Any, repeat: int, prof: LinkProfile, launch: bool = True) -> dict[str, Any]:
     stages = len(cuts) + 1
@@ -109,21 +87,23 @@ def run_cut(name: str, graph: Any, module: nn.Module, pc: PlacementCost, cuts: t
     common = dict(microbatches=micro, schedule=Schedule.ONE_F_ONE_B, transfer=[pc.transfer_seconds(c) for c in cuts],
                   param_bytes=[pc.param_bytes(bounds[s], bounds[s + 1]) for s in range(stages)],
                   activation_bytes=[pc.activation_bytes(bounds[s], bounds[s + 1]) for s in range(stages)])
-    # the host's load now: one busy thread's share of a core gives the other processes' runnable threads
-    background = background_threads(cpu_share(0.5), prof.cores, 1)
+    # the host's load now: other processes' busy cores (/proc/stat; nothing spins meanwhile)
+    background = background_now(prof.cores, 0.5)
     speed = prof.speed(stages, background)
     tl = simulate(compute, overhead=prof.op_overhead, step_overhead=prof.step_overhead, cores=prof.cores,
-                  batches=repeat, speed=speed, **common)
-    bare = simulate(compute, **common)          # the model before: compute + transfers, one batch
+                  batches=repeat, speed=speed, rendezvous=prof.rendezvous, **common)
+    buffered = simulate(compute, overhead=prof.op_overhead, step_overhead=prof.step_overhead, cores=prof.cores,
+                        batches=repeat, speed=speed, **common)       # the model before: sends never block
+    bare = simulate(compute, **common)          # compute + transfers, one batch
     staged = graph.copy()
     for node, s in pc.node_stage(cuts).items():
         staged.replace(staged.node(node).with_ann(stage=s))
     predicted = 1.0 / tl.batch_seconds
     row = {"model": name, "stages": stages, "cuts": list(cuts),
            "stage_ms": [round(t * 1e3, 3) for t in plan.stage_times], "balance": round(plan.balance, 3),
-           "pred_compute_only": round(bare.throughput / micro, 2),
+           "pred_compute_only": round(bare.throughput / micro, 2), "pred_buffered": round(1 / buffered.batch_seconds, 2),
            "predicted_batches_s": round(predicted, 2), "bubble": round(tl.bubble_fraction, 3),
-           "background": round(background, 1), "speed": round(speed, 3),
+           "background": round(background, 2), "speed": round(speed, 3),
            "peak_mem_MiB": [round(b / 2**20, 2) for b in tl.peak_memory]}
     if not launch:
         return row
@@ -132,21 +112,15 @@ def run_cut(name: str, graph: Any, module: nn.Module, pc: PlacementCost, cuts: t
         art.set_reference(mb_inputs, (module(*mb_inputs),))
     with tempfile.TemporaryDirectory() as tmp:
         folder = art.save(Path(tmp) / "art")
-        with LoadMeter() as meter:
-            result = launch_check(folder, stages, microbatches=micro, repeat=repeat)
+        result = launch_check(folder, stages, microbatches=micro, repeat=repeat)
     measured = 1.0 / result["seconds_per_batch"]
-    # the load while it ran: the meter's thread shared the cores with the S ranks and the others
-    during = background_threads(meter.share, prof.cores, stages + 1)
-    speed_during = prof.speed(stages, during + 1)
-    predicted_during = 1.0 / simulate(compute, overhead=prof.op_overhead, step_overhead=prof.step_overhead,
-                                      cores=prof.cores, batches=repeat, speed=speed_during, **common).batch_seconds
+    after = background_now(prof.cores, 0.5)
     # CPU seconds per batch per rank: what the model says each rank works (compute + overhead on a core of
     # its own) against what each rank's process used; CPU / wall is the share of a core it got
     pred_cpu = [b * speed / repeat for b in tl.busy]
     meas_cpu = result["cpu_seconds_per_batch"]
     return dict(row, measured_batches_s=round(measured, 2), pred_over_meas=round(predicted / measured, 3),
-                background_during=round(during, 1), pred_during=round(predicted_during, 2),
-                during_over_meas=round(predicted_during / measured, 3),
+                background_after=round(after, 2),
                 pred_cpu_ms=[round(c * 1e3, 1) for c in pred_cpu], meas_cpu_ms=[round(c * 1e3, 1) for c in meas_cpu],
                 got_share=round(sum(meas_cpu) / result["seconds_per_batch"] / stages, 3),
                 passed=result["passed"], load=round(os.getloadavg()[0], 1))
@@ -182,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     cols = ["model", "stages", "cut", "stage_ms", "balance", "bubble", "peak_mem_MiB", "pred_compute_only",
-            "background", "predicted_batches_s", "background_during", "pred_during", "measured_batches_s",
-            "pred_over_meas", "during_over_meas", "got_share", "pred_cpu_ms", "meas_cpu_ms", "load"]
+            "pred_buffered", "background", "predicted_batches_s", "measured_batches_s", "pred_over_meas",
+            "background_after", "got_share", "pred_cpu_ms", "meas_cpu_ms", "load"]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
         print("| " + " | ".join(str(r.get(c, "-")) for c in cols) + " |")

@@ -26,7 +26,14 @@ kinds of events, so the predicted time of a batch is the simulated makespan:
   batch, merging outputs);
 * **communication** (a delay between ranks, not rank time):
   ``transfer[s] = messages · latency + bytes / bandwidth`` from stage ``s`` to
-  ``s+1`` (:meth:`PlacementCost.transfer_seconds`).
+  ``s+1`` (:meth:`PlacementCost.transfer_seconds`).  With ``rendezvous``
+  (gloo's sends, as the probe finds them) a message moves only once its
+  receive is posted, and the sender blocks where torch's schedule waits for
+  its sends (:func:`send_waits`)::
+
+      1F1B, forward only, stages of 1 s and 3 s, M=3
+      buffered    rank 0  F0 F1 F2              (sends never block)
+      rendezvous  rank 0  F0 F1 .. F2 ..        (F1's send waits for rank 1 to post at 4 s)
 
 ``cores``: at most that many ops run at once; an op whose rank is ready waits
 for the first core to free up (list scheduling in time order), which is how 4
@@ -53,26 +60,16 @@ Everything is O(ops · R + ops · log cores).  :func:`plot_timeline` draws the G
 """
 from __future__ import annotations
 
-import enum
 import heapq
 import os
 from dataclasses import dataclass
 from typing import Sequence
 
+from mlcomp.analysis.schedule_orders import (Key, Op, Schedule, batched_orders, send_waits, in_flight,
+                                             rank_orders)
 from mlcomp.base.errors import MlcompError
 
 __all__ = ["Schedule", "Op", "Event", "Timeline", "simulate", "in_flight", "rank_orders", "plot_timeline"]
-
-
-class Schedule(enum.Enum):
-    GPIPE = "gpipe"
-    ONE_F_ONE_B = "1f1b"
-    INTERLEAVED = "interleaved"
-
-
-class Op(enum.Enum):
-    FORWARD = "F"
-    BACKWARD = "B"
 
 
 @dataclass(frozen=True)
@@ -115,67 +112,11 @@ class Timeline:
         return self.microbatches * self.batches / self.makespan if self.makespan > 0 else float("inf")
 
 
-def in_flight(schedule: Schedule, rank: int, ranks: int, microbatches: int, training: bool) -> int:
-    """How many microbatches' activations rank ``rank`` holds at most under ``schedule``."""
-    if not training:
-        return 1
-    if schedule is Schedule.GPIPE:
-        return microbatches
-    return min(microbatches, ranks - rank)
-
-
-def rank_orders(schedule: Schedule, ranks: int, microbatches: int, virtual: int = 1,
-                training: bool = False) -> list[list[tuple[Op, int, int]]]:
-    """The ordered ``(op, stage, microbatch)`` list each rank runs."""
-    m = microbatches
-    if schedule is not Schedule.INTERLEAVED:
-        virtual = 1
-    elif m % ranks:
-        raise MlcompError(f"interleaved 1F1B needs the microbatches ({m}) to be a multiple of the ranks ({ranks})",
-                          hint=f"use microbatches={ranks * max(1, m // ranks)} or schedule=1f1b")
-    orders: list[list[tuple[Op, int, int]]] = []
-    for r in range(ranks):
-        if schedule is Schedule.INTERLEAVED:
-            n = m * virtual
-            fwd = [(Op.FORWARD, ((k // ranks) % virtual) * ranks + r, (k // (ranks * virtual)) * ranks + k % ranks)
-                   for k in range(n)]
-            bwd = [(Op.BACKWARD, (virtual - 1 - (k // ranks) % virtual) * ranks + r,
-                    (k // (ranks * virtual)) * ranks + k % ranks) for k in range(n)]
-            warm = min(n, (ranks - r - 1) * 2 + (virtual - 1) * ranks)
-        else:
-            fwd = [(Op.FORWARD, r, i) for i in range(m)]
-            bwd = [(Op.BACKWARD, r, i) for i in range(m)]
-            warm = m if schedule is Schedule.GPIPE else min(m, ranks - r - 1)
-        if not training:
-            orders.append(fwd)
-            continue
-        seq = fwd[:warm]
-        for k in range(len(fwd) - warm):
-            seq += [fwd[warm + k], bwd[k]]
-        seq += bwd[len(fwd) - warm:]
-        orders.append(seq)
-    return orders
-
-
-def _batched_orders(orders: list[list[tuple[Op, int, int]]], microbatches: int, batches: int,
-                    step_overhead: float) -> list[list[tuple[Op, int, int, float]]]:
-    """Each rank's order repeated for ``batches`` back-to-back steps (microbatch ``b·M + i``); the first op
-    of every step carries the per-step overhead."""
-    out = []
-    for order in orders:
-        seq: list[tuple[Op, int, int, float]] = []
-        for b in range(batches):
-            seq += [(op, s, b * microbatches + mb, step_overhead if k == 0 else 0.0)
-                    for k, (op, s, mb) in enumerate(order)]
-        out.append(seq)
-    return out
-
-
 def simulate(forward: Sequence[float], backward: Sequence[float] | None = None, *, microbatches: int,
              schedule: Schedule = Schedule.GPIPE, virtual: int = 1, transfer: Sequence[float] = (),
              param_bytes: Sequence[int] = (), activation_bytes: Sequence[int] = (), overhead: float = 0.0,
              step_overhead: float = 0.0, cores: int | None = None, batches: int = 1,
-             speed: float = 1.0) -> Timeline:
+             speed: float = 1.0, rendezvous: bool = False) -> Timeline:
     """Simulate ``len(forward)`` stages (``virtual`` per rank for interleaved) over ``microbatches``.
 
     ``backward``: per-stage backward seconds (training) or ``None`` (inference);
@@ -184,7 +125,10 @@ def simulate(forward: Sequence[float], backward: Sequence[float] | None = None, 
     ``step_overhead``: rank seconds per batch; ``cores``: at most this many ops
     run at once (``None``: every rank has its own core); ``batches``: steps run
     back to back, as a timed loop runs them; ``speed``: the fraction of a core a
-    running op gets (rank time is divided by it; below 1 on a loaded host).
+    running op gets (rank time is divided by it; below 1 on a loaded host);
+    ``rendezvous``: a send completes only once its receiver has posted the
+    receive (gloo's point-to-point, :attr:`LinkProfile.rendezvous`), and the
+    sender waits for it where the schedule waits (:func:`send_waits`).
     """
     stages = len(forward)
     if schedule is not Schedule.INTERLEAVED:
@@ -197,43 +141,80 @@ def simulate(forward: Sequence[float], backward: Sequence[float] | None = None, 
         raise MlcompError(f"speed={speed}: a rank gets more than nothing and at most a whole core")
     ranks = stages // virtual
     training = backward is not None
-    orders = _batched_orders(rank_orders(schedule, ranks, microbatches, virtual, training), microbatches,
-                             max(1, batches), step_overhead)
+    per_step = rank_orders(schedule, ranks, microbatches, virtual, training)
+    orders = batched_orders(per_step, microbatches, max(1, batches), step_overhead)
+    plans = [send_waits(schedule, orders[r], len(per_step[r]), ranks, r, microbatches, stages, training)
+             if rendezvous else ([[] for _ in orders[r]], list(range(len(orders[r]))), [False] * len(orders[r]))
+             for r in range(ranks)]
+    posts_at: list[dict[int, list[Key]]] = [{} for _ in range(ranks)]
+    for r, (_, post_at, _) in enumerate(plans):
+        for i, at in enumerate(post_at):
+            posts_at[r].setdefault(at, []).append(orders[r][i][:3])
     delay = list(transfer) + [0.0] * stages
     pbytes = list(param_bytes) + [0] * stages
     abytes = list(activation_bytes) + [0] * stages
     core_free = [0.0] * cores if cores is not None else None     # a min-heap of when each core frees up
-    done: dict[tuple[Op, int, int], float] = {}
+    done: dict[Key, float] = {}
+    posted: dict[Key, float] = {k: 0.0 for r in range(ranks) for k in posts_at[r].get(0, ())}
     free = [0.0] * ranks
     heads = [0] * ranks
+    waiting = [0] * ranks                   # how many of the current op's send waits are already over
     events: list[Event] = []
     held = [0] * ranks
     peak_bytes = [0] * ranks
     count = [0] * ranks
     peak_count = [0] * ranks
     releases: list[list[tuple[float, int]]] = [[] for _ in range(ranks)]
-    remaining = sum(len(o) for o in orders)
+    remaining = sum(len(o) for o in orders) + sum(len(w) for waits, _, _ in plans for w in waits)
+
+    def lag_to(key: Key) -> float:          # transfer time of the message consumed by ``key``
+        op, s, _ = key
+        return delay[s - 1] if op is Op.FORWARD else delay[s]
+
+    def sent_by(key: Key) -> Key:
+        op, s, mb = key
+        return (op, s - 1, mb) if op is Op.FORWARD else (op, s + 1, mb)
+
     while remaining:
-        # list scheduling in time order: of the ranks whose next op has its input, the one ready first
-        pick: tuple[float, int] | None = None
+        # list scheduling in time order: of the ranks whose next step can be taken, the one ready first;
+        # a step is an op (its input has arrived) or, after an op, a wait for one of its sends
+        pick: tuple[float, int, bool] | None = None
         for r in range(ranks):
+            if heads[r] > 0 and waiting[r] < len(plans[r][0][heads[r] - 1]):
+                to = plans[r][0][heads[r] - 1][waiting[r]]
+                if to in posted:
+                    at = max(free[r], max(done[sent_by(to)], posted[to]) + lag_to(to))
+                    if pick is None or at < pick[0]:
+                        pick = (at, r, True)
+                continue
             if heads[r] >= len(orders[r]):
                 continue
             op, s, mb, _ = orders[r][heads[r]]
             if op is Op.FORWARD:
                 dep = (Op.FORWARD, s - 1, mb) if s > 0 else None
-                lag = delay[s - 1] if s > 0 else 0.0
             else:
                 dep = (Op.BACKWARD, s + 1, mb) if s < stages - 1 else (Op.FORWARD, s, mb)
-                lag = delay[s] if s < stages - 1 else 0.0
             if dep is not None and dep not in done:
                 continue
-            ready = max(free[r], done[dep] + lag if dep is not None else 0.0)
+            crossing = dep is not None and dep[1] != s
+            arrive = 0.0
+            if dep is not None:
+                sent = max(done[dep], posted.get((op, s, mb), 0.0)) if rendezvous and crossing else done[dep]
+                arrive = sent + (lag_to((op, s, mb)) if crossing else 0.0)
+            ready = max(free[r], arrive)
             if pick is None or ready < pick[0]:
-                pick = (ready, r)
+                pick = (ready, r, False)
         if pick is None:  # pragma: no cover - the orders above never deadlock
             raise MlcompError(f"schedule {schedule.value} deadlocks on {stages} stages")
-        start, r = pick
+        start, r, is_wait = pick
+        if is_wait:             # the rank blocks until the receiver has posted and the message is through
+            free[r] = start
+            waiting[r] += 1
+            remaining -= 1
+            if waiting[r] == len(plans[r][0][heads[r] - 1]):
+                for k in posts_at[r].get(heads[r], ()):
+                    posted.setdefault(k, free[r])
+            continue
         op, s, mb, extra = orders[r][heads[r]]
         if core_free is not None:
             start = max(start, heapq.heappop(core_free))
@@ -260,8 +241,14 @@ def simulate(forward: Sequence[float], backward: Sequence[float] | None = None, 
         free[r] = end
         events.append(Event(r, s, mb, op, start, end, (extra + overhead) / speed))
         heads[r] += 1
+        waiting[r] = 0
         remaining -= 1
-    makespan = max((e.end for e in events), default=0.0)
+        if heads[r] < len(orders[r]) and plans[r][2][heads[r]]:
+            posted[orders[r][heads[r]][:3]] = free[r]           # posted with this op's sends, before waiting
+        if not plans[r][0][heads[r] - 1]:
+            for k in posts_at[r].get(heads[r], ()):
+                posted.setdefault(k, free[r])
+    makespan = max(max((e.end for e in events), default=0.0), max(free, default=0.0))
     busy = [0.0] * ranks
     for e in events:
         busy[e.rank] += e.end - e.start

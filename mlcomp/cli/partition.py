@@ -87,7 +87,8 @@ def partition_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, 
                   activation_bytes=[pc.activation_bytes(bounds[s], bounds[s + 1]) for s in range(stages)],
                   transfer=[pc.transfer_seconds(c) for c in plan.cuts],
                   overhead=prof.op_overhead if prof else 0.0, step_overhead=prof.step_overhead if prof else 0.0,
-                  cores=prof.cores if prof else None, speed=prof.speed(stages // virtual) if prof else 1.0)
+                  cores=prof.cores if prof else None, speed=prof.speed(stages // virtual) if prof else 1.0,
+                  rendezvous=prof.rendezvous if prof else False)
     rows = [[s, sum(len(pc.units[u]) for u in range(bounds[s], bounds[s + 1])), f"{plan.stage_times[s] * 1e3:.3f}",
              f"{plan.stage_memory[s] / 2**20:.2f}", f"{pc.cut_bytes[bounds[s + 1]] / 2**20:.3f}"]
             for s in range(stages)]

@@ -15,6 +15,9 @@ compute:
   outputs) the intercept.  CPU time, not wall time, so another process's load
   does not leak into it (the least of three rounds: waiting while descheduled
   still costs some CPU);
+* **rendezvous**: whether a send completes before its receive is posted (rank 1
+  posts 50 ms late; gloo: it does not, so a sender blocks where the schedule
+  waits for its sends: :func:`mlcomp.analysis.pipeline_schedule.simulate`);
 * **load**: each process spins one thread for 0.3 s; its CPU time over wall
   time is its share of a core.  A fair scheduler gives each of ``B + 2``
   runnable threads ``cores / (B + 2)``, which gives ``B``, the other
@@ -54,7 +57,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 __all__ = ["Link", "LinkProfile", "LinkProbe", "fit_link", "fit_overhead", "available_cores", "cpu_share",
-           "background_threads", "rank_speed"]
+           "background_threads", "rank_speed", "busy_cores", "background_now"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,39 @@ def cpu_share(seconds: float = 0.3) -> float:
             x += i
     wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
     return min(1.0, cpu / wall) if wall > 0 else 1.0
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """``(busy, total)`` jiffies of all CPUs since boot (``/proc/stat``), ``None`` where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)        # idle + iowait
+    total = sum(fields[:8])                                          # guest time is already in user
+    return total - idle, total
+
+
+def busy_cores(seconds: float = 0.3) -> float | None:
+    """How many of the machine's CPUs other processes kept busy over the next ``seconds`` (``/proc/stat``;
+    this process only sleeps meanwhile, so it measures without adding load).  ``None`` without
+    ``/proc/stat`` (callers fall back to :func:`cpu_share`)."""
+    a = _cpu_ticks()
+    time.sleep(seconds)
+    b = _cpu_ticks()
+    if a is None or b is None or b[1] <= a[1]:
+        return None
+    return (b[0] - a[0]) / (b[1] - a[1]) * (os.cpu_count() or 1)
+
+
+def background_now(cores: int, seconds: float = 0.3) -> float:
+    """Other processes' busy threads now: :func:`busy_cores` where the OS tells, else the share one spinning
+    thread gets (:func:`background_threads`, which cannot tell 0 from ``cores - 1`` on an idle host)."""
+    busy = busy_cores(seconds)
+    if busy is not None:
+        return max(0.0, busy)
+    return background_threads(cpu_share(seconds), cores, 1)
 
 
 def background_threads(share: float, cores: int, ours: int) -> float:
@@ -154,6 +190,7 @@ class LinkProfile:
     background: float = 0.0             # other processes' runnable threads when the probe ran
     link_samples: tuple[tuple[int, float], ...] = ()
     pipeline_samples: tuple[tuple[int, float], ...] = ()
+    rendezvous: bool = False            # a send completes only once the receiver has posted its receive
 
     def speed(self, ranks: int, background: float | None = None) -> float:
         """:func:`rank_speed` for ``ranks`` ranks beside ``background`` (default: as probed) threads."""
@@ -165,6 +202,8 @@ class LinkProfile:
         for size, t in self.link_samples:
             lines.append(f"  {size / 2**10:9.0f} KiB  {t * 1e6:9.1f} us  {size / t / 1e9:6.2f} GB/s")
         lines.append(f"  fit: latency {self.link.latency * 1e6:.1f} us, bandwidth {self.link.bandwidth / 1e9:.2f} GB/s")
+        lines.append("  a send completes " + ("only once the receive is posted (rendezvous)" if self.rendezvous
+                                              else "before the receive is posted (buffered)"))
         for m, t in self.pipeline_samples:
             lines.append(f"  empty 2-stage pipeline, {m:3d} microbatches: {t * 1e3:8.3f} CPU ms per batch (busier rank)")
         lines.append(f"  schedule overhead on a core of its own: {self.op_overhead * 1e6:.1f} us per "
@@ -179,7 +218,8 @@ class LinkProfile:
         return cls(Link(**data["link"]), float(data["op_overhead"]), float(data["step_overhead"]),
                    int(data["cores"]), float(data["load_average"]), float(data.get("background", 0.0)),
                    tuple((int(a), float(b)) for a, b in data.get("link_samples", ())),
-                   tuple((int(a), float(b)) for a, b in data.get("pipeline_samples", ())))
+                   tuple((int(a), float(b)) for a, b in data.get("pipeline_samples", ())),
+                   bool(data.get("rendezvous", False)))
 
 
 class _Nothing(nn.Module):
@@ -214,6 +254,17 @@ def _worker(rank: int, port: int, out: str, sizes: Sequence[int], repeats: int,
                     dist.send(t, 0)
                 samples.append((time.perf_counter() - start) / 2)
             link.append((size, statistics.median(samples[2:])))
+        # does a send complete before its receive is posted?  rank 1 posts 50 ms late
+        dist.barrier()
+        t = torch.zeros(16)
+        if rank == 0:
+            start = time.perf_counter()
+            dist.isend(t, 1).wait()
+            held = time.perf_counter() - start
+        else:
+            time.sleep(0.05)
+            dist.recv(t, 0)
+            held = 0.0
         pipeline: list[tuple[int, float]] = []
         for m in microbatches:
             stage = PipelineStage(_Nothing(), rank, 2, torch.device("cpu"))
@@ -237,7 +288,8 @@ def _worker(rank: int, port: int, out: str, sizes: Sequence[int], repeats: int,
         shares: list[Any] = [None, None]
         dist.all_gather_object(shares, share)
         if rank == 0:
-            Path(out).write_text(json.dumps({"link": link, "pipeline": pipeline, "share": statistics.mean(shares)}))
+            Path(out).write_text(json.dumps({"link": link, "pipeline": pipeline, "share": statistics.mean(shares),
+                                             "rendezvous": held > 0.025}))
     finally:
         dist.destroy_process_group()
 
@@ -270,4 +322,5 @@ class LinkProbe:
         cores = available_cores()
         background = background_threads(float(data["share"]), cores, 2)
         op, step = fit_overhead(pipe_samples)
-        return LinkProfile(fit_link(link_samples), op, step, cores, load, background, link_samples, pipe_samples)
+        return LinkProfile(fit_link(link_samples), op, step, cores, load, background, link_samples, pipe_samples,
+                           bool(data["rendezvous"]))
