@@ -164,7 +164,7 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
                                 + (describe_steps(cmp) if mixed else f"{cmp['worst']} differs by "
                                    f"{cmp['worst_rel']:.2e} relative (losses {cmp['loss_rel']:.2e}), "
                                    f"tolerance {tol:.0e}"), hint="raise --tolerance, or run with --verify")
-    art.verification = dict(check, loss=_loss_name(chosen), steps=cmp)
+    art.verification = dict(check, loss_fn=_loss_name(chosen), steps=cmp)   # "loss" keeps the value
     art.save(output, force=True)
     click.echo(f"saved {output} ({', '.join(SAVED_FILES)}, manifest.json)")
 
