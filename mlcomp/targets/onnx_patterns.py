@@ -168,13 +168,16 @@ def _outputs(graph: Graph, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tens
 def ort_friendly(graph: Graph, inputs: tuple[torch.Tensor, ...] | None = None) -> tuple[Graph, RecomposeStats]:
     """``graph`` rewritten for ORT (a copy; ``graph`` itself is unchanged) and what was rewritten.
 
-    With ``inputs``, the result is kept only if it reproduces ``graph`` on them.
+    With ``inputs``, a graph with recomposed RNNs is kept only if it reproduces ``graph`` on them (the
+    recomposition re-derives a GRU/LSTM from its unrolled cells).  The two local rewrites are exact
+    identities (pinned by their tests) and the compiled artifact is verified against eager anyway, so
+    they are not re-run here: two extra code generations and runs cost a second on the transformer.
     """
     stats = RecomposeStats(nodes_before=len(graph.order()))
     out = graph.copy()
     recompose_rnns(out, stats)
     stats.rewrites = {"batched_linear": linearize_batched_matmuls(out), "safe_softmax": cheap_safe_softmax(out)}
-    if stats.changed and inputs is not None:
+    if stats.recomposed and inputs is not None:
         expected, actual = _outputs(graph, inputs), _outputs(out, inputs)
         if not all(torch.allclose(a, e, rtol=1e-4, atol=1e-5, equal_nan=True) for a, e in zip(actual, expected)):
             stats.skipped["graph"] = "the rewritten graph did not reproduce the original; exported unchanged"

@@ -11,9 +11,12 @@ one ONNX ``GRU``, broadcast-weight ``bmm`` back to ``Gemm``, the safe-softmax
 guard as torch.onnx's ``IsNaN`` + ``Where``), checked against the graph on the example inputs;
 ``art.runtime.rewritten`` (saved in the manifest) says what changed.
 
-Export uses the dynamo exporter (``torch.onnx.export(..., dynamo=True)``, which
-translates core ATen with onnxscript's torchlib; the legacy TorchScript exporter
-fails on fused transformer layers), then ``onnx.checker``, then an
+Export translates core ATen with onnxscript's torchlib (the legacy TorchScript
+exporter fails on fused transformer layers): by the direct path of
+:mod:`mlcomp.targets.onnx_export` (an ``ExportedProgram`` built from the IR, no
+re-tracing, a registry of the graph's ops only), or by ``torch.onnx.export(...,
+dynamo=True)`` when that path cannot run; ``art.runtime.stats["onnx_export"]``
+says which (``--explain`` says why).  Then ``onnx.checker``, then an
 ``InferenceSession`` with ``ORT_ENABLE_ALL`` graph optimisations on the CPU
 execution provider (CUDA EP for ``device="cuda"`` when present).
 
@@ -22,8 +25,9 @@ directly: inputs are handed over as zero-copy numpy views, the session's C++
 ``run`` is called with the output names resolved once, and outputs become
 torch tensors without copying (``torch.from_numpy``).
 
-``supports(node)`` asks the exporter's own registry: an op is supported when
-torchlib translates it or when a core ATen decomposition exists for it.
+``supports(node)`` asks the exporter's registries by name (no torchlib function
+is parsed): an op is supported when torchlib translates it or when a core ATen
+decomposition exists for it.
 
 Mixed precision: a graph with bf16/fp16 values exports with ``Cast`` nodes and
 low-precision initializers; nodes the execution provider has no kernel for in
@@ -37,7 +41,6 @@ from ORT's kernel registry and cached in the target), and the runtime's
 """
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -47,6 +50,7 @@ from mlcomp.targets.backend_errors import first_error
 from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
 from mlcomp.targets.capabilities import REAL_DTYPES, Capabilities, DeviceKind
 from mlcomp.targets.codegen import to_fx
+from mlcomp.targets.onnx_export import ExportRecord, export_model, translatable
 from mlcomp.targets.onnx_patterns import ort_friendly
 from mlcomp.targets.ort_precision import KernelTable, keep_unsupported_fp32, summarize
 
@@ -56,34 +60,42 @@ from mlcomp.ir import Graph, tensor_metas
 from mlcomp.ir.ops import Namespace, Op
 from mlcomp.pipeline.presets import Rewrite
 
-__all__ = ["OnnxRuntimeTarget", "OrtRuntime", "export_onnx", "make_session"]
+__all__ = ["OnnxRuntimeTarget", "OrtRuntime", "export_onnx", "export_onnx_recorded", "make_session"]
 
 PAYLOAD = "model.onnx"
 
 
 def export_onnx(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], *, opset: int | None = None,
                 dynamic_shapes: Any = None, name: str = "model") -> bytes:
-    """``torch.onnx.export(dynamo=True)`` + ``onnx.checker``; returns the serialised model."""
+    """:func:`export_onnx_recorded` without the record."""
+    return export_onnx_recorded(module, inputs, opset=opset, dynamic_shapes=dynamic_shapes, name=name)[0]
+
+
+def export_onnx_recorded(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], *,
+                         opset: int | None = None, dynamic_shapes: Any = None, name: str = "model",
+                         direct: bool = True) -> tuple[bytes, ExportRecord]:
+    """The serialised, ``onnx.checker``-checked model of a :func:`to_fx` module, and which exporter made it
+    (:func:`mlcomp.targets.onnx_export.export_model`: direct, or ``torch.onnx.export(dynamo=True)``)."""
     import onnx
 
     with quiet_converter():
         try:
-            program = torch.onnx.export(module, inputs, dynamo=True, opset_version=opset,
-                                        dynamic_shapes=dynamic_shapes, verbose=False, optimize=True)
+            proto, record = export_model(module, inputs, opset=opset, dynamic_shapes=dynamic_shapes,
+                                         direct=direct)
         except Exception as exc:  # noqa: BLE001 - turned into a user-facing error (issue 15: the real cause)
             failure = first_error(exc, module)
             raise TargetCompileError(
                 f"exporting {name} to ONNX failed: {failure.message}",
                 where=failure.where() or "torch.onnx.export(dynamo=True)",
                 hint="The cpu target (TorchScript) runs every op: use --target cpu, or --target tvm") from None
-    proto = program.model_proto
+    model = proto.SerializeToString()
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(model)      # the bytes: check_model would serialise the proto again
     except onnx.checker.ValidationError as exc:
         raise TargetCompileError(f"the ONNX model exported from {name} is invalid: {str(exc).splitlines()[0]}",
                                  where="onnx.checker.check_model",
                                  hint="report this with the model; meanwhile use --target cpu") from None
-    return proto.SerializeToString()
+    return model, record
 
 
 def make_session(model: bytes | str, *, threads: int | None = None, device: str = "cpu"):
@@ -110,8 +122,10 @@ class OrtRuntime:
     checks_inputs: ClassVar[bool] = True     # ORT rejects wrong shapes/dtypes (static dims) itself
 
     def __init__(self, model: bytes, *, threads: int | None = None, device: str = "cpu",
-                 precision: dict[str, Any] | None = None, rewritten: dict[str, Any] | None = None) -> None:
+                 precision: dict[str, Any] | None = None, rewritten: dict[str, Any] | None = None,
+                 stats: dict[str, Any] | None = None) -> None:
         self.model = model
+        self.stats = dict(stats or {})  # onnx_export: "direct" | "torch.onnx", onnx_export_reason
         self.precision = precision      # nodes kept fp32 for lack of a low-precision kernel
         self.rewritten = rewritten      # what onnx_patterns.ort_friendly rewrote before export
         self.threads = threads
@@ -140,27 +154,26 @@ class OrtRuntime:
         (directory / PAYLOAD).write_bytes(self.model)
         return {"file": PAYLOAD, "threads": self.threads, "device": self.device,
                 "onnx_inputs": self.input_names, "onnx_outputs": self.output_names, "precision": self.precision,
-                "rewritten": self.rewritten}
+                "rewritten": self.rewritten, "stats": self.stats}
+
+    def explain_lines(self) -> list[str]:
+        """Which exporter made the model and why (``--explain``)."""
+        path = self.stats.get("onnx_export")
+        if path is None:
+            return []
+        return [ExportRecord(path, self.stats.get("onnx_export_reason")).line()]
 
     @classmethod
     def load(cls, directory: Path, info: dict[str, Any]) -> "OrtRuntime":
         model = (directory / info.get("file", PAYLOAD)).read_bytes()
         return cls(model, threads=info.get("threads"), device=info.get("device", "cpu"),
-                   precision=info.get("precision"), rewritten=info.get("rewritten"))
+                   precision=info.get("precision"), rewritten=info.get("rewritten"), stats=info.get("stats"))
 
 
 def _as_numpy(t: torch.Tensor) -> Any:
     if t.requires_grad or t.device.type != "cpu" or not t.is_contiguous():
         t = t.detach().cpu().contiguous()
     return t.numpy()
-
-
-@lru_cache(maxsize=1)
-def _registry() -> Any:
-    from torch.onnx._internal.exporter import _registration
-
-    with quiet_converter():
-        return _registration.ONNXRegistry.from_torchlib()
 
 
 class OnnxRuntimeTarget(Target):
@@ -199,7 +212,7 @@ class OnnxRuntimeTarget(Target):
         if op.namespace not in (Namespace.ATEN, Namespace.PRIMS):
             return f"{op} has no ONNX translation"
         overload = op.resolve()
-        if _registry().is_registered(overload):
+        if translatable(overload):     # by name: building torchlib's registry parses ~1000 functions
             return None
         from torch._decomp import decomposition_table
 
@@ -215,12 +228,13 @@ class OnnxRuntimeTarget(Target):
         if any(n.tensor_meta.is_dynamic for n in graph.input_nodes):
             dynamic = tuple({i: torch.export.Dim.DYNAMIC for i, d in enumerate(n.tensor_meta.shape)
                              if isinstance(d, str)} for n in graph.input_nodes)
-        model = export_onnx(module, inputs, opset=options.opset, dynamic_shapes=dynamic, name=graph.name)
+        model, record = export_onnx_recorded(module, inputs, opset=options.opset, dynamic_shapes=dynamic,
+                                             name=graph.name)
         precision = None
         if _has_low_precision(graph):
             model, precision = self.lower_precision(model, self.device(options))
         return OrtRuntime(model, threads=options.threads, device=self.device(options), precision=precision,
-                          rewritten=rewritten.to_json())
+                          rewritten=rewritten.to_json(), stats=record.to_stats())
 
 
 def _has_low_precision(graph: Graph) -> bool:
