@@ -18,15 +18,24 @@ module (``graph.constants`` is copy-on-write between ``Graph.copy()`` siblings).
 Data-dependent Python control flow is never specialised silently: capture
 fails with :class:`CaptureError` naming the source line and suggesting
 ``torch.cond``.
+
+The model runs eagerly only when tracing it fails, to tell a wrong input shape
+(:class:`InputSpecError`) from a limit of export::
+
+    before: eager forward → torch.export → run_decompositions → IR
+    after:  torch.export → run_decompositions → IR   (the same IR; on a failure:
+            eager forward → InputSpecError, or export again if it initialised lazy modules)
 """
 from __future__ import annotations
 
 import enum
+import itertools
 import re
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from mlcomp.base.errors import CaptureError, InputSpecError
 from mlcomp.base.quiet import quiet_torch
@@ -56,15 +65,10 @@ def capture_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], *,
     example_inputs = tuple(example_inputs)
     name = name or type(module).__name__
     module = module.train(training)
-    _check_runs(module, example_inputs, name)
     if method is CaptureMethod.FX:
         return _capture_fx(module, example_inputs, name=name, training=training)
     dynamic_shapes = _batch_dynamic(example_inputs) if dynamic_batch else None
-    with quiet_torch():
-        try:
-            ep = torch.export.export(module, example_inputs, dynamic_shapes=dynamic_shapes)
-        except Exception as exc:  # noqa: BLE001 - converted to a user error below
-            raise explain_export_failure(exc, name) from None
+    ep = _export(module, example_inputs, dynamic_shapes, name)
     try:
         return capture_exported(ep, name=name, training=training, decompositions=decompositions)
     except CaptureError as first:
@@ -112,8 +116,31 @@ def capture_exported(ep: "torch.export.ExportedProgram", *, name: str = "graph",
     return graph
 
 
+def _export(module: nn.Module, inputs: tuple[torch.Tensor, ...], dynamic_shapes: Any,
+            name: str) -> "torch.export.ExportedProgram":
+    """``torch.export`` of ``module``; the model runs eagerly only if that fails.
+
+    The eager run tells an input mistake (:class:`InputSpecError`) from a limit of
+    export, and initialises lazy modules (``nn.LazyLinear``), after which export is
+    tried once more.  A model that exports never runs here: before, every capture
+    paid one eager forward first (and, in training mode, updated BatchNorm's
+    running statistics of the user's module).
+    """
+    lazy = any(is_lazy(t) for t in itertools.chain(module.parameters(), module.buffers()))
+    for attempt in range(2):
+        with quiet_torch():
+            try:
+                return torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes)
+            except Exception as exc:  # noqa: BLE001 - converted to a user error below
+                failure = exc
+        _check_runs(module, inputs, name)
+        if attempt or not lazy:
+            break
+    raise explain_export_failure(failure, name) from None
+
+
 def _check_runs(module: nn.Module, inputs: tuple[torch.Tensor, ...], name: str) -> None:
-    """Run the model once eagerly so a shape mistake is reported as such, not as an export failure."""
+    """Run the model once eagerly so a shape mistake is reported as such, not as a capture failure."""
     try:
         with torch.no_grad(), quiet_torch():
             module(*inputs)
@@ -138,6 +165,7 @@ def _capture_fx(module: nn.Module, inputs: tuple[torch.Tensor, ...], *, name: st
     try:
         gm = torch.fx.symbolic_trace(module)
     except Exception as exc:  # noqa: BLE001
+        _check_runs(module, inputs, name)
         raise CaptureError(
             f"torch.fx.symbolic_trace could not trace {name}: {first_line(exc)}",
             where=user_frame(exc),
@@ -150,11 +178,15 @@ def _capture_fx(module: nn.Module, inputs: tuple[torch.Tensor, ...], *, name: st
     def fn(p: dict[str, torch.Tensor], *xs: torch.Tensor) -> Any:
         return torch.func.functional_call(gm, p, xs)
 
+    failure = None
     with quiet_torch():
         try:
             traced = make_fx(fn, decomposition_table=core_aten_decompositions())(params, *inputs)
         except Exception as exc:  # noqa: BLE001
-            raise explain_export_failure(exc, name) from None
+            failure = exc
+    if failure is not None:
+        _check_runs(module, inputs, name)
+        raise explain_export_failure(failure, name) from None
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     constant_of = {ph.name: names[i] for i, ph in enumerate(placeholders[:len(names)])}
     return from_fx(traced.graph, name=name, training=training, constant_of=constant_of,

@@ -14,15 +14,28 @@ The payload is the *frozen* module.  ``optimize_for_inference`` (MKLDNN
 convolution layouts, conv/bn folding) rewrites the module into a form
 TorchScript cannot serialise, so it is applied again after loading; with
 ``optimize=None`` (the default) both variants are timed at compile time and the
-faster one is kept (the choice is stored in the manifest), but only where the
-optimisation changes the kernels (convolutions become MKLDNN): elsewhere it only
-folds constant lists, and the plain module is kept untimed.
+faster one is kept, but only where the optimisation changes the kernels
+(convolutions become MKLDNN): elsewhere it only folds constant lists, and the
+plain module is kept untimed.  The choice and why is ``runtime.choice``
+(manifest ``runtime_info.choice``)::
+
+    before: trace → freeze → save → load plain, load + optimize tuned → time ≥ 15 rounds
+            (0.25 s of calls per variant), then the payload kept as bytes
+    after:  trace → freeze (plain) and optimize_for_inference (tuned) of the same trace
+            → time until a sign test over paired rounds decides (≥ 6 rounds; the same
+            budget when it cannot) → the payload serialised when first needed (save)
+    lenet:  {"optimize": false, "reason": "not-faster", "rounds": 6, "ratio": 1.9535, "decided_early": true}
 """
 from __future__ import annotations
 
 import contextlib
+import enum
 import io
+import math
+import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
@@ -34,10 +47,11 @@ from mlcomp.targets.codegen import to_fx
 
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.quiet import quiet_torch
-from mlcomp.hardware.timing import TimingPolicy, measure_interleaved
+from mlcomp.hardware.timing import Clock, TimingPolicy, median
 from mlcomp.ir import Graph, Mode
 
-__all__ = ["CpuTarget", "TorchScriptRuntime", "trace_frozen", "threads"]
+__all__ = ["CpuTarget", "OptimizeChoice", "OptimizeReason", "TorchScriptRuntime", "choose_by_timing",
+           "trace_frozen", "trace_module", "threads"]
 
 PAYLOAD = "model.pt"
 
@@ -64,6 +78,17 @@ def require_inference(graph: Graph, target: str) -> None:
 
 def trace_frozen(graph: Graph, inputs: tuple[torch.Tensor, ...], device: str = "cpu") -> torch.jit.ScriptModule:
     """Generate torch code for ``graph`` on ``device``, trace it and freeze it."""
+    scripted = trace_module(graph, inputs, device)
+    with torch.no_grad(), quiet_torch():
+        return torch.jit.freeze(scripted)
+
+
+def trace_module(graph: Graph, inputs: tuple[torch.Tensor, ...], device: str = "cpu") -> torch.jit.ScriptModule:
+    """Generate torch code for ``graph`` on ``device`` and trace it (scripted if sizes are dynamic), in eval mode.
+
+    Not frozen: ``torch.jit.freeze`` and ``optimize_for_inference`` each freeze their own
+    copy, so one trace serves both variants.
+    """
     dynamic = any(n.tensor_meta.is_dynamic for n in graph.input_nodes)
     gm = to_fx(graph, device=device, scriptable=dynamic).eval()
     inputs = tuple(t.to(device) for t in inputs)
@@ -79,7 +104,7 @@ def trace_frozen(graph: Graph, inputs: tuple[torch.Tensor, ...], device: str = "
                          "--target onnxruntime, which keeps dynamic sizes") from None
         else:
             scripted = torch.jit.trace(gm, inputs, check_trace=False)
-        return torch.jit.freeze(scripted.eval())
+        return scripted.eval()
 
 
 class TorchScriptRuntime:
@@ -87,15 +112,28 @@ class TorchScriptRuntime:
 
     kind: ClassVar[RuntimeKind] = RuntimeKind.TORCHSCRIPT
 
-    def __init__(self, payload: bytes, *, optimize: bool, threads: int | None, device: str = "cpu",
-                 module: torch.jit.ScriptModule | None = None) -> None:
-        """``module``: ``payload`` already loaded (and optimised if ``optimize``), e.g. by the compile that chose it."""
-        self.payload = payload
+    def __init__(self, payload: bytes | torch.jit.ScriptModule, *, optimize: bool, threads: int | None,
+                 device: str = "cpu", module: torch.jit.ScriptModule | None = None,
+                 choice: "OptimizeChoice | None" = None) -> None:
+        """``payload``: the frozen module's TorchScript archive, or the frozen module itself (serialised
+        when first needed, e.g. by :meth:`save`).  ``module``: what runs, the payload loaded (and
+        optimised if ``optimize``), e.g. by the compile that chose it.  ``choice``: how ``optimize`` was decided."""
+        self._payload = payload
         self.optimize = optimize
         self.threads = threads
         self.device = device
-        self.module = module if module is not None else self._load_module(payload, optimize, device)
+        self.choice = choice or OptimizeChoice(optimize, OptimizeReason.REQUESTED)
+        if module is None:
+            module = self._load_module(self.payload, optimize, device)
+        self.module = module
         self._forward = self.module.forward
+
+    @property
+    def payload(self) -> bytes:
+        """The frozen module as a TorchScript archive (``torch.jit.load`` reads it)."""
+        if not isinstance(self._payload, bytes):
+            self._payload = frozen_bytes(self._payload)
+        return self._payload
 
     @staticmethod
     def _load_module(payload: bytes, optimize: bool, device: str) -> torch.jit.ScriptModule:
@@ -121,12 +159,14 @@ class TorchScriptRuntime:
 
     def save(self, directory: Path) -> dict[str, Any]:
         (directory / PAYLOAD).write_bytes(self.payload)
-        return {"file": PAYLOAD, "optimize": self.optimize, "threads": self.threads}
+        return {"file": PAYLOAD, "optimize": self.optimize, "threads": self.threads, "choice": self.choice.to_json()}
 
     @classmethod
     def load(cls, directory: Path, info: dict[str, Any]) -> "TorchScriptRuntime":
         payload = (directory / info.get("file", PAYLOAD)).read_bytes()
-        return cls(payload, optimize=bool(info.get("optimize")), threads=info.get("threads"))
+        optimize = bool(info.get("optimize"))
+        return cls(payload, optimize=optimize, threads=info.get("threads"),
+                   choice=OptimizeChoice.from_json(info.get("choice"), optimize))
 
 
 def frozen_bytes(module: torch.jit.ScriptModule) -> bytes:
@@ -147,35 +187,121 @@ class CpuTarget(Target):
             raise MlcompError(f"target cpu cannot compile for device {options.device!r}",
                               hint="use --target cuda for GPUs")
         with threads(options.threads):
-            payload = frozen_bytes(trace_frozen(graph, inputs))
-            optimize, module = options.optimize, None
-            if optimize is None:   # the timed variant is kept, warmed up
-                plain = TorchScriptRuntime._load_module(payload, False, "cpu")
-                tuned = TorchScriptRuntime._load_module(payload, True, "cpu")
-                optimize = self._optimize_is_faster(plain, tuned, inputs)
-                module = tuned if optimize else plain
-        return TorchScriptRuntime(payload, optimize=optimize, threads=options.threads, module=module)
+            scripted = trace_module(graph, inputs)        # one trace for both variants
+            with torch.no_grad(), quiet_torch():
+                plain = torch.jit.freeze(scripted)
+                tuned = torch.jit.optimize_for_inference(scripted) if options.optimize is not False else None
+            if options.optimize is None:   # the timed variant is kept, warmed up
+                choice = self._choose(plain, tuned, inputs)
+            else:
+                choice = OptimizeChoice(options.optimize, OptimizeReason.REQUESTED)
+        module = tuned if choice.optimize else plain
+        return TorchScriptRuntime(plain, optimize=choice.optimize, threads=options.threads, module=module,
+                                  choice=choice)
 
     @staticmethod
-    def _optimize_is_faster(plain: torch.jit.ScriptModule, tuned: torch.jit.ScriptModule,
-                            inputs: tuple[torch.Tensor, ...]) -> bool:
-        """True if ``optimize_for_inference`` changed the kernels and the timing says it clearly helps.
+    def _choose(plain: torch.jit.ScriptModule, tuned: torch.jit.ScriptModule,
+                inputs: tuple[torch.Tensor, ...]) -> "OptimizeChoice":
+        """Keep ``optimize_for_inference`` if it changed the kernels and the timing says it clearly helps.
 
         When it only folds constant lists (MLPs, attention, GRUs: same kernel calls)
-        there is nothing to time and the plain module is kept; before, every compile
-        paid the interleaved timing (18+ calls of each variant, the optimised one
-        re-specialised by the profiling executor), most of a cold cpu compile.
-        The two are timed interleaved (one call of each per round), so load on a
-        shared machine hits both alike; timed one after the other, a burst of load
-        during one of them decided the choice, and two compiles of one model could
-        differ by 1.5x.  Keeping ``optimize`` needs a 10% win over the median.
+        there is nothing to time and the plain module is kept.  Otherwise the two are
+        timed interleaved (:func:`choose_by_timing`), so load on a shared machine hits
+        both alike.
         """
         if _kernels(plain) == _kernels(tuned):
-            return False
+            return OptimizeChoice(False, OptimizeReason.SAME_KERNELS)
         with torch.no_grad():
-            timing = measure_interleaved({"plain": lambda: plain(*inputs), "tuned": lambda: tuned(*inputs)},
-                                         TimingPolicy(warmup=3, budget_s=0.25, min_repeats=15, max_repeats=2000))
-        return timing["tuned"].median < 0.9 * timing["plain"].median
+            return choose_by_timing(lambda: plain(*inputs), lambda: tuned(*inputs))
+
+
+class OptimizeReason(enum.Enum):
+    """Why a cpu artifact does or does not run ``optimize_for_inference``'s module."""
+
+    REQUESTED = "requested"        # CompileOptions.optimize was given
+    SAME_KERNELS = "same-kernels"  # it changes no kernel call (only constant lists): nothing to time
+    FASTER = "faster"              # timed: the optimised module is clearly faster
+    NOT_FASTER = "not-faster"      # timed: it is not
+
+
+@dataclass(frozen=True)
+class OptimizeChoice:
+    """The decision and its evidence: timed rounds and the median ratio optimised / plain time."""
+
+    optimize: bool
+    reason: OptimizeReason
+    rounds: int = 0
+    ratio: float | None = None
+    decided_early: bool = False    # the sign test decided before the time budget ran out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"optimize": self.optimize, "reason": self.reason.value, "rounds": self.rounds,
+                "ratio": None if self.ratio is None else round(self.ratio, 4), "decided_early": self.decided_early}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None, optimize: bool) -> "OptimizeChoice":
+        if not data:                      # an artifact saved before the choice was recorded
+            return cls(optimize, OptimizeReason.REQUESTED)
+        return cls(bool(data["optimize"]), OptimizeReason(data["reason"]), int(data.get("rounds", 0)),
+                   data.get("ratio"), bool(data.get("decided_early", False)))
+
+
+# The optimised module must take less than THRESHOLD x the plain module's time.
+THRESHOLD = 0.9
+MIN_ROUNDS = 6        # the fewest paired rounds a sign test can decide at ALPHA (two-sided p = 2 / 2**6)
+ALPHA = 0.05
+# 0.25 s of calls per variant; a slow call (or a loaded machine) stops at MIN_ROUNDS, not 15 as before
+TIMING = TimingPolicy(warmup=3, budget_s=0.25, min_repeats=MIN_ROUNDS, max_repeats=2000)
+
+
+def sign_test(ratios: list[float], threshold: float) -> float:
+    """Two-sided sign-test p-value that the median of ``ratios`` is ``threshold`` (ties dropped)."""
+    below = sum(r < threshold for r in ratios)
+    above = sum(r > threshold for r in ratios)
+    n, k = below + above, min(below, above)
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+
+
+def choose_by_timing(plain: Callable[[], Any], tuned: Callable[[], Any], policy: TimingPolicy = TIMING, *,
+                     clock: Clock = time.perf_counter) -> OptimizeChoice:
+    """Time ``plain`` and ``tuned`` in paired rounds and keep ``tuned`` if it takes < THRESHOLD x the time.
+
+    Each is warmed up (``policy.warmup`` calls: TorchScript's profiling executor
+    specialises in its first two).  A round times one call of each, in alternating
+    order; its ratio tuned / plain cancels load that hits both.  After MIN_ROUNDS the
+    rounds stop as soon as a sign test rejects "the median ratio is THRESHOLD" at
+    ALPHA (a clear win or loss: MKLDNN convolutions are often 2x faster or slower);
+    otherwise they go on until ``policy.budget_s`` of calls per variant is spent
+    (and at least ``policy.min_repeats`` rounds).  The decision is the median ratio.
+    """
+    for fn in (plain, tuned):
+        w0 = clock()
+        for _ in range(policy.warmup):
+            fn()
+            if clock() - w0 >= policy.budget_s:     # a slow model: one budget of warm-up is enough
+                break
+    ratios: list[float] = []
+    begin, early = clock(), False
+    while len(ratios) < policy.max_repeats:
+        order = ((0, plain), (1, tuned)) if len(ratios) % 2 == 0 else ((1, tuned), (0, plain))
+        took = [0.0, 0.0]
+        for i, fn in order:
+            start = clock()
+            fn()
+            took[i] = clock() - start
+        ratios.append(took[1] / took[0] if took[0] > 0 else math.inf)
+        n = len(ratios)
+        if n >= MIN_ROUNDS and sign_test(ratios, THRESHOLD) < ALPHA:
+            early = n < policy.min_repeats or clock() - begin < 2 * policy.budget_s
+            break
+        if n >= policy.min_repeats and clock() - begin >= 2 * policy.budget_s:
+            break
+    ratio = median(ratios)
+    faster = ratio < THRESHOLD
+    return OptimizeChoice(faster, OptimizeReason.FASTER if faster else OptimizeReason.NOT_FASTER,
+                          len(ratios), ratio, early)
 
 
 _CONSTANT_PLUMBING = frozenset({"prim::Constant", "prim::ListConstruct"})
