@@ -13,9 +13,16 @@ median per runner (``mlcomp.hardware.timing.measure_interleaved`` per round); th
 average is printed before and after.  ``--threads`` sets torch's and TVM's thread count
 (``TVM_NUM_THREADS`` of this benchmark process only, as ``benchmarks/anchors.py`` does).
 
+``--profile`` (with ``--ablate``): each variant's time per VM call (``profile_calls``: TVM's fused
+loops, the torch kernels), to see where a gap to eager goes.
+
+``--clock thread`` (with ``--threads 1``): CPU seconds of the calling thread, which a busy shared
+machine does not inflate the way it does wall time.
+
 ``--ablate``: also the current build without each of the larger rewrites of the kernel offload
-(``tvm_offload.Fusion``: attention → SDPA, conv/linear epilogues, layer norm) and without any of them
-(``tvm-no-fusion``) and with all (``tvm-all-fusions``: built the same way, no artifact wrapper, the fair
+(``tvm_offload.Fusion``: attention → SDPA, conv/linear epilogues, layer norm, layout views; ``--ablate views``:
+only the named ones, comma-separated) and without any of them
+(``tvm-no-fusion``, plain ``--ablate`` only) and with all (``tvm-all-fusions``: built the same way, no artifact wrapper, the fair
 reference for the others), timed in the same interleaved rounds, to decide which of them pay.
 
 Threads (issue 14): ``tvm-after`` calls torch's kernels, so its TVM code has no parallel loop
@@ -76,7 +83,39 @@ def _rel(expected, actual) -> float:
     return compare(tuple(flatten_outputs(expected)), tuple(flatten_outputs(actual))).max_rel
 
 
-def run(name: str, batch: int, *, before: bool, budget: float, rounds: int, ablate: bool = False) -> dict:
+def profile_calls(module, inputs, repeats: int = 5) -> list[tuple[float, int, str]]:
+    """Per VM call of a built ``TvmModule``: (ms per run, calls per run, function), most expensive first.
+
+    The VM's instrument hook (``VirtualMachine.set_instrument``) stamps ``perf_counter`` before and
+    after every call instruction (TVM fused loops, torch kernels, allocations), on a second VM of the
+    same executable, after two untimed runs.
+    """
+    import collections
+
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(module._ex, tvm.cpu(0))
+    main, spent, started = vm["main"], collections.defaultdict(list), {}
+
+    def hook(_func, symbol, before, _ret, *_args):
+        if before:
+            started[symbol] = time.perf_counter()
+        else:
+            spent[symbol].append(time.perf_counter() - started.pop(symbol))
+        return 0
+
+    with torch.no_grad():
+        for _ in range(2):
+            main(*inputs)
+        vm.set_instrument(hook)
+        for _ in range(repeats):
+            main(*inputs)
+    return sorted(((sum(v) / repeats * 1e3, len(v) // repeats, k) for k, v in spent.items()), reverse=True)
+
+
+def run(name: str, batch: int, *, before: bool, budget: float, rounds: int, ablate: str | None = None,
+        clock=time.perf_counter, profile: bool = False) -> dict:
     from mlcomp.frontend.loading import load_model
     from mlcomp.hardware.timing import TimingPolicy, measure_interleaved
     from mlcomp.targets import CompileOptions, get_target
@@ -99,14 +138,17 @@ def run(name: str, batch: int, *, before: bool, budget: float, rounds: int, abla
         from mlcomp.targets.tvm_offload import ALL_FUSIONS, Fusion
 
         # tvm-all-fusions: the same build as tvm-after without the artifact's call wrapper (threads, checks)
-        variants = ({"tvm-all-fusions": ALL_FUSIONS} | {f"tvm-no-{f.value}": ALL_FUSIONS - {f} for f in Fusion}
-                    | {"tvm-no-fusion": frozenset()})
+        off = list(Fusion) if ablate == "all" else [Fusion(v) for v in ablate.split(",")]
+        variants = ({"tvm-all-fusions": ALL_FUSIONS} | {f"tvm-no-{f.value}": ALL_FUSIONS - {f} for f in off}
+                    | ({"tvm-no-fusion": frozenset()} if ablate == "all" else {}))
         row["ablations"] = list(variants)
         fx = to_fx(graph).eval()
         for label, fusions in variants.items():
             mod = build(fx, inputs, fusions=fusions)
             row[f"err_{label}"] = _rel(expected, mod(*inputs))
             runners[label] = (lambda m: lambda: m(*inputs))(mod)
+            if profile:
+                row[f"profile_{label}"] = [(round(ms, 3), n, fn) for ms, n, fn in profile_calls(mod, inputs)]
     if before:
         t0 = time.perf_counter()
         old = _before_backend().build(to_fx(graph).eval(), inputs)
@@ -119,7 +161,8 @@ def run(name: str, batch: int, *, before: bool, budget: float, rounds: int, abla
         for r in range(rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             got = measure_interleaved({k: runners[k] for k in order},
-                                      TimingPolicy(warmup=1 if r else 3, budget_s=budget / rounds, min_repeats=1))
+                                      TimingPolicy(warmup=1 if r else 3, budget_s=budget / rounds, min_repeats=1),
+                                      clock=clock)
             for k, t in got.items():
                 samples[k].append(t.median)
     for k in names:
@@ -136,7 +179,12 @@ def main() -> None:
     ap.add_argument("--no-before", action="store_true", help="skip the last commit's untuned build (slow)")
     ap.add_argument("--budget", type=float, default=4.0, help="seconds of timing per runner")
     ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--ablate", action="store_true", help="also time the build without each offload fusion")
+    ap.add_argument("--ablate", nargs="?", const="all", default=None,
+                    help="also time the build without each offload fusion (or only those named: --ablate views)")
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="thread: CPU time of the calling thread (with --threads 1, robust to a shared machine)")
+    ap.add_argument("--profile", action="store_true",
+                    help="with --ablate: also time every VM call of each variant (where the time goes)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.set_num_threads(_THREADS)
@@ -145,11 +193,12 @@ def main() -> None:
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             row = run(name, batch, before=not args.no_before, budget=args.budget, rounds=args.rounds,
-                      ablate=args.ablate)
+                      ablate=args.ablate, clock=time.thread_time if args.clock == "thread" else time.perf_counter,
+                      profile=args.profile)
             rows.append(row)
             print(json.dumps(row), flush=True)
     print(f"# load after: {os.getloadavg()}")
-    print(f"threads {_THREADS}")
+    print(f"threads {_THREADS}, clock {args.clock}")
     print("| model@batch | eager ms | tvm before ms | tvm after ms | speedup vs eager | max rel err | compile s "
           "| TVM par. loops |")
     print("|---|---|---|---|---|---|---|---|")
@@ -164,6 +213,11 @@ def main() -> None:
         for r in rows:
             print(f"| {r['model']}@{r['batch']} | {r['eager_ms']} | {r['tvm-after_ms']} | "
                   + " | ".join(str(r[f"{a}_ms"]) for a in ablations) + " |")
+    for r in rows:
+        for label in r.get("ablations", []) if args.profile else []:
+            print(f"\n{r['model']}@{r['batch']} {label}: ms per run, calls, VM function")
+            for ms, n, fn in r[f"profile_{label}"][:12]:
+                print(f"  {ms:9.2f}  x{n:<3d} {fn}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

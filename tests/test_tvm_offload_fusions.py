@@ -65,11 +65,12 @@ def _model(cls, *shape):
 
 @pytest.fixture(scope="module")
 def encoder():
-    from mlcomp.targets.tvm_offload import offload
+    from mlcomp.targets.tvm_offload import ALL_FUSIONS, Fusion, offload
 
     model, x = _model(TinyEncoder, 2, 5, 8)
     module, mod = _relax(model, x)
-    after, report = offload(mod)
+    # the layout chains around the calls (Fusion.VIEWS) have their own tests: tests/test_tvm_views.py
+    after, report = offload(mod, ALL_FUSIONS - {Fusion.VIEWS})
     plain, _ = offload(mod, frozenset())
     return model, x, module, mod, after, report, plain
 
@@ -142,8 +143,10 @@ def test_encoder_report_counts(encoder):
 
 
 def test_encoder_numbers_and_stats_against_eager(encoder):
+    from mlcomp.targets.tvm_offload import ALL_FUSIONS, Fusion
+
     model, x, module, *_ = encoder
-    built = tvm_backend.build(module, (x,))
+    built = tvm_backend.build(module, (x,), fusions=ALL_FUSIONS - {Fusion.VIEWS})
     with torch.no_grad():
         torch.testing.assert_close(built(x)[0], model(x), rtol=1e-5, atol=1e-5)
     kernels = built.stats["kernels"]["kernels"]
@@ -207,3 +210,34 @@ def test_attention_kernel_and_activations_against_torch():
               Activation.GELU: nn.functional.gelu(y), Activation.GELU_TANH: nn.functional.gelu(y, approximate="tanh")}
     for act, want in expect.items():
         torch.testing.assert_close(act.apply(y.clone()), want)
+
+
+class LinearRelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 1024)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+def test_relu_joins_a_large_linear_only():
+    """relu after a linear of ≥ RELU_MIN_ELEMENTS outputs runs in place in torch (linear_relu); a small one
+    stays a TVM loop, as relu after a conv does."""
+    from mlcomp.targets.tvm_offload import RELU_MIN_ELEMENTS, offload
+
+    lines = {}
+    for rows in (1024, 8):
+        model, x = _model(LinearRelu, rows, 16)
+        module, mod = _relax(model, x, capture=False)
+        after, report = offload(mod)
+        lines[rows] = _ops(after["main"]).splitlines()
+        if rows * 1024 >= RELU_MIN_ELEMENTS:
+            built = tvm_backend.build(module, (x,))
+            with torch.no_grad():
+                torch.testing.assert_close(built(x)[0], model(x), rtol=1e-5, atol=1e-5)
+            assert {k: v["count"] for k, v in built.stats["kernels"]["kernels"].items()} == {
+                "mlcomp.torch.linear_relu": 1}
+    assert lines == {1024: ["gv = relax.call_pure_packed(mlcomp.torch.linear_relu, x, const[1024x16], const[1024])"],
+                     8: ["lv2 = relax.call_pure_packed(mlcomp.torch.linear, x, const[1024x16], const[1024])",
+                         "gv = relax.nn.relu(lv2)"]}

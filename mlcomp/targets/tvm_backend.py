@@ -70,6 +70,7 @@ from mlcomp.targets.options import LogLevel
 from mlcomp.hardware.probe import vector_bits
 from mlcomp.targets.tvm_kernels import register_kernels
 from mlcomp.targets.tvm_offload import ALL_FUSIONS, Fusion
+from mlcomp.targets.tvm_views import VIEW_MIN_ELEMENTS
 from mlcomp.targets.tvm_offload import offload as offload_to_kernels
 from mlcomp.targets.tvm_schedules import default_rules, parallel_loops, schedule_counts
 from mlcomp.targets.tvm_scope import TvmScope
@@ -178,7 +179,7 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
           work_dir: str | None = None, offload: bool = True, build_timeout: float = 180.0,
           run_timeout: float = 60.0, log_level: LogLevel = LogLevel.WARNING,
           worker_torch: bool = False, kernels: bool | None = None,
-          fusions: frozenset[Fusion] = ALL_FUSIONS,
+          fusions: frozenset[Fusion] = ALL_FUSIONS, view_min_elements: int = VIEW_MIN_ELEMENTS,
           progress: Callable[[int, int, str], None] | None = None) -> "TvmModule":
     """Compile ``module`` for the exact shapes/dtypes of ``example_inputs``.
 
@@ -193,7 +194,8 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
     default: on for an untuned CPU build without a tuning database (``work_dir`` holding
     records), off otherwise
     (a database holds TVM's own tuned matmul/conv kernels).  ``fusions``: which larger rewrites
-    the kernel offload also applies (attention, epilogues, layer norm).  ``progress(done, total,
+    the kernel offload also applies (attention, epilogues, layer norm, views); ``view_min_elements``: the
+    smallest layout copy the views rewrite moves into a torch call.  ``progress(done, total,
     message)``: called after every tuning batch.
     """
     import torch
@@ -226,7 +228,7 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
             kernels = target.kind.name == "llvm" and not use_db
         if kernels:
             register_kernels()
-            mod, report = offload_to_kernels(mod, fusions)
+            mod, report = offload_to_kernels(mod, fusions, view_min_elements)
             stats["kernels"] = report.to_json()
         mod = _lower_to_tir(mod, target)
         if use_db:

@@ -12,7 +12,9 @@ slices equal) is that one ``[K, N]`` weight again.  The :class:`Fusion` rewrites
 TVM's code is serial next to torch's kernels, so work that sits between them gets torch's
 threads) also send ``softmax`` attention to ``scaled_dot_product_attention``, a conv's bias
 add and an activation after a conv/linear into its call (``linear_relu``, ``conv2d_sigmoid``),
-and a (residual add +) layer norm to ``F.layer_norm``.
+and a (residual add +) layer norm to ``F.layer_norm``; last, the layout chains around those calls
+(permutes, q/k/v split out of an in-projection, heads merged) become strided views the torch call
+reads and one torch-side copy of its result (:mod:`mlcomp.targets.tvm_views`).
 Everything else (pooling, permutes, means, the arithmetic of an unfolded BatchNorm) stays
 in Relax, so TVM legalizes and fuses it as before.
 Matrix–vector products go to torch too: measured on the zoo (mlp and gru at batch 1,
@@ -42,16 +44,21 @@ from enum import Enum
 from typing import Any
 
 from mlcomp.targets.tvm_kernels import KERNELS, Activation, epilogue_kernel, kernel_library
+from mlcomp.targets.tvm_views import VIEW_MIN_ELEMENTS, absorb_views
 
 __all__ = ["ALL_FUSIONS", "Fusion", "OffloadReport", "offload"]
 
 _CONV = "relax.nn.conv2d"
 _MATMUL = "relax.matmul"
 _PACKED = "relax.call_pure_packed"
-# relu stays in TVM: fused with a conv's bias/BatchNorm shift it is one cheap pass, and torch's extra
-# relu_ pass measured slower (resnet18@32, 2 threads: 245 vs 224 ms; mlp 2 % slower)
+_LINEAR = "mlcomp.torch.linear"
+# relu after a conv stays in TVM: fused with the conv's bias/BatchNorm shift it is one cheap pass, and
+# torch's extra relu_ pass measured slower (resnet18@32, 2 threads: 245 vs 224 ms; mlp 2 % slower).
+# After a linear with at least RELU_MIN_ELEMENTS outputs it goes in place on torch's threads: TVM's
+# serial relu of the zoo transformer's FFN (32×128×1024) took 7.6 ms of 356 at one thread.
 _ACTIVATIONS = {"relax.sigmoid": Activation.SIGMOID, "relax.nn.gelu": Activation.GELU,
-                "relax.nn.gelu_tanh": Activation.GELU_TANH}
+                "relax.nn.gelu_tanh": Activation.GELU_TANH, "relax.nn.relu": Activation.RELU}
+RELU_MIN_ELEMENTS = 1 << 20
 
 
 class Fusion(Enum):
@@ -60,6 +67,7 @@ class Fusion(Enum):
     ATTENTION = "attention"       # decomposed softmax attention → torch's scaled_dot_product_attention
     EPILOGUE = "epilogue"         # conv bias add, activation after a conv/linear → into its torch call
     LAYER_NORM = "layer_norm"     # (residual add +) layer norm → F.layer_norm
+    VIEWS = "views"               # layout chains around a torch call → strided views in, a torch copy out
 
 
 ALL_FUSIONS = frozenset(Fusion)
@@ -154,10 +162,12 @@ def _bias_of(add: Any, product: Any, weight: Any, bias: Any) -> bool:
             and str(_ty(bias).dtype) == "float32" and _static_shape(add) == _static_shape(product))
 
 
-def offload(mod: Any, fusions: frozenset[Fusion] = ALL_FUSIONS) -> tuple[Any, OffloadReport]:
+def offload(mod: Any, fusions: frozenset[Fusion] = ALL_FUSIONS,
+            view_min_elements: int = VIEW_MIN_ELEMENTS) -> tuple[Any, OffloadReport]:
     """``mod`` with its float32 conv2d and matmul calls sent to the torch kernels; see the module doc.
 
-    ``fusions``: which of the larger rewrites (:class:`Fusion`) also apply.
+    ``fusions``: which of the larger rewrites (:class:`Fusion`) also apply.  ``view_min_elements``:
+    the smallest layout copy :data:`Fusion.VIEWS` moves into a torch call (attention's views: any).
     """
     import numpy as np
     import tvm
@@ -208,6 +218,8 @@ def offload(mod: Any, fusions: frozenset[Fusion] = ALL_FUSIONS) -> tuple[Any, Of
             func = _epilogues(func)
         if Fusion.LAYER_NORM in fusions:
             func = _layer_norms(func)
+        if Fusion.VIEWS in fusions:
+            func = absorb_views(func, view_min_elements)
         out[gv] = func
         relax.analysis.post_order_visit(func, lambda e: _count(e, report))
     return out, report
@@ -311,6 +323,9 @@ def _epilogues(func: Any) -> Any:
     once = _single_use(func)
     for op, act in _ACTIVATIONS.items():
         def fuse(call: Any, m: Any, act: Activation = act) -> Any:
+            if act is Activation.RELU and (biased in m or str(m[inner].args[0].global_symbol) != _LINEAR
+                                           or int(np.prod(_static_shape(call) or (0,))) < RELU_MIN_ELEMENTS):
+                return call
             if biased in m:   # conv + bias add + act: the bias rides in the conv, the act after it
                 c = m[conv]
                 channels = _static_shape(c)[1] if _static_shape(c) else None
