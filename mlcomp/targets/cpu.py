@@ -40,15 +40,15 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
 import torch
-from mlcomp.targets.artifact import RuntimeKind
-from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
-from mlcomp.targets.capabilities import TORCH_CPU
-from mlcomp.targets.codegen import to_fx
 
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.quiet import quiet_torch
 from mlcomp.hardware.timing import Clock, TimingPolicy, median
 from mlcomp.ir import Graph, Mode
+from mlcomp.targets.artifact import RuntimeKind
+from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
+from mlcomp.targets.capabilities import TORCH_CPU
+from mlcomp.targets.codegen import to_fx
 
 __all__ = ["CpuTarget", "OptimizeChoice", "OptimizeReason", "TorchScriptRuntime", "choose_by_timing",
            "trace_frozen", "trace_module", "threads"]
