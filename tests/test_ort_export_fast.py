@@ -12,11 +12,12 @@ from collections import Counter
 
 import pytest
 import torch
-from mlcomp.targets import CompileOptions, get_target, onnx_export
+from mlcomp.targets import CompileOptions, onnx_export
 from mlcomp.targets.artifact import Artifact
 from mlcomp.targets.codegen import to_fx
 from mlcomp.targets.onnx_export import DIRECT, PUBLIC, export_model, translatable
 from mlcomp.targets.onnx_patterns import ort_friendly
+from mlcomp.targets.onnxruntime import OnnxRuntimeTarget
 from torch import fx
 
 from mlcomp.base.quiet import quiet_converter
@@ -110,16 +111,21 @@ def test_direct_graph_equals_the_torch_onnx_graph(both_paths, name):
     torch.testing.assert_close(ours, eager, rtol=1e-4, atol=1e-5)
 
 
+OFF = "it was turned off (emit=False)"     # mlcomp's emitter (tests/test_onnx_emit.py) not asked
+
+
 @pytest.mark.parametrize("name", ["mlp", "lenet"])
 def test_the_target_takes_the_direct_path_and_says_so(captured, name, tmp_path):
+    """Where mlcomp's emitter does not run, the direct path exports; the record says both."""
     module, inputs, graph = captured(name)
-    art = get_target("onnxruntime").compile(graph, CompileOptions())
-    assert art.runtime.stats == {"onnx_export": "direct"}
-    assert art.runtime.explain_lines() == [onnx_export.ExportRecord(DIRECT).line()]
+    art = OnnxRuntimeTarget(emit=False).compile(graph, CompileOptions())
+    assert art.runtime.stats == {"onnx_export": "direct", "onnx_emitter_declined": OFF}
+    assert art.runtime.explain_lines() == [onnx_export.ExportRecord(DIRECT, declined=OFF).line()]
+    assert art.runtime.explain_lines()[0].startswith("ONNX export: direct (ExportedProgram built from the IR")
     with torch.no_grad():
         torch.testing.assert_close(art(*inputs), module(*inputs), rtol=1e-4, atol=1e-5)
     again = Artifact.load(art.save(tmp_path / name))
-    assert again.runtime.stats == {"onnx_export": "direct"}
+    assert again.runtime.stats == {"onnx_export": "direct", "onnx_emitter_declined": OFF}
 
 
 def test_a_failing_direct_path_falls_back_and_records_why(captured):
@@ -144,10 +150,21 @@ def test_missing_private_api_falls_back_in_the_target(captured, monkeypatch):
     module, inputs, graph = captured("mlp")
     missing = ("torch.onnx._internal.exporter._core", "_no_such_function")
     monkeypatch.setattr(onnx_export, "PINNED", (*onnx_export.PINNED, missing))
-    art = get_target("onnxruntime").compile(graph, CompileOptions())
+    art = OnnxRuntimeTarget(emit=False).compile(graph, CompileOptions())
     assert art.runtime.stats["onnx_export"] == PUBLIC
     assert art.runtime.stats["onnx_export_reason"] == \
         "this torch/onnxscript has no torch.onnx._internal.exporter._core._no_such_function"
     assert "torch.onnx.export(dynamo=True), because this torch/onnxscript has no" in art.runtime.explain_lines()[0]
     with torch.no_grad():
         torch.testing.assert_close(art(*inputs), module(*inputs), rtol=1e-4, atol=1e-5)
+
+
+def test_every_emitter_op_is_also_translatable_by_torchlib():
+    """``explain_op`` answers from mlcomp's emitter first; where the emitter then declines a graph (a symbolic
+    size, bf16, an argument it does not match) torchlib must still translate the op, or torch decompose it."""
+    from torch._decomp import decomposition_table
+
+    from mlcomp.targets.onnx_emit import RULES
+
+    missing = [str(op) for op in RULES if not translatable(op.resolve()) and op.resolve() not in decomposition_table]
+    assert not missing

@@ -16,6 +16,9 @@ functions its ops need, and hands it to torch.onnx's translation step::
     resnet18 (ONNX nodes)        48                          48, same ops and value names
     record                       -                           ExportRecord("direct")
 
+The ``onnxruntime`` target first tries mlcomp's own emitter (:mod:`mlcomp.targets.onnx_emit`,
+``ExportRecord("mlcomp")``), which needs neither; this path runs where the emitter declines.
+
 The private torch.onnx names it uses are pinned in :data:`PINNED`; when one is
 missing or the direct path raises, :func:`export_model` runs the public
 exporter and the record says why.  :func:`translatable` answers "does torchlib translate this
@@ -45,7 +48,8 @@ from torch.utils import _pytree as pytree
 
 from mlcomp.base.quiet import quiet_converter
 
-__all__ = ["PINNED", "ExportRecord", "direct_program", "export_model", "missing_private_api", "translatable"]
+__all__ = ["MLCOMP", "DIRECT", "PUBLIC", "PINNED", "ExportRecord", "direct_program", "export_model",
+           "missing_private_api", "translatable"]
 
 # every private torch.onnx name the direct path touches: (module, attribute)
 PINNED = (
@@ -62,27 +66,34 @@ PINNED = (
     ("onnxscript.function_libs.torch_lib.registration", "default_registry"),
     ("onnxscript.function_libs.torch_lib.ops", "__name__"),     # importing it fills the registry
 )
-DIRECT, PUBLIC = "direct", "torch.onnx"
+MLCOMP, DIRECT, PUBLIC = "mlcomp", "direct", "torch.onnx"
 DEFAULT_OPSET = 20      # torch.onnx.export's default (torch.onnx._constants.ONNX_DEFAULT_OPSET)
 
 
 @dataclass(frozen=True)
 class ExportRecord:
-    """Which exporter produced the model (``"direct"`` or ``"torch.onnx"``) and, for the latter, why."""
+    """Which exporter produced the model: ``"mlcomp"`` (:mod:`mlcomp.targets.onnx_emit`), ``"direct"`` or
+    ``"torch.onnx"``; why torch.onnx ran (``reason``) and why the emitter declined (``declined``)."""
 
     path: str
     reason: str | None = None
+    declined: str | None = None
 
     def to_stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"onnx_export": self.path}
         if self.reason:
             out["onnx_export_reason"] = self.reason
+        if self.declined:
+            out["onnx_emitter_declined"] = self.declined
         return out
 
     def line(self) -> str:
+        if self.path == MLCOMP:
+            return "ONNX export: mlcomp's emitter (ONNX nodes written from the IR, no torch.onnx)"
+        why = f"; mlcomp's emitter declined: {self.declined}" if self.declined else ""
         if self.path == DIRECT:
-            return "ONNX export: direct (ExportedProgram built from the IR, registry of its ops only)"
-        return f"ONNX export: torch.onnx.export(dynamo=True), because {self.reason}"
+            return f"ONNX export: direct (ExportedProgram built from the IR, registry of its ops only){why}"
+        return f"ONNX export: torch.onnx.export(dynamo=True), because {self.reason}{why}"
 
 
 def _pinned(module: str, attr: str) -> Any:

@@ -11,12 +11,14 @@ one ONNX ``GRU``, broadcast-weight ``bmm`` back to ``Gemm``, the safe-softmax
 guard as torch.onnx's ``IsNaN`` + ``Where``), checked against the graph on the example inputs;
 ``art.runtime.rewritten`` (saved in the manifest) says what changed.
 
-Export translates core ATen with onnxscript's torchlib (the legacy TorchScript
-exporter fails on fused transformer layers): by the direct path of
+Export: mlcomp's own emitter (:mod:`mlcomp.targets.onnx_emit`: ONNX nodes written
+from the IR with ``onnx.helper``, no torch.onnx, no onnxscript) when it covers every
+node; else torchlib (onnxscript) translates core ATen: by the direct path of
 :mod:`mlcomp.targets.onnx_export` (an ``ExportedProgram`` built from the IR, no
 re-tracing, a registry of the graph's ops only), or by ``torch.onnx.export(...,
 dynamo=True)`` when that path cannot run; ``art.runtime.stats["onnx_export"]``
-says which (``--explain`` says why).  Then ``onnx.checker``, then an
+says which (``"mlcomp"``, ``"direct"``, ``"torch.onnx"``; ``--explain`` says why the
+emitter declined).  Then ``onnx.checker``, then an
 ``InferenceSession`` with ``ORT_ENABLE_ALL`` graph optimisations on the CPU
 execution provider (CUDA EP for ``device="cuda"`` when present).
 
@@ -25,9 +27,10 @@ directly: inputs are handed over as zero-copy numpy views, the session's C++
 ``run`` is called with the output names resolved once, and outputs become
 torch tensors without copying (``torch.from_numpy``).
 
-``supports(node)`` asks the exporter's registries by name (no torchlib function
-is parsed): an op is supported when torchlib translates it or when a core ATen
-decomposition exists for it.
+``supports(node)`` asks the emitter's table first, then the exporter's registries
+by name (no torchlib function is parsed): an op is supported when the emitter or
+torchlib translates it or when a core ATen decomposition exists for it.  A model the
+emitter covers never imports onnxscript.
 
 Mixed precision: a graph with bf16/fp16 values exports with ``Cast`` nodes and
 low-precision initializers; nodes the execution provider has no kernel for in
@@ -50,7 +53,8 @@ from mlcomp.targets.backend_errors import first_error
 from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
 from mlcomp.targets.capabilities import REAL_DTYPES, Capabilities, DeviceKind
 from mlcomp.targets.codegen import to_fx
-from mlcomp.targets.onnx_export import ExportRecord, export_model, translatable
+from mlcomp.targets.onnx_emit import emit_model, emittable
+from mlcomp.targets.onnx_export import DEFAULT_OPSET, MLCOMP, ExportRecord, export_model, translatable
 from mlcomp.targets.onnx_patterns import ort_friendly
 from mlcomp.targets.ort_precision import KernelTable, keep_unsupported_fp32, summarize
 
@@ -76,8 +80,6 @@ def export_onnx_recorded(module: torch.nn.Module, inputs: tuple[torch.Tensor, ..
                          direct: bool = True) -> tuple[bytes, ExportRecord]:
     """The serialised, ``onnx.checker``-checked model of a :func:`to_fx` module, and which exporter made it
     (:func:`mlcomp.targets.onnx_export.export_model`: direct, or ``torch.onnx.export(dynamo=True)``)."""
-    import onnx
-
     with quiet_converter():
         try:
             proto, record = export_model(module, inputs, opset=opset, dynamic_shapes=dynamic_shapes,
@@ -88,6 +90,13 @@ def export_onnx_recorded(module: torch.nn.Module, inputs: tuple[torch.Tensor, ..
                 f"exporting {name} to ONNX failed: {failure.message}",
                 where=failure.where() or "torch.onnx.export(dynamo=True)",
                 hint="The cpu target (TorchScript) runs every op: use --target cpu, or --target tvm") from None
+    return checked(proto, name), record
+
+
+def checked(proto: Any, name: str) -> bytes:
+    """``proto`` serialised, after ``onnx.checker`` accepted it (else a :class:`TargetCompileError`)."""
+    import onnx
+
     model = proto.SerializeToString()
     try:
         onnx.checker.check_model(model)      # the bytes: check_model would serialise the proto again
@@ -95,7 +104,7 @@ def export_onnx_recorded(module: torch.nn.Module, inputs: tuple[torch.Tensor, ..
         raise TargetCompileError(f"the ONNX model exported from {name} is invalid: {str(exc).splitlines()[0]}",
                                  where="onnx.checker.check_model",
                                  hint="report this with the model; meanwhile use --target cpu") from None
-    return model, record
+    return model
 
 
 def make_session(model: bytes | str, *, threads: int | None = None, device: str = "cpu"):
@@ -125,7 +134,7 @@ class OrtRuntime:
                  precision: dict[str, Any] | None = None, rewritten: dict[str, Any] | None = None,
                  stats: dict[str, Any] | None = None) -> None:
         self.model = model
-        self.stats = dict(stats or {})  # onnx_export: "direct" | "torch.onnx", onnx_export_reason
+        self.stats = dict(stats or {})  # onnx_export: "mlcomp" | "direct" | "torch.onnx"; why
         self.precision = precision      # nodes kept fp32 for lack of a low-precision kernel
         self.rewritten = rewritten      # what onnx_patterns.ort_friendly rewrote before export
         self.threads = threads
@@ -161,7 +170,8 @@ class OrtRuntime:
         path = self.stats.get("onnx_export")
         if path is None:
             return []
-        return [ExportRecord(path, self.stats.get("onnx_export_reason")).line()]
+        return [ExportRecord(path, self.stats.get("onnx_export_reason"),
+                             self.stats.get("onnx_emitter_declined")).line()]
 
     @classmethod
     def load(cls, directory: Path, info: dict[str, Any]) -> "OrtRuntime":
@@ -178,14 +188,15 @@ def _as_numpy(t: torch.Tensor) -> Any:
 
 class OnnxRuntimeTarget(Target):
     name = "onnxruntime"
-    description = "torch.onnx.export (dynamo) → ONNX Runtime, ORT_ENABLE_ALL, CPU EP (CUDA EP if present)"
+    description = "ONNX (mlcomp's emitter, else torch.onnx) → ONNX Runtime, ORT_ENABLE_ALL, CPU EP (CUDA EP if any)"
     rewrites = frozenset({Rewrite.CLEANUP})   # fuses and folds weights on its own: presets skip both
     # inputs and outputs cross as numpy arrays, and numpy has no bfloat16
     capabilities = Capabilities(io_dtypes=REAL_DTYPES - {torch.bfloat16},
                                 devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}))
 
-    def __init__(self) -> None:
+    def __init__(self, *, emit: bool = True) -> None:
         self._kernels: dict[str, KernelTable] = {}    # provider -> what it runs in bf16/fp16 (cached)
+        self.emit = emit      # False: always export through torchlib (tests and benchmarks compare the two)
 
     def lower_precision(self, model: bytes, device: str = "cpu") -> tuple[bytes, dict[str, Any] | None]:
         """``model`` with the nodes ORT cannot run in bf16/fp16 kept in fp32; ``None`` record if none are low."""
@@ -211,6 +222,8 @@ class OnnxRuntimeTarget(Target):
             return None  # symbolic size arithmetic is traced away by the exporter
         if op.namespace not in (Namespace.ATEN, Namespace.PRIMS):
             return f"{op} has no ONNX translation"
+        if emittable(op):              # mlcomp's emitter: answered without importing torchlib
+            return None
         overload = op.resolve()
         if translatable(overload):     # by name: building torchlib's registry parses ~1000 functions
             return None
@@ -223,13 +236,19 @@ class OnnxRuntimeTarget(Target):
     def build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...]) -> OrtRuntime:
         # mode, dtypes (numpy ones at the boundary) and device were checked by compile()
         graph, rewritten = ort_friendly(graph, inputs)     # what ORT's fusions match (onnx_patterns)
-        module = to_fx(graph).eval()
-        dynamic = None
-        if any(n.tensor_meta.is_dynamic for n in graph.input_nodes):
-            dynamic = tuple({i: torch.export.Dim.DYNAMIC for i, d in enumerate(n.tensor_meta.shape)
-                             if isinstance(d, str)} for n in graph.input_nodes)
-        model, record = export_onnx_recorded(module, inputs, opset=options.opset, dynamic_shapes=dynamic,
-                                             name=graph.name)
+        emitted = emit_model(graph, opset=options.opset or DEFAULT_OPSET) if self.emit else None
+        if emitted is not None and emitted.model is not None:
+            model, record = checked(emitted.model, graph.name), ExportRecord(MLCOMP)
+        else:
+            module = to_fx(graph).eval()
+            dynamic = None
+            if any(n.tensor_meta.is_dynamic for n in graph.input_nodes):
+                dynamic = tuple({i: torch.export.Dim.DYNAMIC for i, d in enumerate(n.tensor_meta.shape)
+                                 if isinstance(d, str)} for n in graph.input_nodes)
+            model, record = export_onnx_recorded(module, inputs, opset=options.opset, dynamic_shapes=dynamic,
+                                                 name=graph.name)
+            declined = emitted.declined if emitted is not None else "it was turned off (emit=False)"
+            record = ExportRecord(record.path, record.reason, declined)
         precision = None
         if _has_low_precision(graph):
             model, precision = self.lower_precision(model, self.device(options))
