@@ -40,13 +40,15 @@ def test_fresh_process_reload_and_plain_tvm_runtime(built):
 
 
 def test_manifest_and_explain_say_which_op_runs_where(built):
-    """resnet18: every conv2d and the classifier's linear in torch's kernels, nothing left unscheduled."""
+    """resnet18: every conv2d (channels-last, epilogues fused: issue 14) and the classifier's linear in
+    torch's kernels, nothing left unscheduled."""
     info = built["resnet18"].artifact.manifest["runtime_info"]
     kernels = {k: v["count"] for k, v in info["kernels"]["kernels"].items()}
-    assert kernels == {"mlcomp.torch.conv2d": 20, "mlcomp.torch.linear": 1}
+    assert kernels == {"mlcomp.torch.conv2d_cl": 3, "mlcomp.torch.conv2d_cl_add_relu": 8,
+                       "mlcomp.torch.conv2d_cl_relu": 9, "mlcomp.torch.linear": 1}
     assert info["schedules"]["unscheduled"] == 0
     lines = built["resnet18"].artifact.runtime.explain_lines()
-    assert lines[0].startswith("conv2d ×20 → torch ") and "mlcomp.torch.conv2d" in lines[0]
+    assert lines[0].startswith("conv2d ×3 → torch ") and "mlcomp.torch.conv2d_cl" in lines[0]
     assert any(ln.startswith("TVM kernels: ") for ln in lines)
 
 
@@ -135,17 +137,20 @@ def test_tuning_database_is_reused_across_compiles(tmp_path):
         assert torch.allclose(second(x), module(x), atol=1e-5)
     second.save(tmp_path / "art")
     assert Artifact.load(tmp_path / "art").manifest["runtime_info"]["tuned"] is True
-    # untuned compile pointed at the database: its records are used, nothing is tuned, no vendor kernels
+    # untuned compile pointed at the database: its records are used for what TVM runs, nothing is tuned;
+    # the vendor kernels stay and the untuned build competed (issue 14)
     third = get_target("tvm").compile(graph, CompileOptions(work_dir=str(tmp_path / "db")))
-    assert third.runtime.tuned and third.runtime.stats["trials_run"] == 0 and "kernels" not in third.runtime.stats
+    assert third.runtime.tuned and third.runtime.stats["trials_run"] == 0 and third.runtime.stats["kernels"]["kernels"]
+    assert third.runtime.stats["tuning_decision"]["winner"] in ("tuned", "untuned")
 
 
 @pytest.mark.slow
 def test_a_second_model_with_the_same_linear_reuses_its_records(tmp_path):
-    """Two models sharing Linear(32, 32)+ReLU at batch 2: the second tunes only its new task."""
+    """Two models sharing Linear(32, 32)+ReLU at batch 2: the second tunes only its new task (the linears
+    run in torch's kernels: TVM's tasks are the relu and the tanh)."""
     torch.manual_seed(0)
     a = nn.Sequential(nn.Linear(32, 32), nn.ReLU()).eval()
-    b = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    b = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8), nn.Tanh()).eval()
     x = torch.randn(2, 32)
     db = str(tmp_path / "shared-db")
     tvm = get_target("tvm")
@@ -153,7 +158,9 @@ def test_a_second_model_with_the_same_linear_reuses_its_records(tmp_path):
     first = tvm.tune(load_model(a, example_inputs=(x,)).capture(), CompileOptions(tune_trials=4, work_dir=db),
                      progress=lambda done, total, msg: seen.append((done, total)))
     assert first.stats["tasks"] == 1 and first.stats["tasks_reused"] == [] and first.stats["trials_run"] == 4
-    assert seen and seen[-1] == (4, 4) and all(d <= t for d, t in seen)
+    # next to torch's kernels the search space has no parallel loops: a relu's few distinct schedules can run
+    # out before the budget, so progress ends at or below it
+    assert seen and seen[-1][1] == 4 and all(d <= t for d, t in seen) and [d for d, _ in seen] == sorted(d for d, _ in seen)
     second = tvm.tune(load_model(b, example_inputs=(x,)).capture(), CompileOptions(tune_trials=4, work_dir=db))
     assert second.stats["tasks"] == 2 and len(second.stats["tasks_reused"]) == 1
     assert second.stats["trials_run"] == 2                   # the new task's share only

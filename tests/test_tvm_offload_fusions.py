@@ -224,7 +224,8 @@ class LinearRelu(nn.Module):
 def test_relu_joins_a_large_linear_only():
     """relu after a linear of ≥ RELU_MIN_ELEMENTS outputs runs in place in torch (linear_relu); a small one
     stays a TVM loop, as relu after a conv does."""
-    from mlcomp.targets.tvm_offload import RELU_MIN_ELEMENTS, offload
+    from mlcomp.targets.tvm_epilogues import RELU_MIN_ELEMENTS
+    from mlcomp.targets.tvm_offload import offload
 
     lines = {}
     for rows in (1024, 8):

@@ -12,7 +12,8 @@ in torch's oneDNN/MKL kernels through packed functions (:mod:`tvm_offload`,
 Reduction rules and mlcomp's ParallelVector (:mod:`tvm_schedules`); or MetaSchedule
 with a budget of ``tune_trials`` trials (:meth:`TvmTarget.tune`, ``mlcomp tune``).
 ``work_dir`` holds the tuning database, shared across models by task workload; a
-build given a ``work_dir`` with records uses them (no vendor kernels then).
+build given a ``work_dir`` with records uses them for what TVM runs (the vendor kernels stay; the
+untuned build competes and the faster one is kept, issue 14).
 ``art.runtime.explain_lines()`` says which op ran where.  Shapes are static: another
 batch size needs another compile.
 
@@ -98,7 +99,8 @@ class TvmRuntime:
             files = self.module.save(str(directory))
         return {"files": files, "device": self.module.device, "tuned": self.tuned, "threads": self.threads,
                 "stats": {k: v for k, v in self.stats.items() if isinstance(v, (int, float, str, bool))},
-                "kernels": self.stats.get("kernels"), "schedules": self.stats.get("schedules")}
+                "kernels": self.stats.get("kernels"), "schedules": self.stats.get("schedules"),
+                "conv_layout": self.stats.get("conv_layout"), "tuning_decision": self.stats.get("tuning_decision")}
 
     def explain_lines(self) -> list[str]:
         """Where each heavy op runs and how the rest was scheduled, one line each (``--explain``)."""
@@ -113,6 +115,13 @@ class TvmRuntime:
             if sched.get("parallel") is False:
                 lines.append("TVM kernels run serially: torch's kernels own the cores (TVM's thread pool, spinning "
                              "after each parallel loop, would take them from torch's)")
+        layout = self.stats.get("conv_layout")
+        if layout:
+            lines.append(f"convolutions {layout['layout']}: {layout['reason']}")
+        decision = self.stats.get("tuning_decision")
+        if decision:
+            lines.append(f"tuned build {decision['tuned_ms']} ms vs untuned {decision['untuned_ms']} ms: "
+                         f"kept the {decision['winner']} one")
         if "tasks" in self.stats:
             lines.append(f"MetaSchedule database {self.stats.get('work_dir')}: {self.stats['tasks']} tasks, "
                          f"{len(self.stats.get('tasks_reused', []))} reused, {self.stats.get('trials_run', 0)} "

@@ -18,7 +18,9 @@ Scheduling
     VM never starts TVM's thread pool; ``stats["kernels"]`` and ``stats["schedules"]``
     (``parallel``, ``parallel_loops``) say what went where.  CUDA gets the
     DLight GPU rules.  ``tune_trials > 0``: MetaSchedule.  ``tune_trials``
-    is the TOTAL trial budget of a build, shared evenly by the extracted tasks;
+    is the TOTAL trial budget of a build (issue 14: a tuned CPU build keeps the torch kernels and tunes
+    only what TVM itself runs, with no parallel loops; it is timed against the untuned build of the same
+    module and the faster one is returned, ``stats["tuning_decision"]``), shared evenly by the extracted tasks;
     the ledger ``mlcomp_ledger.json`` counts trials per (target, task workload), so a
     task tuned to its share by any earlier build (of any model) with a valid record
     is reused (``stats["tasks_reused"]``) and only the other tasks are tuned.
@@ -64,11 +66,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Callable
+import weakref
+from typing import Any, Callable, Mapping
 
 from mlcomp.targets.options import LogLevel
 from mlcomp.hardware.probe import vector_bits
-from mlcomp.targets.tvm_kernels import register_kernels
+from mlcomp.hardware.timing import TimingPolicy, measure_interleaved
+from mlcomp.targets.tvm_conv_packed import channels_last_reason, to_channels_last
+from mlcomp.targets.tvm_kernels import PACKED_WEIGHTS, register_kernels
 from mlcomp.targets.tvm_offload import ALL_FUSIONS, Fusion
 from mlcomp.targets.tvm_views import VIEW_MIN_ELEMENTS
 from mlcomp.targets.tvm_offload import offload as offload_to_kernels
@@ -180,7 +185,8 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
           run_timeout: float = 60.0, log_level: LogLevel = LogLevel.WARNING,
           worker_torch: bool = False, kernels: bool | None = None,
           fusions: frozenset[Fusion] = ALL_FUSIONS, view_min_elements: int = VIEW_MIN_ELEMENTS,
-          progress: Callable[[int, int, str], None] | None = None) -> "TvmModule":
+          progress: Callable[[int, int, str], None] | None = None,
+          clock: Callable[[], float] = time.perf_counter) -> "TvmModule":
     """Compile ``module`` for the exact shapes/dtypes of ``example_inputs``.
 
     ``device``: "cpu" (LLVM for this host) or "cuda".  ``tune_trials``: total
@@ -190,10 +196,9 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
     wheel; recorded in ``stats["offload"]``).  ``build_timeout``/``run_timeout``:
     seconds per MetaSchedule candidate build/measurement.  ``log_level``: console
     verbosity.  ``worker_torch``: let MetaSchedule workers import torch.
-    ``kernels``: send float32 conv2d/matmul to torch's kernels (:mod:`tvm_offload`);
-    default: on for an untuned CPU build without a tuning database (``work_dir`` holding
-    records), off otherwise
-    (a database holds TVM's own tuned matmul/conv kernels).  ``fusions``: which larger rewrites
+    ``kernels``: send float32 conv2d/matmul to torch's kernels (:mod:`tvm_offload`; convs channels-last
+    and prepacked where :mod:`tvm_conv_packed`'s rule allows, ``stats["conv_layout"]``); default: on for
+    CPU, tuned or not.  ``clock``: the timer of the tuned-vs-untuned comparison.  ``fusions``: which larger rewrites
     the kernel offload also applies (attention, epilogues, layer norm, views); ``view_min_elements``: the
     smallest layout copy the views rewrite moves into a torch call.  ``progress(done, total,
     message)``: called after every tuning batch.
@@ -214,6 +219,7 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
                 ep = torch.export.export(module, tuple(example_inputs))
         finally:
             module.train(was_training)
+        _skip_empty_cat_inputs(ep)
         n_out = len(ep.graph_signature.user_outputs)
         # a single output comes back as a bare tensor: saves unpacking a tvm-ffi Array per call
         mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=n_out == 1)
@@ -224,26 +230,82 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
             stats["offload"] = {"requested": False, "applied": []}
         mod = _prepare(mod, target)
         use_db = tune_trials > 0 or bool(work_dir and os.path.exists(os.path.join(work_dir, _RECORDS)))
-        if kernels is None:
-            kernels = target.kind.name == "llvm" and not use_db
+        if kernels is None:   # tuned builds too: the database then holds only what TVM itself runs
+            kernels = target.kind.name == "llvm"
         if kernels:
             register_kernels()
+            if Fusion.PACKED_CONV in fusions:
+                mod = _conv_layout(mod, target, stats)
             mod, report = offload_to_kernels(mod, fusions, view_min_elements)
             stats["kernels"] = report.to_json()
+            stats["packed_weight_keys"] = list(report.packed)
         mod = _lower_to_tir(mod, target)
-        if use_db:
-            mod = tune(mod, target, tune_trials, work_dir or os.path.join(scope.tmp, "tuning"), stats, scope,
-                        build_timeout=build_timeout, run_timeout=run_timeout, progress=progress)
-            if not work_dir:
-                stats["work_dir"] = None   # it was the private folder, gone after the build
         # torch's kernels in the module: torch's thread pool owns the cores, TVM's code stays serial
         calls_torch = bool(kernels and stats["kernels"]["kernels"])
+        untuned = None
+        if use_db:
+            untuned = mod if calls_torch else None
+            mod = tune(mod, target, tune_trials, work_dir or os.path.join(scope.tmp, "tuning"), stats, scope,
+                        build_timeout=build_timeout, run_timeout=run_timeout, progress=progress,
+                        parallel=not calls_torch)
+            if not work_dir:
+                stats["work_dir"] = None   # it was the private folder, gone after the build
         mod = _default_schedules(mod, target, stats, parallel=not calls_torch)   # what the database did not schedule
         t0 = time.perf_counter()
         ex = tvm.compile(mod, target=target)
-    stats["compile_seconds"] = round(time.perf_counter() - t0, 2)
-    stats["total_seconds"] = round(time.perf_counter() - t_start, 2)
-    return TvmModule(ex, device, n_out, stats)
+        built = TvmModule(ex, device, n_out, stats)
+        if untuned is not None:
+            # the untuned build (same kernels, default schedules) competes; the faster one is returned
+            plain = dict(stats)
+            other = TvmModule(tvm.compile(_default_schedules(untuned, target, plain, parallel=False), target=target),
+                              device, n_out, plain)
+            winner = faster({"untuned": other, "tuned": built}, example_inputs, clock=clock)
+            decision = dict(winner[1], winner=winner[0])
+            built = built if winner[0] == "tuned" else other
+            built.stats.update(tuning_decision=decision)
+    built.stats["compile_seconds"] = round(time.perf_counter() - t0, 2)
+    built.stats["total_seconds"] = round(time.perf_counter() - t_start, 2)
+    return built
+
+
+def _skip_empty_cat_inputs(ep) -> None:
+    """Drop 1-D empty inputs of each ``aten.cat`` of ``ep``'s graph, in place (issue 14, GPT-2).
+
+    ``torch.cat`` skips tensors of shape ``(0,)`` whatever the others' rank (HF's ``DynamicCache``
+    starts each layer's keys/values as ``torch.tensor([])``); TVM's Relax importer concatenates them
+    and rejects the rank mismatch ("Concat … ndim 1 and 4").  Without them the cat is the same value.
+    """
+    import torch
+
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.cat.default:
+            empty = [a for a in node.args[0] if getattr(getattr(a, "meta", {}).get("val"), "shape", None) == (0,)]
+            if empty and len(empty) < len(node.args[0]):
+                node.args = ([a for a in node.args[0] if a not in empty], *node.args[1:])
+
+
+def _conv_layout(mod, target, stats: dict):
+    """NHWC around the convolutions when :func:`channels_last_reason` allows (``stats["conv_layout"]``)."""
+    reason = channels_last_reason(mod)
+    if reason is None:
+        with target:
+            mod = to_channels_last(mod)
+    stats["conv_layout"] = {"layout": "NCHW" if reason else "NHWC",
+                            "reason": reason or "prepacked oneDNN convolutions on channels-last tensors"}
+    return mod
+
+
+def faster(runners: Mapping[str, Callable[..., Any]], inputs, *, clock: Callable[[], float] = time.perf_counter,
+           policy: TimingPolicy = TimingPolicy(warmup=3, budget_s=0.5, min_repeats=7)) -> tuple[str, dict]:
+    """The first of ``runners`` whose median time on ``inputs`` is lowest (interleaved rounds), and the times.
+
+    A later runner must be strictly faster to win: with ``{"untuned": …, "tuned": …}`` a tuned build
+    slower than (or as fast as) the untuned one is never kept.
+    """
+    times = measure_interleaved({name: (lambda r=r: r(*inputs)) for name, r in runners.items()}, policy, clock=clock)
+    best = min(runners, key=lambda name: (times[name].median, list(runners).index(name)))
+    return best, {f"{name}_ms": round(t.median * 1e3, 4) for name, t in times.items()} | {
+        "rounds": min(t.repeats for t in times.values())}
 
 
 class TvmModule:
@@ -266,6 +328,11 @@ class TvmModule:
         self._vm = relax.VirtualMachine(executable, tvm.cpu(0) if device == "cpu" else tvm.cuda(0))
         self._main = self._vm["main"]  # resolve the packed function once
         self._torch = torch
+        # the oneDNN-packed conv weights this module's kernels use stay cached while it lives
+        keys = [int(k) for k in stats.get("packed_weight_keys", ())]
+        if keys:
+            PACKED_WEIGHTS.hold(keys)
+            weakref.finalize(self, PACKED_WEIGHTS.release, keys)
 
     def __call__(self, *inputs):
         """Run the model and return a tuple of torch tensors."""

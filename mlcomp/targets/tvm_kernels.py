@@ -29,8 +29,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Activation", "Kernel", "KERNELS", "KernelLibrary", "register_kernels", "kernel_library", "epilogue_kernel",
-           "views_kernel"]
+__all__ = ["Activation", "Kernel", "KERNELS", "KernelLibrary", "PACKED_WEIGHTS", "Unary", "channels_last_kernel",
+           "packed_conv_available", "register_kernels", "kernel_library", "epilogue_kernel", "views_kernel"]
 
 
 class KernelLibrary(Enum):
@@ -87,6 +87,11 @@ def _attention(q: Any, k: Any, v: Any, scale: float = 1.0) -> torch.Tensor:
     return out.squeeze(0)
 
 
+def _mean(x: Any, keepdim: int, *axes: int) -> torch.Tensor:
+    """``x.mean(axes, keepdim)`` on torch's threads (a large reduction between two torch calls)."""
+    return torch.mean(_t(x), dim=[int(a) for a in axes], keepdim=bool(keepdim))
+
+
 def _layer_norm(x: Any, weight: Any, bias: Any, eps: float) -> torch.Tensor:
     """Layer norm over the last axis (``F.layer_norm``, torch's threads)."""
     x = _t(x)
@@ -96,6 +101,14 @@ def _layer_norm(x: Any, weight: Any, bias: Any, eps: float) -> torch.Tensor:
 def _add_layer_norm(a: Any, b: Any, weight: Any, bias: Any, eps: float) -> torch.Tensor:
     """``layer_norm(a + b)`` over the last axis: a residual add and the norm after it."""
     x = torch.add(_t(a), _t(b))
+    return F.layer_norm(x, x.shape[-1:], _t(weight), _t(bias), eps)
+
+
+def _add_layer_norm_reuse(a: Any, b: Any, weight: Any, bias: Any, eps: float) -> torch.Tensor:
+    """``layer_norm(a + b)`` with the sum written over ``b`` (eager's in-place ``add_``, no new buffer): ``b`` is
+    a torch kernel's fresh result that nothing else reads (``tvm_views._reuse_sums`` checks that at build time)."""
+    a, b = _t(a), _t(b)
+    x = b.add_(a) if b.is_contiguous() and b.shape == a.shape else torch.add(a, b)
     return F.layer_norm(x, x.shape[-1:], _t(weight), _t(bias), eps)
 
 
@@ -152,6 +165,131 @@ def _views(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     return run
 
 
+class Unary(Enum):
+    """The activation oneDNN applies to a channels-last convolution's output (its ``attr`` and algorithm)."""
+
+    NONE = "none"
+    RELU = "relu"
+    SIGMOID = "sigmoid"
+    GELU = "gelu"
+    GELU_TANH = "gelu_tanh"
+    HARDTANH = "hardtanh"     # clip(lo, hi), e.g. relu6; its two bounds follow the integer arguments
+
+    def onednn(self) -> tuple[str, str]:
+        return {"gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh")}.get(self.value, (self.value, ""))
+
+
+class PackedWeights:
+    """oneDNN-packed convolution weights of the ``conv2d_cl*`` kernels, by a key the build computed.
+
+    The key hashes the weight's bytes, the convolution's parameters and the input shape (what the
+    packing depends on), so an entry is right for every module carrying that key.  The offload packs
+    at build time (:meth:`pack`); a loaded ``model.so`` packs at its first call.  Modules hold their
+    keys (:meth:`hold`) and give them back when collected (:meth:`release`): an entry no module holds
+    is dropped.  The cache only saves time: a missing entry is packed again from the weight argument.
+    """
+
+    def __init__(self) -> None:
+        self._packed: dict[int, torch.Tensor] = {}
+        self._holders: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def pack(self, key: int, w: torch.Tensor, padding: list[int], stride: list[int], dilation: list[int],
+             groups: int, input_size: list[int]) -> torch.Tensor:
+        """The packed form of OIHW weight ``w`` for this convolution, packing it if not cached."""
+        found = self._packed.get(key)
+        if found is None:
+            found = torch._C._nn.mkldnn_reorder_conv2d_weight(w.contiguous().to_mkldnn(), padding, stride, dilation,
+                                                              groups, input_size)
+            with self._lock:
+                found = self._packed.setdefault(key, found)
+        return found
+
+    def hold(self, keys: list[int]) -> None:
+        with self._lock:
+            for key in keys:
+                self._holders[key] = self._holders.get(key, 0) + 1
+
+    def release(self, keys: list[int]) -> None:
+        with self._lock:
+            for key in keys:
+                left = self._holders.get(key, 0) - 1
+                if left > 0:
+                    self._holders[key] = left
+                else:
+                    self._holders.pop(key, None)
+                    self._packed.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._packed)
+
+
+PACKED_WEIGHTS = PackedWeights()
+
+
+def packed_conv_available() -> bool:
+    """Whether this torch has oneDNN's fused convolution (``mkldnn._convolution_pointwise``), probed."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise")
+
+
+def _unary_in_place(out: torch.Tensor, unary: Unary, scalars: list[float]) -> torch.Tensor:
+    if unary is Unary.RELU:
+        return out.relu_()
+    if unary is Unary.SIGMOID:
+        return out.sigmoid_()
+    if unary is Unary.HARDTANH:
+        return out.clamp_(scalars[0], scalars[1])
+    if unary in (Unary.GELU, Unary.GELU_TANH):
+        return F.gelu(out, approximate="tanh" if unary is Unary.GELU_TANH else "none")
+    return out
+
+
+def _channels_last_conv(unary: Unary, binary: bool) -> Callable[..., torch.Tensor]:
+    """A convolution on NHWC tensors by oneDNN with a prepacked weight and a fused epilogue.
+
+    Arguments: ``x`` (NHWC), ``w`` (OIHW, packed once per key), ``bias`` (empty: none), ``other``
+    (NHWC, added before the activation when ``binary``; empty otherwise), then stride h/w, padding
+    h/w, dilation h/w, groups, the weight key (:class:`PackedWeights`; 0: run ``F.conv2d`` unpacked, the
+    epilogue in place after it), then ``unary``'s scalars.
+    ``x.permute(0, 3, 1, 2)`` is the channels-last NCHW tensor oneDNN wants (no copy) and its
+    channels-last result, permuted back, is the contiguous NHWC tensor TVM expects.
+    """
+    attr, algorithm = unary.onednn()
+
+    def run(x: Any, w: Any, bias: Any, other: Any, *rest: Any) -> torch.Tensor:
+        sh, sw, ph, pw, dh, dw, groups, key = (int(v) for v in rest[:8])
+        scalars = [float(v) for v in rest[8:]]
+        xv = _t(x).permute(0, 3, 1, 2)
+        pad, stride, dil = [ph, pw], [sh, sw], [dh, dw]
+        b = _t(bias)
+        b = b if b.numel() else None
+        if key == 0:   # not worth packing (small 1×1): F.conv2d on the channels-last view, epilogue in place
+            out = F.conv2d(xv, _t(w), b, stride, pad, dil, groups)
+            if binary:
+                out.add_(_t(other).permute(0, 3, 1, 2))
+            out = _unary_in_place(out, unary, scalars).permute(0, 2, 3, 1)
+            return out if out.is_contiguous() else out.contiguous()
+        packed = PACKED_WEIGHTS.pack(key, _t(w), pad, stride, dil, groups, list(xv.shape))
+        if binary:
+            out = torch.ops.mkldnn._convolution_pointwise.binary(
+                xv, _t(other).permute(0, 3, 1, 2), packed, b, pad, stride, dil, groups, "add", None,
+                None if unary is Unary.NONE else attr, scalars, algorithm)
+        else:
+            out = torch.ops.mkldnn._convolution_pointwise(xv, packed, b, pad, stride, dil, groups, attr, scalars,
+                                                           algorithm)
+        out = out.permute(0, 2, 3, 1)
+        return out if out.is_contiguous() else out.contiguous()
+
+    run.__doc__ = (f"NHWC convolution, oneDNN, prepacked weight, fused bias{' + residual add' if binary else ''}"
+                   f"{'' if unary is Unary.NONE else ' + ' + unary.value}.")
+    return run
+
+
+def channels_last_kernel(unary: Unary, binary: bool) -> str:
+    """The packed function of a channels-last convolution with epilogue ``unary`` (after ``+ other``)."""
+    return "mlcomp.torch.conv2d_cl" + ("_add" if binary else "") + ("" if unary is Unary.NONE else f"_{unary.value}")
+
+
 @dataclass(frozen=True)
 class Kernel:
     """One packed function: its TVM name, what it runs, and the Python callable."""
@@ -167,13 +305,19 @@ _BASE: tuple[Kernel, ...] = (
     Kernel("mlcomp.torch.matmul", "matmul", KernelLibrary.TORCH, _matmul),
     Kernel("mlcomp.torch.linear", "linear", KernelLibrary.TORCH, _linear),
     Kernel("mlcomp.torch.attention", "attention", KernelLibrary.TORCH, _attention),
+    Kernel("mlcomp.torch.mean", "mean", KernelLibrary.TORCH, _mean),
     Kernel("mlcomp.torch.layer_norm", "layer_norm", KernelLibrary.TORCH, _layer_norm),
     Kernel("mlcomp.torch.add_layer_norm", "add+layer_norm", KernelLibrary.TORCH, _add_layer_norm),
+    Kernel("mlcomp.torch.add_layer_norm_reuse", "add+layer_norm (in place)", KernelLibrary.TORCH,
+           _add_layer_norm_reuse),
     *(Kernel(f"mlcomp.torch.{op}_{act.value}", f"{op}+{act.value}", KernelLibrary.TORCH, _with(fn, act))
       for op, fn in (("conv2d", _conv2d), ("linear", _linear)) for act in Activation),
 )
+_CHANNELS_LAST: tuple[Kernel, ...] = tuple(
+    Kernel(channels_last_kernel(u, add), "conv2d" + ("+add" if add else "") + ("" if u is Unary.NONE else f"+{u.value}"),
+           KernelLibrary.TORCH, _channels_last_conv(u, add)) for add in (False, True) for u in Unary)
 # every kernel also reads strided views / rearranges its result when called as ``<name>_views``
-KERNELS: dict[str, Kernel] = {k.name: k for base in _BASE for k in (
+KERNELS: dict[str, Kernel] = {k.name: k for base in (*_BASE, *_CHANNELS_LAST) for k in (
     base, Kernel(f"{base.name}_views", f"{base.op} (views)", base.library, _views(base.fn)))}
 
 

@@ -161,6 +161,12 @@ class Layout:
             return None
         return Layout(tuple(tuple((m, t // width) for m, t in d) for d in self.dims[:-1]), self.offset // width)
 
+    def widen(self, width: int) -> Layout:
+        """The inverse of :meth:`rows`: these rows (over a source of rows) as rows of ``width`` elements each
+        (what a linear of ``width`` outputs does to a rearrangement of its input's rows)."""
+        dims = tuple(_coalesce(tuple((m, t * width) for m, t in d)) for d in self.dims)
+        return Layout((*dims, _coalesce(((width, 1),))), self.offset * width)
+
     def strided(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         """``(sizes, strides)`` of the one strided view this layout is, or None (an axis of two modes)."""
         if any(len(d) > 1 for d in self.dims):

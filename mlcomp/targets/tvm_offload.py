@@ -43,22 +43,16 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from mlcomp.targets.tvm_kernels import KERNELS, Activation, epilogue_kernel, kernel_library
+from mlcomp.targets.tvm_chains import maybe, static_shape, ty_of
+from mlcomp.targets.tvm_conv_packed import pack_convs
+from mlcomp.targets.tvm_epilogues import epilogues, layer_norms, means
+from mlcomp.targets.tvm_kernels import KERNELS, kernel_library
 from mlcomp.targets.tvm_views import VIEW_MIN_ELEMENTS, absorb_views
 
 __all__ = ["ALL_FUSIONS", "Fusion", "OffloadReport", "offload"]
 
 _CONV = "relax.nn.conv2d"
 _MATMUL = "relax.matmul"
-_PACKED = "relax.call_pure_packed"
-_LINEAR = "mlcomp.torch.linear"
-# relu after a conv stays in TVM: fused with the conv's bias/BatchNorm shift it is one cheap pass, and
-# torch's extra relu_ pass measured slower (resnet18@32, 2 threads: 245 vs 224 ms; mlp 2 % slower).
-# After a linear with at least RELU_MIN_ELEMENTS outputs it goes in place on torch's threads: TVM's
-# serial relu of the zoo transformer's FFN (32×128×1024) took 7.6 ms of 356 at one thread.
-_ACTIVATIONS = {"relax.sigmoid": Activation.SIGMOID, "relax.nn.gelu": Activation.GELU,
-                "relax.nn.gelu_tanh": Activation.GELU_TANH, "relax.nn.relu": Activation.RELU}
-RELU_MIN_ELEMENTS = 1 << 20
 
 
 class Fusion(Enum):
@@ -67,7 +61,9 @@ class Fusion(Enum):
     ATTENTION = "attention"       # decomposed softmax attention → torch's scaled_dot_product_attention
     EPILOGUE = "epilogue"         # conv bias add, activation after a conv/linear → into its torch call
     LAYER_NORM = "layer_norm"     # (residual add +) layer norm → F.layer_norm
+    PACKED_CONV = "packed_conv"   # NHWC conv (+ bias, residual add, act) → prepacked oneDNN (tvm_conv_packed)
     VIEWS = "views"               # layout chains around a torch call → strided views in, a torch copy out
+    MEAN = "mean"                 # a large mean of a torch call's result → torch.mean
 
 
 ALL_FUSIONS = frozenset(Fusion)
@@ -79,6 +75,7 @@ class OffloadReport:
 
     kernels: Counter = field(default_factory=Counter)          # packed-function name -> count
     kept: Counter = field(default_factory=Counter)             # (op, reason) -> count
+    packed: list = field(default_factory=list)                 # PACKED_WEIGHTS keys of the packed convs
 
     def to_json(self) -> dict[str, Any]:
         return {"kernels": {name: {"op": KERNELS[name].op, "count": n, "runs_in": kernel_library(name).describe()}
@@ -99,37 +96,23 @@ class OffloadReport:
         return out
 
 
-def _ty(expr: Any) -> Any:
-    return expr.ty if hasattr(expr, "ty") else expr.struct_info
-
-
-def _static_shape(expr: Any) -> tuple[int, ...] | None:
-    shape = getattr(_ty(expr), "shape", None)
-    if shape is None:
-        return None
-    try:
-        return tuple(int(d) for d in shape)
-    except TypeError:
-        return None
-
-
 def _conv_reason(call: Any) -> str | None:
     """Why this conv2d stays in TVM (None: it goes to the kernel)."""
     attrs = call.attrs
     if str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW" or \
             str(attrs.out_layout) not in ("NCHW", ""):
         return f"layout {attrs.data_layout}/{attrs.kernel_layout}"
-    dtypes = {str(_ty(a).dtype) for a in call.args} | {str(_ty(call).dtype)}
+    dtypes = {str(ty_of(a).dtype) for a in call.args} | {str(ty_of(call).dtype)}
     if dtypes != {"float32"}:
         return f"dtype {'/'.join(sorted(dtypes))}"
     return None
 
 
 def _matmul_reason(call: Any) -> str | None:
-    dtypes = {str(_ty(a).dtype) for a in call.args} | {str(_ty(call).dtype)}
+    dtypes = {str(ty_of(a).dtype) for a in call.args} | {str(ty_of(call).dtype)}
     if dtypes != {"float32"}:
         return f"dtype {'/'.join(sorted(dtypes))}"
-    if _static_shape(call.args[0]) is None or _static_shape(call.args[1]) is None:
+    if static_shape(call.args[0]) is None or static_shape(call.args[1]) is None:
         return "symbolic shape"
     return None
 
@@ -143,13 +126,13 @@ def _shared_weight(product: Any, weight: Any) -> Any:
     """
     import numpy as np
 
-    w, x = _static_shape(weight), _static_shape(product.args[0])
+    w, x = static_shape(weight), static_shape(product.args[0])
     if w is None or x is None or len(w) < 2:
         return None
     value = np.from_dlpack(weight.value)
     if len(w) == 2:
         return value
-    if x[:-1] + w[-1:] != _static_shape(product) or len(x) != len(w):
+    if x[:-1] + w[-1:] != static_shape(product) or len(x) != len(w):
         return None
     flat = value.reshape(-1, *w[-2:])
     return flat[0] if bool((flat == flat[:1]).all()) else None
@@ -157,9 +140,9 @@ def _shared_weight(product: Any, weight: Any) -> Any:
 
 def _bias_of(add: Any, product: Any, weight: Any, bias: Any) -> bool:
     """Whether ``add = product + bias`` is a linear layer's bias: a constant ``[N]`` row added to ``x @ w``."""
-    b = _static_shape(bias)
+    b = static_shape(bias)
     return (weight is not None and b in ((weight.shape[1],), (1, weight.shape[1]))
-            and str(_ty(bias).dtype) == "float32" and _static_shape(add) == _static_shape(product))
+            and str(ty_of(bias).dtype) == "float32" and static_shape(add) == static_shape(product))
 
 
 def offload(mod: Any, fusions: frozenset[Fusion] = ALL_FUSIONS,
@@ -183,7 +166,7 @@ def offload(mod: Any, fusions: frozenset[Fusion] = ALL_FUSIONS,
         a = call.attrs
         ints = [*a.strides, *a.padding, *a.dilation, a.groups]
         return relax.call_pure_packed("mlcomp.torch.conv2d", call.args[0], call.args[1], empty,
-                                      *[relax.prim_value(int(i)) for i in ints], ty_args=_ty(call))
+                                      *[relax.prim_value(int(i)) for i in ints], ty_args=ty_of(call))
 
     x, w, b = wildcard(), is_const(), is_const()
     product = is_op(_MATMUL)(x, w)
@@ -194,16 +177,16 @@ def offload(mod: Any, fusions: frozenset[Fusion] = ALL_FUSIONS,
         if shared is None or not _bias_of(call, mm, shared, matches[b]):
             return call
         bias = matches[b]
-        if len(_static_shape(bias)) == 2:
+        if len(static_shape(bias)) == 2:
             bias = relax.const(np.from_dlpack(bias.value).reshape(-1))
         # the weight back in torch's [N, K] layout: F.linear then runs eager's own GEMM call
         weight = relax.const(np.ascontiguousarray(shared.T))
-        return relax.call_pure_packed("mlcomp.torch.linear", matches[x], weight, bias, ty_args=_ty(call))
+        return relax.call_pure_packed("mlcomp.torch.linear", matches[x], weight, bias, ty_args=ty_of(call))
 
     def matmul(call: Any, _matches: Any) -> Any:
         if _matmul_reason(call):
             return call
-        return relax.call_pure_packed("mlcomp.torch.matmul", call.args[0], call.args[1], ty_args=_ty(call))
+        return relax.call_pure_packed("mlcomp.torch.matmul", call.args[0], call.args[1], ty_args=ty_of(call))
 
     out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs) if mod.attrs is not None else mod
     for gv, func in list(mod.functions.items()):
@@ -211,27 +194,22 @@ def offload(mod: Any, fusions: frozenset[Fusion] = ALL_FUSIONS,
             continue
         if Fusion.ATTENTION in fusions:
             func = _attention(func)
+        if Fusion.PACKED_CONV in fusions:
+            func = pack_convs(func, report.packed)
         func = rewrite_call(is_op(_CONV)(wildcard(), wildcard()), conv, func)
         func = rewrite_call(is_op("relax.add")(product, b), linear, func)
         func = rewrite_call(is_op(_MATMUL)(wildcard(), wildcard()), matmul, func)
         if Fusion.EPILOGUE in fusions:
-            func = _epilogues(func)
+            func = epilogues(func)
         if Fusion.LAYER_NORM in fusions:
-            func = _layer_norms(func)
+            func = layer_norms(func)
+        if Fusion.MEAN in fusions:
+            func = means(func)
         if Fusion.VIEWS in fusions:
             func = absorb_views(func, view_min_elements)
         out[gv] = func
         relax.analysis.post_order_visit(func, lambda e: _count(e, report))
     return out, report
-
-
-def _maybe(pattern: Any, *ops: str) -> Any:
-    """``pattern``, optionally wrapped by each of ``ops`` in turn (``reshape(broadcast_to(p))`` or less)."""
-    from tvm.relax.dpl import is_op, wildcard
-
-    for op in ops:
-        pattern = is_op(op)(pattern, wildcard()) | pattern
-    return pattern
 
 
 def _const_all(expr: Any, value: float) -> bool:
@@ -256,21 +234,21 @@ def _attention(func: Any) -> Any:
     key, scale = wildcard(), is_const()
     swapped = is_op("relax.permute_dims")(key)
     scaled = is_op("relax.multiply")(swapped, scale)
-    key_t = _maybe(scaled, "relax.broadcast_to", "relax.reshape")
+    key_t = maybe(scaled, "relax.broadcast_to", "relax.reshape")
     scores = is_op(_MATMUL)(q, key_t | k_t)
-    logits = _maybe(scores, "relax.reshape")
+    logits = maybe(scores, "relax.reshape")
     soft = is_op("relax.nn.softmax")(logits)
     finite = is_op("relax.logical_not")(is_op("relax.equal")(logits, neg_inf))
     any_finite = is_op("relax.astype")(is_op("relax.max")(is_op("relax.astype")(finite)))
     probs = is_op("relax.where")(is_op("relax.logical_not")(any_finite), zero, soft)
-    pattern = is_op(_MATMUL)(_maybe(probs, "relax.broadcast_to", "relax.reshape"), v)
+    pattern = is_op(_MATMUL)(maybe(probs, "relax.broadcast_to", "relax.reshape"), v)
 
     def rewrite(call: Any, m: Any) -> Any:
-        s, p = _static_shape(m[scores]), _static_shape(call.args[0])
-        shapes = [_static_shape(e) for e in (*m[scores].args, m[v])]
+        s, p = static_shape(m[scores]), static_shape(call.args[0])
+        shapes = [static_shape(e) for e in (*m[scores].args, m[v])]
         ok = (s is not None and p == s and len(s) == 3 and None not in shapes
-              and all(len(t) == 3 for t in shapes) and _static_shape(m[logits])[-1] == s[-1]
-              and int(m[soft].attrs.axis) in (-1, len(_static_shape(m[logits])) - 1)
+              and all(len(t) == 3 for t in shapes) and static_shape(m[logits])[-1] == s[-1]
+              and int(m[soft].attrs.axis) in (-1, len(static_shape(m[logits])) - 1)
               and _const_all(m[neg_inf], float("-inf")) and _const_all(m[zero], 0.0)
               and _matmul_reason(m[scores]) is None and _matmul_reason(call) is None)
         if not ok:
@@ -278,102 +256,14 @@ def _attention(func: Any) -> Any:
         b, d, n = shapes[1]
         k = relax.op.permute_dims(m[scores].args[1], [0, 2, 1])
         if scaled in m:   # the un-transposed key [..., n, d] holds exactly the b·n·d elements of k_t
-            shape, axes = _static_shape(m[key]), [int(i) for i in m[swapped].attrs.axes]
+            shape, axes = static_shape(m[key]), [int(i) for i in m[swapped].attrs.axes]
             if (shape is not None and axes == [*range(len(shape) - 2), len(shape) - 1, len(shape) - 2]
-                    and shape[-2:] == (n, d) and int(np.prod(shape)) == b * n * d and _static_shape(m[scale]) == ()
-                    and str(_ty(m[scale]).dtype) == "float32"):
+                    and shape[-2:] == (n, d) and int(np.prod(shape)) == b * n * d and static_shape(m[scale]) == ()
+                    and str(ty_of(m[scale]).dtype) == "float32"):
                 k = relax.op.reshape(relax.op.multiply(m[key], m[scale]), (b, n, d))
-        return relax.call_pure_packed("mlcomp.torch.attention", m[q], k, m[v], ty_args=_ty(call))
+        return relax.call_pure_packed("mlcomp.torch.attention", m[q], k, m[v], ty_args=ty_of(call))
 
     return rewrite_call(pattern, rewrite, func)
-
-
-def _single_use(func: Any) -> set:
-    """The values (bound calls) of ``func`` whose variable exactly one binding reads and the output does not."""
-    from tvm import relax
-
-    uses: Counter = Counter()
-    bound = {}
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            bound[binding.var] = binding.value
-            uses.update(relax.analysis.free_vars(binding.value))
-    uses.update({v: 2 for v in relax.analysis.free_vars(func.body.body)})
-    return {value for var, value in bound.items() if uses[var] == 1}
-
-
-def _epilogues(func: Any) -> Any:
-    """A sigmoid/gelu right after a conv2d/linear kernel (and a conv's bias add before it) go into its call.
-
-    ``act(add(conv2d(x, w, ∅), b[1,C,1,1]))`` → ``conv2d_act(x, w, b)``; ``act(reshape?(k(args)))`` →
-    ``reshape?(k_act(args))`` when the kernel's result has no other reader: the activation then
-    runs in place on torch's threads, not in a serial TVM loop.
-    """
-    import numpy as np
-    from tvm import relax
-    from tvm.relax.dpl import ExternFuncPattern, is_const, is_op, rewrite_call, wildcard
-
-    def kernel(name: str) -> Any:
-        return is_op(_PACKED)(ExternFuncPattern(name), varg_default_wildcard=True)
-
-    conv, bias = kernel("mlcomp.torch.conv2d"), is_const()
-    biased = is_op("relax.add")(conv, bias)
-    inner = kernel("mlcomp.torch.conv2d") | kernel("mlcomp.torch.linear")
-    view = is_op("relax.reshape")(inner, wildcard())
-    once = _single_use(func)
-    for op, act in _ACTIVATIONS.items():
-        def fuse(call: Any, m: Any, act: Activation = act) -> Any:
-            if act is Activation.RELU and (biased in m or str(m[inner].args[0].global_symbol) != _LINEAR
-                                           or int(np.prod(_static_shape(call) or (0,))) < RELU_MIN_ELEMENTS):
-                return call
-            if biased in m:   # conv + bias add + act: the bias rides in the conv, the act after it
-                c = m[conv]
-                channels = _static_shape(c)[1] if _static_shape(c) else None
-                if (c not in once or m[biased] not in once or _static_shape(c.args[3]) != (0,)
-                        or str(_ty(m[bias]).dtype) != "float32"
-                        or _static_shape(m[bias]) not in ((1, channels, 1, 1), (channels, 1, 1))):
-                    return call
-                b = relax.const(np.ascontiguousarray(np.from_dlpack(m[bias].value).reshape(-1)))
-                return relax.call_pure_packed(epilogue_kernel("mlcomp.torch.conv2d", act), c.args[1], c.args[2],
-                                              b, *c.args[4:], ty_args=_ty(c))
-            k = m[inner]
-            if k not in once or (view in m and m[view] not in once):
-                return call
-            new = relax.call_pure_packed(epilogue_kernel(str(k.args[0].global_symbol), act), *k.args[1:],
-                                         ty_args=_ty(k))
-            return relax.op.reshape(new, m[view].args[1]) if view in m else new
-
-        func = rewrite_call(is_op(op)(biased | view | inner), fuse, func)
-        once = _single_use(func)
-    return func
-
-
-def _layer_norms(func: Any) -> Any:
-    """float32 ``layer_norm`` over the last axis → ``F.layer_norm``; with the residual ``add`` before it
-    when nothing else reads the sum (``add_layer_norm``)."""
-    from tvm import relax
-    from tvm.relax.dpl import is_op, rewrite_call, wildcard
-
-    a, b, x, gamma, beta = wildcard(), wildcard(), wildcard(), wildcard(), wildcard()
-    total = is_op("relax.add")(a, b)
-    once = _single_use(func)
-
-    def rewrite(call: Any, m: Any) -> Any:
-        shape, attrs = _static_shape(call), call.attrs
-        axes = [int(i) for i in attrs.axes]
-        dtypes = {str(_ty(e).dtype) for e in (call, m[gamma], m[beta])}
-        if (shape is None or dtypes != {"float32"} or axes not in ([-1], [len(shape) - 1])
-                or not attrs.center or not attrs.scale):
-            return call
-        eps = relax.prim_value(float(attrs.epsilon))
-        if total in m and m[total] in once and _static_shape(m[a]) == shape == _static_shape(m[b]) \
-                and str(_ty(m[a]).dtype) == str(_ty(m[b]).dtype) == "float32":
-            return relax.call_pure_packed("mlcomp.torch.add_layer_norm", m[a], m[b], m[gamma], m[beta], eps,
-                                          ty_args=_ty(call))
-        return relax.call_pure_packed("mlcomp.torch.layer_norm", call.args[0], m[gamma], m[beta], eps,
-                                      ty_args=_ty(call))
-
-    return rewrite_call(is_op("relax.nn.layer_norm")(total | x, gamma, beta), rewrite, func)
 
 
 def _count(expr: Any, report: OffloadReport) -> None:

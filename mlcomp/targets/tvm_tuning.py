@@ -60,15 +60,36 @@ def _by_value(fn):
     return types.FunctionType(fn.__code__, {"__builtins__": __builtins__}, fn.__name__)
 
 
+def _space(parallel: bool):
+    """MetaSchedule's search space for CPU; ``parallel=False``: its default rules with no parallel loops
+    (the module calls torch's kernels, whose thread pool owns the cores)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    if parallel:
+        return "post-order-apply"
+    rules = []
+    for rule in ms.schedule_rule.ScheduleRule.create("llvm"):
+        if isinstance(rule, ms.schedule_rule.ParallelizeVectorizeUnroll):
+            rule = ms.schedule_rule.ParallelizeVectorizeUnroll(
+                max_jobs_per_core=-1, max_vectorize_extent=int(rule.max_vectorize_extent),
+                unroll_max_steps=[int(i) for i in rule.unroll_max_steps], unroll_explicit=bool(rule.unroll_explicit))
+        rules.append(rule)
+    return ms.space_generator.PostOrderApply(sch_rules=rules)
+
+
 def tune(mod, target, tune_trials: int, work_dir: str, stats: dict, scope: TvmScope, *,
-         build_timeout: float, run_timeout: float, progress: Callable[[int, int, str], None] | None = None):
+         build_timeout: float, run_timeout: float, progress: Callable[[int, int, str], None] | None = None,
+         parallel: bool = True):
     """MetaSchedule-tune the fused TIR tasks not yet covered by ``work_dir``; apply the database.
 
     The budget is shared evenly: each task is owed ``tune_trials // len(tasks)`` trials (at least 1).
     The ledger counts trials per (target, task workload), so a task any earlier build, of this
     model or another, already tuned to its share and that has a valid record is *reused*
     (``stats["tasks_reused"]``); the trials still owed to the other tasks are spent on them only.
-    ``progress(done, total, message)`` is called after every measured batch.
+    ``progress(done, total, message)`` is called after every measured batch.  ``parallel=False``
+    (a module that calls torch's kernels, issue 14): the search space has no parallel loops and the
+    ledger keys get a ``|serial`` suffix (the database's format is unchanged; a record tuned with
+    parallel loops may still be applied, which the build's tuned-vs-untuned timing then catches).
     """
     import tvm
     import tvm_ffi
@@ -87,7 +108,8 @@ def tune(mod, target, tune_trials: int, work_dir: str, stats: dict, scope: TvmSc
         with open(ledger_path) as f:
             ledger = json.load(f)
     every = [t for t in extract_tasks(mod, target) if not t.mod.attrs.get("tirx.is_scheduled", False)]
-    keys = {t.task_name: f"{target}|{tvm_ffi.structural_hash(t.dispatched[0])}" for t in every}
+    suffix = "" if parallel else "|serial"
+    keys = {t.task_name: f"{target}|{tvm_ffi.structural_hash(t.dispatched[0])}{suffix}" for t in every}
     share = max(1, tune_trials // max(1, len(every))) if tune_trials > 0 else 0
     spent = {t.task_name: int(ledger.get(keys[t.task_name], 0)) for t in every}
     has_record = {t.task_name: db.query_tuning_record(t.dispatched[0], target, "main") is not None for t in every}
@@ -108,7 +130,7 @@ def tune(mod, target, tune_trials: int, work_dir: str, stats: dict, scope: TvmSc
         strategy = ms.search_strategy.EvolutionarySearch(population_size=pop,
                                                          init_min_unmeasured=min(50, pop // 2))
         with _task_loggers(work_dir, [t.task_name for t in tasks], scope.log_level) as loggers:
-            ctxs = [ms.TuneContext(mod=t.dispatched[0], target=t.target, space_generator="post-order-apply",
+            ctxs = [ms.TuneContext(mod=t.dispatched[0], target=t.target, space_generator=_space(parallel),
                                    search_strategy=strategy, task_name=t.task_name, logger=log,
                                    rand_state=seed, num_threads="physical").clone()
                     for t, log, seed in zip(tasks, loggers, fork_seed(0, n=len(tasks)))]

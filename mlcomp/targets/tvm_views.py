@@ -19,6 +19,11 @@ heads back) runs on one core.  :func:`absorb_views` moves those chains into the 
 * **out**: a chain of single-use layout ops after a kernel's result is applied in torch
   (``reshape(F).permute(P).reshape(S)``, one copy, none where the memory already matches: SDPA's
   output is ``[b1, L, b2, D]`` in memory, which is what merging heads batch-first wants).
+* **merge** (before the other kernels' views): a linear reading the heads merged in another row
+  order (sequence-first ``[L·N, H·D]``) reads them as SDPA left them, and the reorder moves past it
+  where the layout ops after it undo it (the permute back to batch-first): no copy either side.
+* **reuse**: ``add_layer_norm(a, b)`` with ``b`` a torch kernel's result nobody else reads writes
+  the sum over ``b`` (``add_layer_norm_reuse``: eager's in-place ``add_``, no fresh buffer).
 
     before:  lv = permute_dims(x, [1, 0, 2])                                         # x [32, 128, 256]
              lv5 = call_pure_packed("mlcomp.torch.linear", lv, W, b)                # [128, 32, 768]
@@ -29,11 +34,13 @@ heads back) runs on one core.  :func:`absorb_views` moves those chains into the 
     after:   lv = call_pure_packed("mlcomp.torch.linear", x, W, b)                  # [32, 128, 768]
              lv49 = call_pure_packed("mlcomp.torch.attention_views", <ints>, lv, lv, lv, 0.125)
              # q = lv.as_strided((32, 4, 128, 64), (98304, 64, 768, 1), 0), k at +256, v at +512;
-             # result: out.reshape(32, 4, 128, 64).permute(2, 0, 1, 3).reshape(4096, 256)
+             # result: out.reshape(32, 4, 128, 64).permute(0, 2, 1, 3).reshape(4096, 256): SDPA's memory,
+             # free (merge: the out-projection reads it, its sequence-first reorder cancelled)
 
 The spec is a run of integers before the kernel's own arguments (:func:`encode`; the kernels
-decode it, ``tvm_kernels._views``).  Each pass is O(n): a value's layout is computed once from
-its input's (memoised), and each layout op belongs to at most one output chain (single use).
+decode it, ``tvm_kernels._views``; :mod:`mlcomp.targets.tvm_chains` reads the chains off Relax).
+Each pass is O(n): a value's layout is computed once from its input's (memoised), and each layout
+op belongs to at most one output chain (single use).
 """
 from __future__ import annotations
 
@@ -41,157 +48,44 @@ from collections import Counter
 from math import prod
 from typing import Any
 
-from mlcomp.targets.tvm_kernels import KERNELS, views_kernel
+from mlcomp.targets.tvm_chains import (
+    ViewSpec,
+    bindings_of,
+    chain,
+    decode,
+    encode,
+    is_layout,
+    is_op,
+    kernel_name,
+    packed_call,
+    readers_of,
+    rebuild,
+    static_shape,
+    step,
+    ty_of,
+)
+from mlcomp.targets.tvm_kernels import views_kernel
 from mlcomp.targets.tvm_layouts import Layout, LayoutError
 
 __all__ = ["VIEW_MIN_ELEMENTS", "ViewSpec", "absorb_views", "encode"]
 
-_PACKED = "relax.call_pure_packed"
-_LAYOUT_OPS = frozenset({"relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
-                         "relax.take", "relax.broadcast_to"})
 _ATTENTION = "mlcomp.torch.attention"
+_LINEAR = "mlcomp.torch.linear"
+_ADD_NORM = "mlcomp.torch.add_layer_norm"
+# kernels whose result is always a tensor of their own (never an argument or a view of one)
+_FRESH = ("mlcomp.torch.linear", "mlcomp.torch.matmul", "mlcomp.torch.attention")
 # A copy moved into a torch call pays the call's argument decoding (~15 µs, one thread) and gains only
 # torch's threads (a serial TVM transpose: 0.35 ms per 1M floats, torch's 0.25-0.33 at one thread):
 # below this many elements it stays in TVM (HF BERT-tiny's 8×32×64 head splits: 1.4 -> 1.7 ms moved).
 # Attention's q/k/v views copy nothing and are always taken.
 VIEW_MIN_ELEMENTS = 1 << 17
 
-ViewSpec = tuple[int, tuple[int, ...], tuple[int, ...], int]   # argument position, sizes, strides, offset
-Gather = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # F, P, S
-
-
-def encode(views: list[ViewSpec], gather: Gather | None) -> list[int]:
-    """The integers a ``*_views`` kernel reads first: ``n_in, (pos, rank, sizes, strides, offset)…,
-    n_out, (rank F, F, P, rank S, S)``."""
-    inner = [i for pos, sizes, strides, off in views for i in (pos, len(sizes), *sizes, *strides, off)]
-    out = [] if gather is None else [len(gather[0]), *gather[0], *gather[1], len(gather[2]), *gather[2]]
-    return [len(inner), *inner, len(out), *out]
-
-
-def _ty(expr: Any) -> Any:
-    return expr.ty if hasattr(expr, "ty") else expr.struct_info
-
-
-def _shape(expr: Any) -> tuple[int, ...] | None:
-    shape = getattr(_ty(expr), "shape", None)
-    try:
-        return None if shape is None else tuple(int(d) for d in shape)
-    except TypeError:
-        return None
-
-
-def _kernel_name(value: Any) -> str | None:
-    """The :data:`KERNELS` name a bound value calls, or None."""
-    import tvm
-    from tvm import relax
-
-    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == _PACKED \
-            and isinstance(value.args[0], relax.ExternFunc) and str(value.args[0].global_symbol) in KERNELS:
-        return str(value.args[0].global_symbol)
-    return None
-
-
-def _scalar(expr: Any) -> float | None:
-    """The value of a float32 scalar constant, or None."""
-    import numpy as np
-
-    if not hasattr(expr, "value") or _shape(expr) not in ((), (1,)) or str(_ty(expr).dtype) != "float32":
-        return None
-    return float(np.from_dlpack(expr.value).reshape(-1)[0])
-
-
-def _step(layout: Layout, call: Any) -> Layout:
-    """``layout`` after one Relax layout op (raises :class:`LayoutError` where it is not a pure re-indexing)."""
-    import numpy as np
-
-    if isinstance(call, tuple):
-        name, attrs = "relax.split", None
-    else:
-        name, attrs = call.op.name, call.attrs
-    if name in ("relax.reshape", "relax.broadcast_to"):
-        shape = _shape(call)
-        if shape is None:
-            raise LayoutError("symbolic shape")
-        return layout.reshape(shape) if name == "relax.reshape" else layout.broadcast(shape)
-    if name == "relax.permute_dims":
-        return layout.permute(None if attrs.axes is None else tuple(int(a) for a in attrs.axes))
-    if name == "relax.expand_dims":
-        return layout.expand_dims(tuple(int(a) for a in attrs.axis))
-    if name == "relax.squeeze":
-        return layout.squeeze(None if attrs.axis is None else tuple(int(a) for a in attrs.axis))
-    if name == "relax.split":   # (split, piece index): a TupleGetItem of a split
-        split, piece = call
-        axis = int(split.attrs.axis)
-        size = layout.shape[axis]
-        cuts = split.attrs.indices_or_sections
-        if not hasattr(cuts, "__len__"):   # n equal sections
-            n = int(cuts)
-            if size % n:
-                raise LayoutError("uneven split")
-            bounds = [size // n * i for i in range(n + 1)]
-        else:
-            bounds = [0, *(int(c) for c in cuts), size]
-        return layout.narrow(axis, bounds[piece], bounds[piece + 1] - bounds[piece])
-    index = call.args[1]
-    if not hasattr(index, "value") or _shape(index) != () or attrs.axis is None:
-        raise LayoutError("take of a tensor of indices")
-    return layout.select(int(attrs.axis), int(np.from_dlpack(index.value)))
-
-
-def _link(node: Any, bound: dict, scaled: bool) -> tuple[Any, Any, float | None] | None:
-    """(input, op, scalar) when ``node`` is one layout link of a chain (or a scalar multiply if ``scaled``)."""
-    from tvm import relax
-
-    value = bound.get(node)
-    if isinstance(value, relax.TupleGetItem) and _is_op(bound.get(value.tuple_value), "relax.split"):
-        split = bound[value.tuple_value]
-        return split.args[0], (split, int(value.index)), None
-    if _is_layout(value):
-        return value.args[0], value, None
-    if scaled and _is_op(value, "relax.multiply") and str(_ty(value).dtype) == "float32" \
-            and _shape(value) == _shape(value.args[0]) and _scalar(value.args[1]) is not None:
-        return value.args[0], value, _scalar(value.args[1])
-    return None
-
-
-def _chain(expr: Any, bound: dict, scaled: bool, memo: dict) -> tuple[Any, Layout, float, int]:
-    """Follow ``expr`` back through layout ops (and scalar multiplies if ``scaled``) to its source.
-
-    Returns (source, layout of ``expr`` over the source, product of the scalars, links followed).
-    A link that is not a pure re-indexing (a reshape splitting a mode unevenly) starts the chain
-    again after it: that link stays in TVM.  ``memo`` (one per pass) keeps every value's answer,
-    so chains sharing a prefix (q, k and v of one projection) walk it once: O(n) per pass.
-    """
-    path, node = [], expr
-    while (node, scaled) not in memo:
-        link = _link(node, bound, scaled)
-        if link is None:
-            shape = _shape(node)
-            memo[node, scaled] = None if shape is None else (node, Layout.contiguous(shape), 1.0, 0)
-            break
-        path.append((node, link))
-        node = link[0]
-    for var, (parent, call, factor) in reversed(path):
-        base, shape = memo[parent, scaled], _shape(var)
-        fresh = None if shape is None else (var, Layout.contiguous(shape), 1.0, 0)
-        if base is None:
-            memo[var, scaled] = fresh
-            continue
-        source, layout, scale, n = base
-        try:
-            layout = layout if factor is not None else _step(layout, call)
-            memo[var, scaled] = (source, layout, scale * (factor or 1.0), n + 1)
-        except LayoutError:
-            memo[var, scaled] = fresh
-    got = memo[expr, scaled]
-    return got if got is not None else (expr, Layout.contiguous(()), 1.0, 0)
-
 
 def _attention_views(call: Any, bound: dict, memo: dict) -> tuple[list[ViewSpec], list[Any], float] | None:
     """q, k, v of an attention call as 4-D strided views of their sources (one batch split for all)."""
     args = call.args[1:4]
-    chains = [_chain(a, bound, i < 2, memo) for i, a in enumerate(args)]
-    if not any(n for *_, n in chains) or len({str(_ty(src).dtype) for src, *_ in chains}) != 1:
+    chains = [chain(a, bound, i < 2, memo) for i, a in enumerate(args)]
+    if not any(n for *_, n in chains) or len({str(ty_of(src).dtype) for src, *_ in chains}) != 1:
         return None
     batch = chains[0][1].shape[0]
     splits = [(1, batch)] + [(m, batch // m) for _, lay, _, _ in chains for m, _ in lay.dims[0][:1]]
@@ -211,121 +105,73 @@ def _attention_views(call: Any, bound: dict, memo: dict) -> tuple[list[ViewSpec]
     return None
 
 
-def _in_views(func: Any, bound: dict, min_elements: int) -> dict:
-    """var -> the kernel call with its layout-chained arguments read as views (see the module doc)."""
+def _in_views(bound: dict, min_elements: int, attention: bool) -> dict:
+    """var -> the kernel call with its layout-chained arguments read as views (see the module doc).
+
+    ``attention``: only attention calls (q/k/v as 4-D views, result ``[b1, b2, L, Dv]`` reshaped to
+    the call's type: the gather's ``F`` keeps the batch split for :func:`_commute_merges`), else
+    only the other kernels.
+    """
     from tvm import relax
 
     new, memo = {}, {}
     for var, value in bound.items():
-        name = _kernel_name(value)
-        if name is None:
+        name = kernel_name(value)
+        if name is None or (name == _ATTENTION) != attention:
             continue
-        if name == _ATTENTION:
+        if attention:
             got = _attention_views(value, bound, memo)
             if got is not None:
                 specs, sources, scale = got
-                shape = _shape(value)
-                new[var] = _call(views_kernel(name), encode(specs, (shape, tuple(range(len(shape))), shape)),
+                shape = static_shape(value)
+                split = (*specs[0][1][:3], specs[2][1][3])   # b1, b2, L, Dv
+                new[var] = packed_call(views_kernel(name), encode(specs, (split, (0, 1, 2, 3), shape)),
                                  [*sources, relax.prim_value(float(scale))], value)
             continue
         specs, args = [], list(value.args[1:])
         for pos, arg in enumerate(args):
-            if hasattr(arg, "value") or _shape(arg) is None:   # constants and scalars stay
+            if hasattr(arg, "value") or static_shape(arg) is None:   # constants and scalars stay
                 continue
-            src, layout, _, n = _chain(arg, bound, False, memo)
+            src, layout, _, n = chain(arg, bound, False, memo)
             strided = layout.strided()
             if n and strided is not None and not layout.is_contiguous and prod(layout.shape) >= min_elements:
                 specs.append((pos, strided[0], strided[1], layout.offset))
                 args[pos] = src
         if specs:
-            new[var] = _call(views_kernel(name), encode(specs, None), args, value)
+            new[var] = packed_call(views_kernel(name), encode(specs, None), args, value)
     return new
-
-
-def _call(kernel: str, spec: list[int], args: list[Any], like: Any) -> Any:
-    from tvm import relax
-
-    return relax.call_pure_packed(kernel, *[relax.prim_value(int(i)) for i in spec], *args, ty_args=_ty(like))
 
 
 def _out_views(bound: dict, users: Counter, outputs: set, min_elements: int) -> dict:
     """end of a chain -> its kernel's call with the chain applied in torch to the kernel's output."""
-    readers = _readers(bound)
+    readers = readers_of(bound)
     new = {}
     for var, value in bound.items():
-        name = _kernel_name(value)
-        if name is None or not _shape(value):
+        name = kernel_name(value)
+        if name is None or not static_shape(value):
             continue
-        views, gather, args = _decode(value) if name.endswith("_views") else ([], None, list(value.args[1:]))
+        views, gather, args = decode(value) if name.endswith("_views") else ([], None, list(value.args[1:]))
         if gather is not None and gather[1] != tuple(range(len(gather[1]))):
             continue   # it already ends in a permutation
-        layout, node, end = Layout.contiguous(_shape(value)), var, None
+        layout, node, end = Layout.contiguous(static_shape(value)), var, None
         while users[node] == 1 and node not in outputs and len(readers.get(node, ())) == 1:
             nxt = next(iter(readers[node]))
             call = bound[nxt]
-            if not (_is_layout(call) and call.args[0].same_as(node)):
+            if not (is_layout(call) and call.args[0].same_as(node)):
                 break
             try:
-                layout = _step(layout, call)
+                layout = step(layout, call)
             except LayoutError:
                 break
             node = nxt
-            gather = layout.gather(prod(_shape(value)))
+            gather = layout.gather(prod(static_shape(value)))
             if gather is not None and not layout.is_contiguous and \
                     (name == views_kernel(_ATTENTION) or prod(layout.shape) >= min_elements):
                 end = (node, gather)
         if end is not None:
             target = name if name.endswith("_views") else views_kernel(name)
-            new[end[0]] = _call(target, encode(views, end[1]), args, bound[end[0]])
+            new[end[0]] = packed_call(target, encode(views, end[1]), args, bound[end[0]])
     return new
-
-
-def _decode(value: Any) -> tuple[list[ViewSpec], Gather | None, list[Any]]:
-    """A ``*_views`` call back into (input views, output gather, the kernel's own arguments)."""
-    args = list(value.args[1:])
-    ints = lambda lo, hi: [int(a.value) for a in args[lo:hi]]
-    n_in = int(args[0].value)
-    flat, views, at = ints(1, 1 + n_in), [], 0
-    while at < n_in:
-        pos, rank = flat[at], flat[at + 1]
-        views.append((pos, tuple(flat[at + 2:at + 2 + rank]), tuple(flat[at + 2 + rank:at + 2 + 2 * rank]),
-                      flat[at + 2 + 2 * rank]))
-        at += 3 + 2 * rank
-    n_out = int(args[1 + n_in].value)
-    out, gather = ints(2 + n_in, 2 + n_in + n_out), None
-    if n_out:
-        rf = out[0]
-        gather = (tuple(out[1:1 + rf]), tuple(out[1 + rf:1 + 2 * rf]), tuple(out[2 + 2 * rf:]))
-    return views, gather, args[2 + n_in + n_out:]
-
-
-def _rebuild(func: Any, new: dict) -> Any:
-    """``func`` with the values of the bindings in ``new`` replaced, then its dead bindings removed."""
-    import tvm
-    from tvm import relax
-
-    if not new:
-        return func
-    blocks = []
-    for block in func.body.blocks:
-        bindings = [relax.VarBinding(b.var, new[b.var]) if b.var in new else b for b in block.bindings]
-        blocks.append(type(block)(bindings))
-    body = relax.SeqExpr(blocks, func.body.body)
-    out = relax.Function(func.params, body, _ty(func).ret, func.is_pure, func.attrs)
-    out = relax.transform.Normalize()(tvm.IRModule({"main": out}))["main"]   # nested calls -> bindings
-    return relax.analysis.remove_all_unused(out)
-
-
-def _bindings(func: Any) -> tuple[dict, Counter, set]:
-    from tvm import relax
-
-    bound, users = {}, Counter()
-    for block in func.body.blocks:
-        for b in block.bindings:
-            bound[b.var] = b.value
-            users.update(relax.analysis.free_vars(b.value))
-    outputs = set(relax.analysis.free_vars(func.body.body))
-    return bound, users, outputs
 
 
 def _commute_linears(bound: dict, readers: dict) -> dict:
@@ -341,46 +187,127 @@ def _commute_linears(bound: dict, readers: dict) -> dict:
 
     new, memo = {}, {}
     for var, value in bound.items():
-        name = _kernel_name(value)
+        name = kernel_name(value)
         if name is None or name.endswith("_views") or not name.startswith("mlcomp.torch.linear"):
             continue
-        src, layout, _, n = _chain(value.args[1], bound, False, memo)
-        shape, out = _shape(src), _shape(value)
+        src, layout, _, n = chain(value.args[1], bound, False, memo)
+        shape, out = static_shape(src), static_shape(value)
         if not n or layout.is_contiguous or not shape or not out or \
-                any(not _is_layout(bound.get(r)) for r in readers.get(var, ())) or var not in readers:
+                any(not is_layout(bound.get(r)) for r in readers.get(var, ())) or var not in readers:
             continue
         rows = layout.rows(shape[-1])
         gather = None if rows is None else rows.gather(prod(shape[:-1]))
         if gather is None:
             continue
         f, p, s = gather
-        ty = relax.TensorType((*shape[:-1], out[-1]), str(_ty(value).dtype))
+        ty = relax.TensorType((*shape[:-1], out[-1]), str(ty_of(value).dtype))
         y = relax.call_pure_packed(name, src, *value.args[2:], ty_args=ty)
         moved = relax.op.permute_dims(relax.op.reshape(y, (*f, out[-1])), [*p, len(f)])
         new[var] = relax.op.reshape(moved, (*s, out[-1]))
     return new
 
 
-def _is_op(value: Any, *names: str) -> bool:
-    """Whether ``value`` is a call of one of the Relax ops ``names``."""
-    import tvm
+def _commute_merges(bound: dict, users: Counter, outputs: set) -> dict:
+    """A linear on heads merged in another row order -> the linear on the heads as SDPA left them.
+
+    SDPA's ``[b1, b2, L, D]`` result follows q's strides: for q read out of an in-projection it lies
+    in memory as ``[b1, L, b2, D]``, rows of ``b2·D`` merged heads, free to read.  A linear whose input is those rows rearranged (sequence-first: ``[L·b1,
+    b2·D]``, a copy) runs on the free rows instead and the rearrangement moves to its output, where
+    it is applied only if it cancels: the single-use layout ops after the linear undo it (the
+    permute back to batch-first), so no copy is left on either side and the next kernel reads a
+    contiguous value.  Otherwise nothing changes.
+    """
     from tvm import relax
 
-    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in names
-
-
-def _is_layout(value: Any) -> bool:
-    return _is_op(value, *_LAYOUT_OPS)
-
-
-def _readers(bound: dict) -> dict:
-    from tvm import relax
-
-    readers: dict = {}
+    readers, new = readers_of(bound), {}
+    single = lambda node: users[node] == 1 and node not in outputs and len(readers.get(node, ())) == 1
     for var, value in bound.items():
-        for a in relax.analysis.free_vars(value):
-            readers.setdefault(a, set()).add(var)
-    return readers
+        name = kernel_name(value)
+        if name is None or name.endswith("_views") or not name.startswith(_LINEAR):
+            continue
+        calls, node = [], value.args[1]
+        while is_layout(bound.get(node)) and single(node):
+            calls.append(bound[node])
+            node = bound[node].args[0]
+        source, att = node, bound.get(node)
+        if not calls or kernel_name(att) != views_kernel(_ATTENTION) or not single(node):
+            continue
+        views, gather, args = decode(att)
+        q_strides = next((strides for pos, _, strides, _ in views if pos == 0), None)
+        if gather is None or len(gather[0]) != 4 or gather[1] != (0, 1, 2, 3) or q_strides is None \
+                or not q_strides[1] < q_strides[2]:   # q (so SDPA's result) not laid out [b1, L, b2, D]
+            continue
+        b1, b2, length, dv = gather[0]
+        try:   # the linear's input over SDPA's memory [b1, L, b2, Dv]
+            layout = Layout.contiguous((b1, length, b2, dv)).permute((0, 2, 1, 3)).reshape(static_shape(att))
+            for call in reversed(calls):
+                layout = step(layout, call)
+        except LayoutError:
+            continue
+        width, out = layout.shape[-1], static_shape(value)
+        rows = layout.rows(width)
+        n_rows = prod(layout.shape) // width
+        if rows is None or rows.is_contiguous or rows.gather(n_rows) is None or out is None:
+            continue
+        ahead, end = rows.widen(out[-1]), None   # the linear's result over the linear of the free rows
+        node = var
+        while single(node) and is_layout(bound[next(iter(readers[node]))]):
+            node = next(iter(readers[node]))
+            try:
+                ahead = step(ahead, bound[node])
+            except LayoutError:
+                break
+            if ahead.is_contiguous:
+                end = node
+                break
+        if end is None:
+            continue
+        dtype = str(ty_of(att).dtype)
+        new[source] = packed_call(views_kernel(_ATTENTION), encode(views, (gather[0], (0, 2, 1, 3),
+                                         (n_rows, width))), args, relax.TensorType((n_rows, width), dtype))
+        y = relax.call_pure_packed(name, source, *value.args[2:],
+                                   ty_args=relax.TensorType((n_rows, out[-1]), str(ty_of(value).dtype)))
+        new[end] = relax.op.reshape(y, static_shape(bound[end]))
+    return new
+
+
+def _private(node: Any, bound: dict, users: Counter, outputs: set) -> bool:
+    """Whether ``node`` is (a reshape, which TVM runs as a view, of) a :data:`_FRESH` kernel's result that
+    only one binding reads."""
+    while users[node] == 1 and node not in outputs and is_op(bound.get(node), "relax.reshape"):
+        node = bound[node].args[0]
+    producer = kernel_name(bound.get(node)) or ""
+    return users[node] == 1 and node not in outputs and producer.startswith(_FRESH)
+
+
+def _reuse_sums(bound: dict, users: Counter, outputs: set) -> dict:
+    """``add_layer_norm(a, b)`` -> ``add_layer_norm_reuse``, which adds one summand into the other in place: one
+    that is a linear/matmul/attention result nothing else reads (``b`` first; ``a`` then goes second, the
+    sum is the same).  Those kernels return a tensor of their own (:data:`_FRESH`), so writing over one
+    only its reader sees is safe; the out-of-place sum cost a fresh buffer per residual (transformer@32:
+    8 × 4 MB; BERT writes ``dense(x) + residual``, the zoo transformer ``residual + out_proj(x)``).
+    """
+    from tvm import relax
+
+    new = {}
+    for var, value in bound.items():
+        name = kernel_name(value)
+        if name not in (_ADD_NORM, views_kernel(_ADD_NORM)):
+            continue
+        views, gather, args = decode(value) if name.endswith("_views") else ([], None, list(value.args[1:]))
+        viewed = {pos for pos, *_ in views}
+        for into in (1, 0):
+            if into not in viewed and _private(args[into], bound, users, outputs):
+                break
+        else:
+            continue
+        if into == 0:   # the private summand goes second: swap the two (a view of the other moves with it)
+            args[0], args[1] = args[1], args[0]
+            views = [(0 if pos == 1 else pos, *rest) for pos, *rest in views]
+        kernel = _ADD_NORM + "_reuse"
+        new[var] = (packed_call(views_kernel(kernel), encode(views, gather), args, value) if name.endswith("_views")
+                    else relax.call_pure_packed(kernel, *args, ty_args=ty_of(value)))
+    return new
 
 
 def absorb_views(func: Any, min_elements: int = VIEW_MIN_ELEMENTS) -> Any:
@@ -388,8 +315,12 @@ def absorb_views(func: Any, min_elements: int = VIEW_MIN_ELEMENTS) -> Any:
 
     ``min_elements``: the smallest copy moved into a torch call other than attention's.
     """
-    bound, _, _ = _bindings(func)
-    func = _rebuild(func, _commute_linears(bound, _readers(bound)))
-    bound, _, _ = _bindings(func)
-    func = _rebuild(func, _in_views(func, bound, min_elements))
-    return _rebuild(func, _out_views(*_bindings(func), min_elements))
+    bound, _, _ = bindings_of(func)
+    func = rebuild(func, _commute_linears(bound, readers_of(bound)))
+    bound, _, _ = bindings_of(func)
+    func = rebuild(func, _in_views(bound, min_elements, attention=True))
+    func = rebuild(func, _commute_merges(*bindings_of(func)))
+    bound, _, _ = bindings_of(func)
+    func = rebuild(func, _in_views(bound, min_elements, attention=False))
+    func = rebuild(func, _out_views(*bindings_of(func), min_elements))
+    return rebuild(func, _reuse_sums(*bindings_of(func)))
