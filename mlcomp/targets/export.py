@@ -31,7 +31,7 @@ from mlcomp.targets import tvm_backend
 from mlcomp.targets.codegen import to_fx
 from mlcomp.targets.cpu import trace_frozen
 from mlcomp.targets.onnx_patterns import ort_friendly
-from mlcomp.targets.onnxruntime import export_onnx
+from mlcomp.targets.onnxruntime import graph_to_onnx
 from mlcomp.targets.registry import get_target
 from mlcomp.targets.tvm import lower_low_precision, quiet_native
 
@@ -101,7 +101,7 @@ def _write_onnx(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Cal
     (see :mod:`mlcomp.targets.ort_precision`), so the file runs on plain ``onnxruntime``."""
 
     friendly, _ = ort_friendly(graph, inputs)
-    model = export_onnx(to_fx(friendly).eval(), inputs, name=graph.name)
+    model, _ = graph_to_onnx(friendly, inputs)       # mlcomp's emitter, else torch.onnx
     if any(m.dtype in (torch.bfloat16, torch.float16) for n in graph.nodes() for m in tensor_metas(n.meta)):
         model, _ = get_target("onnxruntime").lower_precision(model)
     Path(tmp).write_bytes(model)

@@ -64,7 +64,7 @@ from mlcomp.ir import Graph, tensor_metas
 from mlcomp.ir.ops import Namespace, Op
 from mlcomp.pipeline.presets import Rewrite
 
-__all__ = ["OnnxRuntimeTarget", "OrtRuntime", "export_onnx", "export_onnx_recorded", "make_session"]
+__all__ = ["OnnxRuntimeTarget", "OrtRuntime", "export_onnx", "export_onnx_recorded", "graph_to_onnx", "make_session"]
 
 PAYLOAD = "model.onnx"
 
@@ -236,24 +236,29 @@ class OnnxRuntimeTarget(Target):
     def build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...]) -> OrtRuntime:
         # mode, dtypes (numpy ones at the boundary) and device were checked by compile()
         graph, rewritten = ort_friendly(graph, inputs)     # what ORT's fusions match (onnx_patterns)
-        emitted = emit_model(graph, opset=options.opset or DEFAULT_OPSET) if self.emit else None
-        if emitted is not None and emitted.model is not None:
-            model, record = checked(emitted.model, graph.name), ExportRecord(MLCOMP)
-        else:
-            module = to_fx(graph).eval()
-            dynamic = None
-            if any(n.tensor_meta.is_dynamic for n in graph.input_nodes):
-                dynamic = tuple({i: torch.export.Dim.DYNAMIC for i, d in enumerate(n.tensor_meta.shape)
-                                 if isinstance(d, str)} for n in graph.input_nodes)
-            model, record = export_onnx_recorded(module, inputs, opset=options.opset, dynamic_shapes=dynamic,
-                                                 name=graph.name)
-            declined = emitted.declined if emitted is not None else "it was turned off (emit=False)"
-            record = ExportRecord(record.path, record.reason, declined)
+        model, record = graph_to_onnx(graph, inputs, opset=options.opset, emit=self.emit)
         precision = None
         if _has_low_precision(graph):
             model, precision = self.lower_precision(model, self.device(options))
         return OrtRuntime(model, threads=options.threads, device=self.device(options), precision=precision,
                           rewritten=rewritten.to_json(), stats=record.to_stats())
+
+
+def graph_to_onnx(graph: Graph, inputs: tuple[torch.Tensor, ...], *, opset: int | None = None,
+                  emit: bool = True) -> tuple[bytes, ExportRecord]:
+    """The checked ONNX model of ``graph`` (already :func:`ort_friendly`) and which exporter wrote it:
+    mlcomp's emitter, else (it declined, or ``emit=False``) :func:`export_onnx_recorded`."""
+    emitted = emit_model(graph, opset=opset or DEFAULT_OPSET) if emit else None
+    if emitted is not None and emitted.model is not None:
+        return checked(emitted.model, graph.name), ExportRecord(MLCOMP)
+    dynamic = None
+    if any(n.tensor_meta.is_dynamic for n in graph.input_nodes):
+        dynamic = tuple({i: torch.export.Dim.DYNAMIC for i, d in enumerate(n.tensor_meta.shape)
+                         if isinstance(d, str)} for n in graph.input_nodes)
+    model, record = export_onnx_recorded(to_fx(graph).eval(), inputs, opset=opset, dynamic_shapes=dynamic,
+                                         name=graph.name)
+    declined = emitted.declined if emitted is not None else "it was turned off (emit=False)"
+    return model, ExportRecord(record.path, record.reason, declined)
 
 
 def _has_low_precision(graph: Graph) -> bool:
