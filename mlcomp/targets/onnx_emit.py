@@ -24,6 +24,7 @@ exports as before.  One pass over the nodes: O(n).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -295,16 +296,16 @@ def _live(nodes: list[Any], inits: dict[str, Any], outputs: list[str]) -> tuple[
     return keep[::-1], [t for name, t in inits.items() if name in needed]
 
 
-_SCHEMAS: dict[Op, Any] = {}
+@lru_cache(maxsize=None)
+def _schema(op: Op) -> Any:
+    return op.resolve()._schema
 
 
 def bind(node: Node) -> dict[str, Any]:
     """The node's arguments by schema name, defaults filled in (``aten.add.Tensor(x, 1)`` → self, other, alpha)."""
     if node.op.namespace is not Namespace.ATEN:
         raise Decline(f"{node.op} is not an ATen op")
-    schema = _SCHEMAS.get(node.op)
-    if schema is None:
-        schema = _SCHEMAS[node.op] = node.op.resolve()._schema
+    schema = _schema(node.op)
     out: dict[str, Any] = {}
     positional = list(node.inputs)
     for arg in schema.arguments:
