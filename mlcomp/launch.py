@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -27,6 +28,16 @@ import torch.distributed as dist
 
 from mlcomp.base.errors import MlcompError
 from mlcomp.targets.distributed import check_artifact, run_rank
+
+
+def backend(local_ranks: int | None = None) -> str:
+    """NCCL when each of this host's ranks has a GPU of its own, else gloo on the CPU.
+
+    NCCL refuses two ranks on one device ("invalid usage"), so a 2-process run on a one-GPU
+    machine goes through gloo.  ``local_ranks``: torchrun's ``LOCAL_WORLD_SIZE`` when not given.
+    """
+    local = local_ranks if local_ranks is not None else int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= local else "gloo"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         check_artifact(Path(args.artifact))
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
+        dist.init_process_group(backend())
         try:
             summary = run_rank(args.artifact, schedule=args.schedule, microbatches=args.microbatches,
                                train=args.train, lr=args.lr, check=args.check, repeat=args.repeat,

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from mlcomp.base.errors import MlcompError
+from mlcomp.launch import backend as launch_backend
 from mlcomp.passes.partition import Partition
 from mlcomp.pipeline.pass_base import PassContext
 from mlcomp.targets.artifact import Artifact
@@ -68,3 +69,10 @@ def test_four_processes_and_interleaved(mlp4, tmp_path_factory):
         assert result["passed"] and result["nproc"] == 4, result
     inter = launch_check(folder, 2, train=True, schedule="interleaved", microbatches=2)
     assert inter["passed"] and [r["stages"] for r in inter["ranks"]] == [[0, 2], [1, 3]], inter
+
+
+def test_nccl_only_when_each_local_rank_has_its_own_gpu():
+    """NCCL refuses two ranks on one GPU: a 2-process run on a one-GPU machine goes through gloo."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert launch_backend(2) == ("nccl" if gpus >= 2 else "gloo")
+    assert launch_backend(1) == ("nccl" if gpus >= 1 else "gloo")

@@ -83,6 +83,7 @@ def test_empty_spec_and_presets():
     assert o3.names == ["cleanup", "fuse", "cleanup"] and dict(o3.passes[1].options)["max_group_size"] == 128
     # a preset can start a longer pipeline
     assert Pipeline.parse("O1,fuse").spec == "cleanup,fuse"
+    assert Pipeline.parse("-O1, fuse").spec == "cleanup,fuse"          # the dash is optional inside a list
     for text in PRESETS.values():        # every preset is itself a valid pipeline
         Pipeline.parse(text)
 

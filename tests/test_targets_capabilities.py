@@ -12,7 +12,8 @@ from mlcomp.ir.builder import GraphBuilder
 from mlcomp.ir.ops import aten
 from mlcomp.targets import (Capabilities, CapabilityError, CompileOptions, DeviceKind, Fallback, LogLevel,
                             Target, TargetName, get_target)
-from mlcomp.targets.capabilities import REAL_DTYPES, MismatchKind
+from mlcomp.targets.capabilities import REAL_DTYPES, MismatchKind, mismatches
+from mlcomp.targets.training import training_capabilities
 from mlcomp.targets.options import OptionsError
 
 TARGETS = [t.value for t in TargetName]
@@ -150,11 +151,26 @@ def test_placement_on_two_devices_is_refused():
     assert [(p.kind, p.nodes) for p in err.value.problems] == [(MismatchKind.DEVICE, ("relu", "neg"))]
 
 
+def test_cuda_target_runs_a_graph_placed_on_its_gpu_and_the_cpu():
+    b = GraphBuilder("placed")
+    graph = b.output(b.call(aten("neg"), b.call(aten("relu"), b.input("x", (2, 8)))))
+    graph.replace(graph.node("relu").with_ann(device="cpu"))        # the rest runs on the target's GPU
+    cuda = get_target("cuda")
+    assert mismatches(cuda.capabilities, "cuda", graph, "cuda:0") == []
+    assert "nodes placed on cpu, cuda" in cuda.capabilities.describe()
+    assert [p.kind for p in mismatches(cuda.capabilities, "cuda", graph, "cpu")] == [MismatchKind.DEVICE]
+    # a training step runs on one device: the placement would be ignored, so it is refused
+    training = training_capabilities(cuda)
+    assert training is not None and not training.multi_device
+    assert MismatchKind.MULTI_DEVICE in [p.kind for p in mismatches(training, "cuda", graph, "cuda:0")]
+
+
 def test_declared_capabilities():
     caps = {t: get_target(t).capabilities for t in TARGETS}
     for name, c in caps.items():   # torch-code targets also run training graphs (issue 9)
         trains = {Mode.TRAINING} if name in ("cpu", "cuda") else set()
-        assert isinstance(c, Capabilities) and c.modes == {Mode.INFERENCE} | trains and not c.multi_device
+        assert isinstance(c, Capabilities) and c.modes == {Mode.INFERENCE} | trains
+        assert c.multi_device == (name == "cuda")      # the cuda target runs place{devices=[cuda:0,cpu]}
         assert not any(d.is_complex for d in c.dtypes)
         with pytest.raises(dataclasses.FrozenInstanceError):
             c.multi_device = True

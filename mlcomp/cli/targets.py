@@ -97,6 +97,9 @@ def _bytes(path: Path) -> int:
 @click.option("--no-verify", is_flag=True,
               help="Skip comparing the artifact with eager PyTorch (a cache hit is otherwise verified too); an "
                    "unverified artifact is not stored in the cache.")
+@click.option("--tf32", is_flag=True,
+              help="cuda: let fp32 matrix products and convolutions use TF32 tensor cores (faster; products "
+                   "rounded to a 10-bit mantissa, verified at a declared tolerance of 5e-3). Default: IEEE fp32.")
 @click.option("--output-names", default=None, metavar="NAME,NAME...",
               help="Names of the model's outputs in the artifact (default: the model's own: dict keys or "
                    "named-tuple fields, else output, output_1, ...).")
@@ -119,7 +122,7 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                 dump_dir: str, verify_passes: bool, explain: bool, tolerance: float | None, fallback: str,
                 threads: int | None, device: str | None, tune_trials: int, tuning_dir: str | None,
                 fresh_check: bool, use_cache: bool = True, cache_dir: Path | None = None,
-                cache_max_size: int | None = None, no_verify: bool = False,
+                cache_max_size: int | None = None, no_verify: bool = False, tf32: bool = False,
                 output_names: str | None = None, as_json: bool = False, force: bool = False,
                 train: bool = False, loss: str = "cross_entropy", optimizer: str = "sgd", steps: int = 5,
                 loss_scale: str | None = None) -> None:
@@ -168,7 +171,8 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                            verify=not no_verify, cache=cache, note=progress.note,
                            instruments=instruments if auto else instruments(canonical),
                            capture_seconds=capture_seconds, tolerance=tolerance, fallback=fallback,
-                           threads=threads, device=device, tune_trials=tune_trials, work_dir=tuning_dir)
+                           threads=threads, device=device, tune_trials=tune_trials, work_dir=tuning_dir,
+                           tf32=tf32 or None)
     progress.clear()
     art = result.artifact
     hit = result.cache is not None and result.cache.status.value == "hit"

@@ -236,7 +236,7 @@ class _Parser:
 
     def item(self) -> list[PassSpec]:
         name, at = self.ident("a pass name")
-        if _preset_key(name) is not None and not name.startswith("-"):
+        if _preset_key(name) is not None:    # a preset inside a list: "-O2,mixed-precision" or "O2,…"
             if self.peek() == "{":
                 raise self.error(f"preset {name} takes no options")
             return list(Pipeline.parse(PRESETS[_preset_key(name)], registry=self.registry).passes)

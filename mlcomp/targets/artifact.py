@@ -157,6 +157,14 @@ def versions() -> dict[str, str | None]:
     return out
 
 
+def _declared_rtol(graph: Graph, runtime: "Runtime") -> float | None:
+    """The looser of what the graph's low-precision nodes imply and the runtime's own (cuda with tf32)."""
+    declared = declared_tolerance(graph)
+    found = [r for r in (declared.rtol if declared else None, getattr(runtime, "declared_rtol", None))
+             if r is not None]
+    return max(found, default=None)
+
+
 class Artifact:
     """A compiled model.  Build one with a target or :func:`mlcomp.compile`; see module doc."""
 
@@ -183,8 +191,9 @@ class Artifact:
             "symbols": dict(graph.symbols), "pipeline": pipeline, "options": options,
             "fallback_regions": regions or [], "compile_seconds": round(compile_seconds, 4),
             "verification": None,
-            # what the graph's bf16/fp16 nodes imply (mlcomp.analysis.ranges); verify's default
-            "declared_tolerance": declared.rtol if (declared := declared_tolerance(graph)) else None,
+            # what the graph's bf16/fp16 nodes imply (mlcomp.analysis.ranges), or the runtime's own
+            # math (cuda with tf32: its ``declared_rtol``), the looser of the two; verify's default
+            "declared_tolerance": _declared_rtol(graph, runtime),
         }
         return cls(runtime, manifest)
 

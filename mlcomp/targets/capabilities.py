@@ -68,6 +68,13 @@ class Capabilities:
     devices: frozenset[DeviceKind] = frozenset({DeviceKind.CPU})
     multi_device: bool = False        # honours ``ann.device`` placement over several devices
     dynamic_shapes: bool = True       # inputs with symbolic sizes
+    # kinds of device a node may be placed on (``ann.device``) when ``multi_device``; None: ``devices``.
+    # The cuda target runs where its GPU is and places nodes on that GPU or the host's CPU.
+    placement_devices: frozenset[DeviceKind] | None = None
+
+    @property
+    def placeable(self) -> frozenset[DeviceKind]:
+        return self.devices | (self.placement_devices or frozenset()) if self.multi_device else self.devices
 
     @property
     def boundary_dtypes(self) -> frozenset[torch.dtype]:
@@ -84,7 +91,8 @@ class Capabilities:
             "modes " + ", ".join(m.value for m in Mode if m in self.modes),
             f"dtypes {names(self.dtypes)}{io}",
             "devices " + ", ".join(d.value for d in DeviceKind if d in self.devices),
-            "several devices per graph" if self.multi_device else "single device",
+            ("nodes placed on " + ", ".join(d.value for d in DeviceKind if d in self.placeable))
+            if self.multi_device else "single device",
             "symbolic sizes" if self.dynamic_shapes else "static shapes only"])
 
     def to_json(self) -> dict[str, Any]:
@@ -92,13 +100,15 @@ class Capabilities:
                 "dtypes": [dtype_name(d) for d in _ordered(self.dtypes)],
                 "io_dtypes": [dtype_name(d) for d in _ordered(self.boundary_dtypes)],
                 "devices": [d.value for d in DeviceKind if d in self.devices],
-                "multi_device": self.multi_device, "dynamic_shapes": self.dynamic_shapes}
+                "multi_device": self.multi_device, "dynamic_shapes": self.dynamic_shapes,
+                "placement_devices": [d.value for d in DeviceKind if d in self.placeable]}
 
 
 # Targets that run generated torch code also run joint training graphs: the training step
 # (mlcomp.targets.training.TrainingArtifact) is that code plus a torch.optim optimizer.
 TORCH_CPU = Capabilities(modes=frozenset({Mode.INFERENCE, Mode.TRAINING}))
-TORCH_CUDA = Capabilities(modes=frozenset({Mode.INFERENCE, Mode.TRAINING}), devices=frozenset({DeviceKind.CUDA}))
+TORCH_CUDA = Capabilities(modes=frozenset({Mode.INFERENCE, Mode.TRAINING}), devices=frozenset({DeviceKind.CUDA}),
+                          multi_device=True, placement_devices=frozenset({DeviceKind.CUDA, DeviceKind.CPU}))
 
 
 def _ordered(dtypes: frozenset[torch.dtype]) -> list[torch.dtype]:
@@ -197,10 +207,11 @@ def mismatches(caps: Capabilities, target: str, graph: Graph, device: str,
     for node in calls:
         if node.ann.device:
             placed.setdefault(_norm(node.ann.device), []).append(node.name)
+    placeable = ", ".join(d.value for d in DeviceKind if d in caps.placeable)
     for where, names in placed.items():
-        if DeviceKind.of(where) not in caps.devices:
+        if DeviceKind.of(where) not in caps.placeable:
             found.append(Mismatch(MismatchKind.DEVICE, f"nodes are placed on {where!r}, not a device "
-                                                       f"target {target} runs on ({kinds})", tuple(names)))
+                                                       f"target {target} places nodes on ({placeable})", tuple(names)))
     unplaced = len(calls) - sum(len(names) for names in placed.values())
     devices = set(placed) | ({_norm(device)} if unplaced else set())
     if len(devices) > 1 and not caps.multi_device:

@@ -66,6 +66,9 @@ class CompileOptions:
     verification (``None`` = by dtype).  ``optimize``: TorchScript
     ``optimize_for_inference`` (``None`` = measure both, keep the faster).
     ``cuda_graphs``: replay static-shape CUDA models as one CUDA graph.
+    ``tf32``: the cuda target lets fp32 matrix products and convolutions use
+    TF32 tensor cores (products rounded to a 10-bit mantissa; verified at the
+    declared tolerance ``mlcomp.targets.cuda.TF32_RTOL``); off: IEEE fp32.
     ``tune_build_timeout``/``tune_run_timeout``: seconds one MetaSchedule
     candidate may take to build/to measure before it counts as failed.
     ``log_level``: what a backend prints to the console (TVM: MetaSchedule's
@@ -82,6 +85,7 @@ class CompileOptions:
     tolerance: float | None = None
     optimize: bool | None = None
     cuda_graphs: bool = True
+    tf32: bool = False
     opset: int | None = None
     tune_build_timeout: float = 180.0
     tune_run_timeout: float = 60.0
@@ -133,7 +137,7 @@ def _check_option(key: str, value: Any) -> Any:
             example = "1e-3" if key == "tolerance" else "120"
             raise OptionsError(f"{key}={value!r} must be a positive number such as {example}")
         return float(value)
-    if key in ("optimize", "cuda_graphs", "tune_worker_torch"):
+    if key in ("optimize", "cuda_graphs", "tune_worker_torch", "tf32"):
         if not isinstance(value, bool):
             raise OptionsError(f"{key}={value!r} must be True or False")
         return value

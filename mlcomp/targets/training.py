@@ -20,6 +20,7 @@ capability message before anything is built.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -99,7 +100,9 @@ def training_capabilities(target: Any) -> Capabilities | None:
     """The target's capabilities when they include training graphs (cpu, cuda: ``TORCH_CPU`` /
     ``TORCH_CUDA`` in :mod:`mlcomp.targets.capabilities`); ``None``: it cannot train."""
     caps = getattr(target, "capabilities", None)
-    return caps if caps is not None and Mode.TRAINING in caps.modes else None
+    if caps is None or Mode.TRAINING not in caps.modes:
+        return None
+    return dataclasses.replace(caps, multi_device=False, placement_devices=None)  # the step ignores placement
 
 
 def training_targets() -> list[str]:

@@ -286,7 +286,7 @@ def compare_steps(art: Any, model: torch.nn.Module, loss_fn: Any,
     A mixed-precision graph: :func:`_steps_against_autocast` (three trajectories, the
     gradient rule per tensor; ``worst_rel`` is then the compiled state's error from fp32's).
     """
-    model.train(True)
+    model.train(True).to(art.device)     # the caller's copy: eager steps run where the compiled ones do
     args = [t.to(art.device) for t in inputs]
     low, precision = _reference_precision(art)
     if low is not None:
