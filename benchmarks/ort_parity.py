@@ -21,11 +21,21 @@ capture + passes + lowering + verification for mlcomp, export + session for plai
 
 ``--diff`` prints, per model, the node counts by op type of the graphs ORT actually runs
 (each session saves its optimised model through ``SessionOptions.optimized_model_filepath``)
-where plain and mlcomp ``-O0`` differ, e.g.::
+where plain and mlcomp ``-O2`` differ, e.g.::
 
     gru-tagger: op type        plain  mlcomp
                 GRU                1       0     # ours: the recurrence unrolled
                 MatMul             1      64
+
+and, where the op types agree, the counts by op type and number of inputs, which the
+histogram alone hides (GPT-2, before the emitter left zero biases off)::
+
+    gpt2 (2): 66 vs 64 nodes, mlcomp -O2; op type[/inputs]  plain  mlcomp
+        Reshape                             24      22
+        Gemm/2                               8       0
+        Gemm/3                               0       8
+        Split/1                              2       0     # num_outputs vs explicit sizes
+        Split/2                              0       2
 """
 from __future__ import annotations
 
@@ -37,8 +47,9 @@ import tempfile
 import time
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -72,16 +83,18 @@ def session(model: bytes, threads: int, optimized: Path | None = None):
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
-def op_counts(model: bytes, threads: int) -> Counter:
-    """Node counts by op type of the graph ORT runs after its own optimisations."""
+def op_counts(model: bytes, threads: int) -> tuple[Counter, Counter]:
+    """Node counts of the graph ORT runs after its own optimisations: by op type, and by op type
+    and number of (non-empty) inputs (``Gemm/3``: with a bias)."""
     import onnx
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "optimized.onnx"
         session(model, threads, path)
         proto = onnx.load(str(path), load_external_data=False)
-    return Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
-                   for n in proto.graph.node)
+    kinds = [n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}" for n in proto.graph.node]
+    arity = [f"{k}/{sum(1 for i in n.input if i)}" for k, n in zip(kinds, proto.graph.node)]
+    return Counter(kinds), Counter(arity)
 
 
 def plain(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], threads: int):
@@ -157,9 +170,11 @@ def measure(name: str, batch: int, threads: int, rounds: int, round_s: float, cl
     for preset in presets:
         if "plain" in times and preset in times:
             row[f"{preset}_ratio"] = times["plain"] / times[preset]
-    if "plain" in models and "-O0" in models:
-        a, b = op_counts(models["plain"], threads), op_counts(models["-O0"], threads)
-        row["ops_plain"], row["ops_mlcomp"] = dict(a), dict(b)
+    ours_key = "-O2" if "-O2" in models else "-O0"
+    if "plain" in models and ours_key in models:
+        (a, a_in), (b, b_in) = op_counts(models["plain"], threads), op_counts(models[ours_key], threads)
+        row["ops_plain"], row["ops_mlcomp"], row["ops_of"] = dict(a), dict(b), ours_key
+        row["arity_plain"], row["arity_mlcomp"] = dict(a_in), dict(b_in)
     return row
 
 
@@ -186,13 +201,18 @@ def print_diff(rows: list[dict[str, Any]]) -> None:
         if not a and not b:
             continue
         diff = sorted(op for op in set(a) | set(b) if a[op] != b[op])
-        total = f"{sum(a.values())} vs {sum(b.values())} nodes"
-        if not diff:
-            print(f"{r['model']} ({r['batch']}): same op counts ({total})")
+        total = f"{sum(a.values())} vs {sum(b.values())} nodes, mlcomp {r.get('ops_of', '-O0')}"
+        # by op type and number of inputs, for the op types whose counts agree (Gemm/2 vs Gemm/3)
+        x, y = Counter(r.get("arity_plain", {})), Counter(r.get("arity_mlcomp", {}))
+        hidden = sorted(k for k in set(x) | set(y) if x[k] != y[k] and k.split("/")[0] not in diff)
+        if not diff and not hidden:
+            print(f"{r['model']} ({r['batch']}): same op counts and inputs ({total})")
             continue
-        print(f"{r['model']} ({r['batch']}): {total}; op type  plain  mlcomp")
+        print(f"{r['model']} ({r['batch']}): {total}; op type[/inputs]  plain  mlcomp")
         for op in diff:
             print(f"    {op:<32}{a[op]:>6}{b[op]:>8}")
+        for op in hidden:
+            print(f"    {op:<32}{x[op]:>6}{y[op]:>8}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, batch in rows_spec:
         rows.append(measure(name, batch, args.threads, args.rounds, args.round_s, args.clock,
                             tuple(p for p in args.presets.split(",") if p)))
-        print(f"done {name} ({batch}): {json.dumps({k: v for k, v in rows[-1].items() if not k.startswith('ops')})}",
+        print(f"done {name} ({batch}): "
+              f"{json.dumps({k: v for k, v in rows[-1].items() if not k.startswith(('ops', 'arity'))})}",
               file=sys.stderr, flush=True)
         if args.json:        # after every row, so an interrupted run keeps what it measured
             Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -2,10 +2,15 @@
 
 Fake targets are passed as the candidate list (the global registry is untouched); their
 runtimes advance an injected clock by a fixed cost per call, so "fastest" is decided
-without wall-clock assertions.  One real run compiles the zoo mlp for cpu and onnxruntime.
+without wall-clock assertions.  The ranking protocol (:func:`mlcomp.api.auto.rank`) is checked
+on fakes 3 % apart whose samples carry seeded noise and load drift: with tie-break rounds it
+ranks them right where one pass of rounds does not.  One real run compiles the zoo mlp for cpu
+and onnxruntime.
 """
 from __future__ import annotations
 
+import math
+import random
 from typing import Any, ClassVar
 
 import pytest
@@ -14,6 +19,7 @@ from click.testing import CliRunner
 
 import mlcomp
 from mlcomp.api import AutoTargetError, compile_auto, compile_model
+from mlcomp.api import auto as auto_mod
 from mlcomp.cli.main import main
 from mlcomp.frontend.loading import load_model
 from mlcomp.hardware.timing import TimingPolicy
@@ -100,8 +106,14 @@ def test_picks_the_fastest_verified_fake_and_records_every_candidate(mlp):
     assert rows["trainer"]["reason"].startswith("cannot take the graph:") and "inference" in rows["trainer"]["reason"]
     table = result.auto.table().format().splitlines()
     assert table[0] == "auto: picked fast (fastest that verified; * marks it)"
-    assert table[1].split() == ["target", "compile", "median", "verified"]
+    assert table[1].split() == ["target", "compile", "median", "vs", "pick", "verified"]
     assert any(line.startswith("fast *") and line.endswith("yes") for line in table)
+    assert any(line.startswith("slow ") and "3.000x p=0.062" in line for line in table)
+    # clearly apart: decided in the first rounds, no tie-break; the pick is the artifact built for it, unwrapped
+    timing = art.manifest["auto"]["timing"]
+    assert timing["tie_break_rounds"] == 0 and timing["rounds"] == 5       # FAST allows at most 5 rounds
+    assert rows["slow"]["ratio_to_picked"] == pytest.approx(3.0) and rows["fast"]["ratio_to_picked"] == 1.0
+    assert type(art.runtime) is FakeRuntime and art.runtime.cost_s == 1e-3
     assert any(line.startswith("wrong") and "no: verification failed" in line for line in table)
 
 
@@ -160,9 +172,76 @@ def test_cli_prints_the_candidates_table(tmp_path):
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
     title = lines.index("auto: picked cpu (fastest that verified; * marks it)")
-    assert lines[title + 1].split() == ["target", "compile", "median", "verified"]
+    assert lines[title + 1].split() == ["target", "compile", "median", "vs", "pick", "verified"]
     assert lines[title + 3].startswith("cpu *") and lines[title + 3].endswith("yes")
     assert not [ln for ln in lines if ln.startswith("cache ")] and not (tmp_path / "unused").exists()
     assert mlcomp.load(out).manifest["auto"]["picked"] == "cpu"
     bad = CliRunner().invoke(main, ["compile", "mlp", "--target", "cpu", "--candidates", "cpu"])
     assert bad.exit_code == 2 and "--candidates applies to --target auto only" in bad.output
+
+
+# ---------------------------------------------------------------------------
+# the ranking protocol on close candidates
+
+
+def _noisy(costs: dict[str, float], seed: int, sigma: float = 0.05, drift: float = 0.5):
+    """Fakes whose calls advance a fake clock by cost x load x jitter: the load drifts slowly
+    (up to 1 + drift), the jitter is log-normal (sigma), both seeded."""
+    clock, rng = FakeClock(), random.Random(seed)
+    order: list[str] = []
+
+    def make(name: str, cost: float):
+        def call() -> None:
+            load = 1 + drift * (0.5 + 0.5 * math.sin(clock.now / 0.7 + seed))
+            clock.now += cost * load * math.exp(rng.gauss(0, sigma))
+            order.append(name)
+        return call
+    return clock, {n: make(n, c) for n, c in costs.items()}, order
+
+
+CLOSE_PAIR = {"slower": 0.0206, "faster": 0.0200}      # 20 ms blocks, 3 % apart (ResNet-18@1: ORT vs OpenVINO)
+
+
+def _wrong_picks(monkeypatch, tie_break: float, seeds: range) -> int:
+    monkeypatch.setattr(auto_mod, "TIE_BREAK", tie_break)
+    wrong = 0
+    for seed in seeds:
+        clock, fns, _ = _noisy(CLOSE_PAIR, seed)
+        wrong += auto_mod.rank(fns, auto_mod.DEFAULT_AUTO_TIMING, clock=clock).picked != "faster"
+    return wrong
+
+
+def test_close_candidates_get_tie_break_rounds_and_rank_right(monkeypatch):
+    seeds, tie_break = range(20), auto_mod.TIE_BREAK
+    assert _wrong_picks(monkeypatch, 0.0, seeds) >= 5          # one pass of ~8 rounds: a coin toss too often
+    assert _wrong_picks(monkeypatch, tie_break, seeds) <= 1
+
+
+def test_tie_break_is_bounded_and_rounds_rotate():
+    policy = auto_mod.DEFAULT_AUTO_TIMING
+    clock, fns, order = _noisy({"a": 0.02, "b": 0.02, "c": 0.02}, seed=3)    # equal: never decided
+    ranking = auto_mod.rank(fns, policy, clock=clock)
+    assert ranking.tie_break_rounds > 0 and ranking.picked in fns
+    one_round = 2 * 3 * 0.02 * 1.6                   # a lead-in and a sample of each, at the worst load
+    warmup = policy.warmup * 3 * 0.02 * 1.6
+    bound = warmup + max(policy.budget_s * 3, auto_mod.MIN_ROUNDS * one_round) + auto_mod.TIE_BREAK * policy.budget_s
+    assert clock.now <= bound + one_round
+    # after warm-up, each round is (lead-in, sample) per candidate, starting one candidate later each round
+    timed = order[3 * policy.warmup:]
+    firsts = [timed[i] for i in range(0, 6 * ranking.rounds, 6)]
+    assert firsts[:6] == ["a", "b", "c", "a", "b", "c"]
+    assert all(timed[i] == timed[i + 1] for i in range(0, 6 * ranking.rounds, 2))
+    assert set(ranking.ratios) == {"a", "b", "c"} and ranking.ratios[ranking.picked] == 1.0
+
+
+def test_a_contender_decided_slower_leaves_the_tie_break():
+    """2x slower is decided in the first rounds and timed no further; 3 % slower needs tie-break rounds."""
+    clock, fns, order = _noisy({"fast": 0.020, "close": 0.0206, "far": 0.04}, seed=0, sigma=0.03, drift=0.0)
+    policy = auto_mod.DEFAULT_AUTO_TIMING
+    ranking = auto_mod.rank(fns, policy, clock=clock)
+    assert ranking.picked == "fast" and ranking.tie_break_rounds > 0
+    assert order.count("far") == policy.warmup + 2 * ranking.rounds
+    assert order.count("close") == order.count("fast") == policy.warmup + 2 * (ranking.rounds + ranking.tie_break_rounds)
+    assert ranking.p_values["close"] < auto_mod.ALPHA and ranking.ratios["close"] == pytest.approx(1.03, abs=0.02)
+    assert ranking.ratios["far"] == pytest.approx(2.0, abs=0.05) and ranking.p_values["far"] < auto_mod.ALPHA
+    assert ranking.medians["fast"] == pytest.approx(0.020, rel=0.03)

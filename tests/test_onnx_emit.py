@@ -305,6 +305,46 @@ def test_emitted_model_equals_the_torchlib_export(captured):
         torch.testing.assert_close(ours(*inputs), theirs(*inputs), rtol=1e-6, atol=1e-6)
 
 
+ZERO_BIAS_TEXT = """\
+in x
+Conv(x, c.weight) -> convolution {dilations=[1, 1], group=1, kernel_shape=[1, 1], pads=[0, 0, 0, 0], strides=[1, 1]}
+Reshape(convolution, view/shape) -> view
+Gemm(view, fc.weight) -> addmm {transB=1}
+Gemm(addmm, proj.weight, proj.bias) -> addmm_1
+Gemm(addmm_1, conv1d.weight) -> addmm_2 {alpha=2}
+init c.weight: [2, 2, 1, 1]
+init view/shape: [2]
+init fc.weight: [4, 8]
+init proj.weight: [4, 4]
+init proj.bias: [4]
+init conv1d.weight: [4, 3]
+out addmm_2"""
+
+
+def _zero_bias_net() -> tuple[Graph, tuple[torch.Tensor, ...]]:
+    """Biases of zeros (HF's linear init; -0.0 too) are left off Gemm/Conv; a non-zero one stays."""
+    b = GraphBuilder("zero_bias")
+    x = b.input("x", (2, 2, 2, 2))
+    conv = b.call(A("convolution"), x, b.param("c.weight", _w(2, 2, 1, 1)), b.param("c.bias", torch.zeros(2)),
+                  [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    flat = b.call(A("view"), conv, [2, 8])
+    fc = b.call(A("addmm"), b.param("fc.bias", -torch.zeros(4)), flat,
+                b.call(A("permute"), b.param("fc.weight", _w(4, 8)), [1, 0]))
+    bias = torch.zeros(4)
+    bias[3] = 0.5
+    proj = b.call(A("addmm"), b.param("proj.bias", bias), fc, b.param("proj.weight", _w(4, 4)))
+    conv1d = b.call(A("addmm"), b.param("conv1d.bias", torch.zeros(1, 3)), proj, b.param("conv1d.weight", _w(4, 3)),
+                    beta=3, alpha=2)          # HF Conv1D's [in, out] weight, unfolded; beta has nothing to scale
+    return b.output(conv1d), (torch.randn(2, 2, 2, 2, generator=W),)
+
+
+def test_zero_biases_are_left_off_as_torchlib_does():
+    graph, inputs = _zero_bias_net()
+    model = emit_model(graph).model
+    assert "\n".join(_text(model)) == ZERO_BIAS_TEXT
+    torch.testing.assert_close(_run(model, inputs)[0], Interpreter(graph).run(*inputs)[0], rtol=1e-5, atol=1e-6)
+
+
 def _low(graph: Graph) -> Graph:
     b = GraphBuilder("low")
     x = b.input("x", (2, 3), torch.float16)
