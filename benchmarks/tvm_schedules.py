@@ -21,7 +21,8 @@ machine does not inflate the way it does wall time.
 
 ``--ablate``: also the current build without each of the larger rewrites of the kernel offload
 (``tvm_offload.Fusion``: attention → SDPA, conv/linear epilogues, layer norm, layout views; ``--ablate views``:
-only the named ones, comma-separated) and without any of them
+only the named ones, comma-separated; ``small-gemms``: without ``tvm_gemm``'s probe, every GEMM
+a torch call) and without any of them
 (``tvm-no-fusion``, plain ``--ablate`` only) and with all (``tvm-all-fusions``: built the same way, no artifact wrapper, the fair
 reference for the others), timed in the same interleaved rounds, to decide which of them pay.
 
@@ -48,6 +49,7 @@ os.environ.setdefault("TVM_NUM_THREADS", str(_THREADS))   # read once when TVM's
 
 import torch  # noqa: E402
 
+_SMALL = "small-gemms"    # --ablate small-gemms: the build without tvm_gemm's probe (every GEMM in torch)
 ZOO = ("mlp", "lenet", "resnet18", "mobilenet", "transformer", "gru")
 HF = ("bert", "vit")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,13 +140,16 @@ def run(name: str, batch: int, *, before: bool, budget: float, rounds: int, abla
         from mlcomp.targets.tvm_offload import ALL_FUSIONS, Fusion
 
         # tvm-all-fusions: the same build as tvm-after without the artifact's call wrapper (threads, checks)
-        off = list(Fusion) if ablate == "all" else [Fusion(v) for v in ablate.split(",")]
-        variants = ({"tvm-all-fusions": ALL_FUSIONS} | {f"tvm-no-{f.value}": ALL_FUSIONS - {f} for f in off}
-                    | ({"tvm-no-fusion": frozenset()} if ablate == "all" else {}))
+        names = ablate.split(",")
+        off = list(Fusion) if ablate == "all" else [Fusion(v) for v in names if v != _SMALL]
+        variants = ({"tvm-all-fusions": (ALL_FUSIONS, True)}
+                    | {f"tvm-no-{f.value}": (ALL_FUSIONS - {f}, True) for f in off}
+                    | ({f"tvm-no-{_SMALL}": (ALL_FUSIONS, False)} if ablate == "all" or _SMALL in names else {})
+                    | ({"tvm-no-fusion": (frozenset(), True)} if ablate == "all" else {}))
         row["ablations"] = list(variants)
         fx = to_fx(graph).eval()
-        for label, fusions in variants.items():
-            mod = build(fx, inputs, fusions=fusions)
+        for label, (fusions, small) in variants.items():
+            mod = build(fx, inputs, fusions=fusions, small_gemms=small, threads=_THREADS)
             row[f"err_{label}"] = _rel(expected, mod(*inputs))
             runners[label] = (lambda m: lambda: m(*inputs))(mod)
             if profile:

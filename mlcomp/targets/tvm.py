@@ -283,6 +283,7 @@ class TvmTarget(Target):
         module = to_fx(lower_low_precision(graph)).eval()
         try:
             built = tvm_backend.build(module, inputs, device=device, tune_trials=options.tune_trials,
+                                      threads=options.threads,
                                       work_dir=work_dir, build_timeout=options.tune_build_timeout,
                                       run_timeout=options.tune_run_timeout, log_level=options.log_level,
                                       worker_torch=options.tune_worker_torch,

@@ -74,6 +74,8 @@ from mlcomp.targets.options import LogLevel
 from mlcomp.hardware.probe import vector_bits
 from mlcomp.hardware.timing import TimingPolicy, measure_interleaved
 from mlcomp.targets.tvm_conv_packed import channels_last_reason, to_channels_last
+from mlcomp.targets.tvm_fast_math import fast_math
+from mlcomp.targets.tvm_gemm import keep_small_gemms
 from mlcomp.targets.tvm_kernels import PACKED_WEIGHTS, register_kernels
 from mlcomp.targets.tvm_offload import ALL_FUSIONS, Fusion
 from mlcomp.targets.tvm_views import VIEW_MIN_ELEMENTS
@@ -186,6 +188,7 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
           run_timeout: float = 60.0, log_level: LogLevel = LogLevel.WARNING,
           worker_torch: bool = False, kernels: bool | None = None,
           fusions: frozenset[Fusion] = ALL_FUSIONS, view_min_elements: int = VIEW_MIN_ELEMENTS,
+          small_gemms: bool = True, threads: int | None = None,
           progress: Callable[[int, int, str], None] | None = None,
           clock: Callable[[], float] = time.perf_counter) -> "TvmModule":
     """Compile ``module`` for the exact shapes/dtypes of ``example_inputs``.
@@ -201,7 +204,9 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
     and prepacked where :mod:`tvm_conv_packed`'s rule allows, ``stats["conv_layout"]``); default: on for
     CPU, tuned or not.  ``clock``: the timer of the tuned-vs-untuned comparison.  ``fusions``: which larger rewrites
     the kernel offload also applies (attention, epilogues, layer norm, views); ``view_min_elements``: the
-    smallest layout copy the views rewrite moves into a torch call.  ``progress(done, total,
+    smallest layout copy the views rewrite moves into a torch call.  ``small_gemms``: probe the offloaded
+    GEMMs both ways and keep those TVM runs faster as TVM code (:mod:`tvm_gemm`, ``stats["small_gemms"]``),
+    timed with ``threads`` torch threads (None: torch's current count).  ``progress(done, total,
     message)``: called after every tuning batch.
     """
     import torch
@@ -242,11 +247,20 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
             if Fusion.PACKED_CONV in fusions:
                 mod = _conv_layout(mod, target, stats)
             mod, report = offload_to_kernels(mod, fusions, view_min_elements)
+            if small_gemms and target.kind.name == "llvm":
+                # the offloaded GEMMs this host runs faster as TVM code go back to Relax (probe compiled like mod)
+                mod = keep_small_gemms(mod, report, stats, threads, lambda probe: tvm.compile(
+                    _default_schedules(_lower_to_tir(fast_math(probe)[0], target), target, {}, parallel=False),
+                    target=target))
             stats["kernels"] = report.to_json()
             stats["packed_weight_keys"] = list(report.packed)
+        if target.kind.name == "llvm":
+            mod, stats["fast_math"] = fast_math(mod)
         mod = _lower_to_tir(mod, target)
         # torch's kernels in the module: torch's thread pool owns the cores, TVM's code stays serial
-        calls_torch = bool(kernels and stats["kernels"]["kernels"])
+        # (a build whose every GEMM became TVM code stays serial too: the probe timed them serial)
+        kept = stats.get("small_gemms", {}).get("kept_in_tvm")
+        calls_torch = bool(kernels and (stats["kernels"]["kernels"] or kept))
         untuned = None
         tuning_dir = work_dir or os.path.join(scope.tmp, "tuning")
         searches = 2 if own_variant and calls_torch else 1

@@ -14,7 +14,10 @@ threads) also send ``softmax`` attention to ``scaled_dot_product_attention``, a 
 add and an activation after a conv/linear into its call (``linear_relu``, ``conv2d_sigmoid``),
 and a (residual add +) layer norm to ``F.layer_norm``; last, the layout chains around those calls
 (permutes, q/k/v split out of an in-projection, heads merged) become strided views the torch call
-reads and one torch-side copy of its result (:mod:`mlcomp.targets.tvm_views`).
+reads and one torch-side copy of its result (:mod:`mlcomp.targets.tvm_views`); a small conv whose
+stride is its kernel (ViT's patch embedding) becomes a patch copy and a ``linear``
+(:func:`mlcomp.targets.tvm_gemm.patch_convs`).  Which small GEMMs then go back to TVM code is the
+backend's measured decision (:mod:`mlcomp.targets.tvm_gemm`).
 Everything else (pooling, permutes, means, the arithmetic of an unfolded BatchNorm) stays
 in Relax, so TVM legalizes and fuses it as before.
 Matrix–vector products go to torch too: measured on the zoo (mlp and gru at batch 1,
@@ -46,6 +49,7 @@ from typing import Any
 from mlcomp.targets.tvm_chains import maybe, static_shape, ty_of
 from mlcomp.targets.tvm_conv_packed import pack_convs
 from mlcomp.targets.tvm_epilogues import epilogues, layer_norms, means
+from mlcomp.targets.tvm_gemm import patch_convs
 from mlcomp.targets.tvm_kernels import KERNELS, kernel_library
 from mlcomp.targets.tvm_views import VIEW_MIN_ELEMENTS, absorb_views
 
@@ -64,6 +68,7 @@ class Fusion(Enum):
     PACKED_CONV = "packed_conv"   # NHWC conv (+ bias, residual add, act) → prepacked oneDNN (tvm_conv_packed)
     VIEWS = "views"               # layout chains around a torch call → strided views in, a torch copy out
     MEAN = "mean"                 # a large mean of a torch call's result → torch.mean
+    PATCHES = "patches"           # small stride = kernel conv (ViT patches) → patch copy + linear (tvm_gemm)
 
 
 ALL_FUSIONS = frozenset(Fusion)
@@ -196,6 +201,8 @@ def offload(mod: Any, fusions: frozenset[Fusion] = ALL_FUSIONS,
             func = _attention(func)
         if Fusion.PACKED_CONV in fusions:
             func = pack_convs(func, report.packed)
+        if Fusion.PATCHES in fusions:
+            func = patch_convs(func)
         func = rewrite_call(is_op(_CONV)(wildcard(), wildcard()), conv, func)
         func = rewrite_call(is_op("relax.add")(product, b), linear, func)
         func = rewrite_call(is_op(_MATMUL)(wildcard(), wildcard()), matmul, func)

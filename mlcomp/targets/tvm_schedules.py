@@ -33,6 +33,13 @@ ParallelVector then only vectorizes, and DLight's GEMV/Reduction rules are wrapp
     parallel=True:   for ax0 in T.parallel(64):  for ax1_0 in range(64): for ax1_1 in T.vectorized(8): ...
     parallel=False:  for ax0 in range(64):       for ax1_0 in range(64): for ax1_1 in T.vectorized(8): ...
 
+Serial builds also start with :func:`small_matmul_rule` (``SmallMatmul``), for the small float32
+GEMMs :mod:`mlcomp.targets.tvm_gemm` measured faster as TVM code than as torch calls: rows by up to
+4 (unrolled), columns by one or two vectors, the reduction serial, the fused epilogue at the tile::
+
+    for i0, j0:  for k:  for i1 in T.unroll(4):  for j1 in T.vectorized(16):  C[i, j] += A[i, k] * B[k, j]
+                 for i1:  for j1 in T.vectorized(16):  out[i, j] = C[i, j] + bias[j]
+
 With no parallel loop the VM never starts TVM's thread pool, so nothing about it (its size,
 its spinning, the core it pins its workers to) touches the process.  Each rule looks at a
 PrimFunc once: O(blocks × loops).
@@ -41,8 +48,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PARALLEL_MIN", "parallel_vector_rule", "without_parallel", "default_rules", "schedule_counts",
-           "parallel_loops"]
+__all__ = ["PARALLEL_MIN", "default_rules", "parallel_loops", "parallel_vector_rule", "schedule_counts",
+           "small_matmul_rule", "without_parallel"]
 
 # output elements below which a loop nest is not worth the thread pool's wake-up (~a few µs)
 PARALLEL_MIN = 16384
@@ -164,15 +171,16 @@ def without_parallel(rule: Any) -> Any:
 def default_rules(target: Any, vector_bits: int, *, parallel: bool = True) -> list[Any]:
     """The rules an untuned build applies, first match wins: DLight GEMV, Reduction, then ParallelVector.
 
-    ``parallel=False``: the same schedules without parallel loops (see the module docstring).
+    ``parallel=False``: the same schedules without parallel loops (see the module docstring), after
+    :func:`~mlcomp.targets.tvm_gemm.small_matmul_rule` for the small GEMMs the build kept as TVM code.
     CUDA keeps DLight's GPU rules (Matmul, GEMV, Reduction, GeneralReduction, Fallback).
     """
     from tvm.s_tir import dlight as dl
 
     if target.kind.name == "cuda":
         return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
-    if not parallel:
-        return [without_parallel(dl.cpu.GEMV()), without_parallel(dl.cpu.Reduction()),
+    if not parallel:   # small GEMMs kept as TVM code (tvm_gemm) only exist in these builds
+        return [small_matmul_rule(vector_bits), without_parallel(dl.cpu.GEMV()), without_parallel(dl.cpu.Reduction()),
                 parallel_vector_rule(vector_bits, parallel_min=None)]
     return [dl.cpu.GEMV(), dl.cpu.Reduction(), parallel_vector_rule(vector_bits)]
 
@@ -194,3 +202,97 @@ def parallel_loops(mod: Any) -> int:
 
     return sum(func.script().count("T.parallel(") for func in mod.functions.values()
                if isinstance(func, tirx.PrimFunc))
+
+
+def small_matmul_rule(vector_bits: int) -> Any:
+    """The :class:`SmallMatmul` DLight rule: register-tiled float32 ``matmul`` (+ fused epilogue), serial."""
+    from tvm import s_tir, tirx
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+    from tvm.s_tir.dlight.base.common_schedules import try_inline
+    from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+
+    lanes = max(1, vector_bits // 32)
+
+    class SmallMatmul(CPUScheduleRule):
+        """Rows by up to 4, columns by one or two vectors, the reduction serial; the epilogue at the tile."""
+
+        def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
+            if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target) \
+                    or not _one_matmul(func):
+                return None
+            sch = s_tir.Schedule(func)
+            infos = normalize_prim_func(sch)
+            if not infos:
+                return None
+            infos = try_inline(sch, list(infos))
+            if not infos or infos[0].dom_kind() != "S" * (len(infos[0].dom_kind()) - 1) + "R" \
+                    or any(not i.is_injective() for i in infos[1:]):
+                return None
+            mm = infos[0].block_rv
+            shape = _matmul_extents(sch.get(mm))
+            if shape is None or (shape[1] % lanes and shape[1] > 2 * lanes):
+                return None
+            m, n = shape
+            loops = sch.get_loops(mm)
+            *_, i, j, k = loops
+            mi = next(f for f in (4, 3, 2, 1) if m % f == 0)
+            # a narrow N that the lanes do not divide (a 10-tag head, 17 tokens) is one odd-width vector
+            nj = 2 * lanes if n % (2 * lanes) == 0 else lanes if n % lanes == 0 else n
+            io, ii = sch.split(i, [None, mi])
+            jo, ji = sch.split(j, [None, nj])
+            sch.reorder(io, jo, k, ii, ji)
+            sch.vectorize(ji)
+            sch.unroll(ii)
+            for info in infos[1:]:
+                sch.reverse_compute_at(info.block_rv, jo)
+                inner = sch.get_loops(info.block_rv)[-1]
+                if (_extent(sch, inner) or 0) % lanes == 0:
+                    sch.vectorize(inner)
+            init = sch.decompose_reduction(mm, k)
+            sch.vectorize(sch.get_loops(init)[-1])
+            return sch
+
+    return SmallMatmul()
+
+
+def _one_matmul(func: Any) -> bool:
+    """Whether ``func``'s only reduction block is a float32 matmul: a cheap look (its root's child blocks)
+    before the schedule's normalisation and inlining, which take seconds on a long fused elementwise chain."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    try:
+        blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    except Exception:  # noqa: BLE001 - no root block of that name: not a PrimFunc this rule schedules
+        return False
+    reductions = [b for b in blocks if any(int(v.iter_type) == 2 for v in b.iter_vars)]   # 2: CommReduce
+    return len(reductions) == 1 and _matmul_extents(reductions[0]) is not None
+
+
+def _matmul_extents(block: Any) -> tuple[int, int] | None:
+    """``(M, N)`` when ``block`` is ``C[.., i, j] += A[.., i, k] * B[.., k, j]`` in float32 with static
+    extents (B read along ``j``, so the vector loop loads contiguously), else None."""
+    from tvm import tirx
+
+    iters = block.iter_vars
+    if len(iters) < 3 or len(block.reads) != 2 or len(block.writes) != 1 \
+            or str(block.writes[0].source.dtype) != "float32":
+        return None
+    i, j, k = (v.var for v in iters[-3:])
+
+    def last(region: Any, count: int) -> list[Any]:
+        return [r.min for r in region.region[-count:]] if len(region.region) >= count else []
+
+    def is_var(expr: Any, var: Any) -> bool:
+        return isinstance(expr, tirx.Var) and expr.same_as(var)
+
+    out = last(block.writes[0], 2)
+    if len(out) != 2 or not (is_var(out[0], i) and is_var(out[1], j)):
+        return None
+    reads = [last(r, 2) for r in block.reads]
+    a_ok = any(len(r) == 2 and is_var(r[0], i) and is_var(r[1], k) for r in reads)
+    b_ok = any(len(r) == 2 and is_var(r[0], k) and is_var(r[1], j) for r in reads)
+    dims = [iters[-3].dom.extent, iters[-2].dom.extent]
+    if not (a_ok and b_ok) or not all(isinstance(d, tirx.IntImm) for d in dims):
+        return None
+    return int(dims[0]), int(dims[1])
