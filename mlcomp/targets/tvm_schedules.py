@@ -68,26 +68,36 @@ def _rule_base() -> type:
     return CPUScheduleRule
 
 
+def _inlined(rule: Any, func: Any, target: Any) -> tuple[Any, list[Any]] | None:
+    """A schedule of ``func`` with its injective blocks inlined and what blocks remain, or None when
+    ``rule`` does not apply (not a PrimFunc, another target, nothing DLight can normalise)."""
+    from tvm import s_tir, tirx
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+    from tvm.s_tir.dlight.base.common_schedules import try_inline
+
+    if not isinstance(func, tirx.PrimFunc) or not rule.is_target_available(target):
+        return None
+    sch = s_tir.Schedule(func)
+    infos = normalize_prim_func(sch)
+    if not infos:
+        return None
+    return sch, try_inline(sch, list(infos))
+
+
 def parallel_vector_rule(vector_bits: int, parallel_min: int | None = PARALLEL_MIN) -> Any:
     """The :class:`ParallelVector` rule (a DLight ``ScheduleRule``) for registers of ``vector_bits``.
 
     ``parallel_min=None``: never parallel (vector loops only).
     """
-    from tvm import s_tir, tirx
-    from tvm.s_tir.dlight.analysis import normalize_prim_func
-    from tvm.s_tir.dlight.base.common_schedules import try_inline
 
     class ParallelVector(_rule_base()):
         """Inline injective blocks; parallel leading spatial loops; vectorize injective inner loops."""
 
         def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
-            if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            prepared = _inlined(self, func, target)
+            if prepared is None:
                 return None
-            sch = s_tir.Schedule(func)
-            infos = normalize_prim_func(sch)
-            if not infos:
-                return None
-            infos = try_inline(sch, list(infos))
+            sch, infos = prepared
             for info in infos:
                 _schedule_block(sch, info, vector_bits, parallel_min)
             return sch
@@ -206,9 +216,7 @@ def parallel_loops(mod: Any) -> int:
 
 def small_matmul_rule(vector_bits: int) -> Any:
     """The :class:`SmallMatmul` DLight rule: register-tiled float32 ``matmul`` (+ fused epilogue), serial."""
-    from tvm import s_tir, tirx
-    from tvm.s_tir.dlight.analysis import normalize_prim_func
-    from tvm.s_tir.dlight.base.common_schedules import try_inline
+    from tvm import tirx
     from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
     lanes = max(1, vector_bits // 32)
@@ -217,14 +225,12 @@ def small_matmul_rule(vector_bits: int) -> Any:
         """Rows by up to 4, columns by one or two vectors, the reduction serial; the epilogue at the tile."""
 
         def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
-            if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target) \
-                    or not _one_matmul(func):
+            if not isinstance(func, tirx.PrimFunc) or not _one_matmul(func):   # cheap look first
                 return None
-            sch = s_tir.Schedule(func)
-            infos = normalize_prim_func(sch)
-            if not infos:
+            prepared = _inlined(self, func, target)
+            if prepared is None:
                 return None
-            infos = try_inline(sch, list(infos))
+            sch, infos = prepared
             if not infos or infos[0].dom_kind() != "S" * (len(infos[0].dom_kind()) - 1) + "R" \
                     or any(not i.is_injective() for i in infos[1:]):
                 return None
