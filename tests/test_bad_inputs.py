@@ -283,6 +283,7 @@ def test_writers_refuse_user_folders_themselves(user_folder):
     (["compile", "mlp", "--tolerance", "-1"], "--tolerance -1.0 is not a usable tolerance"),
     (["export", "mlp", "--format", "onnx", "-o", "m.onnx", "--tolerance", "inf"], "not a usable tolerance"),
     (["compile", "mlp", "--target", "cpu", "--tune-trials", "5"], "--tune-trials applies to the tvm target only"),
+    (["compile", "mlp", "--target", "cpu", "--tf32"], "--tf32 applies to the cuda target only"),
     (["compile", "mlp", "--target", "ort", "--tuning-dir", "db"], "--tuning-dir applies to the tvm target only"),
     (["compile", "no/such/model.pt", "--target", "onnxruntim"], "did you mean 'onnxruntime'"),
     (["compile", "mlp", "--threads", "0"], "'--threads': 0 is not in the range"),

@@ -51,15 +51,16 @@ def _force_option(fn: Any) -> Any:
                         help="Replace an earlier mlcomp output at -o (never a folder mlcomp did not write).")(fn)
 
 
-def _check_target_flags(target: str, tune_trials: int, tuning_dir: str | None) -> str:
+def _check_target_flags(target: str, tune_trials: int, tuning_dir: str | None, tf32: bool = False) -> str:
     """Unknown target names and flags that do not apply to the target, before any capture."""
     from mlcomp.targets import get_target
 
     name = get_target(target).name
-    if name != "tvm" and (tune_trials or tuning_dir):
-        flag = "--tune-trials" if tune_trials else "--tuning-dir"
-        raise OptionError(f"{flag} applies to the tvm target only, not to {name}",
-                          hint=f"drop {flag}, or compile with --target tvm")
+    for flag, given, owner in (("--tune-trials", tune_trials, "tvm"), ("--tuning-dir", tuning_dir, "tvm"),
+                               ("--tf32", tf32, "cuda")):
+        if given and name != owner:
+            raise OptionError(f"{flag} applies to the {owner} target only, not to {name}",
+                              hint=f"drop {flag}, or compile with --target {owner}")
     return name
 
 
@@ -99,7 +100,8 @@ def _bytes(path: Path) -> int:
                    "unverified artifact is not stored in the cache.")
 @click.option("--tf32", is_flag=True,
               help="cuda: let fp32 matrix products and convolutions use TF32 tensor cores (faster; products "
-                   "rounded to a 10-bit mantissa, verified at a declared tolerance of 5e-3). Default: IEEE fp32.")
+                   "rounded to a 10-bit mantissa, verified at the tolerance the target declares for TF32, "
+                   "mlcomp.targets.cuda.TF32_RTOL). Default: IEEE fp32.")
 @click.option("--output-names", default=None, metavar="NAME,NAME...",
               help="Names of the model's outputs in the artifact (default: the model's own: dict keys or "
                    "named-tuple fields, else output, output_1, ...).")
@@ -143,7 +145,7 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
         check_destination(output, Kind.DIR, force=force)
     target = target or request.pipeline.target or "cpu"      # a TOML file may name the target
     auto = is_auto(target)
-    canonical = "auto" if auto else _check_target_flags(target, tune_trials, tuning_dir)
+    canonical = "auto" if auto else _check_target_flags(target, tune_trials, tuning_dir, tf32)
     chosen = _candidates(candidates, canonical)
     cache, bypass = cache_for_compile(use_cache, cache_dir, request, cache_max_size)
     if not auto:                                              # auto: each candidate is checked (api/auto.py)
