@@ -17,7 +17,8 @@ Protocol: EACH TOOL RUNS IN ITS OWN PROCESS.  For one row the driver starts one 
 tool, one after another (so compile times are not inflated by each other); a worker builds
 its runner, checks it against eager on the same inputs and waits.  Then the driver runs
 rounds: in each it asks every worker in turn (order rotated per round) to "time for S
-seconds" (:func:`mlcomp.hardware.timing.measure`: warm-up, then per-call samples; the worker
+seconds" (first ``SETTLE_S`` of untimed calls, while the previous tool's thread pools spin
+down; then :func:`mlcomp.hardware.timing.measure`: warm-up, per-call samples; the worker
 answers their median).  The table gives the median over rounds, so load on a shared machine
 hits every tool alike, and no tool's threads or allocator state disturb another's.
 
@@ -41,6 +42,9 @@ ROWS = ("mlp@1", "resnet18@1", "resnet18@32", "transformer@1", "bert@2", "vit@2"
 ANCHORS = ("eager", "torchscript", "torch.compile", "ort", "ov-f32")
 MLCOMP = ("m:cpu", "m:ort", "m:ov", "m:tvm", "m:auto")
 TOOLS = (*ANCHORS, "ov-default", *MLCOMP)
+# untimed calls before each timing request: the previous tool's thread pools spin on after its
+# slice (ONNX Runtime's for ~50 ms of CPU), and a tool that syncs its threads often loses most
+SETTLE_S = 0.1
 
 
 @dataclass
@@ -174,6 +178,9 @@ def worker(conn, row: str, tool: str, threads: int, tune_trials: int, work_dir: 
             request = conn.recv()
             if request is None:
                 return
+            settle = time.perf_counter() + SETTLE_S      # the last tool's thread pools spin down meanwhile
+            while time.perf_counter() < settle:
+                run()
             timing = measure(run, TimingPolicy(warmup=2, budget_s=request, min_repeats=1, max_repeats=1_000_000))
             conn.send(timing.median)
 

@@ -2,7 +2,7 @@
 
 Fake targets are passed as the candidate list (the global registry is untouched); their
 runtimes advance an injected clock by a fixed cost per call, so "fastest" is decided
-without wall-clock assertions.  The ranking protocol (:func:`mlcomp.api.auto.rank`) is checked
+without wall-clock assertions.  The ranking protocol (:func:`mlcomp.api.auto_rank.rank`) is checked
 on fakes 3 % apart whose samples carry seeded noise and load drift: with tie-break rounds it
 ranks them right where one pass of rounds does not.  One real run compiles the zoo mlp for cpu
 and onnxruntime.
@@ -19,7 +19,8 @@ from click.testing import CliRunner
 
 import mlcomp
 from mlcomp.api import AutoTargetError, compile_auto, compile_model
-from mlcomp.api import auto as auto_mod
+from mlcomp.api import auto
+from mlcomp.api import auto_rank as auto_mod
 from mlcomp.cli.main import main
 from mlcomp.frontend.loading import load_model
 from mlcomp.hardware.timing import TimingPolicy
@@ -50,7 +51,7 @@ class FakeRuntime:
         with torch.no_grad():
             return tuple(out + self.offset for out in self.module(*inputs))
 
-    def save(self, directory):  # pragma: no cover - fakes are never saved
+    def save(self, directory):
         raise RuntimeError("fake")
 
 
@@ -91,7 +92,7 @@ def test_picks_the_fastest_verified_fake_and_records_every_candidate(mlp):
              FakeTarget("crash", clock, 1e-6, crash=True),
              FakeTarget("absent", clock, 1e-6, unavailable="no such device here"),
              FakeTarget("trainer", clock, 1e-6, capabilities=Capabilities(modes=frozenset({Mode.TRAINING})))]
-    result = compile_auto(source, graph, candidates=fakes, pipeline="dce", policy=FAST, clock=clock)
+    result = compile_auto(source, graph, candidates=fakes, pipeline="dce", policy=FAST, clock=clock, isolate=False)
     art = result.artifact
     assert art.target == "fast" and result.check.passed and result.pipeline_report is not None
     rows = {c["target"]: c for c in art.manifest["auto"]["candidates"]}
@@ -105,7 +106,7 @@ def test_picks_the_fastest_verified_fake_and_records_every_candidate(mlp):
     assert rows["absent"]["reason"] == "unavailable: no such device here" and fakes[4].builds == 0
     assert rows["trainer"]["reason"].startswith("cannot take the graph:") and "inference" in rows["trainer"]["reason"]
     table = result.auto.table().format().splitlines()
-    assert table[0] == "auto: picked fast (fastest that verified; * marks it)"
+    assert table[0] == "auto: picked fast (fastest that verified; * marks it), timed in this process (asked for)"
     assert table[1].split() == ["target", "compile", "median", "vs", "pick", "verified"]
     assert any(line.startswith("fast *") and line.endswith("yes") for line in table)
     assert any(line.startswith("slow ") and "3.000x p=0.062" in line for line in table)
@@ -115,6 +116,19 @@ def test_picks_the_fastest_verified_fake_and_records_every_candidate(mlp):
     assert rows["slow"]["ratio_to_picked"] == pytest.approx(3.0) and rows["fast"]["ratio_to_picked"] == 1.0
     assert type(art.runtime) is FakeRuntime and art.runtime.cost_s == 1e-3
     assert any(line.startswith("wrong") and "no: verification failed" in line for line in table)
+
+
+def test_candidates_that_cannot_be_saved_are_timed_in_this_process_and_it_says_why(mlp):
+    """Fakes cannot be saved for a worker process: every candidate is timed here instead, alike."""
+    source, graph = mlp
+    clock = FakeClock()
+    fakes = [FakeTarget("slow", clock, 3e-3), FakeTarget("fast", clock, 1e-3)]
+    result = compile_auto(source, graph, candidates=fakes, pipeline="", policy=FAST, clock=clock)
+    timing = result.artifact.manifest["auto"]["timing"]
+    assert result.artifact.target == "fast"
+    assert timing["timed_in"] == ("this process (saving the candidates for their timing processes failed: "
+                                  "RuntimeError: fake.)")
+    assert result.auto.table().title.endswith("timed in " + timing["timed_in"])
 
 
 def test_never_picks_a_failing_candidate_even_alone_with_the_public_api(mlp):
@@ -157,6 +171,7 @@ def test_real_auto_on_the_zoo_mlp_with_cpu_and_onnxruntime(mlp):
     rows = {c["target"]: c for c in art.manifest["auto"]["candidates"]}
     assert set(rows) == {"cpu", "onnxruntime"} and all(r["verified"] for r in rows.values())
     assert art.target == min(rows, key=lambda t: rows[t]["median_ms"]) and rows[art.target]["picked"]
+    assert art.manifest["auto"]["timing"]["timed_in"] == auto.IN_PROCESSES      # each in a fresh process
     assert result.check.passed
     x = source.inputs()
     torch.testing.assert_close(art(*x), source.eager(*x), rtol=1e-4, atol=1e-5)
@@ -171,7 +186,7 @@ def test_cli_prints_the_candidates_table(tmp_path):
                                     "--no-cache", "--cache-dir", str(tmp_path / "unused")])
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
-    title = lines.index("auto: picked cpu (fastest that verified; * marks it)")
+    title = lines.index("auto: picked cpu (fastest that verified; * marks it), timed in this process (one candidate)")
     assert lines[title + 1].split() == ["target", "compile", "median", "vs", "pick", "verified"]
     assert lines[title + 3].startswith("cpu *") and lines[title + 3].endswith("yes")
     assert not [ln for ln in lines if ln.startswith("cache ")] and not (tmp_path / "unused").exists()

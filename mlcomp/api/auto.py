@@ -7,17 +7,19 @@
 Before: the user compiled and benchmarked each target by hand.  After: each candidate
 target is checked against the captured graph (available here, capabilities, ops),
 compiled with the pipeline adapted to it, verified against eager, then all verified
-artifacts are timed together on the example inputs (:func:`rank`): rounds of one sample
-of each, the order rotated every round, so load drift and the previous runtime's thread pool
-hit every candidate alike; a sample is a block of calls lasting about ``BLOCK_S`` after an
-untimed block, so the switch between runtimes' thread pools is not charged to the runtime
-switched to.  Each round pairs the candidates; a contender whose paired ratios to the
-leader (fastest median) a sign test cannot yet tell from 1 (p ≥ ``ALPHA``) gets tie-break
-rounds with it, without the decided ones, until the test decides or ``TIE_BREAK`` × the
-budget is spent::
+artifacts are timed on the example inputs, **each in a fresh process of its own**
+(:mod:`mlcomp.targets.timing_worker`: the artifact saved, reloaded there and warmed up),
+and ranked (:mod:`mlcomp.api.auto_rank`: rotated rounds of one sample each, a sign test on
+paired ratios, tie-break rounds for the close ones)::
 
-    before: ResNet-18@1, ORT vs OpenVINO 3 % apart: ~8 rounds, fixed order, pick flipped between runs
-    after:  the same 8 rounds, then tie-break rounds of the two until p < 0.05 (≤ 3 s more)
+    before (all in one process): GPT-2@2, tvm 0.32-0.71 ms next to onnxruntime 0.32-0.39: picked onnxruntime
+    after (a process each):      tvm 0.27, onnxruntime 0.33 -- as each runs when deployed alone: picked tvm
+
+In one process the runtimes' thread pools (torch's OpenMP, ONNX Runtime's, TVM's, OpenVINO's)
+compete for the cores, and not alike for all.  When a process cannot be used (an artifact
+that cannot be saved, no interpreter to start) every candidate is timed in this process
+instead and the manifest says why.  A sample is a block of calls lasting about ``BLOCK_S``
+after an untimed block, so a switch between runtimes is not charged to the one switched to.
 
 A candidate that is unavailable, cannot take the graph, fails to compile or fails
 verification is recorded with the reason and never picked; when none verifies,
@@ -30,37 +32,42 @@ multi-process pipeline, not a single-process artifact) is never a default candid
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from statistics import median
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
+import torch
+
+from mlcomp.api.auto_rank import (
+    ALPHA,
+    BLOCK_S,
+    DEFAULT_AUTO_TIMING,
+    Ranking,
+    Sampler,
+    block_samplers,
+    rank,
+    rank_samplers,
+    sign_test,
+)
 from mlcomp.api.lowering import CompileResult, Note, compile_source
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.table import Table
-from mlcomp.hardware.timing import (
-    Clock,
-    Sync,
-    TimingPolicy,
-    fmt_seconds,
-    no_sync,
-    synchronizer,
-)
+from mlcomp.hardware.timing import Clock, TimingPolicy, fmt_seconds, synchronizer
 from mlcomp.pipeline import Pipeline
 from mlcomp.targets import CompileOptions, Target, TargetName, get_target
+from mlcomp.targets.timing_worker import ProcessSampler, WorkerError, save_inputs
 
 __all__ = ["AUTO", "AutoTargetError", "Candidate", "AutoReport", "Ranking", "auto_candidates", "compile_auto",
-           "rank", "sign_test", "DEFAULT_AUTO_TIMING"]
+           "rank", "sign_test", "DEFAULT_AUTO_TIMING", "IN_PROCESSES"]
 
 AUTO = "auto"
-# a short budget per candidate: ranking targets needs a stable median, not bench's precision
-DEFAULT_AUTO_TIMING = TimingPolicy(warmup=3, budget_s=0.3, min_repeats=5)
-BLOCK_S = 0.02          # seconds of calls per timing sample (see _time)
-ALPHA = 0.05            # a two-sided sign test below this decides "faster" / "slower"
-MIN_ROUNDS = 6          # the fewest rounds in which the sign test can decide at ALPHA (p = 2 / 2**6)
-TIE_BREAK = 10.0        # tie-break rounds stop after TIE_BREAK x policy.budget_s seconds
+IN_PROCESSES = "a fresh process per candidate"
+READY_TIMEOUT_S = 600.0     # a worker loads, checks and warms up its artifact within this
 
 
 class AutoTargetError(MlcompError):
@@ -109,6 +116,7 @@ class AutoReport:
     policy: TimingPolicy
     rounds: int = 0                 # rounds of every candidate
     tie_break_rounds: int = 0       # further rounds of the close ones only
+    timed_in: str = IN_PROCESSES    # or "this process (why not a process each)"
 
     @property
     def picked(self) -> Candidate:
@@ -116,17 +124,19 @@ class AutoReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"picked": self.picked.target, "candidates": [c.to_json() for c in self.candidates],
-                "timing": {"protocol": "rotated rounds on the example inputs, median per candidate; close ones "
-                                       f"get tie-break rounds until a sign test decides (p < {ALPHA})",
+                "timing": {"protocol": "rotated rounds on the example inputs, one sample of each, median per "
+                                       "candidate; close ones get tie-break rounds until a sign test decides "
+                                       f"(p < {ALPHA})",
                            "warmup": self.policy.warmup, "budget_s": self.policy.budget_s,
                            "min_repeats": self.policy.min_repeats, "rounds": self.rounds,
-                           "tie_break_rounds": self.tie_break_rounds}}
+                           "tie_break_rounds": self.tie_break_rounds, "timed_in": self.timed_in}}
 
     def table(self) -> Table:
         rows = tuple((c.target + (" *" if c.picked else ""),
                       "—" if c.compile_seconds is None else f"{c.compile_seconds:.2f} s",
                       fmt_seconds(c.median_s), c.versus, c.state) for c in self.candidates)
-        return Table(f"auto: picked {self.picked.target} (fastest that verified; * marks it)",
+        return Table(f"auto: picked {self.picked.target} (fastest that verified; * marks it), timed in "
+                     f"{self.timed_in}",
                      ("target", "compile", "median", "vs pick", "verified"), rows, right=frozenset({1, 2}))
 
     @staticmethod
@@ -139,7 +149,8 @@ class AutoReport:
         timing = data.get("timing", {})
         policy = TimingPolicy(warmup=timing.get("warmup", 3), budget_s=timing.get("budget_s", 0.3),
                               min_repeats=timing.get("min_repeats", 5))
-        return AutoReport(cands, policy, timing.get("rounds", 0), timing.get("tie_break_rounds", 0)).table().format()
+        return AutoReport(cands, policy, timing.get("rounds", 0), timing.get("tie_break_rounds", 0),
+                          timing.get("timed_in", "this process")).table().format()
 
 
 def auto_candidates(names: Sequence[str | Target] | None = None) -> list[Target]:
@@ -183,11 +194,12 @@ def precheck(target: Target, graph: Any, options: CompileOptions, pipeline: Any 
 def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] | None = None,
                  pipeline: Any = None, capture_seconds: float = 0.0, instruments: Sequence[Any] | None = None,
                  policy: TimingPolicy = DEFAULT_AUTO_TIMING, clock: Clock = time.perf_counter,
-                 note: Note | None = None, **options: Any) -> CompileResult:
+                 note: Note | None = None, isolate: bool = True, **options: Any) -> CompileResult:
     """Compile ``graph`` for each candidate, verify, time the verified ones, return the fastest.
 
     ``instruments`` are built per candidate (a callable taking the target name) or shared;
-    ``clock`` is injectable for tests.  The winner's manifest carries ``auto`` (every
+    ``isolate=False`` times every candidate in this process, with ``clock`` (injectable for
+    tests; a fresh process each uses its own clock).  The winner's manifest carries ``auto`` (every
     candidate: target, compile seconds, median ms, verified or why not).
     """
     say = note or (lambda text: None)
@@ -226,10 +238,11 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
             + "; ".join(f"{c.target}: {c.reason}" for c in rows.values()),
             hint="fix the first problem listed, name one target with --target, or try --fallback eager")
     say(f"auto: time {', '.join(built)} on the example inputs")
-    ranking = _time(built, source.inputs(), policy, clock, rows)
+    ranking, timed_in = _time(built, source.inputs(), policy, clock, rows, isolate)
     best = ranking.picked
     rows[best] = replace(rows[best], picked=True)
-    report = AutoReport(tuple(rows[t.name] for t in targets), policy, ranking.rounds, ranking.tie_break_rounds)
+    report = AutoReport(tuple(rows[t.name] for t in targets), policy, ranking.rounds, ranking.tie_break_rounds,
+                        timed_in)
     result = built[best]
     result.auto = report
     result.artifact.manifest["auto"] = report.to_json()
@@ -241,150 +254,77 @@ def _instruments(instruments: Any, name: str) -> Sequence[Any] | None:
 
 
 def _time(built: dict[str, CompileResult], inputs: Sequence[Any], policy: TimingPolicy, clock: Clock,
-          rows: dict[str, Candidate]) -> Ranking:
-    """Rank the built artifacts (:func:`rank`) in blocks of calls; a failing call disqualifies."""
-    fns: dict[str, Callable[[], Any]] = {}
-    calls: dict[str, int] = {}
+          rows: dict[str, Candidate], isolate: bool) -> tuple[Ranking, str]:
+    """Rank the built artifacts, each in a process of its own if it can be, else all in this one.
+
+    Every artifact first runs once here: a candidate that fails now is disqualified, not timed.
+    """
     for name, result in list(built.items()):
-        art = result.artifact
         try:
-            start = clock()
-            art(*inputs)                       # one call outside the clock: a crash here is not a timing
-            once = clock() - start
+            result.artifact(*inputs)
         except Exception as exc:  # noqa: BLE001 - reported as the candidate's reason
             rows[name] = replace(rows[name], verified=False, reason=f"running it failed: {_first_line(exc)}")
             del built[name]
-            continue
-        # a sample is a block of calls lasting about BLOCK_S, after one untimed block (rank's lead-in): the
-        # first calls after switching runtimes compete with the previous runtime's thread pool
-        # spinning down, which would be charged to every runtime but torch's own (anchors: auto
-        # picked cpu over faster openvino and onnxruntime on resnet18 and the transformer)
-        calls[name] = max(1, min(1000, math.ceil(BLOCK_S / max(once, 1e-9))))
-        fns[name] = (lambda a=art, k=calls[name]: [a(*inputs) for _ in range(k)])
-    if not fns:
+    if not built:
         raise AutoTargetError("every verified candidate failed when run again for timing: "
                               + "; ".join(f"{c.target}: {c.reason}" for c in rows.values()),
                               hint="name one target with --target and report the failure")
-    syncs = {name: synchronizer(built[name].artifact.manifest.get("device") or "cpu") for name in fns}
-    ranking = rank(fns, policy, clock=clock, syncs=syncs, per_call={n: 1 / k for n, k in calls.items()})
-    for name in fns:
+    timed_in = "this process (" + ("one candidate" if len(built) == 1 else "asked for") + ")"
+    ranking = None
+    if isolate and len(built) > 1:
+        try:
+            with _process_samplers(built, inputs, policy) as samplers:
+                ranking, timed_in = rank_samplers(samplers, policy), IN_PROCESSES
+        except WorkerError as exc:
+            timed_in = f"this process ({_first_line(exc)})"
+    if ranking is None:
+        ranking = rank_samplers(_local_samplers(built, inputs, policy, clock), policy, clock=clock)
+    for name in built:
         rows[name] = replace(rows[name], median_s=ranking.medians[name], ratio=ranking.ratios.get(name),
                              p_value=ranking.p_values.get(name))
-    return ranking
+    return ranking, timed_in
 
 
-@dataclass(frozen=True)
-class Ranking:
-    """What :func:`rank` measured: per candidate its median, its paired ratio to the pick and the sign test."""
-
-    picked: str
-    medians: dict[str, float]                 # seconds per call (× ``per_call``)
-    ratios: dict[str, float] = field(default_factory=dict)     # median of (its sample / the pick's), same round
-    p_values: dict[str, float] = field(default_factory=dict)   # two-sided sign test of those ratios against 1
-    rounds: int = 0                           # rounds of every candidate
-    tie_break_rounds: int = 0                 # rounds of the close ones only
-
-
-def sign_test(ratios: Sequence[float]) -> float:
-    """Two-sided sign-test p-value that the median of ``ratios`` is 1 (ties dropped)."""
-    below, above = sum(r < 1 for r in ratios), sum(r > 1 for r in ratios)
-    n, k = below + above, min(below, above)
-    return 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
-
-
-def rank(fns: Mapping[str, Callable[[], Any]], policy: TimingPolicy = DEFAULT_AUTO_TIMING, *,
-         clock: Clock = time.perf_counter, syncs: Mapping[str, Sync] | None = None,
-         per_call: Mapping[str, float] | None = None) -> Ranking:
-    """Time ``fns`` in rounds and pick the fastest; close contenders get tie-break rounds.
-
-    Each is warmed up (``policy.warmup`` calls, at most ``policy.budget_s``).  A round times one
-    sample of each after an untimed lead-in call of the same one, starting one candidate later
-    than the round before (every candidate follows every other equally often).  Rounds go on
-    until ``policy.budget_s`` per candidate is spent and at least ``MIN_ROUNDS`` (bounded by
-    ``policy.max_repeats``) are done.  Then the leader is the lowest median (or a contender whose
-    paired ratios to it, its sample / the leader's in the same round, have a median below 1);
-    a contender is decided slower when the sign test of those ratios gives p < ``ALPHA``.
-    Undecided ones and the leader go on in tie-break rounds of their own until every
-    contender is decided or ``TIE_BREAK`` × ``policy.budget_s`` more seconds are spent; the pick
-    is the leader then.  O(rounds × candidates) per check.
-    """
-    names = list(fns)
-    sync = {n: (syncs or {}).get(n, no_sync) for n in names}
-    scale = {n: (per_call or {}).get(n, 1.0) for n in names}
-    for name in names:
-        w0 = clock()
-        for _ in range(policy.warmup):
-            fns[name]()
-            sync[name]()
-            if clock() - w0 >= policy.budget_s:
-                break
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    rounds: list[dict[str, float]] = []
-
-    def one_round(active: list[str]) -> None:
-        k = len(rounds) % len(active)
-        taken: dict[str, float] = {}
-        for name in active[k:] + active[:k]:
-            fns[name]()                    # lead-in: the previous runtime's pool spins down here
-            sync[name]()
-            start = clock()
-            fns[name]()
-            sync[name]()
-            taken[name] = (clock() - start) * scale[name]     # per call: blocks differ in length
-            samples[name].append(taken[name])
-        rounds.append(taken)
-
-    fewest = min(max(policy.min_repeats, MIN_ROUNDS), policy.max_repeats)
-    begin = clock()
-    while len(rounds) < policy.max_repeats:
-        one_round(names)
-        if len(rounds) >= fewest and clock() - begin >= policy.budget_s * len(names):
-            break
-    everyone = len(rounds)
-    active = _undecided(names, samples, rounds)
-    begin = clock()
-    while len(active) > 1 and len(rounds) < policy.max_repeats and clock() - begin < TIE_BREAK * policy.budget_s:
-        one_round(active)
-        active = _undecided(active, samples, rounds)
-    picked = _leader(active, samples, rounds)
-    ratios, p_values = {}, {}
-    for name in names:
-        paired = _ratios(rounds, name, picked)
-        ratios[name], p_values[name] = (median(paired), sign_test(paired)) if paired else (math.nan, 1.0)
-    return Ranking(picked, {n: median(samples[n]) for n in names}, ratios, p_values, everyone,
-                   len(rounds) - everyone)
+@contextlib.contextmanager
+def _process_samplers(built: dict[str, CompileResult], inputs: Sequence[Any],
+                      policy: TimingPolicy) -> Iterator[dict[str, Sampler]]:
+    """A warm worker process per artifact (saved to a temporary folder and reloaded there)."""
+    with tempfile.TemporaryDirectory(prefix="mlcomp-auto-") as tmp, contextlib.ExitStack() as workers:
+        root = Path(tmp)
+        try:
+            feed = save_inputs(inputs, root / "inputs.pt")
+            folders = {name: _saved(result.artifact, root / name) for name, result in built.items()}
+        except Exception as exc:  # noqa: BLE001 - any save failure means: time them here instead
+            raise WorkerError(f"saving the candidates for their timing processes failed: {_first_line(exc)}") from None
+        started = {name: workers.enter_context(ProcessSampler.start(
+                       folder, feed, threads=torch.get_num_threads(), warmup=policy.warmup, block_s=BLOCK_S,
+                       label=name)) for name, folder in folders.items()}
+        for sampler in started.values():
+            sampler.wait_ready(READY_TIMEOUT_S)
+        yield {name: sampler.sample for name, sampler in started.items()}
 
 
-def _ratios(rounds: Sequence[Mapping[str, float]], name: str, leader: str) -> list[float]:
-    """``name``'s sample / ``leader``'s in every round that timed both."""
-    out = []
-    for r in rounds:
-        if name in r and leader in r:
-            a, b = r[name], r[leader]
-            out.append(a / b if b > 0 else (1.0 if a == 0 else math.inf))
-    return out
+def _saved(artifact: Any, folder: Path) -> Path:
+    """Save ``artifact`` for a worker without touching its manifest (saving records the payload there)."""
+    manifest = artifact.manifest
+    artifact.manifest = dict(manifest)
+    try:
+        return artifact.save(folder)
+    finally:
+        artifact.manifest = manifest
 
 
-def _leader(active: list[str], samples: Mapping[str, list[float]], rounds: Sequence[Mapping[str, float]]) -> str:
-    """The lowest median, unless a contender's paired ratios to it have a median below 1 (they
-    cancel load drift that the medians of each keep): then the contender with the lowest one."""
-    leader = min(active, key=lambda n: median(samples[n]))
-    paired = {n: median(r) for n in active if n != leader and (r := _ratios(rounds, n, leader))}
-    best = min(paired, key=lambda n: paired[n], default=None)
-    return best if best is not None and paired[best] < 1 else leader
-
-
-def _undecided(active: list[str], samples: Mapping[str, list[float]],
-               rounds: Sequence[Mapping[str, float]]) -> list[str]:
-    """The leader and every contender not yet decided slower than it (median ratio above 1 and a
-    sign test at p < ALPHA)."""
-    leader = _leader(active, samples, rounds)
-    keep = [leader]
-    for name in active:
-        if name == leader:
-            continue
-        paired = _ratios(rounds, name, leader)
-        ratio = median(paired)
-        if not (ratio > 1 and sign_test(paired) < ALPHA):
-            keep.append(name)
-    return keep
+def _local_samplers(built: dict[str, CompileResult], inputs: Sequence[Any], policy: TimingPolicy,
+                    clock: Clock) -> dict[str, Sampler]:
+    """Samplers in this process: a sample is a block of calls lasting about BLOCK_S after an untimed
+    block, so the previous runtime's pool spinning down is not charged to the next one."""
+    fns: dict[str, Callable[[], Any]] = {}
+    calls: dict[str, int] = {}
+    for name, result in built.items():
+        art = result.artifact
+        start = clock()
+        art(*inputs)
+        calls[name] = max(1, min(1000, math.ceil(BLOCK_S / max(clock() - start, 1e-9))))
+        fns[name] = (lambda a=art, k=calls[name]: [a(*inputs) for _ in range(k)])
+    syncs = {name: synchronizer(built[name].artifact.manifest.get("device") or "cpu") for name in fns}
+    return block_samplers(fns, policy, clock=clock, syncs=syncs, per_call={n: 1 / k for n, k in calls.items()})

@@ -46,7 +46,7 @@ import torch
 
 from mlcomp.analysis.ranges import Tolerance, declared_tolerance
 from mlcomp.base.errors import VerificationError
-from mlcomp.frontend.joint import model_output
+from mlcomp.frontend.losses import model_output
 from mlcomp.ir.dtypes import dtype_name
 
 __all__ = ["GRAD_FLOOR", "K_AUTOCAST", "check_step", "compare_steps", "describe_gradients", "describe_steps",
