@@ -13,14 +13,17 @@ off for both, as in mlcomp's target), and mlcomp
 (``mlcomp.compile(..., pipeline="-O2")``): ``m:cpu``, ``m:ort``, ``m:ov``, ``m:tvm`` (untuned),
 ``m:auto`` (fastest verified target), ``m:tvm-tuned`` with ``--tune-trials``.
 
-Protocol: EACH TOOL RUNS IN ITS OWN PROCESS.  For one row the driver starts one worker per
-tool, one after another (so compile times are not inflated by each other); a worker builds
+Protocol: EACH TOOL RUNS IN ITS OWN PROCESSES.  For one row the driver starts ``--procs`` workers
+per tool (default 2), one after another (so compile times are not inflated by each other); a worker builds
 its runner, checks it against eager on the same inputs and waits.  Then the driver runs
 rounds: in each it asks every worker in turn (order rotated per round) to "time for S
 seconds" (first ``SETTLE_S`` of untimed calls, while the previous tool's thread pools spin
 down; then :func:`mlcomp.hardware.timing.measure`: warm-up, per-call samples; the worker
-answers their median).  The table gives the median over rounds, so load on a shared machine
-hits every tool alike, and no tool's threads or allocator state disturb another's.
+answers their median).  The table gives the median over rounds and processes, so load on a
+shared machine hits every tool alike, and no tool's threads or allocator state disturb another's.
+Two processes of one tool: the same runner differs by up to ~5 % between processes on this
+kind of VM (memory placement), which one process per tool would report as a difference between
+tools; the gap is printed under the tables.
 
 Columns of the summary: best fp32 anchor (eager, torchscript, torch.compile, ORT, OpenVINO f32),
 best mlcomp, ratio = anchor ÷ mlcomp (> 1: mlcomp is faster), OpenVINO default and its ratio.
@@ -55,6 +58,7 @@ class Cell:
     note: str = ""
     error: str | None = None
     samples: list[float] = field(default_factory=list)
+    process_ms: list[float] = field(default_factory=list)   # each worker process's median, ms
 
     @property
     def ms(self) -> float | None:
@@ -192,47 +196,69 @@ def worker(conn, row: str, tool: str, threads: int, tune_trials: int, work_dir: 
 def bench_row(row: str, tools: list[str], args: argparse.Namespace) -> dict[str, Cell]:
     ctx = mp.get_context("spawn")
     cells: dict[str, Cell] = {}
-    live: dict[str, tuple[Any, Any]] = {}
+    live: dict[tuple[str, int], tuple[Any, Any]] = {}
     try:
         for tool in tools:
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker, args=(child, row, tool, args.threads, args.tune_trials,
-                                                    args.tuning_dir), daemon=True)
-            proc.start()
-            child.close()
             cell = cells[tool] = Cell(tool)
-            if not parent.poll(args.build_timeout):
-                cell.error = f"no runner within {args.build_timeout:.0f} s"
-                proc.terminate()
-                continue
-            try:
-                info = parent.recv()
-            except EOFError:
-                cell.error = f"worker died (exit code {proc.join(5) or proc.exitcode})"
-                continue
-            if "error" in info:
-                cell.error = info["error"]
-                proc.join(10)
-                continue
-            cell.compile_s, cell.max_rel, cell.note = info["compile_s"], info["max_rel"], info["note"]
-            live[tool] = (proc, parent)
-            print(f"  {row} {tool}: built in {cell.compile_s:.1f} s", file=sys.stderr, flush=True)
+            for copy in range(args.procs):
+                started = _start(ctx, row, tool, args)
+                if isinstance(started, str):
+                    cell.error = started
+                    break
+                proc, conn, info = started
+                if copy == 0:
+                    cell.compile_s, cell.max_rel, cell.note = info["compile_s"], info["max_rel"], info["note"]
+                live[tool, copy] = (proc, conn)
+                print(f"  {row} {tool} #{copy}: built in {info['compile_s']:.1f} s", file=sys.stderr, flush=True)
+            if cell.error:
+                for copy in range(args.procs):
+                    _stop(*live.pop((tool, copy), (None, None)))
         names = list(live)
+        per_process: dict[tuple[str, int], list[float]] = {key: [] for key in names}
         for r in range(args.rounds):
-            for tool in names[r % len(names):] + names[:r % len(names)]:
-                proc, conn = live[tool]
+            for key in names[r % len(names):] + names[:r % len(names)]:
+                proc, conn = live[key]
                 conn.send(args.slice)
-                cells[tool].samples.append(conn.recv())
+                per_process[key].append(conn.recv())
+        for (tool, _), samples in per_process.items():
+            cells[tool].samples.extend(samples)
+            cells[tool].process_ms.append(statistics.median(samples) * 1e3)
     finally:
         for proc, conn in live.values():
-            try:
-                conn.send(None)
-            except (BrokenPipeError, OSError):
-                pass
-            proc.join(10)
-            if proc.is_alive():
-                proc.terminate()
+            _stop(proc, conn)
     return cells
+
+
+def _start(ctx, row: str, tool: str, args: argparse.Namespace):
+    """A built worker ``(process, connection, info)``, or why there is none."""
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=worker, args=(child, row, tool, args.threads, args.tune_trials, args.tuning_dir),
+                       daemon=True)
+    proc.start()
+    child.close()
+    if not parent.poll(args.build_timeout):
+        proc.terminate()
+        return f"no runner within {args.build_timeout:.0f} s"
+    try:
+        info = parent.recv()
+    except EOFError:
+        return f"worker died (exit code {proc.join(5) or proc.exitcode})"
+    if "error" in info:
+        proc.join(10)
+        return info["error"]
+    return proc, parent, info
+
+
+def _stop(proc, conn) -> None:
+    if proc is None:
+        return
+    try:
+        conn.send(None)
+    except (BrokenPipeError, OSError):
+        pass
+    proc.join(10)
+    if proc.is_alive():
+        proc.terminate()
 
 
 def _fmt(v: float | None, spec: str) -> str:
@@ -273,6 +299,12 @@ def tables(results: dict[str, dict[str, Cell]], tools: list[str]) -> str:
              else "fail") if t in cells else "—" for t in tools) + " |")
     notes = [f"- {row} {t}: {c.error or c.note}" for row, cells in results.items() for t, c in cells.items()
              if c.error or t in ("m:auto", "ov-default", "m:ov")]
+    gaps = [(max(c.process_ms) / min(c.process_ms) - 1, row, t) for row, cells in results.items()
+            for t, c in cells.items() if len(c.process_ms) > 1]
+    if gaps:
+        gap, row, tool = max(gaps)
+        notes.append(f"- largest gap between two processes of one tool: {gap:.1%} ({row} {tool}); "
+                     f"median gap {statistics.median(g for g, _, _ in gaps):.1%}")
     return "\n".join(out + ["", "notes:", *notes])
 
 
@@ -282,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", default="", help="tools to leave out, comma-separated")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for every tool")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--procs", type=int, default=2, help="worker processes per tool (their samples pooled)")
     ap.add_argument("--slice", type=float, default=0.2, help="seconds per timing request")
     ap.add_argument("--build-timeout", type=float, default=900.0, help="seconds a worker may take to build")
     ap.add_argument("--tune-trials", type=int, default=0, help="add m:tvm-tuned with this MetaSchedule budget")
@@ -292,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     tools = [t for t in TOOLS if t not in skip] + (["m:tvm-tuned"] if args.tune_trials else [])
     rows = [r if "@" in r else f"{r}@{1 if r in ('mlp', 'resnet18', 'transformer', 'lenet', 'gru') else 2}"
             for r in (x.strip() for x in args.rows.split(",")) if r]
-    print(f"threads={args.threads}, rounds={args.rounds} x {args.slice}s per tool; load {os.getloadavg()}",
+    print(f"threads={args.threads}, rounds={args.rounds} x {args.slice}s per process, {args.procs} per tool; load {os.getloadavg()}",
           file=sys.stderr, flush=True)
     results: dict[str, dict[str, Cell]] = {}
     for row in rows:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -58,3 +60,12 @@ def test_serve_protocol_in_process(saved):
            "block_s": 0.001, "settle_s": 0.0}, out, io.StringIO("sample\nsample\nquit\nsample\n"))
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert list(lines[0]) == ["ready", "calls"] and [list(m) for m in lines[1:]] == [["sample"], ["sample"]]
+
+
+def test_the_child_imports_this_mlcomp_first(monkeypatch):
+    from mlcomp.targets.timing_worker import _child_env
+
+    monkeypatch.setenv("PYTHONPATH", "elsewhere")
+    first, *rest = _child_env()["PYTHONPATH"].split(os.pathsep)
+    assert Path(first) / "mlcomp" == Path(mlcomp.__file__).resolve().parent
+    assert rest == ["elsewhere"]

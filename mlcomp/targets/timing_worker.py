@@ -62,6 +62,17 @@ def save_inputs(inputs: Any, path: Path) -> Path:
     return path
 
 
+def _child_env() -> dict[str, str]:
+    """This environment, with the folder holding this ``mlcomp`` first on the child's path.
+
+    The child then imports the same mlcomp as the parent, installed or not (a source tree on
+    ``sys.path``, a test run from a clone).
+    """
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+
+
 class ProcessSampler:
     """The parent's handle on one worker process; :meth:`sample` is a sampler for ``rank``."""
 
@@ -78,7 +89,8 @@ class ProcessSampler:
                              "warmup": warmup, "block_s": block_s, "settle_s": settle_s})
         try:
             proc = subprocess.Popen([sys.executable, "-m", "mlcomp.targets.timing_worker", config],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0)
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0,
+                                    env=_child_env())
         except OSError as exc:
             log.close()
             raise WorkerError(f"could not start a timing process for {label}: {exc}") from None
