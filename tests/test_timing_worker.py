@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import mlcomp
+from mlcomp.hardware.timing import calls_per_block
 from mlcomp.targets.timing_worker import ProcessSampler, WorkerError, save_inputs, serve
 
 
@@ -28,11 +29,13 @@ def saved(tmp_path_factory):
 
 def test_a_worker_loads_warms_up_and_samples(saved):
     folder, feed, _ = saved
-    with ProcessSampler.start(folder, feed, threads=1, warmup=2, block_s=0.005, label="cpu") as worker:
+    with ProcessSampler.start(folder, feed, threads=1, warmup=2, block_s=0.01, label="cpu") as worker:
         per_call = worker.wait_ready(timeout=300)
         samples = [worker.sample() for _ in range(3)]
-    assert per_call > 0 and worker.calls is not None and 1 <= worker.calls <= 1000
-    assert all(s > 0 for s in samples)
+    assert per_call > 0 and worker.calls == calls_per_block(0.01, per_call)
+    assert worker.calls > 20                       # the mlp takes well under 0.5 ms a call
+    # a sample is seconds per call, not per block of ``calls`` calls
+    assert all(per_call / 20 < s < per_call * 20 for s in samples)
 
 
 def test_a_folder_that_is_no_artifact_is_a_clear_worker_error(saved, tmp_path):
@@ -69,3 +72,10 @@ def test_the_child_imports_this_mlcomp_first(monkeypatch):
     first, *rest = _child_env()["PYTHONPATH"].split(os.pathsep)
     assert Path(first) / "mlcomp" == Path(mlcomp.__file__).resolve().parent
     assert rest == ["elsewhere"]
+
+
+def test_a_block_lasts_about_its_seconds_within_its_bounds():
+    assert calls_per_block(0.02, 40e-6) == 500
+    assert calls_per_block(0.02, 0.5) == 1                 # a slow call: one per block
+    assert calls_per_block(0.02, 0.0) == 1000              # a call too fast to time: the cap
+    assert calls_per_block(0.02, 1e-6, most=50) == 50

@@ -33,7 +33,6 @@ multi-process pipeline, not a single-process artifact) is never a default candid
 from __future__ import annotations
 
 import contextlib
-import math
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -57,7 +56,7 @@ from mlcomp.api.auto_rank import (
 from mlcomp.api.lowering import CompileResult, Note, compile_source
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.table import Table
-from mlcomp.hardware.timing import Clock, TimingPolicy, fmt_seconds, synchronizer
+from mlcomp.hardware.timing import Clock, TimingPolicy, calls_per_block, fmt_seconds, synchronizer
 from mlcomp.pipeline import Pipeline
 from mlcomp.targets import CompileOptions, Target, TargetName, get_target
 from mlcomp.targets.timing_worker import ProcessSampler, WorkerError, save_inputs
@@ -324,7 +323,7 @@ def _local_samplers(built: dict[str, CompileResult], inputs: Sequence[Any], poli
         art = result.artifact
         start = clock()
         art(*inputs)
-        calls[name] = max(1, min(1000, math.ceil(BLOCK_S / max(clock() - start, 1e-9))))
+        calls[name] = calls_per_block(BLOCK_S, clock() - start)
         fns[name] = (lambda a=art, k=calls[name]: [a(*inputs) for _ in range(k)])
     syncs = {name: synchronizer(built[name].artifact.manifest.get("device") or "cpu") for name in fns}
     return block_samplers(fns, policy, clock=clock, syncs=syncs, per_call={n: 1 / k for n, k in calls.items()})

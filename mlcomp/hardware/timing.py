@@ -51,6 +51,15 @@ def synchronizer(device: Any) -> Sync:
     return no_sync
 
 
+def calls_per_block(block_s: float, per_call_s: float, most: int = 1000) -> int:
+    """How many calls of ``per_call_s`` seconds last about ``block_s`` (at least 1, at most ``most``).
+
+        >>> calls_per_block(0.02, 40e-6), calls_per_block(0.02, 0.5)
+        (500, 1)
+    """
+    return max(1, min(most, math.ceil(block_s / max(per_call_s, 1e-9))))
+
+
 # ---------------------------------------------------------------------------
 # statistics
 

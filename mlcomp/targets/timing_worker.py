@@ -28,7 +28,6 @@ sample, the median call of the block, ignores a straggler.
 from __future__ import annotations
 
 import json
-import math
 import os
 import select
 import subprocess
@@ -42,6 +41,7 @@ from typing import IO, Any
 import torch
 
 from mlcomp.base.errors import MlcompError
+from mlcomp.hardware.timing import Sync, calls_per_block, synchronizer
 from mlcomp.targets.artifact import Artifact
 
 __all__ = ["ProcessSampler", "WorkerError", "save_inputs"]
@@ -162,15 +162,13 @@ class ProcessSampler:
 # child side
 
 
-def _calls(artifact: Artifact, inputs: list, calls: int) -> list[float]:
+def _calls(artifact: Artifact, inputs: list, calls: int, barrier: Sync) -> list[float]:
     """Seconds of each of ``calls`` calls (each followed by the device's barrier)."""
-    barrier = torch.cuda.synchronize if str(artifact.manifest.get("device") or "cpu").startswith("cuda") else None
     clock, out = time.perf_counter, []
     for _ in range(calls):
         start = clock()
         artifact(*inputs)
-        if barrier is not None:
-            barrier()
+        barrier()
         out.append(clock() - start)
     return out
 
@@ -180,9 +178,10 @@ def serve(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
     torch.set_num_threads(int(config["threads"]))
     artifact = Artifact.load(config["artifact"])
     inputs = torch.load(config["inputs"], map_location="cpu", weights_only=True)
-    _calls(artifact, inputs, max(1, int(config["warmup"])))
-    per_call = min(_calls(artifact, inputs, 3))      # after warm-up: TorchScript's first runs profile
-    calls = max(1, min(MAX_CALLS, math.ceil(float(config["block_s"]) / max(per_call, 1e-9))))
+    barrier = synchronizer(artifact.manifest.get("device") or "cpu")
+    _calls(artifact, inputs, max(1, int(config["warmup"])), barrier)
+    per_call = min(_calls(artifact, inputs, 3, barrier))      # after warm-up: TorchScript's first runs profile
+    calls = calls_per_block(float(config["block_s"]), per_call, MAX_CALLS)
     channel.write(json.dumps({"ready": per_call, "calls": calls}) + "\n")
     channel.flush()
     for line in commands:
@@ -190,8 +189,8 @@ def serve(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
             break
         settle = time.perf_counter() + float(config["settle_s"])
         while time.perf_counter() < settle:                   # lead-in: the last worker's pools spin down
-            _calls(artifact, inputs, 1)
-        channel.write(json.dumps({"sample": median(_calls(artifact, inputs, calls))}) + "\n")
+            _calls(artifact, inputs, 1, barrier)
+        channel.write(json.dumps({"sample": median(_calls(artifact, inputs, calls, barrier))}) + "\n")
         channel.flush()
 
 
