@@ -19,12 +19,8 @@ import time
 
 import pytest
 
-from tests.test_bad_inputs import REPO, _snapshot, check, make_user_folder
+from tests.corpus.harness import REPO, check, snapshot as _snapshot
 
-
-@pytest.fixture
-def user_folder(tmp_path):
-    return make_user_folder(tmp_path)
 
 def _raise_interrupt(*args, **kwargs):
     raise KeyboardInterrupt

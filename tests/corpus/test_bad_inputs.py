@@ -20,7 +20,6 @@ The interruption cases (exit 130) are in ``tests/test_interrupts.py``, with the 
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from pathlib import Path
@@ -30,8 +29,9 @@ import torch
 from click.testing import CliRunner
 
 from mlcomp.cli.main import main
+from tests.corpus.harness import check, readonly_dir as _readonly_dir, snapshot as _snapshot
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 NAN_FACTORY = '''
 import torch
@@ -62,93 +62,12 @@ def histc_model():
 '''
 
 
-def _snapshot(root: Path) -> dict[str, str]:
-    """Every path under ``root`` → a digest of its content ("dir" for folders)."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        key = p.relative_to(root).as_posix()
-        out[key] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
-
-
-def make_user_folder(tmp_path: Path) -> Path:
-    """The folder a case runs in, with the user's files (see module doc)."""
-    root = tmp_path / "work"
-    (root / "userdir").mkdir(parents=True)
-    (root / "userdir" / "important.txt").write_text("the user's data\n")
-    (root / "hello.txt").write_text("hello\n")
-    (root / "earlier").mkdir()
-    (root / "earlier" / ".mlcomp").write_text('{"written_by": "mlcomp", "kind": "report"}\n')
-    (root / "earlier" / "index.html").write_text("<html>an earlier report</html>\n")
-    (root / "x.pt2").write_bytes(b"")
-    return root
-
-
-@pytest.fixture
-def user_folder(tmp_path):
-    return make_user_folder(tmp_path)
-
-
 @pytest.fixture(scope="module")
 def nan_factory(tmp_path_factory):
     """Outside the user folder: importing it writes __pycache__ next to it."""
     path = tmp_path_factory.mktemp("factories") / "nan_factory.py"
     path.write_text(NAN_FACTORY)
     return f"{path}:nan_model"
-
-
-@pytest.fixture(scope="module")
-def pt2_batch2(tmp_path_factory):
-    path = tmp_path_factory.mktemp("pt2") / "mlp-b2.pt2"
-    res = CliRunner().invoke(main, ["models", "save", "mlp", "--format", "pt2", "--batch", "2", "-o", str(path)])
-    assert res.exit_code == 0, res.output
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bad-inputs") / "mlp-cpu"
-    res = CliRunner().invoke(main, ["compile", "mlp", "--target", "cpu", "-o", str(out), "--threads", "1"])
-    assert res.exit_code == 0, res.output
-    return out
-
-
-def _readonly_dir(tmp_path: Path) -> Path:
-    """A folder no file can be created in (root ignores permissions: use a read-only mount then)."""
-    if os.geteuid() != 0:
-        ro = tmp_path / "readonly"
-        ro.mkdir()
-        ro.chmod(0o555)
-        return ro
-    for candidate in (Path("/sys"), Path("/proc")):
-        try:
-            (candidate / ".mlcomp-probe").write_text("")
-        except OSError:
-            return candidate
-        (candidate / ".mlcomp-probe").unlink()
-    pytest.skip("no read-only folder is available to a root user here")
-
-
-def check(folder: Path, args: list[str], *, code: int = 2, expect: tuple[str, ...] = ()) -> str:
-    """Run ``mlcomp ARGS`` in ``folder`` and assert the corpus rules; returns stderr."""
-    before = _snapshot(folder)
-    runner = CliRunner()
-    cwd = os.getcwd()
-    os.chdir(folder)
-    try:
-        res = runner.invoke(main, args)
-    finally:
-        os.chdir(cwd)
-    err = res.stderr.strip()
-    assert isinstance(res.exception, SystemExit) or res.exception is None, repr(res.exception)
-    assert res.exit_code == code, (res.exit_code, res.output)
-    assert "Traceback" not in res.output
-    assert err.startswith("error: ") or (code == 130 and err == "interrupted"), err
-    assert "\n" not in err, err                                      # one paragraph, one line
-    for text in expect:
-        assert text in err, (text, err)
-    assert _snapshot(folder) == before                               # nothing left, nothing changed
-    return err
 
 
 # ---------------------------------------------------------------------------
