@@ -17,8 +17,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import click
@@ -32,6 +30,7 @@ from mlcomp.cli.main import load_and_capture, model_options
 from mlcomp.hardware.link import LinkProbe
 from mlcomp.passes.partition import Objective, even_cuts, parse_bytes, plan_of, solve
 from mlcomp.targets.distributed import check_artifact, torchrun_command
+from mlcomp.targets.distributed_launch import LaunchError, launch_plan, supervise
 
 __all__ = ["launch_cmd", "partition_cmd", "profile_cmd"]
 
@@ -129,13 +128,18 @@ def launch_cmd(artifact: Path, nproc: int | None, schedule: str | None, microbat
     """Run a distributed artifact on this host with torchrun (gloo on CPU, NCCL on GPU)."""
     manifest = check_artifact(artifact)
     nproc = nproc or int(manifest.get("runtime_info", {}).get("stages", 1))
+    launch_plan(manifest, nproc, schedule=schedule, microbatches=microbatches)     # before any process starts
     extra = [*(["--schedule", schedule] if schedule else []),
              *(["--microbatches", str(microbatches)] if microbatches else []),
              *(["--train"] if train else []), *(["--check"] if check else []),
              *(["--repeat", str(repeat)] if repeat else [])]
-    code = subprocess.call(torchrun_command(artifact, nproc, extra=extra))
-    if code:
-        sys.exit(code)
+    outcome = supervise(torchrun_command(artifact, nproc, extra=extra))     # Ctrl-C: ranks stopped, re-raised
+    if outcome.stdout.strip():
+        click.echo(outcome.stdout.rstrip("\n"))
+    if outcome.code:
+        error = LaunchError(outcome.message(f"the {nproc}-process launch of {artifact}"))
+        error.exit_code = outcome.rank_exit_code() if outcome.rank_exit_code() in (2, 3, 4) else 3
+        raise error
 
 
 @click.command("profile")
