@@ -149,6 +149,21 @@ def model_options(fn: Any = None, *, batch: bool = True) -> Any:
     return fn
 
 
+def checked_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """``--threads`` (a ``click.IntRange(min=1)``): above the cores this process may run on, one warning and the core count
+    (more intra-op threads than cores only take turns on them)."""
+    if value is None:
+        return None
+    from mlcomp.hardware.link import available_cores
+
+    cores = available_cores()
+    if value > cores:
+        click.echo(f"warning: --threads {value} is more than the {cores} core(s) this process may run on; "
+                   f"using {cores}", err=True)
+        return cores
+    return value
+
+
 def load_and_capture(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                      dynamic_batch: bool, trust_pickle: bool):
     from mlcomp.api import check_model_inputs

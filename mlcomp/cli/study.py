@@ -14,9 +14,10 @@ from typing import Any
 
 import click
 
+from mlcomp.base.errors import VerificationError
 from mlcomp.base.files import Kind, check_destination
 from mlcomp.base.progress import Progress, ProgressLine
-from mlcomp.cli.main import load_and_capture, model_options
+from mlcomp.cli.main import checked_threads, load_and_capture, model_options
 from mlcomp.cli.passes import preset_options, resolve_pipeline
 from mlcomp.hardware.timing import BenchConfigError
 
@@ -140,7 +141,7 @@ def timing_options(fn: Any) -> Any:
                      help="Timed calls per measurement at least, even when the budget is spent."),
         click.option("--max-repeats", type=int, default=10_000, show_default=True,
                      help="Timed calls per measurement at most, even when budget is left."),
-        click.option("--threads", type=int, default=None,
+        click.option("--threads", type=click.IntRange(min=1), default=None, callback=checked_threads,
                      help="Intra-op threads for eager torch and every compiled runtime (default: each one's own)."),
         click.option("--progress", "show_progress", is_flag=True,
                      help="Show the live progress line on stderr even when it is not a terminal (otherwise "
@@ -176,6 +177,8 @@ def timing_options(fn: Any) -> Any:
 @click.option("--loss-scale", default=None, metavar="SPEC",
               help='With --train: dynamic, none, a static scale (1024) or "dynamic{init=65536 growth_interval=2000}" '
                    "(default: dynamic when the graph computes in fp16, else none).")
+@click.option("--keep-going", is_flag=True, help="Exit 0 even when a target's outputs differ from eager (by default "
+              "bench exits 4 after writing every result).")
 @click.option("--remat-sweep", is_flag=True, help="With --train: remat budgets 1.0/0.5/0.25/0.1/sqrt (mincut) vs "
               "peak memory and step time; --plot draws memory vs step time.")
 def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], batches: tuple[int, ...],
@@ -184,7 +187,7 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
               min_repeats: int, max_repeats: int, threads: int | None, show_progress: bool, no_memory: bool,
               json_out: str | None, csv_out: str | None, plot_file: str | None, train: bool = False,
               loss: str = "cross_entropy", optimizer: str = "sgd", remat_sweep: bool = False,
-              loss_scale: str | None = None) -> None:
+              loss_scale: str | None = None, keep_going: bool = False) -> None:
     """Time MODEL(s) eager vs compiled targets: median and p90 latency, speedup, cold compile time,
     peak memory, max error vs eager. One table per model."""
     from mlcomp.hardware.timing import TimingPolicy
@@ -242,6 +245,20 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
     if plot_file:
         plot_bench(results, plot_file)
         click.echo(f"wrote {plot_file}", err=True)
+    if not keep_going:
+        _fail_unverified(results)
+
+
+def _fail_unverified(results: list[Any]) -> None:
+    """Exit 4 (after every result is written) when a cell's outputs differ from eager."""
+    bad = [(r, row) for r in results for row in r.rows if row.verified is False]
+    if bad:
+        first, row = bad[0]
+        cells = sum(len(r.rows) for r in results)
+        raise VerificationError(f"{len(bad)} of {cells} bench cells failed verification against eager, the first "
+                                f"{first.model} on {row.label} at batch {row.batch}: {' '.join(row.reason.split())}",
+                                hint="the table has every cell; fix or drop that target, or pass --keep-going "
+                                     "to exit 0 anyway")
 
 
 @click.command("study")
@@ -255,7 +272,7 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
 @click.option("--model", default=None, help="roofline: the model whose ops are placed (default resnet18; "
                                              "mlp with --quick).")
 @click.option("--batch", type=int, default=1, show_default=True, help="roofline: batch size.")
-@click.option("--threads", type=int, default=None,
+@click.option("--threads", type=click.IntRange(min=1), default=None, callback=checked_threads,
               help="Intra-op threads for torch (and, in hybridize, every compiled runtime).")
 @click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
               help="Write the result as JSON (to stdout when no FILE).")

@@ -30,7 +30,7 @@ from mlcomp.base.files import Kind, check_destination
 from mlcomp.base.progress import Progress
 from mlcomp.base.units import fmt_bytes
 from mlcomp.cli.cache import cache_for_compile, cache_max_size_option, eviction_lines
-from mlcomp.cli.main import load_and_capture, model_options
+from mlcomp.cli.main import checked_threads, load_and_capture, model_options
 from mlcomp.cli.passes import (
     pipeline_from_cli,
     pipeline_options,
@@ -82,7 +82,8 @@ def _bytes(path: Path) -> int:
               help="Relative tolerance for verification (default by dtype).")
 @click.option("--fallback", type=click.Choice(["none", "eager"]), default="none", show_default=True,
               help="What to do with ops the target cannot run: fail, or run them in torch.")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Intra-op threads of the runtime.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, callback=checked_threads,
+              help="Intra-op threads of the runtime (at most the cores here: more are stored as the core count).")
 @click.option("--device", default=None, help="Device for the target (cpu, cuda:0); default: the target's own.")
 @click.option("--tune-trials", type=click.IntRange(min=0), default=0, show_default=True,
               help="TVM MetaSchedule trial budget (0 = untuned).")

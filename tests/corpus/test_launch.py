@@ -128,29 +128,40 @@ def _launch_processes(pid: int) -> list[int]:
     return [p for p, (_, cmd) in parents.items() if b"mlcomp.launch" in cmd and descends(p)]
 
 
+def _ranks(pids: list[int]) -> list[int]:
+    """The ranks among ``pids`` (torchrun's own command line names mlcomp.launch too)."""
+    return [p for p in pids if b"torch.distributed.run" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
 @pytest.mark.slow
 def test_real_ctrl_c_during_a_launch(user_folder, pipeline_artifact):
     """A real `mlcomp launch --repeat 200000` and a real SIGINT once both ranks run: exit 130, stderr exactly
     "interrupted", no traceback from the parent, torchrun or a rank, and no rank left running."""
     before = snapshot(user_folder)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "mlcomp.cli.main", "launch", str(pipeline_artifact), "--repeat",
-                             "200000"], cwd=user_folder, env=env, text=True, stdout=subprocess.PIPE,
+    script = f"from mlcomp.cli.main import main; main(['launch', {str(pipeline_artifact)!r}, '--repeat', '200000'])"
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=user_folder, env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
+    started: list[int] = []
     try:
         deadline = time.monotonic() + 240
-        while len(_launch_processes(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        while len(_ranks(started)) < 2 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.5)
-        ranks = _launch_processes(proc.pid)
-        assert len(ranks) == 2, (proc.poll(), proc.stderr.read() if proc.poll() is not None else "")
+            started = _launch_processes(proc.pid)
+        assert len(_ranks(started)) == 2, (proc.poll(), proc.stderr.read() if proc.poll() is not None else "")
         time.sleep(3)                                  # the ranks import torch, join gloo, start the batches
         os.killpg(proc.pid, signal.SIGINT)             # the terminal's Ctrl-C: the foreground process group
         out, err = proc.communicate(timeout=90)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in [proc.pid, *started]:
+            try:
+                os.kill(pid, signal.SIGKILL) if proc.poll() is None or pid != proc.pid else None
+            except ProcessLookupError:
+                pass
     assert proc.returncode == 130, err
     assert err.strip() == "interrupted", err
     assert "Traceback" not in out + err
-    assert not [p for p in ranks if Path(f"/proc/{p}").exists()]
+    time.sleep(1)
+    assert not [p for p in started if Path(f"/proc/{p}").exists()
+                and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
     assert snapshot(user_folder) == before
