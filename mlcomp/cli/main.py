@@ -35,6 +35,9 @@ COMMANDS: LazyRegistry[click.Command] = LazyRegistry("command", {
 })
 
 
+TARGETS_IN_HELP = "{targets}"     # replaced by the registry's target list when help is shown
+
+
 class _Group(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         names = set(super().list_commands(ctx))
@@ -48,6 +51,12 @@ class _Group(click.Group):
         if cmd is not None or name not in COMMANDS:
             return cmd
         return COMMANDS.get(name)
+
+    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from mlcomp.targets.registry import target_list     # at help time only: the targets package imports torch
+
+        self.help = (self.help or "").replace(TARGETS_IN_HELP, target_list())
+        super().format_help_text(ctx, formatter)
 
     def invoke(self, ctx: click.Context) -> Any:
         with InterruptScope() as interrupts:
@@ -115,7 +124,7 @@ def _importable(ref: str) -> bool:
 @click.pass_context
 def main(ctx: click.Context, show_traceback: bool) -> None:
     """mlcomp: capture a PyTorch model, run a declared pipeline of passes, lower it to a
-    target (cpu, cuda, onnxruntime, tvm) and compare it with eager PyTorch.
+    target ({targets}) and compare it with eager PyTorch.
 
     MODEL is a zoo name (see `mlcomp models list`), a TorchScript archive (.pt), an
     ExportedProgram (.pt2) or a factory path/to/file.py:fn / package.module:fn.

@@ -38,6 +38,7 @@ from mlcomp.cli.passes import (
     resolve_pipeline,
 )
 from mlcomp.pipeline.instruments import Instrument
+from mlcomp.targets.registry import target_list
 
 __all__ = ["compile_cmd", "export_cmd", "targets_cmd"]
 
@@ -71,7 +72,7 @@ def _bytes(path: Path) -> int:
 @click.command("compile")
 @model_options
 @click.option("-t", "--target", default=None, metavar="TARGET",
-              help="cpu, cuda, onnxruntime (ort), tvm, or auto: compile for every target available here, verify "
+              help=f"{target_list()}, or auto: compile for every target available here, verify "
                    "and time each, keep the fastest that verified (default: the pipeline file's target, else cpu).")
 @click.option("--candidates", default=None, metavar="T,T...",
               help="With --target auto: the targets to try (default: every target available here but distributed).")
