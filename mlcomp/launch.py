@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from mlcomp.base.errors import MlcompError
+from mlcomp.base.files import Kind, check_destination
 from mlcomp.targets.distributed import check_artifact, run_rank
 
 
@@ -52,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", help="rank 0 writes the JSON summary here")
     args = parser.parse_args(argv)
     try:
+        if args.result:          # a user's file is never replaced (mlcomp.base.files); rank 0 writes it
+            check_destination(args.result, Kind.FILE, option="--result", fmt="json", force=True,
+                              inputs=(args.artifact,))
         check_artifact(Path(args.artifact))
         dist.init_process_group(backend())
         try:

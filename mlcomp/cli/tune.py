@@ -23,6 +23,7 @@ from pathlib import Path
 import click
 
 from mlcomp.base.errors import OptionError
+from mlcomp.base.files import Kind, check_destination
 from mlcomp.base.progress import Progress
 from mlcomp.cli.main import load_and_capture, model_options
 from mlcomp.cli.passes import preset_options, resolve_pipeline
@@ -60,6 +61,8 @@ def tune_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, captu
     if reason:
         raise OptionError(f"mlcomp tune needs the tvm target, which is not available: {reason}",
                           hint="install apache-tvm (make install) and run again")
+    # the database is extended, not replaced: new, empty or mlcomp's own; never a user's folder or the input
+    check_destination(db, Kind.DIR, force=True, option="--db", inputs=(model,))
     options = CompileOptions.make(tune_trials=trials, work_dir=str(db), device=device,
                                   tune_build_timeout=build_timeout, tune_run_timeout=run_timeout)
     progress = Progress.for_command(machine_output=as_json)
