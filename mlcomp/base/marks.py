@@ -15,8 +15,8 @@ format          suffixes            marker
 ``onnx``        ``.onnx``           ``metadata_props`` entry ``written_by``
 ``png``         ``.png``            ``tEXt`` chunk, keyword ``mlcomp``
 ``json``        ``.json``           first key ``"written_by"`` (of the first object in an array)
-``dot``         ``.dot`` ``.gv``    first line ``// written by mlcomp …``
-``ir``          ``.ir.txt``         first line ``# written by mlcomp …``
+``dot``         ``.dot`` ``.gv``    last line ``// written by mlcomp …``
+``ir``          ``.ir.txt``         last line ``# written by mlcomp …``
 ``csv``         ``.csv``            none: CSV has no comments
 ==============  ==================  ============================================
 
@@ -201,7 +201,7 @@ def _png_marked(path: Path) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# text: JSON objects (a first key), Graphviz dot and IR text (a first-line comment)
+# text: JSON objects (a first key), Graphviz dot and IR text (a last-line comment)
 
 _JSON_MARK = re.compile(rb'\A\s*(\[\s*)?\{\s*"written_by"\s*:\s*"written by mlcomp')
 _JSON_OPEN = re.compile(r"\A\s*(\[\s*)?\{")
@@ -227,14 +227,18 @@ def _head(path: Path) -> bytes:
 
 
 def _comment(prefix: str) -> tuple[Callable[[Path], bool], Callable[[Path], bool]]:
+    """A last-line comment: the file still starts as its readers expect (``digraph``, ``graph``)."""
     line = f"{prefix} {SIGNATURE}\n"
 
     def write(path: Path) -> bool:
-        path.write_text(line + path.read_text())
+        text = path.read_text()
+        path.write_text(text + ("" if not text or text.endswith("\n") else "\n") + line)
         return True
 
     def read(path: Path) -> bool:
-        return _head(path).startswith(f"{prefix} ".encode() + _PREFIX)
+        _, tail = _tail(path, 512)
+        last = tail.rstrip().rsplit(b"\n", 1)[-1]
+        return last.startswith(f"{prefix} ".encode() + _PREFIX)
     return write, read
 
 
@@ -269,8 +273,8 @@ FORMATS: dict[str, FileFormat] = {f.name: f for f in (
     FileFormat("onnx", (".onnx",), "ONNX metadata_props written_by", _mark_onnx, _onnx_marked),
     FileFormat("png", (".png",), "PNG tEXt chunk 'mlcomp'", _mark_png, _png_marked),
     FileFormat("json", (".json",), 'first key "written_by" (of the first object in an array)', _mark_json, lambda p: bool(_JSON_MARK.match(_head(p)))),
-    FileFormat("dot", (".dot", ".gv"), "first line // comment", *_DOT),
-    FileFormat("ir", (".ir.txt",), "first line # comment", *_IR),
+    FileFormat("dot", (".dot", ".gv"), "last line // comment", *_DOT),
+    FileFormat("ir", (".ir.txt",), "last line # comment", *_IR),
     FileFormat("csv", (".csv",), "none (CSV has no comments)", _never, _never),
 )}
 
@@ -279,9 +283,8 @@ _SNIFF: tuple[tuple[Callable[[bytes, Path], bool], tuple[str, ...]], ...] = (
     (lambda head, p: head.startswith((b"PK\x03\x04", _EOCD)), ("npz",)),
     (lambda head, p: head.startswith(_PNG), ("png",)),
     (lambda head, p: head.lstrip().startswith((b"{", b"[")), ("json",)),
-    (lambda head, p: head.startswith(b"// "), ("dot",)),
-    (lambda head, p: head.startswith(b"# "), ("ir",)),
     (lambda head, p: p.name.lower().endswith(".onnx"), ("onnx",)),
+    (lambda head, p: True, ("dot", "ir")),                       # any other text: its last line
 )
 
 
