@@ -21,9 +21,9 @@ The rule, for every path any command or API function writes (file or folder):
    format's marker (:mod:`mlcomp.base.marks`: a zip comment, ONNX metadata, a PNG
    text chunk, a JSON key, a comment line), which no reader of the file sees.
    :func:`written_by_mlcomp` reads it.
-3. :class:`InterruptScope` (used by the CLI) turns Ctrl-C into ``KeyboardInterrupt``
-   and remembers it, so an interrupt that a native library swallowed still stops
-   the next commit and still exits as an interruption.
+3. :class:`~mlcomp.base.interrupts.InterruptScope` (used by the CLI) turns Ctrl-C
+   into ``KeyboardInterrupt`` and remembers it, so an interrupt that a native library
+   swallowed still stops the next commit and still exits as an interruption.
 
 Before and after::
 
@@ -41,26 +41,28 @@ Before and after::
     >>> write_text_atomic(out, '{"a": 1}', fmt="json")
     >>> written_by_mlcomp(out), json.loads(out.read_text())["a"]
     (True, 1)
-    >>> check_destination(out, Kind.FILE, fmt="json")
-    Traceback (most recent call last):
-    mlcomp.base.errors.OutputPathError: the output ... is an earlier mlcomp output ...
+    >>> try:                                    # again: an earlier mlcomp output needs force
+    ...     check_destination(out, Kind.FILE, fmt="json")
+    ... except OutputPathError as err:
+    ...     print(str(err).split(". ")[0].endswith("is an earlier mlcomp output"))
+    True
+    >>> check_destination(out, Kind.FILE, fmt="json", force=True) == out
+    True
 """
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import enum
 import hashlib
 import json
 import os
 import shutil
-import signal
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from mlcomp.base.errors import OutputPathError
+from mlcomp.base.interrupts import InterruptScope, raise_if_interrupted, shielded as _shielded
 from mlcomp.base.marks import FORMATS, mark, written_by_mlcomp
 from mlcomp.base.version import __version__
 
@@ -76,64 +78,6 @@ class Kind(enum.Enum):
 
     FILE = "file"
     DIR = "folder"
-
-
-# The interrupt scope active in this context (set and reset by InterruptScope only).
-_SCOPE: contextvars.ContextVar["InterruptScope | None"] = contextvars.ContextVar("mlcomp_interrupts", default=None)
-
-
-class InterruptScope:
-    """Within the block, SIGINT raises ``KeyboardInterrupt`` and is remembered in ``seen``.
-
-    The previous handler is restored on exit.  Inside :meth:`shielded` (the
-    cleanup of a temporary) a Ctrl-C is only remembered, so cleanup finishes.
-    Outside the main thread it installs nothing and only tracks the state.
-    """
-
-    def __init__(self) -> None:
-        self.seen = False
-        self._shield = 0
-        self._previous: Any = None
-        self._token: contextvars.Token | None = None
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        self.seen = True
-        if not self._shield:
-            raise KeyboardInterrupt
-
-    def __enter__(self) -> "InterruptScope":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handler)
-        self._token = _SCOPE.set(self)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._token is not None:
-            _SCOPE.reset(self._token)
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-
-    @contextlib.contextmanager
-    def shielded(self) -> Iterator[None]:
-        self._shield += 1
-        try:
-            yield
-        finally:
-            self._shield -= 1
-
-
-def raise_if_interrupted() -> None:
-    """Raise ``KeyboardInterrupt`` if Ctrl-C was pressed in this scope (even if something swallowed it)."""
-    scope = _SCOPE.get()
-    if scope is not None and scope.seen:
-        raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def _shielded() -> Iterator[None]:
-    scope = _SCOPE.get()
-    with scope.shielded() if scope is not None else contextlib.nullcontext():
-        yield
 
 
 # ---------------------------------------------------------------------------
