@@ -135,7 +135,9 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     request = pipeline_from_cli(pipeline, opt_level, dump_after, dump_dir, verify_passes, explain)
     request.check_dump_dir(force, inputs=(model,))
     if tuning_dir:               # a tuning database is extended, never a user's folder
-        check_destination(tuning_dir, Kind.DIR, force=True, option="--tuning-dir", inputs=(model,))
+        from mlcomp.cli.tune import check_tuning_db
+
+        check_tuning_db(tuning_dir, "--tuning-dir", model)
     if train:   # the training path: mlcomp.cli.training (runs a pipeline only when one is given)
         from mlcomp.cli.training import compile_train
 

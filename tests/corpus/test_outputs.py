@@ -258,3 +258,20 @@ def test_python_export_follows_the_rule(folder):
     with pytest.raises(OutputPathError, match="must end in .pt2"):
         mlcomp.export("mlp", folder / "new.onnx", format="pt2")
     assert snapshot(folder) == before
+
+
+def test_an_older_tuning_db_is_recognised_by_its_ledger(tmp_path):
+    from mlcomp.base.errors import OutputPathError
+    from mlcomp.base.files import is_mlcomp_output
+    from mlcomp.cli.tune import check_tuning_db
+
+    db = tmp_path / "db"
+    db.mkdir()
+    (db / "mlcomp_ledger.json").write_text("{}")
+    (db / "database_workload.json").write_text("")
+    check_tuning_db(db, "--db", "mlp")
+    assert is_mlcomp_output(db)
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "database_workload.json").write_text("")      # MetaSchedule's files alone: not ours
+    with pytest.raises(OutputPathError, match="not empty and was not written by mlcomp"):
+        check_tuning_db(tmp_path / "user", "--db", "mlp")
