@@ -141,6 +141,11 @@ def _refuse_input(dest: Path, inputs: Iterable[str | os.PathLike[str]], option: 
                               hint="give the output a path of its own")
 
 
+def _force(option: str) -> str:
+    """How the caller says "replace": the ``--force`` flag, or ``force=True`` for a Python argument."""
+    return "--force" if option.startswith("-") else "force=True"
+
+
 def _refuse_existing_file(dest: Path, force: bool, option: str, example: str) -> None:
     if dest.is_symlink():
         raise OutputPathError(f"the output {dest} is a symbolic link (to {os.readlink(dest)}); mlcomp never "
@@ -156,7 +161,7 @@ def _refuse_existing_file(dest: Path, force: bool, option: str, example: str) ->
                               hint=f"give a new file name {example}")
     if not force:
         raise OutputPathError(f"the output {dest} is an earlier mlcomp output", where=option,
-                              hint="pass --force to replace it, or give a new file name")
+                              hint=f"pass {_force(option)} to replace it, or give a new file name")
 
 
 def _refuse_existing_folder(dest: Path, force: bool, option: str) -> None:
@@ -171,7 +176,7 @@ def _refuse_existing_folder(dest: Path, force: bool, option: str) -> None:
                               f"even with --force", where=option, hint="give a new or empty folder")
     if not force:
         raise OutputPathError(f"the output folder {dest} holds an earlier mlcomp output", where=option,
-                              hint="pass --force to replace it, or give a new folder")
+                              hint=f"pass {_force(option)} to replace it, or give a new folder")
 
 
 def _example(fmt: str | None) -> str:
