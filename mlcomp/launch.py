@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from mlcomp.base.errors import MlcompError
+from mlcomp.base.files import Kind, check_destination
 from mlcomp.targets.distributed import check_artifact, run_rank
 
 
@@ -82,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> dict:
     """Join the process group, run this rank, leave the group (also on an error)."""
+    if args.result:          # a user's file is never replaced (mlcomp.base.files); rank 0 writes it
+        check_destination(args.result, Kind.FILE, option="--result", fmt="json", force=True,
+                          inputs=(args.artifact,))
     check_artifact(Path(args.artifact))
     dist.init_process_group(backend())
     try:

@@ -23,26 +23,36 @@ from pathlib import Path
 import click
 
 from mlcomp.base.errors import OptionError
+from mlcomp.base.files import Kind, check_destination
 from mlcomp.base.progress import Progress
 from mlcomp.cli.main import load_and_capture, model_options
 from mlcomp.cli.passes import preset_options, resolve_pipeline
 
-__all__ = ["DEFAULT_DB", "tune_cmd"]
+__all__ = ["DEFAULT_DB", "check_tuning_db", "tune_cmd"]
 
 DEFAULT_DB = Path("mlcomp-out") / "tvm-tuning"
 
 
 def _tuning_dir(given: Path, alias: Path | None) -> Path:
-    """``--tuning-dir``, or the deprecated ``--db`` (one warning); both at once must agree."""
+    """``--tuning-dir``, or the deprecated ``--db`` (a note after the run); both at once must agree."""
     if alias is None:
         return given
     source = click.get_current_context().get_parameter_source("db")
     if source is not click.core.ParameterSource.DEFAULT and given != alias:
         raise OptionError(f"--db {alias} and --tuning-dir {given} name two tuning folders",
                           hint="give --tuning-dir only (--db is its old name)")
-    click.echo("warning: --db is the old name of --tuning-dir (the same flag as `mlcomp compile --tuning-dir`); "
-               "use --tuning-dir", err=True)
     return alias
+
+
+def check_tuning_db(db: str | Path, option: str, model: str) -> None:
+    """A tuning database is extended, not replaced: new, empty or mlcomp's own (its ``.mlcomp`` marker, or
+    the ledger an older mlcomp left, which then gets the marker); never a user's folder or the input."""
+    from mlcomp.base.files import MARKER, mark_folder
+
+    folder = Path(db)
+    if folder.is_dir() and not (folder / MARKER).exists() and (folder / "mlcomp_ledger.json").is_file():
+        mark_folder(folder, "tuning database")
+    check_destination(folder, Kind.DIR, force=True, option=option, inputs=(model,))
 
 
 @click.command("tune")
@@ -76,6 +86,7 @@ def tune_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, captu
     if reason:
         raise OptionError(f"mlcomp tune needs the tvm target, which is not available: {reason}",
                           hint="install apache-tvm (make install) and run again")
+    check_tuning_db(db, "--db" if db_alias is not None else "--tuning-dir", model)
     options = CompileOptions.make(tune_trials=trials, work_dir=str(db), device=device,
                                   tune_build_timeout=build_timeout, tune_run_timeout=run_timeout)
     progress = Progress.for_command(machine_output=as_json)
@@ -95,6 +106,9 @@ def tune_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, captu
              "tasks_reused": list(stats.get("tasks_reused", [])), "trials_run": stats.get("trials_run", 0),
              "trials_before": stats.get("trials_before", 0), "records_per_task": stats.get("records_per_task", {}),
              "tuning_seconds": round(time.perf_counter() - t1, 2), "total_seconds": round(time.perf_counter() - t0, 2)}
+    if db_alias is not None:
+        click.echo("note: --db is the old name of --tuning-dir (the flag `mlcomp compile` reads the database "
+                   "with); use --tuning-dir", err=True)
     if as_json:
         click.echo(json.dumps(facts, indent=2))
         return
