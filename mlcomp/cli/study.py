@@ -198,11 +198,7 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
               min_repeats: int, max_repeats: int, threads: int | None, show_progress: bool, no_memory: bool,
               json_out: str | None, csv_out: str | None, plot_file: str | None, train: bool = False,
               loss: str = "cross_entropy", optimizer: str = "sgd", remat_sweep: bool = False,
-<<<<<<< HEAD
-              loss_scale: str | None = None, keep_going: bool = False) -> None:
-=======
-              loss_scale: str | None = None, force: bool = False) -> None:
->>>>>>> main
+              loss_scale: str | None = None, keep_going: bool = False, force: bool = False) -> None:
     """Time MODEL(s) eager vs compiled targets: median and p90 latency, speedup, cold compile time,
     peak memory, max error vs eager. One table per model."""
     from mlcomp.hardware.timing import TimingPolicy
