@@ -5,7 +5,10 @@
     (<OptimizerKind.SGD: 'sgd'>, SgdOptions(lr=0.05, momentum=0.9, weight_decay=0.0001, dampening=0.0, nesterov=False))
     >>> spec.text()
     'sgd{lr=0.05,momentum=0.9,weight_decay=0.0001}'
-    >>> opt = spec.build([w, b])            # torch.optim.SGD(..., foreach=True)
+    >>> import torch
+    >>> w, b = torch.zeros(2, 2, requires_grad=True), torch.zeros(2, requires_grad=True)
+    >>> type(spec.build([w, b])).__name__           # torch.optim.SGD(..., foreach=True)
+    'SGD'
 
 The text is parsed by the pipeline grammar (:mod:`mlcomp.pipeline.spec`) against a
 registry whose entries are the option dataclasses below, declared with the same

@@ -6,7 +6,8 @@
     >>> get_target("ort")                     # imports mlcomp.targets.onnxruntime now
     <Target onnxruntime>
     >>> get_target("onnxruntme")
-    TargetUnavailableError: there is no target named 'onnxruntme' (did you mean 'onnxruntime'?)
+    Traceback (most recent call last):
+    mlcomp.base.errors.TargetUnavailableError: there is no target named 'onnxruntme' (did you mean 'onnxruntime'?). ...
 
 This module sits below both :mod:`mlcomp.targets.base` (what a target is) and
 :mod:`mlcomp.targets.artifact` (what a target builds), and imports neither at

@@ -20,6 +20,24 @@ FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 # modules whose examples are illustrations, not yet runnable doctests (they name objects the example
 # never builds, or print timings of this machine); each entry is work left
 SKETCHES = frozenset({
+    "mlcomp", "mlcomp.analysis.cost", "mlcomp.analysis.inspect", "mlcomp.analysis.memory",
+    "mlcomp.analysis.placement_cost", "mlcomp.analysis.precision_error", "mlcomp.analysis.ranges",
+    "mlcomp.analysis.training", "mlcomp.analysis.workspace", "mlcomp.api", "mlcomp.api.auto",
+    "mlcomp.api.auto_rank", "mlcomp.api.cache_key", "mlcomp.api.cache_size", "mlcomp.api.compiler",
+    "mlcomp.api.inputs", "mlcomp.api.lowering", "mlcomp.base.files",
+    "mlcomp.base.progress", "mlcomp.base.quiet", "mlcomp.base.registry",
+    "mlcomp.frontend.joint", "mlcomp.frontend.losses", "mlcomp.frontend.provenance", "mlcomp.hardware.link",
+    "mlcomp.hardware.memory", "mlcomp.hardware.probe", "mlcomp.hardware.timing", "mlcomp.ir.builder",
+    "mlcomp.ir.composites", "mlcomp.ir.constants", "mlcomp.ir.graph_tools", "mlcomp.ir.interpreter",
+    "mlcomp.ir.kernel_plan", "mlcomp.ir.node", "mlcomp.ir.opsets", "mlcomp.ir.split", "mlcomp.measure.bench",
+    "mlcomp.measure.bench_results", "mlcomp.measure.remat_sweep", "mlcomp.measure.training_bench",
+    "mlcomp.models.third_party", "mlcomp.passes.patterns", "mlcomp.passes.remat_problem",
+    "mlcomp.passes.remat_solvers", "mlcomp.pipeline.manager", "mlcomp.pipeline.presets", "mlcomp.study",
+    "mlcomp.targets.artifact", "mlcomp.targets.backend_errors", "mlcomp.targets.base",
+    "mlcomp.targets.capabilities", "mlcomp.targets.codegen", "mlcomp.targets.cpu", "mlcomp.targets.cuda",
+    "mlcomp.targets.export", "mlcomp.targets.fallback", "mlcomp.targets.onnxruntime",
+    "mlcomp.targets.openvino", "mlcomp.targets.timing_worker", "mlcomp.targets.training",
+    "mlcomp.targets.training_check", "mlcomp.targets.tvm",
 })
 
 
