@@ -296,7 +296,7 @@ def test_pipeline_options_and_helper():
 def test_declared_option_ranges_are_enforced_in_specs_toml_and_python():
     from mlcomp.passes.fusion import Fuse
 
-    with pytest.raises(PipelineSpecError, match=r"option 'max_group_size' of pass 'fuse' must be at least 1, got '-5'"):
+    with pytest.raises(PipelineSpecError, match=r"option 'max_group_size' of pass 'fuse' must be at least 1, got -5"):
         Pipeline.parse("fuse{max_group_size=-5}")
     with pytest.raises(PipelineSpecError, match="must be at least 0"):
         Pipeline.from_toml_text('[[passes]]\nname = "fuse"\npeak_slack = -0.5\n')
