@@ -299,7 +299,7 @@ class _Parser:
         items: list[Any] = []
         self.ws()
         while self.peek() != close:
-            if not self.peek():
+            if not self.peek() or self.peek() in "{}":
                 raise self.error(f"unterminated {self.text[start]!r} (missing {close!r})", start)
             items.append(self.value())
             self.ws()
