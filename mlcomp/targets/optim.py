@@ -5,7 +5,9 @@
     (<OptimizerKind.SGD: 'sgd'>, SgdOptions(lr=0.05, momentum=0.9, weight_decay=0.0001, dampening=0.0, nesterov=False))
     >>> spec.text()
     'sgd{lr=0.05,momentum=0.9,weight_decay=0.0001}'
-    >>> opt = spec.build([w, b])            # torch.optim.SGD(..., foreach=True)
+    >>> opt = spec.build([torch.zeros(2, requires_grad=True)])
+    >>> type(opt).__name__, opt.defaults["foreach"]
+    ('SGD', True)
 
 The text is read by the spec grammar of :mod:`mlcomp.base.spec` (noun ``optimizer``) against
 a table whose entries are the option dataclasses below, declared with ``option()`` fields and
