@@ -12,12 +12,11 @@ A :class:`Grammar` says what its items are called (its ``noun``: ``pass``,
 ``optimizer``, ``loss-scale mode``), what the whole text is called (``pipeline``,
 ``optimizer``, ``loss scale``), which error class it raises and how to write one.
 Every message uses those words, and every syntax or lookup error points at the
-character it is about, in one paragraph: the spec, a caret under the column, what
-is wrong, and what to do (with the closest known name when there is one)::
+character it is about, on one line: the column, the spec and the text from there,
+what is wrong, and what to do (with the closest known name when there is one)::
 
-    bad optimizer spec at column 12:
-        sgd{lr=0.1 momentm=0.9}
-                   ^ optimizer 'sgd' has no option 'momentm'; did you mean 'momentum'? ...
+    bad optimizer spec at column 12 of 'sgd{lr=0.1 momentm=0.9}' (at 'momentm=0.9}'): optimizer 'sgd'
+    has no option 'momentm'; did you mean 'momentum'? Its options are: ...
 
 Items are looked up by name (a :class:`SpecTable` of option dataclasses, or the
 pass registry), their options converted and range-checked by
@@ -86,9 +85,11 @@ class Grammar:
 
     # -- messages -------------------------------------------------------------
     def at(self, text: str, at: int, what: str, hint: str | None = None) -> MlcompError:
-        """The error for ``what`` at column ``at`` (0-based) of ``text``: the spec with a caret under it."""
-        shown = text.replace("\n", " ")
-        return self.error(f"bad {self.spec_name} spec at column {at + 1}:\n    {shown}\n    {' ' * at}^ {what}",
+        """The error for ``what`` at column ``at`` (0-based) of ``text``, on one line: the column, the
+        spec, and the text from that column on (up to 12 characters)."""
+        rest = text[at:].replace("\n", " ")
+        here = f"at {rest[:12] + ('...' if len(rest) > 12 else '')!r}" if rest.strip() else "at the end"
+        return self.error(f"bad {self.spec_name} spec at column {at + 1} of {text!r} ({here}): {what}",
                           hint=hint or self.hint)
 
     def unknown(self, name: str, known: list[str], hint: str | None = None) -> MlcompError:
@@ -142,8 +143,11 @@ class SpecEntry:
 
     def convert(self, key: str, value: Any) -> tuple[str, Any]:
         """``(field name, value converted and range-checked)`` for option ``key``."""
-        opt = self.option(key)
-        return opt.name, opt.convert(value, owner=self.name, noun=self.grammar.noun, error=self.grammar.error)
+        opt, g = self.option(key), self.grammar
+        try:
+            return opt.name, opt.convert(value, owner=self.name, noun=g.noun, error=g.error)
+        except MlcompError as exc:     # the option's example, then how to write the whole spec
+            raise g.error(exc.what, hint=f"{(exc.hint or '').rstrip('.')}; {g.hint}") from None
 
     def make(self, options: Mapping[str, Any]) -> Any:
         """The dataclass with ``options`` (already converted) applied."""

@@ -14,9 +14,8 @@ a table whose entries are the option dataclasses below, declared with ``option()
 their open or closed ranges (``lr > 0``, ``momentum`` in ``[0, 1)``).  So an optimizer spec
 reads and fails like a pass spec, in optimizer words, pointing at the column::
 
-    bad optimizer spec at column 12:
-        sgd{lr=0.1 momentm=0.9}
-                   ^ optimizer 'sgd' has no option 'momentm'; did you mean 'momentum'? Its options are: …
+    bad optimizer spec at column 12 of 'sgd{lr=0.1 momentm=0.9}' (at 'momentm=0.9}'): optimizer 'sgd' has
+    no option 'momentm'; did you mean 'momentum'? Its options are: …
 
 Names and keys are case-insensitive; ``betas=(0.9,0.99)`` and ``betas=[0.9,0.99]`` are the same.
 Defaults are torch's (Adam ``eps=1e-8``); the torch optimizers run their ``foreach`` implementations.

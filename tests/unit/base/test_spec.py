@@ -86,7 +86,7 @@ def test_parse_one_builds_the_entry():
 
 
 # ---------------------------------------------------------------------------
-# invalid forms: what, where (the column, and a caret under it), what to do
+# invalid forms: what, where (the column, the spec and the text from there), what to do
 
 
 @pytest.mark.parametrize("text, problem, column", [
@@ -111,17 +111,18 @@ def test_parse_one_builds_the_entry():
 ])
 def test_invalid_forms_point_at_the_character(text, problem, column):
     msg = _err(text)
-    head, shown, caret = msg.splitlines()[:3]
-    assert head == f"bad route spec at column {column}:"                    # the whole's name and the column
-    assert shown.strip() == text
-    assert caret.index("^") - shown.index(text[0]) == column - 1
-    assert problem in caret
-    assert len(msg.splitlines()) == 3 and "Traceback" not in msg          # one paragraph
+    head, _, after = msg.partition(": ")
+    assert head.startswith(f"bad route spec at column {column} of {text!r} (at ")   # the whole's name, the column
+    rest = text[column - 1:]
+    assert head.endswith(f"(at {rest[:12] + ('...' if len(rest) > 12 else '')!r})" if rest else "(at the end)")
+    assert after.startswith(problem)
+    assert "\n" not in msg and "Traceback" not in msg                     # one paragraph, one line
 
 
 def test_messages_say_what_to_do():
     assert _err("rest walk").endswith("write moves as walk{speed=...} or rest, separated by commas.")
-    assert _err("walk{speed=0}").endswith("for example walk{speed=1.0}.")
+    assert _err("walk{speed=0}").endswith("for example walk{speed=1.0}; write moves as walk{speed=...} or rest, "
+                                          "separated by commas.")
 
 
 def test_one_item_and_the_count():
@@ -204,7 +205,7 @@ def test_pipeline_specs_say_pass_and_pipeline():
     with pytest.raises(PipelineSpecError) as info:
         Pipeline.parse("cleanup,fuse{max_group_size=0}")
     msg = info.value.message
-    assert msg.startswith("bad pipeline spec at column 29:")
+    assert msg.startswith("bad pipeline spec at column 29 of 'cleanup,fuse{max_group_size=0}' (at '0}'): ")
     assert "option 'max_group_size' of pass 'fuse' must be at least 1, got 0" in msg
     with pytest.raises(PipelineSpecError, match="unknown pass 'fusee'; did you mean 'fuse'"):
         Pipeline.parse("fusee")
@@ -218,7 +219,8 @@ def test_optimizer_specs_say_optimizer():
     with pytest.raises(OptimizerSpecError) as info:
         OptimizerSpec.parse("sgd{lr=0.1 momentum=1}")
     msg = info.value.message
-    assert msg.startswith("bad optimizer spec at column 21:") and "pass" not in msg
+    assert msg.startswith("bad optimizer spec at column 21 of 'sgd{lr=0.1 momentum=1}' (at '1}'): ")
+    assert "pass" not in msg
     assert "option 'momentum' of optimizer 'sgd' must be in [0, 1), got 1.0" in msg
     assert OptimizerSpec.parse("SGD{LR=0.5}").options.lr == 0.5
     with pytest.raises(OptimizerSpecError, match="option 'lr' of optimizer 'sgd' must be greater than 0"):
@@ -231,7 +233,8 @@ def test_loss_scale_specs_say_loss_scale():
     with pytest.raises(LossScaleError) as info:
         LossScaleSpec.parse("dynamic{backoff=1}")
     msg = info.value.message
-    assert msg.startswith("bad loss scale spec at column 17:") and "pass" not in msg
+    assert msg.startswith("bad loss scale spec at column 17 of 'dynamic{backoff=1}' (at '1}'): ")
+    assert "pass" not in msg
     assert "option 'backoff' of loss-scale mode 'dynamic' must be in (0, 1), got 1.0" in msg
     with pytest.raises(LossScaleError, match="names 2 loss-scale modes; give one"):
         LossScaleSpec.parse("dynamic,none")
