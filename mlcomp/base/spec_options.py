@@ -68,7 +68,8 @@ class Range:
         """``in [0, 1)``, ``> 0``, ``<= 1``; empty when unbounded."""
         low, high = self.low, self.high
         if low is not None and high is not None:
-            return f"in {'(' if self.gt is not None else '['}{_num(low)}, {_num(high)}{')' if self.lt is not None else ']'}"
+            left, right = "(" if self.gt is not None else "[", ")" if self.lt is not None else "]"
+            return f"in {left}{_num(low)}, {_num(high)}{right}"
         if low is not None:
             return f"{'>' if self.gt is not None else '>='} {_num(low)}"
         if high is not None:
@@ -155,14 +156,16 @@ def options_of(cls: type) -> tuple[OptionInfo, ...]:
     return tuple(out)
 
 
-def check_fields(obj: Any, *, owner: str, noun: str, error: type[MlcompError] = MlcompError) -> None:
-    """Refuse a dataclass instance built in Python whose option lies outside its declared range."""
+def check_fields(obj: Any, *, owner: str, noun: str, error: type[MlcompError] = MlcompError,
+                 hint: str | None = None) -> None:
+    """Refuse a dataclass instance built in Python whose option lies outside its declared range
+    (``hint``: what to do; by default an example with the option's default)."""
     for f in dataclasses.fields(obj):
         bounds = f.metadata.get("range")
         problem = bounds.problem(getattr(obj, f.name)) if bounds else None
         if problem:
             raise error(f"option {f.name!r} of {noun} {owner!r} {problem}, got {format_value(getattr(obj, f.name))}",
-                        hint=f"for example {owner}{{{f.name}={format_value(f.default)}}}")
+                        hint=hint or f"for example {owner}{{{f.name}={format_value(f.default)}}}")
 
 
 # ---------------------------------------------------------------------------

@@ -124,7 +124,8 @@ def partition_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, 
               help="Microbatches per batch (default: the artifact's, one per stage).")
 @click.option("--train", is_flag=True, help="Run one training step (loss on the last stage, an optimizer step "
                                               "per stage).")
-@click.option("--optimizer", default=None, help=f'With --train: e.g. "adam{{lr=1e-3}}" (default "{DEFAULT_OPTIMIZER}").')
+@click.option("--optimizer", default=None,
+              help=f'With --train: an optimizer spec, e.g. "adam{{lr=1e-3}}" (default "{DEFAULT_OPTIMIZER}").')
 @click.option("--check", is_flag=True, help="Compare with a single-process run of the same stages.")
 @click.option("--repeat", type=click.IntRange(min=0), default=0, help="Time this many more batches.")
 def launch_cmd(artifact: Path, nproc: int | None, schedule: str | None, microbatches: int | None, train: bool,

@@ -119,7 +119,8 @@ class Pass:
 
     def __post_init__(self) -> None:
         """Options constructed in Python obey the same declared ranges as parsed specs."""
-        check_fields(self, owner=self.name, noun="pass", error=PipelineSpecError)
+        check_fields(self, owner=self.name, noun="pass", error=PipelineSpecError,
+                     hint=f"run `mlcomp passes` to see the options of {self.name!r}")
 
     def run(self, graph: "Graph", ctx: PassContext) -> PassResult:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -25,7 +25,6 @@ import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from mlcomp.base.errors import PipelineSpecError
 from mlcomp.base.spec import SpecItem

@@ -34,7 +34,8 @@ from mlcomp.base.errors import MlcompError
 from mlcomp.base.spec import Grammar, SpecTable
 from mlcomp.base.spec_options import check_fields, option
 
-__all__ = ["OPTIMIZER_GRAMMAR", "AdamOptions", "AdamWOptions", "OptimizerKind", "OptimizerSpec", "OptimizerSpecError", "SgdOptions"]
+__all__ = ["OPTIMIZER_GRAMMAR", "AdamOptions", "AdamWOptions", "OptimizerKind", "OptimizerSpec", "OptimizerSpecError",
+           "SgdOptions"]
 
 
 class OptimizerSpecError(MlcompError):
