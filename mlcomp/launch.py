@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from mlcomp.base.errors import MlcompError
+from mlcomp.base.files import Kind, check_destination
 from mlcomp.targets.distributed import DEFAULT_OPTIMIZER, check_artifact, run_rank
 from mlcomp.targets.optim import OptimizerSpec
 
@@ -70,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         optimizer = optimizer_of(args.optimizer, args.lr)
+        if args.result:          # a user's file is never replaced (mlcomp.base.files); rank 0 writes it
+            check_destination(args.result, Kind.FILE, option="--result", fmt="json", force=True,
+                              inputs=(args.artifact,))
         check_artifact(Path(args.artifact))
         dist.init_process_group(backend())
         try:

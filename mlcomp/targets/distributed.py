@@ -320,7 +320,7 @@ def run_rank(directory: str | Path, *, schedule: str | None = None, microbatches
         summary["seconds_per_batch"] = max(r["seconds_per_batch"] for r in gathered)
         summary["cpu_seconds_per_batch"] = [r["cpu_seconds_per_batch"] for r in gathered]
     if rank == 0 and result is not None:
-        write_text_atomic(result, json.dumps(summary, indent=1))
+        write_text_atomic(result, json.dumps(summary, indent=1), "json")
     return dict(summary, this_rank=rank)
 
 
