@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from mlcomp.base.errors import MlcompError
-from mlcomp.launch import backend as launch_backend
-from mlcomp.passes.partition import Partition
+from mlcomp.targets.distributed.launch import backend as launch_backend
+from mlcomp.passes.placement.partition import Partition
 from mlcomp.pipeline.pass_base import PassContext
-from mlcomp.targets.artifact import Artifact
-from mlcomp.targets.distributed import DistributedTarget, launch_check
+from mlcomp.runtime.artifact import Artifact
+from mlcomp.targets.distributed.target import DistributedTarget, launch_check
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,1 @@
+"""Fusion passes: fuse-elementwise/fuse-epilogue/fuse (``fusion``), fold-batchnorm/fold-bias (``folds``), fuse-attention, recompose."""
