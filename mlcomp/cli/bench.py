@@ -11,8 +11,8 @@ import click
 
 from mlcomp.base.progress import ProgressLine
 from mlcomp.cli.measuring import (
-    check_outputs, check_pt2_batches, check_targets, checked_pipeline, command_progress, int_list,
-    name_list, set_threads, timing_options, write_output,
+    check_outputs, check_pt2_batches, check_targets, checked_pipeline, command_progress, force_option,
+    int_list, name_list, set_threads, timing_options, write_output,
 )
 from mlcomp.cli.passes import preset_options
 from mlcomp.hardware.timing import BenchConfigError
@@ -47,13 +47,14 @@ __all__ = ["ProgressLine", "bench_cmd"]
                    "(default: dynamic when the graph computes in fp16, else none).")
 @click.option("--remat-sweep", is_flag=True, help="With --train: remat budgets 1.0/0.5/0.25/0.1/sqrt (mincut) vs "
               "peak memory and step time; --plot draws memory vs step time.")
+@force_option
 def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], batches: tuple[int, ...],
               pipeline: str | None, opt_level: str | None, input_shapes: tuple[str, ...], trust_pickle: bool,
               budget: float, warmup: int,
               min_repeats: int, max_repeats: int, threads: int | None, show_progress: bool, no_memory: bool,
               json_out: str | None, csv_out: str | None, plot_file: str | None, train: bool = False,
               loss: str = "cross_entropy", optimizer: str = "sgd", remat_sweep: bool = False,
-              loss_scale: str | None = None) -> None:
+              loss_scale: str | None = None, force: bool = False) -> None:
     """Time MODEL(s) eager vs compiled targets: median and p90 latency, speedup, cold compile time,
     peak memory, max error vs eager. One table per model."""
     from mlcomp.hardware.timing import TimingPolicy
@@ -66,7 +67,7 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
         models = tuple(dict.fromkeys(models + tuple(ZOO)))
     if not models:
         raise BenchConfigError("no model given", hint="name one or more models, or pass --zoo")
-    check_outputs(json=json_out, csv=csv_out, plot=plot_file)
+    check_outputs(force, models, json=json_out, csv=csv_out, plot=plot_file)
     pipeline = checked_pipeline(pipeline, opt_level)
     check_targets(targets)
     from mlcomp.api import check_model_inputs
@@ -82,18 +83,20 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
 
         if not train:
             raise BenchConfigError("--remat-sweep measures training steps", hint="add --train")
-        write_output(json_out, sweep_models(models, batches, loss=loss, optimizer=optimizer, plot_file=plot_file,
-                                      policy=TimingPolicy(warmup, budget, min_repeats, max_repeats),
-                                      echo=click.echo if json_out != "-" else None))
+        write_output(json_out, "json",
+                     sweep_models(models, batches, loss=loss, optimizer=optimizer, plot_file=plot_file,
+                                  policy=TimingPolicy(warmup, budget, min_repeats, max_repeats),
+                                  echo=click.echo if json_out != "-" else None))
         return
     if train:   # eager vs compiled training step: mlcomp.cli.training
         from mlcomp.cli.training import bench_train
 
         given = click.get_current_context().get_parameter_source("targets") is not click.core.ParameterSource.DEFAULT
         train_targets = targets if given else ("cpu",)
-        write_output(json_out, bench_train(models, batches, targets=train_targets, loss=loss, optimizer=optimizer,
-                                     policy=TimingPolicy(warmup, budget, min_repeats, max_repeats),
-                                     json_out=json_out, loss_scale=loss_scale))
+        write_output(json_out, "json",
+                     bench_train(models, batches, targets=train_targets, loss=loss, optimizer=optimizer,
+                                 policy=TimingPolicy(warmup, budget, min_repeats, max_repeats),
+                                 json_out=json_out, loss_scale=loss_scale))
         return
     config = BenchConfig(targets, batches, pipeline, TimingPolicy(warmup, budget, min_repeats, max_repeats),
                          memory=not no_memory, threads=threads)
@@ -106,8 +109,8 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
         if json_out != "-" and csv_out != "-":
             click.echo(res.format())
             click.echo()
-    write_output(json_out, json.dumps([r.to_json() for r in results], indent=2))
-    write_output(csv_out, to_csv(results))
+    write_output(json_out, "json", json.dumps([r.to_json() for r in results], indent=2))
+    write_output(csv_out, "csv", to_csv(results))
     if plot_file:
         plot_bench(results, plot_file)
         click.echo(f"wrote {plot_file}", err=True)

@@ -1,6 +1,6 @@
 """What ``mlcomp bench``, ``mlcomp report`` and ``mlcomp study`` share: option callbacks, checks made
-before anything is measured (targets, pipeline, .pt2 batches, output files), the timing options,
-the progress display and output writing.
+before anything is measured (targets, pipeline, .pt2 batches, output files), the timing and --force
+options, the progress display and output writing.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from mlcomp.hardware.timing import BenchConfigError
 
 __all__ = [
     "int_list", "name_list", "command_progress", "set_threads", "write_output", "check_outputs",
-    "pt2_batch", "check_pt2_batches", "checked_pipeline", "check_targets", "timing_options",
+    "force_option", "pt2_batch", "check_pt2_batches", "checked_pipeline", "check_targets", "timing_options",
 ]
 
 
@@ -49,22 +49,32 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def write_output(dest: str | None, text: str) -> None:
-    """``-``: stdout; otherwise an atomically written file."""
+# each file option -> the format it writes (mlcomp.base.marks.FORMATS)
+_OPTION_FORMATS = {"json": "json", "csv": "csv", "plot": "png"}
+
+
+def write_output(dest: str | None, fmt: str, text: str) -> None:
+    """``-``: stdout; otherwise an atomically written file, marked as ``fmt``."""
     if dest == "-":
         click.echo(text.rstrip("\n"))
     elif dest:
         from mlcomp.base.files import write_text_atomic
 
-        write_text_atomic(dest, text)
+        write_text_atomic(dest, text, fmt)
         click.echo(f"wrote {dest}", err=True)
 
 
-def check_outputs(**dests: str | None) -> None:
+def check_outputs(force: bool, inputs: tuple[str, ...] = (), **dests: str | list[str] | None) -> None:
     """Every file destination (``--json FILE`` …) checked before any measuring; ``-`` is stdout."""
     for option, dest in dests.items():
-        if dest and dest != "-":
-            check_destination(dest, Kind.FILE, option="--" + option)
+        for path in dest if isinstance(dest, list) else [dest]:
+            if path and path != "-":
+                check_destination(path, Kind.FILE, option="--" + option, fmt=_OPTION_FORMATS[option],
+                                  force=force, inputs=inputs)
+
+
+force_option = click.option("--force", is_flag=True,
+                             help="Replace earlier mlcomp outputs at --json/--csv/--plot (never a user's file).")
 
 
 def pt2_batch(path: str) -> tuple[int, str] | None:

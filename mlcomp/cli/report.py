@@ -50,7 +50,7 @@ def report_cmd(model: str, input_shapes: tuple[str, ...], capture_method: str,
     from mlcomp.measure.bench import BenchConfig
     from mlcomp.report import ReportConfig, build_report
 
-    check_destination(output, Kind.DIR, force=force)
+    check_destination(output, Kind.DIR, force=force, inputs=(model,))
     bench_batches = bench_batches or old_bench_batches or (1, 32)
     pipeline = checked_pipeline(pipeline, opt_level)
     check_targets(targets)

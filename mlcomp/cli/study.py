@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from mlcomp.cli.measuring import check_outputs, name_list, set_threads, write_output
+from mlcomp.cli.measuring import check_outputs, force_option, name_list, set_threads, write_output
 
 __all__ = ["study_cmd"]
 
@@ -32,9 +32,10 @@ __all__ = ["study_cmd"]
               help="Write the result as JSON (to stdout when no FILE).")
 @click.option("--plot", "plot_file", type=click.Path(), default=None,
               help="PNG of the study (with NAME=all: one file per study, suffixed with its name).")
+@force_option
 def study_cmd(name: str | None, quick: bool, device: str, budget: float, targets: tuple[str, ...],
               model: str | None, batch: int, threads: int | None, json_out: str | None,
-              plot_file: str | None) -> None:
+              plot_file: str | None, force: bool = False) -> None:
     """Run one of the chapter's experiments (NAME, or `all`) and print the measured figures beside
     the chapter's. Without NAME, list the studies."""
     from mlcomp.study import STUDIES, StudyConfig, plot_study, run_study
@@ -44,11 +45,12 @@ def study_cmd(name: str | None, quick: bool, device: str, budget: float, targets
         for key, (_, summary) in STUDIES.items():
             click.echo(f"{key:<{width}}  {summary}")
         return
-    check_outputs(json=json_out, plot=plot_file)
+    names = list(STUDIES) if name == "all" else [name]
+    plots = [plot_file if len(names) == 1 else _suffixed(plot_file, key) for key in names] if plot_file else None
+    check_outputs(force, json=json_out, plot=plots)
     set_threads(threads)
     config = StudyConfig(quick=quick, device=device, budget_s=budget, targets=targets,
                          model=model or ("mlp" if quick else "resnet18"), batch=batch, threads=threads)
-    names = list(STUDIES) if name == "all" else [name]
     results = []
     for key in names:
         res = run_study(key, config)
@@ -61,7 +63,7 @@ def study_cmd(name: str | None, quick: bool, device: str, budget: float, targets
             plot_study(res, path)
             click.echo(f"wrote {path}", err=True)
     payload = results[0].to_json() if len(results) == 1 else [r.to_json() for r in results]
-    write_output(json_out, json.dumps(payload, indent=2, default=str))
+    write_output(json_out, "json", json.dumps(payload, indent=2, default=str))
 
 
 def _suffixed(path: str, key: str) -> str:

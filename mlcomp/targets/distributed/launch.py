@@ -5,7 +5,8 @@
 
     $ torchrun --nproc-per-node 2 -m mlcomp.targets.distributed.launch out/mlp-pp --check
     $ torchrun --nnodes 2 --node-rank 0 --master-addr host0 --master-port 29500 \\
-          --nproc-per-node 2 -m mlcomp.targets.distributed.launch out/mlp-pp --train --check      # on host0 (node-rank 1 on host1)
+          --nproc-per-node 2 -m mlcomp.targets.distributed.launch out/mlp-pp --train --check
+    # on host0; the same with --node-rank 1 on host1
 
 Before: an artifact folder of the ``distributed`` target.  After: each rank runs
 its stages under the chosen schedule; rank 0 prints one JSON line (and writes
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from mlcomp.base.errors import MlcompError
+from mlcomp.base.files import Kind, check_destination
 from mlcomp.targets.distributed.target import check_artifact, run_rank
 
 
@@ -41,7 +43,8 @@ def backend(local_ranks: int | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mlcomp.targets.distributed.launch", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m mlcomp.targets.distributed.launch",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("artifact")
     parser.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"])
     parser.add_argument("--microbatches", type=int)
@@ -52,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", help="rank 0 writes the JSON summary here")
     args = parser.parse_args(argv)
     try:
+        if args.result:          # a user's file is never replaced (mlcomp.base.files); rank 0 writes it
+            check_destination(args.result, Kind.FILE, option="--result", fmt="json", force=True,
+                              inputs=(args.artifact,))
         check_artifact(Path(args.artifact))
         dist.init_process_group(backend())
         try:

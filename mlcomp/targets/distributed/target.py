@@ -16,7 +16,8 @@ rank wrapping its modules in ``PipelineStage`` and driving a ``ScheduleGPipe``
 
     $ mlcomp launch out/mlp-pp --nproc 2 --check            # outputs vs the single-process run
     $ mlcomp launch out/mlp-pp --nproc 2 --train --check    # + gradients and updated weights
-    $ torchrun --nnodes 2 --node-rank R --master-addr H --nproc-per-node 1 -m mlcomp.targets.distributed.launch out/mlp-pp
+    $ torchrun --nnodes 2 --node-rank R --master-addr H --nproc-per-node 1 \\
+          -m mlcomp.targets.distributed.launch out/mlp-pp
 
 The graph's batch is one microbatch: a launched batch is ``M`` of them
 (``--microbatches``, default one per stage), so traced shapes hold.
@@ -190,7 +191,8 @@ class DistributedTarget(Target):
 
 def torchrun_command(directory: str | Path, nproc: int, *, extra: Sequence[str] = (), port: int | None = None
                      ) -> list[str]:
-    """``python -m torch.distributed.run --standalone --nproc-per-node N -m mlcomp.targets.distributed.launch DIR …``."""
+    """``python -m torch.distributed.run --standalone --nproc-per-node N``
+    ``-m mlcomp.targets.distributed.launch DIR …``."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
     cmd += ["--standalone"] if port is None else ["--master-port", str(port)]
     return cmd + ["-m", "mlcomp.targets.distributed.launch", str(directory), *extra]
@@ -307,7 +309,7 @@ def run_rank(directory: str | Path, *, schedule: str | None = None, microbatches
         summary["seconds_per_batch"] = max(r["seconds_per_batch"] for r in gathered)
         summary["cpu_seconds_per_batch"] = [r["cpu_seconds_per_batch"] for r in gathered]
     if rank == 0 and result is not None:
-        write_text_atomic(result, json.dumps(summary, indent=1))
+        write_text_atomic(result, json.dumps(summary, indent=1), "json")
     return dict(summary, this_rank=rank)
 
 

@@ -1,1 +1,2 @@
-"""The TVM target: ``target``, ``build`` (Relax build), ``schedules``, ``tuning``, ``kernels``; ``offload/`` routes ops to torch kernels."""
+"""The TVM target: ``target``, ``build`` (the Relax build), ``schedules``, ``tuning``, ``kernels``, ``scope``;
+``offload/`` routes ops to torch kernels."""

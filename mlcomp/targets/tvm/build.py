@@ -200,13 +200,13 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
     wheel; recorded in ``stats["offload"]``).  ``build_timeout``/``run_timeout``:
     seconds per MetaSchedule candidate build/measurement.  ``log_level``: console
     verbosity.  ``worker_torch``: let MetaSchedule workers import torch.
-    ``kernels``: send float32 conv2d/matmul to torch's kernels (:mod:`~mlcomp.targets.tvm.offload.rewrite`; convs channels-last
-    and prepacked where :mod:`~mlcomp.targets.tvm.offload.conv_packed`'s rule allows, ``stats["conv_layout"]``); default: on for
-    CPU, tuned or not.  ``clock``: the timer of the tuned-vs-untuned comparison.  ``fusions``: which larger rewrites
+    ``kernels``: send float32 conv2d/matmul to torch's kernels (:mod:`~mlcomp.targets.tvm.offload.rewrite`;
+    convs channels-last and prepacked where :mod:`~mlcomp.targets.tvm.offload.conv_packed`'s rule allows,
+    ``stats["conv_layout"]``); default: on for CPU, tuned or not.  ``clock``: the timer of the tuned-vs-untuned comparison.  ``fusions``: which larger rewrites
     the kernel offload also applies (attention, epilogues, layer norm, views); ``view_min_elements``: the
     smallest layout copy the views rewrite moves into a torch call.  ``small_gemms``: probe the offloaded
-    GEMMs both ways and keep those TVM runs faster as TVM code (:mod:`~mlcomp.targets.tvm.offload.gemm`, ``stats["small_gemms"]``),
-    timed with ``threads`` torch threads (None: torch's current count).  ``progress(done, total,
+    GEMMs both ways and keep those TVM runs faster as TVM code (:mod:`~mlcomp.targets.tvm.offload.gemm`,
+    ``stats["small_gemms"]``), timed with ``threads`` torch threads (None: torch's current count).  ``progress(done, total,
     message)``: called after every tuning batch.
     """
     import torch
