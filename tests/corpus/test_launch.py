@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlcomp.cli.main import main
-from mlcomp.targets.distributed_launch import LaunchOutcome
+from mlcomp.targets.distributed.supervise import LaunchOutcome
 from tests.corpus.harness import REPO, check, snapshot
 
 
@@ -40,7 +40,7 @@ def pipeline_artifact(tmp_path_factory):
 @pytest.fixture
 def no_torchrun(monkeypatch):
     """Any process start fails the test: every case here is refused before torchrun."""
-    import mlcomp.targets.distributed_launch as launch
+    import mlcomp.targets.distributed.supervise as launch
 
     def refuse(*args, **kwargs):
         raise AssertionError(f"torchrun started: {args}")
@@ -73,14 +73,14 @@ def test_failed_ranks_are_one_line(user_folder, pipeline_artifact, monkeypatch):
     stderr = "\n".join([rank_error, rank_error, "Traceback (most recent call last):", '  File "run.py"',
                         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
                         "  exitcode  : 2 (pid: 7)"])
-    monkeypatch.setattr("mlcomp.cli.partition.supervise", lambda cmd: LaunchOutcome(1, "", stderr))
+    monkeypatch.setattr("mlcomp.cli.launch.supervise", lambda cmd: LaunchOutcome(1, "", stderr))
     err = check(user_folder, ["launch", str(pipeline_artifact)], code=2, expect=("gloo could not connect",))
     assert err.count("gloo could not connect") == 1
 
 
 def test_failed_torchrun_without_a_rank_message(user_folder, pipeline_artifact, monkeypatch):
     stderr = "Traceback (most recent call last):\n  File \"x\"\nRuntimeError: address already in use\n"
-    monkeypatch.setattr("mlcomp.cli.partition.supervise", lambda cmd: LaunchOutcome(1, "", stderr))
+    monkeypatch.setattr("mlcomp.cli.launch.supervise", lambda cmd: LaunchOutcome(1, "", stderr))
     check(user_folder, ["launch", str(pipeline_artifact)], code=3,
           expect=("2-process launch", "torchrun exit 1", "address already in use"))
 
@@ -89,13 +89,13 @@ def test_interrupt_while_supervising(user_folder, pipeline_artifact, monkeypatch
     def interrupted(cmd):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("mlcomp.cli.partition.supervise", interrupted)
+    monkeypatch.setattr("mlcomp.cli.launch.supervise", interrupted)
     check(user_folder, ["launch", str(pipeline_artifact), "--repeat", "200"], code=130)
 
 
 def test_rank_entry_point_errors_are_one_line(pipeline_artifact, artifact, capsys, monkeypatch):
-    """`python -m mlcomp.launch` (what torchrun runs): a refusal and Ctrl-C are one line each, no traceback."""
-    from mlcomp import launch
+    """`python -m mlcomp.targets.distributed.launch` (what torchrun runs): a refusal and Ctrl-C are one line each, no traceback."""
+    from mlcomp.targets.distributed import launch
 
     assert launch.main([str(artifact)]) == 2
     assert capsys.readouterr().err.startswith("error: the artifact at")
