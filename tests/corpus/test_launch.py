@@ -94,7 +94,7 @@ def test_interrupt_while_supervising(user_folder, pipeline_artifact, monkeypatch
 
 
 def test_rank_entry_point_errors_are_one_line(pipeline_artifact, artifact, capsys, monkeypatch):
-    """`python -m mlcomp.targets.distributed.launch` (what torchrun runs): a refusal and Ctrl-C are one line each, no traceback."""
+    """The rank entry point (what torchrun runs): a refusal and Ctrl-C are one line each, no traceback."""
     from mlcomp.targets.distributed import launch
 
     assert launch.main([str(artifact)]) == 2
@@ -109,7 +109,7 @@ def test_rank_entry_point_errors_are_one_line(pipeline_artifact, artifact, capsy
 
 
 def _launch_processes(pid: int) -> list[int]:
-    """Pids of the `mlcomp.launch` ranks (any session) whose parent chain leads to ``pid``."""
+    """Pids of the ranks (`-m mlcomp.targets.distributed.launch`, any session) descending from ``pid``."""
     parents = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -125,11 +125,11 @@ def _launch_processes(pid: int) -> list[int]:
             if p == pid:
                 return True
         return False
-    return [p for p, (_, cmd) in parents.items() if b"mlcomp.launch" in cmd and descends(p)]
+    return [p for p, (_, cmd) in parents.items() if b"distributed.launch" in cmd and descends(p)]
 
 
 def _ranks(pids: list[int]) -> list[int]:
-    """The ranks among ``pids`` (torchrun's own command line names mlcomp.launch too)."""
+    """The ranks among ``pids`` (torchrun's own command line names the entry point too)."""
     return [p for p in pids if b"torch.distributed.run" not in Path(f"/proc/{p}/cmdline").read_bytes()]
 
 
