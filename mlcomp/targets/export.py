@@ -94,6 +94,37 @@ def _reload_onnx(path: str) -> Callable[..., Any]:
     return run
 
 
+def name_onnx_outputs(model: bytes, names: Sequence[str]) -> bytes:
+    """The ONNX model with its graph outputs called ``names`` (the names ``mlcomp run`` prints: ``output``,
+    ``output_1`` or the model's own keys) instead of internal values (``addmm``, ``getitem_12``)::
+
+        before: Gemm(...) -> addmm_2; graph output addmm_2
+        after:  Gemm(...) -> addmm_2; Identity(addmm_2) -> output; graph output output
+
+    An internal value that already has one of the new names is renamed first (``output__internal``)."""
+    import onnx
+
+    proto = onnx.load_from_string(model)
+    graph = proto.graph
+    old = [o.name for o in graph.output]
+    wanted = {n for n, o in zip(names, old) if n != o}
+    values = {v for node in graph.node for v in (*node.input, *node.output)} | {i.name for i in graph.input}
+    for clash in wanted & values:                 # free the public name inside the graph
+        fresh = f"{clash}__internal"
+        for node in graph.node:
+            node.input[:] = [fresh if v == clash else v for v in node.input]
+            node.output[:] = [fresh if v == clash else v for v in node.output]
+        old = [fresh if v == clash else v for v in old]
+    for out, before, name in zip(graph.output, old, names):
+        if name != out.name or before != out.name:
+            graph.node.append(onnx.helper.make_node("Identity", [before], [name], name=f"{name}__named"))
+            out.name = name
+    return proto.SerializeToString()
+
+
+def _write_onnx(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str,
+                names: Sequence[str] | None = None) -> Callable[..., Any]:
+    """The graph the ``onnxruntime`` target exports (:func:`mlcomp.targets.onnx.patterns.ort_friendly`:
     RNN layers as ONNX RNN ops, linears as ``Gemm``).  Casts of a mixed-precision graph become ONNX
     ``Cast`` nodes; ops the ORT CPU provider has no bf16/fp16 kernel for are kept fp32 in the file
     (see :mod:`mlcomp.targets.onnx.precision`), so the file runs on plain ``onnxruntime``."""
