@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from mlcomp.analysis import channel_rules as R
-from mlcomp.analysis.channel_groups import GroupKind, find_channel_groups
-from mlcomp.analysis.channel_walk import ChannelWalk
+from mlcomp.passes.prune import channel_rules as R
+from mlcomp.passes.prune.channel_groups import GroupKind, find_channel_groups
+from mlcomp.passes.prune.channel_walk import ChannelWalk
 from mlcomp.frontend.capture import capture_module
 from mlcomp.ir import Graph, Node, Ref, TensorMeta
 from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, aten
