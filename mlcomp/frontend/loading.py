@@ -35,6 +35,7 @@ from torch import nn
 from mlcomp import models
 from mlcomp.base.errors import CaptureError, InputSpecError, ModelLoadError, UnsafePickleError
 from mlcomp.base.quiet import quiet_torch
+from mlcomp.frontend.cache_outputs import PlainCacheOutputs, flat_caches
 from mlcomp.frontend.capture import CaptureMethod, capture_exported, capture_module, capture_traced
 from mlcomp.base.registry import did_you_mean
 from mlcomp.ir import Graph, dtype_name, parse_dtype
@@ -109,9 +110,15 @@ class ModelSource:
                                     decompositions=decompositions)
         if self.kind == "torchscript":
             return _capture_torchscript(self)
-        return capture_module(self.eager, self.inputs(), method=CaptureMethod(method),
-                              dynamic_batch=dynamic_batch, training=training, name=self.name,
-                              decompositions=decompositions)
+        with flat_caches() as caches:   # transformers cache outputs: their tensors become outputs
+            graph = capture_module(PlainCacheOutputs.unwrap(self.eager), self.inputs(),
+                                   method=CaptureMethod(method), dynamic_batch=dynamic_batch,
+                                   training=training, name=self.name, decompositions=decompositions)
+        note = caches.note()
+        if note is not None and not isinstance(self.eager, PlainCacheOutputs):
+            self.eager = PlainCacheOutputs(self.eager)    # the reference returns the same flat outputs
+            self.notes.append(note)
+        return graph
 
 
 def graph_random_inputs(graph: Graph, seed: int = 0) -> tuple[torch.Tensor, ...]:
