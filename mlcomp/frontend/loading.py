@@ -36,6 +36,7 @@ from mlcomp import models
 from mlcomp.base.errors import CaptureError, InputSpecError, ModelLoadError, UnsafePickleError
 from mlcomp.base.quiet import quiet_torch
 from mlcomp.frontend.cache_outputs import PlainCacheOutputs, flat_caches
+from mlcomp.frontend.script_inputs import check_script_inputs
 from mlcomp.frontend.capture import CaptureMethod, capture_exported, capture_module, capture_traced
 from mlcomp.base.registry import did_you_mean
 from mlcomp.ir import Graph, dtype_name, parse_dtype
@@ -343,6 +344,7 @@ def _capture_torchscript(source: ModelSource) -> Graph:
                  "with torch.export.save (.pt2)")
     from torch._export.converter import TS2EPConverter
 
+    check_script_inputs(module, source.inputs(), name=source.name, path=source.path)   # count, dtype, rank
     with quiet_torch():
         try:  # TorchScript → ExportedProgram, then re-exported with the example's static shapes
             ep = TS2EPConverter(module, source.inputs()).convert()
@@ -350,7 +352,12 @@ def _capture_torchscript(source: ModelSource) -> Graph:
         except Exception:  # noqa: BLE001 - converter gaps (control flow): trace at dispatch level
             pass
     names = {t.data_ptr(): n for n, t in list(module.named_parameters()) + list(module.named_buffers())}
-    return capture_traced(module, source.inputs(), name=source.name, constant_names=names)
+    try:
+        return capture_traced(module, source.inputs(), name=source.name, constant_names=names)
+    except CaptureError:
+        # a wrong input spec fails here too: say so (which input, what the model does with it)
+        check_script_inputs(module, source.inputs(), name=source.name, path=source.path, run=True)
+        raise
 
 
 _VALUE_TO_SCALAR = {"aten::Bool", "aten::Int", "aten::Float", "aten::item", "aten::is_nonzero",
