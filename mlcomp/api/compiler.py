@@ -45,7 +45,7 @@ from mlcomp.pipeline.presets import preset_key
 from mlcomp.targets import CompileOptions, Target
 from mlcomp.runtime.artifact import Artifact
 from mlcomp.training.loss_scaling import LossScaleSpec
-from mlcomp.targets.optim import OptimizerSpec
+from mlcomp.runtime.optim import OptimizerSpec
 from mlcomp.training.step import (
     TRAINING_FORMAT,
     TrainingArtifact,

@@ -16,8 +16,8 @@ from pathlib import Path
 import click
 
 from mlcomp.analysis.parallel.pipeline_schedule import Schedule
+from mlcomp.runtime.optim import OptimizerSpec
 from mlcomp.targets.distributed.target import DEFAULT_OPTIMIZER, check_artifact, torchrun_command
-from mlcomp.targets.optim import OptimizerSpec
 
 __all__ = ["launch_cmd"]
 

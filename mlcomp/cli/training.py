@@ -43,7 +43,7 @@ def check_train_flags(target: str | None, loss: str, optimizer: str, loss_scale:
     """Target capability, loss name, optimizer spec and ``--loss-scale``, checked before any capture."""
     from mlcomp.frontend.joint import LossKind
     from mlcomp.training.loss_scaling import LossScaleSpec
-    from mlcomp.targets.optim import OptimizerSpec
+    from mlcomp.runtime.optim import OptimizerSpec
     from mlcomp.training.step import check_training_target
 
     if loss_scale is not None:

@@ -63,7 +63,7 @@ from mlcomp.measure.training_bench import (
 )
 from mlcomp.pipeline.manager import run_pipeline
 from mlcomp.pipeline.spec import Pipeline
-from mlcomp.targets.optim import OptimizerSpec
+from mlcomp.runtime.optim import OptimizerSpec
 from mlcomp.training.step import TrainingArtifact, compile_training
 
 __all__ = [

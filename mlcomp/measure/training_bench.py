@@ -58,7 +58,7 @@ from mlcomp.hardware.timing import (
 )
 from mlcomp.ir import Graph
 from mlcomp.ir.node import Phase
-from mlcomp.targets.optim import OptimizerSpec
+from mlcomp.runtime.optim import OptimizerSpec
 from mlcomp.training.step import compile_training, verify_gradients
 
 __all__ = ["DEFAULT_POLICY", "TrainingBenchRow", "TrainingCase", "bench_training", "format_rows", "step_peak",

@@ -10,7 +10,7 @@
 
 One subpackage per backend (``torch/``: cpu, cuda; ``onnx/``: onnxruntime; ``tvm/``;
 ``openvino/``; ``distributed/``), none importing another; what all targets share (``base``,
-``registry``, ``capabilities``, ``options``, ``optim``, ``fallback``, ``backend_errors``, ``export``) sits
+``registry``, ``capabilities``, ``options``, ``fallback``, ``backend_errors``, ``export``) sits
 here.  Target modules are imported only when asked for, and import their heavy backends
 lazily inside functions.  The artifact format and the runtimes are :mod:`mlcomp.runtime`;
 training steps are :mod:`mlcomp.training`.

@@ -4,7 +4,7 @@
 * ``check`` — comparing a compiled step with eager (gradients, steps);
 * ``loss_scaling`` — loss-scale specs, the backward-seed rewrite and the running scaler.
 
-Optimizer specs are :mod:`mlcomp.targets.optim` (the distributed target trains with them too).
+Optimizer specs are :mod:`mlcomp.runtime.optim` (distributed ranks step them too).
 """
 from __future__ import annotations
 

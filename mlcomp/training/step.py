@@ -48,7 +48,7 @@ from mlcomp.targets.capabilities import (
 )
 from mlcomp.runtime.codegen import param_names, to_fx
 from mlcomp.training.loss_scaling import LossScaler, LossScaleSpec, scale_backward_seed
-from mlcomp.targets.optim import OptimizerSpec
+from mlcomp.runtime.optim import OptimizerSpec
 from mlcomp.training.check import (
     GRAD_FLOOR,
     check_step,

@@ -31,8 +31,8 @@ import torch.distributed as dist
 
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.files import Kind, check_destination
+from mlcomp.runtime.optim import OptimizerSpec
 from mlcomp.targets.distributed.target import DEFAULT_OPTIMIZER, check_artifact, run_rank
-from mlcomp.targets.optim import OptimizerSpec
 
 
 def backend(local_ranks: int | None = None) -> str:

@@ -30,7 +30,7 @@ against a seeded target, on the last stage) is a mean per microbatch and the
 schedule scales gradients by ``1/M``, so gradients equal the full-batch ones.
 :func:`run_rank` is what each rank executes; it compares its outputs,
 gradients and weights after one step of the optimizer (an
-:class:`~mlcomp.targets.optim.OptimizerSpec`, default ``sgd{lr=0.1}``) with a
+:class:`~mlcomp.runtime.optim.OptimizerSpec`, default ``sgd{lr=0.1}``) with a
 single-process run of the same stage modules.  ``compile`` launches that check by default (2+ processes).
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ from mlcomp.runtime.artifact import Artifact, RuntimeKind, read_manifest
 from mlcomp.targets.base import CompileOptions, Target, example_inputs
 from mlcomp.targets.capabilities import Capabilities, DeviceKind
 from mlcomp.runtime.codegen import param_names, to_fx
-from mlcomp.targets.optim import OptimizerSpec
+from mlcomp.runtime.optim import OptimizerSpec
 
 __all__ = ["DEFAULT_OPTIMIZER", "DistributedTarget", "PipelineRuntime", "run_rank", "torchrun_command", "launch_check"]
 

@@ -214,7 +214,7 @@ def test_pipeline_specs_say_pass_and_pipeline():
 
 
 def test_optimizer_specs_say_optimizer():
-    from mlcomp.targets.optim import OptimizerSpec, OptimizerSpecError, SgdOptions
+    from mlcomp.runtime.optim import OptimizerSpec, OptimizerSpecError, SgdOptions
 
     with pytest.raises(OptimizerSpecError) as info:
         OptimizerSpec.parse("sgd{lr=0.1 momentum=1}")

@@ -60,7 +60,7 @@ def test_two_process_training_matches_gradients_and_updated_weights(two_stage):
 def test_launch_optimizer_spec_and_the_deprecated_lr(capsys, monkeypatch):
     """``--optimizer`` takes an optimizer spec; ``--lr X`` still means sgd{lr=X}, with a note."""
     from mlcomp.targets.distributed.launch import main, optimizer_of
-    from mlcomp.targets.optim import OptimizerKind
+    from mlcomp.runtime.optim import OptimizerKind
 
     monkeypatch.delenv("RANK", raising=False)
     assert optimizer_of(None, None).text() == "sgd{lr=0.1}"
