@@ -34,8 +34,8 @@ import torch
 
 from mlcomp.analysis.ranges import declared_tolerance
 from mlcomp.analysis.verify import check_against
-from mlcomp.base.errors import ArtifactError, InputSpecError, TargetUnavailableError
-from mlcomp.base.files import Kind, atomic_dir, check_destination, sha256_file
+from mlcomp.base.errors import ArtifactDamagedError, ArtifactError, InputSpecError, TargetUnavailableError
+from mlcomp.base.files import MARKER, Kind, atomic_dir, check_destination, sha256_file
 from mlcomp.base.registry import LazyRegistry
 from mlcomp.base.version import __version__
 from mlcomp.models import random_tensor
@@ -327,8 +327,11 @@ class Artifact:
         _check_backend(kind, manifest)
         try:
             runtime = kind.runtime_class().load(directory, manifest.get("runtime_info") or {})
-        except ArtifactError:
+        except (ArtifactError, TargetUnavailableError):
             raise
+        except ImportError as exc:        # the backend package is present but does not import here
+            raise _unavailable(manifest, f"importing its package failed ({type(exc).__name__}: "
+                                         f"{first_line_of(exc)})") from None
         except Exception as exc:  # noqa: BLE001 - any loader failure is a corrupt or incompatible payload
             raise _bad(directory, f"loading its {kind.value} payload failed: {type(exc).__name__}: "
                                   f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
@@ -346,13 +349,18 @@ def read_manifest(directory: Path) -> dict[str, Any]:
                             hint="compile one with `mlcomp compile MODEL --target T -o DIR`")
     path = directory / MANIFEST
     if not path.is_file():
-        raise _bad(directory, f"it has no {MANIFEST} (not an mlcomp artifact folder)")
+        raise _not_artifact(directory)
     try:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise _bad(directory, f"its {MANIFEST} is not valid JSON ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise _bad(directory, f"its {MANIFEST} is not an mlcomp artifact manifest")
+    form = manifest.get("format") if isinstance(manifest, dict) else None
+    if form in OTHER_FORMATS:
+        raise ArtifactError(f"{directory} is {OTHER_FORMATS[form][0]}, not an inference artifact",
+                            hint=OTHER_FORMATS[form][1])
+    if form != FORMAT:
+        raise ArtifactError(f"{directory} is not an mlcomp artifact: its {MANIFEST} is another tool's "
+                            f"(format {form!r}, not {FORMAT!r})", hint=_COMPILE_ONE)
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
         raise ArtifactError(
@@ -367,9 +375,51 @@ def read_manifest(directory: Path) -> dict[str, Any]:
 
 
 def _bad(directory: Path, what: str) -> ArtifactError:
-    return ArtifactError(f"the artifact at {directory} is damaged: {what}",
-                         hint="compile it again (`mlcomp compile MODEL --target T -o DIR`); "
-                              "do not edit artifact folders by hand")
+    """Damaged: a file mlcomp wrote is missing, fails its checksum or cannot be parsed."""
+    return ArtifactDamagedError(f"the artifact at {directory} is damaged: {what}")
+
+
+_COMPILE_ONE = "`mlcomp run` takes the folder that `mlcomp compile MODEL --target T -o DIR` writes; compile one"
+
+# manifest format → (what the folder is, what to do with it instead of `mlcomp run`)
+OTHER_FORMATS: dict[str, tuple[str, str]] = {
+    "mlcomp-training": ("a training artifact (`mlcomp compile --train`)",
+                        "load it in Python with mlcomp.load(DIR) and call its .step(x, y), or compile the model "
+                        "without --train to get an artifact `mlcomp run` runs"),
+}
+
+# .mlcomp marker kind → what a folder without manifest.json is (any other kind: not an artifact)
+OTHER_OUTPUTS: dict[str, str] = {"report": "an mlcomp report (`mlcomp report`)"}
+ARTIFACT_KINDS = ("artifact", "training artifact")     # markers atomic_dir writes into artifact folders
+
+# files only an artifact holds: one of them without manifest.json means the manifest was lost
+ARTIFACT_FILES = (REFERENCE,)
+
+
+def _not_artifact(directory: Path) -> ArtifactError:
+    """No manifest.json: damaged when the folder is an artifact mlcomp wrote, else not an artifact at all."""
+    if not directory.is_dir():
+        return ArtifactError(f"{directory} is a file, not an artifact folder", hint=_COMPILE_ONE)
+    try:
+        kind = json.loads((directory / MARKER).read_text()).get("kind")
+    except (OSError, ValueError, AttributeError):
+        kind = None
+    if kind in ARTIFACT_KINDS or any((directory / name).is_file() for name in ARTIFACT_FILES):
+        return _bad(directory, f"its {MANIFEST} is missing")
+    what = OTHER_OUTPUTS.get(kind, "an mlcomp output") if kind else "a folder mlcomp did not write"
+    return ArtifactError(f"{directory} is {what}, not an artifact folder (it has no {MANIFEST})",
+                         hint=_COMPILE_ONE)
+
+
+def _unavailable(manifest: dict[str, Any], reason: str) -> TargetUnavailableError:
+    return TargetUnavailableError(
+        f"the artifact needs target {manifest['target']}, which is not available here: {reason}",
+        hint="load it on a machine with that backend, or compile the model for another target")
+
+
+def first_line_of(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 
@@ -391,6 +441,4 @@ def _check_backend(kind: RuntimeKind, manifest: dict[str, Any]) -> None:
     """A clear error when the backend this payload needs is missing here."""
     reason = get_target(manifest["target"]).available()
     if reason and kind is not RuntimeKind.EAGER:
-        raise TargetUnavailableError(
-            f"the artifact needs target {manifest['target']}, which is not available here: {reason}",
-            hint="load it on a machine with that backend, or compile the model for another target")
+        raise _unavailable(manifest, reason)
