@@ -156,6 +156,8 @@ def load_and_capture(model: str, input_shapes: tuple[str, ...], batch: int | Non
 
     check_model_inputs(model, input_shapes, batch, capture_method)
     source = load_model(model, input_shapes=input_shapes, trust_pickle=trust_pickle, batch=batch)
+    for note in source.notes:
+        click.echo(f"note: {note}", err=True)
     graph = source.capture(method=capture_method, dynamic_batch=dynamic_batch)
     return source, graph
 

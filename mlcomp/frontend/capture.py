@@ -40,6 +40,7 @@ from torch.nn.parameter import is_lazy
 from mlcomp.base.errors import CaptureError, InputSpecError
 from mlcomp.base.quiet import quiet_torch
 from mlcomp.frontend.decompose import DecompositionFailed, decompose
+from mlcomp.frontend.model_faults import check_arguments, check_no_mutation, check_outputs, check_signature
 from mlcomp.frontend.provenance import (
     explain_export_failure,
     first_line,
@@ -65,10 +66,17 @@ def capture_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], *,
     example_inputs = tuple(example_inputs)
     name = name or type(module).__name__
     module = module.train(training)
+    check_signature(module, name)
+    check_arguments(module, example_inputs, name)
     if method is CaptureMethod.FX:
         return _capture_fx(module, example_inputs, name=name, training=training)
+    if dynamic_batch:                   # export specialises a size-1 dimension: a dynamic batch is traced at 2
+        example_inputs = tuple(torch.cat([t, t]) if t.dim() and t.shape[0] == 1 else t for t in example_inputs)
     dynamic_shapes = _batch_dynamic(example_inputs) if dynamic_batch else None
     ep = _export(module, example_inputs, dynamic_shapes, name)
+    if not training:
+        check_outputs(ep, module, name)
+        check_no_mutation(ep, name)
     try:
         return capture_exported(ep, name=name, training=training, decompositions=decompositions)
     except CaptureError as first:
