@@ -130,7 +130,8 @@ def load_model(spec: str | nn.Module, *, input_shapes: Sequence[str | InputSpec]
     given = tuple(example_inputs) if example_inputs is not None else (
         tuple(s.random(torch.Generator().manual_seed(i)) for i, s in enumerate(specs)) if specs else None)
     if isinstance(spec, nn.Module):
-        return ModelSource(type(spec).__name__, spec.eval(), given)
+        notes = train_mode_notes(spec, type(spec).__name__)
+        return ModelSource(type(spec).__name__, spec.eval(), given, notes=notes)
     text = str(spec)
     if ":" in text and not os.path.exists(text) and not re.match(r"^[A-Za-z]:\\", text):
         return _load_factory(text, given, batch)

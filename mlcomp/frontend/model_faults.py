@@ -5,7 +5,7 @@ change, not mlcomp) naming the module path and the source line where known:
 
     fault                                         found from
     forward takes its inputs by keyword only      the signature of ``forward``
-    a Python number / None as a forward argument  the example inputs
+    a Python number or string as an argument      the example inputs
     None, a number or a string among the outputs  the exported graph's output node
     an in-place update of a buffer or an input    mutating ops on placeholders (their stack trace)
     eager PyTorch rejects the example inputs too  the eager reference run (see :func:`eager_fault`)
@@ -78,14 +78,15 @@ def check_signature(module: nn.Module, name: str) -> None:
 
 
 def check_arguments(module: nn.Module, inputs: Sequence[Any], name: str) -> None:
-    """Every example input must be a tensor: a Python number or None becomes no graph input at all."""
+    """No example input may be a Python number or string: export bakes it in, and the graph has no input for it."""
     try:
         names = [p.name for p in inspect.signature(module.forward).parameters.values()]
     except (TypeError, ValueError):
         names = []
     for i, value in enumerate(inputs):
-        if isinstance(value, torch.Tensor):
-            continue
+        leaves, _ = torch.utils._pytree.tree_flatten(value)
+        if not any(isinstance(v, (bool, int, float, complex, str)) for v in leaves):
+            continue        # tensors (or containers of them); None stays an absent optional argument
         param = names[i] if i < len(names) else f"argument {i}"
         raise ModelFaultError(
             f"forward ({name}) takes {param} (argument {i}) as a Python {type(value).__name__} "
@@ -187,14 +188,14 @@ def eager_fault(exc: BaseException, inputs: Sequence[Any], name: str) -> ModelFa
 def train_mode_notes(module: nn.Module, name: str) -> list[str]:
     """One note when ``module`` comes in train() mode with modules that train() changes; inference compiles eval().
 
-    >>> train_mode_notes(nn.Sequential(nn.Linear(2, 2), nn.Dropout()).train(), "f.py:fn")[0][:58]
-    'f.py:fn returned its model in train() mode (Dropout at 1);'
+    >>> train_mode_notes(nn.Sequential(nn.Linear(2, 2), nn.Dropout()).train(), "f.py:fn")[0][:54]
+    'the model of f.py:fn is in train() mode (Dropout at 1)'
     """
     changed = [(path or "<root>", type(m).__name__) for path, m in module.named_modules()
                if m.training and isinstance(m, TRAIN_SENSITIVE)]
     if not changed:
         return []
     listed = ", ".join(f"{kind} at {path}" for path, kind in changed[:3]) + (" …" if len(changed) > 3 else "")
-    return [f"{name} returned its model in train() mode ({listed}); it is compiled in eval() mode, as "
+    return [f"the model of {name} is in train() mode ({listed}); it is compiled in eval() mode, as "
             "inference runs (no dropout, running statistics); call model.eval() in the factory to silence "
             "this, or compile a training step with --train"]

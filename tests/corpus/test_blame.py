@@ -202,15 +202,26 @@ def test_keyword_only_without_shapes_then_with(user_folder, factories, tmp_path)
     assert "takes its inputs by keyword only" in again
 
 
-def test_api_raises_a_model_fault(factories):
+@pytest.fixture(scope="module")
+def models(factories):
     sys.path.insert(0, str(Path(factories).parent))
     try:
         import models
     finally:
         sys.path.pop(0)
+    return models
+
+
+def test_api_raises_a_model_fault(models):
     with pytest.raises(ModelFaultError) as err:
         mlcomp.compile(*models.counter())
     assert err.value.party is Party.MODEL and err.value.exit_code == 2
+
+
+def test_api_warns_of_a_train_mode_model(models):
+    with pytest.warns(UserWarning, match=r"is in train\(\) mode \(Dropout at d\)"):
+        art = mlcomp.compile(*models.train_mode())
+    assert art.verification["passed"]
 
 
 def test_train_mode_model_is_compiled_in_eval_with_a_note(tmp_path, factories):
