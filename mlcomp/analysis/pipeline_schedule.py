@@ -281,6 +281,6 @@ def plot_timeline(timeline: Timeline, path: str | os.PathLike[str], *, title: st
     ax.set_title(title or f"{timeline.schedule.value}: {timeline.stages} stages, {timeline.microbatches} "
                           f"microbatches, bubble {timeline.bubble_fraction:.1%}")
     fig.tight_layout()
-    with atomic_path(path) as tmp:
+    with atomic_path(path, "png") as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)

@@ -295,7 +295,10 @@ def export(model_or_path: Any, path: str | Path, format: str = "onnx",
                           hint=f"export takes example_inputs, pipeline, tolerance, force and "
                                f"{', '.join(LOAD_KEYS)}")
     fmt = ExportFormat.parse(format)
-    check_destination(path, Kind.DIR if fmt is ExportFormat.TVM else Kind.FILE, force=force, option="path")
+    tvm = fmt is ExportFormat.TVM
+    check_destination(path, Kind.DIR if tvm else Kind.FILE, force=force, option="path",
+                      fmt=None if tvm else fmt.value,
+                      inputs=(model_or_path,) if isinstance(model_or_path, (str, os.PathLike)) else ())
     check_options(model_or_path, load_opts, tolerance)
     source = load_source(model_or_path, example_inputs, load_opts)
     graph = source.capture(method=load_opts.get("capture", "export"),

@@ -173,9 +173,11 @@ def load_and_capture(model: str, input_shapes: tuple[str, ...], batch: int | Non
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows in the per-node FLOPs table.")
 @click.option("--train", is_flag=True, help="Inspect the training graph: FLOPs forward/backward, saved activations.")
 @click.option("--loss", default="cross_entropy", show_default=True, help="With --train: cross_entropy, mse or model.")
+@click.option("--force", is_flag=True, help="Replace an earlier mlcomp output at --dot (never a user's file).")
 def inspect_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                 dynamic_batch: bool, trust_pickle: bool, as_json: bool, show_ir: bool,
-                dot_file: str | None, top: int, train: bool = False, loss: str = "cross_entropy") -> None:
+                dot_file: str | None, top: int, train: bool = False, loss: str = "cross_entropy",
+                force: bool = False) -> None:
     """Op histogram, parameters, FLOPs, bytes, intensity and the parallelism profile of MODEL."""
     if train:   # the joint forward+backward graph: mlcomp.cli.training
         from mlcomp.cli.training import inspect_train
@@ -186,11 +188,11 @@ def inspect_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     from mlcomp.base.files import write_text_atomic
 
     if dot_file is not None:
-        check_destination(dot_file, Kind.FILE, option="--dot")
+        check_destination(dot_file, Kind.FILE, option="--dot", fmt="dot", force=force, inputs=(model,))
     _, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
     report = inspect_graph(graph)
     if dot_file:
-        write_text_atomic(dot_file, graph.to_dot())
+        write_text_atomic(dot_file, graph.to_dot(), fmt="dot")
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
         return
@@ -231,18 +233,19 @@ def models_list(as_json: bool) -> None:
 @click.option("-o", "--output", required=True, type=click.Path(), help="File to write.")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Batch size of the example input recorded in the file.")
-def models_save(name: str, fmt: str, output: str, batch: int) -> None:
+@click.option("--force", is_flag=True, help="Replace an earlier mlcomp output at -o (never a user's file).")
+def models_save(name: str, fmt: str, output: str, batch: int, force: bool = False) -> None:
     """Write zoo model NAME as a TorchScript archive or an ExportedProgram."""
     from mlcomp import models
     from mlcomp.api import check_model_inputs
     from mlcomp.base.files import atomic_path
     from mlcomp.frontend.loading import save_torchscript
 
-    check_destination(output, Kind.FILE)
+    check_destination(output, Kind.FILE, fmt=fmt, force=force)
     check_model_inputs(name, (), batch)
     z = models.get(name)
     module, inputs = z.build(), z.example_inputs(batch)
-    with atomic_path(output) as tmp:
+    with atomic_path(output, fmt) as tmp:
         if fmt == "torchscript":
             save_torchscript(module, inputs, tmp)
         else:

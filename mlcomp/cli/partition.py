@@ -31,7 +31,8 @@ from mlcomp.base.table import Table
 from mlcomp.cli.main import load_and_capture, model_options
 from mlcomp.hardware.link import LinkProbe
 from mlcomp.passes.partition import Objective, even_cuts, parse_bytes, plan_of, solve
-from mlcomp.targets.distributed import check_artifact, torchrun_command
+from mlcomp.targets.distributed import DEFAULT_OPTIMIZER, check_artifact, torchrun_command
+from mlcomp.targets.optim import OptimizerSpec
 
 __all__ = ["launch_cmd", "partition_cmd", "profile_cmd"]
 
@@ -63,13 +64,15 @@ def _read_times(path: str | None) -> dict[str, float] | None:
 @click.option("--probe", is_flag=True, help="Measure the gloo link, the schedule's overhead and the cores "
               "here first (2 processes, seconds) and simulate with them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--force", is_flag=True, help="Replace an earlier mlcomp output at --plot (never a user's file).")
 def partition_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                   dynamic_batch: bool, trust_pickle: bool, stages: int, objective: str, microbatches: int,
                   schedule: str, memory_limit: str | None, training: bool, times_file: str | None,
-                  plot_file: str | None, probe: bool, as_json: bool) -> None:
+                  plot_file: str | None, probe: bool, as_json: bool, force: bool = False) -> None:
     """Cut MODEL into pipeline stages (exact DP) and simulate the schedule; nothing is compiled."""
     if plot_file:
-        check_destination(plot_file, Kind.FILE, force=True)
+        check_destination(plot_file, Kind.FILE, option="--plot", fmt="png", force=force,
+                          inputs=(model, *([times_file] if times_file else [])))
     times = _read_times(times_file)
     _, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
     prof = LinkProbe().result if probe else None
@@ -121,17 +124,22 @@ def partition_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, 
               help="Schedule (default: the artifact's).")
 @click.option("--microbatches", type=click.IntRange(min=1), default=None,
               help="Microbatches per batch (default: the artifact's, one per stage).")
-@click.option("--train", is_flag=True, help="Run one training step (loss on the last stage, SGD per stage).")
+@click.option("--train", is_flag=True, help="Run one training step (loss on the last stage, an optimizer step "
+                                              "per stage).")
+@click.option("--optimizer", default=None,
+              help=f'With --train: an optimizer spec, e.g. "adam{{lr=1e-3}}" (default "{DEFAULT_OPTIMIZER}").')
 @click.option("--check", is_flag=True, help="Compare with a single-process run of the same stages.")
 @click.option("--repeat", type=click.IntRange(min=0), default=0, help="Time this many more batches.")
 def launch_cmd(artifact: Path, nproc: int | None, schedule: str | None, microbatches: int | None, train: bool,
-               check: bool, repeat: int) -> None:
+               optimizer: str | None, check: bool, repeat: int) -> None:
     """Run a distributed artifact on this host with torchrun (gloo on CPU, NCCL on GPU)."""
+    spec = OptimizerSpec.parse(optimizer) if optimizer is not None else None     # refused before any process
     manifest = check_artifact(artifact)
     nproc = nproc or int(manifest.get("runtime_info", {}).get("stages", 1))
     extra = [*(["--schedule", schedule] if schedule else []),
              *(["--microbatches", str(microbatches)] if microbatches else []),
              *(["--train"] if train else []), *(["--check"] if check else []),
+             *(["--optimizer", spec.text()] if spec is not None else []),
              *(["--repeat", str(repeat)] if repeat else [])]
     code = subprocess.call(torchrun_command(artifact, nproc, extra=extra))
     if code:
@@ -143,12 +151,14 @@ def launch_cmd(artifact: Path, nproc: int | None, schedule: str | None, microbat
 @click.option("-o", "--output", type=click.Path(), required=True, help="JSON file of seconds per node.")
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
               help="Timed runs per node (the median is kept).")
+@click.option("--force", is_flag=True, help="Replace an earlier mlcomp output at -o (never a user's file).")
 def profile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
-                dynamic_batch: bool, trust_pickle: bool, output: str, repeats: int) -> None:
+                dynamic_batch: bool, trust_pickle: bool, output: str, repeats: int, force: bool = False) -> None:
     """Measure every node's time on this machine (for `mlcomp partition --times`)."""
-    check_destination(output, Kind.FILE, force=True)
+    check_destination(output, Kind.FILE, fmt="json", force=force, inputs=(model,))
     source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
     seconds = measure_node_times(graph, source.inputs(), repeats=repeats)
-    write_text_atomic(output, json.dumps({"model": graph.name, "repeats": repeats, "seconds": seconds}, indent=1))
+    write_text_atomic(output, json.dumps({"model": graph.name, "repeats": repeats, "seconds": seconds}, indent=1),
+                      "json")
     click.echo(f"{len(seconds)} node times of {graph.name} ({sum(seconds.values()) * 1e3:.2f} ms in all) "
                f"written to {output}")

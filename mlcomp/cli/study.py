@@ -53,22 +53,32 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def _write(dest: str | None, text: str) -> None:
-    """``-``: stdout; otherwise an atomically written file."""
+# each file option -> the format it writes (mlcomp.base.marks.FORMATS)
+_OPTION_FORMATS = {"json": "json", "csv": "csv", "plot": "png"}
+
+
+def _write(dest: str | None, fmt: str, text: str) -> None:
+    """``-``: stdout; otherwise an atomically written file, marked as ``fmt``."""
     if dest == "-":
         click.echo(text.rstrip("\n"))
     elif dest:
         from mlcomp.base.files import write_text_atomic
 
-        write_text_atomic(dest, text)
+        write_text_atomic(dest, text, fmt)
         click.echo(f"wrote {dest}", err=True)
 
 
-def _check_outputs(**dests: str | None) -> None:
+def _check_outputs(force: bool, inputs: tuple[str, ...] = (), **dests: str | list[str] | None) -> None:
     """Every file destination (``--json FILE`` …) checked before any measuring; ``-`` is stdout."""
     for option, dest in dests.items():
-        if dest and dest != "-":
-            check_destination(dest, Kind.FILE, option="--" + option)
+        for path in dest if isinstance(dest, list) else [dest]:
+            if path and path != "-":
+                check_destination(path, Kind.FILE, option="--" + option, fmt=_OPTION_FORMATS[option],
+                                  force=force, inputs=inputs)
+
+
+_force_option = click.option("--force", is_flag=True,
+                             help="Replace earlier mlcomp outputs at --json/--csv/--plot (never a user's file).")
 
 
 def _pt2_batch(path: str) -> tuple[int, str] | None:
@@ -178,13 +188,14 @@ def timing_options(fn: Any) -> Any:
                    "(default: dynamic when the graph computes in fp16, else none).")
 @click.option("--remat-sweep", is_flag=True, help="With --train: remat budgets 1.0/0.5/0.25/0.1/sqrt (mincut) vs "
               "peak memory and step time; --plot draws memory vs step time.")
+@_force_option
 def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], batches: tuple[int, ...],
               pipeline: str | None, opt_level: str | None, input_shapes: tuple[str, ...], trust_pickle: bool,
               budget: float, warmup: int,
               min_repeats: int, max_repeats: int, threads: int | None, show_progress: bool, no_memory: bool,
               json_out: str | None, csv_out: str | None, plot_file: str | None, train: bool = False,
               loss: str = "cross_entropy", optimizer: str = "sgd", remat_sweep: bool = False,
-              loss_scale: str | None = None) -> None:
+              loss_scale: str | None = None, force: bool = False) -> None:
     """Time MODEL(s) eager vs compiled targets: median and p90 latency, speedup, cold compile time,
     peak memory, max error vs eager. One table per model."""
     from mlcomp.hardware.timing import TimingPolicy
@@ -197,7 +208,7 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
         models = tuple(dict.fromkeys(models + tuple(ZOO)))
     if not models:
         raise BenchConfigError("no model given", hint="name one or more models, or pass --zoo")
-    _check_outputs(json=json_out, csv=csv_out, plot=plot_file)
+    _check_outputs(force, models, json=json_out, csv=csv_out, plot=plot_file)
     pipeline = _checked_pipeline(pipeline, opt_level)
     _check_targets(targets)
     from mlcomp.api import check_model_inputs
@@ -213,7 +224,7 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
 
         if not train:
             raise BenchConfigError("--remat-sweep measures training steps", hint="add --train")
-        _write(json_out, sweep_models(models, batches, loss=loss, optimizer=optimizer, plot_file=plot_file,
+        _write(json_out, "json", sweep_models(models, batches, loss=loss, optimizer=optimizer, plot_file=plot_file,
                                       policy=TimingPolicy(warmup, budget, min_repeats, max_repeats),
                                       echo=click.echo if json_out != "-" else None))
         return
@@ -222,7 +233,7 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
 
         given = click.get_current_context().get_parameter_source("targets") is not click.core.ParameterSource.DEFAULT
         train_targets = targets if given else ("cpu",)
-        _write(json_out, bench_train(models, batches, targets=train_targets, loss=loss, optimizer=optimizer,
+        _write(json_out, "json", bench_train(models, batches, targets=train_targets, loss=loss, optimizer=optimizer,
                                      policy=TimingPolicy(warmup, budget, min_repeats, max_repeats),
                                      json_out=json_out, loss_scale=loss_scale))
         return
@@ -237,8 +248,8 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
         if json_out != "-" and csv_out != "-":
             click.echo(res.format())
             click.echo()
-    _write(json_out, json.dumps([r.to_json() for r in results], indent=2))
-    _write(csv_out, to_csv(results))
+    _write(json_out, "json", json.dumps([r.to_json() for r in results], indent=2))
+    _write(csv_out, "csv", to_csv(results))
     if plot_file:
         plot_bench(results, plot_file)
         click.echo(f"wrote {plot_file}", err=True)
@@ -261,9 +272,10 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
               help="Write the result as JSON (to stdout when no FILE).")
 @click.option("--plot", "plot_file", type=click.Path(), default=None,
               help="PNG of the study (with NAME=all: one file per study, suffixed with its name).")
+@_force_option
 def study_cmd(name: str | None, quick: bool, device: str, budget: float, targets: tuple[str, ...],
               model: str | None, batch: int, threads: int | None, json_out: str | None,
-              plot_file: str | None) -> None:
+              plot_file: str | None, force: bool = False) -> None:
     """Run one of the chapter's experiments (NAME, or `all`) and print the measured figures beside
     the chapter's. Without NAME, list the studies."""
     from mlcomp.study import STUDIES, StudyConfig, plot_study, run_study
@@ -273,11 +285,12 @@ def study_cmd(name: str | None, quick: bool, device: str, budget: float, targets
         for key, (_, summary) in STUDIES.items():
             click.echo(f"{key:<{width}}  {summary}")
         return
-    _check_outputs(json=json_out, plot=plot_file)
+    names = list(STUDIES) if name == "all" else [name]
+    plots = [plot_file if len(names) == 1 else _suffixed(plot_file, key) for key in names] if plot_file else None
+    _check_outputs(force, json=json_out, plot=plots)
     _set_threads(threads)
     config = StudyConfig(quick=quick, device=device, budget_s=budget, targets=targets,
                          model=model or ("mlp" if quick else "resnet18"), batch=batch, threads=threads)
-    names = list(STUDIES) if name == "all" else [name]
     results = []
     for key in names:
         res = run_study(key, config)
@@ -290,7 +303,7 @@ def study_cmd(name: str | None, quick: bool, device: str, budget: float, targets
             plot_study(res, path)
             click.echo(f"wrote {path}", err=True)
     payload = results[0].to_json() if len(results) == 1 else [r.to_json() for r in results]
-    _write(json_out, json.dumps(payload, indent=2, default=str))
+    _write(json_out, "json", json.dumps(payload, indent=2, default=str))
 
 
 def _suffixed(path: str, key: str) -> str:
@@ -329,7 +342,7 @@ def report_cmd(model: str, input_shapes: tuple[str, ...], capture_method: str,
     from mlcomp.measure.bench import BenchConfig
     from mlcomp.report import ReportConfig, build_report
 
-    check_destination(output, Kind.DIR, force=force)
+    check_destination(output, Kind.DIR, force=force, inputs=(model,))
     bench_batches = bench_batches or old_bench_batches or (1, 32)
     pipeline = _checked_pipeline(pipeline, opt_level)
     _check_targets(targets)

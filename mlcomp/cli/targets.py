@@ -133,6 +133,11 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     from mlcomp.api import AutoReport, compile_model, is_auto
 
     request = pipeline_from_cli(pipeline, opt_level, dump_after, dump_dir, verify_passes, explain)
+    request.check_dump_dir(force, inputs=(model,))
+    if tuning_dir:               # a tuning database is extended, never a user's folder
+        from mlcomp.cli.tune import check_tuning_db
+
+        check_tuning_db(tuning_dir, "--tuning-dir", model)
     if train:   # the training path: mlcomp.cli.training (runs a pipeline only when one is given)
         from mlcomp.cli.training import compile_train
 
@@ -142,7 +147,7 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                              instruments=request.instruments(), force=force, loss_scale=loss_scale)
 
     if output is not None:
-        check_destination(output, Kind.DIR, force=force)
+        check_destination(output, Kind.DIR, force=force, inputs=(model,))
     target = target or request.pipeline.target or "cpu"      # a TOML file may name the target
     auto = is_auto(target)
     canonical = "auto" if auto else _check_target_flags(target, tune_trials, tuning_dir, tf32)
@@ -164,7 +169,8 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     facts["kept_ops"] = dict(graph.kept_ops)
     for op, why in graph.kept_ops.items():   # frontend/decompose.py: ops left undecomposed
         say(f"capture kept {op} undecomposed: {why}")
-    output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{canonical}", Kind.DIR, force=force)
+    output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{canonical}", Kind.DIR, force=force,
+                               inputs=(model,))
     build = f"build for {canonical}" + (f" (tuning {tune_trials} trials)" if tune_trials else "")
     progress.note(f"pipeline {request.text} for {canonical}" if request.text else build)
     def instruments(name: str) -> list[Any]:          # one set per target tried (auto: per candidate)
@@ -355,7 +361,9 @@ def export_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, cap
     from mlcomp.targets.export import ExportFormat, export_graph, export_pipeline
 
     fmt_ = ExportFormat.parse(fmt)
-    check_destination(output, Kind.DIR if fmt_ is ExportFormat.TVM else Kind.FILE, force=force)
+    tvm = fmt_ is ExportFormat.TVM
+    check_destination(output, Kind.DIR if tvm else Kind.FILE, force=force, fmt=None if tvm else fmt_.value,
+                      inputs=(model,))
     pipe, adapted = export_pipeline(fmt_, resolve_pipeline(pipeline, opt_level))    # parsed before capture
     progress = Progress.for_command()
     with progress.stage(f"capture {model}"):

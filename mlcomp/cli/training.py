@@ -123,7 +123,7 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
     spec, _ = check_train_flags(target, loss, optimizer, loss_scale)
     target = target or "cpu"
     if output is not None:
-        check_destination(output, Kind.DIR, force=force)
+        check_destination(output, Kind.DIR, force=force, inputs=(model,))
     source = _load(model, input_shapes, batch, trust_pickle)
     chosen = _loss_of(source, loss)
     reference, inputs, y, graph = _capture(source, chosen)
@@ -134,7 +134,8 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
 
         graph, report = run_pipeline(graph, Pipeline.coerce(pipeline), example_inputs=args, instruments=instruments)
         click.echo(report.format())
-    output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{target}-train", Kind.DIR, force=force)
+    output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{target}-train", Kind.DIR, force=force,
+                               inputs=(model,))
     keys = list(reference.state_dict())
     options = CompileOptions.make(device=device, tolerance=tolerance)
     tol = tolerance or 1e-5

@@ -272,6 +272,6 @@ def plot_sweeps(sweeps: Sequence[RematSweep], path: str) -> None:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
+    with atomic_path(path, "png") as tmp:
         fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)

@@ -253,6 +253,6 @@ def plot(result: StudyResult, path: str) -> None:
     ax_t.set_title("frontend progress vs when the work finished", fontsize=10)
     ax_t.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    with atomic_path(path) as tmp:
+    with atomic_path(path, "png") as tmp:
         fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)

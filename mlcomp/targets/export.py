@@ -163,7 +163,7 @@ def export_graph(graph: Graph, fmt: ExportFormat, path: str | Path, inputs: Sequ
             reloaded = _WRITERS[fmt](graph, inputs, str(tmp))
             result = check_against(reloaded, expected, inputs, tolerance=tolerance, names=names, where=where)
     else:
-        with atomic_path(path) as tmp:
+        with atomic_path(path, fmt.value) as tmp:          # marked: mlcomp.base.marks
             reloaded = _WRITERS[fmt](graph, inputs, tmp)
             result = check_against(reloaded, expected, inputs, tolerance=tolerance, names=names, where=where)
     return path, result

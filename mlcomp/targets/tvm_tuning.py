@@ -30,6 +30,7 @@ import os
 import time
 from typing import Callable
 
+from mlcomp.base.files import mark_folder
 from mlcomp.targets.options import LogLevel
 from mlcomp.targets.tvm_scope import TvmScope, fast_inspect_stack
 
@@ -99,6 +100,7 @@ def tune(mod, target, tune_trials: int, work_dir: str, stats: dict, scope: TvmSc
     from tvm.s_tir.meta_schedule.utils import fork_seed
 
     os.makedirs(work_dir, exist_ok=True)
+    mark_folder(work_dir, "tuning database")          # the output rule knows it as mlcomp's (mlcomp.base.files)
     with target:
         mod = relax.transform.AttachAttrLayoutFreeBuffers()(mod)
     db = ms.database.JSONDatabase(work_dir=work_dir)
