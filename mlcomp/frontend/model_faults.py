@@ -35,7 +35,8 @@ from torch import nn
 from mlcomp.base.errors import ModelFaultError
 from mlcomp.frontend.provenance import first_line, user_frame
 
-__all__ = ["check_signature", "check_arguments", "check_outputs", "check_no_mutation", "eager_fault",
+__all__ = ["check_signature", "check_arguments", "check_outputs", "check_no_mutation", "check_graph_mutation",
+           "eager_fault",
            "train_mode_notes"]
 
 # module classes that compute differently in train() mode (dropout active, batch statistics used)
@@ -77,6 +78,16 @@ def check_signature(module: nn.Module, name: str) -> None:
              "forward(self, x) calls it with the keyword")
 
 
+def parameter_names(module: nn.Module, count: int) -> list[str]:
+    """The names of forward's first ``count`` parameters (``input i`` where the signature does not say)."""
+    try:
+        names = [p.name for p in inspect.signature(module.forward).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        names = []
+    return [names[i] if i < len(names) else f"input {i}" for i in range(count)]
+
+
 def check_arguments(module: nn.Module, inputs: Sequence[Any], name: str) -> None:
     """No example input may be a Python number or string: export bakes it in, and the graph has no input for it."""
     try:
@@ -94,9 +105,9 @@ def check_arguments(module: nn.Module, inputs: Sequence[Any], name: str) -> None
             where=forward_location(module), hint=_ARGUMENT_FIX.format(param=param))
 
 
-def check_outputs(ep: "torch.export.ExportedProgram", module: nn.Module, name: str) -> None:
+def check_outputs(graph: torch.fx.Graph, module: nn.Module, name: str) -> None:
     """The outputs must all be tensors (``None``, numbers and strings cannot be an artifact's outputs)."""
-    out = next(n for n in ep.graph.nodes if n.op == "output")
+    out = next(n for n in graph.nodes if n.op == "output")
     flat, _ = torch.utils._pytree.tree_flatten(out.args[0])
     bad = [(i, v) for i, v in enumerate(flat) if not isinstance(v, torch.fx.Node)]
     if not bad:
@@ -154,19 +165,25 @@ def check_no_mutation(ep: "torch.export.ExportedProgram", name: str) -> None:
     sig = ep.graph_signature
     owner = {s.arg.name: f"input {s.arg.name}" if s.kind.name == "USER_INPUT" else f"{s.kind.name.lower()} {s.target}"
              for s in sig.input_specs if hasattr(s.arg, "name")}
+    lost = [f"buffer {b}" for b in getattr(sig, "buffers_to_mutate", {}).values()]
+    lost += [f"input {i}" for i in getattr(sig, "user_inputs_to_mutate", {}).values()]
+    check_graph_mutation(ep.graph, owner, name, lost)
+
+
+def check_graph_mutation(graph: torch.fx.Graph, owner: dict[str, str], name: str, lost: Sequence[str] = (),
+                         where: str | None = None) -> None:
+    """No op of ``graph`` writes a placeholder named in ``owner`` (placeholder name → "buffer b", "input x")."""
     found: list[tuple[str, torch.fx.Node | None]] = []
-    for node in ep.graph.nodes:
+    for node in graph.nodes:
         if node.op == "call_function":
-            found += [(owner[w.name], node) for w in _written(node)
-                      if w.op == "placeholder" and w.name in owner]
-    found += [(f"buffer {b}", None) for b in getattr(sig, "buffers_to_mutate", {}).values()]
-    found += [(f"input {i}", None) for i in getattr(sig, "user_inputs_to_mutate", {}).values()]
+            found += [(owner[w.name], node) for w in _written(node) if w.op == "placeholder" and w.name in owner]
+    found += [(what, None) for what in lost]
     if not found:
         return
     what, node = found[0]
     raise ModelFaultError(
         f"forward ({name}) updates {what} in place; a compiled inference graph computes outputs only, so the "
-        "update would be lost (eager PyTorch keeps it)", where=_site(node) if node is not None else None,
+        "update would be lost (eager PyTorch keeps it)", where=(_site(node) if node is not None else None) or where,
         hint="compute a new tensor instead (y = x * 2, not x.mul_(2)); keep running statistics out of the "
              "inference forward, or compile the training step with --train")
 

@@ -163,6 +163,8 @@ MODEL_CASES = {
     "buffer-updated-O0": ("counter", ["-O0"], ("updates buffer count in place", "(self.count += 1)")),
     "buffer-updated-onnx": ("counter", ["-t", "onnxruntime"], ("updates buffer count in place",)),
     "input-updated": ("mut_in", [], ("updates input x in place", "(x.mul_(2))", "not x.mul_(2)")),
+    "input-updated-fx": ("mut_in", ["--capture", "fx"], ("updates input x in place", "MutIn.forward")),
+    "returns-none-fx": ("ret_none", ["--capture", "fx"], ("output 0 of 1 is None", "RetNone.forward")),
     "int64-into-float-linear": ("int64", [], ("fails in eager PyTorch too", "2x4:int64",
                                               "mat1 and mat2 must have the same dtype",
                                               "--input-shape 2x4:f32")),
