@@ -385,7 +385,7 @@ def test_damaged_only_when_mlcomp_files_are_wrong(user_folder, artifact, tmp_pat
 # internal: only a genuine failure inside mlcomp says "bug in mlcomp"
 
 def test_internal_failure_is_a_bug_report(user_folder, monkeypatch):
-    from mlcomp.targets.cpu import CpuTarget
+    from mlcomp.targets.torch.cpu import CpuTarget
 
     def broken(self, graph, options, inputs):
         raise RuntimeError("lowering lost a node")
