@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from mlcomp.base.errors import MlcompError
+from mlcomp.base.errors import BUG_HINT, MlcompError
 from mlcomp.base.files import InterruptScope, Kind, check_destination
 from mlcomp.base.registry import LazyRegistry
 
@@ -24,15 +24,18 @@ COMMANDS: LazyRegistry[click.Command] = LazyRegistry("command", {
     "export": "mlcomp.cli.targets:export_cmd",
     "targets": "mlcomp.cli.targets:targets_cmd",
     "passes": "mlcomp.cli.passes:passes_cmd",
-    "bench": "mlcomp.cli.study:bench_cmd",
+    "bench": "mlcomp.cli.bench:bench_cmd",
     "study": "mlcomp.cli.study:study_cmd",
-    "report": "mlcomp.cli.study:report_cmd",
+    "report": "mlcomp.cli.report:report_cmd",
     "partition": "mlcomp.cli.partition:partition_cmd",
-    "launch": "mlcomp.cli.partition:launch_cmd",
-    "profile": "mlcomp.cli.partition:profile_cmd",
+    "launch": "mlcomp.cli.launch:launch_cmd",
+    "profile": "mlcomp.cli.profile:profile_cmd",
     "cache": "mlcomp.cli.cache:cache_group",
     "tune": "mlcomp.cli.tune:tune_cmd",
 })
+
+
+TARGETS_IN_HELP = "{targets}"     # replaced by the registry's target list when help is shown
 
 
 class _Group(click.Group):
@@ -48,6 +51,12 @@ class _Group(click.Group):
         if cmd is not None or name not in COMMANDS:
             return cmd
         return COMMANDS.get(name)
+
+    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from mlcomp.targets.registry import target_list     # at help time only: the targets package imports torch
+
+        self.help = (self.help or "").replace(TARGETS_IN_HELP, target_list())
+        super().format_help_text(ctx, formatter)
 
     def invoke(self, ctx: click.Context) -> Any:
         with InterruptScope() as interrupts:
@@ -92,7 +101,7 @@ def _unexpected(ctx: click.Context, exc: Exception) -> None:
         hint = "check the path, free disk space and permissions"
     else:
         what = f"mlcomp {sub} failed unexpectedly: {type(exc).__name__}: {text}"
-        hint = "this is a bug in mlcomp, not in your input; run again with `mlcomp --traceback ...` and report it"
+        hint = BUG_HINT
     click.echo(f"error: {what.rstrip('.')}. {hint[0].upper() + hint[1:]}.", err=True)
     ctx.exit(3)
 
@@ -115,7 +124,7 @@ def _importable(ref: str) -> bool:
 @click.pass_context
 def main(ctx: click.Context, show_traceback: bool) -> None:
     """mlcomp: capture a PyTorch model, run a declared pipeline of passes, lower it to a
-    target (cpu, cuda, onnxruntime, tvm) and compare it with eager PyTorch.
+    target ({targets}) and compare it with eager PyTorch.
 
     MODEL is a zoo name (see `mlcomp models list`), a TorchScript archive (.pt), an
     ExportedProgram (.pt2) or a factory path/to/file.py:fn / package.module:fn.
@@ -149,6 +158,21 @@ def model_options(fn: Any = None, *, batch: bool = True) -> Any:
     return fn
 
 
+def checked_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """``--threads`` (a ``click.IntRange(min=1)``): above the cores this process may run on, one warning and the core count
+    (more intra-op threads than cores only take turns on them)."""
+    if value is None:
+        return None
+    from mlcomp.hardware.link import available_cores
+
+    cores = available_cores()
+    if value > cores:
+        click.echo(f"warning: --threads {value} is more than the {cores} core(s) this process may run on; "
+                   f"using {cores}", err=True)
+        return cores
+    return value
+
+
 def load_and_capture(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                      dynamic_batch: bool, trust_pickle: bool):
     from mlcomp.api import check_model_inputs
@@ -156,6 +180,8 @@ def load_and_capture(model: str, input_shapes: tuple[str, ...], batch: int | Non
 
     check_model_inputs(model, input_shapes, batch, capture_method)
     source = load_model(model, input_shapes=input_shapes, trust_pickle=trust_pickle, batch=batch)
+    for note in source.notes:
+        click.echo(f"note: {note}", err=True)
     graph = source.capture(method=capture_method, dynamic_batch=dynamic_batch)
     return source, graph
 
@@ -171,9 +197,11 @@ def load_and_capture(model: str, input_shapes: tuple[str, ...], batch: int | Non
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows in the per-node FLOPs table.")
 @click.option("--train", is_flag=True, help="Inspect the training graph: FLOPs forward/backward, saved activations.")
 @click.option("--loss", default="cross_entropy", show_default=True, help="With --train: cross_entropy, mse or model.")
+@click.option("--force", is_flag=True, help="Replace an earlier mlcomp output at --dot (never a user's file).")
 def inspect_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                 dynamic_batch: bool, trust_pickle: bool, as_json: bool, show_ir: bool,
-                dot_file: str | None, top: int, train: bool = False, loss: str = "cross_entropy") -> None:
+                dot_file: str | None, top: int, train: bool = False, loss: str = "cross_entropy",
+                force: bool = False) -> None:
     """Op histogram, parameters, FLOPs, bytes, intensity and the parallelism profile of MODEL."""
     if train:   # the joint forward+backward graph: mlcomp.cli.training
         from mlcomp.cli.training import inspect_train
@@ -182,13 +210,14 @@ def inspect_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                              show_ir=show_ir, top=top)
     from mlcomp.analysis.inspect import inspect_graph
     from mlcomp.base.files import write_text_atomic
+    from mlcomp.ir.graph_tools import to_dot
 
     if dot_file is not None:
-        check_destination(dot_file, Kind.FILE, option="--dot")
+        check_destination(dot_file, Kind.FILE, option="--dot", fmt="dot", force=force, inputs=(model,))
     _, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
     report = inspect_graph(graph)
     if dot_file:
-        write_text_atomic(dot_file, graph.to_dot())
+        write_text_atomic(dot_file, to_dot(graph), fmt="dot")
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
         return
@@ -229,18 +258,19 @@ def models_list(as_json: bool) -> None:
 @click.option("-o", "--output", required=True, type=click.Path(), help="File to write.")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Batch size of the example input recorded in the file.")
-def models_save(name: str, fmt: str, output: str, batch: int) -> None:
+@click.option("--force", is_flag=True, help="Replace an earlier mlcomp output at -o (never a user's file).")
+def models_save(name: str, fmt: str, output: str, batch: int, force: bool = False) -> None:
     """Write zoo model NAME as a TorchScript archive or an ExportedProgram."""
     from mlcomp import models
     from mlcomp.api import check_model_inputs
     from mlcomp.base.files import atomic_path
     from mlcomp.frontend.loading import save_torchscript
 
-    check_destination(output, Kind.FILE)
+    check_destination(output, Kind.FILE, fmt=fmt, force=force)
     check_model_inputs(name, (), batch)
     z = models.get(name)
     module, inputs = z.build(), z.example_inputs(batch)
-    with atomic_path(output) as tmp:
+    with atomic_path(output, fmt) as tmp:
         if fmt == "torchscript":
             save_torchscript(module, inputs, tmp)
         else:

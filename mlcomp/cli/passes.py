@@ -39,7 +39,7 @@ __all__ = [
 # The pipeline every command runs when neither -p nor -O is given (compile, export, bench, report).
 DEFAULT_PIPELINE = "-O2"
 
-# The TOML pipeline format, as `mlcomp passes --help` and the README show it (tests/test_cli_options.py
+# The TOML pipeline format, as `mlcomp passes --help` and the README show it (tests/integration/test_cli_options.py
 # parses this text, and the README's copy of it, with Pipeline.from_toml_text).
 TOML_EXAMPLE = """\
 target = "onnxruntime"        # optional: the target when --target is not given
@@ -181,6 +181,13 @@ class PipelineRequest:
 
         return standard_instruments(verify=self.verify, dump_after=self.dump_after,
                                     dump_dir=self.dump_dir if self.dump_after else None, explain=self.explain)
+
+    def check_dump_dir(self, force: bool, inputs: Sequence[str] = ()) -> None:
+        """The --dump-dir folder obeys the output rule (:mod:`mlcomp.base.files`), checked before any work."""
+        if self.dump_after and self.dump_dir is not None:
+            from mlcomp.base.files import Kind, check_destination
+
+            check_destination(self.dump_dir, Kind.DIR, force=force, option="--dump-dir", inputs=inputs)
 
     def run(self, graph: Any, example_inputs: Sequence[Any] | None = None) -> tuple[Any, Any]:
         from mlcomp.pipeline import run_pipeline

@@ -1,7 +1,8 @@
 """Compile options: one frozen, validated record every target reads (each uses what applies to it).
 
     >>> CompileOptions.make(threads="2")
-    OptionsError: threads='2' must be an integer >= 1.
+    Traceback (most recent call last):
+    mlcomp.targets.options.OptionsError: threads='2' must be an integer >= 1.
     >>> opts = CompileOptions.make(fallback="eager", tune_trials=64, tune_build_timeout=300,
     ...                            log_level="info")
     >>> opts.fallback, opts.log_level
@@ -68,13 +69,13 @@ class CompileOptions:
     ``cuda_graphs``: replay static-shape CUDA models as one CUDA graph.
     ``tf32``: the cuda target lets fp32 matrix products and convolutions use
     TF32 tensor cores (products rounded to a 10-bit mantissa; verified at the
-    declared tolerance ``mlcomp.targets.cuda.TF32_RTOL``); off: IEEE fp32.
+    declared tolerance ``mlcomp.targets.torch.cuda.TF32_RTOL``); off: IEEE fp32.
     ``tune_build_timeout``/``tune_run_timeout``: seconds one MetaSchedule
     candidate may take to build/to measure before it counts as failed.
     ``log_level``: what a backend prints to the console (TVM: MetaSchedule's
     log records, and at ``info``/``debug`` its C++ log lines on stderr).
     ``tune_worker_torch``: let MetaSchedule's worker processes import torch
-    (off by default: it costs each worker a minute, see ``tvm_backend``).
+    (off by default: it costs each worker a minute, see ``tvm.build``).
     """
 
     device: str | None = None

@@ -36,7 +36,7 @@ def test_the_profile_is_undone_with_the_test(fake_hardware):
 
 @pytest.mark.parametrize("machine", CPUS)
 def test_openvino_precision_hint_follows_the_probed_flags(fake_hardware, machine):
-    from mlcomp.targets.openvino import precision_hint
+    from mlcomp.targets.openvino.target import precision_hint
 
     profile = fake_hardware(machine)
     hint, why = precision_hint(torch.bfloat16, probe.cpu_flags())
