@@ -7,7 +7,7 @@
     $ torchrun --nnodes 2 --node-rank 0 --master-addr host0 --master-port 29500 \\
           --nproc-per-node 2 -m mlcomp.launch out/mlp-pp --train --check      # on host0 (node-rank 1 on host1)
 
-Before: an artifact folder of the ``distributed`` target.  After: each rank runs
+Input: an artifact folder of the ``distributed`` target.  Each rank runs
 its stages under the chosen schedule; rank 0 prints one JSON line (and writes
 it to ``--result``): outputs, and with ``--train`` gradients and SGD-updated
 weights, compared with a single-process run.  torchrun hands each process its
