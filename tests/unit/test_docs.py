@@ -7,6 +7,7 @@
 * every backend and pass family of the independence contracts is named in it;
 * "adding a backend: four edits in two files": the registries it names exist, agree with each
   other, and no other module registers a backend's classes;
+* CLI modules are named after their commands, except the shared ones the document lists;
 * README keeps exactly its two fresh-machine commands;
 * no source file of ``mlcomp/`` carries history: issue or stop numbers, "Before:" change notes.
 
@@ -187,6 +188,18 @@ def test_adding_a_backend_is_four_edits_in_two_files():
         registering |= {str(p.relative_to(ROOT)) for p in PKG.rglob("*.py")
                         if f"targets/{backend}/" not in p.as_posix() and ref.search(p.read_text())}
     assert registering == {"mlcomp/targets/registry.py", "mlcomp/runtime/artifact.py"}
+
+
+def test_cli_modules_are_named_after_their_commands():
+    table = _table_keys(PKG / "cli" / "main.py", "COMMANDS")
+    text = (PKG / "cli" / "main.py").read_text()
+    refs = dict(re.findall(r'"([\w-]+)": "mlcomp\.cli\.(\w+):\w+"', text))
+    assert set(refs) == set(table)
+    shared = {name: module for name, module in refs.items() if module != name}
+    where = DOC.read_text().split("## Where code goes", 1)[1].split("\n## ", 1)[0]
+    row = next(line for line in where.splitlines() if line.startswith("| a CLI command"))
+    for name, module in shared.items():
+        assert f"`{name}`" in row and f"`cli/{module}.py`" in row, (name, module)
 
 
 def test_readme_keeps_its_two_commands():
