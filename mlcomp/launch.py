@@ -9,8 +9,10 @@
 
 Input: an artifact folder of the ``distributed`` target.  Each rank runs
 its stages under the chosen schedule; rank 0 prints one JSON line (and writes
-it to ``--result``): outputs, and with ``--train`` gradients and SGD-updated
-weights, compared with a single-process run.  torchrun hands each process its
+it to ``--result``): outputs, and with ``--train`` gradients and the weights
+after one step of ``--optimizer`` (a spec such as ``"sgd{lr=0.1}"``, the
+default, or ``"adam{lr=1e-3}"``), compared with a single-process run.
+``--lr X`` is a deprecated alias of ``--optimizer "sgd{lr=X}"``.  torchrun hands each process its
 rank and the rendezvous address; ``torch.distributed`` reads them when the
 process group starts (gloo on CPU, NCCL when CUDA is present).  Exit 4 when
 ``--check`` finds a difference, 2 on a user error.
@@ -28,7 +30,8 @@ import torch.distributed as dist
 
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.files import Kind, check_destination
-from mlcomp.targets.distributed import check_artifact, run_rank
+from mlcomp.targets.distributed import DEFAULT_OPTIMIZER, check_artifact, run_rank
+from mlcomp.targets.optim import OptimizerSpec
 
 
 def backend(local_ranks: int | None = None) -> str:
@@ -41,18 +44,33 @@ def backend(local_ranks: int | None = None) -> str:
     return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= local else "gloo"
 
 
+def optimizer_of(text: str | None, lr: float | None) -> OptimizerSpec:
+    """The optimizer of ``--optimizer`` or of the deprecated ``--lr`` (``sgd{lr=...}``, with a note)."""
+    if lr is not None and text is not None:
+        raise MlcompError("--lr and --optimizer were both given", hint='give the learning rate inside the spec, '
+                                                                     'e.g. --optimizer "sgd{lr=0.05}"')
+    if lr is not None:
+        spec = OptimizerSpec.parse(f"sgd{{lr={lr!r}}}")
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f'note: --lr is deprecated; use --optimizer "{spec.text()}"', file=sys.stderr)
+        return spec
+    return OptimizerSpec.parse(text or DEFAULT_OPTIMIZER)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mlcomp.launch", description=__doc__.splitlines()[0])
     parser.add_argument("artifact")
     parser.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"])
     parser.add_argument("--microbatches", type=int)
     parser.add_argument("--train", action="store_true", help="one training step (loss on the last stage)")
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--optimizer", help=f'with --train: an optimizer spec (default "{DEFAULT_OPTIMIZER}")')
+    parser.add_argument("--lr", type=float, help='deprecated: the same as --optimizer "sgd{lr=LR}"')
     parser.add_argument("--check", action="store_true", help="compare with a single-process run")
     parser.add_argument("--repeat", type=int, default=0, help="time this many more batches")
     parser.add_argument("--result", help="rank 0 writes the JSON summary here")
     args = parser.parse_args(argv)
     try:
+        optimizer = optimizer_of(args.optimizer, args.lr)
         if args.result:          # a user's file is never replaced (mlcomp.base.files); rank 0 writes it
             check_destination(args.result, Kind.FILE, option="--result", fmt="json", force=True,
                               inputs=(args.artifact,))
@@ -60,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(backend())
         try:
             summary = run_rank(args.artifact, schedule=args.schedule, microbatches=args.microbatches,
-                               train=args.train, lr=args.lr, check=args.check, repeat=args.repeat,
+                               train=args.train, optimizer=optimizer, check=args.check, repeat=args.repeat,
                                result=args.result)
         finally:
             dist.destroy_process_group()

@@ -260,7 +260,7 @@ def test_global_ranking_clamps_a_group_it_would_empty(captured, tiny):
 def test_sparsity_must_be_below_one():
     with pytest.raises(PipelineSpecError, match=r"in \[0, 1\)"):
         Prune(sparsity=1.0)
-    with pytest.raises(PipelineSpecError, match="must be at least 0"):
+    with pytest.raises(PipelineSpecError, match=r"must be in \[0, 1\), got -0.1"):
         Prune(sparsity=-0.1)
 
 

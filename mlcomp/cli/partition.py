@@ -31,7 +31,8 @@ from mlcomp.base.table import Table
 from mlcomp.cli.main import load_and_capture, model_options
 from mlcomp.hardware.link import LinkProbe
 from mlcomp.passes.partition import Objective, even_cuts, parse_bytes, plan_of, solve
-from mlcomp.targets.distributed import check_artifact, torchrun_command
+from mlcomp.targets.distributed import DEFAULT_OPTIMIZER, check_artifact, torchrun_command
+from mlcomp.targets.optim import OptimizerSpec
 
 __all__ = ["launch_cmd", "partition_cmd", "profile_cmd"]
 
@@ -123,17 +124,22 @@ def partition_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, 
               help="Schedule (default: the artifact's).")
 @click.option("--microbatches", type=click.IntRange(min=1), default=None,
               help="Microbatches per batch (default: the artifact's, one per stage).")
-@click.option("--train", is_flag=True, help="Run one training step (loss on the last stage, SGD per stage).")
+@click.option("--train", is_flag=True, help="Run one training step (loss on the last stage, an optimizer step "
+                                              "per stage).")
+@click.option("--optimizer", default=None,
+              help=f'With --train: an optimizer spec, e.g. "adam{{lr=1e-3}}" (default "{DEFAULT_OPTIMIZER}").')
 @click.option("--check", is_flag=True, help="Compare with a single-process run of the same stages.")
 @click.option("--repeat", type=click.IntRange(min=0), default=0, help="Time this many more batches.")
 def launch_cmd(artifact: Path, nproc: int | None, schedule: str | None, microbatches: int | None, train: bool,
-               check: bool, repeat: int) -> None:
+               optimizer: str | None, check: bool, repeat: int) -> None:
     """Run a distributed artifact on this host with torchrun (gloo on CPU, NCCL on GPU)."""
+    spec = OptimizerSpec.parse(optimizer) if optimizer is not None else None     # refused before any process
     manifest = check_artifact(artifact)
     nproc = nproc or int(manifest.get("runtime_info", {}).get("stages", 1))
     extra = [*(["--schedule", schedule] if schedule else []),
              *(["--microbatches", str(microbatches)] if microbatches else []),
              *(["--train"] if train else []), *(["--check"] if check else []),
+             *(["--optimizer", spec.text()] if spec is not None else []),
              *(["--repeat", str(repeat)] if repeat else [])]
     code = subprocess.call(torchrun_command(artifact, nproc, extra=extra))
     if code:

@@ -116,7 +116,7 @@ class Simplify(Pass):
     """Remove no-ops: identity views/casts/permutes, cancelling pairs, eval-mode dropout and copies."""
 
     name: ClassVar[str] = "simplify"
-    max_rounds: int = option(8, "sweeps over the graph before giving up on a fixed point", min=1)
+    max_rounds: int = option(8, "sweeps over the graph before giving up on a fixed point", ge=1)
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         stats: collections.Counter[str] = collections.Counter()
@@ -359,9 +359,9 @@ class Cleanup(CompositePass):
     """Run simplify, fold-constants, cse and dce until the graph stops changing."""
 
     name: ClassVar[str] = "cleanup"
-    max_iterations: int = option(4, "rounds of the four passes before stopping", min=1)
+    max_iterations: int = option(4, "rounds of the four passes before stopping", ge=1)
     fold: bool = option(True, "fold constant subgraphs (fold-constants)")
-    fold_max_bytes: int = option(1 << 20, "largest folded constant that may be bigger than its inputs", min=0)
+    fold_max_bytes: int = option(1 << 20, "largest folded constant that may be bigger than its inputs", ge=0)
     fold_params: bool = option(True, "also fold subgraphs that read only parameters (inference graphs)")
 
     def body(self) -> FixedPoint:

@@ -37,7 +37,7 @@ class FoldConstants(Pass):
 
     name: ClassVar[str] = "fold-constants"
     max_bytes: int = option(1 << 20, "largest folded tensor allowed to be bigger than the constants it reads",
-                            min=0)
+                            ge=0)
     params: bool = option(True, "fold subgraphs of parameters (inference graphs only)")
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:

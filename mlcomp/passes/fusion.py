@@ -50,13 +50,13 @@ _MASTER = (Category.COMPUTE, Category.REDUCTION)
 class GroupOptions:
     """How groups are chosen and run; shared by fuse-elementwise, fuse-epilogue and fuse."""
 
-    min_bytes_saved: int = option(1, "keep a group only if it saves at least this many bytes of traffic", min=0)
-    max_group_size: int = option(32, "most nodes in one group", min=1)
-    peak_slack: float = option(0.0, "allowed relative growth of the estimated peak memory (0.1 = +10%)", min=0)
-    peak_slack_bytes: int = option(1 << 20, "allowed absolute growth of the estimated peak memory", min=0)
+    min_bytes_saved: int = option(1, "keep a group only if it saves at least this many bytes of traffic", ge=0)
+    max_group_size: int = option(32, "most nodes in one group", ge=1)
+    peak_slack: float = option(0.0, "allowed relative growth of the estimated peak memory (0.1 = +10%)", ge=0)
+    peak_slack_bytes: int = option(1 << 20, "allowed absolute growth of the estimated peak memory", ge=0)
     tile: bool = option(True, "run large elementwise groups tile by tile (cache blocking)")
-    tile_elements: int = option(1 << 16, "elements per tile", min=1)
-    tile_min_elements: int = option(1 << 20, "only tile outputs with at least this many elements", min=0)
+    tile_elements: int = option(1 << 16, "elements per tile", ge=1)
+    tile_min_elements: int = option(1 << 20, "only tile outputs with at least this many elements", ge=0)
 
     def group_options(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(GroupOptions)}

@@ -237,10 +237,10 @@ class Partition(Pass):
     """Cut the graph into pipeline stages (exact DP over contiguous cuts); writes ann.stage."""
 
     name: ClassVar[str] = "partition"
-    stages: int = option(2, "number of pipeline stages", min=1)
+    stages: int = option(2, "number of pipeline stages", ge=1)
     objective: Objective = option(Objective.THROUGHPUT, "what to minimise: the slowest stage, the sum of "
                                   "stage times, or the largest stage memory")
-    microbatches: int = option(4, "microbatches per batch (memory in flight, schedule)", min=1)
+    microbatches: int = option(4, "microbatches per batch (memory in flight, schedule)", ge=1)
     schedule: Schedule = option(Schedule.ONE_F_ONE_B, "pipeline schedule the stages will run")
     memory_limit: str = option("", "bytes per stage (512MiB, 2GiB); empty = no limit")
     training: bool = option(False, "cost forward+backward (training) instead of forward only")

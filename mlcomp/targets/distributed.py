@@ -16,6 +16,7 @@ rank wrapping its modules in ``PipelineStage`` and driving a ``ScheduleGPipe``
 
     $ mlcomp launch out/mlp-pp --nproc 2 --check            # outputs vs the single-process run
     $ mlcomp launch out/mlp-pp --nproc 2 --train --check    # + gradients and updated weights
+    $ mlcomp launch out/mlp-pp --nproc 2 --train --check --optimizer "adam{lr=1e-3}"
     $ torchrun --nnodes 2 --node-rank R --master-addr H --nproc-per-node 1 -m mlcomp.launch out/mlp-pp
 
 The graph's batch is one microbatch: a launched batch is ``M`` of them
@@ -27,8 +28,9 @@ need the schedule's backward split by hand.  The loss (mean squared error
 against a seeded target, on the last stage) is a mean per microbatch and the
 schedule scales gradients by ``1/M``, so gradients equal the full-batch ones.
 :func:`run_rank` is what each rank executes; it compares its outputs,
-gradients and SGD-updated weights with a single-process run of the same
-stage modules.  ``compile`` launches that check by default (2+ processes).
+gradients and weights after one step of the optimizer (an
+:class:`~mlcomp.targets.optim.OptimizerSpec`, default ``sgd{lr=0.1}``) with a
+single-process run of the same stage modules.  ``compile`` launches that check by default (2+ processes).
 """
 from __future__ import annotations
 
@@ -56,8 +58,9 @@ from mlcomp.targets.artifact import Artifact, RuntimeKind, read_manifest
 from mlcomp.targets.base import CompileOptions, Target, example_inputs
 from mlcomp.targets.capabilities import Capabilities, DeviceKind
 from mlcomp.targets.codegen import param_names, to_fx
+from mlcomp.targets.optim import OptimizerSpec
 
-__all__ = ["DistributedTarget", "PipelineRuntime", "run_rank", "torchrun_command", "launch_check"]
+__all__ = ["DEFAULT_OPTIMIZER", "DistributedTarget", "PipelineRuntime", "run_rank", "torchrun_command", "launch_check"]
 
 
 class NotDistributedError(MlcompError):
@@ -197,11 +200,13 @@ def torchrun_command(directory: str | Path, nproc: int, *, extra: Sequence[str] 
 
 
 def launch_check(directory: str | Path, nproc: int, *, train: bool = False, schedule: str | None = None,
-                 microbatches: int | None = None, repeat: int = 0, timeout: float = 600.0) -> dict[str, Any]:
+                 microbatches: int | None = None, repeat: int = 0, optimizer: OptimizerSpec | str | None = None,
+                 timeout: float = 600.0) -> dict[str, Any]:
     """Run the artifact on ``nproc`` local processes with ``--check``; the JSON result of rank 0."""
     with tempfile.TemporaryDirectory(prefix="mlcomp-launch-") as tmp:
         out = Path(tmp) / "result.json"
         extra = ["--check", "--result", str(out)] + (["--train"] if train else [])
+        extra += ["--optimizer", OptimizerSpec.parse(optimizer).text()] if optimizer is not None else []
         extra += ["--schedule", schedule] if schedule else []
         extra += ["--microbatches", str(microbatches)] if microbatches else []
         extra += ["--repeat", str(repeat)] if repeat else []
@@ -233,11 +238,17 @@ def _loss(out: Any, target: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.mse_loss(first, target)
 
 
+DEFAULT_OPTIMIZER = "sgd{lr=0.1}"
+
+
 def run_rank(directory: str | Path, *, schedule: str | None = None, microbatches: int | None = None,
-             train: bool = False, lr: float = 0.1, check: bool = False, repeat: int = 0,
-             result: str | Path | None = None) -> dict[str, Any]:
-    """What one rank does (``torch.distributed`` already initialised by the caller from torchrun)."""
+             train: bool = False, optimizer: OptimizerSpec | str = DEFAULT_OPTIMIZER, check: bool = False,
+             repeat: int = 0, result: str | Path | None = None) -> dict[str, Any]:
+    """What one rank does (``torch.distributed`` already initialised by the caller from torchrun);
+    with ``train`` and ``check`` every stage takes one step of ``optimizer`` (an :class:`OptimizerSpec`
+    or its text, ``"adam{lr=1e-3}"``) and its weights are compared with a single-process run's."""
     directory = Path(directory)
+    opt = OptimizerSpec.parse(optimizer)
     manifest = check_artifact(directory)
     art = Artifact.load(directory)
     info = art.runtime.info
@@ -284,7 +295,7 @@ def run_rank(directory: str | Path, *, schedule: str | None = None, microbatches
         outs = out if isinstance(out, (tuple, list)) else (out,)
         errors += [float((a.detach().cpu() - b).abs().max()) for a, b in zip(outs, expected)]
     if check and train:
-        errors += _check_training(directory, info, mine, modules, x, target, lr, micro)
+        errors += _check_training(directory, info, mine, modules, x, target, opt, micro)
     if repeat:
         for _ in range(2):          # TorchScript's profiling executor optimises on the first calls
             step()
@@ -301,6 +312,8 @@ def run_rank(directory: str | Path, *, schedule: str | None = None, microbatches
     dist.all_gather_object(gathered, report)
     summary = {"nproc": world, "backend": dist.get_backend(), "train": train, "ranks": gathered,
                "max_error": max(r["max_error"] for r in gathered)}
+    if train:
+        summary["optimizer"] = opt.text()
     tol = 1e-4 if train else float((manifest.get("options") or {}).get("tolerance") or 1e-5)
     summary["passed"] = summary["max_error"] <= tol
     if "seconds_per_batch" in report:
@@ -312,8 +325,9 @@ def run_rank(directory: str | Path, *, schedule: str | None = None, microbatches
 
 
 def _check_training(directory: Path, info: dict[str, Any], mine: list[int], modules: dict[int, Any],
-                    x: tuple[torch.Tensor, ...], target: torch.Tensor, lr: float, micro: int) -> list[float]:
-    """Gradients and SGD-updated weights of this rank's stages against one process running all stages
+                    x: tuple[torch.Tensor, ...], target: torch.Tensor, optimizer: OptimizerSpec,
+                    micro: int) -> list[float]:
+    """Gradients and ``optimizer``-updated weights of this rank's stages against one process running all stages
     (microbatch by microbatch, each loss / M: the batch's mean loss, as the schedule scales it)."""
     device = x[0].device
     ref = [torch.jit.load(str(directory / f), map_location=device).train() for f in info["files"]]
@@ -329,7 +343,7 @@ def _check_training(directory: Path, info: dict[str, Any], mine: list[int], modu
             g = got[name].grad
             errors.append(float((g - p.grad).abs().max()) if g is not None else float("inf"))
         if want:
-            torch.optim.SGD(modules[s].parameters(), lr=lr).step()
-            torch.optim.SGD(ref[s].parameters(), lr=lr).step()
+            optimizer.build(modules[s].parameters()).step()
+            optimizer.build(ref[s].parameters()).step()
         errors += [float((got[n].detach() - p.detach()).abs().max()) for n, p in want.items()]
     return errors

@@ -27,22 +27,22 @@ from __future__ import annotations
 
 import enum
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mlcomp.base.errors import MlcompError, PipelineSpecError
+from mlcomp.base.errors import MlcompError
+from mlcomp.base.spec import Grammar, SpecTable
+from mlcomp.base.spec_options import check_fields, option
 from mlcomp.ir import Graph, Mode, Node, Ref, TensorMeta
 from mlcomp.ir.builder import new_node
 from mlcomp.ir.node import Phase
 from mlcomp.ir.ops import INPUT, aten
-from mlcomp.pipeline.pass_base import PassRegistry, option
-from mlcomp.pipeline.spec import Pipeline
 
 __all__ = [
+    "LOSS_SCALE_GRAMMAR",
     "LOSS_SCALE_INPUT",
     "LossScaleError",
     "LossScaleMode",
@@ -84,8 +84,8 @@ class LossScaleSpec:
     def parse(cls, value: str | float | int | LossScaleSpec | None, *, graph: Graph | None = None) -> LossScaleSpec:
         """``None``: dynamic when ``graph`` computes anything in fp16 (the range problem), else none.
 
-        Text goes through the pipeline grammar (:mod:`mlcomp.pipeline.spec`), as optimizer specs do:
-        ``dynamic{init=65536 growth_interval=2000}`` reads, and fails, like a pass spec."""
+        Text is read by the spec grammar of :mod:`mlcomp.base.spec` (noun ``loss-scale mode``), as
+        optimizer specs are: ``dynamic{init=65536 growth_interval=2000}`` reads, and fails, like a pass spec."""
         if isinstance(value, LossScaleSpec):
             return value
         if value is None:
@@ -101,24 +101,14 @@ class LossScaleSpec:
             return cls._static(float(text), text)
         except ValueError:
             pass
-        try:
-            pipe = Pipeline.parse(text.lower(), registry=_REGISTRY)
-        except PipelineSpecError as exc:
-            raise _bad(text, _grammar_words(exc.what)) from None
-        if len(pipe.passes) != 1:
-            raise _bad(text, f"it names {len(pipe.passes)} loss-scale modes; give one")
-        item = pipe.passes[0]
-        mode, given = LossScaleMode(item.name), dict(item.options)
+        item, o = _TABLE.parse_one(text)
+        mode = LossScaleMode(item.name)
         if mode is LossScaleMode.NONE:
             return cls(LossScaleMode.NONE)
         if mode is LossScaleMode.STATIC:
-            return cls._static(float(given.get("scale", cls.init)), text)
-        o = DynamicOptions(**given)
-        spec = cls(mode, init=float(o.init), growth=float(o.growth), backoff=float(o.backoff),
+            return cls(mode, init=float(o.scale))
+        return cls(mode, init=float(o.init), growth=float(o.growth), backoff=float(o.backoff),
                    interval=int(o.growth_interval or o.interval))
-        if not (spec.init > 0 and math.isfinite(spec.init)) or spec.growth <= 1 or not 0 < spec.backoff < 1:
-            raise _bad(text, "dynamic scaling needs init > 0, growth > 1, 0 < backoff < 1 and interval >= 1")
-        return spec
 
     @classmethod
     def _static(cls, scale: float, text: str) -> LossScaleSpec:
@@ -143,18 +133,24 @@ class LossScaleSpec:
 class DynamicOptions:
     """``dynamic{…}``: torch.amp.GradScaler's schedule (its ``growth_interval`` is accepted for ``interval``)."""
 
-    init: float = option(2.0 ** 16, "the first scale, > 0")
-    growth: float = option(2.0, "factor after interval clean steps, > 1", min=1.0)
-    backoff: float = option(0.5, "factor after an inf/NaN gradient, in (0, 1)", min=0.0, max=1.0)
-    interval: int = option(2000, "clean steps in a row before growing", min=1)
-    growth_interval: int = option(0, "the same as interval (torch.amp.GradScaler's name); 0: not given", min=0)
+    init: float = option(2.0 ** 16, "the first scale (finite)", gt=0, lt=math.inf)
+    growth: float = option(2.0, "factor after interval clean steps", gt=1)
+    backoff: float = option(0.5, "factor after an inf/NaN gradient", gt=0, lt=1)
+    interval: int = option(2000, "clean steps in a row before growing", ge=1)
+    growth_interval: int = option(0, "the same as interval (torch.amp.GradScaler's name); 0: not given", ge=0)
+
+    def __post_init__(self) -> None:
+        _check(self, LossScaleMode.DYNAMIC)
 
 
 @dataclass(frozen=True)
 class StaticOptions:
     """``static{scale=…}``: one fixed scale (a bare number means the same)."""
 
-    scale: float = option(2.0 ** 16, "the scale, > 0", min=0.0)
+    scale: float = option(2.0 ** 16, "the scale (finite)", gt=0, lt=math.inf)
+
+    def __post_init__(self) -> None:
+        _check(self, LossScaleMode.STATIC)
 
 
 @dataclass(frozen=True)
@@ -162,24 +158,20 @@ class NoOptions:
     """``none``: gradients as computed."""
 
 
-_REGISTRY = PassRegistry({LossScaleMode.DYNAMIC.value: DynamicOptions, LossScaleMode.STATIC.value: StaticOptions,
-                          LossScaleMode.NONE.value: NoOptions})
+def _check(options: Any, mode: LossScaleMode) -> None:
+    check_fields(options, owner=mode.value, noun=LOSS_SCALE_GRAMMAR.noun, error=LossScaleError)
 
 
-def _grammar_words(what: str) -> str:
-    """The pipeline parser's message in loss-scale words, on one line."""
-    located = re.match(r"bad pipeline spec at column (\d+):\n.*\n\s*\^ (.*)", what, re.DOTALL)
-    if located:
-        what = f"at column {located.group(1)}: {located.group(2)}"
-    return (what.replace("unknown pass", "there is no loss-scale mode").replace("Known passes", "Known modes")
-            .replace("of pass '", "of loss-scale mode '").replace("pass '", "loss-scale mode '")
-            .replace("expected a pass name", "expected a mode (dynamic, static, none) or a number"))
+_HINT = ("write dynamic, none, a positive number (a static scale such as 1024), or "
+         "dynamic{init=65536 growth=2 backoff=0.5 interval=2000}")
+LOSS_SCALE_GRAMMAR = Grammar("loss-scale mode", LossScaleError, whole="loss scale", fold_case=True, hint=_HINT)
+_TABLE = SpecTable(LOSS_SCALE_GRAMMAR, {LossScaleMode.DYNAMIC.value: DynamicOptions,
+                                        LossScaleMode.STATIC.value: StaticOptions,
+                                        LossScaleMode.NONE.value: NoOptions})
 
 
 def _bad(text: Any, why: str) -> LossScaleError:
-    return LossScaleError(f"loss scale {text!r} is malformed: {why}",
-                          hint="write dynamic, none, a positive number (a static scale such as 1024), or "
-                               "dynamic{init=65536 growth=2 backoff=0.5 interval=2000}")
+    return LossScaleError(f"loss scale {text!r} is malformed: {why}", hint=_HINT)
 
 
 # ---------------------------------------------------------------------------

@@ -5,38 +5,37 @@
     (<OptimizerKind.SGD: 'sgd'>, SgdOptions(lr=0.05, momentum=0.9, weight_decay=0.0001, dampening=0.0, nesterov=False))
     >>> spec.text()
     'sgd{lr=0.05,momentum=0.9,weight_decay=0.0001}'
-    >>> opt = spec.build([w, b])            # torch.optim.SGD(..., foreach=True)
+    >>> opt = spec.build([torch.zeros(2, requires_grad=True)])
+    >>> type(opt).__name__, opt.defaults["foreach"]
+    ('SGD', True)
 
-The text is parsed by the pipeline grammar (:mod:`mlcomp.pipeline.spec`) against a
-registry whose entries are the option dataclasses below, declared with the same
-``option(default, help, min=, max=)`` fields as pass options.  So an optimizer spec
-reads and fails like a pass spec; before, a hand-written parser here said only
-``optimizer sgd has no option 'foo'``, after::
+The text is read by the spec grammar of :mod:`mlcomp.base.spec` (noun ``optimizer``) against
+a table whose entries are the option dataclasses below, declared with ``option()`` fields and
+their open or closed ranges (``lr > 0``, ``momentum`` in ``[0, 1)``).  So an optimizer spec
+reads and fails like a pass spec, in optimizer words, pointing at the column::
 
-    bad optimizer spec 'sgd{lr=0.1 momentm=0.9}' at column 12: optimizer 'sgd' has no option
-    'momentm'; did you mean 'momentum'? Its options are: lr (float >= 0.0, default 0.01), …
+    bad optimizer spec at column 12 of 'sgd{lr=0.1 momentm=0.9}' (at 'momentm=0.9}'): optimizer 'sgd' has
+    no option 'momentm'; did you mean 'momentum'? Its options are: …
 
-Ranges the closed ``min``/``max`` bounds cannot say (``lr > 0``, ``momentum < 1``,
-``0 <= beta < 1``) are checked when the options are built, in the same words.
-``betas=(0.9,0.99)`` and ``betas=[0.9,0.99]`` are the same.  Defaults are torch's
-(Adam ``eps=1e-8``); the torch optimizers run their ``foreach`` implementations.
+Names and keys are case-insensitive; ``betas=(0.9,0.99)`` and ``betas=[0.9,0.99]`` are the same.
+Defaults are torch's (Adam ``eps=1e-8``); the torch optimizers run their ``foreach`` implementations.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mlcomp.base.errors import MlcompError, PipelineSpecError
-from mlcomp.pipeline.pass_base import PassRegistry, option
-from mlcomp.pipeline.spec import Pipeline
+from mlcomp.base.errors import MlcompError
+from mlcomp.base.spec import Grammar, SpecTable
+from mlcomp.base.spec_options import check_fields, option
 
-__all__ = ["AdamOptions", "AdamWOptions", "OptimizerKind", "OptimizerSpec", "OptimizerSpecError", "SgdOptions"]
+__all__ = ["OPTIMIZER_GRAMMAR", "AdamOptions", "AdamWOptions", "OptimizerKind", "OptimizerSpec", "OptimizerSpecError",
+           "SgdOptions"]
 
 
 class OptimizerSpecError(MlcompError):
@@ -49,28 +48,22 @@ class OptimizerKind(enum.Enum):
     ADAMW = "adamw"
 
 
-def _strictly(kind: str, key: str, value: float, ok: bool, rule: str) -> None:
-    if not ok:
-        raise OptimizerSpecError(f"option {key!r} of optimizer {kind!r} must be {rule}, got {value!r}",
-                                 hint=f"for example {kind}{{{key}={_EXAMPLE[key]}}}")
-
-
-_EXAMPLE = {"lr": "0.01", "momentum": "0.9", "dampening": "0", "betas": "(0.9,0.999)", "eps": "1e-8"}
+def _check(options: Any, kind: str) -> None:
+    check_fields(options, owner=kind, noun="optimizer", error=OptimizerSpecError)
 
 
 @dataclass(frozen=True)
 class SgdOptions:
     """Stochastic gradient descent with momentum and weight decay (torch.optim.SGD)."""
 
-    lr: float = option(0.01, "learning rate, > 0", min=0.0)
-    momentum: float = option(0.0, "momentum factor, in [0, 1)", min=0.0, max=1.0)
-    weight_decay: float = option(0.0, "L2 penalty added to the gradient", min=0.0)
-    dampening: float = option(0.0, "dampening of the momentum, in [0, 1]", min=0.0, max=1.0)
+    lr: float = option(0.01, "learning rate", gt=0)
+    momentum: float = option(0.0, "momentum factor", ge=0, lt=1)
+    weight_decay: float = option(0.0, "L2 penalty added to the gradient", ge=0)
+    dampening: float = option(0.0, "dampening of the momentum", ge=0, le=1)
     nesterov: bool = option(False, "Nesterov momentum (needs momentum > 0 and dampening 0)")
 
     def __post_init__(self) -> None:
-        _strictly("sgd", "lr", self.lr, self.lr > 0, "greater than 0")
-        _strictly("sgd", "momentum", self.momentum, 0 <= self.momentum < 1, "in [0, 1)")
+        _check(self, "sgd")
         if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
             raise OptimizerSpecError("option 'nesterov' of optimizer 'sgd' needs momentum > 0 and dampening=0",
                                      hint="for example sgd{lr=0.01 momentum=0.9 nesterov=true}")
@@ -80,57 +73,30 @@ class SgdOptions:
 class AdamOptions:
     """Adam (torch.optim.Adam); defaults are torch's."""
 
-    lr: float = option(1e-3, "learning rate, > 0", min=0.0)
-    betas: tuple[float, ...] = option((0.9, 0.999), "decay of the first and second moment, each in [0, 1)")
-    eps: float = option(1e-8, "added to the denominator, >= 0", min=0.0)
-    weight_decay: float = option(0.0, "L2 penalty (Adam) / decoupled decay (AdamW)", min=0.0)
+    lr: float = option(1e-3, "learning rate", gt=0)
+    betas: tuple[float, float] = option((0.9, 0.999), "decay of the first and second moment", ge=0, lt=1)
+    eps: float = option(1e-8, "added to the denominator", ge=0)
+    weight_decay: float = option(0.0, "L2 penalty (Adam) / decoupled decay (AdamW)", ge=0)
     amsgrad: bool = option(False, "the AMSGrad variant")
 
     def __post_init__(self) -> None:
-        kind = "adamw" if isinstance(self, AdamWOptions) else "adam"
-        _strictly(kind, "lr", self.lr, self.lr > 0, "greater than 0")
-        _strictly(kind, "betas", self.betas, len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
-                  "two numbers, each in [0, 1)")
+        _check(self, "adamw" if isinstance(self, AdamWOptions) else "adam")
 
 
 @dataclass(frozen=True)
 class AdamWOptions(AdamOptions):
     """AdamW: Adam with decoupled weight decay (torch.optim.AdamW)."""
 
-    weight_decay: float = option(0.01, "decoupled weight decay", min=0.0)
+    weight_decay: float = option(0.01, "decoupled weight decay", ge=0)
 
 
 _OPTIONS: dict[OptimizerKind, type] = {OptimizerKind.SGD: SgdOptions, OptimizerKind.ADAM: AdamOptions,
                                         OptimizerKind.ADAMW: AdamWOptions}
-_REGISTRY = PassRegistry({k.value: cls for k, cls in _OPTIONS.items()})
-
-
-def _as_optimizer_error(exc: PipelineSpecError, text: str) -> OptimizerSpecError:
-    """The pipeline parser's message, in optimizer words and on one line (the caret drawing of a
-    pipeline spec becomes ``at column N``)."""
-    what = exc.what
-    located = re.match(r"bad pipeline spec at column (\d+):\n.*\n\s*\^ (.*)", what, re.DOTALL)
-    if located:
-        what = f"bad optimizer spec {text!r} at column {located.group(1)}: {located.group(2)}"
-    what = (what.replace("unknown pass", "unknown optimizer").replace("Known passes", "Known optimizers")
-            .replace("of pass '", "of optimizer '").replace("pass '", "optimizer '"))
-    return OptimizerSpecError(what, hint=f"write one optimizer as name{{key=value ...}}, one of "
-                                         f"{', '.join(k.value for k in OptimizerKind)}, e.g. "
-                                         f"sgd{{lr=0.05 momentum=0.9}} or adam{{lr=1e-3 betas=(0.9,0.999)}}")
-
-
-def _brackets(text: str) -> str:
-    """``(0.9,0.99)`` → ``[0.9,0.99]`` outside quotes (same length: columns stay right)."""
-    out, quote = [], ""
-    for c in text:
-        if quote:
-            quote = "" if c == quote else quote
-        elif c in "'\"":
-            quote = c
-        elif c in "()":
-            c = "[" if c == "(" else "]"
-        out.append(c)
-    return "".join(out)
+OPTIMIZER_GRAMMAR = Grammar(
+    "optimizer", OptimizerSpecError, tuples=True, fold_case=True,
+    hint=f"write one optimizer as name{{key=value ...}}, one of {', '.join(k.value for k in OptimizerKind)}, "
+         "e.g. sgd{lr=0.05 momentum=0.9} or adam{lr=1e-3 betas=(0.9,0.999)}")
+_TABLE = SpecTable(OPTIMIZER_GRAMMAR, {k.value: cls for k, cls in _OPTIONS.items()})
 
 
 @dataclass(frozen=True)
@@ -142,15 +108,8 @@ class OptimizerSpec:
     def parse(cls, text: str | OptimizerSpec) -> OptimizerSpec:
         if isinstance(text, OptimizerSpec):
             return text
-        try:
-            pipe = Pipeline.parse(_brackets(str(text).strip().lower()), registry=_REGISTRY)
-        except PipelineSpecError as exc:
-            raise _as_optimizer_error(exc, str(text)) from None
-        if len(pipe.passes) != 1:
-            raise OptimizerSpecError(f"optimizer spec {text!r} names {len(pipe.passes)} optimizers; give one",
-                                     hint="e.g. sgd{lr=0.05 momentum=0.9}")
-        item = pipe.passes[0]
-        return cls(OptimizerKind(item.name), _OPTIONS[OptimizerKind(item.name)](**dict(item.options)))
+        item, options = _TABLE.parse_one(str(text))
+        return cls(OptimizerKind(item.name), options)
 
     def text(self) -> str:
         """Canonical spec text (options that differ from the defaults), parsed back to an equal spec."""
