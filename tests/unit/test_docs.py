@@ -9,6 +9,7 @@
   other, and no other module registers a backend's classes;
 * CLI modules are named after their commands, except the shared ones the document lists;
 * README keeps exactly its two fresh-machine commands;
+* every decision record is dated, short, has context/decision/consequences and is in the index;
 * no source file of ``mlcomp/`` carries history: issue or stop numbers, "Before:" change notes.
 
 Everything is read as text or with ``ast``: nothing is imported.
@@ -207,6 +208,21 @@ def test_readme_keeps_its_two_commands():
     commands = [line.split("#")[0].strip() for block in blocks for line in block.splitlines()
                 if line.startswith("make ")]
     assert commands == ["make demo", "make test"]
+
+
+def test_decision_records_are_indexed_and_short():
+    folder = ROOT / "docs" / "decisions"
+    records = sorted(folder.glob("[0-9][0-9][0-9][0-9]-*.md"))
+    assert records
+    index = (folder / "README.md").read_text()
+    for number, record in enumerate(records, start=1):
+        text = record.read_text()
+        assert record.name.startswith(f"{number:04d}-"), f"records are numbered without gaps: {record.name}"
+        assert f"]({record.name})" in index, f"{record.name} is not in docs/decisions/README.md"
+        assert re.search(r"^Date: \d{4}-\d\d-\d\d", text, re.M), f"{record.name} has no date"
+        for part in ("## Context", "## Decision", "## Consequences"):
+            assert part in text, f"{record.name} has no '{part}'"
+        assert len(text.splitlines()) <= 40, f"{record.name} is over 40 lines"
 
 
 HISTORY = [
