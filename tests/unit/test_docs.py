@@ -9,6 +9,7 @@
   other, and no other module registers a backend's classes;
 * CLI modules are named after their commands, except the shared ones the document lists;
 * README keeps exactly its two fresh-machine commands;
+* every section of benchmarks/RESULTS.md names its host and a script that exists;
 * every decision record is dated, short, has context/decision/consequences and is in the index;
 * no source file of ``mlcomp/`` carries history: issue or stop numbers, "Before:" change notes.
 
@@ -208,6 +209,18 @@ def test_readme_keeps_its_two_commands():
     commands = [line.split("#")[0].strip() for block in blocks for line in block.splitlines()
                 if line.startswith("make ")]
     assert commands == ["make demo", "make test"]
+
+
+def test_results_name_host_and_script():
+    text = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    sections = re.split(r"^## ", _prose(text), flags=re.M)[1:]
+    assert sections
+    for section in sections:
+        title = section.splitlines()[0]
+        assert re.search(r"^Scripts?: ", section, re.M), f"RESULTS.md '{title}' names no script"
+        assert "Host" in section, f"RESULTS.md '{title}' names no host"
+    scripts = set(re.findall(r"`(benchmarks/\w+\.py)", text))
+    assert scripts and all((ROOT / s).is_file() for s in scripts), scripts
 
 
 def test_decision_records_are_indexed_and_short():
