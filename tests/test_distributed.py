@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from mlcomp.base.errors import MlcompError
-from mlcomp.launch import backend as launch_backend
-from mlcomp.passes.partition import Partition
+from mlcomp.targets.distributed.launch import backend as launch_backend
+from mlcomp.passes.placement.partition import Partition
 from mlcomp.pipeline.pass_base import PassContext
-from mlcomp.targets.artifact import Artifact
-from mlcomp.targets.distributed import DistributedTarget, launch_check
+from mlcomp.runtime.artifact import Artifact
+from mlcomp.targets.distributed.target import DistributedTarget, launch_check
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +59,8 @@ def test_two_process_training_matches_gradients_and_updated_weights(two_stage):
 
 def test_launch_optimizer_spec_and_the_deprecated_lr(capsys, monkeypatch):
     """``--optimizer`` takes an optimizer spec; ``--lr X`` still means sgd{lr=X}, with a note."""
-    from mlcomp.launch import main, optimizer_of
-    from mlcomp.targets.optim import OptimizerKind
+    from mlcomp.targets.distributed.launch import main, optimizer_of
+    from mlcomp.runtime.optim import OptimizerKind
 
     monkeypatch.delenv("RANK", raising=False)
     assert optimizer_of(None, None).text() == "sgd{lr=0.1}"

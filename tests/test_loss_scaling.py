@@ -10,7 +10,7 @@ from torch import nn
 from mlcomp.frontend.joint import LossKind, capture_joint
 from mlcomp.ir.builder import GraphBuilder
 from mlcomp.ir.ops import INPUT, aten
-from mlcomp.targets.loss_scaling import (
+from mlcomp.training.loss_scaling import (
     LOSS_SCALE_INPUT,
     LossScaleError,
     LossScaleMode,
@@ -19,7 +19,7 @@ from mlcomp.targets.loss_scaling import (
     find_backward_seed,
     scale_backward_seed,
 )
-from mlcomp.targets.training import compile_training
+from mlcomp.training.step import compile_training
 
 
 def test_spec_parse_forms():
@@ -171,7 +171,7 @@ def test_fp16_underflow_without_scaling_and_recovery_with_it():
 
 
 def test_loss_scaled_artifact_saves_and_reloads_bit_for_bit(joint, tmp_path):
-    from mlcomp.targets.training import TrainingArtifact
+    from mlcomp.training.step import TrainingArtifact
 
     _, x, y, graph = joint
     art = compile_training(graph, optimizer="sgd{lr=0.1 momentum=0.9}", loss_scale="dynamic{init=1024 interval=2}")

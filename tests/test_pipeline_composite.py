@@ -15,7 +15,7 @@ from mlcomp.base.errors import PassFailure, PipelineMismatchError, PipelineSpecE
     VerificationError
 from mlcomp.ir import Mode
 from mlcomp.ir.ops import aten
-from mlcomp.passes.cleanup import CommonSubexpressionElimination, DeadCodeElimination
+from mlcomp.passes.cleanup.cleanup import CommonSubexpressionElimination, DeadCodeElimination
 from mlcomp.pipeline import (REGISTRY, CompositePass, Dump, FixedPoint, Instrument, IRCheck, Pass, PassResult,
                              Requirement, Sequential, Timing, Verify, run_pipeline)
 from mlcomp.pipeline.composite import Position
@@ -350,7 +350,7 @@ def test_composite_runs_the_same_as_its_children_in_a_flat_pipeline(registry):
           return (%mul,)
         }""").strip()
     # without the manager, a composite runs its children itself, with the same result
-    from mlcomp.passes.cleanup import Cleanup
+    from mlcomp.passes.cleanup.cleanup import Cleanup
     from mlcomp.pipeline import PassContext
 
     alone = Cleanup().run(small_graph(), PassContext())

@@ -205,12 +205,12 @@ def test_missing_toml_file(tmp_path):
 
 
 def test_registry_is_lazy_and_extensible():
-    reg = PassRegistry({"dce": "mlcomp.passes.cleanup:DeadCodeElimination"})
+    reg = PassRegistry({"dce": "mlcomp.passes.cleanup.cleanup:DeadCodeElimination"})
     assert reg.names() == ["dce"] and not reg._infos          # nothing imported yet
     info = reg.get("dce")
     assert info.summary.startswith("Remove nodes whose values nobody reads")
     assert [(o.name, o.type_text(), o.default) for o in info.options] == [("keep_params", "bool", False)]
-    reg.register("mlcomp.passes.cleanup:CommonSubexpressionElimination", name="cse")
+    reg.register("mlcomp.passes.cleanup.cleanup:CommonSubexpressionElimination", name="cse")
     assert reg.names() == ["cse", "dce"]
     with pytest.raises(ValueError, match="already registered"):
         reg.register(MixedPrecisionStub, name="dce")
@@ -290,7 +290,7 @@ def test_pipeline_options_and_helper():
 
 
 def test_declared_option_ranges_are_enforced_in_specs_toml_and_python():
-    from mlcomp.passes.fusion import Fuse
+    from mlcomp.passes.fusion.fusion import Fuse
 
     with pytest.raises(PipelineSpecError, match=r"option 'max_group_size' of pass 'fuse' must be at least 1, got -5"):
         Pipeline.parse("fuse{max_group_size=-5}")

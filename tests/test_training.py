@@ -40,8 +40,8 @@ from mlcomp.frontend.joint import (
 from mlcomp.ir import Graph, Mode, Node, Ref, TensorMeta
 from mlcomp.ir.node import Phase
 from mlcomp.ir.ops import INPUT, OUTPUT, aten
-from mlcomp.targets.optim import OptimizerSpec, OptimizerSpecError
-from mlcomp.targets.training import (
+from mlcomp.runtime.optim import OptimizerSpec, OptimizerSpecError
+from mlcomp.training.step import (
     TrainingCapabilityError,
     compare_steps,
     compile_training,

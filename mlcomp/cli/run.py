@@ -71,7 +71,7 @@ def run_cmd(directory: Path, input_files: tuple[str, ...], output: str | None, d
     """Load the artifact in DIRECTORY and run it."""
     import statistics
 
-    from mlcomp.targets.artifact import Artifact
+    from mlcomp.runtime.artifact import Artifact
 
     if output:
         if not output.endswith(tuple(_OUTPUT_FORMATS)):

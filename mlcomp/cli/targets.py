@@ -101,7 +101,7 @@ def _bytes(path: Path) -> int:
 @click.option("--tf32", is_flag=True,
               help="cuda: let fp32 matrix products and convolutions use TF32 tensor cores (faster; products "
                    "rounded to a 10-bit mantissa, verified at the tolerance the target declares for TF32, "
-                   "mlcomp.targets.cuda.TF32_RTOL). Default: IEEE fp32.")
+                   "mlcomp.targets.torch.cuda.TF32_RTOL). Default: IEEE fp32.")
 @click.option("--output-names", default=None, metavar="NAME,NAME...",
               help="Names of the model's outputs in the artifact (default: the model's own: dict keys or "
                    "named-tuple fields, else output, output_1, ...).")
@@ -153,7 +153,7 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     canonical = "auto" if auto else _check_target_flags(target, tune_trials, tuning_dir, tf32)
     chosen = _candidates(candidates, canonical)
     cache, bypass = cache_for_compile(use_cache, cache_dir, request, cache_max_size)
-    if not auto:                                              # auto: each candidate is checked (api/auto.py)
+    if not auto:                                              # auto: each candidate is checked (api/auto/search.py)
         request.pipeline.check_target(canonical)              # e.g. prune{method=2:4} off CUDA: before capture
     names = _parse_names(output_names)
     progress = Progress.for_command(machine_output=as_json)
@@ -223,7 +223,7 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     else:
         say(f"verified against {against}: {check.summary()}")
         check.raise_if_failed(where=f"target {art.target}, model {graph.name}")
-    from mlcomp.targets.artifact import Artifact
+    from mlcomp.runtime.artifact import Artifact
 
     with progress.stage(f"save {output}"):
         art.save(output, force=force)

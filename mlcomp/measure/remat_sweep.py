@@ -63,8 +63,8 @@ from mlcomp.measure.training_bench import (
 )
 from mlcomp.pipeline.manager import run_pipeline
 from mlcomp.pipeline.spec import Pipeline
-from mlcomp.targets.optim import OptimizerSpec
-from mlcomp.targets.training import TrainingArtifact, compile_training
+from mlcomp.runtime.optim import OptimizerSpec
+from mlcomp.training.step import TrainingArtifact, compile_training
 
 __all__ = [
     "SWEEP_BUDGETS",

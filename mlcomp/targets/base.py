@@ -34,7 +34,7 @@ from mlcomp.frontend.loading import graph_random_inputs
 from mlcomp.ir import Graph, Node, TensorMeta, map_refs, tensor_metas
 from mlcomp.ir.ops import GETITEM, Namespace, Op
 from mlcomp.pipeline.presets import ALL_REWRITES, Rewrite
-from mlcomp.targets.artifact import Artifact, Runtime, TensorSpec
+from mlcomp.runtime.artifact import Artifact, Runtime, TensorSpec
 from mlcomp.targets.capabilities import Capabilities, CapabilityError, Mismatch, MismatchKind, hint_for, mismatches
 from mlcomp.targets.fallback import build_partitioned
 from mlcomp.targets.options import CompileOptions, Fallback, LogLevel, OptionsError
@@ -187,7 +187,7 @@ class Target(abc.ABC):
         return options.device or self.default_device
 
     def compile(self, graph: Graph, options: CompileOptions | None = None) -> Artifact:
-        """Lower ``graph`` to an :class:`~mlcomp.targets.artifact.Artifact` (not yet verified)."""
+        """Lower ``graph`` to an :class:`~mlcomp.runtime.artifact.Artifact` (not yet verified)."""
         options = options or CompileOptions()
         reason = self.available()
         if reason:

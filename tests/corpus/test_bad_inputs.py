@@ -368,7 +368,7 @@ def test_prune_scope_that_matches_nothing(user_folder):
 ])
 def test_malformed_loss_scale(user_folder, scale, expect):
     import mlcomp
-    from mlcomp.targets.loss_scaling import LossScaleError
+    from mlcomp.training.loss_scaling import LossScaleError
 
     before = _snapshot(user_folder)
     with pytest.raises(LossScaleError) as info:

@@ -214,7 +214,7 @@ def test_pipeline_specs_say_pass_and_pipeline():
 
 
 def test_optimizer_specs_say_optimizer():
-    from mlcomp.targets.optim import OptimizerSpec, OptimizerSpecError, SgdOptions
+    from mlcomp.runtime.optim import OptimizerSpec, OptimizerSpecError, SgdOptions
 
     with pytest.raises(OptimizerSpecError) as info:
         OptimizerSpec.parse("sgd{lr=0.1 momentum=1}")
@@ -228,7 +228,7 @@ def test_optimizer_specs_say_optimizer():
 
 
 def test_loss_scale_specs_say_loss_scale():
-    from mlcomp.targets.loss_scaling import DynamicOptions, LossScaleError, LossScaleSpec
+    from mlcomp.training.loss_scaling import DynamicOptions, LossScaleError, LossScaleSpec
 
     with pytest.raises(LossScaleError) as info:
         LossScaleSpec.parse("dynamic{backoff=1}")
