@@ -184,13 +184,14 @@ def inspect_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                              show_ir=show_ir, top=top)
     from mlcomp.analysis.inspect import inspect_graph
     from mlcomp.base.files import write_text_atomic
+    from mlcomp.ir.graph_tools import to_dot
 
     if dot_file is not None:
         check_destination(dot_file, Kind.FILE, option="--dot", fmt="dot", force=force, inputs=(model,))
     _, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
     report = inspect_graph(graph)
     if dot_file:
-        write_text_atomic(dot_file, graph.to_dot(), fmt="dot")
+        write_text_atomic(dot_file, to_dot(graph), fmt="dot")
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
         return

@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 import torch.distributed as dist
@@ -299,16 +299,7 @@ def run_rank(directory: str | Path, *, schedule: str | None = None, microbatches
     if check and train:
         errors += _check_training(directory, info, mine, modules, x, target, opt, micro)
     if repeat:
-        for _ in range(2):          # TorchScript's profiling executor optimises on the first calls
-            step()
-        dist.barrier()
-        start, cpu = time.perf_counter(), time.process_time()
-        for _ in range(repeat):
-            step()
-        cpu = time.process_time() - cpu          # this rank's CPU (its gloo threads included), before the wait
-        dist.barrier()
-        report["seconds_per_batch"] = (time.perf_counter() - start) / repeat
-        report["cpu_seconds_per_batch"] = cpu / repeat
+        report.update(_time_steps(step, repeat))
     report["max_error"] = max(errors, default=0.0)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, report)
@@ -324,6 +315,19 @@ def run_rank(directory: str | Path, *, schedule: str | None = None, microbatches
     if rank == 0 and result is not None:
         write_text_atomic(result, json.dumps(summary, indent=1), "json")
     return dict(summary, this_rank=rank)
+
+
+def _time_steps(step: Callable[[], Any], repeat: int) -> dict[str, float]:
+    """Seconds (all ranks between two barriers) and this rank's CPU seconds per batch over ``repeat`` steps."""
+    for _ in range(2):          # TorchScript's profiling executor optimises on the first calls
+        step()
+    dist.barrier()
+    start, cpu = time.perf_counter(), time.process_time()
+    for _ in range(repeat):
+        step()
+    cpu = time.process_time() - cpu          # this rank's CPU (its gloo threads included), before the wait
+    dist.barrier()
+    return {"seconds_per_batch": (time.perf_counter() - start) / repeat, "cpu_seconds_per_batch": cpu / repeat}
 
 
 def _check_training(directory: Path, info: dict[str, Any], mine: list[int], modules: dict[int, Any],
