@@ -37,7 +37,7 @@ divides every element by its own magnitude and turned that noise into whole ``lr
 steps wherever a gradient is mathematically zero (attention key biases), which is
 why the old tests needed ``eps=1e-6`` and a 1e-3 norm-wise tolerance.  Keeping the
 kernels makes the compiled gradients of every zoo model, BERT and ViT *bitwise*
-equal to eager's on CPU (tests/test_training.py), and 5 SGD/Adam steps agree to
+equal to eager's on CPU (tests/unit/training/test_training.py), and 5 SGD/Adam steps agree to
 1e-5 per parameter.  It also fixes the attention gradient: decomposing the CPU flash
 kernel's forward to math while autograd kept its backward formula gave a wrong
 query gradient (7.7 relative), which earlier forced the math backend.

@@ -14,7 +14,7 @@ from mlcomp.base.errors import InputSpecError, MlcompError, TargetUnavailableErr
 from mlcomp.frontend.loading import load_model
 from mlcomp.ir import Graph, Node, Ref, TensorMeta
 from mlcomp.ir.ops import INPUT, OUTPUT, aten
-from tests.targets_common import FP32_RTOL, ZOO_NAMES, compile_zoo, fresh_process_check
+from tests.helpers.targets import FP32_RTOL, ZOO_NAMES, compile_zoo, fresh_process_check
 
 
 @pytest.fixture(scope="module")

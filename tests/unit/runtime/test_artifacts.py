@@ -15,7 +15,7 @@ from mlcomp.runtime.artifact import FORMAT_VERSION, Artifact
 import mlcomp
 from mlcomp.analysis.verify import compare, tolerance_for
 from mlcomp.base.errors import ArtifactError, InputSpecError, VerificationError
-from tests.targets_common import REPO
+from tests.helpers.targets import REPO
 
 
 @pytest.fixture(scope="module")

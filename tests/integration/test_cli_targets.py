@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from mlcomp.cli.main import main
-from tests.targets_common import REPO, SPECTRAL
+from tests.helpers.targets import REPO, SPECTRAL
 
 
 def invoke(*args: str):

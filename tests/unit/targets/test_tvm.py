@@ -11,7 +11,7 @@ from torch import nn
 from mlcomp.base.errors import UnsupportedOpError
 from mlcomp.frontend.loading import load_model
 from mlcomp.ir.ops import aten
-from tests.targets_common import FP32_RTOL, ZOO_NAMES, compile_zoo, fresh_process_check
+from tests.helpers.targets import FP32_RTOL, ZOO_NAMES, compile_zoo, fresh_process_check
 
 pytestmark = pytest.mark.tvm
 

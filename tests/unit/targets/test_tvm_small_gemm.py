@@ -24,7 +24,7 @@ from mlcomp.targets.tvm.offload.gemm import (
     keep_in_tvm,
     patch_convs,
 )
-from tests.test_tvm_kernels import _render
+from tests.unit.targets.test_tvm_kernels import _render
 
 
 def _func(build_body, *shapes):

@@ -14,7 +14,7 @@ from mlcomp.base.errors import InputSpecError, TargetUnavailableError, Unsupport
 from mlcomp.frontend.loading import load_model
 from mlcomp.hardware.probe import cpu_flags
 from mlcomp.pipeline import run_pipeline
-from tests.targets_common import FP32_RTOL, ZOO_NAMES, KthValueNet, compile_zoo
+from tests.helpers.targets import FP32_RTOL, ZOO_NAMES, KthValueNet, compile_zoo
 
 pytestmark = pytest.mark.openvino
 

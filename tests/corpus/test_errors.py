@@ -14,7 +14,7 @@ from mlcomp.base.errors import CaptureError, InputSpecError, ModelLoadError, Uns
 from mlcomp.cli.main import main
 from mlcomp.frontend.loading import load_model, save_torchscript
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 FACTORIES = DATA / "factories.py"
 
 

@@ -19,8 +19,8 @@ from mlcomp.passes.cleanup.cleanup import CommonSubexpressionElimination, DeadCo
 from mlcomp.pipeline import (REGISTRY, CompositePass, Dump, FixedPoint, Instrument, IRCheck, Pass, PassResult,
                              Requirement, Sequential, Timing, Verify, run_pipeline)
 from mlcomp.pipeline.composite import Position
-from tests.test_passes_fusion import conv_bn
-from tests.test_pipeline_manager import BreakRelu, Corrupt, Explode, small_graph
+from tests.unit.passes.test_fusion import conv_bn
+from tests.unit.pipeline.test_manager import BreakRelu, Corrupt, Explode, small_graph
 
 CALLS: list[str] = []
 

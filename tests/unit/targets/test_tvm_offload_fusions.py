@@ -13,7 +13,7 @@ pytestmark = pytest.mark.tvm
 
 tvm_backend = pytest.importorskip("mlcomp.targets.tvm.build")
 
-from tests.test_tvm_kernels import _render  # noqa: E402  (the shared Relax renderer)
+from tests.unit.targets.test_tvm_kernels import _render  # noqa: E402  (the shared Relax renderer)
 
 
 class TinyEncoder(nn.Module):
@@ -69,7 +69,7 @@ def encoder():
 
     model, x = _model(TinyEncoder, 2, 5, 8)
     module, mod = _relax(model, x)
-    # the layout chains around the calls (Fusion.VIEWS) have their own tests: tests/test_tvm_views.py
+    # the layout chains around the calls (Fusion.VIEWS) have their own tests: tests/unit/targets/test_tvm_views.py
     after, report = offload(mod, ALL_FUSIONS - {Fusion.VIEWS})
     plain, _ = offload(mod, frozenset())
     return model, x, module, mod, after, report, plain

@@ -11,7 +11,7 @@ from mlcomp.passes.placement.place import Device, Place, PlacementError, Policy,
 from mlcomp.pipeline import run_pipeline
 from mlcomp.pipeline.pass_base import PassContext
 from mlcomp.runtime.codegen import to_fx
-from tests.test_partition import residual_graph
+from tests.unit.passes.test_partition import residual_graph
 
 FAST = HardwareSpec("fast", {"fp32": 100e12}, 2e12, 0.0)
 SLOW = HardwareSpec("slow", {"fp32": 1e9}, 1e9, 0.0)

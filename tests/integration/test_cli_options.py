@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from mlcomp.cli.main import COMMANDS, main
 from mlcomp.cli.passes import DEFAULT_PIPELINE, TOML_EXAMPLE
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
 
 

@@ -26,7 +26,7 @@ from mlcomp.analysis.verify import flatten_outputs
 ZOO_NAMES = ["mlp", "lenet", "resnet18", "transformer", "gru"]
 SPECTRAL = "tests/data/spectral.py:build"
 FP32_RTOL = 1e-4
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, aten
 from mlcomp.pipeline import run_pipeline
 from mlcomp.training.step import compare_steps, compile_training, verify_gradients
 from mlcomp.training.check import K_AUTOCAST
-from tests.test_training import MODELS
+from tests.unit.training.test_training import MODELS
 
 BF16 = "mixed-precision{dtype=bf16}"
 
@@ -110,7 +110,7 @@ def test_layer_norm_keeps_fp32_parameters_and_statistics(layer_norm_joint):
 
 @pytest.fixture(scope="module")
 def bf16_training():
-    """``name`` (a tests.test_training model, dropout off) or ``name+dropout`` (dropout as built), in bf16."""
+    """``name`` (a tests.unit.training.test_training model, dropout off) or ``name+dropout`` (dropout as built), in bf16."""
     cache: dict[str, tuple] = {}
 
     def get(name: str):

@@ -116,7 +116,7 @@ def _views_render(func) -> list[str]:
     from tvm import relax
 
     from mlcomp.targets.tvm.offload.chains import decode as _decode
-    from tests.test_tvm_kernels import _render
+    from tests.unit.targets.test_tvm_kernels import _render
 
     lines = _render(func)
     calls = [b for block in func.body.blocks for b in block.bindings
@@ -140,7 +140,7 @@ def _build(module, x, **options):
     # every GEMM a torch call (no tvm_gemm probe): which calls the views rewrite sees stays deterministic
     return pytest.importorskip("mlcomp.targets.tvm.build").build(module, (x,), small_gemms=False, **options)
 
-# TinyEncoder (tests/test_tvm_offload_fusions.py): nn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
+# TinyEncoder (tests/unit/targets/test_tvm_offload_fusions.py): nn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
 # whose MultiheadAttention runs sequence-first inside.  min_elements=0: every layout copy moves.  The heads
 # merge as SDPA left them ([b1, L, b2, D] in memory: permute [0, 2, 1, 3] is free), the out-projection runs
 # on those rows, and the sequence-first reorder it would have needed cancels against the permute back to
@@ -167,7 +167,7 @@ gv = relax.call_pure_packed(mlcomp.torch.linear, lv44, const[8x8], const[8])"""
 def _offloaded(cls, min_elements):
     pytest.importorskip("tvm")
     from mlcomp.targets.tvm.offload.rewrite import offload
-    from tests.test_tvm_offload_fusions import _model, _relax
+    from tests.unit.targets.test_tvm_offload_fusions import _model, _relax
 
     model, x = _model(cls, 2, 5, 8)
     module, mod = _relax(model, x)
@@ -177,7 +177,7 @@ def _offloaded(cls, min_elements):
 
 @pytest.fixture(scope="module")
 def encoder():
-    from tests.test_tvm_offload_fusions import TinyEncoder
+    from tests.unit.targets.test_tvm_offload_fusions import TinyEncoder
 
     return _offloaded(TinyEncoder, 0)
 
@@ -187,12 +187,12 @@ def test_sequence_first_attention_golden_ir(encoder):
     """The in-projection runs on x as given (the permute before it commutes through the linear), q/k/v
     are views of its output (scale 0.707² into SDPA), the out-projection reads the heads as SDPA left
     them and the residual add reads its result in place: no permute, take or reshape copy is left."""
-    from tests.test_tvm_kernels import _render
+    from tests.unit.targets.test_tvm_kernels import _render
 
     _, _, _, before, after, _ = encoder
     text = "\n".join(_views_render(after["main"]))
     assert text.startswith(_ENCODER_AFTER)
-    plain = "\n".join(_render(before["main"]))   # before: _ENCODER_BEFORE in tests/test_tvm_offload_fusions.py
+    plain = "\n".join(_render(before["main"]))   # before: _ENCODER_BEFORE in tests/unit/targets/test_tvm_offload_fusions.py
     for op in ("permute_dims", "take", "squeeze", "expand_dims", "multiply", "broadcast_to"):
         assert f"relax.{op}(" in plain and f"relax.{op}(" not in text
     # the default size rule changes nothing here: the merge commute copies nothing, whatever the size
@@ -295,7 +295,7 @@ class Pool(nn.Module):
 def _rewritten(cls, *shape):
     pytest.importorskip("tvm")
     from mlcomp.targets.tvm.offload.rewrite import offload
-    from tests.test_tvm_offload_fusions import _model, _relax
+    from tests.unit.targets.test_tvm_offload_fusions import _model, _relax
 
     model, x = _model(cls, *shape)
     module, mod = _relax(model, x)

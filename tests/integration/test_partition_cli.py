@@ -1,4 +1,4 @@
-"""`mlcomp profile` and `mlcomp partition` (the launch command is covered by tests/test_distributed.py)."""
+"""`mlcomp profile` and `mlcomp partition` (the launch command is covered by tests/unit/targets/test_distributed.py)."""
 from __future__ import annotations
 
 import json
@@ -29,7 +29,7 @@ def test_profile_then_partition_with_measured_times_and_a_plot(tmp_path):
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.slow      # a second 2-process probe (tests/test_partition_overhead.py runs the first)
+@pytest.mark.slow      # a second 2-process probe (tests/unit/hardware/test_link.py runs the first)
 def test_partition_with_the_probe_simulates_overhead_on_the_probed_cores():
     res = CliRunner().invoke(main, ["partition", "mlp", "--batch", "2", "--stages", "2", "--probe", "--json"])
     assert res.exit_code == 0, res.output

@@ -7,7 +7,7 @@ from mlcomp.targets import CompileOptions, get_target
 from mlcomp.runtime.artifact import Artifact
 
 from mlcomp.base.errors import TargetUnavailableError
-from tests.targets_common import FP32_RTOL, compile_zoo
+from tests.helpers.targets import FP32_RTOL, compile_zoo
 
 
 def test_availability_says_why():

@@ -112,7 +112,7 @@ def test_direct_graph_equals_the_torch_onnx_graph(both_paths, name):
     torch.testing.assert_close(ours, eager, rtol=1e-4, atol=1e-5)
 
 
-OFF = "it was turned off (emit=False)"     # mlcomp's emitter (tests/test_onnx_emit.py) not asked
+OFF = "it was turned off (emit=False)"     # mlcomp's emitter (tests/unit/targets/test_onnx_emit.py) not asked
 
 
 @pytest.mark.parametrize("name", ["mlp", "lenet"])

@@ -1,8 +1,5 @@
-"""The onnxruntime target: every zoo model, plain-ORT reload, call overhead, support checks."""
+"""The onnxruntime target: every zoo model, plain-ORT reload, support checks (call overhead: tests/perf)."""
 from __future__ import annotations
-
-import statistics
-import time
 
 import pytest
 import torch
@@ -11,7 +8,7 @@ from torch import nn
 
 from mlcomp.base.errors import UnsupportedOpError
 from mlcomp.frontend.loading import load_model
-from tests.targets_common import FP32_RTOL, ZOO_NAMES, KthValueNet, compile_zoo, fresh_process_check
+from tests.helpers.targets import FP32_RTOL, ZOO_NAMES, KthValueNet, compile_zoo, fresh_process_check
 
 pytestmark = pytest.mark.ort
 
@@ -46,38 +43,6 @@ def test_session_is_fully_optimised_with_thread_option(captured):
     assert opts.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     assert opts.intra_op_num_threads == 1
     assert art.runtime.session.get_providers()[0] == "CPUExecutionProvider"
-
-
-def test_call_overhead_is_no_worse_than_calling_the_session_directly(captured):
-    """The artifact (spec check + C++ run + from_numpy) against ``session.run`` with numpy feeds.
-
-    One intra-op thread on both sides, so a busy machine cannot stall a worker thread of one
-    and not the other; rounds are interleaved so load changes hit both alike.
-    """
-    _, (x,), graph = captured("mlp")
-    art = get_target("onnxruntime").compile(graph, CompileOptions(threads=1))
-    session = art.runtime.session
-    name = session.get_inputs()[0].name
-
-    def direct():
-        return session.run(None, {name: x.numpy()})
-
-    def ours():
-        return art(x)
-
-    times = {direct: [], ours: []}
-    for fn in times:
-        for _ in range(50):
-            fn()
-    for _ in range(30):
-        for fn, acc in times.items():
-            t0 = time.perf_counter()
-            for _ in range(20):
-                fn()
-            acc.append((time.perf_counter() - t0) / 20)
-    t_direct, t_ours = statistics.median(times[direct]), statistics.median(times[ours])
-    assert t_ours <= 1.10 * t_direct + 5e-6, (t_ours, t_direct)
-
 
 
 def test_op_without_onnx_translation_is_reported_and_falls_back():
