@@ -1,7 +1,8 @@
 """docs/ARCHITECTURE.md and README.md checked against the code, where a statement can be checked.
 
 * the architecture document stays under 300 lines;
-* every module, package and ``file.py:name`` it names in backticks exists;
+* every module, package and ``file.py:name`` it names in backticks exists (in the decision
+  records and benchmarks/RESULTS.md too);
 * its layer table is the import-linter layers contract of ``pyproject.toml``, in order, and
   README's Layout paragraph lists the same layers in the same order;
 * every backend and pass family of the independence contracts is named in it;
@@ -81,9 +82,13 @@ def test_architecture_is_short():
     assert len(lines) <= MAX_LINES, f"docs/ARCHITECTURE.md has {len(lines)} lines (at most {MAX_LINES})"
 
 
-def test_every_named_path_exists():
+DOCS = [DOC, ROOT / "benchmarks" / "RESULTS.md", *sorted((ROOT / "docs" / "decisions").glob("*.md"))]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
+def test_every_named_path_exists(doc):
     missing = []
-    for token in _ticked(DOC.read_text()):
+    for token in _ticked(doc.read_text()):
         if "<" in token or " " in token:
             continue                                    # a placeholder such as passes/<family>/
         path, _, name = token.partition(":")
@@ -93,7 +98,7 @@ def test_every_named_path_exists():
                 missing.append(token)
             elif name and found.is_file() and name not in _top_level_names(found):
                 missing.append(token)
-    assert not missing, f"docs/ARCHITECTURE.md names paths that do not exist: {missing}"
+    assert not missing, f"{doc.name} names paths that do not exist: {missing}"
 
 
 def test_every_named_module_exists():
