@@ -1,8 +1,12 @@
 """Shared fixtures and the marker policy.
 
-Markers split tests by what they need: ``tvm`` and ``ort`` run everywhere the
-Makefile installs their packages (CI included); ``cuda`` skips, saying why,
-when no GPU is present.  Nothing else is skipped silently.
+Folders split tests by what they need: ``unit/<layer>/`` (one layer of mlcomp),
+``integration/`` (the CLI, the zoo and third-party models end to end), ``corpus/``
+(bad inputs, interrupts) and ``perf/`` (wall-clock comparisons).  Markers: ``tvm``
+and ``ort`` run everywhere the Makefile installs their packages (CI included);
+``cuda`` skips, saying why, when no GPU is present; ``slow`` and ``perf`` are
+left out of ``make test`` (``make test-all`` adds ``slow``, ``make test-perf``
+runs ``perf``).  Nothing else is skipped silently.
 """
 from __future__ import annotations
 
@@ -93,3 +97,14 @@ def captured(_capture_cache):
         return module, inputs, graph.copy()
 
     return get
+
+
+@pytest.fixture
+def fake_hardware():
+    """``fake_hardware(key)`` makes the hardware probe report one of ``tests.unit.hardware.profiles.PROFILES``
+    (avx2, avx512, avx512-bf16, amx, gpu) until the test ends; returns the profile."""
+    from tests.unit.hardware.profiles import PROFILES, Installed, install
+
+    installed = Installed()
+    yield lambda key: install(PROFILES[key], installed)
+    installed.undo()

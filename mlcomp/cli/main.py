@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from mlcomp.base.errors import MlcompError
+from mlcomp.base.errors import BUG_HINT, MlcompError
 from mlcomp.base.files import InterruptScope, Kind, check_destination
 from mlcomp.base.registry import LazyRegistry
 
@@ -102,7 +102,7 @@ def _unexpected(ctx: click.Context, exc: Exception) -> None:
         hint = "check the path, free disk space and permissions"
     else:
         what = f"mlcomp {sub} failed unexpectedly: {type(exc).__name__}: {text}"
-        hint = "this is a bug in mlcomp, not in your input; run again with `mlcomp --traceback ...` and report it"
+        hint = BUG_HINT
     click.echo(f"error: {what.rstrip('.')}. {hint[0].upper() + hint[1:]}.", err=True)
     ctx.exit(3)
 
@@ -181,6 +181,8 @@ def load_and_capture(model: str, input_shapes: tuple[str, ...], batch: int | Non
 
     check_model_inputs(model, input_shapes, batch, capture_method)
     source = load_model(model, input_shapes=input_shapes, trust_pickle=trust_pickle, batch=batch)
+    for note in source.notes:
+        click.echo(f"note: {note}", err=True)
     graph = source.capture(method=capture_method, dynamic_batch=dynamic_batch)
     return source, graph
 
