@@ -31,7 +31,11 @@ __all__ = ["Matrix", "default_cells", "host_dtypes", "inference_targets", "run_m
 
 MATRIX_TARGETS = ("cpu", "onnxruntime", "openvino", "tvm", "cuda")
 DEFAULT_TIMEOUT_S = 180.0
-_PRELOAD = ["torch", "transformers", "mlcomp.api", "mlcomp.measure.support_cells"]
+# imported once by the forkserver, so no child pays for them: capture, the targets and their backends
+_PRELOAD = ["torch", "torch.export", "torch._dynamo", "transformers", "mlcomp.api", "mlcomp.frontend.joint",
+            "mlcomp.measure.support_cells", "mlcomp.models.architectures", "mlcomp.targets.registry",
+            "mlcomp.targets.torch.cpu", "onnxruntime", "mlcomp.targets.onnx.target", "openvino",
+            "mlcomp.targets.openvino.target", "tvm", "mlcomp.targets.tvm.target"]
 
 
 @dataclass
@@ -101,9 +105,26 @@ def _worker(name: str, keys: list[str], conn: Any) -> None:
     conn.close()
 
 
-def _context() -> Any:
+def _modeling_modules(names: Sequence[str]) -> list[str]:
+    """The ``transformers`` modules defining the models of ``names`` (imported here to find them)."""
+    from mlcomp.models.architectures import ARCHITECTURES
+
+    found = []
+    for name in names:
+        arch = ARCHITECTURES[name]
+        if arch.source == "transformers":
+            try:
+                import transformers
+
+                found.append(getattr(transformers, arch.config).__module__.replace("configuration_", "modeling_"))
+            except (ImportError, AttributeError):
+                continue
+    return list(dict.fromkeys(found))
+
+
+def _context(names: Sequence[str]) -> Any:
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
+    ctx.set_forkserver_preload(_PRELOAD + _modeling_modules(names))
     return ctx
 
 
@@ -154,7 +175,7 @@ def run_matrix(names: Sequence[str], cells: Sequence[Cell], *, timeout_s: float 
 
     report = on_cell or (lambda name, key, result: None)
     matrix = Matrix(list(cells))
-    ctx = _context()
+    ctx = _context(names)
     t0 = time.perf_counter()
     keys = [c.key for c in cells]
     for name in names:

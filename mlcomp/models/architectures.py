@@ -24,22 +24,12 @@ import torch
 from torch import nn
 
 from mlcomp.models import ZOO
+from mlcomp.models.third_party import GENERATIVE, LM_VOCAB, build_generative
 
-__all__ = ["ARCHITECTURES", "Architecture", "KeywordInputs", "available_architectures", "build_architecture"]
+__all__ = ["ARCHITECTURES", "Architecture", "available_architectures", "build_architecture"]
 
-VOCAB = 256
+VOCAB = LM_VOCAB
 BATCH, SEQ = 2, 16
-
-
-class KeywordInputs(nn.Module):
-    """Calls ``model(**dict(zip(names, inputs)))``; returns the model's output unchanged (caches included)."""
-
-    def __init__(self, model: nn.Module, names: tuple[str, ...]) -> None:
-        super().__init__()
-        self.model, self.names = model, names
-
-    def forward(self, *inputs: torch.Tensor) -> object:
-        return self.model(**dict(zip(self.names, inputs)))
 
 
 @dataclass(frozen=True)
@@ -51,7 +41,7 @@ class Architecture:
     config: str = ""                    # transformers config class name
     model: str = ""                     # transformers model class name
     kwargs: dict = field(default_factory=dict)
-    inputs: str = "ids"                 # ids | pixels | waveform | mel | ids+decoder | mel+decoder
+    inputs: str = "ids"                 # ids | pixels | waveform | mel (GENERATIVE: its own kinds)
 
     @property
     def source(self) -> str:
@@ -63,9 +53,8 @@ _ENC = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermed
 _DEC = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64)
 _MOE = dict(_DEC, num_local_experts=4, num_experts_per_tok=2)
-_SEQ2SEQ = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
-                decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=VOCAB)
-_WHISPER = dict(_SEQ2SEQ, num_mel_bins=16, max_source_positions=16, max_target_positions=32, pad_token_id=0,
+_WHISPER = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=VOCAB, num_mel_bins=16, max_source_positions=16, max_target_positions=32, pad_token_id=0,
                 bos_token_id=1, eos_token_id=2, decoder_start_token_id=1, suppress_tokens=[],
                 begin_suppress_tokens=[])
 _TOKENS = dict(bos_token_id=1, eos_token_id=2)   # inside the small vocabulary
@@ -74,7 +63,9 @@ _VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermed
             patch_size=8)
 _STAGES = dict(num_channels=3, num_stages=2, hidden_sizes=[16, 32], depths=[1, 1])
 
-# name -> (family, config class, model class, config keywords, inputs)
+# the LMs as users build them (*ForCausalLM / *ForConditionalGeneration, default cache): third_party.GENERATIVE
+_GENERATIVE_FAMILY = {"bart": "encoder-decoder", "t5": "encoder-decoder", "whisper": "encoder-decoder"}
+# name -> (family, config class, model class, config keywords, inputs); the rest of the matrix
 _TABLE: dict[str, tuple[str, str, str, dict, str]] = {
     "bert": ("encoder", "BertConfig", "BertModel", _ENC, "ids"),
     "roberta": ("encoder", "RobertaConfig", "RobertaModel", dict(_ENC, max_position_embeddings=66), "ids"),
@@ -84,27 +75,11 @@ _TABLE: dict[str, tuple[str, str, str, dict, str]] = {
                    dict(dim=32, n_layers=2, n_heads=2, hidden_dim=64, vocab_size=VOCAB), "ids"),
     "t5-encoder": ("encoder", "T5Config", "T5EncoderModel", _T5, "ids"),
     "clip-text": ("encoder", "CLIPTextConfig", "CLIPTextModel", dict(_ENC, projection_dim=32, **_TOKENS), "ids"),
-    "gpt2": ("decoder", "GPT2Config", "GPT2LMHeadModel",
-             dict(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64, **_TOKENS), "ids"),
-    "gpt-neo": ("decoder", "GPTNeoConfig", "GPTNeoForCausalLM",
-                dict(hidden_size=64, num_layers=2, num_heads=4, vocab_size=VOCAB, max_position_embeddings=64,
-                     attention_types=[[["global", "local"], 1]], window_size=8), "ids"),
-    "opt": ("decoder", "OPTConfig", "OPTForCausalLM",
-            dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128, vocab_size=VOCAB,
-                 max_position_embeddings=64, word_embed_proj_dim=64), "ids"),
-    "llama": ("decoder", "LlamaConfig", "LlamaForCausalLM", _DEC, "ids"),
-    "mistral": ("decoder", "MistralConfig", "MistralForCausalLM", _DEC, "ids"),
-    "qwen2": ("decoder", "Qwen2Config", "Qwen2ForCausalLM", _DEC, "ids"),
-    "phi": ("decoder", "PhiConfig", "PhiForCausalLM", dict(_DEC, num_key_value_heads=4), "ids"),
     "gemma": ("decoder", "GemmaConfig", "GemmaForCausalLM", dict(_DEC, head_dim=16), "ids"),
     "mixtral": ("moe", "MixtralConfig", "MixtralForCausalLM", _MOE, "ids"),
     "qwen2-moe": ("moe", "Qwen2MoeConfig", "Qwen2MoeForCausalLM",
                   dict(_DEC, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
                        shared_expert_intermediate_size=64), "ids"),
-    "bart": ("encoder-decoder", "BartConfig", "BartForConditionalGeneration",
-             dict(_SEQ2SEQ, max_position_embeddings=64), "ids"),
-    "t5": ("encoder-decoder", "T5Config", "T5ForConditionalGeneration", _T5, "ids+decoder"),
-    "whisper": ("encoder-decoder", "WhisperConfig", "WhisperForConditionalGeneration", _WHISPER, "mel+decoder"),
     "vit": ("vision", "ViTConfig", "ViTModel", _VIT, "pixels"),
     "deit": ("vision", "DeiTConfig", "DeiTModel", _VIT, "pixels"),
     "swin": ("vision", "SwinConfig", "SwinModel",
@@ -128,6 +103,8 @@ _TABLE: dict[str, tuple[str, str, str, dict, str]] = {
 
 ARCHITECTURES: dict[str, Architecture] = {
     **{name: Architecture(name, "zoo") for name in ZOO},
+    **{name: Architecture(name, _GENERATIVE_FAMILY.get(name, "decoder"), cfg, cls, kw, kind)
+       for name, (cfg, cls, kw, kind) in GENERATIVE.items()},
     **{name: Architecture(name, fam, cfg, cls, kw, kind) for name, (fam, cfg, cls, kw, kind) in _TABLE.items()},
 }
 
@@ -155,31 +132,28 @@ def _whisper_encoder(arch: Architecture) -> bool:
 
 def _inputs(kind: str, config: object, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
-    decoder = torch.randint(0, VOCAB, (BATCH, SEQ // 2), generator=gen)
     mel = lambda: torch.randn(BATCH, config.num_mel_bins, 2 * config.max_source_positions, generator=gen)  # noqa: E731
     return {
         "ids": lambda: (ids,),
-        "ids+decoder": lambda: (ids, decoder),
         "pixels": lambda: (torch.randn(BATCH, 3, 32, 32, generator=gen),),
         "waveform": lambda: (torch.randn(BATCH, 1600, generator=gen),),
         "mel": lambda: (mel(),),
-        "mel+decoder": lambda: (mel(), decoder),
     }[kind]()
-
-
-_KEYWORDS = {"ids+decoder": ("input_ids", "decoder_input_ids"), "mel+decoder": ("input_features", "decoder_input_ids")}
 
 
 def build_architecture(name: str, *, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """``(model in eval mode, example inputs)`` for one of :data:`ARCHITECTURES`; ``KeyError`` if unknown.
 
     Zoo models: batch 1.  ``transformers`` models: batch 2, 16 tokens / a 32x32 image /
-    1600 audio samples / 16 mel bins x 32 frames.
+    1600 audio samples / 16 mel bins x 32 frames; the LMs of :data:`~mlcomp.models.third_party.GENERATIVE`
+    through :func:`~mlcomp.models.third_party.build_generative`.
     """
     arch = ARCHITECTURES[name]
     if arch.source == "zoo":
         entry = ZOO[name]
         return entry.build(seed), entry.example_inputs(batch=1)
+    if name in GENERATIVE:
+        return build_generative(name, BATCH, SEQ, seed=seed)
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -189,7 +163,4 @@ def build_architecture(name: str, *, seed: int = 0) -> tuple[nn.Module, tuple[to
     else:
         model_cls = getattr(tf, arch.model)
     model = model_cls(config).eval()
-    inputs = _inputs(arch.inputs, config, torch.Generator().manual_seed(seed + 1))
-    if arch.inputs in _KEYWORDS:
-        model = KeywordInputs(model, _KEYWORDS[arch.inputs]).eval()
-    return model, inputs
+    return model, _inputs(arch.inputs, config, torch.Generator().manual_seed(seed + 1))
