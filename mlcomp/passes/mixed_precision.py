@@ -62,7 +62,7 @@ from mlcomp.passes import patterns as P
 from mlcomp.passes.precision_policy import DeviceKind, PolicyName, Rule, fp32_operands, policy_table, rule_for
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 from mlcomp.pipeline.target_facts import LowMode, TargetFacts
-from mlcomp.passes.precision_choice import LOW_DTYPES, annotate, choose, refusal
+from mlcomp.passes.precision_choice import LOW_DTYPES, annotate, choose, refused
 
 __all__ = ["MixedPrecision", "LowDtype", "MixedPrecisionWarning"]
 
@@ -154,7 +154,7 @@ class MixedPrecision(Pass):
         """An explicit bf16/fp16 that the target does not build is refused before capture."""
         low = LOW_DTYPES.get(self.dtype.value)
         if low is not None and facts.support(low) is None:
-            raise PipelineSpecError(*refusal(facts, low))
+            raise refused(facts, low)
 
     def _calibrate(self, graph: Graph, ctx: PassContext) -> dict[str, ValueRange]:
         samples = ctx.calibration_data or ((ctx.example_inputs,) if ctx.example_inputs is not None

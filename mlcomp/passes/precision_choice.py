@@ -34,13 +34,13 @@ import torch
 
 from mlcomp.ir import Graph, Precision, refs_in
 from mlcomp.ir.node import PrecisionReason
-from mlcomp.ir.ops import INPUT
+from mlcomp.ir.ops import PARAM
 from mlcomp.passes.precision_policy import DeviceKind, Rule
 from mlcomp.pipeline.pass_base import PassContext
 from mlcomp.base.errors import PipelineSpecError
 from mlcomp.pipeline.target_facts import LowMode, LowPrecision, TargetFacts
 
-__all__ = ["LOW_DTYPES", "SLOW_FP16", "annotate", "choose", "refusal"]
+__all__ = ["LOW_DTYPES", "SLOW_FP16", "annotate", "choose", "refusal", "refused"]
 
 LOW_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -58,7 +58,7 @@ def choose(asked: str, device: DeviceKind, ctx: PassContext
     if low is not None:                                  # asked for: built if the target can
         support = facts.support(low)
         if support is None:
-            raise PipelineSpecError(*refusal(facts, low))
+            raise refused(facts, low)
         return low, support, f"dtype={_NAMES[low]} (asked for){_how(facts, support)}", _slow_note(low, device, ctx)
     low = torch.float16 if device is DeviceKind.CUDA else torch.bfloat16
     support = facts.support(low)
@@ -74,11 +74,16 @@ def choose(asked: str, device: DeviceKind, ctx: PassContext
 def refusal(facts: TargetFacts, low: torch.dtype) -> tuple[str, str]:
     """(message, hint) refusing ``low`` on a target that does not build it, naming the alternatives."""
     others = [lp for lp in facts.low_precision if lp.dtype != low]
-    alt = f"dtype={_NAMES[others[0].dtype]}, " if others else ""
+    alt = f"mixed-precision{{dtype={_NAMES[others[0].dtype]}}} or " if others else ""
     return (f"mixed-precision{{dtype={_NAMES[low]}}}: target {facts.name} cannot build {_NAMES[low]} graphs "
             f"(low precisions it builds: {facts.low_names()})",
-            f"use mixed-precision{{{alt}dtype=auto}} (auto picks what {facts.name} builds and what pays on this "
-            f"host), or a target that lists {_NAMES[low]} in `mlcomp targets` (cpu, onnxruntime)")
+            f"use {alt}mixed-precision{{dtype=auto}} (auto picks what {facts.name} builds and what pays on this "
+            f"host), or a target whose line in `mlcomp targets` lists {_NAMES[low]} under mixed precision")
+
+
+def refused(facts: TargetFacts, low: torch.dtype) -> PipelineSpecError:
+    message, hint = refusal(facts, low)
+    return PipelineSpecError(message, hint=hint)
 
 
 def _how(facts: TargetFacts, support: LowPrecision) -> str:
@@ -122,8 +127,8 @@ def _slow_note(low: torch.dtype, device: DeviceKind, ctx: PassContext) -> list[s
 def annotate(graph: Graph, plan: dict[str, tuple[Rule, PrecisionReason]], low: torch.dtype) -> dict[str, int]:
     """Hint mode: each planned node's precision recorded for the runtime, the graph's values left fp32.
 
-    A lowered op is ``low``; a follower is ``low`` when every float input it reads is;
-    the rest fp32.  Returns node counts per precision.
+    A lowered op is ``low``; a follower is ``low`` when every activation it reads is
+    (weights do not vote, as in graph mode); the rest fp32.  Returns node counts per precision.
     """
     lowered: set[str] = set()
     for name in graph.order():
@@ -131,8 +136,8 @@ def annotate(graph: Graph, plan: dict[str, tuple[Rule, PrecisionReason]], low: t
             continue
         node = graph.node(name)
         rule, reason = plan[name]
-        reads = [r.name for r in refs_in(node.inputs) if r.name in plan or graph.node(r.name).op == INPUT]
-        is_low = rule is Rule.LOWER or (rule is Rule.FOLLOW and bool(reads) and all(r in lowered for r in reads))
+        reads = [r.name for r in refs_in(node.inputs) if graph.node(r.name).op != PARAM]   # weights never vote
+        is_low = rule is Rule.LOWER or (rule is Rule.FOLLOW and all(r in lowered for r in reads))
         if is_low:
             lowered.add(name)
         graph.replace(node.with_ann(precision=_PRECISION[low if is_low else torch.float32],

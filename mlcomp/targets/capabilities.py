@@ -195,10 +195,11 @@ def mismatches(caps: Capabilities, target: str, graph: Graph, device: str,
     for node in graph.nodes():
         if node.op == OUTPUT or node.name in skip:
             continue
-        for dtype in dict.fromkeys(_node_dtypes(node)):
+        crossing = {m.dtype for m in tensor_metas(node.meta)}    # what crosses the boundary: the values,
+        for dtype in dict.fromkeys(_node_dtypes(node)):          # not the precision they were computed in
             if dtype not in caps.dtypes:
                 inner.setdefault(dtype, []).append(node.name)
-            elif node.name in edge and dtype not in caps.boundary_dtypes:
+            elif node.name in edge and dtype in crossing and dtype not in caps.boundary_dtypes:
                 boundary.setdefault(dtype, []).append(node.name)
     handled = ", ".join(dtype_name(d) for d in _ordered(caps.dtypes))
     for dtype, names in inner.items():

@@ -86,8 +86,7 @@ def precision_hint(requested: torch.dtype, flags: tuple[str, ...]) -> tuple[torc
     if have:
         return requested, f"the graph asks for {dtype_name(requested)} and the CPU has {', '.join(have)}"
     return torch.float32, (f"the graph asks for {dtype_name(requested)} but this CPU has none of "
-                           f"{', '.join(_NEEDS[requested])} (hardware probe): OpenVINO computes in f32, "
-                           "keeping the graph's casts")
+                           f"{', '.join(_NEEDS[requested])} (hardware probe): OpenVINO computes in f32")
 
 
 def _config(hint: torch.dtype, threads: int | None) -> dict[Any, Any]:

@@ -194,7 +194,9 @@ def _converters() -> frozenset[str]:
 
 
 # generated code computes bf16/fp16 natively only with these CPU instructions (else LLVM emulates them)
-LOW_PRECISION = (LowPrecision(torch.bfloat16, needs=("avx512_bf16", "amx_bf16")),
+# (TVM's relax.nn.layer_norm takes no bf16 operands: layer norm computes in fp32 between casts)
+LOW_PRECISION = (LowPrecision(torch.bfloat16, needs=("avx512_bf16", "amx_bf16"),
+                              fp32_ops=frozenset({"native_layer_norm", "layer_norm"})),
                  LowPrecision(torch.float16, needs=("avx512_fp16", "amx_fp16")))
 
 
