@@ -117,7 +117,7 @@ def _build(tool: str, module, inputs, threads: int, tune_trials: int, work_dir: 
         return compiled, "inductor"
     if tool == "ort":
         from mlcomp.base.quiet import quiet_converter
-        from mlcomp.targets.onnxruntime import make_session
+        from mlcomp.targets.onnx.target import make_session
 
         with quiet_converter():
             program = torch.onnx.export(module, inputs, dynamo=True)

@@ -70,7 +70,7 @@ So what a fresh process pays above that (onnxruntime: 2.73 - 1.78 s) is imports:
 onnxscript and its torchlib (0.7-1.0 s, in ``lowering``), torch.export's own lazy
 imports (in ``capture``).
 
-With mlcomp's own ONNX emitter (``targets/onnx_emit.py``: no onnxscript, no torch.onnx
+With mlcomp's own ONNX emitter (``targets/onnx/emit.py``: no onnxscript, no torch.onnx
 exporter, no fake-tensor propagation), idle (load 1.0), median of 3, seconds::
 
     stop 21           import capture passes lowering verify  total  total-import
@@ -93,7 +93,7 @@ targets, same code).  ORT's lowering is now 0.09-0.39 s, as cheap as the cpu tar
 capture (``torch.export`` + decomposition) is most of what is left.
 
 onnxruntime lowering without the second torchlib registry and the re-trace
-(``targets/onnx_export.py``, issue 14 part 6): HEAD's ``onnxruntime.py`` against
+(``targets/onnx/export.py``, issue 14 part 6): HEAD's ``onnxruntime.py`` against
 this one, interleaved model by model, 2026-11-24, load average 3-5; median of 3,
 seconds.  ``--clock cpu`` times the child's CPU seconds, which a loaded machine
 disturbs less::
@@ -118,7 +118,7 @@ What is left of the lowering is mostly importing onnxscript and its torchlib
 (which compiles ~50 functions at import), the onnxscript optimizer's first run,
 and the ORT session.
 
-cpu lowering and capture (issue 14 part 6, ``targets/cpu.py``, ``frontend/capture.py``):
+cpu lowering and capture (issue 14 part 6, ``targets/torch/cpu.py``, ``frontend/capture.py``):
 one trace for both variants, no save/load round trip, the payload serialised on
 ``save``, timing stopped once a sign test decides (or at 6 rounds once the budget is
 spent, not 15), no eager forward before ``torch.export``.  HEAD (A) against this tree

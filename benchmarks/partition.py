@@ -20,7 +20,7 @@
    processes' busy cores from ``/proc/stat``, just before each launch; nothing
    spins while it runs), for as many back-to-back batches as the measurement
    times (bubble fraction, throughput, peak memory per stage), and the measured
-   throughput of ``mlcomp.launch`` on S gloo processes (inference, M
+   throughput of ``mlcomp.targets.distributed.launch`` on S gloo processes (inference, M
    microbatches).  ``pred_compute_only`` is what the model without overhead or
    cores predicts, ``pred_buffered`` the model with sends that never block;
    ``background`` / ``background_after`` the busy cores before / after the
@@ -62,13 +62,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from mlcomp.analysis.pipeline_schedule import Schedule, simulate
-from mlcomp.analysis.placement_cost import PlacementCost, measure_node_times
+from mlcomp.analysis.parallel.pipeline_schedule import Schedule, simulate
+from mlcomp.analysis.parallel.placement_cost import PlacementCost, measure_node_times
 from mlcomp.frontend.loading import load_model
 from mlcomp.hardware.link import LinkProbe, LinkProfile, background_now
 from mlcomp.models import ZOO
-from mlcomp.passes.partition import even_cuts, plan_of, solve
-from mlcomp.targets.distributed import DistributedTarget, launch_check
+from mlcomp.passes.placement.partition import even_cuts, plan_of, solve
+from mlcomp.targets.distributed.target import DistributedTarget, launch_check
 
 def deep_mlp() -> nn.Module:
     widths = [512, 1024, 256, 2048] * 8 + [512]

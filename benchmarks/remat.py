@@ -65,8 +65,8 @@ from mlcomp.measure.remat_sweep import activation_bytes, grad_error, remat_spec
 from mlcomp.measure.training_bench import TrainingCase, step_peak, training_case
 from mlcomp.pipeline.manager import run_pipeline
 from mlcomp.pipeline.spec import Pipeline
-from mlcomp.targets.optim import OptimizerSpec
-from mlcomp.targets.training import compile_training
+from mlcomp.runtime.optim import OptimizerSpec
+from mlcomp.training.step import compile_training
 
 BUDGETS = ("1.0", "0.5", "0.25", "0.1")
 OPTIMIZER = "sgd{lr=0.01 momentum=0.9}"

@@ -96,7 +96,7 @@ def _direct_compile(module, inputs):
 
 def _direct_ort(module, inputs, threads: int):
     from mlcomp.base.quiet import quiet_converter
-    from mlcomp.targets.onnxruntime import make_session
+    from mlcomp.targets.onnx.target import make_session
 
     with quiet_converter():
         program = torch.onnx.export(module, inputs, dynamo=True)

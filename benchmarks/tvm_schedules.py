@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/tvm_schedules.py --models resnet18 --batches 32 --threads 1 --no-before
 
 For each (model, batch): ``eager`` (the module under ``torch.no_grad()``), ``tvm-before``
-(the untuned build of the last commit, ``git show HEAD:mlcomp/targets/tvm_backend.py``:
+(the untuned build of the last commit, ``git show HEAD:mlcomp/targets/tvm/build.py``:
 DLight GEMV/Reduction only, matmul and conv as plain loop nests) and ``tvm-after``
 (``get_target("tvm").compile``: conv/matmul in torch's kernels through packed functions,
 the rest fused by TVM with mlcomp's ParallelVector schedule), each verified against eager
@@ -20,8 +20,8 @@ loops, the torch kernels), to see where a gap to eager goes.
 machine does not inflate the way it does wall time.
 
 ``--ablate``: also the current build without each of the larger rewrites of the kernel offload
-(``tvm_offload.Fusion``: attention → SDPA, conv/linear epilogues, layer norm, layout views; ``--ablate views``:
-only the named ones, comma-separated; ``small-gemms``: without ``tvm_gemm``'s probe, every GEMM
+(``tvm.offload.rewrite.Fusion``: attention → SDPA, conv/linear epilogues, layer norm, layout views; ``--ablate views``:
+only the named ones, comma-separated; ``small-gemms``: without ``tvm.offload.gemm``'s probe, every GEMM
 a torch call) and without any of them
 (``tvm-no-fusion``, plain ``--ablate`` only) and with all (``tvm-all-fusions``: built the same way, no artifact wrapper, the fair
 reference for the others), timed in the same interleaved rounds, to decide which of them pay.
@@ -67,7 +67,7 @@ def _source(name: str, batch: int):
 
 def _before_backend():
     """The last commit's tvm_backend, imported from ``git show`` (what untuned TVM was before)."""
-    text = subprocess.run(["git", "show", "HEAD:mlcomp/targets/tvm_backend.py"], cwd=REPO, check=True,
+    text = subprocess.run(["git", "show", "HEAD:mlcomp/targets/tvm/build.py"], cwd=REPO, check=True,
                           capture_output=True, text=True).stdout
     path = os.path.join(REPO, "mlcomp-out", "tvm_backend_before.py")
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -121,7 +121,7 @@ def run(name: str, batch: int, *, before: bool, budget: float, rounds: int, abla
     from mlcomp.frontend.loading import load_model
     from mlcomp.hardware.timing import TimingPolicy, measure_interleaved
     from mlcomp.targets import CompileOptions, get_target
-    from mlcomp.targets.codegen import to_fx
+    from mlcomp.runtime.codegen import to_fx
 
     module, inputs = _source(name, batch)
     with torch.no_grad():
@@ -136,8 +136,8 @@ def run(name: str, batch: int, *, before: bool, budget: float, rounds: int, abla
     row["schedules"] = art.runtime.stats.get("schedules")
     runners["tvm-after"] = lambda: art(*inputs)
     if ablate:
-        from mlcomp.targets.tvm_backend import build
-        from mlcomp.targets.tvm_offload import ALL_FUSIONS, Fusion
+        from mlcomp.targets.tvm.build import build
+        from mlcomp.targets.tvm.offload.rewrite import ALL_FUSIONS, Fusion
 
         # tvm-all-fusions: the same build as tvm-after without the artifact's call wrapper (threads, checks)
         names = ablate.split(",")

@@ -14,7 +14,7 @@ from typing import Any
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.version import __version__
 
-__all__ = ["MlcompError", "capture", "compile", "load", "__version__"]
+__all__ = ["MlcompError", "capture", "compile", "load", "export", "__version__"]
 
 
 def capture(model: Any, example_inputs: Any = None, **kwargs: Any):
@@ -27,7 +27,7 @@ def capture(model: Any, example_inputs: Any = None, **kwargs: Any):
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("compile", "load"):
+    if name in ("compile", "load", "export"):
         from mlcomp import api
 
         return getattr(api, name)

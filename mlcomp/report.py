@@ -85,7 +85,7 @@ def build_report(model: Any, out_dir: str | Path, config: ReportConfig = ReportC
     through :func:`mlcomp.cli.main.load_and_capture`); otherwise they are loaded here.
     ``out_dir`` may replace an earlier mlcomp output only with ``force``.
     """
-    out = check_destination(out_dir, Kind.DIR, force=force)
+    out = check_destination(out_dir, Kind.DIR, force=force, inputs=(model,) if isinstance(model, (str, Path)) else ())
     if source is None:
         source = load_model(model, input_shapes=input_shapes, trust_pickle=trust_pickle,
                             batch=config.bench.batches[0])

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 from mlcomp.targets import CompileOptions, get_target
-from mlcomp.targets.artifact import FORMAT_VERSION, Artifact
+from mlcomp.runtime.artifact import FORMAT_VERSION, Artifact
 
 import mlcomp
 from mlcomp.analysis.verify import compare, tolerance_for

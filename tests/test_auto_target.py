@@ -2,7 +2,7 @@
 
 Fake targets are passed as the candidate list (the global registry is untouched); their
 runtimes advance an injected clock by a fixed cost per call, so "fastest" is decided
-without wall-clock assertions.  The ranking protocol (:func:`mlcomp.api.auto_rank.rank`) is checked
+without wall-clock assertions.  The ranking protocol (:func:`mlcomp.api.auto.rank.rank`) is checked
 on fakes 3 % apart whose samples carry seeded noise and load drift: with tie-break rounds it
 ranks them right where one pass of rounds does not.  One real run compiles the zoo mlp for cpu
 and onnxruntime.
@@ -19,15 +19,15 @@ from click.testing import CliRunner
 
 import mlcomp
 from mlcomp.api import AutoTargetError, compile_auto, compile_model
-from mlcomp.api import auto
-from mlcomp.api import auto_rank as auto_mod
+from mlcomp.api.auto import search as auto
+from mlcomp.api.auto import rank as auto_mod
 from mlcomp.cli.main import main
 from mlcomp.frontend.loading import load_model
 from mlcomp.hardware.timing import TimingPolicy
 from mlcomp.ir import Mode
 from mlcomp.targets import Capabilities, Target
-from mlcomp.targets.artifact import RuntimeKind
-from mlcomp.targets.codegen import to_fx
+from mlcomp.runtime.artifact import RuntimeKind
+from mlcomp.runtime.codegen import to_fx
 
 FAST = TimingPolicy(warmup=1, budget_s=0.01, min_repeats=3, max_repeats=5)
 

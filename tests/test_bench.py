@@ -301,7 +301,7 @@ def test_cli_bench_errors_are_one_paragraph() -> None:
 
 
 def test_progress_line_formats() -> None:
-    from mlcomp.cli.study import ProgressLine
+    from mlcomp.cli.bench import ProgressLine
 
     buf = io.StringIO()
     p = ProgressLine(buf, tty=False)

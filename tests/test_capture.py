@@ -10,7 +10,7 @@ from mlcomp.analysis import cost
 from mlcomp.analysis.inspect import inspect_graph
 from mlcomp.frontend.decompose import DecompositionFailed, decompose
 from mlcomp.targets import CompileOptions, get_target
-from mlcomp.targets.cpu import TorchScriptRuntime, _kernels, frozen_bytes, trace_frozen
+from mlcomp.targets.torch.cpu import TorchScriptRuntime, _kernels, frozen_bytes, trace_frozen
 from mlcomp.base.errors import CaptureError, InputSpecError
 from mlcomp.frontend.capture import capture_exported
 from mlcomp.frontend.loading import InputSpec, graph_random_inputs, load_model, save_torchscript

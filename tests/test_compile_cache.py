@@ -16,7 +16,7 @@ from mlcomp.api import CacheStatus, CompileCache, cache_key, compile_model, grap
 from mlcomp.cli.main import main
 from mlcomp.frontend.loading import load_model
 from mlcomp.targets import CompileOptions
-from mlcomp.targets.cpu import CpuTarget
+from mlcomp.targets.torch.cpu import CpuTarget
 
 
 class CountingCpu(CpuTarget):

@@ -15,14 +15,14 @@ import pytest
 import torch
 from torch import nn
 
-import mlcomp.targets.cpu as cpu
+import mlcomp.targets.torch.cpu as cpu
 from mlcomp.base.errors import InputSpecError
 from mlcomp.frontend.loading import load_model
 from mlcomp.hardware.timing import TimingPolicy
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.targets import CompileOptions, get_target
-from mlcomp.targets.artifact import Artifact
-from mlcomp.targets.cpu import MIN_ROUNDS, OptimizeReason, choose_by_timing, sign_test
+from mlcomp.runtime.artifact import Artifact
+from mlcomp.targets.torch.cpu import MIN_ROUNDS, OptimizeReason, choose_by_timing, sign_test
 
 
 class Tiny(nn.Module):

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 import mlcomp
 from mlcomp.cli.main import main
-from mlcomp.targets.cuda import TF32_RTOL, fp32_math
+from mlcomp.targets.torch.cuda import TF32_RTOL, fp32_math
 
 
 def _compile(tmp_path, *args: str) -> tuple[str, dict]:

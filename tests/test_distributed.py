@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from mlcomp.base.errors import MlcompError
-from mlcomp.launch import backend as launch_backend
-from mlcomp.passes.partition import Partition
+from mlcomp.targets.distributed.launch import backend as launch_backend
+from mlcomp.passes.placement.partition import Partition
 from mlcomp.pipeline.pass_base import PassContext
-from mlcomp.targets.artifact import Artifact
-from mlcomp.targets.distributed import DistributedTarget, launch_check
+from mlcomp.runtime.artifact import Artifact
+from mlcomp.targets.distributed.target import DistributedTarget, launch_check
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +50,40 @@ def test_compile_verifies_a_real_two_process_run(two_stage, mlp4):
 
 def test_two_process_training_matches_gradients_and_updated_weights(two_stage):
     _, folder = two_stage
-    result = launch_check(folder, 2, train=True, schedule="gpipe")
+    result = launch_check(folder, 2, train=True, schedule="gpipe",
+                          optimizer="sgd{lr=0.05 momentum=0.9 weight_decay=0.01}")
     assert result["train"] and result["passed"], result
     assert result["max_error"] < 1e-5
+    assert result["optimizer"] == "sgd{lr=0.05,momentum=0.9,weight_decay=0.01}"     # the spec each rank stepped
+
+
+def test_launch_optimizer_spec_and_the_deprecated_lr(capsys, monkeypatch):
+    """``--optimizer`` takes an optimizer spec; ``--lr X`` still means sgd{lr=X}, with a note."""
+    from mlcomp.targets.distributed.launch import main, optimizer_of
+    from mlcomp.runtime.optim import OptimizerKind
+
+    monkeypatch.delenv("RANK", raising=False)
+    assert optimizer_of(None, None).text() == "sgd{lr=0.1}"
+    spec = optimizer_of("adam{lr=1e-3}", None)
+    assert spec.kind is OptimizerKind.ADAM and spec.options.lr == 1e-3
+    assert optimizer_of(None, 0.05).text() == "sgd{lr=0.05}"
+    assert 'note: --lr is deprecated; use --optimizer "sgd{lr=0.05}"' in capsys.readouterr().err
+    with pytest.raises(MlcompError, match="--lr and --optimizer were both given"):
+        optimizer_of("sgd", 0.1)
+    # a bad spec is a user error (exit 2) before any process group starts or the artifact is read
+    assert main(["no-such-folder", "--train", "--optimizer", "sgd{lr=0}"]) == 2
+    err = capsys.readouterr().err
+    assert "bad optimizer spec at column 8" in err and "option 'lr' of optimizer 'sgd' must be greater than 0" in err
+
+
+def test_launch_cli_refuses_a_bad_optimizer_before_torchrun(tmp_path):
+    from click.testing import CliRunner
+
+    from mlcomp.cli.main import main
+
+    res = CliRunner().invoke(main, ["launch", str(tmp_path), "--train", "--optimizer", "adm{lr=0.1}"])
+    assert res.exit_code == 2 and "unknown optimizer 'adm'; did you mean 'adam'?" in res.output, res.output
+    assert "Traceback" not in res.output
 
 
 def test_unpartitioned_graph_is_refused(mlp4):

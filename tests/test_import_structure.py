@@ -187,8 +187,8 @@ def test_scan_sees_the_whole_package(mlcomp_imports: ImportMap) -> None:
     lazy = {(e.source, e.target) for e in mlcomp_imports.local}
     assert ("mlcomp.cli.main", "mlcomp.api") in lazy          # the CLI's lazy loading is seen as such
     top = {(e.source, e.target) for e in mlcomp_imports.top}
-    assert ("mlcomp.targets.artifact", "mlcomp.targets.registry") in top
-    assert ("mlcomp.targets.base", "mlcomp.targets.artifact") in top
+    assert ("mlcomp.targets.base", "mlcomp.targets.registry") in top
+    assert ("mlcomp.targets.base", "mlcomp.runtime.artifact") in top
 
 
 # -- the detector on tiny synthetic packages ------------------------------------------------

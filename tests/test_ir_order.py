@@ -20,7 +20,7 @@ from mlcomp.base.errors import IRError
 from mlcomp.ir import Graph, Node, Ref, TensorMeta, ops
 from mlcomp.ir.builder import GraphBuilder
 from mlcomp.ir.order import NodeOrder
-from mlcomp.passes.cleanup import Cleanup
+from mlcomp.passes.cleanup.cleanup import Cleanup
 from mlcomp.pipeline.pass_base import PassContext
 
 F32 = torch.float32

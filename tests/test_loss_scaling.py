@@ -10,7 +10,7 @@ from torch import nn
 from mlcomp.frontend.joint import LossKind, capture_joint
 from mlcomp.ir.builder import GraphBuilder
 from mlcomp.ir.ops import INPUT, aten
-from mlcomp.targets.loss_scaling import (
+from mlcomp.training.loss_scaling import (
     LOSS_SCALE_INPUT,
     LossScaleError,
     LossScaleMode,
@@ -19,7 +19,7 @@ from mlcomp.targets.loss_scaling import (
     find_backward_seed,
     scale_backward_seed,
 )
-from mlcomp.targets.training import compile_training
+from mlcomp.training.step import compile_training
 
 
 def test_spec_parse_forms():
@@ -36,22 +36,26 @@ def test_spec_parse_forms():
     assert torch_names == LossScaleSpec() and LossScaleSpec.parse("DYNAMIC{interval=7}").interval == 7
 
 
-@pytest.mark.parametrize("text, needle", [     # read by the pipeline grammar: column, option list, suggestion
-    ("dynamik", "at column 1: there is no loss-scale mode 'dynamik'; did you mean 'dynamic'?"),
+@pytest.mark.parametrize("text, needle", [     # read by the spec grammar: column, option list, suggestion
+    ("dynamik", "unknown loss-scale mode 'dynamik'; did you mean 'dynamic'?"),
     ("dynamic{init=abc}", "option 'init' of loss-scale mode 'dynamic' expects float"),
     ("dynamic{grow=2}", "loss-scale mode 'dynamic' has no option 'grow'; did you mean 'growth'?"),
     ("dynamic{interval=2.5}", "option 'interval' of loss-scale mode 'dynamic' expects int"),
-    ("dynamic{backoff=2}", "'backoff' of loss-scale mode 'dynamic' must be at most 1.0"),
-    ("dynamic{growth=1}", "growth > 1"),
+    ("dynamic{backoff=2}", "'backoff' of loss-scale mode 'dynamic' must be in (0, 1), got 2.0"),
+    ("dynamic{backoff=0}", "'backoff' of loss-scale mode 'dynamic' must be in (0, 1), got 0.0"),
+    ("dynamic{growth=1}", "'growth' of loss-scale mode 'dynamic' must be greater than 1, got 1.0"),
+    ("dynamic{init=inf}", "'init' of loss-scale mode 'dynamic' must be in (0, inf), got inf"),
+    ("static{scale=0}", "'scale' of loss-scale mode 'static' must be in (0, inf), got 0.0. for example static"),
     ("-4", "positive finite"),
     ("inf", "positive finite"),
-    ("{}", "expected a mode (dynamic, static, none) or a number"),
+    ("{}", "expected a loss-scale mode name, found '{'"),
     ("dynamic,none", "names 2 loss-scale modes"),
 ])
 def test_spec_malformed(text, needle):
     with pytest.raises(LossScaleError) as info:
         LossScaleSpec.parse(text)
-    assert needle in str(info.value) and "dynamic{init=65536" in str(info.value)
+    msg = str(info.value)
+    assert needle in msg and ("for example " in msg or "write dynamic" in msg)      # and what to write
 
 
 def _mlp() -> nn.Module:
@@ -167,7 +171,7 @@ def test_fp16_underflow_without_scaling_and_recovery_with_it():
 
 
 def test_loss_scaled_artifact_saves_and_reloads_bit_for_bit(joint, tmp_path):
-    from mlcomp.targets.training import TrainingArtifact
+    from mlcomp.training.step import TrainingArtifact
 
     _, x, y, graph = joint
     art = compile_training(graph, optimizer="sgd{lr=0.1 momentum=0.9}", loss_scale="dynamic{init=1024 interval=2}")

@@ -22,8 +22,8 @@ from mlcomp.ir.builder import GraphBuilder
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.node import PrecisionReason
 from mlcomp.ir.ops import PARAM, aten
-from mlcomp.passes.mixed_precision import MixedPrecision, MixedPrecisionWarning
-from mlcomp.passes.precision_policy import DeviceKind, PolicyName, Rule, policy_table, rule_for
+from mlcomp.passes.precision.mixed import MixedPrecision, MixedPrecisionWarning
+from mlcomp.passes.precision.policy import DeviceKind, PolicyName, Rule, policy_table, rule_for
 from mlcomp.pipeline import Pipeline, run_pipeline
 from mlcomp.pipeline.pass_base import PassContext
 

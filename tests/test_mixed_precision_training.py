@@ -41,8 +41,8 @@ from mlcomp.ir.builder import new_node
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, aten
 from mlcomp.pipeline import run_pipeline
-from mlcomp.targets.training import compare_steps, compile_training, verify_gradients
-from mlcomp.targets.training_check import K_AUTOCAST
+from mlcomp.training.step import compare_steps, compile_training, verify_gradients
+from mlcomp.training.check import K_AUTOCAST
 from tests.test_training import MODELS
 
 BF16 = "mixed-precision{dtype=bf16}"

@@ -57,7 +57,7 @@ def lenet_bf16(captured):
 
 
 def test_cpu_target_runs_bf16_kernels(lenet_bf16, tmp_path):
-    from mlcomp.targets.artifact import Artifact
+    from mlcomp.runtime.artifact import Artifact
 
     module, inputs, graph, stats = lenet_bf16
     art = get_target("cpu").compile(graph, CompileOptions(threads=1, optimize=False))

@@ -98,7 +98,7 @@ def test_ort_kernel_table_asks_ort_and_caches():
     import onnx
     from onnx import helper
 
-    from mlcomp.targets.ort_precision import KernelTable
+    from mlcomp.targets.onnx.precision import KernelTable
 
     table = KernelTable()
     gemm = helper.make_node("Gemm", ["a", "b"], ["y"])
@@ -117,7 +117,7 @@ def test_ort_kernel_table_asks_ort_and_caches():
 def test_ort_record_survives_save_and_load_and_export(ort_built, tmp_path):
     import onnxruntime as ort
 
-    from mlcomp.targets.artifact import Artifact
+    from mlcomp.runtime.artifact import Artifact
     from mlcomp.targets.export import ExportFormat, export_graph
 
     model, graph, art = ort_built
@@ -134,7 +134,7 @@ def test_ort_record_survives_save_and_load_and_export(ort_built, tmp_path):
 
 
 def test_tvm_lowering_golden_ir(graphs):
-    from mlcomp.targets.tvm import lower_low_precision
+    from mlcomp.targets.tvm.target import lower_low_precision
 
     graph = _graph(Mixed(torch.bfloat16, conv=True), torch.randn(2, 2, 4, 4))
     lowered = lower_low_precision(graph)

@@ -18,10 +18,10 @@ from mlcomp.ir.builder import GraphBuilder
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.ops import GETITEM, aten
 from mlcomp.targets import CompileOptions
-from mlcomp.targets.artifact import Artifact
-from mlcomp.targets.onnx_emit import RULES, emit_model
-from mlcomp.targets.onnx_export import DIRECT, MLCOMP, ExportRecord
-from mlcomp.targets.onnxruntime import OnnxRuntimeTarget
+from mlcomp.runtime.artifact import Artifact
+from mlcomp.targets.onnx.emit import RULES, emit_model
+from mlcomp.targets.onnx.export import DIRECT, MLCOMP, ExportRecord
+from mlcomp.targets.onnx.target import OnnxRuntimeTarget
 
 pytestmark = pytest.mark.ort
 A = aten

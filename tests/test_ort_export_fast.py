@@ -1,6 +1,6 @@
 """The onnxruntime target's fast export path (issue 14): same ONNX graph as torch.onnx, fallback recorded.
 
-The direct path (:mod:`mlcomp.targets.onnx_export`) must give what
+The direct path (:mod:`mlcomp.targets.onnx.export`) must give what
 ``torch.onnx.export(dynamo=True)`` gives: the same op-type histogram, nodes
 (with their value names), inputs, initializers and numbers; the name-only
 support check must agree with torch.onnx's full torchlib registry.
@@ -12,12 +12,13 @@ from collections import Counter
 
 import pytest
 import torch
-from mlcomp.targets import CompileOptions, onnx_export
-from mlcomp.targets.artifact import Artifact
-from mlcomp.targets.codegen import to_fx
-from mlcomp.targets.onnx_export import DIRECT, PUBLIC, export_model, translatable
-from mlcomp.targets.onnx_patterns import ort_friendly
-from mlcomp.targets.onnxruntime import OnnxRuntimeTarget
+from mlcomp.targets import CompileOptions
+from mlcomp.targets.onnx import export as onnx_export
+from mlcomp.runtime.artifact import Artifact
+from mlcomp.runtime.codegen import to_fx
+from mlcomp.targets.onnx.export import DIRECT, PUBLIC, export_model, translatable
+from mlcomp.targets.onnx.patterns import ort_friendly
+from mlcomp.targets.onnx.target import OnnxRuntimeTarget
 from torch import fx
 
 from mlcomp.base.quiet import quiet_converter
@@ -164,7 +165,7 @@ def test_every_emitter_op_is_also_translatable_by_torchlib():
     size, bf16, an argument it does not match) torchlib must still translate the op, or torch decompose it."""
     from torch._decomp import decomposition_table
 
-    from mlcomp.targets.onnx_emit import RULES
+    from mlcomp.targets.onnx.emit import RULES
 
     missing = [str(op) for op in RULES if not translatable(op.resolve()) and op.resolve() not in decomposition_table]
     assert not missing

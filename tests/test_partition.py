@@ -7,13 +7,13 @@ import random
 import pytest
 import torch
 
-from mlcomp.analysis.placement_cost import PlacementCost
-from mlcomp.analysis.pipeline_schedule import Schedule
+from mlcomp.analysis.parallel.placement_cost import PlacementCost
+from mlcomp.analysis.parallel.pipeline_schedule import Schedule
 from mlcomp.ir.builder import GraphBuilder
 from mlcomp.ir.interpreter import evaluate
 from mlcomp.ir.ops import aten
 from mlcomp.ir.split import split_stages
-from mlcomp.passes.partition import Objective, Partition, PartitionError, even_cuts, plan_of, solve
+from mlcomp.passes.placement.partition import Objective, Partition, PartitionError, even_cuts, plan_of, solve
 from mlcomp.pipeline.pass_base import PassContext
 
 

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from mlcomp.analysis.pipeline_schedule import Op, Schedule, simulate
-from mlcomp.analysis.placement_cost import LINKS, measure_node_times
+from mlcomp.analysis.parallel.pipeline_schedule import Op, Schedule, simulate
+from mlcomp.analysis.parallel.placement_cost import LINKS, measure_node_times
 from mlcomp.base.errors import MlcompError
 from mlcomp.hardware.link import (
     Link,

@@ -7,10 +7,10 @@ import torch
 from mlcomp.base.errors import PipelineSpecError
 from mlcomp.hardware.spec import DEFAULT_CPU, HardwareSpec
 from mlcomp.ir.ops import aten
-from mlcomp.passes.place import Device, Place, PlacementError, Policy, assign_devices, devices_here
+from mlcomp.passes.placement.place import Device, Place, PlacementError, Policy, assign_devices, devices_here
 from mlcomp.pipeline import run_pipeline
 from mlcomp.pipeline.pass_base import PassContext
-from mlcomp.targets.codegen import to_fx
+from mlcomp.runtime.codegen import to_fx
 from tests.test_partition import residual_graph
 
 FAST = HardwareSpec("fast", {"fp32": 100e12}, 2e12, 0.0)

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from mlcomp.analysis.pipeline_schedule import Op, Schedule, send_waits, rank_orders, simulate
+from mlcomp.analysis.parallel.pipeline_schedule import Op, Schedule, send_waits, rank_orders, simulate
 from mlcomp.hardware.link import Link, LinkProfile, background_now, busy_cores
 
 

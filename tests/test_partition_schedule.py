@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlcomp.analysis.pipeline_schedule import Op, Schedule, plot_timeline, rank_orders, simulate
+from mlcomp.analysis.parallel.pipeline_schedule import Op, Schedule, plot_timeline, rank_orders, simulate
 from mlcomp.base.errors import MlcompError
 
 

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 import torch
-from mlcomp.passes.fusion import estimate_peak_bytes, materialize
+from mlcomp.passes.fusion.fusion import estimate_peak_bytes, materialize
 from torch import nn
 
 from mlcomp.base.errors import PassFailure

@@ -119,7 +119,7 @@ def test_kernels_pickle_by_value_and_nothing_is_registered_process_wide():
 
 
 def test_fused_graphs_lower_through_the_shared_torch_codegen():
-    codegen = pytest.importorskip("mlcomp.targets.codegen")
+    codegen = pytest.importorskip("mlcomp.runtime.codegen")
     torch.manual_seed(0)
     b = GraphBuilder("lower")
     x = b.input("x", (32, 64))

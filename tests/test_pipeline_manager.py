@@ -115,13 +115,14 @@ def test_empty_pipeline_returns_an_equal_copy():
 
 def test_dump_after_writes_text_and_dot(tmp_path):
     _, report = run_pipeline(small_graph(), "cleanup,fuse,cleanup", instruments=[Dump("fuse", tmp_path)])
-    names = sorted(p.name for p in tmp_path.iterdir())
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name != ".mlcomp")
     assert names == ["00-input.dot", "00-input.ir.txt", "02-fuse.dot", "02-fuse.ir.txt"]
+    assert (tmp_path / ".mlcomp").is_file()                      # the folder is marked as mlcomp's
     assert "mlcomp.fused_mm_relu_mul" in (tmp_path / "02-fuse.ir.txt").read_text()
     assert (tmp_path / "02-fuse.dot").read_text().startswith('digraph "small"')
     assert len(report.dumps) == 4 and "dumped 4 file(s)" in report.format()
     run_pipeline(small_graph(), "cleanup,fuse,cleanup", instruments=[Dump("all", tmp_path / "all")])
-    assert len(list((tmp_path / "all").iterdir())) == 8          # 'all': the input and every top-level pass
+    assert len(list((tmp_path / "all").glob("0*"))) == 8          # 'all': the input and every top-level pass
 
 
 def test_dump_after_errors(tmp_path):

@@ -124,10 +124,8 @@ def test_unknown_pass_lists_known_passes_and_the_closest_match():
     msg = _error("cleanup,fuze")
     assert "unknown pass 'fuze'; did you mean 'fuse'?" in msg
     assert "Known passes: cleanup, cse, dce" in msg
-    # the caret points at the bad name
-    lines = msg.splitlines()
-    assert lines[1].strip() == "cleanup,fuze"
-    assert lines[2].index("^") == lines[1].index("fuze")
+    # the column of the bad name, and the text from there
+    assert msg.startswith("bad pipeline spec at column 9 of 'cleanup,fuze' (at 'fuze'): unknown pass")
 
 
 def test_unknown_pass_without_a_close_match():
@@ -150,8 +148,7 @@ def test_ill_typed_options(registry):
     assert "expects one of auto|all" in msg
     msg = _error("cleanup{fold=maybe}")
     assert "expects bool" in msg
-    lines = msg.splitlines()
-    assert lines[2].index("^") == lines[1].index("maybe")
+    assert "at column 14 of 'cleanup{fold=maybe}' (at 'maybe}')" in msg
 
 
 @pytest.mark.parametrize("text, problem, column", [
@@ -167,11 +164,10 @@ def test_ill_typed_options(registry):
 ])
 def test_malformed_specs_point_at_the_character(text, problem, column):
     msg = _error(text)
-    head, shown, caret = msg.splitlines()[:3]
-    assert head == f"bad pipeline spec at column {column}:"
-    assert shown.strip() == text
-    assert caret.index("^") - shown.index(text[0]) == column - 1
-    assert problem in caret
+    rest = text[column - 1:]
+    here = f"at {rest[:12] + ('...' if len(rest) > 12 else '')!r}" if rest else "at the end"
+    assert msg.startswith(f"bad pipeline spec at column {column} of {text!r} ({here}): {problem}")
+    assert "\n" not in msg
 
 
 def test_preset_with_options_is_an_error():
@@ -209,12 +205,12 @@ def test_missing_toml_file(tmp_path):
 
 
 def test_registry_is_lazy_and_extensible():
-    reg = PassRegistry({"dce": "mlcomp.passes.cleanup:DeadCodeElimination"})
+    reg = PassRegistry({"dce": "mlcomp.passes.cleanup.cleanup:DeadCodeElimination"})
     assert reg.names() == ["dce"] and not reg._infos          # nothing imported yet
     info = reg.get("dce")
     assert info.summary.startswith("Remove nodes whose values nobody reads")
     assert [(o.name, o.type_text(), o.default) for o in info.options] == [("keep_params", "bool", False)]
-    reg.register("mlcomp.passes.cleanup:CommonSubexpressionElimination", name="cse")
+    reg.register("mlcomp.passes.cleanup.cleanup:CommonSubexpressionElimination", name="cse")
     assert reg.names() == ["cse", "dce"]
     with pytest.raises(ValueError, match="already registered"):
         reg.register(MixedPrecisionStub, name="dce")
@@ -294,9 +290,9 @@ def test_pipeline_options_and_helper():
 
 
 def test_declared_option_ranges_are_enforced_in_specs_toml_and_python():
-    from mlcomp.passes.fusion import Fuse
+    from mlcomp.passes.fusion.fusion import Fuse
 
-    with pytest.raises(PipelineSpecError, match=r"option 'max_group_size' of pass 'fuse' must be at least 1, got '-5'"):
+    with pytest.raises(PipelineSpecError, match=r"option 'max_group_size' of pass 'fuse' must be at least 1, got -5"):
         Pipeline.parse("fuse{max_group_size=-5}")
     with pytest.raises(PipelineSpecError, match="must be at least 0"):
         Pipeline.from_toml_text('[[passes]]\nname = "fuse"\npeak_slack = -0.5\n')

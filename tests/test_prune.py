@@ -11,13 +11,13 @@ import pytest
 import torch
 from torch import nn
 
-from mlcomp.analysis.channel_groups import GroupKind, find_channel_groups
+from mlcomp.passes.prune.channel_groups import GroupKind, find_channel_groups
 from mlcomp.analysis.cost import node_flops
 from mlcomp.base.errors import PipelineSpecError, VerificationError
 from mlcomp.frontend.capture import capture_module
 from mlcomp.ir.ops import PARAM
-from mlcomp.passes.prune import Prune, PruneMethod
-from mlcomp.passes.prune_rewrite import two_four_mask
+from mlcomp.passes.prune.prune import Prune, PruneMethod
+from mlcomp.passes.prune.rewrite import two_four_mask
 from mlcomp.pipeline import run_pipeline
 from mlcomp.pipeline.instruments import Verify
 from mlcomp.pipeline.pass_base import PassRegistry, PassResult
@@ -260,7 +260,7 @@ def test_global_ranking_clamps_a_group_it_would_empty(captured, tiny):
 def test_sparsity_must_be_below_one():
     with pytest.raises(PipelineSpecError, match=r"in \[0, 1\)"):
         Prune(sparsity=1.0)
-    with pytest.raises(PipelineSpecError, match="must be at least 0"):
+    with pytest.raises(PipelineSpecError, match=r"must be in \[0, 1\), got -0.1"):
         Prune(sparsity=-0.1)
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from mlcomp.analysis.channel_groups import GroupKind, find_channel_groups
+from mlcomp.passes.prune.channel_groups import GroupKind, find_channel_groups
 from mlcomp.analysis.cost import node_flops
 from mlcomp.frontend.capture import capture_module
 from mlcomp.ir.ops import PARAM

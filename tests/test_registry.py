@@ -45,7 +45,7 @@ def test_every_table_is_a_lazy_registry():
     from mlcomp.cli.main import COMMANDS
     from mlcomp.pipeline.pass_base import REGISTRY
     from mlcomp.study import study_module
-    from mlcomp.targets.artifact import RUNTIMES, RuntimeKind
+    from mlcomp.runtime.artifact import RUNTIMES, RuntimeKind
     from mlcomp.targets.base import TARGETS, get_target
 
     assert {"compile", "passes", "study"} <= set(COMMANDS.names())
@@ -62,7 +62,7 @@ def test_every_table_is_a_lazy_registry():
 def test_listing_commands_and_passes_imports_no_backend():
     code = ("import sys; from mlcomp.cli.main import main, COMMANDS; "
             "from mlcomp.pipeline import Pipeline; Pipeline.parse('-O2'); COMMANDS.names(); "
-            "print(sorted(m for m in ('tvm', 'onnxruntime', 'mlcomp.targets.tvm', 'mlcomp.study.roofline') "
+            "print(sorted(m for m in ('tvm', 'onnxruntime', 'mlcomp.targets.tvm.target', 'mlcomp.study.roofline') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -22,7 +22,7 @@ from mlcomp.base.errors import PipelineMismatchError, PipelineSpecError
 from mlcomp.frontend.joint import capture_joint, example_target, without_dropout
 from mlcomp.ir.node import Phase
 from mlcomp.ir.opsets import is_pure
-from mlcomp.passes.remat import (
+from mlcomp.passes.remat.remat import (
     CostModel,
     Remat,
     RematError,
@@ -32,7 +32,7 @@ from mlcomp.passes.remat import (
 )
 from mlcomp.pipeline import run_pipeline
 from mlcomp.pipeline.pass_base import PassContext
-from mlcomp.targets.training import compile_training
+from mlcomp.training.step import compile_training
 
 GRAD_TOL = 1e-6
 

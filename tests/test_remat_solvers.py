@@ -15,8 +15,8 @@ import random
 import pytest
 import torch
 
-from mlcomp.passes.remat_problem import Candidate, RematProblem
-from mlcomp.passes.remat_solvers import (
+from mlcomp.passes.remat.problem import Candidate, RematProblem
+from mlcomp.passes.remat.solvers import (
     Solver,
     estimate,
     knapsack,
@@ -177,7 +177,7 @@ def test_minimum_and_fast_solvers_respect_the_allowance(seed):
 def zoo_problems():
     from mlcomp.frontend.joint import capture_joint, example_target
     from mlcomp.models import get
-    from mlcomp.passes.remat import build_problem
+    from mlcomp.passes.remat.remat import build_problem
 
     out = {}
     for name in ("mlp", "lenet"):

@@ -13,7 +13,7 @@ from mlcomp.ir.ops import aten
 from mlcomp.targets import (Capabilities, CapabilityError, CompileOptions, DeviceKind, Fallback, LogLevel,
                             Target, TargetName, get_target)
 from mlcomp.targets.capabilities import REAL_DTYPES, MismatchKind, mismatches
-from mlcomp.targets.training import training_capabilities
+from mlcomp.training.step import training_capabilities
 from mlcomp.targets.options import OptionsError
 
 TARGETS = [t.value for t in TargetName]

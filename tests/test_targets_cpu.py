@@ -6,8 +6,8 @@ import operator
 import pytest
 import torch
 from mlcomp.targets import CompileOptions, Fallback, available_targets, get_target
-from mlcomp.targets.artifact import Artifact
-from mlcomp.targets.codegen import param_names, to_fx
+from mlcomp.runtime.artifact import Artifact
+from mlcomp.runtime.codegen import param_names, to_fx
 from mlcomp.targets.fallback import split_regions
 
 from mlcomp.base.errors import InputSpecError, MlcompError, TargetUnavailableError, UnsupportedOpError

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 from mlcomp.targets import CompileOptions, get_target
-from mlcomp.targets.artifact import Artifact
+from mlcomp.runtime.artifact import Artifact
 
 from mlcomp.base.errors import TargetUnavailableError
 from tests.targets_common import FP32_RTOL, compile_zoo

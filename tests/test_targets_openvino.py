@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 from mlcomp.targets import CompileOptions, Fallback, get_target
-from mlcomp.targets.openvino import OpenVinoTarget, precision_hint, requested_precision
+from mlcomp.targets.openvino.target import OpenVinoTarget, precision_hint, requested_precision
 from torch import nn
 
 import mlcomp

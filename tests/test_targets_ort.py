@@ -105,7 +105,7 @@ def test_export_onnx_reloads_in_plain_onnxruntime(tmp_path):
     assert session.get_inputs()[0].shape == [1, 1, 28, 28]
 
 
-# --- issue 14 part 4: the exported graph keeps what ORT fuses (mlcomp.targets.onnx_patterns) ---------
+# --- issue 14 part 4: the exported graph keeps what ORT fuses (mlcomp.targets.onnx.patterns) ---------
 
 
 class AttentionBlock(nn.Module):
@@ -202,8 +202,8 @@ def _between(graph, first: str, last: str) -> str:
 def test_safe_softmax_rewrite_keeps_fully_masked_rows_zero(tmp_path):
     """The guard becomes torch.onnx's own: softmax, then NaN → 0 (ORT: IsNaN + Where, no row reduction).
     A fully masked row still gives 0, in torch and in ORT."""
-    from mlcomp.targets.codegen import to_fx
-    from mlcomp.targets.onnx_patterns import cheap_safe_softmax
+    from mlcomp.runtime.codegen import to_fx
+    from mlcomp.targets.onnx.patterns import cheap_safe_softmax
 
     q = torch.randn(1, 1, 3, 4, generator=torch.Generator().manual_seed(0))
     mask = torch.tensor([[True, True, True], [False, False, False], [True, False, True]])
@@ -233,8 +233,8 @@ class SafeSoftmax(nn.Module):
 def test_safe_softmax_rewrite_maps_a_nan_row_to_zero_like_torch_onnx():
     """Where the guard's own value is NaN (a row with NaN or +inf) the rewrite gives 0, as the IsNaN guard
     torch.onnx emits for SDPA does; everywhere else the two are bit for bit equal."""
-    from mlcomp.targets.codegen import to_fx
-    from mlcomp.targets.onnx_patterns import cheap_safe_softmax
+    from mlcomp.runtime.codegen import to_fx
+    from mlcomp.targets.onnx.patterns import cheap_safe_softmax
 
     inf, nan = float("inf"), float("nan")
     x = torch.tensor([[0.5, -inf, 1.0, 2.0], [-inf, -inf, -inf, -inf], [0.0, nan, 1.0, -inf], [0.0, inf, 1.0, 2.0]])
@@ -293,9 +293,9 @@ def heads_proj_o2():
 
 
 def test_batched_linear_after_cleanup_is_one_gemm(heads_proj_o2, tmp_path):
-    from mlcomp.targets.codegen import to_fx
-    from mlcomp.targets.onnx_patterns import ort_friendly
-    from mlcomp.targets.onnxruntime import export_onnx
+    from mlcomp.runtime.codegen import to_fx
+    from mlcomp.targets.onnx.patterns import ort_friendly
+    from mlcomp.targets.onnx.target import export_onnx
 
     q, graphs = heads_proj_o2
     module, graph = graphs[True]
@@ -319,8 +319,8 @@ def test_batched_linear_after_cleanup_is_one_gemm(heads_proj_o2, tmp_path):
 
 def test_batched_linear_without_bias_after_cleanup(heads_proj_o2):
     """No bias: the product itself (no view after it at -O2) becomes ``view(mm(reshape(x), w.T))``."""
-    from mlcomp.targets.codegen import to_fx
-    from mlcomp.targets.onnx_patterns import linearize_batched_matmuls
+    from mlcomp.runtime.codegen import to_fx
+    from mlcomp.targets.onnx.patterns import linearize_batched_matmuls
 
     q, graphs = heads_proj_o2
     module, graph = graphs[False]
@@ -370,7 +370,7 @@ def gru_tagger():
 
 
 def test_gru_tagger_exports_one_onnx_gru(gru_tagger, tmp_path):
-    from mlcomp.targets.onnx_patterns import ort_friendly
+    from mlcomp.targets.onnx.patterns import ort_friendly
 
     module, ids, graph = gru_tagger
     before = str(graph)
@@ -391,7 +391,7 @@ def test_gru_tagger_exports_one_onnx_gru(gru_tagger, tmp_path):
 def test_gru_region_reading_a_foreign_constant_is_left_alone(gru_tagger):
     """A region whose weights a pass replaced (not ``<module>.weight_ih_l0`` …) is exported unrolled."""
     from mlcomp.ir.builder import rename
-    from mlcomp.targets.onnx_patterns import ort_friendly
+    from mlcomp.targets.onnx.patterns import ort_friendly
 
     _module, ids, graph = gru_tagger
     graph = graph.copy()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 from mlcomp.targets import CompileOptions, Fallback, get_target
-from mlcomp.targets.artifact import Artifact
+from mlcomp.runtime.artifact import Artifact
 from mlcomp.targets.base import TargetCompileError
 from torch import nn
 
@@ -66,7 +66,7 @@ def test_low_precision_addmm_is_lowered_and_linear_reported():
     """TVM 0.27's importer computes addmm in float32 whatever its inputs: a bf16/fp16 addmm is lowered to
     mm + add before the build (issue 10); a low-precision linear (same importer problem) is refused up front."""
     from mlcomp.ir.builder import GraphBuilder
-    from mlcomp.targets.tvm import lower_low_precision
+    from mlcomp.targets.tvm.target import lower_low_precision
 
     for dtype, low in ((torch.float16, True), (torch.bfloat16, True), (torch.float32, False)):
         b = GraphBuilder("lin")
@@ -108,7 +108,8 @@ def test_unknown_op_is_reported_then_falls_back_to_torch():
 
 def test_backend_knobs_come_from_compile_options(captured, monkeypatch):
     """Timeouts, verbosity and worker torch reach the backend as options (no environment variable)."""
-    from mlcomp.targets import LogLevel, tvm_backend
+    from mlcomp.targets import LogLevel
+    from mlcomp.targets.tvm.target import build as tvm_backend
 
     seen = {}
 

@@ -25,7 +25,7 @@ from mlcomp.ir.builder import GraphBuilder
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.ops import aten
 from mlcomp.models.third_party import build_third_party
-from mlcomp.passes.cleanup import Simplify
+from mlcomp.passes.cleanup.cleanup import Simplify
 from mlcomp.pipeline.pass_base import PassContext
 from mlcomp.pipeline.presets import PRESET_TABLE, Rewrite, adapt_preset, preset_text
 from mlcomp.targets import get_target
@@ -183,7 +183,7 @@ class _CacheCat(torch.nn.Module):
 @pytest.mark.tvm
 def test_tvm_cat_skips_empty_1d_inputs_as_torch_does():
     """GPT-2's cause (issue 14): TVM's importer rejected the rank-1 empty input; the build drops it first."""
-    tvm_backend = pytest.importorskip("mlcomp.targets.tvm_backend")
+    tvm_backend = pytest.importorskip("mlcomp.targets.tvm.build")
     x = torch.randn(2, 3, 4, 5)
     built = tvm_backend.build(_CacheCat(), (x,))
     got = built(x)

@@ -16,7 +16,7 @@ import torch
 
 import mlcomp
 from mlcomp.hardware.timing import calls_per_block
-from mlcomp.targets.timing_worker import ProcessSampler, WorkerError, save_inputs, serve
+from mlcomp.runtime.timing_worker import ProcessSampler, WorkerError, save_inputs, serve
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_serve_protocol_in_process(saved):
 
 
 def test_the_child_imports_this_mlcomp_first(monkeypatch):
-    from mlcomp.targets.timing_worker import _child_env
+    from mlcomp.runtime.timing_worker import _child_env
 
     monkeypatch.setenv("PYTHONPATH", "elsewhere")
     first, *rest = _child_env()["PYTHONPATH"].split(os.pathsep)

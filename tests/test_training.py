@@ -40,8 +40,8 @@ from mlcomp.frontend.joint import (
 from mlcomp.ir import Graph, Mode, Node, Ref, TensorMeta
 from mlcomp.ir.node import Phase
 from mlcomp.ir.ops import INPUT, OUTPUT, aten
-from mlcomp.targets.optim import OptimizerSpec, OptimizerSpecError
-from mlcomp.targets.training import (
+from mlcomp.runtime.optim import OptimizerSpec, OptimizerSpecError
+from mlcomp.training.step import (
     TrainingCapabilityError,
     compare_steps,
     compile_training,
@@ -400,17 +400,18 @@ def test_integer_only_output_is_refused():
 
 @pytest.mark.parametrize("spec,message", [
     ("sgd{lr=0.1 momentm=0.9}", "optimizer 'sgd' has no option 'momentm'; did you mean 'momentum'?"),
-    ("adam{lr=fast}", "option 'lr' of optimizer 'adam' expects float >= 0.0, got 'fast'"),
+    ("adam{lr=fast}", "option 'lr' of optimizer 'adam' expects float > 0, got 'fast'"),
     ("adm{lr=0.1}", "unknown optimizer 'adm'; did you mean 'adam'?"),
     ("sgd{lr}", "expected '=' after option name 'lr'"),
     ("sgd{lr=0}", "option 'lr' of optimizer 'sgd' must be greater than 0, got 0.0"),
     ("sgd{lr=0.1 momentum=1}", "option 'momentum' of optimizer 'sgd' must be in [0, 1), got 1.0"),
-    ("adam{betas=(0.9,1.0)}", "option 'betas' of optimizer 'adam' must be two numbers, each in [0, 1)"),
-    ("sgd{lr=-1}", "option 'lr' of optimizer 'sgd' must be at least 0.0"),
+    ("adam{betas=(0.9,1.0)}", "option 'betas' of optimizer 'adam' must have every item in [0, 1), got [0.9,1.0]"),
+    ("sgd{lr=-1}", "option 'lr' of optimizer 'sgd' must be greater than 0, got -1.0"),
+    ("adam{betas=(0.9)}", "option 'betas' of optimizer 'adam' expects list of 2 float in [0, 1), got ['0.9'] (1 items)"),
     ("sgd,adam", "names 2 optimizers; give one"),
 ])
 def test_bad_optimizer_specs(spec, message):
-    """The pipeline grammar's errors, in optimizer words: column, did-you-mean, declared ranges."""
+    """The spec grammar's errors, in optimizer words: column, did-you-mean, declared ranges."""
     with pytest.raises(OptimizerSpecError) as info:
         OptimizerSpec.parse(spec)
     assert message in info.value.message and "Traceback" not in info.value.message

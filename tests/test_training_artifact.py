@@ -19,7 +19,7 @@ from mlcomp.frontend.joint import TrainingError, capture_joint, resolve_loss
 from mlcomp.frontend.loading import load_model
 from mlcomp.ir import Mode
 from mlcomp.targets import get_target
-from mlcomp.targets.training import (
+from mlcomp.training.step import (
     SAVED_FILES,
     TrainingArtifact,
     compile_training,

@@ -77,7 +77,7 @@ def test_allocator_peak_sees_every_free():
 def test_predicted_peak_within_10_percent_of_the_compiled_step(model):
     from mlcomp.analysis.workspace import op_workspaces
     from mlcomp.measure.training_bench import step_peak, training_case
-    from mlcomp.targets.training import compile_training
+    from mlcomp.training.step import compile_training
 
     case = training_case(model, batch=32)
     art = compile_training(case.graph, optimizer="sgd{lr=0.01 momentum=0.9}",

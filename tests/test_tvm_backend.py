@@ -1,4 +1,4 @@
-"""targets/tvm_backend.py: untuned MLP numerics, save -> load in a fresh process, tuning-database reuse,
+"""targets/tvm/build.py: untuned MLP numerics, save -> load in a fresh process, tuning-database reuse,
 and a build that leaves the process as it found it (Ctrl-C included)."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from torch import nn
 
 pytestmark = pytest.mark.tvm
 
-tvm_backend = pytest.importorskip("mlcomp.targets.tvm_backend")
+tvm_backend = pytest.importorskip("mlcomp.targets.tvm.build")
 
 
 def _mlp() -> nn.Module:
@@ -46,7 +46,7 @@ def test_mlp_untuned_save_and_load_in_fresh_process(tmp_path):
     torch.save({"x": x, "ref": ref}, tmp_path / "io.pt")
     script = textwrap.dedent(f"""
         import torch
-        from mlcomp.targets.tvm_backend import TvmModule
+        from mlcomp.targets.tvm.build import TvmModule
         io = torch.load({str(tmp_path / "io.pt")!r})
         out = TvmModule.load({str(tmp_path / "art")!r})(io["x"])
         torch.testing.assert_close(out[0], io["ref"], rtol=1e-4, atol=1e-5)
@@ -180,7 +180,7 @@ def test_ctrl_c_while_tuning_stops_at_the_next_batch(private_tmp, monkeypatch, t
 
 
 def test_scope_hides_torch_from_children_only_inside_for_workers(private_tmp):
-    from mlcomp.targets.tvm_scope import TvmScope
+    from mlcomp.targets.tvm.scope import TvmScope
 
     before = _process_state()
     probe = [sys.executable, "-c", "import tempfile\ntry:\n import torch\nexcept ImportError as e:\n print('hidden', e)\n"
@@ -199,7 +199,7 @@ def test_scopes_in_two_threads_run_one_after_the_other():
     """What a scope patches is process-wide: a second thread's scope waits for the first to end."""
     import threading
 
-    from mlcomp.targets.tvm_scope import TvmScope
+    from mlcomp.targets.tvm.scope import TvmScope
 
     original = inspect.stack
     order, entered, release = [], threading.Event(), threading.Event()

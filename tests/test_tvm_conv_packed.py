@@ -1,4 +1,4 @@
-"""targets/tvm_conv_packed.py (issue 14): NHWC Relax around convs, prepacked oneDNN calls with fused epilogues.
+"""targets/tvm/offload/conv_packed.py (issue 14): NHWC Relax around convs, prepacked oneDNN calls with fused epilogues.
 
 Relax after the rewrite (which ops became which packed calls, in order), numbers against eager,
 stats, a save/load round trip that repacks, the channels-last rule, and the tuned-vs-untuned pick
@@ -13,10 +13,10 @@ from torch import nn
 
 pytestmark = pytest.mark.tvm
 
-tvm_backend = pytest.importorskip("mlcomp.targets.tvm_backend")
-from mlcomp.targets import tvm_conv_packed as packed  # noqa: E402
-from mlcomp.targets.tvm_kernels import KERNELS, PACKED_WEIGHTS, packed_conv_available  # noqa: E402
-from mlcomp.targets.tvm_offload import offload  # noqa: E402
+tvm_backend = pytest.importorskip("mlcomp.targets.tvm.build")
+from mlcomp.targets.tvm.offload import conv_packed as packed  # noqa: E402
+from mlcomp.targets.tvm.kernels import KERNELS, PACKED_WEIGHTS, packed_conv_available  # noqa: E402
+from mlcomp.targets.tvm.offload.rewrite import offload  # noqa: E402
 
 needs_onednn = pytest.mark.skipif(not packed_conv_available(), reason="torch without mkldnn._convolution_pointwise")
 
@@ -200,7 +200,7 @@ def test_tuned_build_is_kept_only_when_faster(tuned_cost, winner):
 def test_tuning_space_without_parallel_loops_next_to_torch_kernels():
     from tvm.s_tir import meta_schedule as ms
 
-    from mlcomp.targets.tvm_tuning import _space
+    from mlcomp.targets.tvm.tuning import _space
 
     assert _space(True) == "post-order-apply"
     rules = [r for r in _space(False).sch_rules if isinstance(r, ms.schedule_rule.ParallelizeVectorizeUnroll)]

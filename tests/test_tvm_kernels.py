@@ -1,4 +1,5 @@
-"""Untuned TVM with vendor kernels (targets/tvm_offload, tvm_kernels) and default schedules (tvm_schedules).
+"""Untuned TVM with vendor kernels (targets/tvm/offload, targets/tvm/kernels.py) and default schedules
+(targets/tvm/schedules.py).
 
 Three ways: the Relax IR before/after the offload (golden text), numbers against eager
 (conv with BatchNorm, depthwise and asymmetric padding, linear, matmul), and the stats the
@@ -12,7 +13,7 @@ from torch import nn
 
 pytestmark = pytest.mark.tvm
 
-tvm_backend = pytest.importorskip("mlcomp.targets.tvm_backend")
+tvm_backend = pytest.importorskip("mlcomp.targets.tvm.build")
 
 
 class Tiny(nn.Module):
@@ -72,7 +73,7 @@ def relax_before_after():
     import tvm
     from tvm.relax.frontend.torch import from_exported_program
 
-    from mlcomp.targets.tvm_offload import offload
+    from mlcomp.targets.tvm.offload.rewrite import offload
 
     model, x = _tiny()
     mod = from_exported_program(torch.export.export(model, (x,)), keep_params_as_input=False)
@@ -157,7 +158,7 @@ def test_numbers_and_stats_against_eager(built_tiny):
 
 def test_asymmetric_padding_conv_kernel():
     """Relax pads top/left/bottom/right separately; the kernel pads the input when they differ."""
-    from mlcomp.targets.tvm_kernels import KERNELS
+    from mlcomp.targets.tvm.kernels import KERNELS
 
     x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
     out = KERNELS["mlcomp.torch.conv2d"].fn(x, w, torch.zeros(0), 1, 1, 0, 1, 2, 0, 1, 1, 1)
@@ -171,7 +172,7 @@ def test_parallel_vector_schedule_on_an_elementwise_func():
     from tvm import te
 
     from mlcomp.hardware.probe import vector_bits
-    from mlcomp.targets.tvm_schedules import default_rules, schedule_counts
+    from mlcomp.targets.tvm.schedules import default_rules, schedule_counts
 
     a = te.placeholder((64, 1024), name="a")
     b = te.compute(a.shape, lambda i, j: te.max(a[i, j] + 1.0, 0.0), name="b")
@@ -240,7 +241,7 @@ def test_serial_rules_keep_vector_loops_and_drop_parallel_ones(parallel):
     from tvm.s_tir import dlight as dl
 
     from mlcomp.hardware.probe import vector_bits
-    from mlcomp.targets.tvm_schedules import default_rules, parallel_loops, schedule_counts
+    from mlcomp.targets.tvm.schedules import default_rules, parallel_loops, schedule_counts
 
     mod, target = _softmax_and_relu_mod(), tvm.target.Target("llvm")
     with target:
@@ -266,7 +267,7 @@ def test_call_scopes_torch_threads_and_leaves_the_process_as_it_was(built_tiny):
     and the process's threads (TVM's pool never starts: no parallel loop) are what they were."""
     import os
 
-    from mlcomp.targets.tvm import TvmRuntime
+    from mlcomp.targets.tvm.target import TvmRuntime
 
     model, x, mod = built_tiny
     seen = []

@@ -11,7 +11,7 @@ from torch import nn
 
 pytestmark = pytest.mark.tvm
 
-tvm_backend = pytest.importorskip("mlcomp.targets.tvm_backend")
+tvm_backend = pytest.importorskip("mlcomp.targets.tvm.build")
 
 from tests.test_tvm_kernels import _render  # noqa: E402  (the shared Relax renderer)
 
@@ -50,7 +50,7 @@ def _relax(model, x, capture: bool = True):
     from tvm.relax.frontend.torch import from_exported_program
 
     from mlcomp.frontend.loading import load_model
-    from mlcomp.targets.codegen import to_fx
+    from mlcomp.runtime.codegen import to_fx
 
     module = to_fx(load_model(model, example_inputs=(x,)).capture()).eval() if capture else model
     mod = from_exported_program(torch.export.export(module, (x,)), keep_params_as_input=False,
@@ -65,7 +65,7 @@ def _model(cls, *shape):
 
 @pytest.fixture(scope="module")
 def encoder():
-    from mlcomp.targets.tvm_offload import ALL_FUSIONS, Fusion, offload
+    from mlcomp.targets.tvm.offload.rewrite import ALL_FUSIONS, Fusion, offload
 
     model, x = _model(TinyEncoder, 2, 5, 8)
     module, mod = _relax(model, x)
@@ -143,7 +143,7 @@ def test_encoder_report_counts(encoder):
 
 
 def test_encoder_numbers_and_stats_against_eager(encoder):
-    from mlcomp.targets.tvm_offload import ALL_FUSIONS, Fusion
+    from mlcomp.targets.tvm.offload.rewrite import ALL_FUSIONS, Fusion
 
     model, x, module, *_ = encoder
     built = tvm_backend.build(module, (x,), fusions=ALL_FUSIONS - {Fusion.VIEWS}, small_gemms=False)
@@ -154,7 +154,7 @@ def test_encoder_numbers_and_stats_against_eager(encoder):
 
 
 def test_lenet_bias_and_activation_go_into_the_torch_calls():
-    from mlcomp.targets.tvm_offload import offload
+    from mlcomp.targets.tvm.offload.rewrite import offload
 
     model, x = _model(TinyLeNet, 3, 1, 8, 8)
     module, mod = _relax(model, x)
@@ -188,7 +188,7 @@ class PreActivationReadTwice(nn.Module):
 
 def test_activation_stays_in_tvm_when_the_linear_output_has_another_reader():
     """Folding sigmoid into the linear would compute the linear twice: the rewrite declines."""
-    from mlcomp.targets.tvm_offload import offload
+    from mlcomp.targets.tvm.offload.rewrite import offload
 
     model, x = _model(PreActivationReadTwice, 2, 4)
     _, mod = _relax(model, x, capture=False)
@@ -199,7 +199,7 @@ def test_activation_stays_in_tvm_when_the_linear_output_has_another_reader():
 
 
 def test_attention_kernel_and_activations_against_torch():
-    from mlcomp.targets.tvm_kernels import KERNELS, Activation
+    from mlcomp.targets.tvm.kernels import KERNELS, Activation
 
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 5, 4), torch.randn(3, 6, 4), torch.randn(3, 6, 7)
@@ -224,8 +224,8 @@ class LinearRelu(nn.Module):
 def test_relu_joins_a_large_linear_only():
     """relu after a linear of ≥ RELU_MIN_ELEMENTS outputs runs in place in torch (linear_relu); a small one
     stays a TVM loop, as relu after a conv does."""
-    from mlcomp.targets.tvm_epilogues import RELU_MIN_ELEMENTS
-    from mlcomp.targets.tvm_offload import offload
+    from mlcomp.targets.tvm.offload.epilogues import RELU_MIN_ELEMENTS
+    from mlcomp.targets.tvm.offload.rewrite import offload
 
     lines = {}
     for rows in (1024, 8):

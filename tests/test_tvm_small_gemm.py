@@ -13,11 +13,11 @@ import torch
 
 pytestmark = pytest.mark.tvm
 
-tvm_backend = pytest.importorskip("mlcomp.targets.tvm_backend")
+tvm_backend = pytest.importorskip("mlcomp.targets.tvm.build")
 
-from mlcomp.targets import tvm_gemm
-from mlcomp.targets.tvm_fast_math import fast_math
-from mlcomp.targets.tvm_gemm import (
+from mlcomp.targets.tvm.offload import gemm as tvm_gemm
+from mlcomp.targets.tvm.fast_math import fast_math
+from mlcomp.targets.tvm.offload.gemm import (
     GemmCall,
     decide,
     gemm_calls,
@@ -123,7 +123,7 @@ def _run(mod, *args):
 def test_small_matmul_schedule_numbers_and_patches_against_torch():
     from tvm import relax, tirx
 
-    from mlcomp.targets.tvm_kernels import register_kernels
+    from mlcomp.targets.tvm.kernels import register_kernels
 
     register_kernels()
     g = torch.Generator().manual_seed(0)

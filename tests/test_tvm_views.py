@@ -1,4 +1,4 @@
-"""Layout chains next to TVM's torch calls become strided views / one torch copy (issue 14, ``tvm_views``).
+"""Layout chains next to TVM's torch calls become strided views / one torch copy (issue 14, ``tvm.offload.views``).
 
 Three ways: the Relax IR before/after (golden text: which layout ops are gone, the views each call
 reads, in order), numbers against eager PyTorch (1e-5: sequence-first and batch-first attention, HF
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from mlcomp.targets.tvm_layouts import Layout, LayoutError
+from mlcomp.targets.tvm.offload.layouts import Layout, LayoutError
 
 # ---- the layout algebra against torch (no TVM) ----------------------------------------------------
 
@@ -115,7 +115,7 @@ def _views_render(func) -> list[str]:
     import tvm
     from tvm import relax
 
-    from mlcomp.targets.tvm_chains import decode as _decode
+    from mlcomp.targets.tvm.offload.chains import decode as _decode
     from tests.test_tvm_kernels import _render
 
     lines = _render(func)
@@ -138,7 +138,7 @@ def _views_render(func) -> list[str]:
 
 def _build(module, x, **options):
     # every GEMM a torch call (no tvm_gemm probe): which calls the views rewrite sees stays deterministic
-    return pytest.importorskip("mlcomp.targets.tvm_backend").build(module, (x,), small_gemms=False, **options)
+    return pytest.importorskip("mlcomp.targets.tvm.build").build(module, (x,), small_gemms=False, **options)
 
 # TinyEncoder (tests/test_tvm_offload_fusions.py): nn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
 # whose MultiheadAttention runs sequence-first inside.  min_elements=0: every layout copy moves.  The heads
@@ -166,7 +166,7 @@ gv = relax.call_pure_packed(mlcomp.torch.linear, lv44, const[8x8], const[8])"""
 
 def _offloaded(cls, min_elements):
     pytest.importorskip("tvm")
-    from mlcomp.targets.tvm_offload import offload
+    from mlcomp.targets.tvm.offload.rewrite import offload
     from tests.test_tvm_offload_fusions import _model, _relax
 
     model, x = _model(cls, 2, 5, 8)
@@ -196,7 +196,7 @@ def test_sequence_first_attention_golden_ir(encoder):
     for op in ("permute_dims", "take", "squeeze", "expand_dims", "multiply", "broadcast_to"):
         assert f"relax.{op}(" in plain and f"relax.{op}(" not in text
     # the default size rule changes nothing here: the merge commute copies nothing, whatever the size
-    from mlcomp.targets.tvm_offload import offload
+    from mlcomp.targets.tvm.offload.rewrite import offload
 
     default = "\n".join(_views_render(offload(before)[0]["main"]))
     assert default.startswith(_ENCODER_AFTER) and "permute_dims" not in default
@@ -242,8 +242,8 @@ def test_batch_first_numbers_against_eager():
 
 def test_views_kernel_against_torch():
     """The ``*_views`` wrapper: ``encode``'s integers, read back by the kernel, are the views torch makes."""
-    from mlcomp.targets.tvm_chains import encode
-    from mlcomp.targets.tvm_kernels import KERNELS
+    from mlcomp.targets.tvm.offload.chains import encode
+    from mlcomp.targets.tvm.kernels import KERNELS
 
     torch.manual_seed(0)
     x, w, b = torch.randn(3, 4, 6), torch.randn(5, 4), torch.randn(5)   # linear over x.permute(1, 0, 2)[..., :4]
@@ -294,7 +294,7 @@ class Pool(nn.Module):
 
 def _rewritten(cls, *shape):
     pytest.importorskip("tvm")
-    from mlcomp.targets.tvm_offload import offload
+    from mlcomp.targets.tvm.offload.rewrite import offload
     from tests.test_tvm_offload_fusions import _model, _relax
 
     model, x = _model(cls, *shape)
@@ -353,7 +353,7 @@ lv10 = relax.mean(lv9)"""
 def test_large_mean_after_a_kernel_runs_in_torch():
     """2×256×256 = MEAN_MIN_ELEMENTS: the mean of the linear goes to torch (keepdims 0, axis 1), the mean of
     TVM's relu stays (it fuses there); one row fewer (2×255×256) and both stay.  Numbers as eager."""
-    from mlcomp.targets.tvm_epilogues import MEAN_MIN_ELEMENTS
+    from mlcomp.targets.tvm.offload.epilogues import MEAN_MIN_ELEMENTS
 
     assert 2 * 256 * 256 == MEAN_MIN_ELEMENTS
     model, x, module, text, report = _rewritten(Pool, 2, 256, 256)

@@ -10,13 +10,13 @@ Before this package, ``mlcomp/api.py`` held everything in one module; now one mo
 
 * :mod:`~mlcomp.api.inputs`: checks made before anything is loaded, loading a model source;
 * :mod:`~mlcomp.api.lowering`: one compile for one target (pipeline, lowering, verification);
-* :mod:`~mlcomp.api.auto`: ``target="auto"`` (compile, verify and time every candidate);
+* :mod:`~mlcomp.api.auto.search`: ``target="auto"`` (compile, verify and time every candidate);
 * :mod:`~mlcomp.api.cache_key` and :mod:`~mlcomp.api.cache`: the compile cache;
 * :mod:`~mlcomp.api.compiler`: ``compile``, ``compile_model`` (cache + auto + one target), ``load``, ``export``.
 """
 from __future__ import annotations
 
-from mlcomp.api.auto import AUTO, AutoReport, AutoTargetError, Candidate, compile_auto
+from mlcomp.api.auto.search import AUTO, AutoReport, AutoTargetError, Candidate, compile_auto
 from mlcomp.api.cache import CacheOutcome, CacheStatus, CompileCache, default_cache_dir
 from mlcomp.api.cache_key import CacheKey, cache_key, graph_digest
 from mlcomp.api.compiler import compile, compile_model, compile_training_source, export, is_auto, load, open_cache

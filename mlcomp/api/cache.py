@@ -54,7 +54,7 @@ from mlcomp.api.cache_key import CacheKey
 from mlcomp.api.cache_size import DEFAULT_MAX_BYTES, CacheEntry, PruneReport, lru_victims, parse_size
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.files import sha256_file
-from mlcomp.targets.artifact import Artifact
+from mlcomp.runtime.artifact import Artifact
 
 __all__ = ["CompileCache", "CacheStatus", "CacheOutcome", "CacheEntry", "PruneReport", "default_cache_dir",
            "parse_size", "DEFAULT_MAX_BYTES", "ENTRY_FORMAT"]   # the size pieces live in mlcomp.api.cache_size

@@ -36,7 +36,7 @@ import torch
 from mlcomp.hardware.probe import cpu_flags, cpu_name
 from mlcomp.ir import Graph
 from mlcomp.targets import CompileOptions
-from mlcomp.targets.artifact import versions
+from mlcomp.runtime.artifact import versions
 
 __all__ = ["CacheKey", "cache_key", "graph_digest", "source_digest", "KEY_FORMAT"]
 

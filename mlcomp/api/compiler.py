@@ -20,7 +20,7 @@ Before: every compile ran capture, passes and lowering, for the one target named
 After: :func:`compile_model` (what both ``mlcomp.compile`` and ``mlcomp compile`` run)
 consults an optional :class:`~mlcomp.api.cache.CompileCache` first (opt-in here:
 ``cache=True`` or a folder; the CLI's default is on) and handles ``target="auto"``
-(:mod:`mlcomp.api.auto`).
+(:mod:`mlcomp.api.auto.search`).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 import torch
 
-from mlcomp.api.auto import AUTO, DEFAULT_AUTO_TIMING, auto_candidates, compile_auto
+from mlcomp.api.auto.search import AUTO, DEFAULT_AUTO_TIMING, auto_candidates, compile_auto
 from mlcomp.api.cache import CacheOutcome, CacheStatus, CompileCache, default_cache_dir
 from mlcomp.api.cache_key import CacheKey, UncacheableGraph, cache_key
 from mlcomp.api.inputs import LOAD_KEYS, TRAIN_KEYS, check_options, load_source
@@ -43,10 +43,10 @@ from mlcomp.hardware.timing import TimingPolicy
 from mlcomp.pipeline import Pipeline, run_pipeline
 from mlcomp.pipeline.presets import preset_key
 from mlcomp.targets import CompileOptions, Target
-from mlcomp.targets.artifact import Artifact
-from mlcomp.targets.loss_scaling import LossScaleSpec
-from mlcomp.targets.optim import OptimizerSpec
-from mlcomp.targets.training import (
+from mlcomp.runtime.artifact import Artifact
+from mlcomp.training.loss_scaling import LossScaleSpec
+from mlcomp.runtime.optim import OptimizerSpec
+from mlcomp.training.step import (
     TRAINING_FORMAT,
     TrainingArtifact,
     check_training_target,
@@ -173,11 +173,11 @@ def compile(model_or_path: Any, example_inputs: Sequence[torch.Tensor] | torch.T
 
     ``target`` None: the pipeline file's ``target = "..."`` if it names one, else ``cpu``;
     ``"auto"``: the fastest of ``candidates`` (default: every target available here) that
-    verifies (:mod:`mlcomp.api.auto`).  ``cache``: None (default, no cache), True (the user's
+    verifies (:mod:`mlcomp.api.auto.search`).  ``cache``: None (default, no cache), True (the user's
     cache folder), a folder, or a :class:`~mlcomp.api.cache.CompileCache`; the outcome is in
     ``art.manifest["cache"]``.
 
-    Returns an :class:`~mlcomp.targets.artifact.Artifact`; raises
+    Returns an :class:`~mlcomp.runtime.artifact.Artifact`; raises
     :class:`~mlcomp.base.errors.VerificationError` if ``verify`` and the outputs differ
     from eager beyond the tolerance.
     """
@@ -216,13 +216,13 @@ def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline
                             verify: bool = True, loss: Any = None, optimizer: Any = "sgd",
                             y: torch.Tensor | None = None, instruments: Sequence[Any] | None = None,
                             pipeline_verify: bool = False, loss_scale: Any = None, **options: Any):
-    """``mode="train"``: joint capture, pipeline, a :class:`~mlcomp.targets.training.TrainingArtifact`.
+    """``mode="train"``: joint capture, pipeline, a :class:`~mlcomp.training.step.TrainingArtifact`.
 
     Checks the target and the optimizer spec before capturing; with ``verify`` the
     gradients of one batch are compared with eager autograd (``art.verification``);
     ``pipeline_verify`` checks every pass on the joint graph (first diverging node).
     ``loss_scale``: ``dynamic``, ``none``, a number, ``dynamic{init=… interval=…}``
-    (:mod:`mlcomp.targets.loss_scaling`); ``None``: dynamic when the graph computes in fp16.
+    (:mod:`mlcomp.training.loss_scaling`); ``None``: dynamic when the graph computes in fp16.
     """
     spec = OptimizerSpec.parse(optimizer)
     loss = resolve_loss(source, loss)
@@ -255,7 +255,7 @@ def load(directory: str | Path, *, verify: bool = False):
     """Load an artifact folder; ``verify=True`` re-runs its stored reference inputs and compares.
 
     A training artifact (``mlcomp compile --train -o DIR``) comes back as a
-    :class:`~mlcomp.targets.training.TrainingArtifact` that has already checked itself:
+    :class:`~mlcomp.training.step.TrainingArtifact` that has already checked itself:
     one step on the stored batch repeats the step the original took.
     """
     if _folder_format(Path(directory)) == TRAINING_FORMAT:
@@ -294,7 +294,10 @@ def export(model_or_path: Any, path: str | Path, format: str = "onnx",
                           hint=f"export takes example_inputs, pipeline, tolerance, force and "
                                f"{', '.join(LOAD_KEYS)}")
     fmt = ExportFormat.parse(format)
-    check_destination(path, Kind.DIR if fmt is ExportFormat.TVM else Kind.FILE, force=force, option="path")
+    tvm = fmt is ExportFormat.TVM
+    check_destination(path, Kind.DIR if tvm else Kind.FILE, force=force, option="path",
+                      fmt=None if tvm else fmt.value,
+                      inputs=(model_or_path,) if isinstance(model_or_path, (str, os.PathLike)) else ())
     check_options(model_or_path, load_opts, tolerance)
     source = load_source(model_or_path, example_inputs, load_opts)
     graph = source.capture(method=load_opts.get("capture", "export"),

@@ -35,7 +35,7 @@ class CompileResult:
 
     ``check``: the verification against eager (None when not verified); ``cache``: a
     :class:`~mlcomp.api.cache.CacheOutcome` when a compile cache was used; ``auto``: the
-    :class:`~mlcomp.api.auto.AutoReport` of ``target="auto"``.
+    :class:`~mlcomp.api.auto.search.AutoReport` of ``target="auto"``.
     """
 
     artifact: Any

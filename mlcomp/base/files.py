@@ -1,50 +1,73 @@
-"""The only way mlcomp writes its outputs: checked first, written aside, renamed on success.
+"""The only way mlcomp writes its outputs: checked first, written aside, marked, renamed on success.
 
-1. :func:`check_destination` runs *before* any expensive work (capture, passes,
-   builds).  It refuses, with a one-paragraph :class:`OutputPathError`, an empty
-   path, a path under an existing file, a folder that cannot be written, a file
-   where a folder is wanted (or the reverse), and a non-empty folder that mlcomp
-   did not write.  An earlier mlcomp output is replaced only with ``force``.
-2. :func:`atomic_path` / :func:`atomic_dir` write under a temporary sibling and
-   rename it into place when the block succeeds.  On any exception, Ctrl-C
-   included, the temporary (and any parent folder they created) is removed and
-   the old output is untouched.  Every folder they commit carries a small
-   ``.mlcomp`` marker, which is what makes it "an earlier mlcomp output".
-3. :class:`InterruptScope` (used by the CLI) turns Ctrl-C into ``KeyboardInterrupt``
-   and remembers it, so an interrupt that a native library swallowed still stops
-   the next commit and still exits as an interruption.
+The rule, for every path any command or API function writes (file or folder):
 
-Before and after, for ``mlcomp compile mlp -o userdir`` where ``userdir`` holds
-the user's ``important.txt``::
+* a new path is written;
+* an existing mlcomp output is replaced only with ``force`` (``--force``);
+* anything else that exists (a user's file, whatever its name; a link; a folder
+  that is not empty and has no ``.mlcomp`` marker) is refused, even with ``force``;
+* the command's input (model file, artifact folder) is never an output, even with
+  ``force``: not the same file (through a link too), not a folder holding it, not a
+  path inside it;
+* a file's name ends in its format's suffix (:data:`mlcomp.base.marks.FORMATS`).
 
-    before: userdir/important.txt deleted, the artifact written in its place
-    after:  error: the output folder userdir is not empty and was not written by
-            mlcomp (no .mlcomp marker or manifest.json) ...    (nothing touched)
+1. :func:`check_destination` applies the rule *before* any expensive work
+   (capture, passes, builds), raising a one-paragraph :class:`OutputPathError`.
+2. :func:`atomic_path` / :func:`atomic_dir` write under a temporary sibling, mark
+   it and rename it into place when the block succeeds.  On any exception, Ctrl-C
+   included, the temporary (and any parent folder they created) is removed and the
+   old output is untouched.  They refuse a user's file or folder themselves, whoever
+   called them.  A folder gets a small ``.mlcomp`` marker file; a file gets its
+   format's marker (:mod:`mlcomp.base.marks`: a zip comment, ONNX metadata, a PNG
+   text chunk, a JSON key, a comment line), which no reader of the file sees.
+   :func:`written_by_mlcomp` reads it.
+3. :class:`~mlcomp.base.interrupts.InterruptScope` (used by the CLI) turns Ctrl-C
+   into ``KeyboardInterrupt`` and remembers it, so an interrupt that a native library
+   swallowed still stops the next commit and still exits as an interruption.
 
-    >>> check_destination("out/model", Kind.DIR)
-    >>> with atomic_dir("out/model") as tmp:
-    ...     (tmp / "manifest.json").write_text("{}")
+Before and after::
+
+    mlcomp export m.pt2 --format pt2 -o m.pt2
+      before: the user's m.pt2 replaced by the optimised program, exit 0
+      after:  error: the output m.pt2 is the input /home/u/m.pt2; mlcomp never writes over its
+              input, even with --force (at -o) ...                       (nothing touched)
+    mlcomp export mlp --format onnx -o thesis.txt         (thesis.txt exists)
+      before: thesis.txt overwritten with ONNX bytes
+      after:  error: the output thesis.txt is an existing file that mlcomp did not write ...
+
+    >>> import tempfile; out = Path(tempfile.mkdtemp()) / "r.json"
+    >>> check_destination(out, Kind.FILE, fmt="json") == out
+    True
+    >>> write_text_atomic(out, '{"a": 1}', fmt="json")
+    >>> written_by_mlcomp(out), json.loads(out.read_text())["a"]
+    (True, 1)
+    >>> try:                                    # again: an earlier mlcomp output needs force
+    ...     check_destination(out, Kind.FILE, fmt="json")
+    ... except OutputPathError as err:
+    ...     print(str(err).split(". ")[0].endswith("is an earlier mlcomp output"))
+    True
+    >>> check_destination(out, Kind.FILE, fmt="json", force=True) == out
+    True
 """
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import enum
 import hashlib
 import json
 import os
 import shutil
-import signal
 import tempfile
-import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from mlcomp.base.errors import OutputPathError
+from mlcomp.base.interrupts import InterruptScope, raise_if_interrupted, shielded as _shielded
+from mlcomp.base.marks import FORMATS, mark, written_by_mlcomp
 from mlcomp.base.version import __version__
 
-__all__ = ["sha256_file", "Kind", "MARKER", "check_destination", "is_mlcomp_output", "atomic_path", "write_text_atomic",
-           "atomic_dir", "InterruptScope", "raise_if_interrupted"]
+__all__ = ["sha256_file", "Kind", "MARKER", "FORMATS", "check_destination", "is_mlcomp_output", "written_by_mlcomp",
+           "atomic_path", "write_text_atomic", "atomic_dir", "mark_folder", "InterruptScope", "raise_if_interrupted"]
 
 MARKER = ".mlcomp"
 _MANIFEST = "manifest.json"
@@ -55,64 +78,6 @@ class Kind(enum.Enum):
 
     FILE = "file"
     DIR = "folder"
-
-
-# The interrupt scope active in this context (set and reset by InterruptScope only).
-_SCOPE: contextvars.ContextVar["InterruptScope | None"] = contextvars.ContextVar("mlcomp_interrupts", default=None)
-
-
-class InterruptScope:
-    """Within the block, SIGINT raises ``KeyboardInterrupt`` and is remembered in ``seen``.
-
-    The previous handler is restored on exit.  Inside :meth:`shielded` (the
-    cleanup of a temporary) a Ctrl-C is only remembered, so cleanup finishes.
-    Outside the main thread it installs nothing and only tracks the state.
-    """
-
-    def __init__(self) -> None:
-        self.seen = False
-        self._shield = 0
-        self._previous: Any = None
-        self._token: contextvars.Token | None = None
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        self.seen = True
-        if not self._shield:
-            raise KeyboardInterrupt
-
-    def __enter__(self) -> "InterruptScope":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handler)
-        self._token = _SCOPE.set(self)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._token is not None:
-            _SCOPE.reset(self._token)
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-
-    @contextlib.contextmanager
-    def shielded(self) -> Iterator[None]:
-        self._shield += 1
-        try:
-            yield
-        finally:
-            self._shield -= 1
-
-
-def raise_if_interrupted() -> None:
-    """Raise ``KeyboardInterrupt`` if Ctrl-C was pressed in this scope (even if something swallowed it)."""
-    scope = _SCOPE.get()
-    if scope is not None and scope.seen:
-        raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def _shielded() -> Iterator[None]:
-    scope = _SCOPE.get()
-    with scope.shielded() if scope is not None else contextlib.nullcontext():
-        yield
 
 
 # ---------------------------------------------------------------------------
@@ -148,14 +113,91 @@ def _writable(folder: Path) -> str | None:
     return None
 
 
+def _existing_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The inputs that name files or folders (a factory ``file.py:fn`` names ``file.py``; zoo names none)."""
+    found = []
+    for spec in inputs:
+        text = os.fspath(spec)
+        for candidate in (text, text.rsplit(":", 1)[0]):
+            if candidate and os.path.exists(candidate):
+                found.append(Path(os.path.realpath(candidate)))
+                break
+    return found
+
+
+def _refuse_input(dest: Path, inputs: Iterable[str | os.PathLike[str]], option: str) -> None:
+    """The command's own input is never an output, whatever ``force`` says."""
+    real = Path(os.path.realpath(dest))
+    for inp in _existing_inputs(inputs):
+        if real == inp or (os.path.exists(dest) and os.path.samefile(dest, inp)):
+            why = f"the output {dest} is the input {inp}"
+        elif inp.is_relative_to(real):
+            why = f"the output folder {dest} holds the input {inp}"
+        elif inp.is_dir() and real.is_relative_to(inp):
+            why = f"the output {dest} is inside the input folder {inp}"
+        else:
+            continue
+        raise OutputPathError(f"{why}; mlcomp never writes over its input, even with --force", where=option,
+                              hint="give the output a path of its own")
+
+
+def _force(option: str) -> str:
+    """How the caller says "replace": the ``--force`` flag, or ``force=True`` for a Python argument."""
+    return "--force" if option.startswith("-") else "force=True"
+
+
+def _refuse_existing_file(dest: Path, force: bool, option: str, example: str) -> None:
+    if dest.is_symlink():
+        raise OutputPathError(f"the output {dest} is a symbolic link (to {os.readlink(dest)}); mlcomp never "
+                              f"replaces a link or writes through it", where=option, hint=f"give a new file name {example}")
+    if dest.is_dir():
+        raise OutputPathError(f"the output {dest} is an existing folder; mlcomp will not replace a folder "
+                              f"by a file", where=option, hint=f"give a file name {example}")
+    if not written_by_mlcomp(dest):
+        plain = [f.name.upper() for f in FORMATS.values() if f.fits(dest) and f.marker.startswith("none")]
+        why = f"; a {plain[0]} file has no place for that marker" if plain else ""
+        raise OutputPathError(f"the output {dest} is an existing file that mlcomp did not write (it carries no "
+                              f"mlcomp marker{why}); mlcomp never replaces it, even with --force", where=option,
+                              hint=f"give a new file name {example}")
+    if not force:
+        raise OutputPathError(f"the output {dest} is an earlier mlcomp output", where=option,
+                              hint=f"pass {_force(option)} to replace it, or give a new file name")
+
+
+def _refuse_existing_folder(dest: Path, force: bool, option: str) -> None:
+    if not dest.is_dir():
+        raise OutputPathError(f"the output {dest} is an existing file; mlcomp will not replace a file by a folder",
+                              where=option, hint="give the name of a new or empty folder")
+    if not any(dest.iterdir()):
+        return
+    if not is_mlcomp_output(dest):
+        raise OutputPathError(f"the output folder {dest} is not empty and was not written by mlcomp "
+                              f"(it has no {MARKER} marker or mlcomp manifest.json); mlcomp never deletes it, "
+                              f"even with --force", where=option, hint="give a new or empty folder")
+    if not force:
+        raise OutputPathError(f"the output folder {dest} holds an earlier mlcomp output", where=option,
+                              hint=f"pass {_force(option)} to replace it, or give a new folder")
+
+
+def _example(fmt: str | None) -> str:
+    """What a new file name must look like: ``ending in .onnx`` (nothing when the format is open)."""
+    return f"ending in {FORMATS[fmt].suffixes[0]}" if fmt is not None else "one that does not exist yet"
+
+
 def check_destination(path: str | os.PathLike[str], kind: Kind = Kind.FILE, *, force: bool = False,
-                      option: str = "-o") -> Path:
-    """Refuse a destination mlcomp must not write (see module doc); returns it as a ``Path``."""
+                      option: str = "-o", fmt: str | None = None,
+                      inputs: Iterable[str | os.PathLike[str]] = ()) -> Path:
+    """Refuse a destination mlcomp must not write (the rule in the module doc); returns it as a ``Path``.
+
+    ``fmt`` names the file's format in :data:`mlcomp.base.marks.FORMATS` (its suffix is checked);
+    ``inputs`` are the command's inputs (model file, artifact folder), never valid outputs.
+    """
     text = os.fspath(path)
     if not str(text).strip():
         raise OutputPathError(f"the output path given to {option} is empty",
                               hint=f"give a {kind.value} name, e.g. {option} out/model")
     dest = Path(text)
+    _refuse_input(dest, inputs, option)
     what = "file" if kind is Kind.FILE else "folder"
     anc = _existing_ancestor(dest)
     if not anc.is_dir():
@@ -165,25 +207,15 @@ def check_destination(path: str | os.PathLike[str], kind: Kind = Kind.FILE, *, f
     if reason:
         raise OutputPathError(f"cannot write the output {what} {dest}: the folder {anc} is not writable ({reason})",
                               where=option, hint="choose a folder you can write to")
-    if not os.path.lexists(dest):
-        return dest
-    if kind is Kind.FILE:
-        if dest.is_dir():
-            raise OutputPathError(f"the output {dest} is an existing folder; mlcomp will not replace a folder "
-                                  f"by a file", where=option, hint="give a file name (e.g. inside that folder)")
-        return dest
-    if not dest.is_dir():
-        raise OutputPathError(f"the output {dest} is an existing file; mlcomp will not replace a file by a folder",
-                              where=option, hint="give the name of a new or empty folder")
-    if not any(dest.iterdir()):
-        return dest
-    if not is_mlcomp_output(dest):
-        raise OutputPathError(f"the output folder {dest} is not empty and was not written by mlcomp "
-                              f"(it has no {MARKER} marker or mlcomp manifest.json); mlcomp never deletes it, "
-                              f"even with --force", where=option, hint="give a new or empty folder")
-    if not force:
-        raise OutputPathError(f"the output folder {dest} holds an earlier mlcomp output", where=option,
-                              hint="pass --force to replace it, or give a new folder")
+    if os.path.lexists(dest):
+        if kind is Kind.FILE:
+            _refuse_existing_file(dest, force, option, _example(fmt))
+        else:
+            _refuse_existing_folder(dest, force, option)
+    if kind is Kind.FILE and fmt is not None and not FORMATS[fmt].fits(dest):
+        wanted = " or ".join(FORMATS[fmt].suffixes)
+        raise OutputPathError(f"the output {dest} is a {fmt} file, whose name must end in {wanted}", where=option,
+                              hint=f"name it {dest.with_name(dest.stem + FORMATS[fmt].suffixes[0])}")
     return dest
 
 
@@ -217,13 +249,21 @@ def _remove_created(created: list[Path]) -> None:
             p.rmdir()    # only if still empty
 
 
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
-    """Yield a temporary file path next to ``path``; rename it to ``path`` on success."""
-    target = Path(path)
+def _refuse_file(target: Path) -> None:
+    """The last guard for a file: a folder, a link or a file without mlcomp's marker is never replaced."""
     if target.is_dir():
         raise OutputPathError(f"the output {target} is an existing folder; mlcomp will not replace a folder "
                               f"by a file", hint="give a file name")
+    if target.is_symlink() or (os.path.lexists(target) and not written_by_mlcomp(target)):
+        raise OutputPathError(f"the output {target} is an existing file that mlcomp did not write; mlcomp never "
+                              f"replaces it", hint="give a new file name")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str], fmt: str | None = None) -> Iterator[str]:
+    """Yield a temporary file path next to ``path``; mark it as ``fmt`` and rename it to ``path`` on success."""
+    target = Path(path)
+    _refuse_file(target)
     created = _make_parents(target.parent)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -236,7 +276,10 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files
         yield tmp
+        if fmt is not None:
+            mark(tmp, fmt)
         raise_if_interrupted()
+        _refuse_file(target)              # again: it may have appeared meanwhile
         os.replace(tmp, target)
         ok = True
     finally:
@@ -247,9 +290,16 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
                 _remove_created(created)
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    with atomic_path(path) as tmp:
+def write_text_atomic(path: str | os.PathLike[str], text: str, fmt: str | None = None) -> None:
+    """Write ``text`` to ``path`` through :func:`atomic_path` (marked as ``fmt``)."""
+    with atomic_path(path, fmt) as tmp:
         Path(tmp).write_text(text)
+
+
+def mark_folder(path: str | os.PathLike[str], label: str) -> None:
+    """Write the ``.mlcomp`` marker into the folder ``path`` (it holds mlcomp's ``label``: artifact, dump …)."""
+    (Path(path) / MARKER).write_text(json.dumps({"written_by": "mlcomp", "version": __version__,
+                                                 "kind": label}) + "\n")
 
 
 def _refuse_folder(target: Path) -> None:
@@ -304,7 +354,7 @@ def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = True, label: s
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
         yield tmp
-        (tmp / MARKER).write_text(json.dumps({"written_by": "mlcomp", "version": __version__, "kind": label}) + "\n")
+        mark_folder(tmp, label)
         raise_if_interrupted()
         _refuse_folder(target)            # again: it may have appeared meanwhile
         with _shielded():

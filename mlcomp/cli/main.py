@@ -24,12 +24,12 @@ COMMANDS: LazyRegistry[click.Command] = LazyRegistry("command", {
     "export": "mlcomp.cli.targets:export_cmd",
     "targets": "mlcomp.cli.targets:targets_cmd",
     "passes": "mlcomp.cli.passes:passes_cmd",
-    "bench": "mlcomp.cli.study:bench_cmd",
+    "bench": "mlcomp.cli.bench:bench_cmd",
     "study": "mlcomp.cli.study:study_cmd",
-    "report": "mlcomp.cli.study:report_cmd",
+    "report": "mlcomp.cli.report:report_cmd",
     "partition": "mlcomp.cli.partition:partition_cmd",
-    "launch": "mlcomp.cli.partition:launch_cmd",
-    "profile": "mlcomp.cli.partition:profile_cmd",
+    "launch": "mlcomp.cli.launch:launch_cmd",
+    "profile": "mlcomp.cli.profile:profile_cmd",
     "cache": "mlcomp.cli.cache:cache_group",
     "tune": "mlcomp.cli.tune:tune_cmd",
 })
@@ -173,9 +173,11 @@ def load_and_capture(model: str, input_shapes: tuple[str, ...], batch: int | Non
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows in the per-node FLOPs table.")
 @click.option("--train", is_flag=True, help="Inspect the training graph: FLOPs forward/backward, saved activations.")
 @click.option("--loss", default="cross_entropy", show_default=True, help="With --train: cross_entropy, mse or model.")
+@click.option("--force", is_flag=True, help="Replace an earlier mlcomp output at --dot (never a user's file).")
 def inspect_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                 dynamic_batch: bool, trust_pickle: bool, as_json: bool, show_ir: bool,
-                dot_file: str | None, top: int, train: bool = False, loss: str = "cross_entropy") -> None:
+                dot_file: str | None, top: int, train: bool = False, loss: str = "cross_entropy",
+                force: bool = False) -> None:
     """Op histogram, parameters, FLOPs, bytes, intensity and the parallelism profile of MODEL."""
     if train:   # the joint forward+backward graph: mlcomp.cli.training
         from mlcomp.cli.training import inspect_train
@@ -184,13 +186,14 @@ def inspect_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                              show_ir=show_ir, top=top)
     from mlcomp.analysis.inspect import inspect_graph
     from mlcomp.base.files import write_text_atomic
+    from mlcomp.ir.graph_tools import to_dot
 
     if dot_file is not None:
-        check_destination(dot_file, Kind.FILE, option="--dot")
+        check_destination(dot_file, Kind.FILE, option="--dot", fmt="dot", force=force, inputs=(model,))
     _, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
     report = inspect_graph(graph)
     if dot_file:
-        write_text_atomic(dot_file, graph.to_dot())
+        write_text_atomic(dot_file, to_dot(graph), fmt="dot")
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
         return
@@ -233,14 +236,16 @@ def models_list(as_json: bool) -> None:
               help="Batch size of the example input recorded in the file.")
 @click.option("--dynamic-batch", is_flag=True,
               help="pt2: export with the batch dimension symbolic (torch.export.Dim), so the file runs at any batch.")
-def models_save(name: str, fmt: str, output: str, batch: int, dynamic_batch: bool = False) -> None:
+@click.option("--force", is_flag=True, help="Replace an earlier mlcomp output at -o (never a user's file).")
+def models_save(name: str, fmt: str, output: str, batch: int, dynamic_batch: bool = False,
+                force: bool = False) -> None:
     """Write zoo model NAME as a TorchScript archive or an ExportedProgram."""
     from mlcomp import models
     from mlcomp.api import check_model_inputs
     from mlcomp.base.files import atomic_path
     from mlcomp.frontend.loading import save_torchscript
 
-    check_destination(output, Kind.FILE)
+    check_destination(output, Kind.FILE, fmt=fmt, force=force)
     check_model_inputs(name, (), batch)
     z = models.get(name)
     module, inputs = z.build(), z.example_inputs(batch)
@@ -249,7 +254,7 @@ def models_save(name: str, fmt: str, output: str, batch: int, dynamic_batch: boo
     if dynamic_batch and batch == 1:
         raise click.UsageError("--dynamic-batch needs an example --batch of 2 or more (torch.export specialises "
                                "a size of 1)")
-    with atomic_path(output) as tmp:
+    with atomic_path(output, fmt) as tmp:
         if fmt == "torchscript":
             save_torchscript(module, inputs, tmp)
         else:

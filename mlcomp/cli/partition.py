@@ -1,4 +1,7 @@
-"""CLI for pipeline parallelism: ``partition``, ``launch`` and ``profile``.
+"""``mlcomp partition``: cut a model into pipeline stages, cost and simulate the schedule.
+
+``mlcomp profile`` (:mod:`mlcomp.cli.profile`) measures the node times it reads; ``mlcomp launch``
+(:mod:`mlcomp.cli.launch`) runs a distributed artifact.
 
     $ mlcomp profile resnet18 --batch 8 -o r18-times.json          # measured seconds per node
     $ mlcomp partition resnet18 --batch 8 --stages 4 --times r18-times.json --plot timeline.png
@@ -9,31 +12,24 @@
     $ mlcomp partition deep.py:model --stages 4 --probe        # + measured link, schedule overhead, cores
     $ mlcomp compile resnet18 --target distributed -p "partition{stages=2}" -o out/r18-pp
     $ mlcomp launch out/r18-pp --nproc 2 --check              # torchrun on this host, gloo on CPU
-
-``launch`` is a thin wrapper over ``torchrun`` (``python -m torch.distributed.run``
-… ``-m mlcomp.launch ARTIFACT``); for several hosts run torchrun with
-``--nnodes``/``--node-rank``/``--master-addr`` yourself, same arguments.
 """
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import click
 
-from mlcomp.analysis.pipeline_schedule import Schedule, plot_timeline, simulate
-from mlcomp.analysis.placement_cost import PlacementCost, measure_node_times
+from mlcomp.analysis.parallel.pipeline_schedule import Schedule, plot_timeline, simulate
+from mlcomp.analysis.parallel.placement_cost import PlacementCost
 from mlcomp.base.errors import MlcompError
-from mlcomp.base.files import Kind, check_destination, write_text_atomic
+from mlcomp.base.files import Kind, check_destination
 from mlcomp.base.table import Table
 from mlcomp.cli.main import load_and_capture, model_options
 from mlcomp.hardware.link import LinkProbe
-from mlcomp.passes.partition import Objective, even_cuts, parse_bytes, plan_of, solve
-from mlcomp.targets.distributed import check_artifact, torchrun_command
+from mlcomp.passes.placement.partition import Objective, even_cuts, parse_bytes, plan_of, solve
 
-__all__ = ["launch_cmd", "partition_cmd", "profile_cmd"]
+__all__ = ["partition_cmd"]
 
 
 def _read_times(path: str | None) -> dict[str, float] | None:
@@ -63,13 +59,15 @@ def _read_times(path: str | None) -> dict[str, float] | None:
 @click.option("--probe", is_flag=True, help="Measure the gloo link, the schedule's overhead and the cores "
               "here first (2 processes, seconds) and simulate with them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--force", is_flag=True, help="Replace an earlier mlcomp output at --plot (never a user's file).")
 def partition_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                   dynamic_batch: bool, trust_pickle: bool, stages: int, objective: str, microbatches: int,
                   schedule: str, memory_limit: str | None, training: bool, times_file: str | None,
-                  plot_file: str | None, probe: bool, as_json: bool) -> None:
+                  plot_file: str | None, probe: bool, as_json: bool, force: bool = False) -> None:
     """Cut MODEL into pipeline stages (exact DP) and simulate the schedule; nothing is compiled."""
     if plot_file:
-        check_destination(plot_file, Kind.FILE, force=True)
+        check_destination(plot_file, Kind.FILE, option="--plot", fmt="png", force=force,
+                          inputs=(model, *([times_file] if times_file else [])))
     times = _read_times(times_file)
     _, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
     prof = LinkProbe().result if probe else None
@@ -112,43 +110,3 @@ def partition_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, 
         click.echo(prof.format())
     if plot_file:
         click.echo(f"timeline written to {plot_file}")
-
-
-@click.command("launch")
-@click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("--nproc", type=click.IntRange(min=1), default=None, help="Processes (default: one per stage).")
-@click.option("--schedule", type=click.Choice([s.value for s in Schedule]), default=None,
-              help="Schedule (default: the artifact's).")
-@click.option("--microbatches", type=click.IntRange(min=1), default=None,
-              help="Microbatches per batch (default: the artifact's, one per stage).")
-@click.option("--train", is_flag=True, help="Run one training step (loss on the last stage, SGD per stage).")
-@click.option("--check", is_flag=True, help="Compare with a single-process run of the same stages.")
-@click.option("--repeat", type=click.IntRange(min=0), default=0, help="Time this many more batches.")
-def launch_cmd(artifact: Path, nproc: int | None, schedule: str | None, microbatches: int | None, train: bool,
-               check: bool, repeat: int) -> None:
-    """Run a distributed artifact on this host with torchrun (gloo on CPU, NCCL on GPU)."""
-    manifest = check_artifact(artifact)
-    nproc = nproc or int(manifest.get("runtime_info", {}).get("stages", 1))
-    extra = [*(["--schedule", schedule] if schedule else []),
-             *(["--microbatches", str(microbatches)] if microbatches else []),
-             *(["--train"] if train else []), *(["--check"] if check else []),
-             *(["--repeat", str(repeat)] if repeat else [])]
-    code = subprocess.call(torchrun_command(artifact, nproc, extra=extra))
-    if code:
-        sys.exit(code)
-
-
-@click.command("profile")
-@model_options
-@click.option("-o", "--output", type=click.Path(), required=True, help="JSON file of seconds per node.")
-@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Timed runs per node (the median is kept).")
-def profile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
-                dynamic_batch: bool, trust_pickle: bool, output: str, repeats: int) -> None:
-    """Measure every node's time on this machine (for `mlcomp partition --times`)."""
-    check_destination(output, Kind.FILE, force=True)
-    source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
-    seconds = measure_node_times(graph, source.inputs(), repeats=repeats)
-    write_text_atomic(output, json.dumps({"model": graph.name, "repeats": repeats, "seconds": seconds}, indent=1))
-    click.echo(f"{len(seconds)} node times of {graph.name} ({sum(seconds.values()) * 1e3:.2f} ms in all) "
-               f"written to {output}")

@@ -182,6 +182,13 @@ class PipelineRequest:
         return standard_instruments(verify=self.verify, dump_after=self.dump_after,
                                     dump_dir=self.dump_dir if self.dump_after else None, explain=self.explain)
 
+    def check_dump_dir(self, force: bool, inputs: Sequence[str] = ()) -> None:
+        """The --dump-dir folder obeys the output rule (:mod:`mlcomp.base.files`), checked before any work."""
+        if self.dump_after and self.dump_dir is not None:
+            from mlcomp.base.files import Kind, check_destination
+
+            check_destination(self.dump_dir, Kind.DIR, force=force, option="--dump-dir", inputs=inputs)
+
     def run(self, graph: Any, example_inputs: Sequence[Any] | None = None) -> tuple[Any, Any]:
         from mlcomp.pipeline import run_pipeline
 

@@ -66,18 +66,20 @@ def _read_inputs(files: Sequence[str]) -> list[Any]:
               help="Run this many times and report the median latency.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the same facts (artifact, verification, latency, outputs) as one JSON object.")
+@click.option("--force", is_flag=True, help="Replace an earlier mlcomp output at --output (never a user's file).")
 def run_cmd(directory: Path, input_files: tuple[str, ...], output: str | None, do_verify: bool,
-            repeat: int, as_json: bool = False) -> None:
+            repeat: int, as_json: bool = False, force: bool = False) -> None:
     """Load the artifact in DIRECTORY and run it."""
     import statistics
 
-    from mlcomp.targets.artifact import Artifact
+    from mlcomp.runtime.artifact import Artifact
 
     if output:
-        if not output.endswith((".npz", ".pt")):
+        if not output.endswith(tuple(_OUTPUT_FORMATS)):
             raise InputSpecError(f"--output {output} must end in .npz or .pt",
                                  hint="name the file out.npz (numpy) or out.pt (torch)")
-        check_destination(output, Kind.FILE, option="--output")
+        check_destination(output, Kind.FILE, option="--output", fmt=_OUTPUT_FORMATS[Path(output).suffix],
+                          force=force, inputs=(directory,))
     say = (lambda text: None) if as_json else click.echo
     art = Artifact.load(directory)
     facts: dict[str, Any] = {"artifact": str(directory), "model": art.manifest["model"], "target": art.target,
@@ -123,13 +125,17 @@ def run_cmd(directory: Path, input_files: tuple[str, ...], output: str | None, d
         click.echo(json.dumps(facts, indent=2, default=str))
 
 
+# --output's suffix -> the file's format (mlcomp.base.marks.FORMATS)
+_OUTPUT_FORMATS = {".npz": "npz", ".pt": "torch"}
+
+
 def _write_outputs(path: str, names: list[str], outs: Sequence[Any]) -> None:
     import numpy as np
     import torch
 
     from mlcomp.base.files import atomic_path
 
-    with atomic_path(path) as tmp:
+    with atomic_path(path, _OUTPUT_FORMATS[Path(path).suffix]) as tmp:
         if path.endswith(".pt"):
             torch.save({n: o.detach().cpu() for n, o in zip(names, outs)}, tmp)
         elif path.endswith(".npz"):

@@ -101,7 +101,7 @@ def _bytes(path: Path) -> int:
 @click.option("--tf32", is_flag=True,
               help="cuda: let fp32 matrix products and convolutions use TF32 tensor cores (faster; products "
                    "rounded to a 10-bit mantissa, verified at the tolerance the target declares for TF32, "
-                   "mlcomp.targets.cuda.TF32_RTOL). Default: IEEE fp32.")
+                   "mlcomp.targets.torch.cuda.TF32_RTOL). Default: IEEE fp32.")
 @click.option("--output-names", default=None, metavar="NAME,NAME...",
               help="Names of the model's outputs in the artifact (default: the model's own: dict keys or "
                    "named-tuple fields, else output, output_1, ...).")
@@ -130,9 +130,14 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                 loss_scale: str | None = None) -> None:
     """Capture MODEL, run a pipeline (default -O2), lower it to a target (or the fastest of several: --target
     auto), verify against eager and save it.  A second compile of the same model reuses the cached artifact."""
-    from mlcomp.api import AutoReport, compile_model, is_auto
+    from mlcomp.api import compile_model, is_auto
 
     request = pipeline_from_cli(pipeline, opt_level, dump_after, dump_dir, verify_passes, explain)
+    request.check_dump_dir(force, inputs=(model,))
+    if tuning_dir:               # a tuning database is extended, never a user's folder
+        from mlcomp.cli.tune import check_tuning_db
+
+        check_tuning_db(tuning_dir, "--tuning-dir", model)
     if train:   # the training path: mlcomp.cli.training (runs a pipeline only when one is given)
         from mlcomp.cli.training import compile_train
 
@@ -142,13 +147,13 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                              instruments=request.instruments(), force=force, loss_scale=loss_scale)
 
     if output is not None:
-        check_destination(output, Kind.DIR, force=force)
+        check_destination(output, Kind.DIR, force=force, inputs=(model,))
     target = target or request.pipeline.target or "cpu"      # a TOML file may name the target
     auto = is_auto(target)
     canonical = "auto" if auto else _check_target_flags(target, tune_trials, tuning_dir, tf32)
     chosen = _candidates(candidates, canonical)
     cache, bypass = cache_for_compile(use_cache, cache_dir, request, cache_max_size)
-    if not auto:                                              # auto: each candidate is checked (api/auto.py)
+    if not auto:                                              # auto: each candidate is checked (api/auto/search.py)
         from mlcomp.targets import CompileOptions, get_target
 
         facts = get_target(canonical).facts(CompileOptions.make(device=device))
@@ -157,17 +162,11 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     progress = Progress.for_command(machine_output=as_json)
     say = _Say(progress, quiet=as_json)
     facts: dict[str, Any] = {"model": model}
-    t0 = time.perf_counter()
-    with progress.stage(f"capture {model}"):
-        source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
-    capture_seconds = time.perf_counter() - t0
+    source, graph, capture_seconds = _capture(model, (input_shapes, batch, capture_method, dynamic_batch,
+                                                     trust_pickle), progress, say, facts)
     names = _check_names(names, len(graph.output_refs), graph.name)
-    facts.update(model=graph.name, nodes=len(graph), capture_seconds=round(capture_seconds, 3))
-    say(f"captured {graph.name}: {len(graph)} nodes in {capture_seconds:.1f}s")
-    facts["kept_ops"] = dict(graph.kept_ops)
-    for op, why in graph.kept_ops.items():   # frontend/decompose.py: ops left undecomposed
-        say(f"capture kept {op} undecomposed: {why}")
-    output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{canonical}", Kind.DIR, force=force)
+    output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{canonical}", Kind.DIR, force=force,
+                               inputs=(model,))
     build = f"build for {canonical}" + (f" (tuning {tune_trials} trials)" if tune_trials else "")
     progress.note(f"pipeline {request.text} for {canonical}" if request.text else build)
     def instruments(name: str) -> list[Any]:          # one set per target tried (auto: per candidate)
@@ -179,6 +178,34 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                            threads=threads, device=device, tune_trials=tune_trials, work_dir=tuning_dir,
                            tf32=tf32 or None)
     progress.clear()
+    hit = _say_cache(result, cache, bypass, request.explain, facts, say)
+    _name_outputs(result.artifact, names or _model_output_names(source, len(result.artifact.outputs)))
+    _say_compiled(result, request, hit, facts, say)
+    _verify_and_save(result, graph.name, output, force=force, fresh_check=fresh_check, progress=progress,
+                     facts=facts, say=say)
+    if as_json:
+        click.echo(json.dumps(facts, indent=2, default=str))
+
+
+def _capture(model: str, how: tuple[Any, ...], progress: Progress, say: _Say,
+             facts: dict[str, Any]) -> tuple[Any, Any, float]:
+    """Load and capture the model (``how``: load_and_capture's arguments after the model); (source, graph, seconds)."""
+    t0 = time.perf_counter()
+    with progress.stage(f"capture {model}"):
+        source, graph = load_and_capture(model, *how)
+    capture_seconds = time.perf_counter() - t0
+    facts.update(model=graph.name, nodes=len(graph), capture_seconds=round(capture_seconds, 3))
+    say(f"captured {graph.name}: {len(graph)} nodes in {capture_seconds:.1f}s")
+    facts["kept_ops"] = dict(graph.kept_ops)
+    for op, why in graph.kept_ops.items():   # frontend/decompose.py: ops left undecomposed
+        say(f"capture kept {op} undecomposed: {why}")
+    return source, graph, capture_seconds
+
+
+def _say_cache(result: Any, cache: Any, bypass: str | None, explain: bool, facts: dict[str, Any], say: _Say) -> bool:
+    """The compile cache's lines and (auto) the choice made; True on a cache hit."""
+    from mlcomp.api import AutoReport
+
     art = result.artifact
     hit = result.cache is not None and result.cache.status.value == "hit"
     for line in [*(result.cache.removed if result.cache else []), *([bypass] if bypass else [])]:
@@ -186,12 +213,17 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     if result.cache is not None:
         say(result.cache.line())
         facts["cache"] = dict(result.cache.to_json(), folder=str(cache.root))
-        for line in eviction_lines(cache, facts["cache"], each=request.explain):   # after this store
+        for line in eviction_lines(cache, facts["cache"], each=explain):   # after this store
             say(line)
     if art.manifest.get("auto"):
         facts["auto"] = art.manifest["auto"]
         say(("the cached artifact's choice, " if hit else "") + AutoReport.format_json(art.manifest["auto"]))
-    _name_outputs(art, names or _model_output_names(source, len(art.outputs)))
+    return hit
+
+
+def _say_compiled(result: Any, request: Any, hit: bool, facts: dict[str, Any], say: _Say) -> None:
+    """What the build did: the pipeline report, fallback regions, tuning, the target's own explanation."""
+    art = result.artifact
     report = result.pipeline_report
     facts.update(target=art.target, device=art.manifest.get("device"), pipeline=art.manifest.get("pipeline"),
                  pipeline_given=request.text, pipeline_report=report.to_json() if report is not None else None,
@@ -213,15 +245,21 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     if request.explain and hasattr(art.runtime, "explain_lines"):   # e.g. tvm: which ops run in which kernel
         for line in art.runtime.explain_lines():
             say(f"{art.target}: {line}")
+
+
+def _verify_and_save(result: Any, model: str, output: Path, *, force: bool, fresh_check: bool,
+                     progress: Progress, facts: dict[str, Any], say: _Say) -> None:
+    """The verification against eager (raises if it failed), then save, reload and verify the reloaded copy."""
+    from mlcomp.runtime.artifact import Artifact
+
+    art = result.artifact
     against = art.manifest.get("verified_against") or "eager"
     check = result.check
     if check is None:
         say("not verified against eager (--no-verify)")
     else:
         say(f"verified against {against}: {check.summary()}")
-        check.raise_if_failed(where=f"target {art.target}, model {graph.name}")
-    from mlcomp.targets.artifact import Artifact
-
+        check.raise_if_failed(where=f"target {art.target}, model {model}")
     with progress.stage(f"save {output}"):
         art.save(output, force=force)
         again = Artifact.load(output)
@@ -237,8 +275,6 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
             line = _fresh_check(output)
         facts["fresh_process"] = line
         say(f"fresh process: {line}")
-    if as_json:
-        click.echo(json.dumps(facts, indent=2, default=str))
 
 
 def _candidates(text: str | None, target: str) -> list[str] | None:
@@ -358,7 +394,9 @@ def export_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, cap
     from mlcomp.targets.export import ExportFormat, export_graph, export_pipeline
 
     fmt_ = ExportFormat.parse(fmt)
-    check_destination(output, Kind.DIR if fmt_ is ExportFormat.TVM else Kind.FILE, force=force)
+    tvm = fmt_ is ExportFormat.TVM
+    check_destination(output, Kind.DIR if tvm else Kind.FILE, force=force, fmt=None if tvm else fmt_.value,
+                      inputs=(model,))
     pipe, adapted = export_pipeline(fmt_, resolve_pipeline(pipeline, opt_level))    # parsed before capture
     progress = Progress.for_command()
     with progress.stage(f"capture {model}"):

@@ -15,7 +15,7 @@
     $ mlcomp compile mlp --train --loss-scale "dynamic{init=65536 growth_interval=2000}"   # or 1024, none
 
 The commands themselves live in :mod:`mlcomp.cli.targets`, :mod:`mlcomp.cli.main`
-and :mod:`mlcomp.cli.study`; they call these functions when ``--train`` is given.
+and :mod:`mlcomp.cli.bench`; they call these functions when ``--train`` is given.
 Every check that can fail (target, optimizer spec, loss name, output folder, a
 ``--loss`` beside a factory's own loss) runs before the model is captured, and the
 output folder is written atomically, so a failure writes nothing.  ``--verify``
@@ -42,9 +42,9 @@ def check_train_flags(target: str | None, loss: str, optimizer: str, loss_scale:
                       ) -> tuple[Any, Any]:
     """Target capability, loss name, optimizer spec and ``--loss-scale``, checked before any capture."""
     from mlcomp.frontend.joint import LossKind
-    from mlcomp.targets.loss_scaling import LossScaleSpec
-    from mlcomp.targets.optim import OptimizerSpec
-    from mlcomp.targets.training import check_training_target
+    from mlcomp.training.loss_scaling import LossScaleSpec
+    from mlcomp.runtime.optim import OptimizerSpec
+    from mlcomp.training.step import check_training_target
 
     if loss_scale is not None:
         LossScaleSpec.parse(loss_scale)
@@ -113,18 +113,18 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
     from mlcomp.base.files import Kind, check_destination
     from mlcomp.frontend.joint import loss_function
     from mlcomp.targets.base import CompileOptions
-    from mlcomp.targets.training import (
+    from mlcomp.training.step import (
         SAVED_FILES,
         compare_steps,
         compile_training,
         verify_gradients,
     )
-    from mlcomp.targets.training_check import describe_gradients, describe_steps
+    from mlcomp.training.check import describe_gradients, describe_steps
 
     spec, _ = check_train_flags(target, loss, optimizer, loss_scale)
     target = target or "cpu"
     if output is not None:
-        check_destination(output, Kind.DIR, force=force)
+        check_destination(output, Kind.DIR, force=force, inputs=(model,))
     pipe, facts = None, None
     if pipeline:      # a dtype the target cannot build: refused before capture
         from mlcomp.pipeline import Pipeline, run_pipeline
@@ -141,7 +141,8 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
     if pipe is not None:
         graph, report = run_pipeline(graph, pipe, example_inputs=args, instruments=instruments, target=facts)
         click.echo(report.format())
-    output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{target}-train", Kind.DIR, force=force)
+    output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{target}-train", Kind.DIR, force=force,
+                               inputs=(model,))
     keys = list(reference.state_dict())
     options = CompileOptions.make(device=device, tolerance=tolerance)
     tol = tolerance or 1e-5

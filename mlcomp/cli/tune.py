@@ -23,13 +23,25 @@ from pathlib import Path
 import click
 
 from mlcomp.base.errors import OptionError
+from mlcomp.base.files import Kind, check_destination
 from mlcomp.base.progress import Progress
 from mlcomp.cli.main import load_and_capture, model_options
 from mlcomp.cli.passes import preset_options, resolve_pipeline
 
-__all__ = ["DEFAULT_DB", "tune_cmd"]
+__all__ = ["DEFAULT_DB", "check_tuning_db", "tune_cmd"]
 
 DEFAULT_DB = Path("mlcomp-out") / "tvm-tuning"
+
+
+def check_tuning_db(db: str | Path, option: str, model: str) -> None:
+    """A tuning database is extended, not replaced: new, empty or mlcomp's own (its ``.mlcomp`` marker, or
+    the ledger an older mlcomp left, which then gets the marker); never a user's folder or the input."""
+    from mlcomp.base.files import MARKER, mark_folder
+
+    folder = Path(db)
+    if folder.is_dir() and not (folder / MARKER).exists() and (folder / "mlcomp_ledger.json").is_file():
+        mark_folder(folder, "tuning database")
+    check_destination(folder, Kind.DIR, force=True, option=option, inputs=(model,))
 
 
 @click.command("tune")
@@ -60,6 +72,7 @@ def tune_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, captu
     if reason:
         raise OptionError(f"mlcomp tune needs the tvm target, which is not available: {reason}",
                           hint="install apache-tvm (make install) and run again")
+    check_tuning_db(db, "--db", model)
     options = CompileOptions.make(tune_trials=trials, work_dir=str(db), device=device,
                                   tune_build_timeout=build_timeout, tune_run_timeout=run_timeout)
     progress = Progress.for_command(machine_output=as_json)

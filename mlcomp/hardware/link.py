@@ -17,7 +17,7 @@ compute:
   still costs some CPU);
 * **rendezvous**: whether a send completes before its receive is posted (rank 1
   posts 50 ms late; gloo: it does not, so a sender blocks where the schedule
-  waits for its sends: :func:`mlcomp.analysis.pipeline_schedule.simulate`);
+  waits for its sends: :func:`mlcomp.analysis.parallel.pipeline_schedule.simulate`);
 * **load**: each process spins one thread for 0.3 s; its CPU time over wall
   time is its share of a core.  A fair scheduler gives each of ``B + 2``
   runnable threads ``cores / (B + 2)``, which gives ``B``, the other

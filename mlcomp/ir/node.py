@@ -132,7 +132,7 @@ class Phase(enum.Enum):
 
 
 class PrecisionReason(enum.Enum):
-    """Why a mixed-precision pass gave a node its precision (mlcomp.passes.mixed_precision)."""
+    """Why a mixed-precision pass gave a node its precision (mlcomp.passes.precision.mixed)."""
 
     POLICY = "policy"            # the per-op policy table
     DENIED = "denied"            # deny= matched the op or the module path

@@ -67,6 +67,6 @@ def bench_plot(results: Sequence[Any], path: str) -> None:
         ax_l.legend(fontsize=7)
         ax_l.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
+    with atomic_path(path, "png") as tmp:
         fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)

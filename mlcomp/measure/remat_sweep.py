@@ -63,8 +63,8 @@ from mlcomp.measure.training_bench import (
 )
 from mlcomp.pipeline.manager import run_pipeline
 from mlcomp.pipeline.spec import Pipeline
-from mlcomp.targets.optim import OptimizerSpec
-from mlcomp.targets.training import TrainingArtifact, compile_training
+from mlcomp.runtime.optim import OptimizerSpec
+from mlcomp.training.step import TrainingArtifact, compile_training
 
 __all__ = [
     "SWEEP_BUDGETS",
@@ -272,6 +272,6 @@ def plot_sweeps(sweeps: Sequence[RematSweep], path: str) -> None:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
+    with atomic_path(path, "png") as tmp:
         fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)

@@ -3,7 +3,7 @@
 For one model and batch size it
 
 1. captures the joint graph (:func:`mlcomp.frontend.joint.capture_joint`) and
-   compiles it (:func:`mlcomp.targets.training.compile_training`) with the same
+   compiles it (:func:`mlcomp.training.step.compile_training`) with the same
    optimizer spec the eager side uses (``torch.optim``, foreach);
 2. checks the compiled gradients against eager autograd on the batch;
 3. times both steps (forward, loss, backward, optimizer step) interleaved, with
@@ -58,8 +58,8 @@ from mlcomp.hardware.timing import (
 )
 from mlcomp.ir import Graph
 from mlcomp.ir.node import Phase
-from mlcomp.targets.optim import OptimizerSpec
-from mlcomp.targets.training import compile_training, verify_gradients
+from mlcomp.runtime.optim import OptimizerSpec
+from mlcomp.training.step import compile_training, verify_gradients
 
 __all__ = ["DEFAULT_POLICY", "TrainingBenchRow", "TrainingCase", "bench_training", "format_rows", "step_peak",
            "training_case"]

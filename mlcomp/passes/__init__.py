@@ -1,8 +1,12 @@
-"""mlcomp's passes (``mlcomp.passes``), one module per family.
+"""mlcomp's passes (``mlcomp.passes``), one subpackage per family.
 
-* ``cleanup`` — dce, cse, simplify and the ``cleanup`` fixed point; ``folding`` — fold-constants;
-* ``fusion_patterns`` — fold-batchnorm, fold-bias; ``attention`` — fuse-attention; ``recompose`` — recompose;
-* ``fusion`` — fuse-elementwise / fuse-epilogue (FuseOps-style groups) and ``fuse``;
+* ``cleanup/`` — ``cleanup``: dce, cse, simplify and the ``cleanup`` fixed point; ``folding``: fold-constants;
+* ``fusion/`` — ``fusion``: fuse-elementwise / fuse-epilogue (FuseOps-style groups) and ``fuse``;
+  ``folds``: fold-batchnorm, fold-bias; ``attention``: fuse-attention; ``recompose``: recompose;
+* ``precision/`` — ``mixed``: mixed-precision; ``policy``: its per-op rules;
+* ``prune/`` — ``prune``, its ``rewrite``, and the channel analyses only it uses (``channel_*``);
+* ``remat/`` — ``remat``, its ``problem`` and ``solvers``;
+* ``placement/`` — ``place`` and ``partition``;
 * ``patterns`` (op constants and matching helpers) and ``builder`` (writing IR) are shared by all.
 
 Passes are found by name through :mod:`mlcomp.pipeline.pass_base`; ``mlcomp passes`` lists them.

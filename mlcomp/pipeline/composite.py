@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Union
 
 from mlcomp.base.errors import MlcompError, PassFailure
+from mlcomp.base.spec_options import format_value as _format_value
 from mlcomp.ir import Graph
-from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, _format_value
+from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult
 
 __all__ = ["Step", "Sequential", "FixedPoint", "CompositePass", "Position", "Observer", "execute", "children",
            "walk", "pass_text", "describe"]

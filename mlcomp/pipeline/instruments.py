@@ -31,9 +31,10 @@ from mlcomp.analysis.memory import peak_bytes
 from mlcomp.analysis.ranges import declared_tolerance, error_growth
 from mlcomp.analysis.verify import compare
 from mlcomp.base.errors import IRError, PassFailure, PipelineSpecError, VerificationError
-from mlcomp.base.files import write_text_atomic
+from mlcomp.base.files import Kind, check_destination, mark_folder, write_text_atomic
 from mlcomp.frontend.loading import graph_random_inputs
 from mlcomp.ir import Graph
+from mlcomp.ir.graph_tools import to_dot
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.pipeline.composite import CompositePass, Observer, Position, execute, walk
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult
@@ -204,6 +205,9 @@ class Dump(Instrument):
             raise PipelineSpecError(f"--dump-after names {', '.join(unknown)}, which the pipeline "
                                     f"{spec} does not run",
                                     hint="use 'all' or one of: " + ", ".join(known))
+        check_destination(self.dump_dir, Kind.DIR, force=True, option="dump_dir")   # never a user's folder
+        Path(self.dump_dir).mkdir(parents=True, exist_ok=True)
+        mark_folder(self.dump_dir, "IR dumps")
         self.files = dump_graph(self.dump_dir, 0, "input", graph)
 
     def after_pass(self, p: Pass, result: PassResult, record: PassRecord) -> None:
@@ -345,8 +349,8 @@ def dump_graph(dump_dir: str | os.PathLike[str], index: int, name: str, graph: G
 
 def _dump(dump_dir: str | os.PathLike[str], stem: str, graph: Graph) -> list[str]:
     text, dot = Path(dump_dir) / f"{stem}.ir.txt", Path(dump_dir) / f"{stem}.dot"
-    write_text_atomic(text, graph.format() + "\n")
-    write_text_atomic(dot, graph.to_dot() + "\n")
+    write_text_atomic(text, graph.format() + "\n", fmt="ir")
+    write_text_atomic(dot, to_dot(graph) + "\n", fmt="dot")
     return [str(text), str(dot)]
 
 

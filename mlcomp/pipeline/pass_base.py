@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
-from mlcomp.base.errors import PipelineSpecError
-from mlcomp.base.registry import LazyRegistry, did_you_mean
+from mlcomp.base.errors import MlcompError, PipelineSpecError
+from mlcomp.base.registry import LazyRegistry
+from mlcomp.base.spec import Grammar, SpecEntry
+from mlcomp.base.spec_options import OptionInfo, check_fields, option
 from mlcomp.hardware.spec import DEFAULT_CPU
 from mlcomp.ir.node import Mode
 
@@ -41,27 +42,27 @@ if typing.TYPE_CHECKING:
     from mlcomp.pipeline.target_facts import TargetFacts
 
 __all__ = ["Pass", "PassResult", "PassContext", "Requirement", "option", "OptionInfo", "PassInfo", "PassRegistry",
-           "REGISTRY", "BUILTIN_PASSES"]
+           "PIPELINE_GRAMMAR", "REGISTRY", "BUILTIN_PASSES"]
 
 # name -> "module:Class".  One line per pass; later issues append theirs here.
 BUILTIN_PASSES: dict[str, str] = {
-    "dce": "mlcomp.passes.cleanup:DeadCodeElimination",
-    "cse": "mlcomp.passes.cleanup:CommonSubexpressionElimination",
-    "simplify": "mlcomp.passes.cleanup:Simplify",
-    "fold-constants": "mlcomp.passes.folding:FoldConstants",
-    "cleanup": "mlcomp.passes.cleanup:Cleanup",
-    "fold-batchnorm": "mlcomp.passes.fusion_patterns:FoldBatchNorm",
-    "fold-bias": "mlcomp.passes.fusion_patterns:FoldBias",
-    "fuse-epilogue": "mlcomp.passes.fusion:FuseEpilogue",
-    "fuse-attention": "mlcomp.passes.attention:FuseAttention",
-    "recompose": "mlcomp.passes.recompose:Recompose",
-    "fuse-elementwise": "mlcomp.passes.fusion:FuseElementwise",
-    "fuse": "mlcomp.passes.fusion:Fuse",
-    "mixed-precision": "mlcomp.passes.mixed_precision:MixedPrecision",
-    "remat": "mlcomp.passes.remat:Remat",
-    "partition": "mlcomp.passes.partition:Partition",
-    "place": "mlcomp.passes.place:Place",
-    "prune": "mlcomp.passes.prune:Prune",
+    "dce": "mlcomp.passes.cleanup.cleanup:DeadCodeElimination",
+    "cse": "mlcomp.passes.cleanup.cleanup:CommonSubexpressionElimination",
+    "simplify": "mlcomp.passes.cleanup.cleanup:Simplify",
+    "fold-constants": "mlcomp.passes.cleanup.folding:FoldConstants",
+    "cleanup": "mlcomp.passes.cleanup.cleanup:Cleanup",
+    "fold-batchnorm": "mlcomp.passes.fusion.folds:FoldBatchNorm",
+    "fold-bias": "mlcomp.passes.fusion.folds:FoldBias",
+    "fuse-epilogue": "mlcomp.passes.fusion.fusion:FuseEpilogue",
+    "fuse-attention": "mlcomp.passes.fusion.attention:FuseAttention",
+    "recompose": "mlcomp.passes.fusion.recompose:Recompose",
+    "fuse-elementwise": "mlcomp.passes.fusion.fusion:FuseElementwise",
+    "fuse": "mlcomp.passes.fusion.fusion:Fuse",
+    "mixed-precision": "mlcomp.passes.precision.mixed:MixedPrecision",
+    "remat": "mlcomp.passes.remat.remat:Remat",
+    "partition": "mlcomp.passes.placement.partition:Partition",
+    "place": "mlcomp.passes.placement.place:Place",
+    "prune": "mlcomp.passes.prune.prune:Prune",
 }
 
 
@@ -108,28 +109,6 @@ class PassResult:
     reference: "Graph | None" = None
 
 
-def option(default: Any, help: str, *, min: float | None = None,  # noqa: A002 - the natural names
-           max: float | None = None) -> Any:
-    """A pass option field: its default, its one-line help (shown by ``mlcomp passes``) and,
-    for numbers, the closed range it must lie in (checked when a spec is parsed and when a
-    pass is constructed in Python)::
-
-        max_group_size: int = option(32, "most nodes in one group", min=1)
-    """
-    return field(default=default, metadata={"help": help, "min": min, "max": max})
-
-
-def _out_of_range(value: Any, low: float | None, high: float | None) -> str | None:
-    """Why ``value`` is outside ``[low, high]``, or ``None`` when it is inside (or not a number)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if low is not None and not value >= low:
-        return f"must be at least {low}"
-    if high is not None and not value <= high:
-        return f"must be at most {high}"
-    return None
-
-
 class Pass:
     """Base of every pass; subclasses are ``@dataclass(frozen=True)``.
 
@@ -145,12 +124,8 @@ class Pass:
 
     def __post_init__(self) -> None:
         """Options constructed in Python obey the same declared ranges as parsed specs."""
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            problem = _out_of_range(getattr(self, f.name), f.metadata.get("min"), f.metadata.get("max"))
-            if problem:
-                raise PipelineSpecError(f"option {f.name!r} of pass {self.name!r} {problem}, "
-                                        f"got {getattr(self, f.name)!r}",
-                                        hint=f"run `mlcomp passes` to see the options of {self.name!r}")
+        check_fields(self, owner=self.name, noun="pass", error=PipelineSpecError,
+                     hint=f"run `mlcomp passes` to see the options of {self.name!r}")
 
     def run(self, graph: "Graph", ctx: PassContext) -> PassResult:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -172,177 +147,15 @@ class Pass:
 
 
 # ---------------------------------------------------------------------------
-# Options
-
-
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
-
-
-@dataclass(frozen=True)
-class OptionInfo:
-    """One typed option of a pass."""
-
-    name: str
-    type: Any
-    default: Any
-    help: str = ""
-    min: float | None = None
-    max: float | None = None
-
-    # -- describing ---------------------------------------------------------
-    def type_text(self) -> str:
-        text = _type_text(self.type)
-        if self.min is not None and self.max is not None:
-            return f"{text} in [{self.min}, {self.max}]"
-        if self.min is not None:
-            return f"{text} >= {self.min}"
-        if self.max is not None:
-            return f"{text} <= {self.max}"
-        return text
-
-    def format_value(self, value: Any) -> str:
-        """Canonical spec text for a value of this option."""
-        return _format_value(value)
-
-    # -- converting ---------------------------------------------------------
-    def convert(self, value: Any, *, pass_name: str) -> Any:
-        """``value`` (spec text, TOML value or Python value) as this option's type."""
-        try:
-            converted = _convert(self.type, value)
-        except (TypeError, ValueError) as exc:
-            raise PipelineSpecError(
-                f"option {self.name!r} of pass {pass_name!r} expects {self.type_text()}, "
-                f"got {value!r}" + (f" ({exc})" if str(exc) else ""),
-                hint=f"for example {pass_name}{{{self.name}={self.format_value(self.default)}}}") from None
-        problem = _out_of_range(converted, self.min, self.max)
-        if problem:
-            raise PipelineSpecError(f"option {self.name!r} of pass {pass_name!r} {problem}, got {value!r}",
-                                    hint=f"for example {pass_name}{{{self.name}={self.format_value(self.default)}}}")
-        return converted
-
-
-def _optional_inner(tp: Any) -> Any | None:
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1 and len(typing.get_args(tp)) == 2:
-            return args[0]
-    return None
-
-
-def _type_text(tp: Any) -> str:
-    inner = _optional_inner(tp)
-    if inner is not None:
-        return f"{_type_text(inner)} or none"
-    if typing.get_origin(tp) is typing.Literal:
-        return "one of " + "|".join(str(a) for a in typing.get_args(tp))
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return "one of " + "|".join(str(m.value) for m in tp)
-    if typing.get_origin(tp) is tuple:
-        return f"list of {_type_text(typing.get_args(tp)[0])}"
-    return {bool: "bool", int: "int", float: "float", str: "string"}.get(tp, getattr(tp, "__name__", str(tp)))
-
-
-def _convert(tp: Any, value: Any) -> Any:
-    inner = _optional_inner(tp)
-    if inner is not None:
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            return None
-        return _convert(inner, value)
-    if typing.get_origin(tp) is typing.Literal:
-        choices = typing.get_args(tp)
-        for c in choices:
-            if value == c or (isinstance(value, str) and str(c) == value):
-                return c
-        raise ValueError("")
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        if isinstance(value, tp):
-            return value
-        for m in tp:
-            if isinstance(value, str) and value.lower() in (str(m.value).lower(), m.name.lower()):
-                return m
-        raise ValueError("")
-    if typing.get_origin(tp) is tuple:
-        item = typing.get_args(tp)[0]
-        values = value if isinstance(value, (list, tuple)) else [value]
-        return tuple(_convert(item, v) for v in values)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
-            return value.lower() in _TRUE
-        raise ValueError("")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ValueError("")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str):
-            return int(value.replace("_", ""))
-        raise ValueError("")
-    if tp is float:
-        if isinstance(value, bool):
-            raise ValueError("")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            return float(value)
-        raise ValueError("")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ValueError("")
-    raise TypeError(f"unsupported option type {tp!r}")
-
-
-def _format_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "none"
-    if isinstance(value, enum.Enum):
-        return str(value.value)
-    if isinstance(value, tuple):
-        return "[" + ",".join(_format_value(v) for v in value) + "]"
-    if isinstance(value, float):
-        return repr(value)
-    text = str(value)
-    if text and all(c.isalnum() or c in "._-+/:" for c in text):
-        return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-# ---------------------------------------------------------------------------
 # Registry
 
 
-@dataclass(frozen=True)
-class PassInfo:
-    """A registered pass: its class, one-line help and typed options."""
+PassInfo = SpecEntry
+"""A registered pass: its class, one-line help and typed options (a :class:`SpecEntry` of the pipeline grammar)."""
 
-    name: str
-    cls: type
-    summary: str
-    options: tuple[OptionInfo, ...]
-
-    def option(self, key: str) -> OptionInfo:
-        wanted = key.replace("-", "_")
-        for opt in self.options:
-            if opt.name == wanted:
-                return opt
-        known = [o.name for o in self.options]
-        close = did_you_mean(wanted, known)
-        listing = ", ".join(f"{o.name} ({o.type_text()}, default {o.format_value(o.default)})"
-                            for o in self.options) or "none"
-        raise PipelineSpecError(
-            f"pass {self.name!r} has no option {key!r}"
-            + (f"; did you mean {close!r}?" if close else ".")
-            + f" Its options are: {listing}",
-            hint="run `mlcomp passes` to list every pass with its options")
-
-    def make(self, options: Mapping[str, Any]) -> Pass:
-        """An instance of the pass with ``options`` (already converted) applied."""
-        return self.cls(**dict(options))
+PIPELINE_GRAMMAR = Grammar("pass", PipelineSpecError, whole="pipeline", cutoff=0.5,
+                           hint="write passes as name or name{key=value,...}, separated by commas "
+                                "(see `mlcomp passes`)")
 
 
 class PassRegistry:
@@ -383,27 +196,14 @@ class PassRegistry:
     def infos(self) -> list[PassInfo]:
         return [self.get(n) for n in self.names()]
 
-    def _unknown(self, name: str, close: str | None) -> PipelineSpecError:
-        return PipelineSpecError(
-            f"unknown pass {name!r}" + (f"; did you mean {close!r}?" if close else ".")
-            + f" Known passes: {', '.join(self.names())}",
-            hint="run `mlcomp passes` to see what each pass does")
+    def _unknown(self, name: str, close: str | None) -> MlcompError:
+        return PIPELINE_GRAMMAR.unknown(name, self.names(), hint="run `mlcomp passes` to see what each pass does")
 
 
 def _describe(name: str, cls: type) -> PassInfo:
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"pass {name!r} ({cls.__qualname__}) must be a frozen dataclass")
-    hints = typing.get_type_hints(cls)
-    opts = []
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
-        opts.append(OptionInfo(f.name, hints.get(f.name, type(default)), default, f.metadata.get("help", ""),
-                               f.metadata.get("min"), f.metadata.get("max")))
-    summary = cls.summary() if hasattr(cls, "summary") else ""
-    return PassInfo(name, cls, summary, tuple(opts))
+    return SpecEntry.of(name, cls, PIPELINE_GRAMMAR)
 
 
 REGISTRY = PassRegistry(BUILTIN_PASSES)

@@ -16,6 +16,7 @@ registry::
     name = "fuse"
     min_bytes_saved = 4096
 
+The text is read by the spec grammar of :mod:`mlcomp.base.spec` (noun ``pass``, whole ``pipeline``);
 :mod:`mlcomp.pipeline.manager` runs a pipeline; this module only parses.
 """
 from __future__ import annotations
@@ -24,10 +25,10 @@ import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from mlcomp.base.errors import PipelineSpecError
-from mlcomp.pipeline.pass_base import REGISTRY, Pass, PassRegistry, _format_value
+from mlcomp.base.spec import SpecItem
+from mlcomp.pipeline.pass_base import PIPELINE_GRAMMAR, REGISTRY, Pass, PassRegistry
 from mlcomp.pipeline.presets import PRESET_TABLE, preset_text
 from mlcomp.pipeline.target_facts import TargetFacts
 
@@ -43,23 +44,11 @@ PRESETS: dict[str, str] = {name: preset_text(name) for name in PRESET_TABLE}
 
 
 @dataclass(frozen=True)
-class PassSpec:
+class PassSpec(SpecItem):
     """One pass of a pipeline: its name and the options that differ from their defaults."""
-
-    name: str
-    options: tuple[tuple[str, Any], ...] = ()
-
-    @property
-    def text(self) -> str:
-        if not self.options:
-            return self.name
-        return self.name + "{" + ",".join(f"{k}={_format_value(v)}" for k, v in self.options) + "}"
 
     def build(self, registry: PassRegistry | None = None) -> Pass:
         return (registry or REGISTRY).get(self.name).make(dict(self.options))
-
-    def __str__(self) -> str:
-        return self.text
 
 
 @dataclass(frozen=True)
@@ -100,7 +89,14 @@ class Pipeline:
     @classmethod
     def parse(cls, text: str, *, registry: PassRegistry | None = None) -> "Pipeline":
         """Parse inline text (``"cleanup,fuse{min_bytes_saved=0}"``) or a preset (``"-O2"``)."""
-        return cls(tuple(_Parser(text, registry or REGISTRY).pipeline()))
+        reg = registry or REGISTRY
+
+        def expand(name: str) -> list[SpecItem] | None:
+            key = _preset_key(name)
+            return None if key is None else list(cls.parse(PRESETS[key], registry=reg).passes)
+
+        items = PIPELINE_GRAMMAR.parse(text, reg.get, expand=expand)
+        return cls(tuple(p if isinstance(p, PassSpec) else PassSpec(p.name, p.options) for p in items))
 
     @classmethod
     def preset(cls, name: str, *, registry: PassRegistry | None = None) -> "Pipeline":
@@ -154,9 +150,9 @@ class Pipeline:
                 specs.extend(cls.preset(name, registry=reg).passes)
                 continue
             info = reg.get(name)
-            given = {info.option(k).name: info.option(k).convert(v, pass_name=name)
-                     for k, v in table.items() if k != "name"}
-            specs.append(_spec_of(info, given))
+            given = dict(info.convert(k, v) for k, v in table.items() if k != "name")
+            item = info.item(given)
+            specs.append(PassSpec(item.name, item.options))
         return cls(tuple(specs), target)
 
     @classmethod
@@ -176,150 +172,3 @@ class Pipeline:
 def _preset_key(text: str) -> str | None:
     key = text.strip().lstrip("-")
     return key if key in PRESETS else None
-
-
-def _spec_of(info: Any, given: dict[str, Any]) -> PassSpec:
-    """Options in field order, without those equal to their default; the pass is built once so
-    checks across options (``Pass.__post_init__``) refuse a bad spec when it is parsed."""
-    info.make(given)
-    opts = tuple((o.name, given[o.name]) for o in info.options
-                 if o.name in given and given[o.name] != o.default)
-    return PassSpec(info.name, opts)
-
-
-class _Parser:
-    """``pipeline := item (',' item)*``; ``item := name ['{' key=value ((','|' ') key=value)* '}']``."""
-
-    _STOP = set(",{}=[] \t\r\n\"'")
-
-    def __init__(self, text: str, registry: PassRegistry) -> None:
-        self.text = text
-        self.i = 0
-        self.registry = registry
-
-    def error(self, what: str, at: int | None = None, hint: str | None = None) -> PipelineSpecError:
-        at = self.i if at is None else at
-        shown = self.text.replace("\n", " ")
-        return PipelineSpecError(
-            f"bad pipeline spec at column {at + 1}:\n    {shown}\n    {' ' * at}^ {what}",
-            hint=hint or "write passes as name or name{key=value,...}, separated by commas "
-                         "(see `mlcomp passes`)")
-
-    def ws(self) -> None:
-        while self.i < len(self.text) and self.text[self.i].isspace():
-            self.i += 1
-
-    def peek(self) -> str:
-        return self.text[self.i] if self.i < len(self.text) else ""
-
-    def pipeline(self) -> list[PassSpec]:
-        if _preset_key(self.text) is not None:
-            return list(Pipeline.parse(PRESETS[_preset_key(self.text)], registry=self.registry).passes)
-        out: list[PassSpec] = []
-        self.ws()
-        if not self.peek():
-            return out
-        while True:
-            out.extend(self.item())
-            self.ws()
-            c = self.peek()
-            if not c:
-                return out
-            if c != ",":
-                raise self.error(f"expected ',' or the end, found {c!r}")
-            self.i += 1
-            self.ws()
-
-    def ident(self, what: str) -> tuple[str, int]:
-        start = self.i
-        while self.i < len(self.text) and (self.text[self.i].isalnum() or self.text[self.i] in "_-."):
-            self.i += 1
-        if self.i == start:
-            found = repr(self.peek()) if self.peek() else "the end"
-            raise self.error(f"expected {what}, found {found}")
-        return self.text[start:self.i], start
-
-    def item(self) -> list[PassSpec]:
-        name, at = self.ident("a pass name")
-        if _preset_key(name) is not None:    # a preset inside a list: "-O2,mixed-precision" or "O2,…"
-            if self.peek() == "{":
-                raise self.error(f"preset {name} takes no options")
-            return list(Pipeline.parse(PRESETS[_preset_key(name)], registry=self.registry).passes)
-        try:
-            info = self.registry.get(name)
-        except PipelineSpecError as exc:
-            raise self.error(exc.what, at, exc.hint) from None
-        self.ws()
-        given: dict[str, Any] = {}
-        if self.peek() == "{":
-            self.i += 1
-            self.ws()
-            while self.peek() != "}":
-                if not self.peek():
-                    raise self.error("unterminated '{' (missing '}')")
-                key, kat = self.ident("an option name")
-                try:
-                    opt = info.option(key)
-                except PipelineSpecError as exc:
-                    raise self.error(exc.what, kat, exc.hint) from None
-                if opt.name in given:
-                    raise self.error(f"option {key!r} of pass {name!r} is given twice", kat)
-                self.ws()
-                if self.peek() != "=":
-                    raise self.error(f"expected '=' after option name {key!r}")
-                self.i += 1
-                self.ws()
-                vat = self.i
-                value = self.value()
-                try:
-                    given[opt.name] = opt.convert(value, pass_name=name)
-                except PipelineSpecError as exc:
-                    raise self.error(exc.what, vat, exc.hint) from None
-                self.ws()
-                if self.peek() == ",":
-                    self.i += 1
-                    self.ws()
-                    if self.peek() == "}":
-                        raise self.error("expected an option name after ','")
-            self.i += 1
-        return [_spec_of(info, given)]
-
-    def value(self) -> Any:
-        c = self.peek()
-        if c in ("'", '"'):
-            return self.quoted(c)
-        if c == "[":
-            self.i += 1
-            items: list[Any] = []
-            self.ws()
-            while self.peek() != "]":
-                if not self.peek():
-                    raise self.error("unterminated '[' (missing ']')")
-                items.append(self.value())
-                self.ws()
-                if self.peek() == ",":
-                    self.i += 1
-                    self.ws()
-            self.i += 1
-            return items
-        start = self.i
-        while self.i < len(self.text) and self.text[self.i] not in self._STOP:
-            self.i += 1
-        if self.i == start:
-            found = repr(c) if c else "the end"
-            raise self.error(f"expected a value, found {found}")
-        return self.text[start:self.i]
-
-    def quoted(self, quote: str) -> str:
-        start = self.i
-        self.i += 1
-        out = []
-        while self.i < len(self.text) and self.text[self.i] != quote:
-            if self.text[self.i] == "\\" and self.i + 1 < len(self.text):
-                self.i += 1
-            out.append(self.text[self.i])
-            self.i += 1
-        if self.i >= len(self.text):
-            raise self.error("unterminated string", start)
-        self.i += 1
-        return "".join(out)

@@ -140,6 +140,6 @@ def plot(result: StudyResult, path: str) -> None:
         ax.set_ylabel("seconds per loop")
         ax.tick_params(axis="x", labelrotation=20, labelsize=8)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
+    with atomic_path(path, "png") as tmp:
         fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)

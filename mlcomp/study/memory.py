@@ -150,7 +150,7 @@ def training_step_memory(device: str, batch: int, hidden: tuple[int, int]) -> tu
     from mlcomp.frontend.joint import capture_joint
     from mlcomp.frontend.joint_origins import bytes_by_origin
     from mlcomp.ir.node import Phase
-    from mlcomp.targets.training import compile_training
+    from mlcomp.training.step import compile_training
 
     net, _, _ = _model("cpu", hidden)
     x, y = _batch(batch, "cpu", torch.Generator().manual_seed(1))
@@ -253,6 +253,6 @@ def plot(result: StudyResult, path: str) -> None:
     ax_t.set_title("frontend progress vs when the work finished", fontsize=10)
     ax_t.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    with atomic_path(path) as tmp:
+    with atomic_path(path, "png") as tmp:
         fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)

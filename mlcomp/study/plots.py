@@ -32,6 +32,6 @@ def bar_plot(result: StudyResult, path: str, *, unit: str = "s") -> None:
     fig.suptitle(result.title, fontsize=10)
     ax.margins(x=0.25)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
+    with atomic_path(path, "png") as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)

@@ -245,6 +245,6 @@ def plot(result: StudyResult, path: str) -> None:
     ax_f.grid(True, which="both", alpha=0.25)
     ax_f.legend(fontsize=8)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
+    with atomic_path(path, "png") as tmp:
         fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)

@@ -8,17 +8,19 @@
     >>> get_target("tvm").capabilities.describe()
     'modes inference; dtypes f32, f16, bf16, …; devices cpu, cuda; single device; static shapes only'
 
-Target modules (``cpu``, ``cuda``, ``onnxruntime``, ``tvm``) are imported only
-when asked for, and import their heavy backends lazily inside functions.
+One subpackage per backend (``torch/``: cpu, cuda; ``onnx/``: onnxruntime; ``tvm/``;
+``openvino/``; ``distributed/``), none importing another; what all targets share (``base``,
+``registry``, ``capabilities``, ``options``, ``fallback``, ``backend_errors``, ``export``) sits
+here.  Target modules are imported only when asked for, and import their heavy backends
+lazily inside functions.  The artifact format and the runtimes are :mod:`mlcomp.runtime`;
+training steps are :mod:`mlcomp.training`.
 """
 from __future__ import annotations
 
-from mlcomp.targets.artifact import Artifact, TensorSpec
+from mlcomp.runtime.artifact import Artifact, TensorSpec
 from mlcomp.targets.base import CompileOptions, Fallback, Target, TargetName, available_targets, get_target
 from mlcomp.targets.capabilities import Capabilities, CapabilityError, DeviceKind
 from mlcomp.targets.options import LogLevel
-from mlcomp.targets.training import TrainingArtifact, compile_training
 
 __all__ = ["Artifact", "TensorSpec", "CompileOptions", "Fallback", "LogLevel", "Target", "TargetName",
-           "Capabilities", "CapabilityError", "DeviceKind", "available_targets", "get_target",
-           "TrainingArtifact", "compile_training"]
+           "Capabilities", "CapabilityError", "DeviceKind", "available_targets", "get_target"]

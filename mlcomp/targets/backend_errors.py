@@ -6,7 +6,7 @@ summary"; an export inside TVM ends with "Use tlparse to see full graph"; TVM's
 own errors end a long C++ backtrace.  :func:`first_error` picks the real error
 line, the ATen op and the FX node it names, and maps the node back to the
 model's module path through the ``mlcomp_origin`` that
-:mod:`mlcomp.targets.codegen` records on every node.
+:mod:`mlcomp.runtime.codegen` records on every node.
 
 Before and after, for an op the exporter cannot translate::
 

@@ -34,8 +34,8 @@ from mlcomp.frontend.loading import graph_random_inputs
 from mlcomp.ir import Graph, Node, TensorMeta, map_refs, tensor_metas
 from mlcomp.ir.ops import GETITEM, Namespace, Op
 from mlcomp.pipeline.presets import ALL_REWRITES, Rewrite
-from mlcomp.targets.artifact import Artifact, Runtime, TensorSpec
 from mlcomp.pipeline.target_facts import TargetFacts
+from mlcomp.runtime.artifact import Artifact, Runtime, TensorSpec
 from mlcomp.targets.capabilities import Capabilities, CapabilityError, Mismatch, MismatchKind, hint_for, mismatches
 from mlcomp.targets.fallback import build_partitioned
 from mlcomp.targets.options import CompileOptions, Fallback, LogLevel, OptionsError
@@ -192,7 +192,7 @@ class Target(abc.ABC):
         return self.capabilities.facts(self.name, self.device(options or CompileOptions()))
 
     def compile(self, graph: Graph, options: CompileOptions | None = None) -> Artifact:
-        """Lower ``graph`` to an :class:`~mlcomp.targets.artifact.Artifact` (not yet verified)."""
+        """Lower ``graph`` to an :class:`~mlcomp.runtime.artifact.Artifact` (not yet verified)."""
         options = options or CompileOptions()
         reason = self.available()
         if reason:

@@ -116,7 +116,7 @@ class Capabilities:
 
 
 # Targets that run generated torch code also run joint training graphs: the training step
-# (mlcomp.targets.training.TrainingArtifact) is that code plus a torch.optim optimizer.
+# (mlcomp.training.step.TrainingArtifact) is that code plus a torch.optim optimizer.
 TORCH_CPU = Capabilities(modes=frozenset({Mode.INFERENCE, Mode.TRAINING}))
 TORCH_CUDA = Capabilities(modes=frozenset({Mode.INFERENCE, Mode.TRAINING}), devices=frozenset({DeviceKind.CUDA}),
                           multi_device=True, placement_devices=frozenset({DeviceKind.CUDA, DeviceKind.CPU}))

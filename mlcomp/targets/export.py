@@ -10,7 +10,7 @@ format         written                     reloaded (and verified) with
 ``onnx``       ``model.onnx``              ``onnxruntime.InferenceSession(path)``
 ``torchscript`` frozen TorchScript ``.pt`` ``torch.jit.load(path)``
 ``pt2``        ExportedProgram ``.pt2``    ``torch.export.load(path).module()``
-``tvm``        folder: ``model.so``,       ``tvm_backend.TvmModule.load(dir)``
+``tvm``        folder: ``model.so``,       ``tvm.build.TvmModule.load(dir)``
                ``meta.json``
 =============  ==========================  ==========================================
 
@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
-from mlcomp.targets import tvm_backend
-from mlcomp.targets.codegen import to_fx
-from mlcomp.targets.cpu import trace_frozen
-from mlcomp.targets.onnx_patterns import ort_friendly
-from mlcomp.targets.onnxruntime import graph_to_onnx
+from mlcomp.targets.tvm import build as tvm_backend
+from mlcomp.runtime.codegen import to_fx
+from mlcomp.targets.torch.cpu import trace_frozen
+from mlcomp.targets.onnx.patterns import ort_friendly
+from mlcomp.targets.onnx.target import graph_to_onnx
 from mlcomp.targets.registry import get_target
-from mlcomp.targets.tvm import lower_low_precision, quiet_native
+from mlcomp.targets.tvm.target import lower_low_precision, quiet_native
 
 from mlcomp.analysis.verify import VerifyResult, check_against
 from mlcomp.base.errors import MlcompError
@@ -95,10 +95,10 @@ def _reload_onnx(path: str) -> Callable[..., Any]:
 
 
 def _write_onnx(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Callable[..., Any]:
-    """The graph the ``onnxruntime`` target exports (:func:`mlcomp.targets.onnx_patterns.ort_friendly`:
+    """The graph the ``onnxruntime`` target exports (:func:`mlcomp.targets.onnx.patterns.ort_friendly`:
     RNN layers as ONNX RNN ops, linears as ``Gemm``).  Casts of a mixed-precision graph become ONNX
     ``Cast`` nodes; ops the ORT CPU provider has no bf16/fp16 kernel for are kept fp32 in the file
-    (see :mod:`mlcomp.targets.ort_precision`), so the file runs on plain ``onnxruntime``."""
+    (see :mod:`mlcomp.targets.onnx.precision`), so the file runs on plain ``onnxruntime``."""
 
     friendly, _ = ort_friendly(graph, inputs)
     model, _ = graph_to_onnx(friendly, inputs)       # mlcomp's emitter, else torch.onnx
@@ -163,7 +163,7 @@ def export_graph(graph: Graph, fmt: ExportFormat, path: str | Path, inputs: Sequ
             reloaded = _WRITERS[fmt](graph, inputs, str(tmp))
             result = check_against(reloaded, expected, inputs, tolerance=tolerance, names=names, where=where)
     else:
-        with atomic_path(path) as tmp:
+        with atomic_path(path, fmt.value) as tmp:          # marked: mlcomp.base.marks
             reloaded = _WRITERS[fmt](graph, inputs, tmp)
             result = check_against(reloaded, expected, inputs, tolerance=tolerance, names=names, where=where)
     return path, result

@@ -68,13 +68,13 @@ class CompileOptions:
     ``cuda_graphs``: replay static-shape CUDA models as one CUDA graph.
     ``tf32``: the cuda target lets fp32 matrix products and convolutions use
     TF32 tensor cores (products rounded to a 10-bit mantissa; verified at the
-    declared tolerance ``mlcomp.targets.cuda.TF32_RTOL``); off: IEEE fp32.
+    declared tolerance ``mlcomp.targets.torch.cuda.TF32_RTOL``); off: IEEE fp32.
     ``tune_build_timeout``/``tune_run_timeout``: seconds one MetaSchedule
     candidate may take to build/to measure before it counts as failed.
     ``log_level``: what a backend prints to the console (TVM: MetaSchedule's
     log records, and at ``info``/``debug`` its C++ log lines on stderr).
     ``tune_worker_torch``: let MetaSchedule's worker processes import torch
-    (off by default: it costs each worker a minute, see ``tvm_backend``).
+    (off by default: it costs each worker a minute, see ``tvm.build``).
     """
 
     device: str | None = None

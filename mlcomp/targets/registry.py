@@ -3,13 +3,13 @@
     >>> from mlcomp.targets.registry import get_target, target_name
     >>> target_name("ort")
     <TargetName.ONNXRUNTIME: 'onnxruntime'>
-    >>> get_target("ort")                     # imports mlcomp.targets.onnxruntime now
+    >>> get_target("ort")                     # imports mlcomp.targets.onnx.target now
     <Target onnxruntime>
     >>> get_target("onnxruntme")
     TargetUnavailableError: there is no target named 'onnxruntme' (did you mean 'onnxruntime'?)
 
 This module sits below both :mod:`mlcomp.targets.base` (what a target is) and
-:mod:`mlcomp.targets.artifact` (what a target builds), and imports neither at
+:mod:`mlcomp.runtime.artifact` (what a target builds), and imports neither at
 run time: an artifact looks up the target its payload needs here when it is
 loaded, and ``base`` builds artifacts, so keeping the table apart is what lets
 both import it at module level without a cycle.  Before this module existed
@@ -61,10 +61,10 @@ def _unknown_target(name: str, close: str | None) -> TargetUnavailableError:
 
 # target name -> "module:Class"; the class is imported on first use
 TARGETS: LazyRegistry[type[Target]] = LazyRegistry("target", {
-    "cpu": "mlcomp.targets.cpu:CpuTarget", "cuda": "mlcomp.targets.cuda:CudaTarget",
-    "onnxruntime": "mlcomp.targets.onnxruntime:OnnxRuntimeTarget", "tvm": "mlcomp.targets.tvm:TvmTarget",
-    "distributed": "mlcomp.targets.distributed:DistributedTarget",
-    "openvino": "mlcomp.targets.openvino:OpenVinoTarget",
+    "cpu": "mlcomp.targets.torch.cpu:CpuTarget", "cuda": "mlcomp.targets.torch.cuda:CudaTarget",
+    "onnxruntime": "mlcomp.targets.onnx.target:OnnxRuntimeTarget", "tvm": "mlcomp.targets.tvm.target:TvmTarget",
+    "distributed": "mlcomp.targets.distributed.target:DistributedTarget",
+    "openvino": "mlcomp.targets.openvino.target:OpenVinoTarget",
 }, on_unknown=_unknown_target)
 
 _ALIASES = {"ort": TargetName.ONNXRUNTIME, "onnx": TargetName.ONNXRUNTIME, "torchscript": TargetName.CPU}

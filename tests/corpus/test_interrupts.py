@@ -27,7 +27,7 @@ def _raise_interrupt(*args, **kwargs):
 
 
 def test_interrupt_during_target_build(user_folder, monkeypatch):
-    from mlcomp.targets.cpu import CpuTarget
+    from mlcomp.targets.torch.cpu import CpuTarget
 
     monkeypatch.setattr(CpuTarget, "build", _raise_interrupt)
     check(user_folder, ["compile", "mlp", "--target", "cpu"], code=130)
@@ -42,7 +42,7 @@ def test_interrupt_during_a_pass(user_folder, monkeypatch):
 
 
 def test_interrupt_while_writing_the_artifact(user_folder, monkeypatch):
-    from mlcomp.targets.cpu import TorchScriptRuntime
+    from mlcomp.targets.torch.cpu import TorchScriptRuntime
 
     def partial(self, directory):
         (directory / "model.pt").write_bytes(b"half")
@@ -55,7 +55,7 @@ def test_interrupt_while_writing_the_artifact(user_folder, monkeypatch):
 def test_interrupt_turned_into_a_library_error(user_folder, monkeypatch):
     """A native library (TVM's FFI) catches the KeyboardInterrupt and raises its own error."""
     from mlcomp.base.errors import MlcompError
-    from mlcomp.targets.cpu import CpuTarget
+    from mlcomp.targets.torch.cpu import CpuTarget
 
     def swallow(*args, **kwargs):
         try:
@@ -69,7 +69,7 @@ def test_interrupt_turned_into_a_library_error(user_folder, monkeypatch):
 
 
 def test_interrupt_swallowed_entirely_saves_nothing(user_folder, monkeypatch):
-    from mlcomp.targets.cpu import CpuTarget
+    from mlcomp.targets.torch.cpu import CpuTarget
 
     real = CpuTarget.build
 
@@ -103,7 +103,7 @@ def test_interrupt_in_every_command(user_folder, monkeypatch, where, args):
 def test_real_ctrl_c_during_a_slow_build(user_folder):
     """A real process and a real SIGINT while the target build runs."""
     script = ("import sys, time\n"
-              "from mlcomp.targets.cpu import CpuTarget\n"
+              "from mlcomp.targets.torch.cpu import CpuTarget\n"
               "def slow(*a, **k):\n"
               "    print('building', flush=True)\n"
               "    for _ in range(600):\n"        # a slow step that returns to Python now and then
@@ -152,7 +152,7 @@ def test_interrupt_swallowed_by_a_command_that_finishes(user_folder, monkeypatch
 def test_bench_stops_at_the_interrupted_build(user_folder, monkeypatch):
     """Ctrl-C during a target build that the native library turns into its own error (TVM's FFI does):
     bench records the cell as failed, but its next progress step stops the run (no further builds)."""
-    from mlcomp.targets.cpu import CpuTarget
+    from mlcomp.targets.torch.cpu import CpuTarget
 
     calls = []
 

@@ -15,8 +15,8 @@ from mlcomp.ir import Precision
 from mlcomp.ir.builder import GraphBuilder
 from mlcomp.ir.node import PrecisionReason
 from mlcomp.ir.ops import aten
-from mlcomp.passes.mixed_precision import MixedPrecision
-from mlcomp.passes.precision_policy import DeviceKind
+from mlcomp.passes.precision.mixed import MixedPrecision
+from mlcomp.passes.precision.policy import DeviceKind
 from mlcomp.pipeline import Pipeline
 from mlcomp.pipeline.pass_base import PassContext
 from mlcomp.pipeline.target_facts import LowMode, LowPrecision, TargetFacts

@@ -1,0 +1,178 @@
+"""Rank candidates by speed: rotated rounds of samples, a sign test on paired ratios, tie-break rounds.
+
+    >>> ranking = rank_samplers({"onnxruntime": ort.sample, "tvm": tvm.sample}, DEFAULT_AUTO_TIMING)
+    >>> ranking.picked, ranking.medians, ranking.p_values
+    ('tvm', {'onnxruntime': 0.000386, 'tvm': 0.000271}, {'onnxruntime': 0.0001, 'tvm': 1.0})
+
+A *sampler* is a callable that takes one timing sample of its candidate and returns seconds
+per call.  :func:`block_samplers` makes samplers of plain functions in this process (an
+untimed lead-in call, then a timed one, with the device's barrier); the auto target uses
+:class:`~mlcomp.runtime.timing_worker.ProcessSampler` instead, a fresh process per candidate.
+
+Before: one pass of rounds decided 3 %-apart candidates by a coin toss (ResNet-18@1, ORT vs
+OpenVINO, the pick flipped between runs).  After: the same rounds, then tie-break rounds of the
+undecided until a sign test decides (p < ``ALPHA``) or ``TIE_BREAK`` × the budget is spent.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
+
+from mlcomp.hardware.timing import Clock, Sync, TimingPolicy, no_sync
+
+__all__ = ["ALPHA", "BLOCK_S", "DEFAULT_AUTO_TIMING", "MIN_ROUNDS", "TIE_BREAK", "Ranking", "Sampler",
+           "block_samplers", "rank", "rank_samplers", "sign_test"]
+
+# a short budget per candidate: ranking targets needs a stable median, not bench's precision
+DEFAULT_AUTO_TIMING = TimingPolicy(warmup=3, budget_s=0.3, min_repeats=5)
+BLOCK_S = 0.02          # seconds of calls per timing sample
+ALPHA = 0.05            # a two-sided sign test below this decides "faster" / "slower"
+MIN_ROUNDS = 6          # the fewest rounds in which the sign test can decide at ALPHA (p = 2 / 2**6)
+TIE_BREAK = 10.0        # tie-break rounds stop after TIE_BREAK x policy.budget_s seconds
+
+Sampler = Callable[[], float]     # one sample of a candidate: seconds per call
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """What :func:`rank_samplers` measured: per candidate its median, its paired ratio to the pick and the sign test."""
+
+    picked: str
+    medians: dict[str, float]                 # seconds per call
+    ratios: dict[str, float] = field(default_factory=dict)     # median of (its sample / the pick's), same round
+    p_values: dict[str, float] = field(default_factory=dict)   # two-sided sign test of those ratios against 1
+    rounds: int = 0                           # rounds of every candidate
+    tie_break_rounds: int = 0                 # rounds of the close ones only
+
+
+def sign_test(ratios: Sequence[float]) -> float:
+    """Two-sided sign-test p-value that the median of ``ratios`` is 1 (ties dropped)."""
+    below, above = sum(r < 1 for r in ratios), sum(r > 1 for r in ratios)
+    n, k = below + above, min(below, above)
+    return 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+
+
+def block_samplers(fns: Mapping[str, Callable[[], Any]], policy: TimingPolicy = DEFAULT_AUTO_TIMING, *,
+                   clock: Clock = time.perf_counter, syncs: Mapping[str, Sync] | None = None,
+                   per_call: Mapping[str, float] | None = None) -> dict[str, Sampler]:
+    """Warm each of ``fns`` up (``policy.warmup`` calls, at most ``policy.budget_s``), then samplers of them.
+
+    A sample is an untimed lead-in call, then a timed one, each followed by the device's
+    barrier; ``per_call`` scales it (a function that makes ``k`` calls has ``1 / k``).
+    """
+    sync = {n: (syncs or {}).get(n, no_sync) for n in fns}
+    scale = {n: (per_call or {}).get(n, 1.0) for n in fns}
+    for name, fn in fns.items():
+        w0 = clock()
+        for _ in range(policy.warmup):
+            fn()
+            sync[name]()
+            if clock() - w0 >= policy.budget_s:
+                break
+
+    def sampler(name: str) -> Sampler:
+        fn, barrier, k = fns[name], sync[name], scale[name]
+
+        def sample() -> float:
+            fn()                           # lead-in: the previous runtime's pool spins down here
+            barrier()
+            start = clock()
+            fn()
+            barrier()
+            return (clock() - start) * k
+        return sample
+    return {name: sampler(name) for name in fns}
+
+
+def rank(fns: Mapping[str, Callable[[], Any]], policy: TimingPolicy = DEFAULT_AUTO_TIMING, *,
+         clock: Clock = time.perf_counter, syncs: Mapping[str, Sync] | None = None,
+         per_call: Mapping[str, float] | None = None) -> Ranking:
+    """:func:`rank_samplers` of :func:`block_samplers` of ``fns``: every candidate in this process."""
+    return rank_samplers(block_samplers(fns, policy, clock=clock, syncs=syncs, per_call=per_call), policy,
+                         clock=clock)
+
+
+def rank_samplers(samplers: Mapping[str, Sampler], policy: TimingPolicy = DEFAULT_AUTO_TIMING, *,
+                  clock: Clock = time.perf_counter) -> Ranking:
+    """Take samples in rounds and pick the fastest; close contenders get tie-break rounds.
+
+    A round takes one sample of each, starting one candidate later than the round before
+    (every candidate follows every other equally often).  Rounds go on until
+    ``policy.budget_s`` per candidate is spent and at least ``MIN_ROUNDS`` (bounded by
+    ``policy.max_repeats``) are done.  Then the leader is the lowest median (or a contender
+    whose paired ratios to it, its sample / the leader's in the same round, have a median
+    below 1); a contender is decided slower when the sign test of those ratios gives
+    p < ``ALPHA``.  Undecided ones and the leader go on in tie-break rounds of their own until
+    every contender is decided or ``TIE_BREAK`` × ``policy.budget_s`` more seconds are spent;
+    the pick is the leader then.  O(rounds × candidates) per check.
+    """
+    names = list(samplers)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    rounds: list[dict[str, float]] = []
+
+    def one_round(active: list[str]) -> None:
+        k = len(rounds) % len(active)
+        taken: dict[str, float] = {}
+        for name in active[k:] + active[:k]:
+            taken[name] = samplers[name]()
+            samples[name].append(taken[name])
+        rounds.append(taken)
+
+    fewest = min(max(policy.min_repeats, MIN_ROUNDS), policy.max_repeats)
+    begin = clock()
+    while len(rounds) < policy.max_repeats:
+        one_round(names)
+        if len(rounds) >= fewest and clock() - begin >= policy.budget_s * len(names):
+            break
+    everyone = len(rounds)
+    active = _undecided(names, samples, rounds)
+    begin = clock()
+    while len(active) > 1 and len(rounds) < policy.max_repeats and clock() - begin < TIE_BREAK * policy.budget_s:
+        one_round(active)
+        active = _undecided(active, samples, rounds)
+    picked = _leader(active, samples, rounds)
+    ratios, p_values = {}, {}
+    for name in names:
+        paired = _ratios(rounds, name, picked)
+        ratios[name], p_values[name] = (median(paired), sign_test(paired)) if paired else (math.nan, 1.0)
+    return Ranking(picked, {n: median(samples[n]) for n in names}, ratios, p_values, everyone,
+                   len(rounds) - everyone)
+
+
+def _ratios(rounds: Sequence[Mapping[str, float]], name: str, leader: str) -> list[float]:
+    """``name``'s sample / ``leader``'s in every round that timed both."""
+    out = []
+    for r in rounds:
+        if name in r and leader in r:
+            a, b = r[name], r[leader]
+            out.append(a / b if b > 0 else (1.0 if a == 0 else math.inf))
+    return out
+
+
+def _leader(active: list[str], samples: Mapping[str, list[float]], rounds: Sequence[Mapping[str, float]]) -> str:
+    """The lowest median, unless a contender's paired ratios to it have a median below 1 (they
+    cancel load drift that the medians of each keep): then the contender with the lowest one."""
+    leader = min(active, key=lambda n: median(samples[n]))
+    paired = {n: median(r) for n in active if n != leader and (r := _ratios(rounds, n, leader))}
+    best = min(paired, key=lambda n: paired[n], default=None)
+    return best if best is not None and paired[best] < 1 else leader
+
+
+def _undecided(active: list[str], samples: Mapping[str, list[float]],
+               rounds: Sequence[Mapping[str, float]]) -> list[str]:
+    """The leader and every contender not yet decided slower than it (median ratio above 1 and a
+    sign test at p < ALPHA)."""
+    leader = _leader(active, samples, rounds)
+    keep = [leader]
+    for name in active:
+        if name == leader:
+            continue
+        paired = _ratios(rounds, name, leader)
+        ratio = median(paired)
+        if not (ratio > 1 and sign_test(paired) < ALPHA):
+            keep.append(name)
+    return keep

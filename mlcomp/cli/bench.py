@@ -1,0 +1,116 @@
+"""``mlcomp bench``: time models on targets against eager torch (registered lazily in :mod:`mlcomp.cli.main`).
+
+    mlcomp bench mlp resnet18 --targets eager,cpu,onnxruntime,tvm --batch 1,32 --plot bench.png
+    mlcomp bench --zoo --batch 1,32 --csv results.csv
+"""
+from __future__ import annotations
+
+import json
+
+import click
+
+from mlcomp.base.progress import ProgressLine
+from mlcomp.cli.measuring import (
+    check_outputs, check_pt2_batches, check_targets, checked_pipeline, command_progress, force_option,
+    int_list, name_list, set_threads, timing_options, write_output,
+)
+from mlcomp.cli.passes import preset_options
+from mlcomp.hardware.timing import BenchConfigError
+
+__all__ = ["ProgressLine", "bench_cmd"]
+
+
+@click.command("bench")
+@click.argument("models", nargs=-1)
+@click.option("--zoo", "all_zoo", is_flag=True, help="Benchmark every zoo model.")
+@click.option("--targets", default="eager,cpu,onnxruntime,tvm", show_default=True, callback=name_list,
+              help="Comma-separated targets; eager always runs as the reference. Add cuda on a GPU machine.")
+@click.option("--batch", "batches", default="1", show_default=True, callback=int_list,
+              help="Comma-separated batch sizes, e.g. 1,32.")
+@preset_options
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="1x3x32x32[:float32]",
+              help="Shape of one input (repeat per input) for model files that carry none.")
+@click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled module (executes its code).")
+@timing_options
+@click.option("--no-memory", is_flag=True, help="Skip peak-memory measurement.")
+@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              help="Write results as JSON (to stdout when no FILE).")
+@click.option("--csv", "csv_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              help="Write results as CSV (to stdout when no FILE).")
+@click.option("--plot", "plot_file", type=click.Path(), default=None,
+              help="PNG: speedup per target and batch, latency vs batch size (log axes).")
+@click.option("--train", is_flag=True, help="Time a training step (eager vs compiled on cpu/cuda) instead.")
+@click.option("--loss", default="cross_entropy", show_default=True, help="With --train: cross_entropy, mse or model.")
+@click.option("--optimizer", default="sgd{lr=0.01 momentum=0.9}", show_default=True, help="With --train.")
+@click.option("--loss-scale", default=None, metavar="SPEC",
+              help='With --train: dynamic, none, a static scale (1024) or "dynamic{init=65536 growth_interval=2000}" '
+                   "(default: dynamic when the graph computes in fp16, else none).")
+@click.option("--remat-sweep", is_flag=True, help="With --train: remat budgets 1.0/0.5/0.25/0.1/sqrt (mincut) vs "
+              "peak memory and step time; --plot draws memory vs step time.")
+@force_option
+def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], batches: tuple[int, ...],
+              pipeline: str | None, opt_level: str | None, input_shapes: tuple[str, ...], trust_pickle: bool,
+              budget: float, warmup: int,
+              min_repeats: int, max_repeats: int, threads: int | None, show_progress: bool, no_memory: bool,
+              json_out: str | None, csv_out: str | None, plot_file: str | None, train: bool = False,
+              loss: str = "cross_entropy", optimizer: str = "sgd", remat_sweep: bool = False,
+              loss_scale: str | None = None, force: bool = False) -> None:
+    """Time MODEL(s) eager vs compiled targets: median and p90 latency, speedup, cold compile time,
+    peak memory, max error vs eager. One table per model."""
+    from mlcomp.hardware.timing import TimingPolicy
+    from mlcomp.measure.bench import BenchConfig, plot_bench, run_bench
+    from mlcomp.measure.bench_results import to_csv
+
+    if all_zoo:
+        from mlcomp.models import ZOO
+
+        models = tuple(dict.fromkeys(models + tuple(ZOO)))
+    if not models:
+        raise BenchConfigError("no model given", hint="name one or more models, or pass --zoo")
+    check_outputs(force, models, json=json_out, csv=csv_out, plot=plot_file)
+    pipeline = checked_pipeline(pipeline, opt_level)
+    check_targets(targets)
+    from mlcomp.api import check_model_inputs
+
+    for model in models:
+        check_model_inputs(model, input_shapes, None)
+        if not input_shapes and not model.endswith(".pt2"):      # a .pt2's batch: check_pt2_batches
+            check_model_inputs(model, (), max(batches))
+    check_pt2_batches(models, batches)
+    set_threads(threads)
+    if remat_sweep:   # the remat budget sweep: mlcomp.measure.remat_sweep
+        from mlcomp.measure.remat_sweep import sweep_models
+
+        if not train:
+            raise BenchConfigError("--remat-sweep measures training steps", hint="add --train")
+        write_output(json_out, "json",
+                     sweep_models(models, batches, loss=loss, optimizer=optimizer, plot_file=plot_file,
+                                  policy=TimingPolicy(warmup, budget, min_repeats, max_repeats),
+                                  echo=click.echo if json_out != "-" else None))
+        return
+    if train:   # eager vs compiled training step: mlcomp.cli.training
+        from mlcomp.cli.training import bench_train
+
+        given = click.get_current_context().get_parameter_source("targets") is not click.core.ParameterSource.DEFAULT
+        train_targets = targets if given else ("cpu",)
+        write_output(json_out, "json",
+                     bench_train(models, batches, targets=train_targets, loss=loss, optimizer=optimizer,
+                                 policy=TimingPolicy(warmup, budget, min_repeats, max_repeats),
+                                 json_out=json_out, loss_scale=loss_scale))
+        return
+    config = BenchConfig(targets, batches, pipeline, TimingPolicy(warmup, budget, min_repeats, max_repeats),
+                         memory=not no_memory, threads=threads)
+    progress = command_progress(show_progress, machine_output="-" in (json_out, csv_out))
+    results = []
+    for model in models:
+        res = run_bench(model, config, input_shapes=input_shapes, trust_pickle=trust_pickle, progress=progress)
+        results.append(res)
+        progress.clear()
+        if json_out != "-" and csv_out != "-":
+            click.echo(res.format())
+            click.echo()
+    write_output(json_out, "json", json.dumps([r.to_json() for r in results], indent=2))
+    write_output(csv_out, "csv", to_csv(results))
+    if plot_file:
+        plot_bench(results, plot_file)
+        click.echo(f"wrote {plot_file}", err=True)

@@ -1,0 +1,1 @@
+"""Cleanup passes: dce, cse, simplify, the ``cleanup`` fixed point (``cleanup``); fold-constants (``folding``)."""

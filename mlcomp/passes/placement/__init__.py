@@ -1,0 +1,1 @@
+"""Device placement (``place``) and pipeline partitioning (``partition``)."""

@@ -1,0 +1,1 @@
+"""Rematerialization: the ``remat`` pass, the problem it poses, and its solvers."""

@@ -1,0 +1,211 @@
+"""Time a saved artifact in a fresh Python process, one sample at a time on request.
+
+    >>> with ProcessSampler.start(artifact_dir, inputs_file, threads=2, warmup=3, block_s=0.02) as s:
+    ...     s.wait_ready(timeout=300)          # the child loaded it, checked one call, warmed up
+    ...     s.sample()                         # seconds per call of one block (after an untimed block)
+    0.000271
+
+Why: a deployed artifact runs alone in its process.  Timed next to other runtimes in one
+process (torch's OpenMP pool, ONNX Runtime's, TVM's, OpenVINO's TBB arena), its thread pool
+competes with theirs for the cores, and not alike for all: on 2 cores a TVM artifact of GPT-2
+measured 0.27 ms alone and 0.32–0.71 ms in ``target="auto"``'s shared process, where ONNX
+Runtime (0.39 ms alone) then won.  Here each candidate gets a process of its own that
+loads it (:meth:`Artifact.load`), so every one is timed as it will run.
+
+Protocol (one JSON line per message on the child's private stdout; its fd 1 is sent to
+stderr so that backends' prints cannot corrupt it)::
+
+    child:  {"ready": per_call_s, "calls": k}      after load, one checked call, warm-up
+    parent: "sample"  ->  child: {"sample": s}      settle_s of untimed calls, then k timed; s = their median
+    parent: "quit" or EOF                          the child exits
+    child:  {"error": "..."}                        then exits 1
+
+``k`` makes a block last about ``block_s``, from the fastest of three calls after warm-up.
+The other workers' thread pools keep spinning for a while after their last sample (ONNX
+Runtime's for ~50 ms of CPU, measured): ``settle_s`` of untimed calls let them stop, and the
+sample, the median call of the block, ignores a straggler.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+from typing import IO, Any
+
+import torch
+
+from mlcomp.base.errors import MlcompError
+from mlcomp.hardware.timing import Sync, calls_per_block, synchronizer
+from mlcomp.runtime.artifact import Artifact
+
+__all__ = ["ProcessSampler", "WorkerError", "save_inputs"]
+
+MAX_CALLS = 1000          # a block never has more calls than this
+# untimed calls before each sample: the previous worker's thread pools spin on after its sample
+# (ONNX Runtime's for ~50 ms of CPU on GPT-2@2, measured), taking a core from this one
+SETTLE_S = 0.1
+
+
+class WorkerError(MlcompError):
+    """A timing worker could not start, load its artifact, or answer."""
+
+
+def save_inputs(inputs: Any, path: Path) -> Path:
+    """Write example inputs for workers (tensors only, so the child loads them with ``weights_only``)."""
+    torch.save(list(inputs), path)
+    return path
+
+
+def _child_env() -> dict[str, str]:
+    """This environment, with the folder holding this ``mlcomp`` first on the child's path.
+
+    The child then imports the same mlcomp as the parent, installed or not (a source tree on
+    ``sys.path``, a test run from a clone).
+    """
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+
+
+class ProcessSampler:
+    """The parent's handle on one worker process; :meth:`sample` is a sampler for ``rank``."""
+
+    def __init__(self, proc: subprocess.Popen, log: IO[bytes], label: str) -> None:
+        self._proc, self._log, self.label = proc, log, label
+        self.per_call_s: float | None = None
+        self.calls: int | None = None
+
+    @classmethod
+    def start(cls, artifact_dir: Path, inputs_file: Path, *, threads: int, warmup: int, block_s: float,
+              settle_s: float = SETTLE_S, label: str = "") -> "ProcessSampler":
+        log = tempfile.TemporaryFile()
+        config = json.dumps({"artifact": str(artifact_dir), "inputs": str(inputs_file), "threads": threads,
+                             "warmup": warmup, "block_s": block_s, "settle_s": settle_s})
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "mlcomp.runtime.timing_worker", config],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0,
+                                    env=_child_env())
+        except OSError as exc:
+            log.close()
+            raise WorkerError(f"could not start a timing process for {label}: {exc}") from None
+        return cls(proc, log, label or str(artifact_dir))
+
+    def wait_ready(self, timeout: float) -> float:
+        """Block until the child is warm; its estimate of one call in seconds."""
+        message = self._read(timeout)
+        self.per_call_s, self.calls = float(message["ready"]), int(message["calls"])
+        return self.per_call_s
+
+    def sample(self, timeout: float = 600.0) -> float:
+        """One block timed in the child: seconds per call."""
+        self._write("sample")
+        return float(self._read(timeout)["sample"])
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                self._write("quit")
+                self._proc.wait(timeout=10)
+            except (WorkerError, subprocess.TimeoutExpired):
+                self._proc.kill()
+                self._proc.wait()
+        for stream in (self._proc.stdin, self._proc.stdout):
+            if stream is not None:
+                stream.close()
+        self._log.close()
+
+    def __enter__(self) -> "ProcessSampler":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- plumbing ---------------------------------------------------------
+    def _write(self, line: str) -> None:
+        try:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(line.encode() + b"\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._failure("it exited") from None
+
+    def _read(self, timeout: float) -> dict[str, Any]:
+        out = self._proc.stdout
+        assert out is not None
+        ready, _, _ = select.select([out], [], [], timeout)
+        if not ready:
+            self._proc.kill()
+            raise WorkerError(f"the timing process for {self.label} gave no answer in {timeout:.0f} s")
+        line = out.readline()          # unbuffered pipe: reads exactly one line, nothing past it
+        if not line:
+            self._proc.wait()
+            raise self._failure(f"it exited with status {self._proc.returncode}")
+        message = json.loads(line)
+        if "error" in message:
+            raise WorkerError(f"the timing process for {self.label} failed: {message['error']}")
+        return message
+
+    def _failure(self, what: str) -> WorkerError:
+        self._log.seek(0)
+        tail = [s for s in self._log.read().decode(errors="replace").splitlines() if s.strip()][-3:]
+        return WorkerError(f"the timing process for {self.label} failed: {what}"
+                           + (f" ({' | '.join(tail)})" if tail else ""))
+
+
+# ---------------------------------------------------------------------------
+# child side
+
+
+def _calls(artifact: Artifact, inputs: list, calls: int, barrier: Sync) -> list[float]:
+    """Seconds of each of ``calls`` calls (each followed by the device's barrier)."""
+    clock, out = time.perf_counter, []
+    for _ in range(calls):
+        start = clock()
+        artifact(*inputs)
+        barrier()
+        out.append(clock() - start)
+    return out
+
+
+def serve(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
+    """Load, check, warm up, then answer ``sample`` requests until ``quit`` or end of input."""
+    torch.set_num_threads(int(config["threads"]))
+    artifact = Artifact.load(config["artifact"])
+    inputs = torch.load(config["inputs"], map_location="cpu", weights_only=True)
+    barrier = synchronizer(artifact.manifest.get("device") or "cpu")
+    _calls(artifact, inputs, max(1, int(config["warmup"])), barrier)
+    per_call = min(_calls(artifact, inputs, 3, barrier))      # after warm-up: TorchScript's first runs profile
+    calls = calls_per_block(float(config["block_s"]), per_call, MAX_CALLS)
+    channel.write(json.dumps({"ready": per_call, "calls": calls}) + "\n")
+    channel.flush()
+    for line in commands:
+        if line.strip() != "sample":
+            break
+        settle = time.perf_counter() + float(config["settle_s"])
+        while time.perf_counter() < settle:                   # lead-in: the last worker's pools spin down
+            _calls(artifact, inputs, 1, barrier)
+        channel.write(json.dumps({"sample": median(_calls(artifact, inputs, calls, barrier))}) + "\n")
+        channel.flush()
+
+
+def main(argv: list[str]) -> int:
+    channel = os.fdopen(os.dup(1), "w", buffering=1)           # the protocol's private stdout
+    os.dup2(2, 1)                                              # stray prints go to the log
+    try:
+        serve(json.loads(argv[0]), channel, sys.stdin)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent as this candidate's failure
+        text = exc.message if isinstance(exc, MlcompError) else f"{type(exc).__name__}: {exc}"
+        channel.write(json.dumps({"error": " ".join(text.split())[:500]}) + "\n")
+        channel.flush()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,286 @@
+"""The ``openvino`` target: IR → generated torch module → OpenVINO PyTorch frontend → CPU plugin.
+
+    >>> art = get_target("openvino").compile(graph, CompileOptions(threads=2))
+    >>> art(x)                                       # torch in, torch out
+    >>> art.runtime.precision["hint"]                # what the CPU plugin was told
+    'f32'
+    >>> art.save("out/mlp-ov")                       # out/mlp-ov/model.xml + model.bin (OpenVINO IR)
+    >>> openvino.Core().read_model("out/mlp-ov/model.xml")   # plain OpenVINO loads the payload
+
+Lowering: :func:`~mlcomp.runtime.codegen.to_fx` generates the torch module
+(composite ops are inlined to ATen by tracing it with ``make_fx``), shapes are
+propagated once on the example inputs, and the module goes to OpenVINO's FX
+decoder (the one its ``torch.export`` and ``torch.compile`` paths use) without
+a second round of decompositions: the IR already is core ATen.  The model is
+compiled for ``CPU`` with an explicit ``INFERENCE_PRECISION_HINT``,
+``PERFORMANCE_HINT=LATENCY``, ``INFERENCE_NUM_THREADS`` from ``threads`` and thread pinning off
+(pinned threads wait for their core when other processes use it).
+
+Precision: the hint is f32 unless the graph computes in bf16/fp16 (a
+mixed-precision pass ran: for this target it records each node's precision on an
+fp32 graph, ``LowMode.HINT`` in the capabilities); then it is that dtype if the hardware probe finds
+the CPU instructions for it (``avx512_bf16``/``amx_bf16``, ``avx512_fp16``/
+``amx_fp16``), and f32 otherwise, with the reason in ``runtime.precision``
+(saved in the manifest).  OpenVINO's own default on a bf16 CPU is bf16, so an
+fp32 graph always sets f32 explicitly: never lower than the pipeline asked.
+The choice is made again when an artifact is loaded on another machine.
+
+``supports(node)`` asks OpenVINO's own table of the ATen ops its FX decoder
+translates (``torchdynamo.op_support.OperatorSupport``); an op outside it that
+torch decomposes (``aten.reshape`` after cleanup) is lowered through ``make_fx``
+with that decomposition, as OpenVINO's ``convert_model(ExportedProgram)`` would; ``aten.cat`` with
+torch's legacy 1-D empty operand (GPT-2's key/value cache) is refused by
+OpenVINO's Concat and reported per node, so ``--fallback eager`` runs it in torch.
+"""
+from __future__ import annotations
+
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from mlcomp.runtime.artifact import RuntimeKind
+from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
+from mlcomp.targets.capabilities import Capabilities, DeviceKind
+from mlcomp.runtime.codegen import to_fx
+
+from mlcomp.base.errors import MlcompError
+from mlcomp.base.quiet import quiet_converter
+from mlcomp.hardware.probe import cpu_flags
+from mlcomp.ir import Graph, Node, TensorMeta, tensor_metas
+from mlcomp.ir.dtypes import dtype_name, parse_dtype
+from mlcomp.ir.ops import Namespace, Op
+from mlcomp.pipeline.presets import Rewrite
+from mlcomp.pipeline.target_facts import LowMode, LowPrecision
+
+__all__ = ["OpenVinoTarget", "OpenVinoRuntime", "requested_precision", "precision_hint", "PACKAGE"]
+
+PACKAGE = "openvino"
+XML, BIN = "model.xml", "model.bin"
+INSTALL_HINT = "pip install 'mlcomp[openvino]' (or pip install openvino)"
+
+# CPU instructions OpenVINO's CPU plugin needs to compute in each low precision (names as in /proc/cpuinfo)
+_NEEDS = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
+_OV_NAME = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+def requested_precision(graph: Graph) -> torch.dtype:
+    """The lowest float precision ``graph`` computes in: bf16/fp16 after a mixed-precision pass, else f32."""
+    found: set[torch.dtype] = set()
+    for node in graph.nodes():
+        if node.ann.precision is not None:
+            found.add(node.ann.precision.dtype)
+        found.update(m.dtype for m in tensor_metas(node.meta))
+    for low in (torch.float16, torch.bfloat16):     # fp16 first: it has the fewer exponent bits
+        if low in found:
+            return low
+    return torch.float32
+
+
+def precision_hint(requested: torch.dtype, flags: tuple[str, ...]) -> tuple[torch.dtype, str]:
+    """``(hint, why)``: the requested precision where ``flags`` (the probe's CPU flags) allow it, else f32."""
+    if requested not in _NEEDS:
+        return torch.float32, "the graph computes in f32; set explicitly (OpenVINO's default on bf16 CPUs is bf16)"
+    have = [f for f in _NEEDS[requested] if f in flags]
+    if have:
+        return requested, f"the graph asks for {dtype_name(requested)} and the CPU has {', '.join(have)}"
+    return torch.float32, (f"the graph asks for {dtype_name(requested)} but this CPU has none of "
+                           f"{', '.join(_NEEDS[requested])} (hardware probe): OpenVINO computes in f32")
+
+
+def _config(hint: torch.dtype, threads: int | None) -> dict[Any, Any]:
+    import openvino as ov
+    from openvino import properties as props
+
+    config: dict[Any, Any] = {
+        props.hint.inference_precision: getattr(ov.Type, _OV_NAME[hint]),
+        props.hint.performance_mode: props.hint.PerformanceMode.LATENCY,
+        # pinned threads wait for their own core: on a shared 2-core machine the median call of
+        # the zoo MLP took 3.2-3.9 ms pinned against 0.14 ms unpinned (OpenVINO 2026.4)
+        props.hint.enable_cpu_pinning: False,
+    }
+    if threads:
+        config[props.inference_num_threads] = threads
+    return config
+
+
+class OpenVinoRuntime:
+    """An OpenVINO ``CompiledModel`` and one infer request; inputs shared zero-copy, outputs copied."""
+
+    kind: ClassVar[RuntimeKind] = RuntimeKind.OPENVINO
+    # no ``checks_inputs``: OpenVINO converts an input of the wrong dtype silently, so the artifact
+    # checks shape and dtype before every call
+
+    def __init__(self, model: Any, *, requested: torch.dtype = torch.float32, threads: int | None = None,
+                 flags: tuple[str, ...] | None = None) -> None:
+        import openvino as ov
+
+        self.model = model
+        self.threads = threads
+        self.requested = requested
+        hint, why = precision_hint(requested, cpu_flags() if flags is None else flags)
+        self.compiled = ov.Core().compile_model(model, "CPU", _config(hint, threads))
+        effective = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        self.precision = {"requested": dtype_name(requested), "hint": _OV_NAME[hint],
+                          "effective": effective, "reason": why}
+        self.request = self.compiled.create_infer_request()
+        self._n_out = len(self.compiled.outputs)
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        arrays = [t.numpy() if not t.requires_grad and t.is_contiguous() else t.detach().contiguous().numpy()
+                  for t in inputs]
+        self.request.infer(arrays, share_inputs=True)
+        # the request reuses its output buffers on the next call: hand out copies
+        return tuple(torch.from_numpy(self.request.get_output_tensor(i).data.copy()) for i in range(self._n_out))
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        import openvino as ov
+
+        # compress_to_fp16 defaults to True: weights would silently become fp16 on disk
+        ov.save_model(self.model, str(directory / XML), compress_to_fp16=False)
+        return {"xml": XML, "bin": BIN, "threads": self.threads, "requested": dtype_name(self.requested),
+                "precision": self.precision}
+
+    @classmethod
+    def load(cls, directory: Path, info: dict[str, Any]) -> "OpenVinoRuntime":
+        import openvino as ov
+
+        model = ov.Core().read_model(str(directory / info.get("xml", XML)), str(directory / info.get("bin", BIN)))
+        return cls(model, requested=parse_dtype(info.get("requested", "f32")), threads=info.get("threads"))
+
+
+@lru_cache(maxsize=1)
+def _translated() -> frozenset[str]:
+    """Qualified names of the ATen overloads OpenVINO's FX decoder translates (its own table)."""
+    from openvino.frontend.pytorch.torchdynamo.op_support import OperatorSupport
+
+    return frozenset(OperatorSupport(None)._support_dict)
+
+
+def _decomposition(op: Op) -> Any:
+    """How torch decomposes ``op`` when tracing: its table entry, ``"implicit"`` for a composite op, or None."""
+    from torch._decomp import decomposition_table
+
+    overload = op.resolve()
+    if overload in decomposition_table:
+        return decomposition_table[overload]
+    if isinstance(overload, torch._ops.OpOverload) and \
+            overload.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
+        return "implicit"      # make_fx decomposes it by itself
+    return None
+
+
+def _legacy_empty_cat(node: Node, graph: Graph) -> list[str]:
+    """Operands of an ``aten.cat`` that are 1-D and empty beside higher-rank ones (torch skips them)."""
+    if node.op.namespace is not Namespace.ATEN or node.op.name != "cat":
+        return []
+    out = node.meta if isinstance(node.meta, TensorMeta) else None
+    operands = node.inputs[0] if node.inputs and isinstance(node.inputs[0], (list, tuple)) else ()
+    found = []
+    for ref in operands:
+        meta = graph.node(ref.name).meta if hasattr(ref, "name") else None
+        if isinstance(meta, TensorMeta) and out is not None and len(out.shape) > 1 \
+                and tuple(meta.shape) == (0,):
+            found.append(ref.name)
+    return found
+
+
+def _conversion_message(exc: BaseException) -> str:
+    """The frontend's summary line (``Conversion is failed for: …``) or the first line of the error."""
+    text = str(exc)
+    summary = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("-- Conversion is failed for")]
+    if summary:
+        return summary[-1][3:]
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    return f"{type(exc).__name__}: {first}"
+
+
+class OpenVinoTarget(Target):
+    name = "openvino"
+    description = "OpenVINO PyTorch (FX) frontend → CPU plugin, explicit precision hint (f32 unless asked)"
+    rewrites = frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING})   # OpenVINO fuses on its own
+    # inputs/outputs cross as numpy arrays (no bfloat16); f64 is left out because the CPU plugin
+    # computes it in f32, which would be lower than the graph asks
+    capabilities = Capabilities(
+        dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8,
+                          torch.uint8, torch.bool}),
+        io_dtypes=frozenset({torch.float32, torch.float16, torch.int64, torch.int32, torch.int8, torch.uint8,
+                             torch.bool}),
+        devices=frozenset({DeviceKind.CPU}), dynamic_shapes=False,
+        # the CPU plugin lowers an fp32 graph itself (INFERENCE_PRECISION_HINT); bf16/f16 casts in the
+        # graph stop its converter on transformers (OpConversionFailure), so the graph stays fp32
+        low_precision=tuple(LowPrecision(dtype, LowMode.HINT, needs=needs) for dtype, needs in _NEEDS.items()))
+    package: ClassVar[str] = PACKAGE
+
+    def available(self) -> str | None:
+        if importlib.util.find_spec(self.package) is None:
+            return f"the {self.package} package is not installed ({INSTALL_HINT})"
+        return None
+
+    def explain(self, node: Node, graph: Graph | None = None) -> str | None:
+        reason = super().explain(node, graph)
+        if reason is None and graph is not None:
+            empty = _legacy_empty_cat(node, graph)
+            if empty:
+                reason = (f"it concatenates the 1-D empty tensor(s) {', '.join('%' + n for n in empty)} with "
+                          "higher-rank ones (torch's legacy rule); OpenVINO's Concat needs equal ranks")
+        return reason
+
+    def explain_op(self, op: Op) -> str | None:
+        from torch.fx.node import _get_qualified_name
+
+        try:
+            table = _translated()
+        except ImportError:
+            return self.available() or f"the {self.package} package cannot be imported ({INSTALL_HINT})"
+
+        if op.namespace is Namespace.OPERATOR:
+            name = f"_operator.{op.name}"
+        elif op.namespace in (Namespace.ATEN, Namespace.PRIMS):
+            name = _get_qualified_name(op.resolve())
+        else:
+            return f"{op} has no OpenVINO translation"
+        if name in table:
+            return None
+        if op.namespace is not Namespace.OPERATOR and _decomposition(op) is not None:
+            return None       # lowered to the ops torch decomposes it into (aten.reshape → view)
+        return f"OpenVINO's PyTorch frontend has no translation for {op} and torch has no decomposition of it"
+
+    def build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...]) -> OpenVinoRuntime:
+        # mode, dtypes and device were checked by compile() against the capabilities
+        if self.device(options) != "cpu":
+            raise MlcompError(f"target openvino compiles for the CPU, not {options.device!r}",
+                              hint="use --target cuda or --target onnxruntime --device cuda for GPUs")
+        model = convert(graph, inputs)
+        return OpenVinoRuntime(model, requested=requested_precision(graph), threads=options.threads)
+
+
+def convert(graph: Graph, inputs: tuple[torch.Tensor, ...]) -> Any:
+    """``graph`` as an ``openvino.Model`` (static shapes of ``inputs``); TargetCompileError on failure."""
+    import openvino as ov
+    from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
+    from torch.fx.node import _get_qualified_name
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    module = to_fx(graph).eval()
+    with torch.no_grad(), quiet_converter():
+        table = _translated()
+        lowered = {n.op.resolve(): _decomposition(n.op) for n in graph.call_nodes()
+                   if n.op.namespace in (Namespace.ATEN, Namespace.PRIMS)
+                   and _get_qualified_name(n.op.resolve()) not in table}
+        if lowered or any(n.op.is_composite for n in graph.call_nodes()):
+            from torch.fx.experimental.proxy_tensor import make_fx
+
+            # composite impls → the ATen ops they run; ops OpenVINO lacks → torch's decomposition
+            decompositions = {k: v for k, v in lowered.items() if callable(v)}
+            module = make_fx(module, decomposition_table=decompositions)(*inputs)
+        ShapeProp(module).propagate(*inputs)        # the decoder reads shapes and dtypes from node meta
+        try:
+            return ov.convert_model(TorchFXPythonDecoder(module))
+        except Exception as exc:  # noqa: BLE001 - turned into a user-facing error
+            raise TargetCompileError(
+                f"OpenVINO could not convert {graph.name}: {_conversion_message(exc)}",
+                where="openvino.convert_model (PyTorch FX frontend)",
+                hint="compile with --fallback eager to run the unconverted ops in torch, or use "
+                     "--target onnxruntime / --target cpu") from None

@@ -1,0 +1,1 @@
+"""The torch targets: ``cpu`` (TorchScript trace + freeze) and ``cuda`` (CUDA graphs)."""
