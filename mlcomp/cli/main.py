@@ -266,8 +266,15 @@ def models_save(name: str, fmt: str, output: str, batch: int, dynamic_batch: boo
             if dynamic_batch:
                 size = torch.export.Dim("batch", min=1, max=4096)
                 dims = tuple({0: size} if t.dim() > 0 else {} for t in inputs)
-            with quiet_torch():
-                torch.export.save(torch.export.export(module, inputs, dynamic_shapes=dims), tmp)
+            try:
+                with quiet_torch():
+                    program = torch.export.export(module, inputs, dynamic_shapes=dims)
+            except Exception as exc:  # noqa: BLE001 - a zoo model whose code fixes its batch size
+                if not dynamic_batch:
+                    raise
+                raise MlcompError(f"zoo model {name} cannot be exported with a dynamic batch: "
+                                  f"{str(exc).strip().splitlines()[0]}", hint="save it without --dynamic-batch") from None
+            torch.export.save(program, tmp)
     click.echo(f"wrote {output} ({fmt}, input {'x'.join(map(str, inputs[0].shape))}"
                + (", batch dynamic" if dynamic_batch else "") + ")")
 
