@@ -66,10 +66,14 @@ def _given(option: str) -> bool:
 def _load(model: str, input_shapes: tuple[str, ...], batch: int | None, trust_pickle: bool):
     from mlcomp.api import check_model_inputs
     from mlcomp.frontend.loading import load_model
+    from mlcomp.frontend.programs import eval_mode_ops
 
     check_model_inputs(model, input_shapes, batch, "export")
     source = load_model(model, input_shapes=input_shapes, trust_pickle=trust_pickle, batch=batch)
     source.eager = source.trainable()   # a TorchScript archive: its trainable tensors as parameters
+    if source.kind in ("exported", "torchscript") and eval_mode_ops(source.eager):
+        click.echo(f"note: {model} holds a program captured in eval mode ({', '.join(eval_mode_ops(source.eager))}"
+                   "): it trains as captured, BatchNorm on its running statistics, as its eager reference does")
     if not isinstance(source.eager, torch.nn.Module):
         raise MlcompError(f"{model} is not a Python nn.Module, so it has no parameters to train here",
                           hint="give a zoo name or a factory file.py:fn returning the module")

@@ -52,10 +52,11 @@ def program_module(ep: "torch.export.ExportedProgram") -> nn.Module:
     return module
 
 
-def eval_mode_ops(ep: "torch.export.ExportedProgram") -> list[str]:
-    """Names of the ops in ``ep`` that fix eval-mode behaviour (BatchNorm on running statistics)."""
-    found = {str(n.target).split(".")[-2] for n in ep.graph.nodes
-             if n.op == "call_function" and any(op in str(n.target) for op in _EVAL_MODE_OPS)}
+def eval_mode_ops(program: Any) -> list[str]:
+    """Names of the ops in ``program`` (an ExportedProgram or a GraphModule) that fix eval-mode behaviour."""
+    found = {str(n.target).split(".")[-2] for n in program.graph.nodes if n.op == "call_function" and (
+        any(op in str(n.target) for op in _EVAL_MODE_OPS)
+        or (str(n.target).startswith("aten.batch_norm") and len(n.args) > 5 and n.args[5] is False))}
     return sorted(found)
 
 
