@@ -20,7 +20,7 @@ timeout), each with the first line of the message::
     >>> Cell.parse("bf16:tvm")
     Cell(kind='bf16', target='tvm')
     >>> classify(TargetUnavailableError("tvm is not installed"))
-    (<Status.REFUSED: 'refused'>, 'TargetUnavailableError: tvm is not installed.')
+    (<Status.REFUSED: 'refused'>, 'TargetUnavailableError: tvm is not installed...')
 """
 from __future__ import annotations
 
