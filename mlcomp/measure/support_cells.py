@@ -6,7 +6,8 @@ A cell is a kind of run on one architecture (:mod:`mlcomp.models.architectures`)
 ``capture``   ``load_model(model, inputs).capture()`` and the IR verifier (:class:`Session`)
 ``O2``        what ``mlcomp.compile(model, inputs, target=T, pipeline="-O2")`` runs, verified against
               eager (on a copy of the session's captured graph)
-``bf16``      the same with ``pipeline="-O2,mixed-precision{dtype=bf16}"`` (``fp16`` likewise)
+``bf16``      the same with ``-O2`` as it runs for T (:func:`pipeline_for`), then
+              ``mixed-precision{dtype=bf16}`` (``fp16`` likewise)
 ``train``     ``mlcomp.compile(model, inputs, mode="train", loss="mse", optimizer="sgd")`` on cpu,
               gradients verified against eager autograd
 ============  ===========================================================================
@@ -34,12 +35,12 @@ from mlcomp.base.errors import OptionError, PipelineSpecError, TargetUnavailable
 from mlcomp.frontend.losses import TrainingError
 from mlcomp.targets.options import OptionsError
 
-__all__ = ["Cell", "CellResult", "Status", "classify", "first_line", "run_cell", "PIPELINES", "Session"]
+__all__ = ["Cell", "CellResult", "Status", "classify", "first_line", "pipeline_for", "run_cell", "PIPELINES", "Session"]
 
 # mlcomp's own "cannot, because": raised before a backend runs, with a reason and a hint
 REFUSALS: tuple[type[BaseException], ...] = (TargetUnavailableError, UnsupportedOpError, OptionError,
                                              OptionsError, PipelineSpecError, TrainingError)
-PIPELINES = {"O2": "-O2", "bf16": "-O2,mixed-precision{dtype=bf16}", "fp16": "-O2,mixed-precision{dtype=fp16}"}
+PIPELINES = {"O2": "-O2", "bf16": "mixed-precision{dtype=bf16}", "fp16": "mixed-precision{dtype=fp16}"}
 DETAIL_CHARS = 300
 
 
@@ -80,6 +81,23 @@ class CellResult:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "CellResult":
         return cls(Status(data["status"]), data.get("detail", ""), float(data.get("seconds", 0.0)))
+
+
+def pipeline_for(cell: Cell) -> str:
+    """The pipeline of an inference cell: ``-O2``, or for a precision ``-O2`` adapted to the target (the
+    passes the preset keeps there, :func:`~mlcomp.pipeline.presets.adapt_preset`) and ``mixed-precision``.
+
+    A written-out list is never adapted, so ``-O2,mixed-precision{…}`` would run mlcomp's fusion on
+    targets the preset leaves it out for.
+    """
+    if cell.kind == "O2":
+        return PIPELINES["O2"]
+    from mlcomp.api.lowering import resolve_target
+    from mlcomp.pipeline.presets import adapt_preset
+
+    target = resolve_target(cell.target, None)
+    adapted = adapt_preset(PIPELINES["O2"], target.name, target.rewrites)
+    return ",".join(p for p in (adapted.text if adapted else PIPELINES["O2"], PIPELINES[cell.kind]) if p)
 
 
 def first_line(text: str) -> str:
@@ -136,7 +154,7 @@ def _infer(session: Session, cell: Cell) -> str:
     from mlcomp.api.lowering import resolve_target
     from mlcomp.pipeline import Pipeline
 
-    pipeline = PIPELINES[cell.kind]
+    pipeline = pipeline_for(cell)
     Pipeline.coerce(pipeline).check_target(resolve_target(cell.target, pipeline).name)   # before capture
     source, graph, seconds = session.captured()
     result = compile_model(source, graph.copy(), target=cell.target, pipeline=pipeline, capture_seconds=seconds,

@@ -149,7 +149,8 @@ def render_markdown(data: dict[str, Any], command: str = "python benchmarks/supp
         "(first error line below)",
         f"- {NOT_RUN} not run (the run ended before this cell)",
         "- columns: `capture` (torch.export capture + IR verifier); `O2:T` (`-O2` inference on target T); "
-        "`bf16:T` / `fp16:T` (`-O2,mixed-precision{dtype=…}` on T); `train` (one SGD step with an mse loss "
+        "`bf16:T` / `fp16:T` (`-O2` as it runs for T, then `mixed-precision{dtype=…}`: on cpu "
+        "`cleanup,fuse,cleanup,mixed-precision{…}`, elsewhere `cleanup,mixed-precision{…}`); `train` (one SGD step with an mse loss "
         "on cpu, gradients against eager autograd)", "",
         "## Table", "", *table, "",
         "## Totals", "", *_totals(data), "",
