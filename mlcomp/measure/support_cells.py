@@ -42,6 +42,8 @@ REFUSALS: tuple[type[BaseException], ...] = (TargetUnavailableError, Unsupported
                                              OptionsError, PipelineSpecError, TrainingError)
 PIPELINES = {"O2": "-O2", "bf16": "mixed-precision{dtype=bf16}", "fp16": "mixed-precision{dtype=fp16}"}
 DETAIL_CHARS = 300
+# first lines that only announce the error (TorchScript's interpreter): its last line says what failed
+HEADERS_ONLY = ("The following operation failed in the TorchScript interpreter.",)
 
 
 class Status(enum.Enum):
@@ -102,7 +104,10 @@ def pipeline_for(cell: Cell) -> str:
 
 def first_line(text: str) -> str:
     """The first non-empty line of ``text``, at most :data:`DETAIL_CHARS` characters."""
-    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    line = lines[0] if lines else ""
+    if line in HEADERS_ONLY and len(lines) > 1:
+        line = f"{line} … {lines[-1]}"
     return line if len(line) <= DETAIL_CHARS else line[:DETAIL_CHARS - 1] + "…"
 
 

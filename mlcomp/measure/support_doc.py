@@ -133,7 +133,11 @@ def render_markdown(data: dict[str, Any], command: str = "python benchmarks/supp
     for row in data["rows"]:
         marks = [_MARK[row["cells"][k]["status"]] if k in row["cells"] else NOT_RUN for k in cols]
         table.append(f"| {row['architecture']} | {row['family']} | " + " | ".join(marks) + " |")
-    left = [f"- {k}: {v}" for k, v in data.get("left_out", {}).items()] or ["- nothing"]
+    left = [f"- {k}: {v}" for k, v in data.get("left_out", {}).items()]
+    if not any(c.startswith("fp16:") for c in cols):
+        left.append("- fp16 columns: this host has no GPU and no native CPU fp16 (avx512_fp16/amx_fp16); "
+                    "bf16 runs everywhere torch does (emulated here where the probe says so)")
+    left = left or ["- nothing"]
     parts = [
         "# Support matrix", "",
         f"What mlcomp compiles and verifies, per architecture and per cell, from one run of `{command}` "

@@ -30,6 +30,8 @@ def test_refusals_are_mlcomps_up_front_errors_and_everything_else_fails():
     assert classify(VerificationError("outputs differ"))[0] is Status.FAILED
     assert classify(AssertionError())[1] == "AssertionError: AssertionError()"
     assert len(first_line("x" * 1000)) == 300
+    script = "The following operation failed in the TorchScript interpreter.\nTraceback:\n  f()\nRuntimeError: bad"
+    assert first_line(script) == "The following operation failed in the TorchScript interpreter. … RuntimeError: bad"
 
 
 @pytest.mark.parametrize("cuda, flags, dtypes", [
