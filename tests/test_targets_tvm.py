@@ -109,12 +109,13 @@ def test_unknown_op_is_reported_then_falls_back_to_torch():
 def test_backend_knobs_come_from_compile_options(captured, monkeypatch):
     """Timeouts, verbosity and worker torch reach the backend as options (no environment variable)."""
     from mlcomp.targets import LogLevel
-    from mlcomp.targets.tvm.target import build as tvm_backend
+    from mlcomp.targets.tvm import build as tvm_backend
+    from mlcomp.targets.tvm.config import BuildConfig
 
     seen = {}
 
-    def build(module, inputs, **kwargs):
-        seen.update(kwargs)
+    def build(module, inputs, config, **kwargs):
+        seen["config"] = config
         raise RuntimeError("stop after the options were seen")
 
     monkeypatch.setattr(tvm_backend, "build", build)
@@ -123,8 +124,9 @@ def test_backend_knobs_come_from_compile_options(captured, monkeypatch):
                                tune_worker_torch=True)
     with pytest.raises(TargetCompileError, match="stop after the options were seen"):
         get_target("tvm").compile(graph, opts)
-    assert seen == {"device": "cpu", "tune_trials": 0, "work_dir": None, "build_timeout": 300.0,
-                    "run_timeout": 20.0, "log_level": LogLevel.DEBUG, "worker_torch": True, "threads": None}
+    assert seen["config"] == BuildConfig(device="cpu", tune_trials=0, work_dir=None, build_timeout=300.0,
+                                         run_timeout=20.0, log_level=LogLevel.DEBUG, worker_torch=True,
+                                         threads=None)
 
 
 @pytest.mark.slow

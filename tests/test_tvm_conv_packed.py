@@ -52,15 +52,15 @@ def model():
 
 @pytest.fixture(scope="module")
 def built(model):
-    return tvm_backend.build(*model, small_gemms=False)     # the classifier's linear stays a torch call
+    return tvm_backend.build(*model, tvm_backend.BuildConfig(small_gemms=False))     # the classifier's linear stays a torch call
 
 
 def _relax(m: nn.Module, inputs: tuple) -> object:
     from tvm.relax.frontend.torch import from_exported_program
 
-    target = tvm_backend._make_target("cpu")
+    target = tvm_backend.make_target("cpu")
     ep = torch.export.export(m, inputs)
-    return tvm_backend._prepare(from_exported_program(ep, keep_params_as_input=False,
+    return tvm_backend.prepare(from_exported_program(ep, keep_params_as_input=False,
                                                       unwrap_unit_return_tuple=True), target), target
 
 

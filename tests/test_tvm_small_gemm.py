@@ -114,7 +114,7 @@ def _run(mod, *args):
 
     target = tvm.target.Target(tvm_backend.host_llvm_target())
     stats: dict = {}
-    lowered = tvm_backend._default_schedules(tvm_backend._lower_to_tir(mod, target), target, stats, parallel=False)
+    lowered = tvm_backend.default_schedules(tvm_backend.lower_to_tir(mod, target), target, stats, parallel=False)
     vm = relax.VirtualMachine(tvm.compile(lowered, target=target), tvm.cpu())
     out = vm["main"](*args)
     return (out if isinstance(out, torch.Tensor) else torch.from_dlpack(out)), lowered, stats
@@ -175,7 +175,7 @@ def gpt2_build():
     from mlcomp.models.third_party import build_third_party
 
     model, inputs = build_third_party("gpt2", batch=1)
-    return model, inputs, tvm_backend.build(model, inputs, threads=1)
+    return model, inputs, tvm_backend.build(model, inputs, tvm_backend.BuildConfig(threads=1))
 
 
 def test_gpt2_build_numbers_and_stats(gpt2_build):

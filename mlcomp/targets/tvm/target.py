@@ -4,18 +4,16 @@
     >>> art(x)
     >>> art.save("out/mlp-tvm")          # out/mlp-tvm/model.so (+ meta.json)
 
-The build itself is :func:`mlcomp.targets.tvm.build.build`: ``torch.export``
-of the generated module, ``from_exported_program``, BatchNorm folding, fusion, then
-untuned (``tune_trials=0`` and no database, the default): float32 conv2d/matmul/linear
-in torch's oneDNN/MKL kernels through packed functions (:mod:`~mlcomp.targets.tvm.offload.rewrite`,
-:mod:`~mlcomp.targets.tvm.kernels`) and everything else fused by TVM and scheduled by DLight's GEMV/
-Reduction rules and mlcomp's ParallelVector (:mod:`~mlcomp.targets.tvm.schedules`); or MetaSchedule
-with a budget of ``tune_trials`` trials (:meth:`TvmTarget.tune`, ``mlcomp tune``).
-``work_dir`` holds the tuning database, shared across models by task workload; a
-build given a ``work_dir`` with records uses them for what TVM runs (the vendor kernels stay; the
-untuned build competes and the faster one is kept, issue 14).
-``art.runtime.explain_lines()`` says which op ran where.  Shapes are static: another
-batch size needs another compile.
+What it builds: on CPU a TVM-built Relax VM module in which the heavy ops (float32 conv2d,
+matmul/linear, attention, layer norm) run in torch's oneDNN/MKL kernels, called through packed
+functions (:mod:`~mlcomp.targets.tvm.kernels`), and TVM's own code runs the rest, fused and scheduled
+by DLight's GEMV/Reduction rules and mlcomp's ParallelVector (:mod:`~mlcomp.targets.tvm.schedules`).
+Which op goes where is one table, :mod:`mlcomp.targets.tvm.offload.policy`; ``--explain``
+(``art.runtime.explain_lines()``) and the manifest (``runtime_info.offload``) list every heavy op with
+where it ran and the rule.  On CUDA, and with ``BuildConfig(kernels=False)``, every op is TVM code.
+The build is :func:`mlcomp.targets.tvm.build.build`; with ``tune_trials`` MetaSchedule tunes what TVM
+runs (:meth:`TvmTarget.tune`, ``mlcomp tune``), ``work_dir`` holding the database, shared across models
+by task workload.  Shapes are static: another batch size needs another compile.
 
 ``supports(node)`` asks TVM's ExportedProgram importer whether it has a
 converter for the op.
@@ -53,7 +51,7 @@ from mlcomp.targets.capabilities import (
     mismatches,
 )
 from mlcomp.runtime.codegen import to_fx
-from mlcomp.targets.tvm.offload.rewrite import OffloadReport
+from mlcomp.targets.tvm.offload.placement import Placements
 from mlcomp.base.quiet import quiet_native
 
 from mlcomp.base.errors import MlcompError
@@ -67,7 +65,7 @@ __all__ = ["TvmTarget", "TvmRuntime", "quiet_native"]
 
 
 class TvmRuntime:
-    """Wraps :class:`mlcomp.targets.tvm.build.TvmModule` (the Relax VM)."""
+    """Wraps :class:`mlcomp.targets.tvm.module.TvmModule` (the Relax VM)."""
 
     kind: ClassVar[RuntimeKind] = RuntimeKind.TVM
 
@@ -99,14 +97,15 @@ class TvmRuntime:
             files = self.module.save(str(directory))
         return {"files": files, "device": self.module.device, "tuned": self.tuned, "threads": self.threads,
                 "stats": {k: v for k, v in self.stats.items() if isinstance(v, (int, float, str, bool))},
+                "offload": self.stats.get("offload"),
                 "kernels": self.stats.get("kernels"), "schedules": self.stats.get("schedules"),
                 "conv_layout": self.stats.get("conv_layout"), "tuning_decision": self.stats.get("tuning_decision")}
 
     def explain_lines(self) -> list[str]:
         """Where each heavy op runs and how the rest was scheduled, one line each (``--explain``)."""
         lines = []
-        if self.stats.get("kernels"):
-            lines += OffloadReport.from_json(self.stats["kernels"]).lines()
+        if self.stats.get("offload"):
+            lines += Placements.from_json(self.stats["offload"]).lines()
         sched = self.stats.get("schedules")
         if sched:
             lines.append(f"TVM kernels: {sched.get('scheduled', 0)} scheduled (DLight GEMV/Reduction, mlcomp "
@@ -130,10 +129,10 @@ class TvmRuntime:
 
     @classmethod
     def load(cls, directory: Path, info: dict[str, Any]) -> "TvmRuntime":
-        from mlcomp.targets.tvm import build as tvm_backend
+        from mlcomp.targets.tvm.module import TvmModule
 
         with quiet_native():
-            module = tvm_backend.TvmModule.load(str(directory), device=info.get("device", "cpu"))
+            module = TvmModule.load(str(directory), device=info.get("device", "cpu"))
         return cls(module, tuned=bool(info.get("tuned")), threads=info.get("threads"))
 
 
@@ -194,8 +193,10 @@ def _converters() -> frozenset[str]:
 
 class TvmTarget(Target):
     name = "tvm"
-    description = ("Apache TVM (Relax): conv/matmul in torch's oneDNN/MKL kernels, the rest fused and scheduled "
-                   "by TVM; or MetaSchedule-tuned (mlcomp tune, --tune-trials, --tuning-dir)")
+    description = ("Apache TVM (Relax) module; on CPU its heavy ops (conv2d, matmul/linear, attention, layer "
+                   "norm) run in torch's oneDNN/MKL kernels called from inside the TVM-built module, TVM's own "
+                   "code runs the rest (--explain: per op, where and why); on CUDA all TVM; MetaSchedule "
+                   "tuning with --tune-trials, --tuning-dir")
     # from_exported_program converts every real dtype of the table; the VM runs static shapes
     rewrites = frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING})   # fuses on its own: presets skip mlcomp's fusion
     capabilities = Capabilities(devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}), dynamic_shapes=False)
@@ -273,24 +274,19 @@ class TvmTarget(Target):
     def _build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...],
                progress: Callable[[int, int, str], None] | None = None) -> TvmRuntime:
         from mlcomp.targets.tvm import build as tvm_backend
+        from mlcomp.targets.tvm.config import BuildConfig
 
         # mode, dtypes, device and static shapes were checked by compile(); TVM takes the device kind
         kind = DeviceKind.of(self.device(options))
         device = kind.value if kind is not None else self.device(options)
-        work_dir = options.work_dir
-        if work_dir:
-            work_dir = os.path.abspath(work_dir)
+        work_dir = os.path.abspath(options.work_dir) if options.work_dir else None
         module = to_fx(lower_low_precision(graph)).eval()
         try:
-            built = tvm_backend.build(module, inputs, device=device, tune_trials=options.tune_trials,
-                                      threads=options.threads,
-                                      work_dir=work_dir, build_timeout=options.tune_build_timeout,
-                                      run_timeout=options.tune_run_timeout, log_level=options.log_level,
-                                      worker_torch=options.tune_worker_torch,
+            built = tvm_backend.build(module, inputs, BuildConfig.from_options(options, device, work_dir),
                                       **({"progress": progress} if progress is not None else {}))
         except MlcompError:
             raise
-        except Exception as exc:  # noqa: BLE001 - TVM's errors are long C++ traces (issue 15: the real cause)
+        except Exception as exc:  # noqa: BLE001 - TVM's errors are long C++ traces (first_error finds the real cause)
             failure = first_error(exc, module)
             raise TargetCompileError(
                 f"TVM could not build {graph.name}: {failure.message}",

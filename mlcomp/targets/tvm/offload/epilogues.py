@@ -21,6 +21,7 @@ from typing import Any
 
 from mlcomp.targets.tvm.offload.chains import maybe, single_use, static_shape, ty_of
 from mlcomp.targets.tvm.kernels import KERNELS, Activation, epilogue_kernel
+from mlcomp.targets.tvm.offload.policy import rule
 
 __all__ = ["MEAN_MIN_ELEMENTS", "RELU_MIN_ELEMENTS", "epilogues", "layer_norms", "means"]
 
@@ -28,15 +29,15 @@ _PACKED = "relax.call_pure_packed"
 _LINEAR = "mlcomp.torch.linear"
 # relu after a conv stays in TVM: fused with the conv's bias/BatchNorm shift it is one cheap pass, and
 # torch's extra relu_ pass measured slower (resnet18@32, 2 threads: 245 vs 224 ms; mlp 2 % slower).
-# After a linear with at least RELU_MIN_ELEMENTS outputs it goes in place on torch's threads: TVM's
+# After a linear with at least RELU_MIN_ELEMENTS outputs (policy row relu-after-linear) it goes in place on torch's threads: TVM's
 # serial relu of the zoo transformer's FFN (32×128×1024) took 7.6 ms of 356 at one thread.
 _ACTIVATIONS = {"relax.sigmoid": Activation.SIGMOID, "relax.nn.gelu": Activation.GELU,
                 "relax.nn.gelu_tanh": Activation.GELU_TANH, "relax.nn.relu": Activation.RELU}
-RELU_MIN_ELEMENTS = 1 << 20
-# A float32 mean reading a torch kernel's result goes to torch from MEAN_MIN_ELEMENTS inputs (issue 14):
+RELU_MIN_ELEMENTS = rule("relu-after-linear").min_size
+# A float32 mean reading a torch kernel's result goes to torch from MEAN_MIN_ELEMENTS inputs (policy row mean):
 # TVM's serial reduction of the transformer's pooling (32×128×256) took 1.35 ms; a smaller one stays
 # (a packed call costs ~30 µs), and so does one after TVM's own loops (they fuse into the reduction).
-MEAN_MIN_ELEMENTS = 1 << 17
+MEAN_MIN_ELEMENTS = rule("mean").min_size
 
 
 def epilogues(func: Any) -> Any:

@@ -44,6 +44,7 @@ from mlcomp.targets.tvm.offload.chains import (
     static_shape,
     ty_of,
 )
+from mlcomp.targets.tvm.offload.policy import rule
 
 __all__ = [
     "KEEP_RATIO",
@@ -66,8 +67,8 @@ _KINDS = {_LINEAR: "linear", _LINEAR_GELU: "linear_gelu", _MATMUL: "matmul"}
 # (residual add +) layer norm: a torch call whose kernel is a few µs; as TVM code it needs no thread pool
 _NORMS = {"mlcomp.torch.layer_norm": "layer_norm", "mlcomp.torch.add_layer_norm": "add_layer_norm",
           "mlcomp.torch.add_layer_norm_reuse": "add_layer_norm"}
-PROBE_MAX_MACS = 1 << 22     # larger products are left to torch unprobed (the probe's compile time)
-KEEP_RATIO = 0.9             # TVM must take at most this share of the torch call's time (noise margin)
+PROBE_MAX_MACS = rule("small-gemm").max_size   # policy row small-gemm: larger products are left to torch unprobed (the probe's compile time)
+KEEP_RATIO = rule("small-gemm").ratio   # TVM must take at most this share of the torch call's time (noise margin)
 
 
 @dataclass(frozen=True, order=True)

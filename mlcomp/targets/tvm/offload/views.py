@@ -66,6 +66,7 @@ from mlcomp.targets.tvm.offload.chains import (
 )
 from mlcomp.targets.tvm.kernels import views_kernel
 from mlcomp.targets.tvm.offload.layouts import Layout, LayoutError
+from mlcomp.targets.tvm.offload.policy import rule
 
 __all__ = ["VIEW_MIN_ELEMENTS", "ViewSpec", "absorb_views", "encode"]
 
@@ -78,7 +79,7 @@ _FRESH = ("mlcomp.torch.linear", "mlcomp.torch.matmul", "mlcomp.torch.attention"
 # torch's threads (a serial TVM transpose: 0.35 ms per 1M floats, torch's 0.25-0.33 at one thread):
 # below this many elements it stays in TVM (HF BERT-tiny's 8×32×64 head splits: 1.4 -> 1.7 ms moved).
 # Attention's q/k/v views copy nothing and are always taken.
-VIEW_MIN_ELEMENTS = 1 << 17
+VIEW_MIN_ELEMENTS = rule("views").min_size   # policy row views
 
 
 def _attention_views(call: Any, bound: dict, memo: dict) -> tuple[list[ViewSpec], list[Any], float] | None:
