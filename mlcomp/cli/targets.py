@@ -415,6 +415,9 @@ def export_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, cap
     click.echo(f"exported {graph.name} as {fmt} to {path} ({fmt_bytes(_bytes(path))}) "
                f"in {time.perf_counter() - t0:.1f}s")
     click.echo(f"reloaded with the plain tool and verified: {result.summary()}")
+    if tvm:   # a pure TVM build (targets/export.py): no torch kernel calls
+        click.echo(f"needs only apache-tvm: relax.VirtualMachine(tvm.runtime.load_module('{path}/model.so'), "
+                   "tvm.cpu())['main'](...) runs it, without torch or mlcomp")
 
 
 @click.command("targets")
