@@ -25,10 +25,9 @@ Scheduling
 
 Tuning-speed workarounds (TVM 0.27 + torch in one process):
     ``import tvm`` imports torch (tvm_ffi does), which makes TVMScript's
-    ``inspect.stack()`` scan ~2000 modules per frame: importing
-    ``tvm.s_tir.tensor_intrin`` takes ~60-90 s, in the main process and in every
-    MetaSchedule build worker (the build pool is restarted per batch), so with the
-    stock 30 s timeout every build failed.  While building, ``inspect.stack`` is
+    ``inspect.stack()`` scan every loaded module per frame, which makes importing
+    ``tvm.s_tir.tensor_intrin`` slower than MetaSchedule's stock build timeout, in the
+    main process and in every build worker (the build pool is restarted per batch).  While building, ``inspect.stack`` is
     replaced by one that skips the module lookup, CPU build workers skip the
     intrinsic import, and torch is hidden from the workers
     (``BuildConfig(worker_torch=True)`` keeps it).  All of that, and the console

@@ -110,7 +110,7 @@ def to_relax(module, example_inputs) -> tuple[Any, int]:
 
 
 def skip_empty_cat_inputs(ep) -> None:
-    """Drop 1-D empty inputs of each ``aten.cat`` of ``ep``'s graph, in place (GPT-2).
+    """Drop 1-D empty inputs of each ``aten.cat`` of ``ep``'s graph, in place (HF GPT-2's cache).
 
     ``torch.cat`` skips tensors of shape ``(0,)`` whatever the others' rank (HF's ``DynamicCache``
     starts each layer's keys/values as ``torch.tensor([])``); TVM's Relax importer concatenates them
