@@ -30,7 +30,7 @@ from mlcomp.base.files import Kind, check_destination
 from mlcomp.base.progress import Progress
 from mlcomp.base.units import fmt_bytes
 from mlcomp.cli.cache import cache_for_compile, cache_max_size_option, eviction_lines
-from mlcomp.cli.main import load_and_capture, model_options
+from mlcomp.cli.main import checked_threads, load_and_capture, model_options
 from mlcomp.cli.passes import (
     pipeline_from_cli,
     pipeline_options,
@@ -38,6 +38,7 @@ from mlcomp.cli.passes import (
     resolve_pipeline,
 )
 from mlcomp.pipeline.instruments import Instrument
+from mlcomp.targets.registry import target_list
 
 __all__ = ["compile_cmd", "export_cmd", "targets_cmd"]
 
@@ -71,7 +72,7 @@ def _bytes(path: Path) -> int:
 @click.command("compile")
 @model_options
 @click.option("-t", "--target", default=None, metavar="TARGET",
-              help="cpu, cuda, onnxruntime (ort), tvm, or auto: compile for every target available here, verify "
+              help=f"{target_list()}, or auto: compile for every target available here, verify "
                    "and time each, keep the fastest that verified (default: the pipeline file's target, else cpu).")
 @click.option("--candidates", default=None, metavar="T,T...",
               help="With --target auto: the targets to try (default: every target available here but distributed).")
@@ -82,7 +83,8 @@ def _bytes(path: Path) -> int:
               help="Relative tolerance for verification (default by dtype).")
 @click.option("--fallback", type=click.Choice(["none", "eager"]), default="none", show_default=True,
               help="What to do with ops the target cannot run: fail, or run them in torch.")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Intra-op threads of the runtime.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, callback=checked_threads,
+              help="Intra-op threads of the runtime (at most the cores here: more are stored as the core count).")
 @click.option("--device", default=None, help="Device for the target (cpu, cuda:0); default: the target's own.")
 @click.option("--tune-trials", type=click.IntRange(min=0), default=0, show_default=True,
               help="TVM MetaSchedule trial budget (0 = untuned).")

@@ -60,6 +60,7 @@ from mlcomp.targets.base import CompileOptions, Target, example_inputs
 from mlcomp.targets.capabilities import Capabilities, DeviceKind
 from mlcomp.runtime.codegen import param_names, to_fx
 from mlcomp.runtime.optim import OptimizerSpec
+from mlcomp.targets.distributed.supervise import launch_plan
 
 __all__ = ["DEFAULT_OPTIMIZER", "DistributedTarget", "PipelineRuntime", "run_rank", "torchrun_command", "launch_check"]
 
@@ -255,13 +256,7 @@ def run_rank(directory: str | Path, *, schedule: str | None = None, microbatches
     art = Artifact.load(directory)
     info = art.runtime.info
     rank, world = dist.get_rank(), dist.get_world_size()
-    n_stages = info["stages"]
-    kind = Schedule(schedule or info["schedule"])
-    micro = microbatches or info["microbatches"]
-    if n_stages % world or (kind is not Schedule.INTERLEAVED and n_stages != world):
-        raise MlcompError(f"the artifact has {n_stages} stages but {world} processes were launched",
-                          hint=f"launch --nproc {n_stages}" + (" (or a divisor with --schedule interleaved)"
-                                                               if kind is Schedule.INTERLEAVED else ""))
+    n_stages, kind, micro = launch_plan(manifest, world, schedule=schedule, microbatches=microbatches)
     device = torch.device(f"cuda:{rank % torch.cuda.device_count()}") if torch.cuda.is_available() \
         and dist.get_backend() == "nccl" else torch.device("cpu")
     mine = list(range(rank, n_stages, world))

@@ -15,7 +15,7 @@ tvm_backend = pytest.importorskip("mlcomp.targets.tvm.build")
 from mlcomp.targets.tvm.config import BuildConfig  # noqa: E402
 from mlcomp.targets.tvm.offload.placement import Placements, placements  # noqa: E402
 from mlcomp.targets.tvm.offload.policy import HostFacts, Runs  # noqa: E402
-from tests.test_tvm_offload_fusions import TinyEncoder, _relax  # noqa: E402
+from tests.unit.targets.test_tvm_offload_fusions import TinyEncoder, _relax  # noqa: E402
 
 
 class _ConvNet(nn.Module):
