@@ -51,7 +51,11 @@ def test_manifest_and_explain_say_which_op_runs_where(built):
                        "mlcomp.torch.conv2d_cl_relu": 9} and linear == 1
     assert info["schedules"]["unscheduled"] == 0
     lines = built["resnet18"].artifact.runtime.explain_lines()
-    assert lines[0].startswith("conv2d ×3 → torch ") and "mlcomp.torch.conv2d_cl" in lines[0]
+    assert lines[0].split() == ["op", "shape", "runs", "in", "rule"]
+    convs = [ln for ln in lines if ln.startswith("conv2d")]
+    assert len(convs) == 20 and all("torch kernel conv2d_cl" in ln for ln in convs)
+    assert sum(ln.endswith("conv2d-1x1-unpacked") for ln in convs) == 3
+    assert [o["rule"] for o in info["offload"]["ops"] if o["op"].startswith("conv2d")].count("conv2d-packed") == 17
     assert any(ln.startswith("TVM kernels: ") for ln in lines)
 
 

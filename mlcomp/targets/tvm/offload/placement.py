@@ -89,7 +89,7 @@ class Placements:
         out.append(f"{self.count(Runs.TORCH)} op(s) in torch kernels, {self.count(Runs.TVM)} heavy op(s) as TVM code "
                    f"(host: {', '.join(sorted(self.host.features))}, {self.host.vector_bits}-bit vectors)")
         for name in sorted({p.rule for p in self.ops} | {a for p in self.ops for a in p.also}):
-            out.append(f"rule {name}: {rule(name).reason}" + (f" ({rule(name).bounds()})" if rule(name).bounds() else ""))
+            out.append(f"rule {name}: {rule(name).reason}" + (f" [{rule(name).bounds()}]" if rule(name).bounds() else ""))
         return out
 
 
