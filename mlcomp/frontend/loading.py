@@ -36,8 +36,16 @@ from torch import nn
 from mlcomp import models
 from mlcomp.base.errors import CaptureError, InputSpecError, ModelLoadError, UnsafePickleError
 from mlcomp.base.quiet import quiet_torch
+from mlcomp.frontend.cache_outputs import PlainCacheOutputs, flat_caches
+from mlcomp.frontend.script_inputs import check_script_inputs
 from mlcomp.frontend.capture import CaptureMethod, capture_exported, capture_module, capture_traced
 from mlcomp.frontend.model_faults import train_mode_notes
+from mlcomp.frontend.programs import (
+    dynamic_batch_program,
+    program_module,
+    static_program,
+    trainable_torchscript,
+)
 from mlcomp.base.registry import did_you_mean
 from mlcomp.ir import Graph, dtype_name, parse_dtype
 from mlcomp.models import random_tensor
@@ -95,6 +103,12 @@ class ModelSource:
     notes: list[str] = field(default_factory=list)
     loss_fn: Any = None                         # a factory's loss_fn(output, target), for --train
 
+    def trainable(self) -> Any:
+        """The module a training capture takes: ``eager``, or for TorchScript its tensors as parameters."""
+        if self.kind == "torchscript":
+            return trainable_torchscript(self.eager, self.inputs(), name=self.name, path=self.path)
+        return self.eager
+
     def inputs(self) -> tuple[torch.Tensor, ...]:
         if self.example_inputs is None:
             raise InputSpecError(f"{self.name} carries no input shapes",
@@ -105,15 +119,21 @@ class ModelSource:
     def capture(self, *, method: str = "export", dynamic_batch: bool = False,
                 training: bool = False, decompositions: Mapping[Any, Callable[..., Any]] | None = None) -> Graph:
         """The IR; ``decompositions`` (op overload → function) go over torch's default table (export only)."""
-        if self.kind == "exported" and self.exported is not None and not dynamic_batch \
-                and method == "export":
-            return capture_exported(self.exported, name=self.name, training=training,
-                                    decompositions=decompositions)
+        if self.kind == "exported" and self.exported is not None and method == "export":
+            reexport = dynamic_batch_program if dynamic_batch else static_program
+            ep = reexport(self.exported, self.inputs(), name=self.name, path=self.path)
+            return capture_exported(ep, name=self.name, training=training, decompositions=decompositions)
         if self.kind == "torchscript":
             return _capture_torchscript(self)
-        return capture_module(self.eager, self.inputs(), method=CaptureMethod(method),
-                              dynamic_batch=dynamic_batch, training=training, name=self.name,
-                              decompositions=decompositions)
+        with flat_caches() as caches:   # transformers cache outputs: their tensors become outputs
+            graph = capture_module(PlainCacheOutputs.unwrap(self.eager), self.inputs(),
+                                   method=CaptureMethod(method), dynamic_batch=dynamic_batch,
+                                   training=training, name=self.name, decompositions=decompositions)
+        note = caches.note()
+        if note is not None and not isinstance(self.eager, PlainCacheOutputs):
+            self.eager = PlainCacheOutputs(self.eager)    # the reference returns the same flat outputs
+            self.notes.append(note)
+        return graph
 
 
 def graph_random_inputs(graph: Graph, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -240,7 +260,7 @@ def _load_file(path: Path, given: tuple[torch.Tensor, ...] | None, trust_pickle:
                 inputs = tuple(a for a in args)
             else:
                 inputs = tuple(_placeholder_inputs(ep))
-        return ModelSource(name, ep.module(), inputs, str(path), exported=ep, kind="exported")
+        return ModelSource(name, program_module(ep), inputs, str(path), exported=ep, kind="exported")
     if kind in ("pickle", "legacy-pickle"):
         return _load_pickle(path, given, trust_pickle)
     raise ModelLoadError(f"{path} is not a TorchScript archive, an ExportedProgram or a torch.save file",
@@ -366,6 +386,7 @@ def _capture_torchscript(source: ModelSource) -> Graph:
                  "with torch.export.save (.pt2)")
     from torch._export.converter import TS2EPConverter
 
+    check_script_inputs(module, source.inputs(), name=source.name, path=source.path)   # count, dtype, rank
     with quiet_torch():
         try:  # TorchScript → ExportedProgram, then re-exported with the example's static shapes
             ep = TS2EPConverter(module, source.inputs()).convert()
@@ -373,7 +394,12 @@ def _capture_torchscript(source: ModelSource) -> Graph:
         except Exception:  # noqa: BLE001 - converter gaps (control flow): trace at dispatch level
             pass
     names = {t.data_ptr(): n for n, t in list(module.named_parameters()) + list(module.named_buffers())}
-    return capture_traced(module, source.inputs(), name=source.name, constant_names=names)
+    try:
+        return capture_traced(module, source.inputs(), name=source.name, constant_names=names)
+    except CaptureError:
+        # a wrong input spec fails here too: say so (which input, what the model does with it)
+        check_script_inputs(module, source.inputs(), name=source.name, path=source.path, run=True)
+        raise
 
 
 _VALUE_TO_SCALAR = {"aten::Bool", "aten::Int", "aten::Float", "aten::item", "aten::is_nonzero",
