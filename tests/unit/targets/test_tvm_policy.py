@@ -84,3 +84,12 @@ def test_table_lines_show_each_row_with_its_bounds():
     assert len(lines) == len(RULES)
     mean = next(line for line in lines if line.startswith("mean "))
     assert ">= 131072 elements" in mean and "torch kernel" in mean
+
+
+def test_probed_host_facts_follow_the_fake_profile(fake_hardware):
+    fake_hardware("avx2")
+    assert HostFacts.probe("cpu").vector_bits == 256 and HostFacts.probe("cpu").kernels is True
+    fake_hardware("avx512")
+    assert HostFacts.probe("cpu").lanes == 16
+    assert HostFacts.probe("cuda").kernels is False                     # default: torch's kernels on CPU only
+    assert decide("linear", HostFacts.probe("cpu", kernels=False)).name == "pure-tvm"
