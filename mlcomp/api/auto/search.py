@@ -1,7 +1,9 @@
 """``target="auto"``: compile for every target that can run the model here, keep the fastest that verified.
 
-    >>> art = mlcomp.compile("mlp", target="auto", candidates=["cpu", "onnxruntime"])
-    >>> art.target, [(c["target"], c["median_ms"], c["verified"]) for c in art.manifest["auto"]["candidates"]]
+::
+
+    art = mlcomp.compile("mlp", target="auto", candidates=["cpu", "onnxruntime"])
+    art.target, [(c["target"], c["median_ms"], c["verified"]) for c in art.manifest["auto"]["candidates"]]
     ('onnxruntime', [('cpu', 0.071073, True), ('onnxruntime', 0.06425, True)])   # mlp, batch 1
 
 Each candidate
