@@ -15,15 +15,16 @@ reports every mismatch in one :class:`CapabilityError`::
     >>> from mlcomp.targets import CompileOptions
     >>> b = GraphBuilder("fp8mlp", mode=Mode.TRAINING)
     >>> fp8_training_graph = b.output(b.call(aten("relu"), b.input("x", (2, 4), torch.float8_e4m3fn)))
-    >>> get_target("tvm").compile(fp8_training_graph, CompileOptions(device="mps"))
+    >>> get_target("onnxruntime").compile(fp8_training_graph, CompileOptions(device="mps"))
     Traceback (most recent call last):
-    mlcomp.targets.capabilities.CapabilityError: target tvm cannot compile fp8mlp: (1) mode: fp8mlp is a
-    training graph; target tvm compiles inference graphs; (2) dtype: float8_e4m3fn is not a dtype target
-    tvm handles (f32, f16, bf16, ...) (used by %x, %relu); (3) device: device 'mps' is not one target tvm
-    runs on (cpu, cuda). capture without --training; cast the model ... to a listed dtype; pass --device ...
+    mlcomp.targets.capabilities.CapabilityError: target onnxruntime cannot compile fp8mlp: (1) mode: fp8mlp
+    is a training graph; target onnxruntime compiles inference graphs; (2) dtype: float8_e4m3fn is not a
+    dtype target onnxruntime handles (f32, f16, bf16, ...) (used by %x, %relu); (3) device: device 'mps' is
+    not one target onnxruntime runs on (cpu, cuda). capture without --training; cast the model ... to a
+    listed dtype; pass --device ...
 
-The graph never reaches TVM's exporter: every problem is found first, not only the one
-the exporter would stop at.
+The graph never reaches the backend's exporter: every problem is found first, not only the
+one the exporter would stop at.
 
 Nodes with unsupported ops are exempt from the dtype check: under
 ``fallback='eager'`` they run in torch, otherwise the error lists them once, as
