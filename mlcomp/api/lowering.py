@@ -114,6 +114,8 @@ def compile_source(source: Any, graph: Any, *, target: str | Target | None = Non
     to_json = getattr(report, "to_json", None)
     artifact.manifest["pipeline_report"] = to_json() if callable(to_json) else None
     artifact.manifest["capture_seconds"] = round(capture_seconds, 4)
+    if getattr(source, "notes", None):
+        artifact.manifest["capture_notes"] = list(source.notes)
     artifact.manifest["pipeline_seconds"] = round(pipeline_seconds, 4)
     if against:
         artifact.manifest["verified_against"] = against
