@@ -5,7 +5,8 @@ An absurd size is refused before any allocation: ``mlcomp compile mlp --batch 10
 
     >>> check_model_inputs("model.pt2", ["1x3x32x32"], None)
     Traceback (most recent call last):
-    mlcomp.base.errors.InputSpecError: --input-shape was given with model.pt2, an ExportedProgram that carries its own input shapes...
+    mlcomp.base.errors.InputSpecError: --input-shape was given with model.pt2, an ExportedProgram that
+    carries its own input shapes...
 """
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ is compared with.
     >>> import torch
     >>> with PeakMemory("cpu") as peak:
     ...     buffer = torch.ones(1 << 20)                # 4 MiB
-    >>> peak.reading.growth >= 0     # bytes above the baseline at entry (what the process got back from the OS)
-    True
+    >>> r = peak.reading             # resident-set bytes: at entry, the highest sampled, the difference
+    >>> r.peak >= r.baseline > 0, r.growth == r.peak - r.baseline
+    (True, True)
 """
 from __future__ import annotations
 
