@@ -102,7 +102,8 @@ def compile_source(source: Any, graph: Any, *, target: str | Target | None = Non
     pipe, adapted = adapted_pipeline(pipeline, chosen)
     if pipe is not None:
         t0 = time.perf_counter()
-        graph, report = run_pipeline(graph, pipe, example_inputs=inputs, instruments=instruments)
+        graph, report = run_pipeline(graph, pipe, example_inputs=inputs, instruments=instruments,
+                                     target=chosen.facts(opts))
         if adapted is not None and report is not None:
             report.target = report.target or adapted.target
             report.dropped = [str(d) for d in adapted.dropped]

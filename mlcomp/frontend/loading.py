@@ -40,6 +40,12 @@ from mlcomp.frontend.cache_outputs import PlainCacheOutputs, flat_caches
 from mlcomp.frontend.script_inputs import check_script_inputs
 from mlcomp.frontend.capture import CaptureMethod, capture_exported, capture_module, capture_traced
 from mlcomp.frontend.model_faults import train_mode_notes
+from mlcomp.frontend.programs import (
+    dynamic_batch_program,
+    program_module,
+    static_program,
+    trainable_torchscript,
+)
 from mlcomp.base.registry import did_you_mean
 from mlcomp.ir import Graph, dtype_name, parse_dtype
 from mlcomp.models import random_tensor
@@ -97,6 +103,12 @@ class ModelSource:
     notes: list[str] = field(default_factory=list)
     loss_fn: Any = None                         # a factory's loss_fn(output, target), for --train
 
+    def trainable(self) -> Any:
+        """The module a training capture takes: ``eager``, or for TorchScript its tensors as parameters."""
+        if self.kind == "torchscript":
+            return trainable_torchscript(self.eager, self.inputs(), name=self.name, path=self.path)
+        return self.eager
+
     def inputs(self) -> tuple[torch.Tensor, ...]:
         if self.example_inputs is None:
             raise InputSpecError(f"{self.name} carries no input shapes",
@@ -107,10 +119,10 @@ class ModelSource:
     def capture(self, *, method: str = "export", dynamic_batch: bool = False,
                 training: bool = False, decompositions: Mapping[Any, Callable[..., Any]] | None = None) -> Graph:
         """The IR; ``decompositions`` (op overload → function) go over torch's default table (export only)."""
-        if self.kind == "exported" and self.exported is not None and not dynamic_batch \
-                and method == "export":
-            return capture_exported(self.exported, name=self.name, training=training,
-                                    decompositions=decompositions)
+        if self.kind == "exported" and self.exported is not None and method == "export":
+            reexport = dynamic_batch_program if dynamic_batch else static_program
+            ep = reexport(self.exported, self.inputs(), name=self.name, path=self.path)
+            return capture_exported(ep, name=self.name, training=training, decompositions=decompositions)
         if self.kind == "torchscript":
             return _capture_torchscript(self)
         with flat_caches() as caches:   # transformers cache outputs: their tensors become outputs
@@ -248,7 +260,7 @@ def _load_file(path: Path, given: tuple[torch.Tensor, ...] | None, trust_pickle:
                 inputs = tuple(a for a in args)
             else:
                 inputs = tuple(_placeholder_inputs(ep))
-        return ModelSource(name, ep.module(), inputs, str(path), exported=ep, kind="exported")
+        return ModelSource(name, program_module(ep), inputs, str(path), exported=ep, kind="exported")
     if kind in ("pickle", "legacy-pickle"):
         return _load_pickle(path, given, trust_pickle)
     raise ModelLoadError(f"{path} is not a TorchScript archive, an ExportedProgram or a torch.save file",

@@ -22,6 +22,7 @@ other processes only ever makes a sample slower); overhead is the median::
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import time
@@ -272,6 +273,16 @@ def measure_precisions(device: str = "cpu", dtypes: tuple[str, ...] = ("bf16",),
         torch.set_num_threads(before)
     flags = _precision_flags() if dev.type == "cpu" else ()
     return PrecisionSpeeds(str(dev), shape, seconds, flags)
+
+
+@functools.lru_cache(maxsize=None)
+def host_precision_speeds(device: str = "cpu") -> PrecisionSpeeds:
+    """:func:`measure_precisions` of bf16 and fp16 on ``device``, measured once per process.
+
+    What a pipeline hands its passes as ``PassContext.host_precision`` (passes never
+    probe); tests give a :class:`PrecisionSpeeds` of a fake machine instead.
+    """
+    return measure_precisions(device, ("bf16", "fp16"))
 
 
 def _precision_flags() -> tuple[str, ...]:

@@ -19,7 +19,8 @@ compiled for ``CPU`` with an explicit ``INFERENCE_PRECISION_HINT``,
 (pinned threads wait for their core when other processes use it).
 
 Precision: the hint is f32 unless the graph computes in bf16/fp16 (a
-mixed-precision pass ran); then it is that dtype if the hardware probe finds
+mixed-precision pass ran: for this target it records each node's precision on an
+fp32 graph, ``LowMode.HINT`` in the capabilities); then it is that dtype if the hardware probe finds
 the CPU instructions for it (``avx512_bf16``/``amx_bf16``, ``avx512_fp16``/
 ``amx_fp16``), and f32 otherwise, with the reason in ``runtime.precision``
 (saved in the manifest).  OpenVINO's own default on a bf16 CPU is bf16, so an
@@ -58,6 +59,7 @@ from mlcomp.ir.builder import remove_dead
 from mlcomp.ir.dtypes import dtype_name, parse_dtype
 from mlcomp.ir.ops import Namespace, Op
 from mlcomp.pipeline.presets import Rewrite
+from mlcomp.pipeline.target_facts import LowMode, LowPrecision
 
 __all__ = ["OpenVinoTarget", "OpenVinoRuntime", "requested_precision", "precision_hint", "PACKAGE"]
 
@@ -91,8 +93,7 @@ def precision_hint(requested: torch.dtype, flags: tuple[str, ...]) -> tuple[torc
     if have:
         return requested, f"the graph asks for {dtype_name(requested)} and the CPU has {', '.join(have)}"
     return torch.float32, (f"the graph asks for {dtype_name(requested)} but this CPU has none of "
-                           f"{', '.join(_NEEDS[requested])} (hardware probe): OpenVINO computes in f32, "
-                           "keeping the graph's casts")
+                           f"{', '.join(_NEEDS[requested])} (hardware probe): OpenVINO computes in f32")
 
 
 def _config(hint: torch.dtype, threads: int | None) -> dict[Any, Any]:
@@ -225,7 +226,10 @@ class OpenVinoTarget(Target):
                           torch.uint8, torch.bool}),
         io_dtypes=frozenset({torch.float32, torch.float16, torch.int64, torch.int32, torch.int8, torch.uint8,
                              torch.bool}),
-        devices=frozenset({DeviceKind.CPU}), dynamic_shapes=False)
+        devices=frozenset({DeviceKind.CPU}), dynamic_shapes=False,
+        # the CPU plugin lowers an fp32 graph itself (INFERENCE_PRECISION_HINT); bf16/f16 casts in the
+        # graph stop its converter on transformers (OpConversionFailure), so the graph stays fp32
+        low_precision=tuple(LowPrecision(dtype, LowMode.HINT, needs=needs) for dtype, needs in _NEEDS.items()))
     package: ClassVar[str] = PACKAGE
 
     def available(self) -> str | None:

@@ -107,6 +107,7 @@ class Installed:
 
 ORIGINAL_CPU_INFO = probe.cpu_info
 ORIGINAL_MEASURE_PRECISIONS = probe.measure_precisions
+ORIGINAL_HOST_PRECISION_SPEEDS = probe.host_precision_speeds
 
 
 def install(profile: FakeHardware, installed: Installed) -> FakeHardware:
@@ -114,6 +115,8 @@ def install(profile: FakeHardware, installed: Installed) -> FakeHardware:
     installed.undo()
     installed.function("cpu_info", ORIGINAL_CPU_INFO, lambda path="/proc/cpuinfo": profile.cpu)
     installed.function("measure_precisions", ORIGINAL_MEASURE_PRECISIONS, profile.precision_speeds)
+    installed.function("host_precision_speeds", ORIGINAL_HOST_PRECISION_SPEEDS,      # cached per process: replaced
+                       lambda device="cpu": profile.precision_speeds(device, ("bf16", "fp16")))
     if profile.gpu is not None:
         installed.attr(torch.cuda, "is_available", lambda: True)
         installed.attr(torch.cuda, "device_count", lambda: 1)
