@@ -9,7 +9,8 @@ reports every mismatch in one :class:`CapabilityError`::
     >>> from mlcomp.targets import get_target
     >>> get_target("onnxruntime").capabilities.describe()
     'modes inference; dtypes f32, f16, bf16, f64, i64, i32, i16, i8, u8, bool (inputs/outputs
-     without bf16); devices cpu, cuda; single device; symbolic sizes'
+     without bf16); devices cpu, cuda; single device; symbolic sizes; mixed precision bf16 (casts in the
+     graph, pays with avx512_bf16 or amx_bf16), f16 (casts in the graph, pays with avx512_fp16 or amx_fp16)'
     >>> from mlcomp.ir.builder import GraphBuilder
     >>> from mlcomp.ir.ops import aten
     >>> from mlcomp.targets import CompileOptions
