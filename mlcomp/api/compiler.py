@@ -105,6 +105,20 @@ def _reuse(source: Any, art: Any, *, verify: bool, tolerance: float | None, capt
     return CompileResult(art, None, capture_seconds, 0.0, check=check)
 
 
+DETERMINISTIC_SEED = 0
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch's, Python's and NumPy's global generators (a deterministic compile draws nothing unseeded)."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def compile_model(source: Any, graph: Any, *, target: str | Target | None = None,
                   candidates: Sequence[str | Target] | None = None, pipeline: Any = None, verify: bool = True,
                   cache: CompileCache | None = None, capture_seconds: float = 0.0,
@@ -122,6 +136,8 @@ def compile_model(source: Any, graph: Any, *, target: str | Target | None = None
         raise OptionError(f"candidate targets were given for target {target!r}",
                           hint="candidates apply to target='auto' (--target auto) only")
     opts = CompileOptions.make(**options)
+    if opts.deterministic:
+        seed_everything(DETERMINISTIC_SEED)
     key, outcome, removed = None, None, []
     if cache is not None:
         key, why = _key(graph, target, candidates, pipeline, opts, auto_timing)
@@ -198,6 +214,8 @@ def compile(model_or_path: Any, example_inputs: Sequence[torch.Tensor] | torch.T
                           hint="use mode='train' with loss/optimizer/y, or mode='inference' without them")
     if pipeline is not None and pipeline != "" and not is_auto(target):   # auto checks each candidate
         Pipeline.coerce(pipeline).check_target(resolve_target(target, pipeline).name)   # before capture
+    if options.get("deterministic"):
+        seed_everything(DETERMINISTIC_SEED)      # before the model is built and its inputs drawn
     source = load_source(model_or_path, example_inputs, load_opts)
     t0 = time.perf_counter()
     graph = source.capture(method=load_opts.get("capture", "export"),

@@ -177,12 +177,14 @@ def run_pipeline(graph: Graph, pipeline: "Pipeline | str | os.PathLike[str] | No
                  example_inputs: Sequence[torch.Tensor] | None = None,
                  instruments: Sequence[Instrument] | None = None, hardware: Any = None,
                  calibration_data: Sequence[Any] | None = None, registry: PassRegistry | None = None,
-                 verify: bool = False) -> tuple[Graph, PipelineReport]:
+                 verify: bool = False, deterministic: bool = False) -> tuple[Graph, PipelineReport]:
     """Run ``pipeline`` on a copy of ``graph``: the new graph and its :class:`PipelineReport`.
 
     ``instruments`` default to ``standard_instruments()`` (IR check and timing);
     ``verify=True`` is shorthand for adding :class:`Verify`.  When verifying without
     ``example_inputs``, deterministic random inputs are used and given to the passes too.
+    ``deterministic``: passes that would decide by measuring take their fixed rules
+    (``PassContext.deterministic``).
     """
     chosen = list(standard_instruments() if instruments is None else instruments)
     if verify and not any(isinstance(i, Verify) for i in chosen):
@@ -190,6 +192,6 @@ def run_pipeline(graph: Graph, pipeline: "Pipeline | str | os.PathLike[str] | No
     inputs = tuple(example_inputs) if example_inputs is not None else None
     if inputs is None and any(isinstance(i, Verify) for i in chosen):
         inputs = random_inputs(graph)
-    ctx = PassContext(hardware=hardware, example_inputs=inputs,
+    ctx = PassContext(hardware=hardware, example_inputs=inputs, deterministic=deterministic,
                       calibration_data=tuple(calibration_data) if calibration_data is not None else None)
     return PassManager(pipeline, instruments=chosen, registry=registry).run(graph, ctx)

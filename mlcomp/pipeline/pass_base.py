@@ -36,6 +36,9 @@ from mlcomp.hardware.spec import DEFAULT_CPU
 from mlcomp.ir.node import Mode
 
 if typing.TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from mlcomp.hardware.probe import PrecisionSpeeds
     from mlcomp.hardware.spec import HardwareSpec
     from mlcomp.ir import Graph
 
@@ -85,10 +88,24 @@ class PassContext:
     example_inputs: tuple[Any, ...] | None = None
     calibration_data: tuple[Any, ...] | None = None
     cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # per-run memo (remat's profile)
+    # True: every choice a pass would make by measuring takes its fixed rule (recorded as a Decision)
+    deterministic: bool = False
+    # the precision probe (device, dtypes) -> PrecisionSpeeds; None: mlcomp.hardware.probe.measure_precisions
+    precision_probe: "Callable[[str, tuple[str, ...]], PrecisionSpeeds] | None" = field(
+        default=None, compare=False, repr=False)
 
     @property
     def hw(self) -> "HardwareSpec":
         return self.hardware or DEFAULT_CPU
+
+    def precision_speeds(self, device: str, dtypes: tuple[str, ...]) -> "PrecisionSpeeds":
+        """How fast this machine runs a matmul in each of ``dtypes`` against fp32 (probed once per run)."""
+        key = ("precision_speeds", device, dtypes)
+        if key not in self.cache:
+            from mlcomp.hardware.probe import measure_precisions   # lazy: it imports torch
+
+            self.cache[key] = (self.precision_probe or measure_precisions)(device, dtypes)
+        return self.cache[key]
 
 
 @dataclass(frozen=True)

@@ -197,6 +197,8 @@ class Artifact:
             # what the graph's bf16/fp16 nodes imply (mlcomp.analysis.ranges), or the runtime's own
             # math (cuda with tf32: its ``declared_rtol``), the looser of the two; verify's default
             "declared_tolerance": _declared_rtol(graph, runtime),
+            # every choice the compile made by timing or by a fixed rule (mlcomp.hardware.decide.Decision)
+            "decisions": [dict(d.to_json(), made_by=f"target {target}") for d in runtime_decisions(runtime)],
         }
         return cls(runtime, manifest)
 
@@ -214,6 +216,16 @@ class Artifact:
     @property
     def target(self) -> str:
         return self.manifest["target"]
+
+    @property
+    def deterministic(self) -> bool:
+        """Compiled with ``deterministic=True``: saved without anything time- or path-dependent."""
+        return bool((self.manifest.get("options") or {}).get("deterministic"))
+
+    @property
+    def decisions(self) -> list[dict[str, Any]]:
+        """The choices the compile made (``Decision.to_json()`` records: question, choice, verdict, why)."""
+        return list(self.manifest.get("decisions") or [])
 
     @property
     def compile_seconds(self) -> float:
@@ -312,6 +324,8 @@ class Artifact:
                            tmp / REFERENCE)
             manifest = dict(self.manifest, runtime_info=info, payload=_payload(tmp),
                             reference=REFERENCE if self.reference is not None else None)
+            if self.deterministic:
+                manifest = stable_manifest(manifest)
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, default=str))
         self.manifest = manifest
         return directory
@@ -375,6 +389,33 @@ def _bad(directory: Path, what: str) -> ArtifactError:
                               "do not edit artifact folders by hand")
 
 
+
+
+# manifest keys whose values differ between two identical compiles: wall-clock times, the cache's
+# hit/miss record, dump and tuning folders (absolute paths); any key ending in "seconds" goes too
+VOLATILE_KEYS = frozenset({"created", "cache", "dumps", "work_dir"})
+
+
+def stable_manifest(value: Any) -> Any:
+    """``value`` (a manifest) without :data:`VOLATILE_KEYS` and ``*seconds`` keys, at any depth.
+
+        >>> stable_manifest({"created": "2026", "compile_seconds": 1.2, "passes": [{"seconds": 0.1, "name": "dce"}]})
+        {'passes': [{'name': 'dce'}]}
+    """
+    if isinstance(value, dict):
+        return {k: stable_manifest(v) for k, v in value.items()
+                if not (k in VOLATILE_KEYS or (isinstance(k, str) and k.endswith("seconds")))}
+    if isinstance(value, (list, tuple)):
+        return [stable_manifest(v) for v in value]
+    return value
+
+
+def runtime_decisions(runtime: Any) -> list[Any]:
+    """The decisions a runtime's build recorded (``runtime.decisions``), parts of a split graph included."""
+    out = list(getattr(runtime, "decisions", None) or [])
+    for part in getattr(runtime, "parts", None) or ():
+        out += runtime_decisions(part.get("runtime") if isinstance(part, dict) else part)
+    return out
 
 
 def _payload(directory: Path) -> list[dict[str, Any]]:

@@ -49,7 +49,7 @@ import torch
 
 from mlcomp.analysis.ranges import ValueRange, calibrate, declared_tolerance
 from mlcomp.frontend.loading import graph_random_inputs
-from mlcomp.hardware.probe import measure_precisions
+from mlcomp.hardware.decide import Decision
 from mlcomp.base.errors import PipelineSpecError
 from mlcomp.ir import Graph, Mode, Node, Precision, Ref, TensorMeta, map_refs, refs_in
 from mlcomp.ir.builder import new_node, rename
@@ -67,6 +67,11 @@ _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _PRECISION = {torch.float32: Precision.FP32, torch.bfloat16: Precision.BF16, torch.float16: Precision.FP16}
 _NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 SLOW_FP16 = 2.0     # fp16 matmul this many times the fp32 time on a CPU: warn
+
+
+_AUTO_QUESTION = "mixed-precision dtype=auto on the CPU: bf16 or fp32?"
+_AUTO_RULE = "fp32 on a CPU without a hardware spec (deterministic compile: nothing measured)"
+_DECISION_KEY = "mixed-precision.decision"   # _choose -> run: the dtype=auto Decision of this run
 
 
 class LowDtype(enum.Enum):
@@ -110,6 +115,8 @@ class MixedPrecision(Pass):
         device = self.device or _graph_device(graph)
         low, choice, notes = self._choose(device, ctx)
         stats: dict[str, Any] = {"dtype": _NAMES.get(low, "fp32"), "choice": choice}
+        if self.dtype is LowDtype.AUTO and _DECISION_KEY in ctx.cache:
+            stats["decisions"] = [ctx.cache.pop(_DECISION_KEY).to_json()]
         if low is None:
             stats["warnings"] = _warn(notes)
             return PassResult(graph, False, stats)
@@ -143,6 +150,8 @@ class MixedPrecision(Pass):
         return PassResult(graph, True, stats)
 
     # -- deciding ---------------------------------------------------------
+    # dtype=auto on a CPU with no hardware spec measures bf16 against fp32 through ctx.precision_speeds
+    # (its Decision goes into stats["decisions"]); a deterministic compile keeps fp32 unmeasured
     def _choose(self, device: DeviceKind, ctx: PassContext) -> tuple[torch.dtype | None, str, list[str]]:
         if self.dtype is LowDtype.FP32:
             return None, "dtype=fp32: the graph stays fp32", []
@@ -150,8 +159,8 @@ class MixedPrecision(Pass):
             return torch.bfloat16, "dtype=bf16 (asked for)", []
         if self.dtype is LowDtype.FP16:
             notes = []
-            if device is DeviceKind.CPU:
-                speeds = measure_precisions("cpu", ("fp16",))
+            if device is DeviceKind.CPU and not ctx.deterministic:   # a warning only: no choice depends on it
+                speeds = ctx.precision_speeds("cpu", ("fp16",))
                 if speeds.ratio("fp16") > SLOW_FP16:
                     notes.append(f"fp16 on this CPU is {speeds.ratio('fp16'):.0f}x slower than fp32 ("
                                  f"{speeds.describe('fp16')}); the graph runs in fp16 as asked, slowly. "
@@ -163,11 +172,17 @@ class MixedPrecision(Pass):
         if spec is not None and "bf16" in spec.peak_flops:
             fp32, bf16 = spec.peak_flops.get("fp32", 0.0), spec.peak_flops["bf16"]
             faster = bf16 > 1.1 * fp32
-            return (torch.bfloat16 if faster else None,
-                    f"auto: {'bf16' if faster else 'fp32'}, from the hardware spec {spec.name}: bf16 peak "
-                    f"{bf16 / 1e9:.3g} GFLOP/s vs fp32 {fp32 / 1e9:.3g} GFLOP/s", [])
-        speeds = measure_precisions("cpu", ("bf16",))
-        if speeds.ratio("bf16") < 0.9:
+            why = (f"from the hardware spec {spec.name}: bf16 peak {bf16 / 1e9:.3g} GFLOP/s vs fp32 "
+                   f"{fp32 / 1e9:.3g} GFLOP/s")
+            ctx.cache[_DECISION_KEY] = Decision.fixed(_AUTO_QUESTION, ("fp32", "bf16"), "bf16" if faster else "fp32",
+                                                      why, deterministic=False)
+            return torch.bfloat16 if faster else None, f"auto: {'bf16' if faster else 'fp32'}, {why}", []
+        if ctx.deterministic:
+            ctx.cache[_DECISION_KEY] = Decision.fixed(_AUTO_QUESTION, ("fp32", "bf16"), "fp32", _AUTO_RULE)
+            return None, f"auto: fp32, {_AUTO_RULE}", []
+        speeds = ctx.precision_speeds("cpu", ("bf16",))
+        ctx.cache[_DECISION_KEY] = speeds.decisions["bf16"]
+        if speeds.faster("bf16"):
             return torch.bfloat16, f"auto: bf16, measured faster than fp32: {speeds.describe('bf16')}", []
         return None, f"auto: fp32, bf16 is not faster on this CPU: {speeds.describe('bf16')}", []
 
