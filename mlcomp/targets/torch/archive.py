@@ -3,14 +3,17 @@
 ``torch.jit.save`` writes a zip whose entry times are fixed, but two saves of the same model
 in one process differ: every traced module's class gets the next number of a process-wide
 counter (``__torch__.torch.fx.graph_module.___torch_mangle_3.GraphModule``), and the source
-ranges in ``*.debug_pkl`` name the FX code they came from by another counter
-(``<eval_with_key>.37``).  :func:`canonical_torchscript` renumbers both in order of first
-appearance (0, 1, …) in every entry name, code file and pickle, and writes the archive again
-with torch's own zip writer (aligned records; the serialization id is derived from the contents)::
+ranges in ``*.debug_pkl`` quote the FX code under a name with another counter
+(``<eval_with_key>.37``) and index into that text by character offsets.
+:func:`canonical_torchscript` renumbers the class counter in order of first appearance
+(0, 1, …) in every entry name, code file and pickle, leaves the ``*.debug_pkl`` records out
+(source ranges only improve TorchScript's error messages; renaming inside them would move
+their offsets), and writes the archive again with torch's own zip writer (aligned records;
+the serialization id is derived from the contents)::
 
     archive/code/__torch__/torch/fx/graph_module/___torch_mangle_3.py   ->  ___torch_mangle_0.py
     data.pkl:   GLOBAL '__torch__.torch.fx.graph_module.___torch_mangle_3 mlp_module'  ->  ___torch_mangle_0
-    debug_pkl:  BINUNICODE '<eval_with_key>.37'                                         ->  '<eval_with_key>.0'
+    archive/code/__torch__/torch/fx/graph_module/___torch_mangle_3.py.debug_pkl       ->  (left out)
 
 ``torch.jit.load`` reads the result as it reads the original (it loads into a fresh
 compilation unit, where the names are free).
@@ -28,7 +31,7 @@ import torch
 
 __all__ = ["canonical_torchscript"]
 
-_COUNTERS = (re.compile(rb"___torch_mangle_(\d+)"), re.compile(rb"<eval_with_key>\.(\d+)"))
+_COUNTERS = (re.compile(rb"___torch_mangle_(\d+)"),)
 _SERIALIZATION_ID = ".data/serialization_id"
 
 
@@ -48,9 +51,9 @@ def canonical_torchscript(payload: bytes) -> bytes:
     prefix = entries[0][0].split("/", 1)[0] + "/"
     for name, data in entries:
         inner = name[len(prefix):] if name.startswith(prefix) else name
-        if inner == _SERIALIZATION_ID:       # the writer derives it from the records
+        if inner == _SERIALIZATION_ID or inner.endswith(".debug_pkl"):   # derived by the writer / left out
             continue
-        if inner.endswith(".pkl") or inner.endswith(".debug_pkl"):
+        if inner.endswith(".pkl"):
             data = _repickle(data, rename)
         elif inner.endswith(".py"):
             data = rename(data)
