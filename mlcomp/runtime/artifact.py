@@ -38,6 +38,7 @@ from mlcomp.base.errors import ArtifactError, InputSpecError, TargetUnavailableE
 from mlcomp.base.files import Kind, atomic_dir, check_destination, sha256_file
 from mlcomp.base.registry import LazyRegistry, resolve_ref
 from mlcomp.base.version import __version__
+from mlcomp.runtime.manifest import runtime_decisions, stable_manifest
 from mlcomp.models import random_tensor
 from mlcomp.ir import Dim, Graph, Node, TensorMeta, dtype_name, parse_dtype
 
@@ -389,33 +390,6 @@ def _bad(directory: Path, what: str) -> ArtifactError:
                               "do not edit artifact folders by hand")
 
 
-
-
-# manifest keys whose values differ between two identical compiles: wall-clock times, the cache's
-# hit/miss record, dump and tuning folders (absolute paths); any key ending in "seconds" goes too
-VOLATILE_KEYS = frozenset({"created", "cache", "dumps", "work_dir"})
-
-
-def stable_manifest(value: Any) -> Any:
-    """``value`` (a manifest) without :data:`VOLATILE_KEYS` and ``*seconds`` keys, at any depth.
-
-        >>> stable_manifest({"created": "2026", "compile_seconds": 1.2, "passes": [{"seconds": 0.1, "name": "dce"}]})
-        {'passes': [{'name': 'dce'}]}
-    """
-    if isinstance(value, dict):
-        return {k: stable_manifest(v) for k, v in value.items()
-                if not (k in VOLATILE_KEYS or (isinstance(k, str) and k.endswith("seconds")))}
-    if isinstance(value, (list, tuple)):
-        return [stable_manifest(v) for v in value]
-    return value
-
-
-def runtime_decisions(runtime: Any) -> list[Any]:
-    """The decisions a runtime's build recorded (``runtime.decisions``), parts of a split graph included."""
-    out = list(getattr(runtime, "decisions", None) or [])
-    for part in getattr(runtime, "parts", None) or ():
-        out += runtime_decisions(part.get("runtime") if isinstance(part, dict) else part)
-    return out
 
 
 def _payload(directory: Path) -> list[dict[str, Any]]:
