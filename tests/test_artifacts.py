@@ -70,8 +70,8 @@ def test_round_trip_gives_identical_outputs(mlp_artifact):
     ("truncate", "does not match its checksum"),
     ("delete", "payload file model.pt is missing"),
     ("manifest-json", "not valid JSON"),
-    ("manifest-missing", "has no manifest.json"),
-    ("not-artifact", "not an mlcomp artifact manifest"),
+    ("manifest-missing", "its manifest.json is missing"),
+    ("not-artifact", "is another tool.s"),
 ])
 def test_damaged_folder_is_an_artifact_error(mlp_artifact, tmp_path, damage, message):
     folder = _copy(mlp_artifact[1], tmp_path)

@@ -24,6 +24,7 @@ from mlcomp.analysis import cost, memory
 from mlcomp.base.units import fmt_bytes
 from mlcomp.ir import Graph, dtype_name
 from mlcomp.ir.dtypes import itemsize
+from mlcomp.ir.graph_tools import critical_path, generations
 from mlcomp.ir.ops import GETITEM, PARAM
 
 
@@ -145,14 +146,14 @@ def inspect_graph(graph: Graph) -> InspectReport:
     rows = [NodeRow(n.name, str(n.op), n.origin.module_path, str(n.meta) if n.meta is not None else "",
                     costs[n.name].flops, costs[n.name].bytes) for n in compute]
     total = cost.total(costs)
-    path = graph.critical_path(weight=lambda n: float(costs[n.name].flops) if n.name in costs else 0.0)
+    path = critical_path(graph, weight=lambda n: float(costs[n.name].flops) if n.name in costs else 0.0)
     return InspectReport(
         name=graph.name,
         inputs=[f"{n.name}: {n.meta}" for n in graph.input_nodes],
         outputs=[f"{r.name}: {graph.node(r.name).meta}" for r in graph.output_refs],
         nodes=len(compute), op_histogram=dict(hist), params=param_count, param_bytes=param_bytes,
         param_dtypes=dict(param_dtypes), flops=total.flops, bytes=total.bytes, rows=rows,
-        generation_widths=[len(g) for g in graph.generations()], critical_path=path,
+        generation_widths=[len(g) for g in generations(graph)], critical_path=path,
         critical_path_flops=sum(costs[n].flops for n in path if n in costs),
         peak_activation_bytes=memory.peak_bytes(graph), buffers=buffer_count, buffer_bytes=buffer_bytes,
         kept_ops=dict(graph.kept_ops))

@@ -1,9 +1,11 @@
 """Compare a compiled artifact (or any callable) with the eager model it came from.
 
-    >>> result = compare(eager(x), artifact(x))            # per-output errors
+    >>> eager_out = torch.tensor([[1.0, -2.0]])
+    >>> result = compare(eager_out, eager_out + 2 ** -10, names=["addmm_2"])    # eager's, the artifact's
     >>> print(result.format())
-    output 0 (%addmm_2: f32[1, 2]): max abs 2.98e-08, max rel 1.1e-07 (tol 1e-04) ok
-    >>> result.raise_if_failed(where="target cpu")          # VerificationError otherwise
+    output 0 (addmm_2: f32[1, 2]): max abs 0.000977, max rel 0.000488 (tol 1e-04) FAILED
+    >>> result.passed
+    False
 
 Errors per output:
 
@@ -14,7 +16,20 @@ Errors per output:
 An output passes when ``max_rel <= rtol``; ``rtol`` depends on the output dtype
 (fp32 ``1e-4``, fp64 ``1e-7``, fp16 ``5e-3``, bf16 ``2e-2``; integers and bools
 must match exactly) unless a tolerance is given (``--tolerance``, a finite
-number >= 0; :func:`check_tolerance`).  Shapes and dtypes must match too.
+number from 0 to :data:`MAX_TOLERANCE`; :func:`check_tolerance`).  Shapes and dtypes
+must match too.
+
+Why a ceiling: an all-zero output has ``max_rel`` exactly 1, and an output with
+every element off by a tenth of the largest one has 0.1.  A tolerance of 1 or
+more passes the zero output, so nothing was verified; ``MAX_TOLERANCE = 0.1``
+(5x bf16's default, 25x bf16's unit roundoff 2^-8) is the loosest bound that
+still tells a right output from one that is wrong by a tenth of its scale::
+
+    >>> check_tolerance(1e9)
+    Traceback (most recent call last):
+    mlcomp.base.errors.OptionError: --tolerance 1e+09 is too loose to mean "verified": the error is relative \
+to the output's largest value, so at 1 an all-zero output passes; the loosest accepted is 0.1. Give a relative \
+tolerance such as 1e-4 (fp32) or 2e-2 (bf16), or leave it out for the default of each output's dtype.
 
 A NaN or an infinity in an output never passes, in the eager output or the
 compiled one, even where both have it in the same place: the result says which
@@ -33,33 +48,40 @@ import torch
 
 from mlcomp.base.errors import OptionError, VerificationError
 
-__all__ = ["DEFAULT_RTOL", "check_tolerance", "tolerance_for", "OutputError", "VerifyResult", "compare", "flatten_outputs",
+__all__ = ["DEFAULT_RTOL", "MAX_TOLERANCE", "check_tolerance", "tolerance_for", "OutputError", "VerifyResult", "compare", "flatten_outputs",
            "check_against"]
 
 DEFAULT_RTOL: dict[torch.dtype, float] = {
     torch.float64: 1e-7, torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2,
 }
+MAX_TOLERANCE = 0.1      # the loosest --tolerance (module doc: at 1 an all-zero output passes)
 
 
-def check_tolerance(value: float | None, *, option: str = "--tolerance") -> float | None:
-    """``value`` if it is a usable relative tolerance (finite, >= 0) or ``None``; else an OptionError."""
+def check_tolerance(value: float | None, *, option: str = "--tolerance",
+                    ceiling: float = MAX_TOLERANCE) -> float | None:
+    """``value`` if it is a usable relative tolerance (finite, 0 to ``ceiling``) or ``None``; else an OptionError.
+    A user's tolerance is held to :data:`MAX_TOLERANCE`; mlcomp's own checks (``tolerance_for``) to finiteness."""
     if value is None:
         return None
     try:
         number = float(value)
     except (TypeError, ValueError):
         number = math.nan
+    hint = ("Give a relative tolerance such as 1e-4 (fp32) or 2e-2 (bf16), or leave it out for the default of "
+            "each output's dtype")
     if not math.isfinite(number) or number < 0:
-        raise OptionError(f"{option} {value} is not a usable tolerance: it must be a finite number >= 0",
-                          hint="give a relative tolerance such as 1e-4 (fp32) or 2e-2 (bf16), or leave it out "
-                               "for the default of each output's dtype")
+        raise OptionError(f"{option} {value} is not a usable tolerance: it must be a finite number >= 0", hint=hint)
+    if number > ceiling:
+        raise OptionError(f"{option} {number:g} is too loose to mean \"verified\": the error is relative to the "
+                          f"output's largest value, so at 1 an all-zero output passes; the loosest accepted is "
+                          f"{MAX_TOLERANCE:g}", hint=hint)
     return number
 
 
 def tolerance_for(dtype: torch.dtype, override: float | None = None) -> float:
     """Relative tolerance for an output of ``dtype`` (``override`` wins when given)."""
     if override is not None:
-        return float(check_tolerance(override))
+        return float(check_tolerance(override, ceiling=math.inf))
     if dtype.is_floating_point or dtype.is_complex:
         return DEFAULT_RTOL.get(dtype, 1e-4)
     return 0.0

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -217,6 +218,8 @@ def compile(model_or_path: Any, example_inputs: Sequence[torch.Tensor] | torch.T
     if options.get("deterministic"):
         seed_everything(DETERMINISTIC_SEED)      # before the model is built and its inputs drawn
     source = load_source(model_or_path, example_inputs, load_opts)
+    for note in source.notes:                  # e.g. a model given in train() mode, compiled in eval() mode
+        warnings.warn(note, stacklevel=2)
     t0 = time.perf_counter()
     graph = source.capture(method=load_opts.get("capture", "export"),
                            dynamic_batch=bool(load_opts.get("dynamic_batch")))

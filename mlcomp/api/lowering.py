@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from mlcomp.analysis.verify import flatten_outputs
+from mlcomp.frontend.model_faults import eager_fault
 from mlcomp.ir.interpreter import evaluate
 from mlcomp.pipeline import Pipeline, run_pipeline
 from mlcomp.pipeline.presets import adapt_preset
@@ -75,7 +76,11 @@ def eager_reference(source: Any, inputs: Sequence[torch.Tensor], report: Any) ->
             expected = evaluate(changed.declared_reference, *inputs)
             return tuple(flatten_outputs(expected)), \
                 f"the reference declared by {changed.name} (it changes the function)"
-        return tuple(flatten_outputs(source.eager(*inputs))), None
+        try:
+            outputs = source.eager(*inputs)
+        except Exception as exc:  # noqa: BLE001 - eager PyTorch rejects the model on its own inputs
+            raise eager_fault(exc, inputs, source.name) from None
+        return tuple(flatten_outputs(outputs)), None
 
 
 def pass_decisions(report: Any) -> list[dict[str, Any]]:
@@ -112,6 +117,7 @@ def compile_source(source: Any, graph: Any, *, target: str | Target | None = Non
             report.dropped = [str(d) for d in adapted.dropped]
         pipeline_seconds = time.perf_counter() - t0
         spec = pipe.spec
+    expected, against = eager_reference(source, inputs, report)     # before the build: eager's own faults first
     artifact = chosen.compile(graph, opts)
     artifact.manifest["pipeline"] = spec
     to_json = getattr(report, "to_json", None)
@@ -120,7 +126,6 @@ def compile_source(source: Any, graph: Any, *, target: str | Target | None = Non
     artifact.manifest["decisions"] = pass_decisions(report) + list(artifact.manifest.get("decisions") or [])
     artifact.manifest["capture_seconds"] = round(capture_seconds, 4)
     artifact.manifest["pipeline_seconds"] = round(pipeline_seconds, 4)
-    expected, against = eager_reference(source, inputs, report)
     if against:
         artifact.manifest["verified_against"] = against
     artifact.set_reference(inputs, expected)

@@ -6,9 +6,11 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
+from mlcomp.base.errors import VerificationError
 from mlcomp.base.progress import ProgressLine
 from mlcomp.cli.measuring import (
     check_outputs, check_pt2_batches, check_targets, checked_pipeline, command_progress, force_option,
@@ -45,6 +47,8 @@ __all__ = ["ProgressLine", "bench_cmd"]
 @click.option("--loss-scale", default=None, metavar="SPEC",
               help='With --train: dynamic, none, a static scale (1024) or "dynamic{init=65536 growth_interval=2000}" '
                    "(default: dynamic when the graph computes in fp16, else none).")
+@click.option("--keep-going", is_flag=True, help="Exit 0 even when a target's outputs differ from eager (by default "
+              "bench exits 4 after writing every result).")
 @click.option("--remat-sweep", is_flag=True, help="With --train: remat budgets 1.0/0.5/0.25/0.1/sqrt (mincut) vs "
               "peak memory and step time; --plot draws memory vs step time.")
 @force_option
@@ -54,7 +58,7 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
               min_repeats: int, max_repeats: int, threads: int | None, show_progress: bool, no_memory: bool,
               json_out: str | None, csv_out: str | None, plot_file: str | None, train: bool = False,
               loss: str = "cross_entropy", optimizer: str = "sgd", remat_sweep: bool = False,
-              loss_scale: str | None = None, force: bool = False) -> None:
+              loss_scale: str | None = None, force: bool = False, keep_going: bool = False) -> None:
     """Time MODEL(s) eager vs compiled targets: median and p90 latency, speedup, cold compile time,
     peak memory, max error vs eager. One table per model."""
     from mlcomp.hardware.timing import TimingPolicy
@@ -114,3 +118,17 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
     if plot_file:
         plot_bench(results, plot_file)
         click.echo(f"wrote {plot_file}", err=True)
+    if not keep_going:
+        _fail_unverified(results)
+
+
+def _fail_unverified(results: list[Any]) -> None:
+    """Exit 4 (after every result is written) when a cell's outputs differ from eager."""
+    bad = [(r, row) for r in results for row in r.rows if row.verified is False]
+    if bad:
+        first, row = bad[0]
+        cells = sum(len(r.rows) for r in results)
+        raise VerificationError(f"{len(bad)} of {cells} bench cells failed verification against eager, the first "
+                                f"{first.model} on {row.label} at batch {row.batch}: {' '.join(row.reason.split())}",
+                                hint="the table has every cell; fix or drop that target, or pass --keep-going "
+                                     "to exit 0 anyway")

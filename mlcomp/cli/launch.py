@@ -9,14 +9,13 @@
 """
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import click
 
 from mlcomp.analysis.parallel.pipeline_schedule import Schedule
 from mlcomp.runtime.optim import OptimizerSpec
+from mlcomp.targets.distributed.supervise import LaunchError, launch_plan, supervise
 from mlcomp.targets.distributed.target import DEFAULT_OPTIMIZER, check_artifact, torchrun_command
 
 __all__ = ["launch_cmd"]
@@ -41,11 +40,16 @@ def launch_cmd(artifact: Path, nproc: int | None, schedule: str | None, microbat
     spec = OptimizerSpec.parse(optimizer) if optimizer is not None else None     # refused before any process
     manifest = check_artifact(artifact)
     nproc = nproc or int(manifest.get("runtime_info", {}).get("stages", 1))
+    launch_plan(manifest, nproc, schedule=schedule, microbatches=microbatches)     # before any process starts
     extra = [*(["--schedule", schedule] if schedule else []),
              *(["--microbatches", str(microbatches)] if microbatches else []),
              *(["--train"] if train else []), *(["--check"] if check else []),
              *(["--optimizer", spec.text()] if spec is not None else []),
              *(["--repeat", str(repeat)] if repeat else [])]
-    code = subprocess.call(torchrun_command(artifact, nproc, extra=extra))
-    if code:
-        sys.exit(code)
+    outcome = supervise(torchrun_command(artifact, nproc, extra=extra))     # Ctrl-C: ranks stopped, re-raised
+    if outcome.stdout.strip():
+        click.echo(outcome.stdout.rstrip("\n"))
+    if outcome.code:
+        error = LaunchError(outcome.message(f"the {nproc}-process launch of {artifact}"))
+        error.exit_code = outcome.rank_exit_code() if outcome.rank_exit_code() in (2, 3, 4) else 3
+        raise error

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from mlcomp.base.errors import MlcompError
+from mlcomp.base.errors import BUG_HINT, MlcompError
 from mlcomp.base.files import InterruptScope, Kind, check_destination
 from mlcomp.base.registry import LazyRegistry
 
@@ -35,6 +35,9 @@ COMMANDS: LazyRegistry[click.Command] = LazyRegistry("command", {
 })
 
 
+TARGETS_IN_HELP = "{targets}"     # replaced by the registry's target list when help is shown
+
+
 class _Group(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         names = set(super().list_commands(ctx))
@@ -48,6 +51,12 @@ class _Group(click.Group):
         if cmd is not None or name not in COMMANDS:
             return cmd
         return COMMANDS.get(name)
+
+    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from mlcomp.targets.registry import target_list     # at help time only: the targets package imports torch
+
+        self.help = (self.help or "").replace(TARGETS_IN_HELP, target_list())
+        super().format_help_text(ctx, formatter)
 
     def invoke(self, ctx: click.Context) -> Any:
         with InterruptScope() as interrupts:
@@ -92,7 +101,7 @@ def _unexpected(ctx: click.Context, exc: Exception) -> None:
         hint = "check the path, free disk space and permissions"
     else:
         what = f"mlcomp {sub} failed unexpectedly: {type(exc).__name__}: {text}"
-        hint = "this is a bug in mlcomp, not in your input; run again with `mlcomp --traceback ...` and report it"
+        hint = BUG_HINT
     click.echo(f"error: {what.rstrip('.')}. {hint[0].upper() + hint[1:]}.", err=True)
     ctx.exit(3)
 
@@ -115,7 +124,7 @@ def _importable(ref: str) -> bool:
 @click.pass_context
 def main(ctx: click.Context, show_traceback: bool) -> None:
     """mlcomp: capture a PyTorch model, run a declared pipeline of passes, lower it to a
-    target (cpu, cuda, onnxruntime, tvm) and compare it with eager PyTorch.
+    target ({targets}) and compare it with eager PyTorch.
 
     MODEL is a zoo name (see `mlcomp models list`), a TorchScript archive (.pt), an
     ExportedProgram (.pt2) or a factory path/to/file.py:fn / package.module:fn.
@@ -149,6 +158,21 @@ def model_options(fn: Any = None, *, batch: bool = True) -> Any:
     return fn
 
 
+def checked_threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """``--threads`` (a ``click.IntRange(min=1)``): above the cores this process may run on, one warning and the core count
+    (more intra-op threads than cores only take turns on them)."""
+    if value is None:
+        return None
+    from mlcomp.hardware.link import available_cores
+
+    cores = available_cores()
+    if value > cores:
+        click.echo(f"warning: --threads {value} is more than the {cores} core(s) this process may run on; "
+                   f"using {cores}", err=True)
+        return cores
+    return value
+
+
 def load_and_capture(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                      dynamic_batch: bool, trust_pickle: bool):
     from mlcomp.api import check_model_inputs
@@ -156,6 +180,8 @@ def load_and_capture(model: str, input_shapes: tuple[str, ...], batch: int | Non
 
     check_model_inputs(model, input_shapes, batch, capture_method)
     source = load_model(model, input_shapes=input_shapes, trust_pickle=trust_pickle, batch=batch)
+    for note in source.notes:
+        click.echo(f"note: {note}", err=True)
     graph = source.capture(method=capture_method, dynamic_batch=dynamic_batch)
     return source, graph
 
@@ -184,13 +210,14 @@ def inspect_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                              show_ir=show_ir, top=top)
     from mlcomp.analysis.inspect import inspect_graph
     from mlcomp.base.files import write_text_atomic
+    from mlcomp.ir.graph_tools import to_dot
 
     if dot_file is not None:
         check_destination(dot_file, Kind.FILE, option="--dot", fmt="dot", force=force, inputs=(model,))
     _, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
     report = inspect_graph(graph)
     if dot_file:
-        write_text_atomic(dot_file, graph.to_dot(), fmt="dot")
+        write_text_atomic(dot_file, to_dot(graph), fmt="dot")
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
         return

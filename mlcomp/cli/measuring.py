@@ -10,6 +10,7 @@ import click
 
 from mlcomp.base.files import Kind, check_destination
 from mlcomp.base.progress import Progress
+from mlcomp.cli.main import checked_threads
 from mlcomp.cli.passes import resolve_pipeline
 from mlcomp.hardware.timing import BenchConfigError
 
@@ -146,7 +147,7 @@ def timing_options(fn: Any) -> Any:
                      help="Timed calls per measurement at least, even when the budget is spent."),
         click.option("--max-repeats", type=int, default=10_000, show_default=True,
                      help="Timed calls per measurement at most, even when budget is left."),
-        click.option("--threads", type=int, default=None,
+        click.option("--threads", type=click.IntRange(min=1), default=None, callback=checked_threads,
                      help="Intra-op threads for eager torch and every compiled runtime (default: each one's own)."),
         click.option("--progress", "show_progress", is_flag=True,
                      help="Show the live progress line on stderr even when it is not a terminal (otherwise "

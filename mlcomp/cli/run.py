@@ -96,7 +96,7 @@ def run_cmd(directory: Path, input_files: tuple[str, ...], output: str | None, d
             return
     if input_files:
         inputs = tuple(_read_inputs(input_files))
-        source = "from " + ", ".join(input_files)
+        source = "the inputs in " + ", ".join(input_files)
     elif do_verify and art.reference is not None:
         inputs, source = art.reference[0], "the stored reference inputs"
     else:

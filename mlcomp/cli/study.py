@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from mlcomp.cli.main import checked_threads
 from mlcomp.cli.measuring import check_outputs, force_option, name_list, set_threads, write_output
 
 __all__ = ["study_cmd"]
@@ -26,7 +27,7 @@ __all__ = ["study_cmd"]
 @click.option("--model", default=None, help="roofline: the model whose ops are placed (default resnet18; "
                                              "mlp with --quick).")
 @click.option("--batch", type=int, default=1, show_default=True, help="roofline: batch size.")
-@click.option("--threads", type=int, default=None,
+@click.option("--threads", type=click.IntRange(min=1), default=None, callback=checked_threads,
               help="Intra-op threads for torch (and, in hybridize, every compiled runtime).")
 @click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
               help="Write the result as JSON (to stdout when no FILE).")

@@ -30,7 +30,7 @@ from mlcomp.base.files import Kind, check_destination
 from mlcomp.base.progress import Progress
 from mlcomp.base.units import fmt_bytes
 from mlcomp.cli.cache import cache_for_compile, cache_max_size_option, eviction_lines
-from mlcomp.cli.main import load_and_capture, model_options
+from mlcomp.cli.main import checked_threads, load_and_capture, model_options
 from mlcomp.cli.passes import (
     pipeline_from_cli,
     pipeline_options,
@@ -38,6 +38,7 @@ from mlcomp.cli.passes import (
     resolve_pipeline,
 )
 from mlcomp.pipeline.instruments import Instrument
+from mlcomp.targets.registry import target_list
 
 __all__ = ["compile_cmd", "export_cmd", "targets_cmd"]
 
@@ -71,7 +72,7 @@ def _bytes(path: Path) -> int:
 @click.command("compile")
 @model_options
 @click.option("-t", "--target", default=None, metavar="TARGET",
-              help="cpu, cuda, onnxruntime (ort), tvm, or auto: compile for every target available here, verify "
+              help=f"{target_list()}, or auto: compile for every target available here, verify "
                    "and time each, keep the fastest that verified (default: the pipeline file's target, else cpu).")
 @click.option("--candidates", default=None, metavar="T,T...",
               help="With --target auto: the targets to try (default: every target available here but distributed).")
@@ -82,7 +83,8 @@ def _bytes(path: Path) -> int:
               help="Relative tolerance for verification (default by dtype).")
 @click.option("--fallback", type=click.Choice(["none", "eager"]), default="none", show_default=True,
               help="What to do with ops the target cannot run: fail, or run them in torch.")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Intra-op threads of the runtime.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, callback=checked_threads,
+              help="Intra-op threads of the runtime (at most the cores here: more are stored as the core count).")
 @click.option("--device", default=None, help="Device for the target (cpu, cuda:0); default: the target's own.")
 @click.option("--tune-trials", type=click.IntRange(min=0), default=0, show_default=True,
               help="TVM MetaSchedule trial budget (0 = untuned).")
@@ -134,7 +136,7 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                 loss_scale: str | None = None, deterministic: bool = False) -> None:
     """Capture MODEL, run a pipeline (default -O2), lower it to a target (or the fastest of several: --target
     auto), verify against eager and save it.  A second compile of the same model reuses the cached artifact."""
-    from mlcomp.api import AutoReport, compile_model, is_auto
+    from mlcomp.api import compile_model, is_auto
     from mlcomp.api.compiler import DETERMINISTIC_SEED, seed_everything
 
     request = pipeline_from_cli(pipeline, opt_level, dump_after, dump_dir, verify_passes, explain)
@@ -164,18 +166,11 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     progress = Progress.for_command(machine_output=as_json)
     say = _Say(progress, quiet=as_json)
     facts: dict[str, Any] = {"model": model}
-    t0 = time.perf_counter()
     if deterministic:
-        seed_everything(DETERMINISTIC_SEED)
-    with progress.stage(f"capture {model}"):
-        source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
-    capture_seconds = time.perf_counter() - t0
+        seed_everything(DETERMINISTIC_SEED)         # before the model is built
+    source, graph, capture_seconds = _capture(model, (input_shapes, batch, capture_method, dynamic_batch,
+                                                     trust_pickle), progress, say, facts)
     names = _check_names(names, len(graph.output_refs), graph.name)
-    facts.update(model=graph.name, nodes=len(graph), capture_seconds=round(capture_seconds, 3))
-    say(f"captured {graph.name}: {len(graph)} nodes in {capture_seconds:.1f}s")
-    facts["kept_ops"] = dict(graph.kept_ops)
-    for op, why in graph.kept_ops.items():   # frontend/decompose.py: ops left undecomposed
-        say(f"capture kept {op} undecomposed: {why}")
     output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{canonical}", Kind.DIR, force=force,
                                inputs=(model,))
     build = f"build for {canonical}" + (f" (tuning {tune_trials} trials)" if tune_trials else "")
@@ -189,6 +184,34 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                            threads=threads, device=device, tune_trials=tune_trials, work_dir=tuning_dir,
                            tf32=tf32 or None, deterministic=deterministic or None)
     progress.clear()
+    hit = _say_cache(result, cache, bypass, request.explain, facts, say)
+    _name_outputs(result.artifact, names or _model_output_names(source, len(result.artifact.outputs)))
+    _say_compiled(result, request, hit, facts, say)
+    _verify_and_save(result, graph.name, output, force=force, fresh_check=fresh_check, progress=progress,
+                     facts=facts, say=say)
+    if as_json:
+        click.echo(json.dumps(facts, indent=2, default=str))
+
+
+def _capture(model: str, how: tuple[Any, ...], progress: Progress, say: _Say,
+             facts: dict[str, Any]) -> tuple[Any, Any, float]:
+    """Load and capture the model (``how``: load_and_capture's arguments after the model); (source, graph, seconds)."""
+    t0 = time.perf_counter()
+    with progress.stage(f"capture {model}"):
+        source, graph = load_and_capture(model, *how)
+    capture_seconds = time.perf_counter() - t0
+    facts.update(model=graph.name, nodes=len(graph), capture_seconds=round(capture_seconds, 3))
+    say(f"captured {graph.name}: {len(graph)} nodes in {capture_seconds:.1f}s")
+    facts["kept_ops"] = dict(graph.kept_ops)
+    for op, why in graph.kept_ops.items():   # frontend/decompose.py: ops left undecomposed
+        say(f"capture kept {op} undecomposed: {why}")
+    return source, graph, capture_seconds
+
+
+def _say_cache(result: Any, cache: Any, bypass: str | None, explain: bool, facts: dict[str, Any], say: _Say) -> bool:
+    """The compile cache's lines and (auto) the choice made; True on a cache hit."""
+    from mlcomp.api import AutoReport
+
     art = result.artifact
     hit = result.cache is not None and result.cache.status.value == "hit"
     for line in [*(result.cache.removed if result.cache else []), *([bypass] if bypass else [])]:
@@ -196,12 +219,17 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     if result.cache is not None:
         say(result.cache.line())
         facts["cache"] = dict(result.cache.to_json(), folder=str(cache.root))
-        for line in eviction_lines(cache, facts["cache"], each=request.explain):   # after this store
+        for line in eviction_lines(cache, facts["cache"], each=explain):   # after this store
             say(line)
     if art.manifest.get("auto"):
         facts["auto"] = art.manifest["auto"]
         say(("the cached artifact's choice, " if hit else "") + AutoReport.format_json(art.manifest["auto"]))
-    _name_outputs(art, names or _model_output_names(source, len(art.outputs)))
+    return hit
+
+
+def _say_compiled(result: Any, request: Any, hit: bool, facts: dict[str, Any], say: _Say) -> None:
+    """What the build did: the pipeline report, fallback regions, tuning, the target's own explanation."""
+    art = result.artifact
     report = result.pipeline_report
     facts.update(target=art.target, device=art.manifest.get("device"), pipeline=art.manifest.get("pipeline"),
                  pipeline_given=request.text, pipeline_report=report.to_json() if report is not None else None,
@@ -227,15 +255,21 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     if request.explain and hasattr(art.runtime, "explain_lines"):   # e.g. tvm: which ops run in which kernel
         for line in art.runtime.explain_lines():
             say(f"{art.target}: {line}")
+
+
+def _verify_and_save(result: Any, model: str, output: Path, *, force: bool, fresh_check: bool,
+                     progress: Progress, facts: dict[str, Any], say: _Say) -> None:
+    """The verification against eager (raises if it failed), then save, reload and verify the reloaded copy."""
+    from mlcomp.runtime.artifact import Artifact
+
+    art = result.artifact
     against = art.manifest.get("verified_against") or "eager"
     check = result.check
     if check is None:
         say("not verified against eager (--no-verify)")
     else:
         say(f"verified against {against}: {check.summary()}")
-        check.raise_if_failed(where=f"target {art.target}, model {graph.name}")
-    from mlcomp.runtime.artifact import Artifact
-
+        check.raise_if_failed(where=f"target {art.target}, model {model}")
     with progress.stage(f"save {output}"):
         art.save(output, force=force)
         again = Artifact.load(output)
@@ -251,8 +285,6 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
             line = _fresh_check(output)
         facts["fresh_process"] = line
         say(f"fresh process: {line}")
-    if as_json:
-        click.echo(json.dumps(facts, indent=2, default=str))
 
 
 def _candidates(text: str | None, target: str) -> list[str] | None:

@@ -1,13 +1,13 @@
 """``mlcomp tune``: MetaSchedule-tune a model's TVM tasks into a database that every later build reuses.
 
-    $ mlcomp tune mlp --trials 64 --db tvm-db
+    $ mlcomp tune mlp --trials 64 --tuning-dir tvm-db
     captured mlp: 11 nodes in 0.4s
     [64/64    41s] task 2: 8/8 ran
     tuned mlp for tvm: 3 tasks, 0 reused from tvm-db, 64 trials in 41.2s
-    $ mlcomp tune mlp --trials 64 --db tvm-db --batch 2     # other shapes: new tasks
+    $ mlcomp tune mlp --trials 64 --tuning-dir tvm-db --batch 2     # other shapes: new tasks
     $ mlcomp compile mlp --target tvm --tuning-dir tvm-db   # uses the records, tunes nothing
 
-The database (``--db``, default ``mlcomp-out/tvm-tuning``) is MetaSchedule's JSON
+The database (``--tuning-dir``, the flag ``compile`` reads it with; ``--db`` is a hidden old name; default ``mlcomp-out/tvm-tuning``) is MetaSchedule's JSON
 database plus mlcomp's ledger of trials per (target, task workload): a task of
 another model with the same workload (same layer shapes and fused epilogue) is
 reused, not tuned again.  The pipeline is the one ``compile --target tvm`` runs
@@ -33,6 +33,17 @@ __all__ = ["DEFAULT_DB", "check_tuning_db", "tune_cmd"]
 DEFAULT_DB = Path("mlcomp-out") / "tvm-tuning"
 
 
+def _tuning_dir(given: Path, alias: Path | None) -> Path:
+    """``--tuning-dir``, or the deprecated ``--db`` (a note after the run); both at once must agree."""
+    if alias is None:
+        return given
+    source = click.get_current_context().get_parameter_source("db")
+    if source is not click.core.ParameterSource.DEFAULT and given != alias:
+        raise OptionError(f"--db {alias} and --tuning-dir {given} name two tuning folders",
+                          hint="give --tuning-dir only (--db is its old name)")
+    return alias
+
+
 def check_tuning_db(db: str | Path, option: str, model: str) -> None:
     """A tuning database is extended, not replaced: new, empty or mlcomp's own (its ``.mlcomp`` marker, or
     the ledger an older mlcomp left, which then gets the marker); never a user's folder or the input."""
@@ -48,9 +59,11 @@ def check_tuning_db(db: str | Path, option: str, model: str) -> None:
 @model_options
 @click.option("--trials", type=click.IntRange(min=1), required=True,
               help="MetaSchedule trial budget for this model, shared evenly by its tasks.")
-@click.option("--db", "db", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DB,
+@click.option("--tuning-dir", "db", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DB,
               show_default=True, help="Tuning database folder, shared across models and reused by "
                                       "`mlcomp compile --target tvm --tuning-dir DIR`.")
+@click.option("--db", "db_alias", type=click.Path(file_okay=False, path_type=Path), default=None, hidden=True,
+              help="Deprecated name of --tuning-dir.")
 @preset_options
 @click.option("--device", default=None, help="Device to tune for (cpu, cuda:0); default cpu.")
 @click.option("--build-timeout", type=click.FloatRange(min=1), default=180.0, show_default=True,
@@ -61,8 +74,9 @@ def check_tuning_db(db: str | Path, option: str, model: str) -> None:
 def tune_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
              dynamic_batch: bool, trust_pickle: bool, trials: int, db: Path, pipeline: str | None,
              opt_level: str | None, device: str | None, build_timeout: float, run_timeout: float,
-             as_json: bool = False) -> None:
+             as_json: bool = False, db_alias: Path | None = None) -> None:
     """Tune MODEL's TVM kernels with MetaSchedule into a database shared across models."""
+    db = _tuning_dir(db, db_alias)
     from mlcomp.api.lowering import adapted_pipeline
     from mlcomp.pipeline import run_pipeline
     from mlcomp.targets import CompileOptions, get_target
@@ -72,7 +86,7 @@ def tune_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, captu
     if reason:
         raise OptionError(f"mlcomp tune needs the tvm target, which is not available: {reason}",
                           hint="install apache-tvm (make install) and run again")
-    check_tuning_db(db, "--db", model)
+    check_tuning_db(db, "--db" if db_alias is not None else "--tuning-dir", model)
     options = CompileOptions.make(tune_trials=trials, work_dir=str(db), device=device,
                                   tune_build_timeout=build_timeout, tune_run_timeout=run_timeout)
     progress = Progress.for_command(machine_output=as_json)
@@ -92,6 +106,9 @@ def tune_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, captu
              "tasks_reused": list(stats.get("tasks_reused", [])), "trials_run": stats.get("trials_run", 0),
              "trials_before": stats.get("trials_before", 0), "records_per_task": stats.get("records_per_task", {}),
              "tuning_seconds": round(time.perf_counter() - t1, 2), "total_seconds": round(time.perf_counter() - t0, 2)}
+    if db_alias is not None:
+        click.echo("note: --db is the old name of --tuning-dir (the flag `mlcomp compile` reads the database "
+                   "with); use --tuning-dir", err=True)
     if as_json:
         click.echo(json.dumps(facts, indent=2))
         return

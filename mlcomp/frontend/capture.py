@@ -40,6 +40,15 @@ from torch.nn.parameter import is_lazy
 from mlcomp.base.errors import CaptureError, InputSpecError
 from mlcomp.base.quiet import quiet_torch
 from mlcomp.frontend.decompose import DecompositionFailed, decompose
+from mlcomp.frontend.model_faults import (
+    check_arguments,
+    check_graph_mutation,
+    check_no_mutation,
+    check_outputs,
+    check_signature,
+    forward_location,
+    parameter_names,
+)
 from mlcomp.frontend.provenance import (
     explain_export_failure,
     first_line,
@@ -65,10 +74,17 @@ def capture_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], *,
     example_inputs = tuple(example_inputs)
     name = name or type(module).__name__
     module = module.train(training)
+    check_signature(module, name)
+    check_arguments(module, example_inputs, name)
     if method is CaptureMethod.FX:
         return _capture_fx(module, example_inputs, name=name, training=training)
+    if dynamic_batch:                   # export specialises a size-1 dimension: a dynamic batch is traced at 2
+        example_inputs = tuple(torch.cat([t, t]) if t.dim() and t.shape[0] == 1 else t for t in example_inputs)
     dynamic_shapes = _batch_dynamic(example_inputs) if dynamic_batch else None
     ep = _export(module, example_inputs, dynamic_shapes, name)
+    if not training:
+        check_outputs(ep.graph, module, name)
+        check_no_mutation(ep, name)
     try:
         return capture_exported(ep, name=name, training=training, decompositions=decompositions)
     except CaptureError as first:
@@ -189,6 +205,12 @@ def _capture_fx(module: nn.Module, inputs: tuple[torch.Tensor, ...], *, name: st
         raise explain_export_failure(failure, name) from None
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     constant_of = {ph.name: names[i] for i, ph in enumerate(placeholders[:len(names)])}
+    if not training:
+        check_outputs(traced.graph, module, name)
+        users = placeholders[len(names):]
+        owner = {p.name: f"input {n}" for p, n in zip(users, parameter_names(module, len(users)))}
+        check_graph_mutation(traced.graph, {**{p: f"tensor {n}" for p, n in constant_of.items()}, **owner},
+                             name, where=forward_location(module))
     return from_fx(traced.graph, name=name, training=training, constant_of=constant_of,
                     tensors=dict(params))
 

@@ -36,6 +36,7 @@ from mlcomp import models
 from mlcomp.base.errors import CaptureError, InputSpecError, ModelLoadError, UnsafePickleError
 from mlcomp.base.quiet import quiet_torch
 from mlcomp.frontend.capture import CaptureMethod, capture_exported, capture_module, capture_traced
+from mlcomp.frontend.model_faults import train_mode_notes
 from mlcomp.base.registry import did_you_mean
 from mlcomp.ir import Graph, dtype_name, parse_dtype
 from mlcomp.models import random_tensor
@@ -129,7 +130,8 @@ def load_model(spec: str | nn.Module, *, input_shapes: Sequence[str | InputSpec]
     given = tuple(example_inputs) if example_inputs is not None else (
         tuple(s.random(torch.Generator().manual_seed(i)) for i, s in enumerate(specs)) if specs else None)
     if isinstance(spec, nn.Module):
-        return ModelSource(type(spec).__name__, spec.eval(), given)
+        notes = train_mode_notes(spec, type(spec).__name__)
+        return ModelSource(type(spec).__name__, spec.eval(), given, notes=notes)
     text = str(spec)
     if ":" in text and not os.path.exists(text) and not re.match(r"^[A-Za-z]:\\", text):
         return _load_factory(text, given, batch)
@@ -160,7 +162,12 @@ def _archive_kind(path: Path) -> str:
     """torchscript | exported | pickle | unknown, from the zip layout (no code is run)."""
     if not zipfile.is_zipfile(path):
         with open(path, "rb") as fh:
-            head = fh.read(2)
+            head = fh.read(4)
+        if head == b"PK\x03\x04":            # a zip's first entry without its end: the file was cut short
+            raise ModelLoadError(
+                f"{path} is cut short: it begins as a zip archive (what torch.export.save, torch.jit.save and "
+                f"torch.save write) but its end is missing ({path.stat().st_size} bytes)",
+                hint="the file is an incomplete copy or download; copy it again in full (or save it again)")
         return "legacy-pickle" if head[:1] == b"\x80" else "unknown"
     try:
         with zipfile.ZipFile(path) as zf:
@@ -297,20 +304,23 @@ def _load_factory(text: str, given: tuple[torch.Tensor, ...] | None, batch: int 
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"factory {text} raised {type(exc).__name__}: {_short(exc)}", where=text) from None
     inputs, loss_fn = given, None
-    if isinstance(result, tuple) and len(result) in (2, 3) and isinstance(result[0], nn.Module):
+    if isinstance(result, tuple) and len(result) >= 2 and isinstance(result[0], nn.Module):
+        count = len(result)
         result, *rest = result
         if rest and _is_loss(rest[-1]):
             loss_fn = rest.pop()
         if len(rest) > 1 or (len(rest) == 1 and _is_loss(rest[0])):
-            raise ModelLoadError(f"factory {text} returned {len(rest) + 2} items; expected (module, "
+            raise ModelLoadError(f"factory {text} returned {count} items; expected (module, "
                                  "example_inputs), (module, loss_fn) or (module, example_inputs, loss_fn)",
-                                 where=text, hint="return the loss function last")
+                                 where=text, hint="return the loss function last" if count <= 3 else
+                                 f"drop the extra item(s) after the third ({', '.join(type(r).__name__ for r in rest[2:])})")
         if rest and inputs is None:
             fac_inputs = rest[0]
             inputs = tuple(fac_inputs) if isinstance(fac_inputs, (list, tuple)) else (fac_inputs,)
     if not isinstance(result, nn.Module):
         raise ModelLoadError(f"factory {text} returned a {type(result).__name__}, not an nn.Module")
-    return ModelSource(fn_name, result.eval(), inputs, text, kind="module", loss_fn=loss_fn)
+    notes = train_mode_notes(result, text)           # before eval(): which modules train() mode changes
+    return ModelSource(fn_name, result.eval(), inputs, text, kind="module", loss_fn=loss_fn, notes=notes)
 
 
 def _is_loss(value: Any) -> bool:

@@ -14,9 +14,10 @@ A graph printed with ``str(graph)`` reads like this::
 Nodes are immutable; a pass changes one with :func:`dataclasses.replace` and
 ``graph.replace(node)``.  Parameters and buffers are ``PARAM`` nodes named by
 their module path (``layer1.0.conv1.weight``); their tensors live in
-``graph.constants`` under the same name.  networkx stays inside :class:`Graph`:
-callers use its methods (topological order, users, ``replace_all_uses``,
-``erase``, ``subgraph``, ``generations``, ``critical_path``).
+``graph.constants`` under the same name.  Whole-graph analyses (``generations``,
+``critical_path``, dominators) and printing are free functions over this public
+API in :mod:`mlcomp.ir.graph_tools`, ``verify`` is :mod:`mlcomp.ir.verifier`;
+networkx stays inside ``mlcomp.ir``.
 
 Every edit is O(1) amortised in the graph size (plus the node's own inputs):
 the order is a linked list with order labels (:mod:`mlcomp.ir.order`) and the
@@ -25,14 +26,14 @@ users of every value are indexed, so passes may query and edit freely.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator
 
 import networkx as nx
 import torch
 
 from mlcomp.base.errors import IRError
 from mlcomp.ir.constants import Constants
-from mlcomp.ir.graph_tools import GraphTools
+from mlcomp.ir.graph_tools import format_graph
 from mlcomp.ir.node import (
     Mode,
     Node,
@@ -44,14 +45,15 @@ from mlcomp.ir.node import (
 )
 from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, Op
 from mlcomp.ir.order import NodeOrder, topo_repair
+from mlcomp.ir.verifier import MetaChecks, verify
 
-__all__ = ["Graph", "graph_inputs_meta", "outputs_meta", "sequence_of"]
+__all__ = ["Graph"]
 
 # ---------------------------------------------------------------------------
 # Graph
 
 
-class Graph(GraphTools):
+class Graph:
     """A dataflow graph of :class:`Node` s.
 
     Order is stable: nodes iterate in topological order, ties broken by
@@ -85,8 +87,7 @@ class Graph(GraphTools):
         self._suffix: dict[str, int] = {}       # fresh_name: every base_i below this is taken
         self._first_compute: str | None = None  # first node that is not PARAM/INPUT (add_constant)
         self._first_compute_stale = False
-        self._checked: dict[str, tuple[Node, tuple[Node, ...]]] = {}   # verify's meta-check memo
-        self._checked_symbols: tuple[tuple[str, int], ...] = ()
+        self.meta_checks = MetaChecks()         # verify's memo: nodes whose meta checked out
         # infer_meta's memo: (op, literal args, input shapes/dtypes) -> meta; shared by copies
         self.meta_cache: dict[Any, Any] = {}
         # ops capture left undecomposed -> why (mlcomp.frontend.decompose); inspect and --explain print it
@@ -232,6 +233,10 @@ class Graph(GraphTools):
     def producers(self, name: str) -> list[Node]:
         return [self._nodes[n] for n in self._reads[self.node(name).name]]
 
+    def edges(self) -> list[tuple[str, str]]:
+        """Every (value, reader) pair: values in insertion order, each one's readers in the order they came."""
+        return [(src, user) for src, readers in self._users.items() for user in readers]
+
     def param(self, name: str) -> torch.Tensor:
         return self.constants[name]
 
@@ -289,7 +294,7 @@ class Graph(GraphTools):
         del self._users[name], self._nodes[name], self._by_op[node.op][name]
         self._order.remove(name)
         self._unsorted.discard(name)
-        self._checked.pop(name, None)
+        self.meta_checks.forget(name)
         self._names = None
         base, _, suffix = name.rpartition("_")
         if base and suffix.isdigit() and str(int(suffix)) == suffix and int(suffix) < self._suffix.get(base, 1):
@@ -321,6 +326,23 @@ class Graph(GraphTools):
             self._names = None
         self._unsorted.clear()
 
+    # -- checking and printing (mlcomp.ir.verifier, mlcomp.ir.graph_tools) ----
+    def verify(self, *, check_meta: bool = True) -> None:
+        """Raise IRError naming the first broken node (:func:`mlcomp.ir.verifier.verify`)."""
+        verify(self, check_meta=check_meta)
+
+    def format(self) -> str:
+        """The text form (:func:`mlcomp.ir.graph_tools.format_graph`)."""
+        return format_graph(self)
+
+    __str__ = format
+
+    def __repr__(self) -> str:
+        return f"<Graph {self.name}: {len(self)} nodes>"
+
+    def ir_summary(self) -> str:
+        return f"<graph {len(self)} nodes>"
+
     def copy(self) -> "Graph":
         """A new graph with the same nodes; constant tensors are shared until either graph writes one."""
         g = Graph(self.name, mode=self.mode)
@@ -333,7 +355,7 @@ class Graph(GraphTools):
         g._unsorted = set(self._unsorted)
         g._suffix = dict(self._suffix)
         g._first_compute, g._first_compute_stale = self._first_compute, self._first_compute_stale
-        g._checked, g._checked_symbols = dict(self._checked), self._checked_symbols
+        g.meta_checks = self.meta_checks.copy()
         g.meta_cache = self.meta_cache
         g.kept_ops = dict(self.kept_ops)
         return g
@@ -371,18 +393,3 @@ class Graph(GraphTools):
         sub.add(Node("output", OUTPUT, inputs=(tuple(Ref(n) for n in outs),)))
         return sub
 
-
-def graph_inputs_meta(graph: Graph) -> list[TensorMeta]:
-    return [n.tensor_meta for n in graph.input_nodes]
-
-
-def outputs_meta(graph: Graph) -> list[TensorMeta | None]:
-    metas = []
-    for r in graph.output_refs:
-        m = graph.node(r.name).meta
-        metas.append(m if isinstance(m, TensorMeta) else None)
-    return metas
-
-
-def sequence_of(value: Any) -> Sequence[Any]:
-    return value if isinstance(value, (list, tuple)) else (value,)

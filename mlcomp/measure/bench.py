@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from mlcomp.base.errors import MlcompError
+from mlcomp.base.errors import MlcompError, VerificationError
 from mlcomp.base.registry import did_you_mean
 from mlcomp.ir.dtypes import dtype_name
 from mlcomp.measure.bench_results import BenchResult, BenchRow
@@ -246,8 +246,9 @@ def _bench_cell(source: Any, label: str, target: str, batch: int, device: str, i
         finally:
             if probe:
                 probe.__exit__(None, None, None)
-    except MlcompError as err:
-        return replace(row, status="failed", reason=err.message)
+    except MlcompError as err:      # a compile whose own verification failed is a verification failure
+        return replace(row, status="failed", reason=err.message,
+                       verified=False if isinstance(err, VerificationError) else None)
     except Exception as err:  # noqa: BLE001 - one broken target must not end the bench
         return replace(row, status="failed", reason=f"{type(err).__name__}: {err}")
     row = replace(row, timing=timing, memory=probe.reading if probe else None)
@@ -261,7 +262,7 @@ def _bench_cell(source: Any, label: str, target: str, batch: int, device: str, i
 
     check = compare(expected, out)
     if check.note:
-        return replace(row, status="failed", reason=f"outputs do not match eager: {check.note}")
+        return replace(row, status="failed", verified=False, reason=f"outputs do not match eager: {check.note}")
     speedup = ref.timing.median / timing.median if ref.timing and timing.median > 0 else None
     return replace(row, max_abs_err=check.max_abs, max_rel_err=check.max_rel, verified=check.passed,
                    speedup=speedup, reason="" if check.passed else f"differs from eager: {check.summary()}")

@@ -98,6 +98,9 @@ class CompositePass(Pass):
 # Where a pass runs
 
 
+BEFORE_SHOWN = 2     # passes named in "after ...": a position's text stays short whatever the pipeline's length
+
+
 @dataclass(frozen=True)
 class Position:
     """Where a pass runs: its index among its siblings, the fixed-point round, the enclosing composite."""
@@ -105,7 +108,7 @@ class Position:
     name: str
     index: int
     total: int
-    before: tuple[str, ...] = ()
+    before: tuple[str, ...] = ()       # the last BEFORE_SHOWN siblings run before it (a bounded text per pass)
     round: int | None = None
     parent: "Position | None" = None
     segment: str = ""                  # this pass's part of the dump file name
@@ -128,7 +131,8 @@ class Position:
 
     def describe(self) -> str:
         """``pass 2 of 3, after cleanup`` or ``inside fuse, pass 2 of 3, after cleanup; step 1 of 5 of fuse, ...``."""
-        after = f", after {', '.join(self.before)}" if self.before else ", the first"
+        more = "…, " if self.index - 1 > len(self.before) else ""      # only the last passes are named
+        after = f", after {more}{', '.join(self.before)}" if self.before else ", the first"
         if self.parent is None:
             return f"pass {self.index} of {self.total}{after}"
         rnd = f" in round {self.round}" if self.round else ""
@@ -196,7 +200,7 @@ def _run_body(body: Body, graph: Graph, ctx: PassContext, owner: Position, obser
     changed = False
     segments = _segments(body)
     for i, step in enumerate(body.steps):
-        before = tuple(_step_name(s) for s in body.steps[:i])
+        before = tuple(_step_name(s) for s in body.steps[max(0, i - BEFORE_SHOWN):i])
         if isinstance(step, FixedPoint):
             result = _run_body(step, graph, ctx, owner, observer, rnd)
         else:

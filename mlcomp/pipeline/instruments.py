@@ -34,6 +34,7 @@ from mlcomp.base.errors import IRError, PassFailure, PipelineSpecError, Verifica
 from mlcomp.base.files import Kind, check_destination, mark_folder, write_text_atomic
 from mlcomp.frontend.loading import graph_random_inputs
 from mlcomp.ir import Graph
+from mlcomp.ir.graph_tools import to_dot
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.pipeline.composite import CompositePass, Observer, Position, execute, walk
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult
@@ -349,7 +350,7 @@ def dump_graph(dump_dir: str | os.PathLike[str], index: int, name: str, graph: G
 def _dump(dump_dir: str | os.PathLike[str], stem: str, graph: Graph) -> list[str]:
     text, dot = Path(dump_dir) / f"{stem}.ir.txt", Path(dump_dir) / f"{stem}.dot"
     write_text_atomic(text, graph.format() + "\n", fmt="ir")
-    write_text_atomic(dot, graph.to_dot() + "\n", fmt="dot")
+    write_text_atomic(dot, to_dot(graph) + "\n", fmt="dot")
     return [str(text), str(dot)]
 
 

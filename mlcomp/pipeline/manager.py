@@ -27,7 +27,8 @@ import torch
 
 from mlcomp.base.errors import PipelineMismatchError
 from mlcomp.ir import Graph, Mode
-from mlcomp.pipeline.composite import CompositePass, Observer, Position, children, execute, pass_text
+from mlcomp.pipeline.composite import (BEFORE_SHOWN, CompositePass, Observer, Position, children, execute,
+                                       pass_text)
 from mlcomp.pipeline.instruments import Instrument, Verify, random_inputs, standard_instruments
 from mlcomp.pipeline.pass_base import REGISTRY, Pass, PassContext, PassRegistry, PassResult, Requirement
 from mlcomp.pipeline.report import PassRecord, PipelineReport
@@ -100,7 +101,7 @@ class PassManager:
         names = [p.name for p in self.passes]
         start = time.perf_counter()
         for i, p in enumerate(self.passes, 1):
-            at = Position(p.name, i, len(self.passes), tuple(names[:i - 1]))
+            at = Position(p.name, i, len(self.passes), tuple(names[max(0, i - 1 - BEFORE_SHOWN):i - 1]))
             work = execute(p, work, ctx, at, recorder).graph
         report.seconds = time.perf_counter() - start
         report.nodes_after = len(work)

@@ -38,6 +38,8 @@ from mlcomp.base.errors import ArtifactError, InputSpecError, TargetUnavailableE
 from mlcomp.base.files import Kind, atomic_dir, check_destination, sha256_file
 from mlcomp.base.registry import LazyRegistry, resolve_ref
 from mlcomp.base.version import __version__
+from mlcomp.runtime.folders import _COMPILE_ONE, MANIFEST, OTHER_FORMATS, REFERENCE  # noqa: F401 (re-exported)
+from mlcomp.runtime.folders import damaged, first_line_of, not_artifact, unavailable
 from mlcomp.runtime.manifest import runtime_decisions, stable_manifest
 from mlcomp.models import random_tensor
 from mlcomp.ir import Dim, Graph, Node, TensorMeta, dtype_name, parse_dtype
@@ -46,8 +48,6 @@ __all__ = ["Artifact", "TensorSpec", "Runtime", "RuntimeKind", "FORMAT", "FORMAT
 
 FORMAT = "mlcomp-artifact"
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-REFERENCE = "reference.pt"
 
 
 class RuntimeKind(enum.Enum):
@@ -345,8 +345,11 @@ class Artifact:
         _check_backend(kind, manifest)
         try:
             runtime = kind.runtime_class().load(directory, manifest.get("runtime_info") or {})
-        except ArtifactError:
+        except (ArtifactError, TargetUnavailableError):
             raise
+        except ImportError as exc:        # the backend package is present but does not import here
+            raise unavailable(manifest, f"importing its package failed ({type(exc).__name__}: "
+                                         f"{first_line_of(exc)})") from None
         except Exception as exc:  # noqa: BLE001 - any loader failure is a corrupt or incompatible payload
             raise _bad(directory, f"loading its {kind.value} payload failed: {type(exc).__name__}: "
                                   f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
@@ -364,13 +367,18 @@ def read_manifest(directory: Path) -> dict[str, Any]:
                             hint="compile one with `mlcomp compile MODEL --target T -o DIR`")
     path = directory / MANIFEST
     if not path.is_file():
-        raise _bad(directory, f"it has no {MANIFEST} (not an mlcomp artifact folder)")
+        raise not_artifact(directory)
     try:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise _bad(directory, f"its {MANIFEST} is not valid JSON ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise _bad(directory, f"its {MANIFEST} is not an mlcomp artifact manifest")
+    form = manifest.get("format") if isinstance(manifest, dict) else None
+    if form in OTHER_FORMATS:
+        raise ArtifactError(f"{directory} is {OTHER_FORMATS[form][0]}, not an inference artifact",
+                            hint=OTHER_FORMATS[form][1])
+    if form != FORMAT:
+        raise ArtifactError(f"{directory} is not an mlcomp artifact: its {MANIFEST} is another tool's "
+                            f"(format {form!r}, not {FORMAT!r})", hint=_COMPILE_ONE)
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
         raise ArtifactError(
@@ -385,11 +393,8 @@ def read_manifest(directory: Path) -> dict[str, Any]:
 
 
 def _bad(directory: Path, what: str) -> ArtifactError:
-    return ArtifactError(f"the artifact at {directory} is damaged: {what}",
-                         hint="compile it again (`mlcomp compile MODEL --target T -o DIR`); "
-                              "do not edit artifact folders by hand")
-
-
+    """Damaged: a file mlcomp wrote is missing, fails its checksum or cannot be parsed."""
+    return damaged(directory, what)
 
 
 def _payload(directory: Path) -> list[dict[str, Any]]:
@@ -410,6 +415,4 @@ def _check_backend(kind: RuntimeKind, manifest: dict[str, Any]) -> None:
     get_target = resolve_ref(TARGET_LOOKUP)
     reason = get_target(manifest["target"]).available()  # type: ignore[operator]
     if reason and kind is not RuntimeKind.EAGER:
-        raise TargetUnavailableError(
-            f"the artifact needs target {manifest['target']}, which is not available here: {reason}",
-            hint="load it on a machine with that backend, or compile the model for another target")
+        raise unavailable(manifest, reason)

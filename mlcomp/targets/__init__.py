@@ -1,13 +1,23 @@
 """mlcomp targets: lower an IR graph to something that runs, save it, load it back.
 
-    >>> from mlcomp.targets import get_target, available_targets, CompileOptions
-    >>> available_targets()
-    {'cpu': None, 'cuda': 'no CUDA device (torch.cuda.is_available() is False)', ...}
+    >>> import torch
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> from mlcomp.targets import Artifact, CompileOptions, TargetName, available_targets, get_target
+    >>> [t.value for t in TargetName]
+    ['cpu', 'cuda', 'onnxruntime', 'tvm', 'distributed', 'openvino']
+    >>> sorted(available_targets()) == sorted(t.value for t in TargetName)   # each: None, or why not here
+    True
+    >>> b = GraphBuilder("tiny")
+    >>> graph = b.output(b.call(aten("relu"), b.input("x", (2, 8))))
     >>> art = get_target("cpu").compile(graph, CompileOptions())
-    >>> art.save("out/model"); Artifact.load("out/model")
+    >>> x = torch.randn(2, 8)
+    >>> torch.equal(art(x), torch.relu(x))
+    True
     >>> get_target("tvm").capabilities.describe()
-    'modes inference; dtypes f32, f16, bf16, …; devices cpu, cuda; single device; static shapes only'
+    'modes inference; dtypes f32, f16, bf16, f64, i64, i32, i16, i8, u8, bool; devices cpu, cuda; single device; static shapes only'
 
+``art.save("out/model")`` writes the artifact folder and ``Artifact.load("out/model")`` reads it back.
 One subpackage per backend (``torch/``: cpu, cuda; ``onnx/``: onnxruntime; ``tvm/``;
 ``openvino/``; ``distributed/``), none importing another; what all targets share (``base``,
 ``registry``, ``capabilities``, ``options``, ``fallback``, ``backend_errors``, ``export``) sits

@@ -94,7 +94,36 @@ def _reload_onnx(path: str) -> Callable[..., Any]:
     return run
 
 
-def _write_onnx(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Callable[..., Any]:
+def name_onnx_outputs(model: bytes, names: Sequence[str]) -> bytes:
+    """The ONNX model with its graph outputs called ``names`` (the names ``mlcomp run`` prints: ``output``,
+    ``output_1`` or the model's own keys) instead of internal values (``addmm``, ``getitem_12``)::
+
+        before: Gemm(...) -> addmm_2; graph output addmm_2
+        after:  Gemm(...) -> addmm_2; Identity(addmm_2) -> output; graph output output
+
+    An internal value that already has one of the new names is renamed first (``output__internal``)."""
+    import onnx
+
+    proto = onnx.load_from_string(model)
+    graph = proto.graph
+    old = [o.name for o in graph.output]
+    wanted = {n for n, o in zip(names, old) if n != o}
+    values = {v for node in graph.node for v in (*node.input, *node.output)} | {i.name for i in graph.input}
+    for clash in wanted & values:                 # free the public name inside the graph
+        fresh = f"{clash}__internal"
+        for node in graph.node:
+            node.input[:] = [fresh if v == clash else v for v in node.input]
+            node.output[:] = [fresh if v == clash else v for v in node.output]
+        old = [fresh if v == clash else v for v in old]
+    for out, before, name in zip(graph.output, old, names):
+        if name != out.name or before != out.name:
+            graph.node.append(onnx.helper.make_node("Identity", [before], [name], name=f"{name}__named"))
+            out.name = name
+    return proto.SerializeToString()
+
+
+def _write_onnx(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str,
+                names: Sequence[str] | None = None) -> Callable[..., Any]:
     """The graph the ``onnxruntime`` target exports (:func:`mlcomp.targets.onnx.patterns.ort_friendly`:
     RNN layers as ONNX RNN ops, linears as ``Gemm``).  Casts of a mixed-precision graph become ONNX
     ``Cast`` nodes; ops the ORT CPU provider has no bf16/fp16 kernel for are kept fp32 in the file
@@ -104,6 +133,8 @@ def _write_onnx(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Cal
     model, _ = graph_to_onnx(friendly, inputs)       # mlcomp's emitter, else torch.onnx
     if any(m.dtype in (torch.bfloat16, torch.float16) for n in graph.nodes() for m in tensor_metas(n.meta)):
         model, _ = get_target("onnxruntime").lower_precision(model)
+    if names is not None:
+        model = name_onnx_outputs(model, names)
     Path(tmp).write_bytes(model)
     return _reload_onnx(tmp)
 
@@ -141,7 +172,8 @@ def export_graph(graph: Graph, fmt: ExportFormat, path: str | Path, inputs: Sequ
                  names: Sequence[str] | None = None) -> tuple[Path, VerifyResult]:
     """Write ``graph`` in ``fmt`` to ``path``, reload it with the plain tool and verify it.
 
-    ``names``: the model's output names for the verification report (default: the graph's).
+    ``names``: the model's output names, for the verification report and as an ONNX file's output names
+    (default: the graph's).
     """
 
     fmt = ExportFormat.parse(fmt)
@@ -164,6 +196,7 @@ def export_graph(graph: Graph, fmt: ExportFormat, path: str | Path, inputs: Sequ
             result = check_against(reloaded, expected, inputs, tolerance=tolerance, names=names, where=where)
     else:
         with atomic_path(path, fmt.value) as tmp:          # marked: mlcomp.base.marks
-            reloaded = _WRITERS[fmt](graph, inputs, tmp)
+            reloaded = _write_onnx(graph, inputs, tmp, names) if fmt is ExportFormat.ONNX else \
+                _WRITERS[fmt](graph, inputs, tmp)
             result = check_against(reloaded, expected, inputs, tolerance=tolerance, names=names, where=where)
     return path, result

@@ -1,7 +1,8 @@
 """Compile options: one frozen, validated record every target reads (each uses what applies to it).
 
     >>> CompileOptions.make(threads="2")
-    OptionsError: threads='2' must be an integer >= 1.
+    Traceback (most recent call last):
+    mlcomp.targets.options.OptionsError: threads='2' must be an integer >= 1.
     >>> opts = CompileOptions.make(fallback="eager", tune_trials=64, tune_build_timeout=300,
     ...                            log_level="info")
     >>> opts.fallback, opts.log_level

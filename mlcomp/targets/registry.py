@@ -6,7 +6,8 @@
     >>> get_target("ort")                     # imports mlcomp.targets.onnx.target now
     <Target onnxruntime>
     >>> get_target("onnxruntme")
-    TargetUnavailableError: there is no target named 'onnxruntme' (did you mean 'onnxruntime'?)
+    Traceback (most recent call last):
+    mlcomp.base.errors.TargetUnavailableError: there is no target named 'onnxruntme' (did you mean 'onnxruntime'?). ...
 
 This module sits below both :mod:`mlcomp.targets.base` (what a target is) and
 :mod:`mlcomp.runtime.artifact` (what a target builds), and imports neither at
@@ -37,7 +38,7 @@ from mlcomp.base.registry import LazyRegistry
 if TYPE_CHECKING:   # annotations only: nothing from base runs when this module is imported
     from mlcomp.targets.base import Target
 
-__all__ = ["TargetName", "TARGETS", "target_name", "get_target", "available_targets"]
+__all__ = ["TargetName", "TARGETS", "target_list", "target_name", "get_target", "available_targets"]
 
 
 class TargetName(enum.Enum):
@@ -68,6 +69,14 @@ TARGETS: LazyRegistry[type[Target]] = LazyRegistry("target", {
 }, on_unknown=_unknown_target)
 
 _ALIASES = {"ort": TargetName.ONNXRUNTIME, "onnx": TargetName.ONNXRUNTIME, "torchscript": TargetName.CPU}
+
+
+def target_list() -> str:
+    """Every target for help texts, aliases in parentheses: ``cpu (torchscript), cuda, onnxruntime (ort, onnx), …``."""
+    aliases: dict[TargetName, list[str]] = {}
+    for alias, name in _ALIASES.items():
+        aliases.setdefault(name, []).append(alias)
+    return ", ".join(t.value + (f" ({', '.join(aliases[t])})" if t in aliases else "") for t in TargetName)
 
 
 def target_name(name: str | TargetName) -> TargetName:

@@ -130,7 +130,8 @@ def check_training_target(name: str) -> Any:
 
 
 class TrainingArtifact:
-    """``step(*inputs, y) -> loss`` over its own parameters; ``state_dict``/``load_state_dict``."""
+    """``step(*inputs, y) -> loss`` (``y`` positional or ``y=``) over its own parameters;
+    ``state_dict``/``load_state_dict``."""
 
     def __init__(self, graph: Graph, optimizer: OptimizerSpec, *, device: str,
                  state_keys: Sequence[str] | None = None,
@@ -190,9 +191,11 @@ class TrainingArtifact:
             grads, _ = self.loss_scaler.unscale(grads)
         return outs[0], dict(zip(self._grad_index, grads))
 
-    def step(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """One training step on a batch (the last argument is the loss's target); returns the loss."""
-        outs = self._run(inputs)
+    def step(self, *inputs: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """One training step on a batch; returns the loss.  The loss's target ``y`` comes last, positionally or
+        by name: ``step(x, y)`` and ``step(x, y=y)`` are the same step (a loss the model computes itself takes
+        no ``y``)."""
+        outs = self._run(inputs if y is None else (*inputs, y))
         grads = [outs[i] for i in self._grad_index.values()]
         apply = True
         if self.loss_scaler is not None:   # unscaled in fp32; an inf/NaN gradient skips the update

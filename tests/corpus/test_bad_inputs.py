@@ -140,7 +140,7 @@ def test_run_output_is_checked_before_running(user_folder, artifact, tmp_path):
 
 
 def test_run_refuses_a_user_folder(user_folder):
-    check(user_folder, ["run", "userdir"], expect=("not an mlcomp artifact folder",))
+    check(user_folder, ["run", "userdir"], expect=("not an artifact folder",))
 
 
 def test_empty_paths(user_folder):
@@ -247,7 +247,7 @@ def test_writers_refuse_user_folders_themselves(user_folder):
     (["report", "PT2B2", "-o", "rep", "--batch", "1,2"], "--batch 1 cannot run it"),
     (["report", "resnet18", "-o", "rep", "--batch", "1,2000000000"], "more than this machine's"),
     (["targets", "--jsn"], "No such option"),
-    (["run", "userdir", "--json"], "not an mlcomp artifact folder"),
+    (["run", "userdir", "--json"], "not an artifact folder"),
     # issue 11 (pruning): sparsity outside [0, 1), 2:4 for a device without semi-structured kernels
     (["compile", "lenet", "-p", "prune{sparsity=1.0}", "-o", "out"], "must be in [0, 1), got 1.0"),
     (["compile", "lenet", "-p", "prune{method=2:4}", "-o", "out"], "target cpu cannot run them"),

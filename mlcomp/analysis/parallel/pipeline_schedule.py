@@ -146,116 +146,171 @@ def simulate(forward: Sequence[float], backward: Sequence[float] | None = None, 
     plans = [send_waits(schedule, orders[r], len(per_step[r]), ranks, r, microbatches, stages, training)
              if rendezvous else ([[] for _ in orders[r]], list(range(len(orders[r]))), [False] * len(orders[r]))
              for r in range(ranks)]
-    posts_at: list[dict[int, list[Key]]] = [{} for _ in range(ranks)]
-    for r, (_, post_at, _) in enumerate(plans):
-        for i, at in enumerate(post_at):
-            posts_at[r].setdefault(at, []).append(orders[r][i][:3])
-    delay = list(transfer) + [0.0] * stages
+    memory = _Memory(ranks, list(activation_bytes) + [0] * stages, training)
+    sim = _Simulation(orders, plans, forward, backward, memory, transfer=transfer, overhead=overhead,
+                      cores=cores, speed=speed, rendezvous=rendezvous)
+    sim.run(schedule)
+    makespan = max(max((e.end for e in sim.events), default=0.0), max(sim.free, default=0.0))
+    busy = [0.0] * ranks
+    for e in sim.events:
+        busy[e.rank] += e.end - e.start
     pbytes = list(param_bytes) + [0] * stages
-    abytes = list(activation_bytes) + [0] * stages
-    core_free = [0.0] * cores if cores is not None else None     # a min-heap of when each core frees up
-    done: dict[Key, float] = {}
-    posted: dict[Key, float] = {k: 0.0 for r in range(ranks) for k in posts_at[r].get(0, ())}
-    free = [0.0] * ranks
-    heads = [0] * ranks
-    waiting = [0] * ranks                   # how many of the current op's send waits are already over
-    events: list[Event] = []
-    held = [0] * ranks
-    peak_bytes = [0] * ranks
-    count = [0] * ranks
-    peak_count = [0] * ranks
-    releases: list[list[tuple[float, int]]] = [[] for _ in range(ranks)]
-    remaining = sum(len(o) for o in orders) + sum(len(w) for waits, _, _ in plans for w in waits)
+    params = [sum(pbytes[s] for s in range(r, stages, ranks)) for r in range(ranks)]
+    return Timeline(schedule, ranks, stages, microbatches,
+                    tuple(sorted(sim.events, key=lambda e: (e.rank, e.start))), makespan, tuple(busy),
+                    tuple(p + b for p, b in zip(params, memory.peak_bytes)), tuple(memory.peak_count),
+                    max(1, batches))
 
-    def lag_to(key: Key) -> float:          # transfer time of the message consumed by ``key``
+
+Plan = tuple[list[list[Key]], list[int], list[bool]]     # send_waits: (waits, post_at, early) per op
+
+
+class _Memory:
+    """Activation bytes and microbatches each rank holds: taken at a forward, given back at the end of the
+    backward (training) or of the forward itself (inference)."""
+
+    def __init__(self, ranks: int, abytes: list[int], training: bool) -> None:
+        self.abytes, self.training = abytes, training
+        self.held, self.peak_bytes = [0] * ranks, [0] * ranks
+        self.count, self.peak_count = [0] * ranks, [0] * ranks
+        self.releases: list[list[tuple[float, int]]] = [[] for _ in range(ranks)]
+
+    def op(self, r: int, op: Op, s: int, start: float, end: float) -> None:
+        """Free what finished before this op starts, then account for this op."""
+        for _, b in [x for x in self.releases[r] if x[0] <= start]:
+            self.held[r] -= b
+            self.count[r] -= 1
+        self.releases[r] = [x for x in self.releases[r] if x[0] > start]
+        if op is Op.FORWARD:
+            self.held[r] += self.abytes[s]
+            self.count[r] += 1
+            self.peak_bytes[r] = max(self.peak_bytes[r], self.held[r])
+            self.peak_count[r] = max(self.peak_count[r], self.count[r])
+            if not self.training:
+                self.releases[r].append((end, self.abytes[s]))
+        else:
+            self.releases[r].append((end, self.abytes[s]))
+
+
+class _Simulation:
+    """List scheduling in time order over the ranks' orders (see the module docstring).
+
+    A rank's next step is its next op (once the op's input has arrived) or, after an op, a wait for one of
+    that op's sends (``rendezvous``); of the ranks that can take a step, the one ready first goes.
+    """
+
+    def __init__(self, orders: list[list[tuple[Op, int, int, float]]], plans: list[Plan],
+                 forward: Sequence[float], backward: Sequence[float] | None, memory: _Memory, *,
+                 transfer: Sequence[float], overhead: float, cores: int | None, speed: float,
+                 rendezvous: bool) -> None:
+        ranks, stages = len(orders), len(forward)
+        self.orders, self.plans, self.forward, self.backward = orders, plans, forward, backward
+        self.memory = memory
+        self.stages, self.overhead, self.speed, self.rendezvous = stages, overhead, speed, rendezvous
+        self.delay = list(transfer) + [0.0] * stages
+        self.core_free = [0.0] * cores if cores is not None else None   # a min-heap of when each core frees up
+        self.posts_at: list[dict[int, list[Key]]] = [{} for _ in range(ranks)]
+        for r, (_, post_at, _) in enumerate(plans):
+            for i, at in enumerate(post_at):
+                self.posts_at[r].setdefault(at, []).append(orders[r][i][:3])
+        self.done: dict[Key, float] = {}
+        self.posted: dict[Key, float] = {k: 0.0 for r in range(ranks) for k in self.posts_at[r].get(0, ())}
+        self.free = [0.0] * ranks
+        self.heads = [0] * ranks
+        self.waiting = [0] * ranks              # how many of the current op's send waits are already over
+        self.events: list[Event] = []
+        self.remaining = sum(len(o) for o in orders) + sum(len(w) for waits, _, _ in plans for w in waits)
+
+    def lag_to(self, key: Key) -> float:
+        """Transfer time of the message consumed by ``key``."""
         op, s, _ = key
-        return delay[s - 1] if op is Op.FORWARD else delay[s]
+        return self.delay[s - 1] if op is Op.FORWARD else self.delay[s]
 
+    @staticmethod
     def sent_by(key: Key) -> Key:
         op, s, mb = key
         return (op, s - 1, mb) if op is Op.FORWARD else (op, s + 1, mb)
 
-    while remaining:
-        # list scheduling in time order: of the ranks whose next step can be taken, the one ready first;
-        # a step is an op (its input has arrived) or, after an op, a wait for one of its sends
-        pick: tuple[float, int, bool] | None = None
-        for r in range(ranks):
-            if heads[r] > 0 and waiting[r] < len(plans[r][0][heads[r] - 1]):
-                to = plans[r][0][heads[r] - 1][waiting[r]]
-                if to in posted:
-                    at = max(free[r], max(done[sent_by(to)], posted[to]) + lag_to(to))
-                    if pick is None or at < pick[0]:
-                        pick = (at, r, True)
-                continue
-            if heads[r] >= len(orders[r]):
-                continue
-            op, s, mb, _ = orders[r][heads[r]]
-            if op is Op.FORWARD:
-                dep = (Op.FORWARD, s - 1, mb) if s > 0 else None
+    def run(self, schedule: Schedule) -> None:
+        while self.remaining:
+            pick = self.next_step()
+            if pick is None:  # pragma: no cover - the orders never deadlock
+                raise MlcompError(f"schedule {schedule.value} deadlocks on {self.stages} stages")
+            start, r, is_wait = pick
+            self.remaining -= 1
+            if is_wait:
+                self.end_wait(r, start)
             else:
-                dep = (Op.BACKWARD, s + 1, mb) if s < stages - 1 else (Op.FORWARD, s, mb)
-            if dep is not None and dep not in done:
-                continue
-            crossing = dep is not None and dep[1] != s
-            arrive = 0.0
-            if dep is not None:
-                sent = max(done[dep], posted.get((op, s, mb), 0.0)) if rendezvous and crossing else done[dep]
-                arrive = sent + (lag_to((op, s, mb)) if crossing else 0.0)
-            ready = max(free[r], arrive)
-            if pick is None or ready < pick[0]:
-                pick = (ready, r, False)
-        if pick is None:  # pragma: no cover - the orders above never deadlock
-            raise MlcompError(f"schedule {schedule.value} deadlocks on {stages} stages")
-        start, r, is_wait = pick
-        if is_wait:             # the rank blocks until the receiver has posted and the message is through
-            free[r] = start
-            waiting[r] += 1
-            remaining -= 1
-            if waiting[r] == len(plans[r][0][heads[r] - 1]):
-                for k in posts_at[r].get(heads[r], ()):
-                    posted.setdefault(k, free[r])
-            continue
-        op, s, mb, extra = orders[r][heads[r]]
-        if core_free is not None:
-            start = max(start, heapq.heappop(core_free))
-        work = (forward[s] if op is Op.FORWARD else backward[s])  # type: ignore[index]
-        cost = (extra + overhead + work) / speed
-        end = start + cost
-        if core_free is not None:
-            heapq.heappush(core_free, end)
-        # free what finished before this op starts, then account for this op
-        for t, b in [x for x in releases[r] if x[0] <= start]:
-            held[r] -= b
-            count[r] -= 1
-        releases[r] = [x for x in releases[r] if x[0] > start]
+                self.run_op(r, start)
+
+    def next_step(self) -> tuple[float, int, bool] | None:
+        """(when, rank, is a send wait) of the step that can start first; None if no rank can step."""
+        pick: tuple[float, int, bool] | None = None
+        for r in range(len(self.orders)):
+            is_wait = self.in_waits(r)
+            at = self.wait_ready(r) if is_wait else self.op_ready(r)
+            if at is not None and (pick is None or at < pick[0]):
+                pick = (at, r, is_wait)
+        return pick
+
+    def in_waits(self, r: int) -> bool:
+        """Rank ``r`` still has send waits of its last op to go through."""
+        return self.heads[r] > 0 and self.waiting[r] < len(self.plans[r][0][self.heads[r] - 1])
+
+    def wait_ready(self, r: int) -> float | None:
+        """When the next send wait of rank ``r`` ends (None: its receiver has not posted yet)."""
+        to = self.plans[r][0][self.heads[r] - 1][self.waiting[r]]
+        if to not in self.posted:
+            return None
+        return max(self.free[r], max(self.done[self.sent_by(to)], self.posted[to]) + self.lag_to(to))
+
+    def op_ready(self, r: int) -> float | None:
+        """When rank ``r``'s next op can start (None: no op left, or its input is not computed yet)."""
+        if self.heads[r] >= len(self.orders[r]):
+            return None
+        op, s, mb, _ = self.orders[r][self.heads[r]]
         if op is Op.FORWARD:
-            held[r] += abytes[s]
-            count[r] += 1
-            peak_bytes[r] = max(peak_bytes[r], held[r])
-            peak_count[r] = max(peak_count[r], count[r])
-            if not training:
-                releases[r].append((end, abytes[s]))
+            dep = (Op.FORWARD, s - 1, mb) if s > 0 else None
         else:
-            releases[r].append((end, abytes[s]))
-        done[(op, s, mb)] = end
-        free[r] = end
-        events.append(Event(r, s, mb, op, start, end, (extra + overhead) / speed))
-        heads[r] += 1
-        waiting[r] = 0
-        remaining -= 1
-        if heads[r] < len(orders[r]) and plans[r][2][heads[r]]:
-            posted[orders[r][heads[r]][:3]] = free[r]           # posted with this op's sends, before waiting
-        if not plans[r][0][heads[r] - 1]:
-            for k in posts_at[r].get(heads[r], ()):
-                posted.setdefault(k, free[r])
-    makespan = max(max((e.end for e in events), default=0.0), max(free, default=0.0))
-    busy = [0.0] * ranks
-    for e in events:
-        busy[e.rank] += e.end - e.start
-    params = [sum(pbytes[s] for s in range(r, stages, ranks)) for r in range(ranks)]
-    return Timeline(schedule, ranks, stages, microbatches, tuple(sorted(events, key=lambda e: (e.rank, e.start))),
-                    makespan, tuple(busy), tuple(p + b for p, b in zip(params, peak_bytes)), tuple(peak_count),
-                    max(1, batches))
+            dep = (Op.BACKWARD, s + 1, mb) if s < self.stages - 1 else (Op.FORWARD, s, mb)
+        if dep is None:
+            return self.free[r]
+        if dep not in self.done:
+            return None
+        crossing = dep[1] != s
+        if not crossing:
+            return max(self.free[r], self.done[dep])
+        sent = max(self.done[dep], self.posted.get((op, s, mb), 0.0)) if self.rendezvous else self.done[dep]
+        return max(self.free[r], sent + self.lag_to((op, s, mb)))
+
+    def end_wait(self, r: int, at: float) -> None:
+        """The rank blocked until the receiver posted and the message went through."""
+        self.free[r] = at
+        self.waiting[r] += 1
+        if self.waiting[r] == len(self.plans[r][0][self.heads[r] - 1]):
+            for k in self.posts_at[r].get(self.heads[r], ()):
+                self.posted.setdefault(k, self.free[r])
+
+    def run_op(self, r: int, start: float) -> None:
+        op, s, mb, extra = self.orders[r][self.heads[r]]
+        if self.core_free is not None:
+            start = max(start, heapq.heappop(self.core_free))
+        work = self.forward[s] if op is Op.FORWARD else self.backward[s]  # type: ignore[index]
+        end = start + (extra + self.overhead + work) / self.speed
+        if self.core_free is not None:
+            heapq.heappush(self.core_free, end)
+        self.memory.op(r, op, s, start, end)
+        self.done[(op, s, mb)] = end
+        self.free[r] = end
+        self.events.append(Event(r, s, mb, op, start, end, (extra + self.overhead) / self.speed))
+        self.heads[r] += 1
+        self.waiting[r] = 0
+        head, plan = self.heads[r], self.plans[r]
+        if head < len(self.orders[r]) and plan[2][head]:
+            self.posted[self.orders[r][head][:3]] = end           # posted with this op's sends, before waiting
+        if not plan[0][head - 1]:
+            for k in self.posts_at[r].get(head, ()):
+                self.posted.setdefault(k, end)
 
 
 def plot_timeline(timeline: Timeline, path: str | os.PathLike[str], *, title: str = "") -> None:

@@ -39,6 +39,7 @@ from mlcomp.analysis.memory import peak_bytes, value_bytes
 from mlcomp.ir import Graph, Node, Origin, Ref, TensorMeta, map_refs
 from mlcomp.ir.builder import rename
 from mlcomp.ir.composites import Tiling, fused_kernel, register_fused
+from mlcomp.ir.graph_tools import post_dominators
 from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, Category, category
 from mlcomp.pipeline.composite import CompositePass, Sequential, Step
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
@@ -168,7 +169,7 @@ def form_groups(graph: Graph, *, max_size: int = 32, compute_only: bool = False)
     """Candidate groups (lists of node names in topological order, two or more nodes each)."""
     order = graph.order()
     pos = {n: i for i, n in enumerate(order)}
-    pdom = graph.post_dominators()
+    pdom = post_dominators(graph)
     groups = _Groups()
     for node in graph.call_nodes():
         if _fusable(node):

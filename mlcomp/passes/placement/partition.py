@@ -43,6 +43,7 @@ from mlcomp.analysis.parallel.placement_cost import PlacementCost
 from mlcomp.base.errors import MlcompError, PipelineSpecError
 from mlcomp.base.units import SIZE_HINT, SizeError, parse_size
 from mlcomp.ir import Graph
+from mlcomp.ir.graph_tools import annotate
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
 __all__ = ["Objective", "Partition", "PartitionError", "Plan", "even_cuts", "parse_bytes", "solve"]
@@ -257,7 +258,7 @@ class Partition(Pass):
         plan = solve(pc, self.stages, self.objective, training=self.training, microbatches=self.microbatches,
                      schedule=self.schedule, memory_limit=parse_bytes(self.memory_limit or None))
         stage = pc.node_stage(plan.cuts)
-        changed = graph.annotate("stage", stage)
+        changed = annotate(graph, "stage", stage)
         stats = {"stages": self.stages, "cuts": list(plan.cuts),
                  "stage_ms": [round(t * 1e3, 4) for t in plan.stage_times],
                  "balance": round(plan.balance, 4),

@@ -34,6 +34,7 @@ from mlcomp.analysis.parallel.placement_cost import LINKS, Link
 from mlcomp.base.errors import MlcompError, PipelineSpecError
 from mlcomp.hardware.spec import DEFAULT_CPU, SPEC_SHEETS, HardwareSpec
 from mlcomp.ir import Graph, Node, TensorMeta
+from mlcomp.ir.graph_tools import annotate
 from mlcomp.ir.ops import PARAM, Namespace
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
@@ -163,7 +164,7 @@ class Place(Pass):
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         devices = devices_here(self.devices, ctx.hardware)
         placement = assign_devices(graph, devices, self.policy)
-        changed = graph.annotate("device", placement)
+        changed = annotate(graph, "device", placement)
         counts = {d.name: 0 for d in devices}
         for dev in placement.values():
             counts[dev] += 1

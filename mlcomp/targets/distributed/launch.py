@@ -16,15 +16,20 @@ default, or ``"adam{lr=1e-3}"``), compared with a single-process run.
 ``--lr X`` is a deprecated alias of ``--optimizer "sgd{lr=X}"``.  torchrun hands each process its
 rank and the rendezvous address; ``torch.distributed`` reads them when the
 process group starts (gloo on CPU, NCCL when CUDA is present).  Exit 4 when
-``--check`` finds a difference, 2 on a user error.
+``--check`` finds a difference, 2 on a user error, 130 on Ctrl-C; every failure is
+one ``error: ...`` line on stderr, never a traceback.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
+
+if __name__ == "__main__":      # a rank: Ctrl-C ends it at once, quietly (also inside gloo or while torch imports)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import torch
 import torch.distributed as dist
@@ -71,25 +76,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=0, help="time this many more batches")
     parser.add_argument("--result", help="rank 0 writes the JSON summary here")
     args = parser.parse_args(argv)
+    rank = os.environ.get("RANK", "0")
     try:
-        optimizer = optimizer_of(args.optimizer, args.lr)
-        if args.result:          # a user's file is never replaced (mlcomp.base.files); rank 0 writes it
-            check_destination(args.result, Kind.FILE, option="--result", fmt="json", force=True,
-                              inputs=(args.artifact,))
-        check_artifact(Path(args.artifact))
-        dist.init_process_group(backend())
-        try:
-            summary = run_rank(args.artifact, schedule=args.schedule, microbatches=args.microbatches,
-                               train=args.train, optimizer=optimizer, check=args.check, repeat=args.repeat,
-                               result=args.result)
-        finally:
-            dist.destroy_process_group()
-    except MlcompError as err:
+        summary = _run(args)
+    except KeyboardInterrupt:           # Ctrl-C (torchrun forwards it): no traceback from any rank
+        print("interrupted", file=sys.stderr)
+        return 130
+    except MlcompError as err:          # the same message in every rank: the parent shows it once
         print(f"error: {err.message}", file=sys.stderr)
         return err.exit_code
+    except Exception as exc:            # noqa: BLE001 - one line per rank, never a traceback
+        text = " ".join(str(exc).split())[:400] or "(no message)"
+        print(f"error: rank {rank} failed: {type(exc).__name__}: {text}. If another rank reported an error, "
+              "that one is the cause; otherwise this is a bug in mlcomp: run the ranks with torchrun by hand "
+              "to see the traceback and report it.", file=sys.stderr)
+        return 3
     if summary["this_rank"] == 0:
         print(json.dumps({k: v for k, v in summary.items() if k not in ("ranks", "this_rank")}))
+        if args.check and not summary["passed"]:
+            print(f"error: the {summary['nproc']}-process run differs from the single-process run of the same "
+                  f"stages: max error {summary['max_error']:.3g} over the tolerance. The JSON line above has "
+                  "every rank's error", file=sys.stderr)
     return 4 if args.check and not summary["passed"] else 0
+
+
+def _run(args: argparse.Namespace) -> dict:
+    """Join the process group, run this rank, leave the group (also on an error)."""
+    optimizer = optimizer_of(args.optimizer, args.lr)
+    if args.result:          # a user's file is never replaced (mlcomp.base.files); rank 0 writes it
+        check_destination(args.result, Kind.FILE, option="--result", fmt="json", force=True,
+                          inputs=(args.artifact,))
+    check_artifact(Path(args.artifact))
+    dist.init_process_group(backend())
+    try:
+        return run_rank(args.artifact, schedule=args.schedule, microbatches=args.microbatches, train=args.train,
+                        optimizer=optimizer, check=args.check, repeat=args.repeat, result=args.result)
+    finally:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

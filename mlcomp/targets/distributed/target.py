@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 import torch.distributed as dist
@@ -60,6 +60,7 @@ from mlcomp.targets.base import CompileOptions, Target, example_inputs
 from mlcomp.targets.capabilities import Capabilities, DeviceKind
 from mlcomp.runtime.codegen import param_names, to_fx
 from mlcomp.runtime.optim import OptimizerSpec
+from mlcomp.targets.distributed.supervise import launch_plan
 
 __all__ = ["DEFAULT_OPTIMIZER", "DistributedTarget", "PipelineRuntime", "run_rank", "torchrun_command", "launch_check"]
 
@@ -255,13 +256,7 @@ def run_rank(directory: str | Path, *, schedule: str | None = None, microbatches
     art = Artifact.load(directory)
     info = art.runtime.info
     rank, world = dist.get_rank(), dist.get_world_size()
-    n_stages = info["stages"]
-    kind = Schedule(schedule or info["schedule"])
-    micro = microbatches or info["microbatches"]
-    if n_stages % world or (kind is not Schedule.INTERLEAVED and n_stages != world):
-        raise MlcompError(f"the artifact has {n_stages} stages but {world} processes were launched",
-                          hint=f"launch --nproc {n_stages}" + (" (or a divisor with --schedule interleaved)"
-                                                               if kind is Schedule.INTERLEAVED else ""))
+    n_stages, kind, micro = launch_plan(manifest, world, schedule=schedule, microbatches=microbatches)
     device = torch.device(f"cuda:{rank % torch.cuda.device_count()}") if torch.cuda.is_available() \
         and dist.get_backend() == "nccl" else torch.device("cpu")
     mine = list(range(rank, n_stages, world))
@@ -299,16 +294,7 @@ def run_rank(directory: str | Path, *, schedule: str | None = None, microbatches
     if check and train:
         errors += _check_training(directory, info, mine, modules, x, target, opt, micro)
     if repeat:
-        for _ in range(2):          # TorchScript's profiling executor optimises on the first calls
-            step()
-        dist.barrier()
-        start, cpu = time.perf_counter(), time.process_time()
-        for _ in range(repeat):
-            step()
-        cpu = time.process_time() - cpu          # this rank's CPU (its gloo threads included), before the wait
-        dist.barrier()
-        report["seconds_per_batch"] = (time.perf_counter() - start) / repeat
-        report["cpu_seconds_per_batch"] = cpu / repeat
+        report.update(_time_steps(step, repeat))
     report["max_error"] = max(errors, default=0.0)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, report)
@@ -324,6 +310,19 @@ def run_rank(directory: str | Path, *, schedule: str | None = None, microbatches
     if rank == 0 and result is not None:
         write_text_atomic(result, json.dumps(summary, indent=1), "json")
     return dict(summary, this_rank=rank)
+
+
+def _time_steps(step: Callable[[], Any], repeat: int) -> dict[str, float]:
+    """Seconds (all ranks between two barriers) and this rank's CPU seconds per batch over ``repeat`` steps."""
+    for _ in range(2):          # TorchScript's profiling executor optimises on the first calls
+        step()
+    dist.barrier()
+    start, cpu = time.perf_counter(), time.process_time()
+    for _ in range(repeat):
+        step()
+    cpu = time.process_time() - cpu          # this rank's CPU (its gloo threads included), before the wait
+    dist.barrier()
+    return {"seconds_per_batch": (time.perf_counter() - start) / repeat, "cpu_seconds_per_batch": cpu / repeat}
 
 
 def _check_training(directory: Path, info: dict[str, Any], mine: list[int], modules: dict[int, Any],

@@ -211,26 +211,14 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
     ``progress(done, total,
     message)``: called after every tuning batch.
     """
-    import torch
     import tvm
-    from tvm.relax.frontend.torch import from_exported_program
 
     t_start = time.perf_counter()
     with TvmScope(log_level=log_level, hide_torch_from_workers=not worker_torch) as scope:
         target = _make_target(device)
         stats: dict = {"device": device, "target": str(target), "tune_trials": tune_trials,
                        "trial_budget": "total per build, an even share per task; tasks tuned before are reused", "db_reused": False}
-        was_training = module.training
-        module.eval()
-        try:
-            with torch.no_grad():
-                ep = torch.export.export(module, tuple(example_inputs))
-        finally:
-            module.train(was_training)
-        _skip_empty_cat_inputs(ep)
-        n_out = len(ep.graph_signature.user_outputs)
-        # a single output comes back as a bare tensor: saves unpacking a tvm-ffi Array per call
-        mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=n_out == 1)
+        mod, n_out = _export(module, example_inputs)
         stats["export_seconds"] = round(time.perf_counter() - t_start, 2)
         if offload:
             mod = _offload(mod, target, stats)
@@ -245,17 +233,8 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
             kernels = target.kind.name == "llvm"
         base = mod
         if kernels:
-            register_kernels()
-            if Fusion.PACKED_CONV in fusions:
-                mod = _conv_layout(mod, target, stats)
-            mod, report = offload_to_kernels(mod, fusions, view_min_elements)
-            if small_gemms and target.kind.name == "llvm":
-                # the offloaded GEMMs this host runs faster as TVM code go back to Relax (probe compiled like mod)
-                mod = keep_small_gemms(mod, report, stats, threads, lambda probe: tvm.compile(
-                    _default_schedules(_lower_to_tir(fast_math(probe)[0], target), target, {}, parallel=False),
-                    target=target), deterministic=deterministic)
-            stats["kernels"] = report.to_json()
-            stats["packed_weight_keys"] = list(report.packed)
+            mod = _to_torch_kernels(mod, target, stats, fusions, view_min_elements, small_gemms, threads,
+                                    deterministic)
         if target.kind.name == "llvm":
             mod, stats["fast_math"] = fast_math(mod)
         mod = _lower_to_tir(mod, target)
@@ -274,23 +253,75 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
         t0 = time.perf_counter()
         built = TvmModule(tvm.compile(mod, target=target), device, n_out, stats)
         if untuned is not None:
-            # the untuned build (same kernels, default schedules) competes, and with default kernels the
-            # build tuned with TVM's own kernels (MLP at batch 1: 0.015 ms against 0.047 with torch's GEMV)
-            plain = dict(stats)
-            candidates = {"untuned": TvmModule(tvm.compile(_default_schedules(untuned, target, plain, parallel=False),
-                                                           target=target), device, n_out, plain),
-                          "tuned": built}
-            if searches == 2:
-                candidates["tuned_tvm_kernels"] = _own_kernels_build(
-                    base, target, tune_trials, tuning_dir, stats, scope, device, n_out,
-                    build_timeout=build_timeout, run_timeout=run_timeout, progress=_stage(progress, 1, searches))
-            winner, times = faster(candidates, example_inputs, clock=clock, deterministic=deterministic)
-            built = candidates[winner]
-            built.stats.update(tuning_decision=dict(times, winner=winner))
+            own = None if searches != 2 or deterministic else lambda: _own_kernels_build(
+                base, target, tune_trials, tuning_dir, stats, scope, device, n_out,
+                build_timeout=build_timeout, run_timeout=run_timeout, progress=_stage(progress, 1, searches))
+            built = _fastest(built, untuned, own, example_inputs, target=target, device=device, n_out=n_out,
+                             stats=stats, clock=clock, deterministic=deterministic)
         if use_db and not work_dir:
             built.stats["work_dir"] = None   # it was the private folder, gone after the build
     built.stats["compile_seconds"] = round(time.perf_counter() - t0, 2)
     built.stats["total_seconds"] = round(time.perf_counter() - t_start, 2)
+    return built
+
+
+def _export(module, example_inputs) -> tuple[Any, int]:
+    """``module`` through torch.export (in eval mode, its training flag restored) to Relax; (module, outputs)."""
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(module, tuple(example_inputs))
+    finally:
+        module.train(was_training)
+    _skip_empty_cat_inputs(ep)
+    n_out = len(ep.graph_signature.user_outputs)
+    # a single output comes back as a bare tensor: saves unpacking a tvm-ffi Array per call
+    return from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=n_out == 1), n_out
+
+
+def _to_torch_kernels(mod, target, stats: dict, fusions: frozenset[Fusion], view_min_elements: int,
+                      small_gemms: bool, threads: int | None, deterministic: bool = False):
+    """The kernel offload (:mod:`tvm_offload`): float32 conv2d/matmul and the ``fusions`` become torch calls;
+    with ``small_gemms`` the GEMMs this host runs faster as TVM code go back to Relax (``deterministic``:
+    none, unprobed)."""
+    import tvm
+
+    register_kernels()
+    if Fusion.PACKED_CONV in fusions:
+        mod = _conv_layout(mod, target, stats)
+    mod, report = offload_to_kernels(mod, fusions, view_min_elements)
+    if small_gemms and target.kind.name == "llvm":
+        # the probe is compiled as mod will be
+        mod = keep_small_gemms(mod, report, stats, threads, lambda probe: tvm.compile(
+            _default_schedules(_lower_to_tir(fast_math(probe)[0], target), target, {}, parallel=False),
+            target=target), deterministic=deterministic)
+    stats["kernels"] = report.to_json()
+    stats["packed_weight_keys"] = list(report.packed)
+    return mod
+
+
+def _fastest(tuned: "TvmModule", untuned, own_kernels: Callable[[], "TvmModule"] | None, example_inputs, *,
+             target, device: str, n_out: int, stats: dict, clock: Callable[[], float],
+             deterministic: bool = False) -> "TvmModule":
+    """The faster of the tuned build, the untuned one (same kernels, default schedules) and, with default
+    kernels, the build tuned with TVM's own kernels (``own_kernels``; an MLP at batch 1 runs faster with
+    TVM's GEMV than with torch's), by :func:`faster`; ``stats["tuning_decision"]`` records the decision
+    (``deterministic``: the untuned build, untimed)."""
+    import tvm
+
+    plain = dict(stats)
+    candidates = {"untuned": TvmModule(tvm.compile(_default_schedules(untuned, target, plain, parallel=False),
+                                                   target=target), device, n_out, plain),
+                  "tuned": tuned}
+    if own_kernels is not None:
+        candidates["tuned_tvm_kernels"] = own_kernels()
+    winner, times = faster(candidates, example_inputs, clock=clock, deterministic=deterministic)
+    built = candidates[winner]
+    built.stats.update(tuning_decision=dict(times, winner=winner))
     return built
 
 

@@ -97,7 +97,6 @@ def tune(mod, target, tune_trials: int, work_dir: str, stats: dict, scope: TvmSc
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.relax_integration import extract_tasks
-    from tvm.s_tir.meta_schedule.utils import fork_seed
 
     os.makedirs(work_dir, exist_ok=True)
     mark_folder(work_dir, "tuning database")          # the output rule knows it as mlcomp's (mlcomp.base.files)
@@ -122,35 +121,8 @@ def tune(mod, target, tune_trials: int, work_dir: str, stats: dict, scope: TvmSc
     owed = sum(owed_by.values())
     t0 = time.perf_counter()
     if owed and tasks:
-        # Gradient task scheduler: one warm-up round of `step` trials per task, then the
-        # rest goes to the tasks whose weighted latency is dropping fastest.
-        per = owed // len(tasks)
-        step = max(1, min(64, max(per // 2, min(per, 8))))
-        # MetaSchedule's population of 512 suits 64-candidate rounds; scale it down for
-        # small rounds (each round's search is the main fixed cost of a small budget).
-        pop = min(512, max(128, 8 * step))
-        strategy = ms.search_strategy.EvolutionarySearch(population_size=pop,
-                                                         init_min_unmeasured=min(50, pop // 2))
-        with _task_loggers(work_dir, [t.task_name for t in tasks], scope.log_level) as loggers:
-            ctxs = [ms.TuneContext(mod=t.dispatched[0], target=t.target, space_generator=_space(parallel),
-                                   search_strategy=strategy, task_name=t.task_name, logger=log,
-                                   rand_state=seed, num_threads="physical").clone()
-                    for t, log, seed in zip(tasks, loggers, fork_seed(0, n=len(tasks)))]
-            with scope.for_workers():
-                init = _by_value(fast_inspect_stack)
-                runner = ms.runner.LocalRunner(timeout_sec=run_timeout, initializer=init)
-                try:
-                    with scope.native(), scope.on_interrupt(lambda: _kill_workers(runner.pool)):
-                        ms.tune_tasks(tasks=ctxs, task_weights=[t.weight for t in tasks], work_dir=work_dir,
-                                      database=db, builder=_builder(scope, build_timeout, init),
-                                      runner=_runner(scope, runner),
-                                      # first, so an interrupted batch does not train the cost model
-                                      measure_callbacks=[_stop_when_interrupted(scope, owed, progress)]
-                                      + ms.measure_callback.MeasureCallback.create("default"),
-                                      max_trials_global=owed, max_trials_per_task=owed,
-                                      num_trials_per_iter=step)
-                finally:
-                    runner.pool.shutdown()   # its workers would otherwise live until garbage collection
+        _search(tasks, owed, work_dir, db, scope, build_timeout=build_timeout, run_timeout=run_timeout,
+                progress=progress, parallel=parallel)
         for t in tasks:
             ledger[keys[t.task_name]] = spent[t.task_name] + owed_by[t.task_name]
         with open(ledger_path, "w") as f:
@@ -167,6 +139,42 @@ def tune(mod, target, tune_trials: int, work_dir: str, stats: dict, scope: TvmSc
                                         relax.transform.FoldConstant(),
                                         relax.transform.DeadCodeElimination(["main"])])(mod)
     return mod
+
+
+def _search(tasks: list, owed: int, work_dir: str, db, scope: TvmScope, *, build_timeout: float,
+            run_timeout: float, progress: Callable[[int, int, str], None] | None, parallel: bool) -> None:
+    """Spend ``owed`` trials on ``tasks`` (MetaSchedule's gradient task scheduler: one warm-up round of
+    ``step`` trials per task, then the rest goes to the tasks whose weighted latency drops fastest);
+    the records go to ``db``.  Stops early, cleanly, when the scope is interrupted."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.utils import fork_seed
+
+    per = owed // len(tasks)
+    step = max(1, min(64, max(per // 2, min(per, 8))))
+    # MetaSchedule's population of 512 suits 64-candidate rounds; scale it down for
+    # small rounds (each round's search is the main fixed cost of a small budget).
+    pop = min(512, max(128, 8 * step))
+    strategy = ms.search_strategy.EvolutionarySearch(population_size=pop, init_min_unmeasured=min(50, pop // 2))
+    with _task_loggers(work_dir, [t.task_name for t in tasks], scope.log_level) as loggers:
+        ctxs = [ms.TuneContext(mod=t.dispatched[0], target=t.target, space_generator=_space(parallel),
+                               search_strategy=strategy, task_name=t.task_name, logger=log,
+                               rand_state=seed, num_threads="physical").clone()
+                for t, log, seed in zip(tasks, loggers, fork_seed(0, n=len(tasks)))]
+        with scope.for_workers():
+            init = _by_value(fast_inspect_stack)
+            runner = ms.runner.LocalRunner(timeout_sec=run_timeout, initializer=init)
+            try:
+                with scope.native(), scope.on_interrupt(lambda: _kill_workers(runner.pool)):
+                    ms.tune_tasks(tasks=ctxs, task_weights=[t.weight for t in tasks], work_dir=work_dir,
+                                  database=db, builder=_builder(scope, build_timeout, init),
+                                  runner=_runner(scope, runner),
+                                  # first, so an interrupted batch does not train the cost model
+                                  measure_callbacks=[_stop_when_interrupted(scope, owed, progress)]
+                                  + ms.measure_callback.MeasureCallback.create("default"),
+                                  max_trials_global=owed, max_trials_per_task=owed,
+                                  num_trials_per_iter=step)
+            finally:
+                runner.pool.shutdown()   # its workers would otherwise live until garbage collection
 
 
 @contextlib.contextmanager
