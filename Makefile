@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mlcomp-installed
 
-.PHONY: setup demo test test-all bench clean
+.PHONY: setup demo test test-all test-perf bench clean
 
 setup: $(STAMP)
 
@@ -23,14 +23,18 @@ demo: setup
 	$(BIN)/mlcomp bench mlp --targets eager,cpu,onnxruntime,tvm,cuda --batch 1,32 -p -O2
 
 # CI's command: everything except the tests marked `slow` (multi-process runs, TVM tuning, the
-# largest models of a sweep), which `make test-all` adds; the suite stays under 10 minutes on 2 cores
+# largest models of a sweep), which `make test-all` adds, and `perf` (tests/perf: wall-clock
+# comparisons, machine-dependent), which `make test-perf` runs; the suite stays under 10 minutes on 2 cores
 test: setup
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not perf"
 
 test-all: setup
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not perf"
+
+test-perf: setup
+	$(BIN)/python -m pytest -q -m perf tests/perf
 
 bench: setup
 	$(BIN)/python benchmarks/targets.py

@@ -1,8 +1,12 @@
 """Shared fixtures and the marker policy.
 
-Markers split tests by what they need: ``tvm`` and ``ort`` run everywhere the
-Makefile installs their packages (CI included); ``cuda`` skips, saying why,
-when no GPU is present.  Nothing else is skipped silently.
+Folders split tests by what they need: ``unit/<layer>/`` (one layer of mlcomp),
+``integration/`` (the CLI, the zoo and third-party models end to end), ``corpus/``
+(bad inputs, interrupts) and ``perf/`` (wall-clock comparisons).  Markers: ``tvm``
+and ``ort`` run everywhere the Makefile installs their packages (CI included);
+``cuda`` skips, saying why, when no GPU is present; ``slow`` and ``perf`` are
+left out of ``make test`` (``make test-all`` adds ``slow``, ``make test-perf``
+runs ``perf``).  Nothing else is skipped silently.
 """
 from __future__ import annotations
 

@@ -16,8 +16,7 @@
 ``work_dir``, ``device``, ``tolerance``…) or loading options (``input_shapes``,
 ``batch``, ``capture``, ``dynamic_batch``, ``trust_pickle``).
 
-Before: every compile ran capture, passes and lowering, for the one target named.
-After: :func:`compile_model` (what both ``mlcomp.compile`` and ``mlcomp compile`` run)
+:func:`compile_model` (what both ``mlcomp.compile`` and ``mlcomp compile`` run)
 consults an optional :class:`~mlcomp.api.cache.CompileCache` first (opt-in here:
 ``cache=True`` or a folder; the CLI's default is on) and handles ``target="auto"``
 (:mod:`mlcomp.api.auto.search`).
@@ -40,6 +39,7 @@ from mlcomp.api.lowering import CompileResult, Note, adapted_pipeline, compile_s
 from mlcomp.base.errors import MlcompError, OptionError
 from mlcomp.base.files import Kind, check_destination
 from mlcomp.frontend.joint import capture_joint, example_target, loss_function, resolve_loss
+from mlcomp.frontend.loading import kept_modes
 from mlcomp.hardware.timing import TimingPolicy
 from mlcomp.pipeline import Pipeline, run_pipeline
 from mlcomp.pipeline.presets import preset_key
@@ -196,8 +196,15 @@ def compile(model_or_path: Any, example_inputs: Sequence[torch.Tensor] | torch.T
 
     Returns an :class:`~mlcomp.runtime.artifact.Artifact`; raises
     :class:`~mlcomp.base.errors.VerificationError` if ``verify`` and the outputs differ
-    from eager beyond the tolerance.
+    from eager beyond the tolerance.  A module passed in keeps its train/eval mode.
     """
+    with kept_modes(model_or_path):
+        return _compile(model_or_path, example_inputs, target, pipeline, verify, fallback, cache, candidates,
+                        **options)
+
+
+def _compile(model_or_path: Any, example_inputs: Any, target: Any, pipeline: Any, verify: bool, fallback: str,
+             cache: Any, candidates: Any, **options: Any):
     load_opts = {k: options.pop(k) for k in LOAD_KEYS if k in options}
     check_options(model_or_path, load_opts, options.get("tolerance"))
     mode = str(options.pop("mode", "inference")).lower()
@@ -302,8 +309,14 @@ def export(model_or_path: Any, path: str | Path, format: str = "onnx",
 
     Returns ``(path, VerifyResult)``; see :mod:`mlcomp.targets.export` for the formats.  ``path``
     is checked before capture: a tvm folder may replace only an earlier mlcomp output (and only
-    with ``force``), never a file or a folder of anything else.
+    with ``force``), never a file or a folder of anything else.  A module passed in keeps its mode.
     """
+    with kept_modes(model_or_path):
+        return _export(model_or_path, path, format, example_inputs, pipeline, tolerance, force, **options)
+
+
+def _export(model_or_path: Any, path: str | Path, format: str, example_inputs: Any, pipeline: Any,
+            tolerance: float | None, force: bool, **options: Any):
     # lazy: the exporters import every target module (cpu, onnxruntime, tvm), which `mlcomp.compile` does not need
     from mlcomp.targets.export import ExportFormat, export_graph
 

@@ -39,7 +39,7 @@ __all__ = [
 # The pipeline every command runs when neither -p nor -O is given (compile, export, bench, report).
 DEFAULT_PIPELINE = "-O2"
 
-# The TOML pipeline format, as `mlcomp passes --help` and the README show it (tests/test_cli_options.py
+# The TOML pipeline format, as `mlcomp passes --help` and the README show it (tests/integration/test_cli_options.py
 # parses this text, and the README's copy of it, with Pipeline.from_toml_text).
 TOML_EXAMPLE = """\
 target = "onnxruntime"        # optional: the target when --target is not given

@@ -24,8 +24,7 @@ model_output.detach())``, then the joint decomposition behind
 table.  It was chosen over ``aot_export_module(trace_joint=True)`` because its output
 signature is typed (``LOSS_OUTPUT``, ``GRADIENT_TO_PARAMETER`` with the parameter's
 name, ``BUFFER_MUTATION`` with the buffer's name), so gradients and buffer updates are
-named without positional bookkeeping; on the zoo it also captured faster (resnet18:
-8.5 s vs 15.9 s).  The detached model output marks where the model ends and the loss
+named without positional bookkeeping; it also captures faster.  The detached model output marks where the model ends and the loss
 begins; it is dropped from the graph's outputs.
 
 Decompositions (:func:`joint_decompositions`): core ATen *minus* the fused kernels
@@ -38,7 +37,7 @@ divides every element by its own magnitude and turned that noise into whole ``lr
 steps wherever a gradient is mathematically zero (attention key biases), which is
 why the old tests needed ``eps=1e-6`` and a 1e-3 norm-wise tolerance.  Keeping the
 kernels makes the compiled gradients of every zoo model, BERT and ViT *bitwise*
-equal to eager's on CPU (tests/test_training.py), and 5 SGD/Adam steps agree to
+equal to eager's on CPU (tests/unit/training/test_training.py), and 5 SGD/Adam steps agree to
 1e-5 per parameter.  It also fixes the attention gradient: decomposing the CPU flash
 kernel's forward to math while autograd kept its backward formula gave a wrong
 query gradient (7.7 relative), which earlier forced the math backend.

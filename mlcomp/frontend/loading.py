@@ -18,6 +18,7 @@ carries them (zoo, ``.pt2``, a factory returning inputs, the input spec that
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -27,7 +28,7 @@ import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -120,6 +121,25 @@ def graph_random_inputs(graph: Graph, seed: int = 0) -> tuple[torch.Tensor, ...]
     gen = torch.Generator().manual_seed(seed)
     return tuple(random_tensor(n.tensor_meta.concrete_shape(graph.symbols), n.tensor_meta.dtype, gen)
                  for n in graph.input_nodes)
+
+
+@contextlib.contextmanager
+def kept_modes(model: Any) -> Iterator[None]:
+    """Within the block a user's ``nn.Module`` may be switched to eval or train; on exit every submodule's
+    ``training`` flag is what it was, so compiling never changes the caller's model.
+
+    >>> m = nn.Sequential(nn.Linear(2, 2), nn.Dropout()).train()
+    >>> with kept_modes(m):
+    ...     _ = m.eval()
+    >>> [x.training for x in m.modules()]
+    [True, True, True]
+    """
+    modes = [(m, m.training) for m in model.modules()] if isinstance(model, nn.Module) else []
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 def load_model(spec: str | nn.Module, *, input_shapes: Sequence[str | InputSpec] = (),

@@ -5,7 +5,8 @@
 * ``codegen`` — IR graph → ``torch.fx.GraphModule`` (every target starts from it, and the eager
   runtime runs it);
 * ``eager`` — :class:`EagerRuntime` and :class:`PartitionedRuntime` (``--fallback eager``);
-* ``timing_worker`` — the process that loads one artifact and times its calls.
+* ``timing_worker`` — the process that loads one artifact and times its calls;
+* ``optim`` — optimizer specs (``sgd{lr=0.05 momentum=0.9}``), stepped by training artifacts and distributed ranks.
 
 This layer sits below :mod:`mlcomp.targets` and never imports it: payload loaders and the
 target lookup are named by ``"module:attr"`` strings and imported when an artifact is loaded.

@@ -2,8 +2,9 @@
 
 * ``step`` — :func:`compile_training` and :class:`TrainingArtifact` (generated torch code + an optimizer);
 * ``check`` — comparing a compiled step with eager (gradients, steps);
-* ``optim`` — optimizer specs (``sgd{lr=0.05 momentum=0.9}``);
 * ``loss_scaling`` — loss-scale specs, the backward-seed rewrite and the running scaler.
+
+Optimizer specs are :mod:`mlcomp.runtime.optim` (distributed ranks step them too).
 """
 from __future__ import annotations
 

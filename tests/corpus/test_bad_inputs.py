@@ -11,7 +11,7 @@ Every case asserts
 * nothing left behind: the folder holds exactly the files it held before,
   byte for byte (no artifact, no temporary sibling, no created parent folder).
 
-The interruption cases (exit 130) are in ``tests/test_interrupts.py``, with the same check.
+The interruption cases (exit 130) are in ``tests/corpus/test_interrupts.py``, with the same check.
 
     case                                   before                          after
     compile mlp -o userdir                 userdir/important.txt deleted   error, userdir untouched
@@ -149,7 +149,7 @@ def test_empty_paths(user_folder):
 
 
 # ---------------------------------------------------------------------------
-# 2. interruption: see tests/test_interrupts.py; unexpected failures and the writers' own guard
+# 2. interruption: see tests/corpus/test_interrupts.py; unexpected failures and the writers' own guard
 
 @pytest.mark.parametrize("exc, expect", [
     (RuntimeError("kaput\nsecond line"), "failed unexpectedly: RuntimeError: kaput second line"),
@@ -399,7 +399,7 @@ def test_fp16_op_a_target_cannot_run_is_listed():
 
 # ---------------------------------------------------------------------------
 # issue 12 (rematerialisation): bad budgets, remat on an inference graph (a budget below the minimum:
-# tests/test_remat.py::test_budget_below_the_minimum)
+# tests/unit/passes/test_remat.py::test_budget_below_the_minimum)
 
 @pytest.mark.parametrize("args, code, expect", [
     (["compile", "mlp", "-p", "remat{budget=-1}", "-o", "out"], 2, "option 'budget' of pass 'remat' must be above 0"),
@@ -498,7 +498,7 @@ def test_prune_target_refused_by_the_api_before_capture(user_folder):
 # capture (compile and bench); a deny pattern that matches nothing compiles, with a warning naming it.
 # (dtype=int8: test_pass_options_outside_their_range; fp16 a target cannot run:
 # test_fp16_op_a_target_cannot_run_is_listed; fp16 on a CPU measured slow:
-# tests/test_mixed_precision.py::test_fp16_on_a_slow_cpu_warns_from_the_probe)
+# tests/unit/passes/test_mixed_precision.py::test_fp16_on_a_slow_cpu_warns_from_the_probe)
 
 @pytest.mark.parametrize("args, expect", [
     (["compile", "mlp", "--train", "--loss-scale", "dynamic{growth_intervall=5}", "-o", "out"],

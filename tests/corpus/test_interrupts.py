@@ -1,7 +1,7 @@
 """The bad-input corpus, part 2 (issue 15): Ctrl-C anywhere exits 130 with "interrupted".
 
 Each case interrupts one stage (capture, a pass, the target build, writing the
-artifact, export, bench, report) and asserts what :func:`tests.test_bad_inputs.check`
+artifact, export, bench, report) and asserts what :func:`tests.corpus.harness.check`
 asserts for every case: exit 130, stderr exactly ``interrupted``, no traceback,
 and the user's folder byte for byte as before (no artifact, no temporary).
 

@@ -1,0 +1,1 @@
+"""Helpers shared by tests of several layers (the target suites: zoo compile, fresh-process reload)."""

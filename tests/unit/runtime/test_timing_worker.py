@@ -1,0 +1,80 @@
+"""The timing worker: a saved artifact timed in a fresh process, and its failures reported.
+
+These start real Python processes (about 2 s each to import torch), so there are few of them:
+a cpu artifact answers ``ready`` and samples; a folder that is not an artifact, and a child
+that dies, come back as one-paragraph :class:`WorkerError` s naming the candidate.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import mlcomp
+from mlcomp.hardware.timing import calls_per_block
+from mlcomp.runtime.timing_worker import ProcessSampler, WorkerError, save_inputs, serve
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("worker")
+    art = mlcomp.compile("mlp", target="cpu", pipeline="-O0")
+    inputs = art.reference[0] if art.reference else mlcomp.capture("mlp").example_inputs
+    return art.save(root / "art"), save_inputs(inputs, root / "inputs.pt"), root
+
+
+def test_a_worker_loads_warms_up_and_samples(saved):
+    folder, feed, _ = saved
+    with ProcessSampler.start(folder, feed, threads=1, warmup=2, block_s=0.01, label="cpu") as worker:
+        per_call = worker.wait_ready(timeout=300)
+        samples = [worker.sample() for _ in range(3)]
+    assert per_call > 0 and worker.calls == calls_per_block(0.01, per_call)
+    assert len(samples) == 3 and all(s > 0 for s in samples)
+    # that a sample is seconds per call, not per block, is compared on the clock in tests/perf
+
+
+def test_a_folder_that_is_no_artifact_is_a_clear_worker_error(saved, tmp_path):
+    _, feed, _ = saved
+    with ProcessSampler.start(tmp_path, feed, threads=1, warmup=1, block_s=0.005, label="tvm") as worker:
+        with pytest.raises(WorkerError) as err:
+            worker.wait_ready(timeout=300)
+    assert str(err.value).startswith("the timing process for tvm failed: ")
+    assert "manifest.json" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_dead_worker_is_reported_with_the_tail_of_its_log(saved, tmp_path):
+    folder, _, _ = saved
+    missing = tmp_path / "no-inputs.pt"
+    with ProcessSampler.start(folder, missing, threads=1, warmup=1, block_s=0.005, label="cpu") as worker:
+        with pytest.raises(WorkerError, match="the timing process for cpu failed: .*no-inputs.pt"):
+            worker.wait_ready(timeout=300)
+
+
+def test_serve_protocol_in_process(saved):
+    """The child's loop, run here: ready line, one sample per request, stops at ``quit``."""
+    folder, feed, _ = saved
+    out = io.StringIO()
+    serve({"artifact": str(folder), "inputs": str(feed), "threads": torch.get_num_threads(), "warmup": 1,
+           "block_s": 0.001, "settle_s": 0.0}, out, io.StringIO("sample\nsample\nquit\nsample\n"))
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert list(lines[0]) == ["ready", "calls"] and [list(m) for m in lines[1:]] == [["sample"], ["sample"]]
+
+
+def test_the_child_imports_this_mlcomp_first(monkeypatch):
+    from mlcomp.runtime.timing_worker import _child_env
+
+    monkeypatch.setenv("PYTHONPATH", "elsewhere")
+    first, *rest = _child_env()["PYTHONPATH"].split(os.pathsep)
+    assert Path(first) / "mlcomp" == Path(mlcomp.__file__).resolve().parent
+    assert rest == ["elsewhere"]
+
+
+def test_a_block_lasts_about_its_seconds_within_its_bounds():
+    assert calls_per_block(0.02, 40e-6) == 500
+    assert calls_per_block(0.02, 0.5) == 1                 # a slow call: one per block
+    assert calls_per_block(0.02, 0.0) == 1000              # a call too fast to time: the cap
+    assert calls_per_block(0.02, 1e-6, most=50) == 50

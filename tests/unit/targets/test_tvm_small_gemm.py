@@ -1,0 +1,205 @@
+"""Small GEMMs kept as TVM code, ViT patches as a GEMM, TVM's fast softmax/gelu (issue 14: tiny transformers).
+
+Three ways: the Relax IR before/after (``keep_in_tvm``, ``patch_convs``, ``fast_math``), numbers against
+eager PyTorch / numpy (the scheduled kernel, a GPT-2 build), and what the build reports
+(``stats["small_gemms"]``, ``stats["fast_math"]``, ``stats["kernels"]``).  The keep/leave decision is
+tested on fake measurements; the probe itself runs once, inside the GPT-2 build.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.tvm
+
+tvm_backend = pytest.importorskip("mlcomp.targets.tvm.build")
+
+from mlcomp.targets.tvm.offload import gemm as tvm_gemm
+from mlcomp.targets.tvm.fast_math import fast_math
+from mlcomp.targets.tvm.offload.gemm import (
+    GemmCall,
+    gemm_calls,
+    keep_in_tvm,
+    kept_calls,
+    patch_convs,
+)
+from mlcomp.hardware.decide import decide
+from tests.unit.targets.test_tvm_kernels import _render
+
+
+def _func(build_body, *shapes):
+    """A one-function Relax module ``main(*params)`` whose dataflow block ``build_body(bb, params)`` emits."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    params = [relax.Var(f"x{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(build_body(bb, params))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _linear_call(bb, params):
+    from tvm import relax
+
+    w = relax.const(np.arange(32 * 16, dtype="float32").reshape(32, 16) / 512)        # [N, K], torch's layout
+    b = relax.const(np.ones(32, dtype="float32"))
+    y = bb.emit(relax.call_pure_packed("mlcomp.torch.linear", params[0], w, b,
+                                       ty_args=relax.TensorType((4, 32), "float32")))
+    return relax.call_pure_packed("mlcomp.torch.matmul", y, params[1], ty_args=relax.TensorType((4, 20), "float32"))
+
+
+def _probe(tvm_s: float, torch_s: float):
+    """The probe's decision for one call on fake samples (each sampler returns its fixed time)."""
+    ticks = iter(range(10 ** 6))
+    return decide("call", {"torch": lambda: torch_s, "tvm": lambda: tvm_s}, default="torch",
+                  policy=tvm_gemm.PROBE_TIMING, clock=lambda: next(ticks) * 1e-4)
+
+
+def test_kept_calls_are_those_tvm_ran_clearly_faster():
+    a, b, c = GemmCall("linear", (64, 64), (64, 64)), GemmCall("matmul", (8, 32, 16), (8, 16, 32)), \
+        GemmCall("linear_gelu", (64, 64), (64, 128))
+    decisions = {a: _probe(8e-6, 18e-6), b: _probe(9.5e-6, 10e-6), c: _probe(30e-6, 20e-6)}   # tvm, torch
+    assert kept_calls(decisions) == frozenset({a})                       # b within the noise margin
+    assert decisions[b].verdict.value == "decided" and decisions[b].choice == "torch"
+    assert kept_calls({}) == frozenset()
+    assert (a.macs, b.macs, c.macs) == (64 ** 3, 8 * 32 * 16 * 32, 64 * 64 * 128)
+    assert b.describe() == "matmul 8x32x16 @ 8x16x32"
+
+
+def test_keep_in_tvm_ir_before_after():
+    mod = _func(_linear_call, (4, 16), (32, 20))
+    func = mod["main"]
+    calls = gemm_calls(func, vector_lanes=8)
+    # the matmul's N = 20: no multiple of the 8 vector lanes and wider than two vectors, not a candidate
+    assert sorted(calls.values()) == [GemmCall("linear", (4, 16), (16, 32))]
+    assert _render(func) == [
+        "lv = relax.call_pure_packed(mlcomp.torch.linear, x0, const[32x16], const[32])",
+        "gv = relax.call_pure_packed(mlcomp.torch.matmul, lv, x1)"]
+    assert keep_in_tvm(func, calls, frozenset()).same_as(func)
+    after = keep_in_tvm(func, calls, frozenset(calls.values()))
+    assert _render(after) == [
+        "lv = relax.matmul(x0, const[16x32])",              # the weight back in Relax's [K, N]; Normalize
+        "lv = relax.add(lv, const[32])",                    # names the new binding lv too (a distinct var)
+        "gv = relax.call_pure_packed(mlcomp.torch.matmul, lv, x1)"]
+
+
+def test_layer_norm_call_back_to_relax():
+    from tvm import relax
+
+    g, b = relax.const(np.ones(16, dtype="float32")), relax.const(np.zeros(16, dtype="float32"))
+    body = lambda bb, p: relax.call_pure_packed("mlcomp.torch.add_layer_norm_reuse", p[0], p[1], g, b,
+                                                relax.prim_value(1e-5), ty_args=relax.TensorType((2, 16), "float32"))
+    func = _func(body, (2, 16), (2, 16))["main"]
+    calls = gemm_calls(func, vector_lanes=8)
+    assert list(calls.values()) == [GemmCall("add_layer_norm", (2, 16), (16,), 1e-5)]
+    assert _render(keep_in_tvm(func, calls, frozenset(calls.values()))) == [
+        "lv = relax.add(x0, x1)", "gv = relax.nn.layer_norm(lv, const[16], const[16])"]
+
+
+def test_patch_convs_ir_before_after():
+    from tvm import relax
+
+    w = relax.const(np.ones((8, 3, 4, 4), dtype="float32"))
+    conv = lambda bb, p: relax.op.nn.conv2d(p[0], w, strides=[4, 4])
+    func = _func(conv, (2, 3, 8, 8))["main"]
+    assert _render(patch_convs(func)) == [
+        "lv = relax.reshape(x0, shape)",
+        "lv1 = relax.permute_dims(lv)",
+        "lv2 = relax.reshape(lv1, shape)",
+        "lv3 = relax.call_pure_packed(mlcomp.torch.linear, lv2, const[8x48], const[8])",
+        "lv4 = relax.reshape(lv3, shape)",
+        "gv = relax.permute_dims(lv4)"]
+    padded = _func(lambda bb, p: relax.op.nn.conv2d(p[0], w, strides=[4, 4], padding=[1, 1]), (2, 3, 8, 8))["main"]
+    assert _render(patch_convs(padded)) == ["gv = relax.nn.conv2d(x0, const[8x3x4x4])"]   # padded: a real conv
+
+
+def _run(mod, *args):
+    import tvm
+    from tvm import relax
+
+    target = tvm.target.Target(tvm_backend.host_llvm_target())
+    stats: dict = {}
+    lowered = tvm_backend._default_schedules(tvm_backend._lower_to_tir(mod, target), target, stats, parallel=False)
+    vm = relax.VirtualMachine(tvm.compile(lowered, target=target), tvm.cpu())
+    out = vm["main"](*args)
+    return (out if isinstance(out, torch.Tensor) else torch.from_dlpack(out)), lowered, stats
+
+
+def test_small_matmul_schedule_numbers_and_patches_against_torch():
+    from tvm import relax, tirx
+
+    from mlcomp.targets.tvm.kernels import register_kernels
+
+    register_kernels()
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(2, 6, 16, generator=g), torch.randn(16, 32, generator=g), torch.randn(32, generator=g)
+    mod = _func(lambda bb, p: relax.op.add(relax.op.matmul(p[0], relax.const(w.numpy())), relax.const(b.numpy())),
+                (2, 6, 16))
+    got, lowered, stats = _run(mod, x)
+    torch.testing.assert_close(got, x @ w + b, rtol=1e-5, atol=1e-5)
+    text = next(f.script() for f in lowered.functions.values() if isinstance(f, tirx.PrimFunc))
+    assert "T.vectorized(T.int64(16))" in text and "T.unroll(T.int64(3))" in text   # rows by 3, two 8-lane vectors
+    assert stats["schedules"]["unscheduled"] == 0
+    # a narrow N the lanes do not divide (GRU-tagger's 10 tags): one odd-width vector
+    w10 = torch.randn(16, 10, generator=g)
+    got, lowered, _ = _run(_func(lambda bb, p: relax.op.matmul(p[0], relax.const(w10.numpy())), (2, 6, 16)), x)
+    torch.testing.assert_close(got, x @ w10, rtol=1e-5, atol=1e-5)
+    assert "T.vectorized(T.int64(10))" in next(f.script() for f in lowered.functions.values()
+                                               if isinstance(f, tirx.PrimFunc))
+    # ViT-style patches: the rewritten conv (patch copy + torch linear) against torch's conv2d
+    img, wc = torch.randn(2, 3, 8, 8, generator=g), torch.randn(8, 3, 4, 4, generator=g)
+    conv = _func(lambda bb, p: relax.op.nn.conv2d(p[0], relax.const(wc.numpy()), strides=[4, 4]), (2, 3, 8, 8))
+    conv["main"] = patch_convs(conv["main"])
+    got, _, _ = _run(conv, img)
+    torch.testing.assert_close(got, torch.nn.functional.conv2d(img, wc, stride=4), rtol=1e-5, atol=1e-5)
+
+
+def test_fast_math_ir_and_numbers():
+    from tvm import relax
+
+    def body(bb, p):
+        s = bb.emit(relax.op.nn.softmax(p[0], axis=-1))
+        t = bb.emit(relax.op.tanh(relax.op.power(s, relax.const(3.0, "float32"))))
+        return relax.op.nn.gelu(t * relax.const(40.0, "float32") - relax.const(20.0, "float32"))
+
+    mod = _func(body, (4, 64))
+    fast, counts = fast_math(mod)
+    assert counts == {"softmax": 1, "gelu": 1, "erf": 0, "tanh": 1, "power": 1}
+    ops = [b.value.op.name for block in fast["main"].body.blocks for b in block.bindings]
+    assert "relax.nn.softmax" not in ops and "relax.tanh" not in ops and "relax.power" not in ops
+    assert ops.count("relax.call_tir") == 3                                  # fast_softmax, fast_tanh, fast_erf
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(1)) * 4
+    got, _, _ = _run(fast, x)
+    ref = torch.nn.functional.gelu(torch.tanh(torch.softmax(x, -1) ** 3) * 40 - 20)
+    torch.testing.assert_close(got, ref, rtol=2e-6, atol=2e-6)
+
+
+@pytest.fixture(scope="module")
+def gpt2_build():
+    pytest.importorskip("transformers")
+    from mlcomp.models.third_party import build_third_party
+
+    model, inputs = build_third_party("gpt2", batch=1)
+    return model, inputs, tvm_backend.build(model, inputs, threads=1)
+
+
+def test_gpt2_build_numbers_and_stats(gpt2_build):
+    model, inputs, built = gpt2_build
+    with torch.no_grad():
+        expected = model(*inputs)
+    torch.testing.assert_close(built(*inputs)[0], expected, rtol=1e-4, atol=1e-5)
+    small = built.stats["small_gemms"]
+    rows = {r["call"]: r for r in small["probe"]}
+    assert "linear 32x64 @ 64x192" in rows and "matmul 4x32x16 @ 4x16x32" in rows  # c_attn, attention scores
+    assert "add_layer_norm 1x32x64" in rows and "layer_norm 1x32x64" in rows       # ln_2 after a residual, ln_1
+    assert small["kept_in_tvm"] == sum(r["runs_in"] == "tvm" for r in rows.values())
+    assert all(r["tvm_us"] > 0 and r["torch_us"] > 0 and r["why"] for r in rows.values())
+    assert len(small["decisions"]) == len(rows)
+    kept = {k["op"]: k["count"] for k in built.stats["kernels"]["kept_in_tvm"]}
+    assert sum(kept.values()) >= small["kept_in_tvm"]                           # each kept kind, per call site
+    assert built.stats["fast_math"]["tanh"] == 2 and built.stats["fast_math"]["power"] == 2   # gelu_new ×2 layers
+    assert built.stats["fast_math"]["softmax"] == 2
+    assert tvm_gemm.PROBE_MAX_MACS >= max(r["macs"] for r in rows.values())
