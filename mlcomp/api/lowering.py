@@ -125,6 +125,8 @@ def compile_source(source: Any, graph: Any, *, target: str | Target | None = Non
     # the passes' decisions first (they ran first), then the target's
     artifact.manifest["decisions"] = pass_decisions(report) + list(artifact.manifest.get("decisions") or [])
     artifact.manifest["capture_seconds"] = round(capture_seconds, 4)
+    if getattr(source, "notes", None):
+        artifact.manifest["capture_notes"] = list(source.notes)
     artifact.manifest["pipeline_seconds"] = round(pipeline_seconds, 4)
     if against:
         artifact.manifest["verified_against"] = against

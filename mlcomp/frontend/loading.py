@@ -36,6 +36,8 @@ from torch import nn
 from mlcomp import models
 from mlcomp.base.errors import CaptureError, InputSpecError, ModelLoadError, UnsafePickleError
 from mlcomp.base.quiet import quiet_torch
+from mlcomp.frontend.cache_outputs import PlainCacheOutputs, flat_caches
+from mlcomp.frontend.script_inputs import check_script_inputs
 from mlcomp.frontend.capture import CaptureMethod, capture_exported, capture_module, capture_traced
 from mlcomp.frontend.model_faults import train_mode_notes
 from mlcomp.base.registry import did_you_mean
@@ -111,9 +113,15 @@ class ModelSource:
                                     decompositions=decompositions)
         if self.kind == "torchscript":
             return _capture_torchscript(self)
-        return capture_module(self.eager, self.inputs(), method=CaptureMethod(method),
-                              dynamic_batch=dynamic_batch, training=training, name=self.name,
-                              decompositions=decompositions)
+        with flat_caches() as caches:   # transformers cache outputs: their tensors become outputs
+            graph = capture_module(PlainCacheOutputs.unwrap(self.eager), self.inputs(),
+                                   method=CaptureMethod(method), dynamic_batch=dynamic_batch,
+                                   training=training, name=self.name, decompositions=decompositions)
+        note = caches.note()
+        if note is not None and not isinstance(self.eager, PlainCacheOutputs):
+            self.eager = PlainCacheOutputs(self.eager)    # the reference returns the same flat outputs
+            self.notes.append(note)
+        return graph
 
 
 def graph_random_inputs(graph: Graph, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -366,6 +374,7 @@ def _capture_torchscript(source: ModelSource) -> Graph:
                  "with torch.export.save (.pt2)")
     from torch._export.converter import TS2EPConverter
 
+    check_script_inputs(module, source.inputs(), name=source.name, path=source.path)   # count, dtype, rank
     with quiet_torch():
         try:  # TorchScript → ExportedProgram, then re-exported with the example's static shapes
             ep = TS2EPConverter(module, source.inputs()).convert()
@@ -373,7 +382,12 @@ def _capture_torchscript(source: ModelSource) -> Graph:
         except Exception:  # noqa: BLE001 - converter gaps (control flow): trace at dispatch level
             pass
     names = {t.data_ptr(): n for n, t in list(module.named_parameters()) + list(module.named_buffers())}
-    return capture_traced(module, source.inputs(), name=source.name, constant_names=names)
+    try:
+        return capture_traced(module, source.inputs(), name=source.name, constant_names=names)
+    except CaptureError:
+        # a wrong input spec fails here too: say so (which input, what the model does with it)
+        check_script_inputs(module, source.inputs(), name=source.name, path=source.path, run=True)
+        raise
 
 
 _VALUE_TO_SCALAR = {"aten::Bool", "aten::Int", "aten::Float", "aten::item", "aten::is_nonzero",

@@ -6,6 +6,7 @@ training graphs are in ``test_mixed_precision_zoo.py``.
 """
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -15,7 +16,6 @@ from torch import nn
 from mlcomp.analysis.ranges import ErrorGrowth, calibrate, declared_tolerance, error_growth
 from mlcomp.base.errors import PipelineSpecError, VerificationError
 from mlcomp.frontend.loading import load_model
-from mlcomp.hardware.probe import measure_precisions
 from mlcomp.hardware.spec import HardwareSpec
 from mlcomp.ir import Precision
 from mlcomp.ir.builder import GraphBuilder
@@ -200,13 +200,23 @@ def test_auto_decides_from_the_hardware():
 
 
 def test_auto_measures_this_cpu():
-    """No spec given: the probe measures; a CPU without native bf16 (this AVX2 one) stays fp32."""
+    """No spec given: the probe measures this host; bf16 exactly where it measured bf16 faster than fp32."""
     result = MixedPrecision().run(tiny(), PassContext())
-    native = measure_precisions("cpu", ("bf16",)).ratio("bf16") < 0.9
+    choice = result.stats["choice"]
+    assert "matmul on cpu" in choice and "x the fp32 time" in choice
+    native = float(re.search(r"\(([0-9.e+-]+)x the fp32 time\)", choice).group(1)) < 0.9   # the pass's own probe
     assert result.stats["dtype"] == ("bf16" if native else "fp32")
-    assert ("measured faster" if native else "bf16 is not faster on this CPU") in result.stats["choice"]
-    assert "matmul on cpu" in result.stats["choice"] and "x the fp32 time" in result.stats["choice"]
+    assert ("measured faster" if native else "bf16 is not faster on this CPU") in choice
     assert result.changed == native
+
+
+@pytest.mark.parametrize("machine, native", [("avx2", False), ("avx512", False), ("avx512-bf16", True),
+                                             ("amx", True)])
+def test_auto_decides_from_the_probe_of_each_machine(fake_hardware, machine, native):
+    fake_hardware(machine)
+    result = MixedPrecision().run(tiny(), PassContext())
+    assert result.stats["dtype"] == ("bf16" if native else "fp32") and result.changed == native
+    assert ("measured faster" if native else "bf16 is not faster on this CPU") in result.stats["choice"]
 
 
 def test_deny_by_module_and_op_and_a_pattern_that_matches_nothing():
@@ -220,8 +230,9 @@ def test_deny_by_module_and_op_and_a_pattern_that_matches_nothing():
     assert out.node("exp").ann.precision_reason is PrecisionReason.ALLOWED
 
 
-def test_fp16_on_a_slow_cpu_warns_from_the_probe():
-    slow = measure_precisions("cpu", ("fp16",)).ratio("fp16") > 2
+@pytest.mark.parametrize("machine, slow", [("avx2", True), ("avx512-bf16", True), ("amx", False)])
+def test_fp16_on_a_slow_cpu_warns_from_the_probe(fake_hardware, machine, slow):
+    fake_hardware(machine)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         result = MixedPrecision(dtype="fp16").run(tiny(), PassContext())
