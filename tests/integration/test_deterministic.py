@@ -15,8 +15,8 @@ import pytest
 import mlcomp
 from mlcomp.runtime.artifact import Artifact
 
-FAST = ["mlp", "lenet", "gru"]
-HEAVY = ["resnet18", "transformer", "mobilenet"]
+FAST = ["mlp", "lenet"]
+HEAVY = ["gru", "resnet18", "transformer", "mobilenet"]
 
 
 def _digests(folder: Path) -> dict[str, str]:
