@@ -1,10 +1,21 @@
 """Compiled artifacts: callable on torch tensors, saved as a self-describing folder.
 
-    >>> art = mlcomp.compile("mlp", target="onnxruntime")
-    >>> y = art(torch.randn(1, 512))          # one output → a tensor, several → a tuple
+    >>> import torch
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("mlp")
+    >>> x = b.input("x", (2, 8))
+    >>> bias, w = b.param("0.bias", torch.zeros(4)), b.param("0.weight", torch.randn(4, 8))
+    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
+    >>> x = torch.randn(2, 8)
+    >>> from mlcomp.targets import get_target   # mlcomp.compile returns the same kind of artifact
+    >>> art = get_target("onnxruntime").compile(graph)
+    >>> y = art(x)                            # one output → a tensor, several → a tuple
     >>> art.save("out/mlp-ort")
+    PosixPath('out/mlp-ort')
     >>> again = Artifact.load("out/mlp-ort")  # any process; checks manifest and payload
-    >>> again.verify()                        # re-run the stored reference inputs
+    >>> again.verify((x,), y).passed          # no arguments: the stored reference (compile with verify)
+    True
 
 Folder layout::
 
@@ -40,6 +51,7 @@ from mlcomp.base.registry import LazyRegistry, resolve_ref
 from mlcomp.base.version import __version__
 from mlcomp.runtime.folders import _COMPILE_ONE, MANIFEST, OTHER_FORMATS, REFERENCE  # noqa: F401 (re-exported)
 from mlcomp.runtime.folders import damaged, first_line_of, not_artifact, unavailable
+from mlcomp.runtime.manifest import runtime_decisions, stable_manifest
 from mlcomp.models import random_tensor
 from mlcomp.ir import Dim, Graph, Node, TensorMeta, dtype_name, parse_dtype
 
@@ -197,6 +209,8 @@ class Artifact:
             # what the graph's bf16/fp16 nodes imply (mlcomp.analysis.ranges), or the runtime's own
             # math (cuda with tf32: its ``declared_rtol``), the looser of the two; verify's default
             "declared_tolerance": _declared_rtol(graph, runtime),
+            # every choice the compile made by timing or by a fixed rule (mlcomp.hardware.decide.Decision)
+            "decisions": [dict(d.to_json(), made_by=f"target {target}") for d in runtime_decisions(runtime)],
         }
         return cls(runtime, manifest)
 
@@ -214,6 +228,16 @@ class Artifact:
     @property
     def target(self) -> str:
         return self.manifest["target"]
+
+    @property
+    def deterministic(self) -> bool:
+        """Compiled with ``deterministic=True``: saved without anything time- or path-dependent."""
+        return bool((self.manifest.get("options") or {}).get("deterministic"))
+
+    @property
+    def decisions(self) -> list[dict[str, Any]]:
+        """The choices the compile made (``Decision.to_json()`` records: question, choice, verdict, why)."""
+        return list(self.manifest.get("decisions") or [])
 
     @property
     def compile_seconds(self) -> float:
@@ -312,6 +336,8 @@ class Artifact:
                            tmp / REFERENCE)
             manifest = dict(self.manifest, runtime_info=info, payload=_payload(tmp),
                             reference=REFERENCE if self.reference is not None else None)
+            if self.deterministic:
+                manifest = stable_manifest(manifest)
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, default=str))
         self.manifest = manifest
         return directory

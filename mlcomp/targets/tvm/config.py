@@ -34,7 +34,8 @@ class BuildConfig:
     for CPU only; ``False``: a pure TVM build, loadable by TVM alone).  ``fusions``: the larger rewrites
     the offload also applies; ``view_min_elements``: the smallest layout copy moved into a torch call.
     ``small_gemms``: time the offloaded small GEMMs both ways and keep the faster; ``threads``: torch
-    threads for that probe (``None``: torch's current count).
+    threads for that probe (``None``: torch's current count).  ``deterministic``: neither timing probe
+    runs (GEMMs stay torch calls, a tuned build is not raced: the untuned one is kept).
     """
 
     device: str = "cpu"
@@ -49,6 +50,7 @@ class BuildConfig:
     view_min_elements: int = rule("views").min_size
     small_gemms: bool = True
     threads: int | None = None
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
@@ -77,4 +79,5 @@ class BuildConfig:
         """The build a target compile with :class:`~mlcomp.targets.options.CompileOptions` ``options`` asks for."""
         return cls(device=device, tune_trials=options.tune_trials, work_dir=work_dir, threads=options.threads,
                    build_timeout=options.tune_build_timeout, run_timeout=options.tune_run_timeout,
-                   log_level=options.log_level, worker_torch=options.tune_worker_torch)
+                   log_level=options.log_level, worker_torch=options.tune_worker_torch,
+                   deterministic=options.deterministic)
