@@ -55,6 +55,16 @@ def test_small_convs_and_the_linear_run_in_torch_kernels(convnet):
     torch.testing.assert_close(built(x)[0], ref, rtol=1e-4, atol=1e-5)
 
 
+def test_deterministic_build_places_by_the_table_alone(convnet):
+    """No probe runs: the small classifier GEMM stays the torch call the table names (rule linear)."""
+    model, x, ref = convnet
+    built = tvm_backend.build(model, (x,), BuildConfig(deterministic=True))
+    assert _ops(built.stats["offload"], "torch kernel") == [("conv2d", "conv2d"), ("conv2d", "conv2d"),
+                                                            ("linear", "linear")]
+    assert "small-gemm" not in built.stats["offload"]["rules"]
+    torch.testing.assert_close(built(x)[0], ref, rtol=1e-4, atol=1e-5)
+
+
 def test_kernels_off_is_a_pure_tvm_build(convnet):
     model, x, ref = convnet
     built = tvm_backend.build(model, (x,), BuildConfig(kernels=False))
