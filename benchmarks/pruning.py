@@ -1,4 +1,4 @@
-"""Benchmark structured pruning (issue 11): MACs saved against latency measured, per target.
+"""Benchmark structured pruning: MACs saved against latency measured, per target.
 
     .venv/bin/python benchmarks/pruning.py                        # the four models, 0.25/0.5/0.75, batch 1 and 32
     .venv/bin/python benchmarks/pruning.py --models resnet18 --sparsities 0.5 --batches 32 --json out.json

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/remat.py                              # resnet18, transformer, mlp32; batch 32
     .venv/bin/python benchmarks/remat.py --models mlp32 --solvers mincut,sqrt --repeats 3 --json out.json
-    .venv/bin/python benchmarks/remat.py --anchor-only                # the issue's 6x(Linear, GELU, LayerNorm) check
+    .venv/bin/python benchmarks/remat.py --anchor-only                # the 6x(Linear, GELU, LayerNorm) anchor
 
 Per model (batch 32, dropout off, SGD with momentum) every variant's training
 step is compiled once and then measured in the same process:
@@ -29,7 +29,7 @@ fraction of the saved-activation bytes without remat (graph inputs included,
 so the inputs set a floor), torch's is normalised between saving only the
 inputs (0) and what its default min-cut saves (1).
 
-The anchor (issue 12): 6x(Linear 256, GELU, LayerNorm) at batch 64, torch's
+The anchor: 6x(Linear 256, GELU, LayerNorm) at batch 64, torch's
 saved tensors at budgets 1.0, 0.5 and 0.0 beside mlcomp's at 1.0, 0.5 and its
 smallest budget.
 """
@@ -82,7 +82,7 @@ def deep_mlp(depth: int = 32, width: int = 256) -> nn.Module:
 
 
 def anchor_model() -> nn.Module:
-    """The issue's anchor: 6 x (Linear 256, GELU, LayerNorm)."""
+    """The anchor: 6 x (Linear 256, GELU, LayerNorm)."""
     torch.manual_seed(0)
     layers: list[nn.Module] = []
     for _ in range(6):

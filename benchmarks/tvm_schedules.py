@@ -26,7 +26,7 @@ a torch call) and without any of them
 (``tvm-no-fusion``, plain ``--ablate`` only) and with all (``tvm-all-fusions``: built the same way, no artifact wrapper, the fair
 reference for the others), timed in the same interleaved rounds, to decide which of them pay.
 
-Threads (issue 14): ``tvm-after`` calls torch's kernels, so its TVM code has no parallel loop
+Threads: ``tvm-after`` calls torch's kernels, so its TVM code has no parallel loop
 (column "TVM par. loops", from ``stats["schedules"]``) and TVM's thread pool never starts.
 ``tvm-before`` does start it when its build has parallel loops; its workers busy-wait after
 each call, which also slows the runners timed next to it in this process: compare with

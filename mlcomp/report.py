@@ -61,7 +61,7 @@ class ReportConfig:
     capture_method: str = "export"
     roofline: bool = False
     quick: bool = False                     # roofline microbenchmarks at tiny sizes
-    training: bool = False                  # a section from the joint training graph (issue 9)
+    training: bool = False                  # a section from the joint training graph
     # run_bench keyword overrides (clock, sync_for, compiler, availability): fakes in tests, embedding
     bench_options: dict[str, Any] = field(default_factory=dict, hash=False)
 

@@ -23,8 +23,8 @@ An op returning several fresh tensors (``native_batch_norm``,
 ``max_pool2d_with_indices``) allocates one buffer per element (:class:`Buffers`):
 the element a ``getitem`` picks dies after its own last reader, not with the
 tuple's last element, which is what generated fx code and the interpreter do
-(before this, resnet18's batch-norm outputs were held until the backward read the
-saved mean, and its training peak was over-predicted by 48%).  ``workspace``
+(holding every element to the last would keep batch-norm outputs alive until the
+backward reads the saved mean).  ``workspace``
 adds a kernel's scratch at its own step (:mod:`mlcomp.analysis.workspace`).
 
 ``groups`` runs each group of nodes as one unit (a fused kernel, scheduled

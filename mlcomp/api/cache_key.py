@@ -19,8 +19,7 @@ Parts (all JSON, so the key is the same in every process):
 * ``machine``: the CPU model and its vector/matrix feature flags, and the GPU name when
   one is used (passes decide from the hardware probe).
 
-Before: nothing identified a compile, so the same model was captured, optimised and
-lowered again on every run.  After: equal keys mean the artifact can be reused.
+Equal keys mean the artifact can be reused.
 """
 from __future__ import annotations
 

@@ -16,8 +16,7 @@
 ``work_dir``, ``device``, ``tolerance``…) or loading options (``input_shapes``,
 ``batch``, ``capture``, ``dynamic_batch``, ``trust_pickle``).
 
-Before: every compile ran capture, passes and lowering, for the one target named.
-After: :func:`compile_model` (what both ``mlcomp.compile`` and ``mlcomp compile`` run)
+:func:`compile_model` (what both ``mlcomp.compile`` and ``mlcomp compile`` run)
 consults an optional :class:`~mlcomp.api.cache.CompileCache` first (opt-in here:
 ``cache=True`` or a folder; the CLI's default is on) and handles ``target="auto"``
 (:mod:`mlcomp.api.auto.search`).

@@ -1,7 +1,7 @@
 """What a compile checks before anything is loaded, and how a model source is loaded.
 
-Before: ``mlcomp compile mlp --batch 100000000`` died in the allocator;
-after: "--batch 100000000 needs 191 GiB for one input, more than this machine's N GiB of memory".
+An absurd size is refused before any allocation: ``mlcomp compile mlp --batch 100000000`` says
+"--batch 100000000 needs 191 GiB for one input, more than this machine's N GiB of memory".
 
     >>> check_model_inputs("model.pt2", ["1x3x32x32"], None)
     InputSpecError: --input-shape was given with model.pt2, an ExportedProgram that carries its own input shapes
@@ -57,8 +57,7 @@ def check_model_inputs(model: Any, input_shapes: Sequence[Any], batch: int | Non
                        capture_method: str = "export") -> None:
     """Shapes and batch checked before anything is loaded or allocated (non-positive, absurd, inapplicable).
 
-    Before: ``--input-shape 100000x100000x1000`` died in the allocator asking for 40 TB;
-    after: "--input-shape 100000x100000x1000 needs 3.73e+04 GiB for one input, more than …".
+    ``--input-shape 100000x100000x1000`` gives "--input-shape 100000x100000x1000 needs 3.73e+04 GiB for one input, more than …".
     """
     if isinstance(model, str) and not model.strip():
         raise ModelLoadError("the MODEL argument is empty", hint="give a zoo name (see `mlcomp models list`), "

@@ -25,15 +25,13 @@ The rule, for every path any command or API function writes (file or folder):
    into ``KeyboardInterrupt`` and remembers it, so an interrupt that a native library
    swallowed still stops the next commit and still exits as an interruption.
 
-Before and after::
+Two refusals::
 
     mlcomp export m.pt2 --format pt2 -o m.pt2
-      before: the user's m.pt2 replaced by the optimised program, exit 0
-      after:  error: the output m.pt2 is the input /home/u/m.pt2; mlcomp never writes over its
+      error: the output m.pt2 is the input /home/u/m.pt2; mlcomp never writes over its
               input, even with --force (at -o) ...                       (nothing touched)
     mlcomp export mlp --format onnx -o thesis.txt         (thesis.txt exists)
-      before: thesis.txt overwritten with ONNX bytes
-      after:  error: the output thesis.txt is an existing file that mlcomp did not write ...
+      error: the output thesis.txt is an existing file that mlcomp did not write ...
 
     >>> import tempfile; out = Path(tempfile.mkdtemp()) / "r.json"
     >>> check_destination(out, Kind.FILE, fmt="json") == out

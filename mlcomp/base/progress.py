@@ -7,10 +7,9 @@ command prints its results.  Anywhere else (a pipe, a CI log, a file) each stage
 is one plain line, written where the command's own text goes (stdout), or to
 stderr when stdout carries machine-readable output (``--json`` without a file).
 
-Before and after, for ``mlcomp report resnet18 -o report/ > log.txt``::
+For ``mlcomp report resnet18 -o report/ > log.txt``::
 
-    before: nothing for minutes, then the bench table
-    after:  [  0.0s] capture resnet18
+            [  0.0s] capture resnet18
             [0/6     8s] resnet18 eager batch 1
             [1/6    13s] resnet18 cpu batch 1
             ...

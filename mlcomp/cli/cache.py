@@ -12,8 +12,7 @@
     $ mlcomp cache prune --max-size 500MB   # evict least recently used entries until the rest fit
     evicted 3 least recently used entries (1.1 GiB) from /root/.cache/mlcomp; 12 entries, 441.2 MiB left (cap 476.8 MiB)
 
-Before: there was no cache to look into; after, the folder ``mlcomp compile`` reuses
-artifacts from (:mod:`mlcomp.api.cache`) can be listed, inspected and emptied, with the
+The folder ``mlcomp compile`` reuses artifacts from (:mod:`mlcomp.api.cache`) can be listed, inspected and emptied, with the
 same ``--cache-dir`` option as ``compile``.  Registered lazily by :mod:`mlcomp.cli.main`.
 ``mlcomp compile`` takes its cache options from here too (``--cache-max-size``, the
 eviction lines it prints after a store).

@@ -4,8 +4,7 @@ Outputs are named after the model's outputs (dict keys, named-tuple fields,
 ``--output-names``, else ``output``, ``output_1`` ...), as ``mlcomp compile``
 recorded them in the manifest::
 
-    before: addmm_2: [1, 2] float32 [-0.05588, 0.1556]
-    after:  output: [1, 2] float32 [-0.05588, 0.1556]
+    output: [1, 2] float32 [-0.05588, 0.1556]        (the IR's name would be addmm_2)
 
     $ mlcomp run out/r18 --input x.npy --output y.npz      # y.npz holds "output"
     $ mlcomp run out/r18 --verify --json                    # the same facts as JSON

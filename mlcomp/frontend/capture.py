@@ -22,9 +22,8 @@ fails with :class:`CaptureError` naming the source line and suggesting
 The model runs eagerly only when tracing it fails, to tell a wrong input shape
 (:class:`InputSpecError`) from a limit of export::
 
-    before: eager forward → torch.export → run_decompositions → IR
-    after:  torch.export → run_decompositions → IR   (the same IR; on a failure:
-            eager forward → InputSpecError, or export again if it initialised lazy modules)
+    success: torch.export → run_decompositions → IR
+    failure: eager forward → InputSpecError, or export again if it initialised lazy modules
 """
 from __future__ import annotations
 

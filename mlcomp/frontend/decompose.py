@@ -15,8 +15,8 @@ fails) loses the whole model.  :func:`decompose` instead
 
 What was kept, and why, is a :class:`Decomposition` (``kept``: op → reason)::
 
-    before: run_decompositions() raises "decomposition of mlcomp_t::twice is broken"
-    after:  decompose(ep) → (program with addmm, permute, mlcomp_t::twice,
+    run_decompositions() alone: raises "decomposition of mlcomp_t::twice is broken"
+    decompose(ep): → (program with addmm, permute, mlcomp_t::twice,
             Decomposition(kept={"mlcomp_t::twice.default": "its decomposition fails:
             RuntimeError: decomposition of mlcomp_t::twice is broken"}, runs=4))
 """

@@ -24,8 +24,7 @@ model_output.detach())``, then the joint decomposition behind
 table.  It was chosen over ``aot_export_module(trace_joint=True)`` because its output
 signature is typed (``LOSS_OUTPUT``, ``GRADIENT_TO_PARAMETER`` with the parameter's
 name, ``BUFFER_MUTATION`` with the buffer's name), so gradients and buffer updates are
-named without positional bookkeeping; on the zoo it also captured faster (resnet18:
-8.5 s vs 15.9 s).  The detached model output marks where the model ends and the loss
+named without positional bookkeeping; it also captures faster.  The detached model output marks where the model ends and the loss
 begins; it is dropped from the graph's outputs.
 
 Decompositions (:func:`joint_decompositions`): core ATen *minus* the fused kernels

@@ -24,7 +24,7 @@ compute:
   processes' busy threads; :meth:`LinkProfile.speed`
   says how fast ``R`` ranks run beside ``B`` threads (:func:`rank_speed`).
 
-Before: nothing known about the link.  After::
+Usage::
 
     >>> probe = LinkProbe()                 # configuration only; nothing runs yet
     >>> prof = probe.result                 # spawns 2 processes once (~5 s); cached on the probe

@@ -7,9 +7,8 @@
 
 Why: a deployed artifact runs alone in its process.  Timed next to other runtimes in one
 process (torch's OpenMP pool, ONNX Runtime's, TVM's, OpenVINO's TBB arena), its thread pool
-competes with theirs for the cores, and not alike for all: on 2 cores a TVM artifact of GPT-2
-measured 0.27 ms alone and 0.32–0.71 ms in ``target="auto"``'s shared process, where ONNX
-Runtime (0.39 ms alone) then won.  Here each candidate gets a process of its own that
+competes with theirs for the cores, and not alike for all, which can reverse the order of two
+candidates (``benchmarks/RESULTS.md`` has a case).  Here each candidate gets a process of its own that
 loads it (:meth:`Artifact.load`), so every one is timed as it will run.
 
 Protocol (one JSON line per message on the child's private stdout; its fd 1 is sent to
@@ -21,8 +20,8 @@ stderr so that backends' prints cannot corrupt it)::
     child:  {"error": "..."}                        then exits 1
 
 ``k`` makes a block last about ``block_s``, from the fastest of three calls after warm-up.
-The other workers' thread pools keep spinning for a while after their last sample (ONNX
-Runtime's for ~50 ms of CPU, measured): ``settle_s`` of untimed calls let them stop, and the
+The other workers' thread pools keep spinning for a while after their last sample:
+``settle_s`` of untimed calls let them stop, and the
 sample, the median call of the block, ignores a straggler.
 """
 from __future__ import annotations
@@ -47,8 +46,8 @@ from mlcomp.runtime.artifact import Artifact
 __all__ = ["ProcessSampler", "WorkerError", "save_inputs"]
 
 MAX_CALLS = 1000          # a block never has more calls than this
-# untimed calls before each sample: the previous worker's thread pools spin on after its sample
-# (ONNX Runtime's for ~50 ms of CPU on GPT-2@2, measured), taking a core from this one
+# untimed calls before each sample: the previous worker's thread pools spin on after its sample,
+# taking a core from this one
 SETTLE_S = 0.1
 
 

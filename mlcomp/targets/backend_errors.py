@@ -8,12 +8,12 @@ line, the ATen op and the FX node it names, and maps the node back to the
 model's module path through the ``mlcomp_origin`` that
 :mod:`mlcomp.runtime.codegen` records on every node.
 
-Before and after, for an op the exporter cannot translate::
+The exporter's own message, and what :func:`first_error` makes of it, for an op it cannot translate::
 
-    before: exporting m to ONNX failed: ConversionError: Failed to convert the exported program to
+    raw:     exporting m to ONNX failed: ConversionError: Failed to convert the exported program to
             an ONNX model. This is step 3/3 of exporting the model to ONNX. Next steps:. ...
             exporter log: .
-    after:  exporting m to ONNX failed: DispatchError: No ONNX function found for
+    reduced: exporting m to ONNX failed: DispatchError: No ONNX function found for
             aten._convolution.default. Where: node %_convolution (aten._convolution.default),
             module features.0 (Conv2d). ...
 

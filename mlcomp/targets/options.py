@@ -10,8 +10,7 @@
     >>> opts.to_json()["log_level"]
     'info'
 
-Backend knobs that used to come from environment variables (TVM's
-MetaSchedule build/run timeouts, its console verbosity, whether its worker
+Backend knobs (TVM's MetaSchedule build/run timeouts, its console verbosity, whether its worker
 processes may import torch) are fields here, validated like the others: no
 module of mlcomp reads the environment.
 """

@@ -13,13 +13,9 @@ This module sits below both :mod:`mlcomp.targets.base` (what a target is) and
 :mod:`mlcomp.runtime.artifact` (what a target builds), and imports neither at
 run time: an artifact looks up the target its payload needs here when it is
 loaded, and ``base`` builds artifacts, so keeping the table apart is what lets
-both import it at module level without a cycle.  Before this module existed
-the table lived in ``base`` and ``artifact`` reached it through a
-function-local import::
+both import it at module level without a cycle::
 
-    before:  artifact._check_backend ──(inside the function)──▶ base.get_target
-             base.Target.compile     ──(inside the function)──▶ artifact.Artifact
-    after:   artifact ──▶ registry ◀── base ──▶ artifact       (all at module level)
+    artifact ──▶ registry ◀── base ──▶ artifact       (all at module level)
 
 Each target class is imported on first use from its ``"module:Class"``
 reference, so ``import mlcomp.targets`` never imports tvm or onnxruntime.

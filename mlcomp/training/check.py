@@ -19,8 +19,8 @@ the compiled step; per parameter, with norm-wise relative errors ``err``::
     err(compiled, fp32) <= max(declared_tolerance, K_AUTOCAST * err(autocast, fp32))
 
     ResNet-18, batch 4, bf16 (declared tolerance 0.065):
-    before: compiled vs autocast 0.47 (max-abs), tolerance 0.065              -> refused
-    after:  layer1.0.bn2.bias: compiled 0.43 from fp32, autocast 0.38, compiled vs
+    a fixed tolerance: compiled vs autocast 0.47 (max-abs), tolerance 0.065   -> would refuse
+    this rule:         layer1.0.bn2.bias: compiled 0.43 from fp32, autocast 0.38, compiled vs
             autocast 0.20; bound 1.25 x 0.38 = 0.47 (from autocast)            -> passed
 
 ``K_AUTOCAST`` = 1.25: on the zoo (mlp, lenet, resnet18, transformer with and without

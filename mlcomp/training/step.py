@@ -330,9 +330,7 @@ def _scripted(module: torch.nn.Module) -> torch.jit.ScriptModule | None:
 
     TorchScript runs the whole step in its interpreter instead of one Python call per
     node; run with ``optimized_execution(False)`` it calls the same kernels in the same
-    order, so results stay bitwise those of the fx code.  On the zoo at batch 32 (one
-    thread, process time, load ~16) it made the GRU's step 12.0 ms vs 19.3 ms (fx) and
-    19.6 ms (eager); lenet 12.2 / 13.0 / 14.0 ms; mlp 2.19 / 2.24 / 2.66 ms."""
+    order, so results stay bitwise those of the fx code, without a Python call per node."""
     with quiet_torch():
         try:
             return torch.jit.script(module)

@@ -43,10 +43,9 @@ from mlcomp.ir.ops import GETITEM, INPUT, PARAM
 __all__ = ["Link", "LINKS", "PlacementCost", "units_of", "measure_node_times"]
 
 
-# gloo-loopback: a default for when no probe ran; the probe (mlcomp.hardware.link.LinkProbe, two processes,
-# ping-pong 4 KiB … 16 MiB, relative-error fit) measured 180 us and 2.8 GB/s on 2026-11-23 at load average
-# 6.9 on this 2-core host.  Pass a fresh LinkProbe().result.link as PlacementCost.of(link=...).  The rest:
-# spec sheets.
+# gloo-loopback: a default for when no probe ran, from one run of the probe (mlcomp.hardware.link.LinkProbe:
+# two processes, ping-pong 4 KiB … 16 MiB, relative-error fit; the run is in benchmarks/RESULTS.md).  Pass a
+# fresh LinkProbe().result.link as PlacementCost.of(link=...).  The rest: spec sheets.
 LINKS: dict[str, Link] = {
     "gloo-loopback": Link("gloo over TCP loopback (measured on this host, loaded)", 2.8e9, 180e-6),
     "pcie4-x16": Link("PCIe 4.0 x16 (spec sheet, one direction)", 32e9, 10e-6),

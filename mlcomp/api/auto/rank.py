@@ -9,9 +9,8 @@ per call.  :func:`block_samplers` makes samplers of plain functions in this proc
 untimed lead-in call, then a timed one, with the device's barrier); the auto target uses
 :class:`~mlcomp.runtime.timing_worker.ProcessSampler` instead, a fresh process per candidate.
 
-Before: one pass of rounds decided 3 %-apart candidates by a coin toss (ResNet-18@1, ORT vs
-OpenVINO, the pick flipped between runs).  After: the same rounds, then tie-break rounds of the
-undecided until a sign test decides (p < ``ALPHA``) or ``TIE_BREAK`` × the budget is spent.
+One pass of rounds cannot tell candidates a few % apart; so rounds are followed by tie-break rounds
+of the undecided until a sign test decides (p < ``ALPHA``) or ``TIE_BREAK`` × the budget is spent.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
     >>> art.target, [(c["target"], c["median_ms"], c["verified"]) for c in art.manifest["auto"]["candidates"]]
     ('onnxruntime', [('cpu', 0.071073, True), ('onnxruntime', 0.06425, True)])   # mlp, batch 1
 
-Before: the user compiled and benchmarked each target by hand.  After: each candidate
+Each candidate
 target is checked against the captured graph (available here, capabilities, ops),
 compiled with the pipeline adapted to it, verified against eager, then all verified
 artifacts are timed on the example inputs, **each in a fresh process of its own**
@@ -12,8 +12,8 @@ artifacts are timed on the example inputs, **each in a fresh process of its own*
 and ranked (:mod:`mlcomp.api.auto.rank`: rotated rounds of one sample each, a sign test on
 paired ratios, tie-break rounds for the close ones)::
 
-    before (all in one process): GPT-2@2, tvm 0.32-0.71 ms next to onnxruntime 0.32-0.39: picked onnxruntime
-    after (a process each):      tvm 0.27, onnxruntime 0.33 -- as each runs when deployed alone: picked tvm
+    one shared process: each runtime's threads slow the others', unevenly -> the pick is biased
+    a process each:     each candidate runs as when deployed alone        -> the pick is fair
 
 In one process the runtimes' thread pools (torch's OpenMP, ONNX Runtime's, TVM's, OpenVINO's)
 compete for the cores, and not alike for all.  When a process cannot be used (an artifact

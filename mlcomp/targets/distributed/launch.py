@@ -8,7 +8,7 @@
           --nproc-per-node 2 -m mlcomp.targets.distributed.launch out/mlp-pp --train --check
     # on host0; the same with --node-rank 1 on host1
 
-Before: an artifact folder of the ``distributed`` target.  After: each rank runs
+Input: an artifact folder of the ``distributed`` target.  Each rank runs
 its stages under the chosen schedule; rank 0 prints one JSON line (and writes
 it to ``--result``): outputs, and with ``--train`` gradients and the weights
 after one step of ``--optimizer`` (a spec such as ``"sgd{lr=0.1}"``, the

@@ -1,6 +1,6 @@
-"""IR graph → ONNX ``ModelProto`` by mlcomp itself: the ``onnxruntime`` target's export (issue 14).
+"""IR graph → ONNX ``ModelProto`` by mlcomp itself: the ``onnxruntime`` target's export.
 
-torch.onnx translates through onnxscript's torchlib: importing it costs 0.6–1 s, and the
+torch.onnx translates through onnxscript's torchlib, whose import is slow, and the
 export builds an ``ExportedProgram`` by fake-tensor propagation, translates it and runs
 onnxscript's optimizer.  The IR already knows every shape and dtype, so :func:`emit_model`
 writes the ONNX nodes straight from it with ``onnx.helper``, one table entry per IR op

@@ -1,4 +1,4 @@
-"""IR module → ONNX without re-tracing it: the ``onnxruntime`` target's fast export path (issue 14).
+"""IR module → ONNX without re-tracing it: the ``onnxruntime`` target's fast export path.
 
 ``torch.onnx.export(module, inputs, dynamo=True)`` builds onnxscript's whole
 torchlib registry (~1000 functions whose source it parses), runs
@@ -8,7 +8,7 @@ from the generated module (placeholders for buffers and inputs, ``meta["val"]``
 from fake-tensor propagation, no tracing), registers only the torchlib
 functions its ops need, and hands it to torch.onnx's translation step::
 
-    before: torch.onnx.export(dynamo=True)                 after: export_model(gm, inputs)
+    torch.onnx.export(dynamo=True)                         export_model(gm, inputs)
       from_torchlib()            ~1000 functions parsed      registry of the graph's ~15 ops
       torch.export(gm)           trace the whole module      ExportedProgram from gm's nodes
       run_decompositions         trace it again              only ops torchlib lacks, per node

@@ -85,7 +85,7 @@ def export_onnx_recorded(module: torch.nn.Module, inputs: tuple[torch.Tensor, ..
         try:
             proto, record = export_model(module, inputs, opset=opset, dynamic_shapes=dynamic_shapes,
                                          direct=direct)
-        except Exception as exc:  # noqa: BLE001 - turned into a user-facing error (issue 15: the real cause)
+        except Exception as exc:  # noqa: BLE001 - turned into a user-facing error (first_error: the real cause)
             failure = first_error(exc, module)
             raise TargetCompileError(
                 f"exporting {name} to ONNX failed: {failure.message}",

@@ -95,8 +95,7 @@ def _config(hint: torch.dtype, threads: int | None) -> dict[Any, Any]:
     config: dict[Any, Any] = {
         props.hint.inference_precision: getattr(ov.Type, _OV_NAME[hint]),
         props.hint.performance_mode: props.hint.PerformanceMode.LATENCY,
-        # pinned threads wait for their own core: on a shared 2-core machine the median call of
-        # the zoo MLP took 3.2-3.9 ms pinned against 0.14 ms unpinned (OpenVINO 2026.4)
+        # pinned threads wait for their own core, which a shared machine may not give them
         props.hint.enable_cpu_pinning: False,
     }
     if threads:

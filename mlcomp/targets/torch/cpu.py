@@ -19,9 +19,7 @@ faster one is kept, but only where the optimisation changes the kernels
 plain module is kept untimed.  The choice and why is ``runtime.choice``
 (manifest ``runtime_info.choice``)::
 
-    before: trace → freeze → save → load plain, load + optimize tuned → time ≥ 15 rounds
-            (0.25 s of calls per variant), then the payload kept as bytes
-    after:  trace → freeze (plain) and optimize_for_inference (tuned) of the same trace
+    trace → freeze (plain) and optimize_for_inference (tuned) of the same trace
             → time until a sign test over paired rounds decides (≥ 6 rounds; the same
             budget when it cannot) → the payload serialised when first needed (save)
     lenet:  {"optimize": false, "reason": "not-faster", "rounds": 6, "ratio": 1.9535, "decided_early": true}
@@ -250,7 +248,7 @@ class OptimizeChoice:
 THRESHOLD = 0.9
 MIN_ROUNDS = 6        # the fewest paired rounds a sign test can decide at ALPHA (two-sided p = 2 / 2**6)
 ALPHA = 0.05
-# 0.25 s of calls per variant; a slow call (or a loaded machine) stops at MIN_ROUNDS, not 15 as before
+# 0.25 s of calls per variant; a slow call (or a loaded machine) stops at MIN_ROUNDS, not 15
 TIMING = TimingPolicy(warmup=3, budget_s=0.25, min_repeats=MIN_ROUNDS, max_repeats=2000)
 
 

@@ -14,11 +14,11 @@ Scheduling
     (:mod:`mlcomp.targets.tvm.offload.rewrite`); every other fused PrimFunc gets DLight's GEMV/
     Reduction rules or mlcomp's ParallelVector (:mod:`mlcomp.targets.tvm.schedules`),
     without parallel loops when the module calls torch's kernels (torch's OpenMP pool owns
-    the cores; TVM's pool spinning next to it made resnet18 3× slower on 2 cores), so the
+    the cores; TVM's pool spinning next to it contends for them), so the
     VM never starts TVM's thread pool; ``stats["kernels"]`` and ``stats["schedules"]``
     (``parallel``, ``parallel_loops``) say what went where.  CUDA gets the
     DLight GPU rules.  ``tune_trials > 0``: MetaSchedule.  ``tune_trials``
-    is the trial budget of a search, shared evenly by its extracted tasks (issue 14: a tuned CPU build
+    is the trial budget of a search, shared evenly by its extracted tasks (a tuned CPU build
     keeps the torch kernels and tunes only what TVM itself runs, with no parallel loops; with default
     ``kernels`` a second search tunes the module with TVM's own conv/matmul kernels and parallel loops;
     the untuned build and the tuned ones are timed and the fastest is returned, ``stats["tuning_decision"]``);
@@ -44,10 +44,9 @@ Library offload (``offload=True``), checked on the PyPI wheel apache-tvm 0.27.0.
 
 Tuning-speed workarounds (TVM 0.27 + torch in one process):
     ``import tvm`` imports torch (tvm_ffi does), which makes TVMScript's
-    ``inspect.stack()`` scan ~2000 modules per frame: importing
-    ``tvm.s_tir.tensor_intrin`` takes ~60-90 s, in the main process and in every
-    MetaSchedule build worker (the build pool is restarted per batch), so with the
-    stock 30 s timeout every build failed.  While building, ``inspect.stack`` is
+    ``inspect.stack()`` scan every loaded module per frame, which makes importing
+    ``tvm.s_tir.tensor_intrin`` slower than MetaSchedule's stock build timeout, in the
+    main process and in every build worker (the build pool is restarted per batch).  While building, ``inspect.stack`` is
     replaced by one that skips the module lookup, CPU build workers skip the
     intrinsic import, and torch is hidden from the workers
     (``tune_worker_torch=True`` keeps it).  All of that, and the console
@@ -57,9 +56,8 @@ Tuning-speed workarounds (TVM 0.27 + torch in one process):
     and the scope's private temporary folder.  Each task's full MetaSchedule log
     goes to ``work_dir/logs`` through loggers private to the build.
 
-    before: MLCOMP_TVM_BUILD_TIMEOUT=300 mlcomp compile … (environment, read at import)
-    after:  build(module, inputs, tune_trials=64, build_timeout=300)
-            (CompileOptions(tune_build_timeout=300) for the target)
+    build(module, inputs, tune_trials=64, build_timeout=300)
+    (CompileOptions(tune_build_timeout=300) for the target; no environment variable)
 """
 
 from __future__ import annotations
@@ -345,7 +343,7 @@ def _stage(progress: Callable[[int, int, str], None] | None, index: int, count: 
 
 
 def _skip_empty_cat_inputs(ep) -> None:
-    """Drop 1-D empty inputs of each ``aten.cat`` of ``ep``'s graph, in place (issue 14, GPT-2).
+    """Drop 1-D empty inputs of each ``aten.cat`` of ``ep``'s graph, in place (HF GPT-2's cache).
 
     ``torch.cat`` skips tensors of shape ``(0,)`` whatever the others' rank (HF's ``DynamicCache``
     starts each layer's keys/values as ``torch.tensor([])``); TVM's Relax importer concatenates them

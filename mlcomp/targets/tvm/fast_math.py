@@ -1,13 +1,11 @@
-"""Vectorisable softmax and gelu for the TVM code of a CPU build (issue 14, small transformers).
+"""Vectorisable softmax and gelu for the TVM code of a CPU build.
 
 TVM 0.27 legalizes ``R.nn.softmax`` and ``R.nn.gelu``/``R.erf`` to ``T.exp``/``T.erf``, which LLVM
-emits as one scalar libm call per element: on HF BERT-tiny at batch 2 (1 thread, idle) the fused
-attention softmax over ``[2, 4, 32, 32]`` took 32.5 µs (torch's 10.5), and a gelu over ``[64, 128]``
-111 µs (torch's 16.5).  :func:`fast_math` rewrites the float32 ones to TOPI's polynomial
-``fast_softmax`` / ``fast_erf``, which vectorise: 12.6 µs and 5.9 µs there.  Their error against
-torch's own softmax and exact gelu was measured at the level of the exact TVM kernels' (softmax:
-max relative 4.6e-7 for both; gelu on inputs of scale 3: max absolute 9.5e-7 against 4.8e-7),
-within every verification tolerance mlcomp uses.  Other dtypes are left alone::
+emits as one scalar libm call per element, several times slower than torch's vectorised kernels.
+:func:`fast_math` rewrites the float32 ones to TOPI's polynomial ``fast_softmax`` / ``fast_erf``,
+which vectorise.  Their error against torch's own softmax and exact gelu is at the level of the
+exact TVM kernels' (below 1e-6; figures in ``benchmarks/RESULTS.md``), within every verification
+tolerance mlcomp uses.  Other dtypes are left alone::
 
     before:  lv27 = R.nn.softmax(lv26, axis=-1)
              lv2 = R.nn.gelu(lv1)

@@ -22,11 +22,9 @@ parallelised: waking the thread pool costs more than the work.
 
 Serial builds (``default_rules(..., parallel=False)``): when the module calls torch's
 kernels (:mod:`mlcomp.targets.tvm.offload.rewrite`), torch's OpenMP pool owns the cores and TVM
-adds no parallel loop at all.  Measured on 2 cores (resnet18 at batch 1, TVM's pool at 2
-threads): TVM's workers busy-wait after every parallel region (300 000 yields) while torch's
-next convolution wants both cores, and the model ran 2.8× slower than with TVM's pool at 1
-thread.  A larger :data:`PARALLEL_MIN` does not help: lenet at batch 32 with its one loop over
-65 536 elements parallel took 8.1 ms, serial 1.4 ms (one region starts the spinning pool).
+adds no parallel loop at all: TVM's workers busy-wait after every parallel region while
+torch's next kernel wants the same cores.  A larger :data:`PARALLEL_MIN` does not help: one
+parallel region is enough to start the spinning pool (figures in ``benchmarks/RESULTS.md``).
 ParallelVector then only vectorizes, and DLight's GEMV/Reduction rules are wrapped by
 :func:`without_parallel`, which replays their schedule minus its ``parallel`` steps::
 

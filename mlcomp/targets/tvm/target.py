@@ -13,7 +13,7 @@ Reduction rules and mlcomp's ParallelVector (:mod:`~mlcomp.targets.tvm.schedules
 with a budget of ``tune_trials`` trials (:meth:`TvmTarget.tune`, ``mlcomp tune``).
 ``work_dir`` holds the tuning database, shared across models by task workload; a
 build given a ``work_dir`` with records uses them for what TVM runs (the vendor kernels stay; the
-untuned build competes and the faster one is kept, issue 14).
+untuned build competes and the faster one is kept).
 ``art.runtime.explain_lines()`` says which op ran where.  Shapes are static: another
 batch size needs another compile.
 
@@ -290,7 +290,7 @@ class TvmTarget(Target):
                                       **({"progress": progress} if progress is not None else {}))
         except MlcompError:
             raise
-        except Exception as exc:  # noqa: BLE001 - TVM's errors are long C++ traces (issue 15: the real cause)
+        except Exception as exc:  # noqa: BLE001 - TVM's errors are long C++ traces (first_error: the real cause)
             failure = first_error(exc, module)
             raise TargetCompileError(
                 f"TVM could not build {graph.name}: {failure.message}",

@@ -42,7 +42,7 @@ _LEDGER = "mlcomp_ledger.json"
 def _worker_build(mod, target, _params):
     """``meta_schedule.builder.default_build`` minus ``import tvm.s_tir.tensor_intrin`` on CPU.
 
-    That import costs ~8 s of CPU per worker per batch; candidates arrive already
+    That import costs seconds of CPU per worker per batch; candidates arrive already
     scheduled (tensorized bodies inlined), so the registry is not needed to compile.
     """
     from tvm.driver import build as tvm_build
@@ -88,7 +88,7 @@ def tune(mod, target, tune_trials: int, work_dir: str, stats: dict, scope: TvmSc
     model or another, already tuned to its share and that has a valid record is *reused*
     (``stats["tasks_reused"]``); the trials still owed to the other tasks are spent on them only.
     ``progress(done, total, message)`` is called after every measured batch.  ``parallel=False``
-    (a module that calls torch's kernels, issue 14): the search space has no parallel loops and the
+    (a module that calls torch's kernels): the search space has no parallel loops and the
     ledger keys get a ``|serial`` suffix (the database's format is unchanged; a record tuned with
     parallel loops may still be applied, which the build's tuned-vs-untuned timing then catches).
     """

@@ -1,4 +1,4 @@
-"""TVM's convolutions on prepacked oneDNN kernels, channels-last, epilogues fused (issue 14).
+"""TVM's convolutions on prepacked oneDNN kernels, channels-last, epilogues fused.
 
 Two steps of the untuned CPU build (:mod:`mlcomp.targets.tvm.offload.rewrite` runs the second):
 
@@ -51,8 +51,8 @@ __all__ = ["MIN_MEAN_CONV_MACS", "PACK_1X1_MIN_MACS", "channels_last_reason", "p
 _CONV = "relax.nn.conv2d"
 # a module goes channels-last when its convs average this many multiply-adds (see the module doc)
 MIN_MEAN_CONV_MACS = 1 << 23
-# 1×1 convs below this many multiply-adds run unpacked: mobilenet@1's (0.4–2.4 M) took 56–94 µs packed vs
-# 18–66 µs with F.conv2d; at batch 32, 32→16 @ 32² (16.8 M) 493 vs 527 µs
+# 1×1 convs below this many multiply-adds run unpacked (F.conv2d): the packed call's fixed cost
+# outweighs its gain there (figures in benchmarks/RESULTS.md)
 PACK_1X1_MIN_MACS = 1 << 23
 _UNARY = {"relax.nn.relu": Unary.RELU, "relax.sigmoid": Unary.SIGMOID, "relax.nn.gelu": Unary.GELU,
           "relax.nn.gelu_tanh": Unary.GELU_TANH, "relax.clip": Unary.HARDTANH}
@@ -141,7 +141,7 @@ def _clip_inside(func: Any) -> Any:
 
 def worth_packing(weight_shape: tuple[int, ...], out_nhwc: tuple[int, ...]) -> bool:
     """Whether a conv runs packed (else ``F.conv2d`` on the channels-last view): all but 1×1 convs under
-    :data:`PACK_1X1_MIN_MACS` multiply-adds, where the packed call's ~50 µs fixed cost lost (module doc)."""
+    :data:`PACK_1X1_MIN_MACS` multiply-adds, where the packed call's fixed cost outweighs its gain (module doc)."""
     o, i, kh, kw = weight_shape
     return (kh, kw) != (1, 1) or int(np.prod(out_nhwc)) * i >= PACK_1X1_MIN_MACS
 

@@ -1,4 +1,4 @@
-"""Elementwise work between torch kernel calls of a TVM build, moved into those calls (issue 14).
+"""Elementwise work between torch kernel calls of a TVM build, moved into those calls.
 
 TVM's own loops run serially next to torch's kernels (their thread pools would contend), so work
 that sits between two torch calls is cheaper on torch's threads when it is large enough.  The
@@ -27,15 +27,14 @@ __all__ = ["MEAN_MIN_ELEMENTS", "RELU_MIN_ELEMENTS", "epilogues", "layer_norms",
 _PACKED = "relax.call_pure_packed"
 _LINEAR = "mlcomp.torch.linear"
 # relu after a conv stays in TVM: fused with the conv's bias/BatchNorm shift it is one cheap pass, and
-# torch's extra relu_ pass measured slower (resnet18@32, 2 threads: 245 vs 224 ms; mlp 2 % slower).
-# After a linear with at least RELU_MIN_ELEMENTS outputs it goes in place on torch's threads: TVM's
-# serial relu of the zoo transformer's FFN (32×128×1024) took 7.6 ms of 356 at one thread.
+# torch's extra relu_ pass is slower.  After a linear with at least RELU_MIN_ELEMENTS outputs it goes in
+# place on torch's threads, where TVM's serial relu would be a visible share of the step.
 _ACTIVATIONS = {"relax.sigmoid": Activation.SIGMOID, "relax.nn.gelu": Activation.GELU,
                 "relax.nn.gelu_tanh": Activation.GELU_TANH, "relax.nn.relu": Activation.RELU}
 RELU_MIN_ELEMENTS = 1 << 20
-# A float32 mean reading a torch kernel's result goes to torch from MEAN_MIN_ELEMENTS inputs (issue 14):
-# TVM's serial reduction of the transformer's pooling (32×128×256) took 1.35 ms; a smaller one stays
-# (a packed call costs ~30 µs), and so does one after TVM's own loops (they fuse into the reduction).
+# A float32 mean reading a torch kernel's result goes to torch from MEAN_MIN_ELEMENTS inputs (TVM's
+# reduction is serial there); a smaller one stays (a packed call has a fixed cost), and so does one
+# after TVM's own loops (they fuse into the reduction).
 MEAN_MIN_ELEMENTS = 1 << 17
 
 

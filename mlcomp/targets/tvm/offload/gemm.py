@@ -1,8 +1,8 @@
-"""Small GEMMs stay TVM code when this host measures them faster there than a torch call (issue 14).
+"""Small GEMMs stay TVM code when this host measures them faster there than a torch call.
 
 On tiny transformers (HF BERT/ViT/GPT-2 with hidden 64 at batch 2) each GEMM is a few µs of
 arithmetic: a packed call into torch (``tvm.offload.rewrite``) then costs more than the product, between
-the VM's call (~4 µs: argument conversion, the Python body, the result handed back) and torch's
+the VM's call (argument conversion, the Python body, the result handed back) and torch's
 dispatch and output allocation.  A register-tiled TVM kernel needs none of that.  Which GEMMs are
 small enough is not assumed: :func:`gemm_calls` lists the offloaded ``linear``/``matmul`` calls of a
 build, the backend compiles each distinct one both ways into one probe module and times them on
@@ -18,14 +18,12 @@ ones whose TVM kernel took at most :data:`KEEP_RATIO` of the torch call's time.
              for i0, j0:  for k:  for i1 in T.unroll(4):  for j1 in T.vectorized(16):  C[i, j] += A[i, k] * B[k, j]
                           for i1, j1 in T.grid(4, 16):  out[i, j] = C[i, j] + b[j]
 
-Measured (1 thread, idle): 64×64×64 + bias 7.1 µs as TVM code vs 10.5 µs ``F.linear`` alone; at
-128×256×256 torch's blocked GEMM wins (193 vs 228 µs), so products above :data:`PROBE_MAX_MACS`
+Large products run faster in torch's blocked GEMM, so products above :data:`PROBE_MAX_MACS`
 are not probed (a bound on the probe's compile time).  A ``linear_gelu`` is a candidate too: its
-gelu becomes TOPI's vectorised ``fast_erf`` (:mod:`mlcomp.targets.tvm.fast_math`; with TVM's scalar
-``erf`` the 64×64×128 GEMM + gelu took 113 µs against torch's 41) fused into the GEMM's epilogue.
-So is a (residual add +) layer norm (``add_layer_norm``: 12 vs 20 µs on 2×32×64), back as
+gelu becomes TOPI's vectorised ``fast_erf`` (:mod:`mlcomp.targets.tvm.fast_math`) fused into the
+GEMM's epilogue.  So is a (residual add +) layer norm (``add_layer_norm``), back as
 ``R.nn.layer_norm(R.add(a, b), …)``: a small model whose every such call stays TVM code never wakes
-torch's thread pool (on 2 busy cores, a 2-thread torch layer norm waited ms for its second thread).
+torch's thread pool (on busy cores a multi-threaded torch kernel waits for its other threads).
 """
 from __future__ import annotations
 
@@ -163,8 +161,7 @@ def _norm_call(kind: str, value: Any) -> GemmCall | None:
 def patch_convs(func: Any) -> Any:
     """Each small float32 NCHW conv2d whose stride equals its kernel (no padding, dilation or groups: ViT's
     patch embedding) as the GEMM it is: non-overlapping patches (a TVM copy) by the ``[O, C·kh·kw]``
-    weight in ``mlcomp.torch.linear``, which the probe may then keep as TVM code (ViT-tiny@2: torch's conv2d
-    86 µs, one thread).  Only products of at most :data:`PROBE_MAX_MACS` multiply-adds.  O(n)."""
+    weight in ``mlcomp.torch.linear``, which the probe may then keep as TVM code.  Only products of at most :data:`PROBE_MAX_MACS` multiply-adds.  O(n)."""
     import numpy as np
     from tvm import relax
     from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard

@@ -8,8 +8,7 @@ by a ``call_pure_packed`` to a :mod:`mlcomp.targets.tvm.kernels` function; a
 ``[N]`` bias becomes one ``linear`` (``F.linear`` with the weight stored back in torch's
 ``[N, K]`` layout, as eager calls it: the bias rides in the GEMM).
 A weight expanded over a batch axis (``expand + bmm`` of a linear on a 3-D input, all
-slices equal) is that one ``[K, N]`` weight again.  The :class:`Fusion` rewrites (issue 14:
-TVM's code is serial next to torch's kernels, so work that sits between them gets torch's
+slices equal) is that one ``[K, N]`` weight again.  The :class:`Fusion` rewrites (TVM's code is serial next to torch's kernels, so work that sits between them gets torch's
 threads) also send ``softmax`` attention to ``scaled_dot_product_attention``, a conv's bias
 add and an activation after a conv/linear into its call (``linear_relu``, ``conv2d_sigmoid``),
 and a (residual add +) layer norm to ``F.layer_norm``; last, the layout chains around those calls

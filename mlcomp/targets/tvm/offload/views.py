@@ -1,4 +1,4 @@
-"""Layout chains next to a torch kernel run in torch: strided views in, one torch copy out (issue 14).
+"""Layout chains next to a torch kernel run in torch: strided views in, one torch copy out.
 
 A build that calls torch's kernels keeps TVM's loops serial (``tvm.schedules``), so a layout copy
 TVM makes between two torch calls (a permute, splitting q/k/v out of a fused projection, merging
@@ -74,9 +74,8 @@ _LINEAR = "mlcomp.torch.linear"
 _ADD_NORM = "mlcomp.torch.add_layer_norm"
 # kernels whose result is always a tensor of their own (never an argument or a view of one)
 _FRESH = ("mlcomp.torch.linear", "mlcomp.torch.matmul", "mlcomp.torch.attention")
-# A copy moved into a torch call pays the call's argument decoding (~15 µs, one thread) and gains only
-# torch's threads (a serial TVM transpose: 0.35 ms per 1M floats, torch's 0.25-0.33 at one thread):
-# below this many elements it stays in TVM (HF BERT-tiny's 8×32×64 head splits: 1.4 -> 1.7 ms moved).
+# A copy moved into a torch call pays the call's argument decoding and gains only torch's threads:
+# below this many elements it stays in TVM (figures in benchmarks/RESULTS.md).
 # Attention's q/k/v views copy nothing and are always taken.
 VIEW_MIN_ELEMENTS = 1 << 17
 
