@@ -97,3 +97,14 @@ def captured(_capture_cache):
         return module, inputs, graph.copy()
 
     return get
+
+
+@pytest.fixture
+def fake_hardware():
+    """``fake_hardware(key)`` makes the hardware probe report one of ``tests.unit.hardware.profiles.PROFILES``
+    (avx2, avx512, avx512-bf16, amx, gpu) until the test ends; returns the profile."""
+    from tests.unit.hardware.profiles import PROFILES, Installed, install
+
+    installed = Installed()
+    yield lambda key: install(PROFILES[key], installed)
+    installed.undo()

@@ -205,7 +205,9 @@ def _compile(model_or_path: Any, example_inputs: Any, target: Any, pipeline: Any
         raise MlcompError(f"mode={mode!r} with {', '.join(train_opts) or 'no training options'}",
                           hint="use mode='train' with loss/optimizer/y, or mode='inference' without them")
     if pipeline is not None and pipeline != "" and not is_auto(target):   # auto checks each candidate
-        Pipeline.coerce(pipeline).check_target(resolve_target(target, pipeline).name)   # before capture
+        chosen = resolve_target(target, pipeline)
+        Pipeline.coerce(pipeline).check_target(chosen.name, facts=chosen.facts(                # before capture
+            CompileOptions.make(device=options.get("device"))))
     source = load_source(model_or_path, example_inputs, load_opts)
     for note in source.notes:                  # e.g. a model given in train() mode, compiled in eval() mode
         warnings.warn(note, stacklevel=2)
@@ -238,7 +240,7 @@ def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline
         loss_scale = LossScaleSpec.parse(loss_scale)   # malformed: refused before capture
     check_training_target(target or "cpu")
     opts = CompileOptions.make(**options)
-    model, inputs = source.eager, source.inputs()
+    model, inputs = source.trainable(), source.inputs()
     if not isinstance(model, torch.nn.Module):
         raise MlcompError(f"{source.name} is a {type(model).__name__}; training needs an nn.Module with "
                           "parameters", hint="give the Python module or a factory file.py:fn")

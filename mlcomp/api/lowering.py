@@ -101,7 +101,8 @@ def compile_source(source: Any, graph: Any, *, target: str | Target | None = Non
     pipe, adapted = adapted_pipeline(pipeline, chosen)
     if pipe is not None:
         t0 = time.perf_counter()
-        graph, report = run_pipeline(graph, pipe, example_inputs=inputs, instruments=instruments)
+        graph, report = run_pipeline(graph, pipe, example_inputs=inputs, instruments=instruments,
+                                     target=chosen.facts(opts))
         if adapted is not None and report is not None:
             report.target = report.target or adapted.target
             report.dropped = [str(d) for d in adapted.dropped]
@@ -113,6 +114,8 @@ def compile_source(source: Any, graph: Any, *, target: str | Target | None = Non
     to_json = getattr(report, "to_json", None)
     artifact.manifest["pipeline_report"] = to_json() if callable(to_json) else None
     artifact.manifest["capture_seconds"] = round(capture_seconds, 4)
+    if getattr(source, "notes", None):
+        artifact.manifest["capture_notes"] = list(source.notes)
     artifact.manifest["pipeline_seconds"] = round(pipeline_seconds, 4)
     if against:
         artifact.manifest["verified_against"] = against

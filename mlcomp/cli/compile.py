@@ -150,7 +150,10 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     chosen = _candidates(candidates, canonical)
     cache, bypass = cache_for_compile(use_cache, cache_dir, request, cache_max_size)
     if not auto:                                              # auto: each candidate is checked (api/auto/search.py)
-        request.pipeline.check_target(canonical)              # e.g. prune{method=2:4} off CUDA: before capture
+        from mlcomp.targets import CompileOptions, get_target
+
+        facts = get_target(canonical).facts(CompileOptions.make(device=device))
+        request.pipeline.check_target(canonical, facts=facts)   # prune{method=2:4} off CUDA, bf16 where not built
     names = _parse_names(output_names)
     progress = Progress.for_command(machine_output=as_json)
     say = _Say(progress, quiet=as_json)

@@ -149,7 +149,9 @@ def model_options(fn: Any = None, *, batch: bool = True) -> Any:
                         help="Batch size for zoo models (default 1).")] if batch else []),
         click.option("--capture", "capture_method", type=click.Choice(["export", "fx"]), default="export",
                      show_default=True, help="torch.export (ATen) or torch.fx.symbolic_trace then make_fx."),
-        click.option("--dynamic-batch", is_flag=True, help="Mark the batch dimension dynamic."),
+        click.option("--dynamic-batch", is_flag=True,
+                     help="Mark the batch dimension dynamic (without it, a .pt2 saved with a dynamic batch is "
+                          "compiled at the batch of its example inputs)."),
         click.option("--trust-pickle", is_flag=True,
                      help="Allow loading a pickled module (torch.save(model)); this executes code from the file."),
     ]
@@ -258,8 +260,11 @@ def models_list(as_json: bool) -> None:
 @click.option("-o", "--output", required=True, type=click.Path(), help="File to write.")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Batch size of the example input recorded in the file.")
+@click.option("--dynamic-batch", is_flag=True,
+              help="pt2: export with the batch dimension symbolic (torch.export.Dim), so the file runs at any batch.")
 @click.option("--force", is_flag=True, help="Replace an earlier mlcomp output at -o (never a user's file).")
-def models_save(name: str, fmt: str, output: str, batch: int, force: bool = False) -> None:
+def models_save(name: str, fmt: str, output: str, batch: int, dynamic_batch: bool = False,
+                force: bool = False) -> None:
     """Write zoo model NAME as a TorchScript archive or an ExportedProgram."""
     from mlcomp import models
     from mlcomp.api import check_model_inputs
@@ -270,6 +275,11 @@ def models_save(name: str, fmt: str, output: str, batch: int, force: bool = Fals
     check_model_inputs(name, (), batch)
     z = models.get(name)
     module, inputs = z.build(), z.example_inputs(batch)
+    if dynamic_batch and fmt != "pt2":
+        raise click.UsageError("--dynamic-batch applies to --format pt2 (a traced TorchScript file fixes its shapes)")
+    if dynamic_batch and batch == 1:
+        raise click.UsageError("--dynamic-batch needs an example --batch of 2 or more (torch.export specialises "
+                               "a size of 1)")
     with atomic_path(output, fmt) as tmp:
         if fmt == "torchscript":
             save_torchscript(module, inputs, tmp)
@@ -278,7 +288,19 @@ def models_save(name: str, fmt: str, output: str, batch: int, force: bool = Fals
 
             from mlcomp.base.quiet import quiet_torch
 
-            with quiet_torch():
-                torch.export.save(torch.export.export(module, inputs), tmp)
-    click.echo(f"wrote {output} ({fmt}, input {'x'.join(map(str, inputs[0].shape))})")
+            dims = None
+            if dynamic_batch:
+                size = torch.export.Dim("batch", min=1, max=4096)
+                dims = tuple({0: size} if t.dim() > 0 else {} for t in inputs)
+            try:
+                with quiet_torch():
+                    program = torch.export.export(module, inputs, dynamic_shapes=dims)
+            except Exception as exc:  # noqa: BLE001 - a zoo model whose code fixes its batch size
+                if not dynamic_batch:
+                    raise
+                raise MlcompError(f"zoo model {name} cannot be exported with a dynamic batch: "
+                                  f"{str(exc).strip().splitlines()[0]}", hint="save it without --dynamic-batch") from None
+            torch.export.save(program, tmp)
+    click.echo(f"wrote {output} ({fmt}, input {'x'.join(map(str, inputs[0].shape))}"
+               + (", batch dynamic" if dynamic_batch else "") + ")")
 

@@ -66,9 +66,14 @@ def _given(option: str) -> bool:
 def _load(model: str, input_shapes: tuple[str, ...], batch: int | None, trust_pickle: bool):
     from mlcomp.api import check_model_inputs
     from mlcomp.frontend.loading import load_model
+    from mlcomp.frontend.programs import eval_mode_ops
 
     check_model_inputs(model, input_shapes, batch, "export")
     source = load_model(model, input_shapes=input_shapes, trust_pickle=trust_pickle, batch=batch)
+    source.eager = source.trainable()   # a TorchScript archive: its trainable tensors as parameters
+    if source.kind in ("exported", "torchscript") and eval_mode_ops(source.eager):
+        click.echo(f"note: {model} holds a program captured in eval mode ({', '.join(eval_mode_ops(source.eager))}"
+                   "): it trains as captured, BatchNorm on its running statistics, as its eager reference does")
     if not isinstance(source.eager, torch.nn.Module):
         raise MlcompError(f"{model} is not a Python nn.Module, so it has no parameters to train here",
                           hint="give a zoo name or a factory file.py:fn returning the module")
@@ -124,15 +129,21 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
     target = target or "cpu"
     if output is not None:
         check_destination(output, Kind.DIR, force=force, inputs=(model,))
+    pipe, facts = None, None
+    if pipeline:      # a dtype the target cannot build: refused before capture
+        from mlcomp.pipeline import Pipeline, run_pipeline
+        from mlcomp.targets import get_target
+
+        pipe = Pipeline.coerce(pipeline)
+        facts = get_target(target).facts(CompileOptions.make(device=device))
+        pipe.check_target(target, facts=facts)
     source = _load(model, input_shapes, batch, trust_pickle)
     chosen = _loss_of(source, loss)
     reference, inputs, y, graph = _capture(source, chosen)
     loss_fn = loss_function(chosen)
     args = tuple(inputs) + ((y,) if loss_fn is not None else ())
-    if pipeline:
-        from mlcomp.pipeline import Pipeline, run_pipeline
-
-        graph, report = run_pipeline(graph, Pipeline.coerce(pipeline), example_inputs=args, instruments=instruments)
+    if pipe is not None:
+        graph, report = run_pipeline(graph, pipe, example_inputs=args, instruments=instruments, target=facts)
         click.echo(report.format())
     output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{target}-train", Kind.DIR, force=force,
                                inputs=(model,))

@@ -96,7 +96,7 @@ def tune_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, captu
     pipe, _ = adapted_pipeline(resolve_pipeline(pipeline, opt_level), target)
     if pipe is not None:
         with progress.stage(f"pipeline {pipe.spec} for tvm"):
-            graph, _report = run_pipeline(graph, pipe, example_inputs=source.inputs())
+            graph, _report = run_pipeline(graph, pipe, example_inputs=source.inputs(), target=target.facts(options))
     progress.note(f"tune {graph.name}: {trials} trials into {db}")
     t1 = time.perf_counter()
     runtime = target.tune(graph, options, progress=progress)

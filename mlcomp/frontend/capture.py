@@ -38,6 +38,7 @@ from torch.nn.parameter import is_lazy
 
 from mlcomp.base.errors import CaptureError, InputSpecError
 from mlcomp.base.quiet import quiet_torch
+from mlcomp.frontend.cache_outputs import flat_caches
 from mlcomp.frontend.decompose import DecompositionFailed, decompose
 from mlcomp.frontend.model_faults import (
     check_arguments,
@@ -80,23 +81,24 @@ def capture_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], *,
     if dynamic_batch:                   # export specialises a size-1 dimension: a dynamic batch is traced at 2
         example_inputs = tuple(torch.cat([t, t]) if t.dim() and t.shape[0] == 1 else t for t in example_inputs)
     dynamic_shapes = _batch_dynamic(example_inputs) if dynamic_batch else None
-    ep = _export(module, example_inputs, dynamic_shapes, name)
-    if not training:
-        check_outputs(ep.graph, module, name)
-        check_no_mutation(ep, name)
-    try:
-        return capture_exported(ep, name=name, training=training, decompositions=decompositions)
-    except CaptureError as first:
-        if training or dynamic_batch:
-            raise
-        # run_decompositions has gaps; tracing the exported module at the dispatcher level
-        # decomposes the same ops another way
-        flat = ep.module()
-        names = {t.data_ptr(): n for n, t in list(flat.named_parameters()) + list(flat.named_buffers())}
+    with flat_caches():     # a returned transformers cache flattens to its tensors (scoped registration)
+        ep = _export(module, example_inputs, dynamic_shapes, name)
+        if not training:
+            check_outputs(ep.graph, module, name)
+            check_no_mutation(ep, name)
         try:
-            return capture_traced(flat, example_inputs, name=name, constant_names=names)
-        except CaptureError:
-            raise first from None
+            return capture_exported(ep, name=name, training=training, decompositions=decompositions)
+        except CaptureError as first:
+            if training or dynamic_batch:
+                raise
+            # run_decompositions has gaps; tracing the exported module at the dispatcher level
+            # decomposes the same ops another way
+            flat = ep.module()
+            names = {t.data_ptr(): n for n, t in list(flat.named_parameters()) + list(flat.named_buffers())}
+            try:
+                return capture_traced(flat, example_inputs, name=name, constant_names=names)
+            except CaptureError:
+                raise first from None
 
 
 def capture_exported(ep: "torch.export.ExportedProgram", *, name: str = "graph", training: bool = False,

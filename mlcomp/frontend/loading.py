@@ -36,6 +36,7 @@ from mlcomp import models
 from mlcomp.base.errors import ModelLoadError, UnsafePickleError
 from mlcomp.base.quiet import quiet_torch
 from mlcomp.frontend.model_faults import train_mode_notes
+from mlcomp.frontend.programs import program_module
 from mlcomp.frontend.source import INPUT_SPEC_FILE, InputSpec, ModelSource, graph_random_inputs
 from mlcomp.base.registry import did_you_mean
 from mlcomp.models import random_tensor
@@ -160,7 +161,7 @@ def _load_file(path: Path, given: tuple[torch.Tensor, ...] | None, trust_pickle:
                 inputs = tuple(a for a in args)
             else:
                 inputs = tuple(_placeholder_inputs(ep))
-        return ModelSource(name, ep.module(), inputs, str(path), exported=ep, kind="exported")
+        return ModelSource(name, program_module(ep), inputs, str(path), exported=ep, kind="exported")
     if kind in ("pickle", "legacy-pickle"):
         return _load_pickle(path, given, trust_pickle)
     raise ModelLoadError(f"{path} is not a TorchScript archive, an ExportedProgram or a torch.save file",

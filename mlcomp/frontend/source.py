@@ -14,7 +14,10 @@ import torch
 
 from mlcomp.base.errors import CaptureError, InputSpecError
 from mlcomp.base.quiet import quiet_torch
+from mlcomp.frontend.cache_outputs import PlainCacheOutputs, flat_caches
 from mlcomp.frontend.capture import CaptureMethod, capture_exported, capture_module, capture_traced
+from mlcomp.frontend.programs import dynamic_batch_program, static_program, trainable_torchscript
+from mlcomp.frontend.script_inputs import check_script_inputs
 from mlcomp.ir import Graph, dtype_name, parse_dtype
 from mlcomp.models import random_tensor
 
@@ -73,6 +76,12 @@ class ModelSource:
     notes: list[str] = field(default_factory=list)
     loss_fn: Any = None                         # a factory's loss_fn(output, target), for --train
 
+    def trainable(self) -> Any:
+        """The module a training capture takes: ``eager``, or for TorchScript its tensors as parameters."""
+        if self.kind == "torchscript":
+            return trainable_torchscript(self.eager, self.inputs(), name=self.name, path=self.path)
+        return self.eager
+
     def inputs(self) -> tuple[torch.Tensor, ...]:
         if self.example_inputs is None:
             raise InputSpecError(f"{self.name} carries no input shapes",
@@ -83,15 +92,21 @@ class ModelSource:
     def capture(self, *, method: str = "export", dynamic_batch: bool = False,
                 training: bool = False, decompositions: Mapping[Any, Callable[..., Any]] | None = None) -> Graph:
         """The IR; ``decompositions`` (op overload → function) go over torch's default table (export only)."""
-        if self.kind == "exported" and self.exported is not None and not dynamic_batch \
-                and method == "export":
-            return capture_exported(self.exported, name=self.name, training=training,
-                                    decompositions=decompositions)
+        if self.kind == "exported" and self.exported is not None and method == "export":
+            reexport = dynamic_batch_program if dynamic_batch else static_program
+            ep = reexport(self.exported, self.inputs(), name=self.name, path=self.path)
+            return capture_exported(ep, name=self.name, training=training, decompositions=decompositions)
         if self.kind == "torchscript":
             return _capture_torchscript(self)
-        return capture_module(self.eager, self.inputs(), method=CaptureMethod(method),
-                              dynamic_batch=dynamic_batch, training=training, name=self.name,
-                              decompositions=decompositions)
+        with flat_caches() as caches:   # transformers cache outputs: their tensors become outputs
+            graph = capture_module(PlainCacheOutputs.unwrap(self.eager), self.inputs(),
+                                   method=CaptureMethod(method), dynamic_batch=dynamic_batch,
+                                   training=training, name=self.name, decompositions=decompositions)
+        note = caches.note()
+        if note is not None and not isinstance(self.eager, PlainCacheOutputs):
+            self.eager = PlainCacheOutputs(self.eager)    # the reference returns the same flat outputs
+            self.notes.append(note)
+        return graph
 
 
 def graph_random_inputs(graph: Graph, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -119,6 +134,7 @@ def _capture_torchscript(source: ModelSource) -> Graph:
                  "with torch.export.save (.pt2)")
     from torch._export.converter import TS2EPConverter
 
+    check_script_inputs(module, source.inputs(), name=source.name, path=source.path)   # count, dtype, rank
     with quiet_torch():
         try:  # TorchScript → ExportedProgram, then re-exported with the example's static shapes
             ep = TS2EPConverter(module, source.inputs()).convert()
@@ -126,7 +142,12 @@ def _capture_torchscript(source: ModelSource) -> Graph:
         except Exception:  # noqa: BLE001 - converter gaps (control flow): trace at dispatch level
             pass
     names = {t.data_ptr(): n for n, t in list(module.named_parameters()) + list(module.named_buffers())}
-    return capture_traced(module, source.inputs(), name=source.name, constant_names=names)
+    try:
+        return capture_traced(module, source.inputs(), name=source.name, constant_names=names)
+    except CaptureError:
+        # a wrong input spec fails here too: say so (which input, what the model does with it)
+        check_script_inputs(module, source.inputs(), name=source.name, path=source.path, run=True)
+        raise
 
 
 _VALUE_TO_SCALAR = {"aten::Bool", "aten::Int", "aten::Float", "aten::item", "aten::is_nonzero",

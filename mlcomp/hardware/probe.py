@@ -22,6 +22,7 @@ other processes only ever makes a sample slower); overhead is the median.
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import time
@@ -71,17 +72,38 @@ class MachineProfile:
                 "cpu_flags": list(self.cpu_flags), "measurements": [m.to_json() for m in self.measurements]}
 
 
-def cpu_flags() -> tuple[str, ...]:
-    """The AVX-512 / AMX feature flags the kernel reports (what bf16 speed depends on)."""
+@dataclass(frozen=True)
+class CpuInfo:
+    """What the kernel reports about the CPU: model name and feature flags (``avx2``, ``avx512f``, ``amx_bf16``...).
+
+    Every CPU-dependent decision (vector width, bf16 support) reads it through
+    :func:`cpu_info`, the one place tests replace with a fake hardware profile.
+    """
+
+    name: str = ""
+    flags: frozenset[str] = frozenset()
+
+
+def cpu_info(path: str = "/proc/cpuinfo") -> CpuInfo:
+    """This machine's :class:`CpuInfo` from ``path`` (empty where unreadable); ``Features`` on ARM."""
+    name, flags = "", None
     try:
-        with open("/proc/cpuinfo") as fh:
+        with open(path) as fh:
             for line in fh:
-                if line.startswith("flags"):
-                    flags = line.split(":", 1)[1].split()
-                    return tuple(sorted(f for f in flags if f.startswith(("avx512", "amx"))))
+                if not name and line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                elif flags is None and line.startswith(("flags", "Features")):
+                    flags = frozenset(line.split(":", 1)[1].split())
+                if name and flags is not None:
+                    break
     except OSError:
         pass
-    return ()
+    return CpuInfo(name, flags or frozenset())
+
+
+def cpu_flags() -> tuple[str, ...]:
+    """The AVX-512 / AMX feature flags the kernel reports (what bf16 speed depends on)."""
+    return tuple(sorted(f for f in cpu_info().flags if f.startswith(("avx512", "amx"))))
 
 
 def measure_hardware(device: str = "cpu", *, quick: bool = False, budget_s: float = 0.3,
@@ -172,25 +194,13 @@ def last_level_cache_bytes() -> int:
 
 def vector_bits() -> int:
     """Widest SIMD register the CPU reports (512 AVX-512F, 256 AVX/AVX2, else 128 SSE/NEON)."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            flags = next((set(ln.split(":", 1)[1].split()) for ln in fh if ln.startswith(("flags", "Features"))),
-                         set())
-    except OSError:
-        flags = set()
+    flags = cpu_info().flags
     return 512 if "avx512f" in flags else 256 if flags & {"avx", "avx2"} else 128
 
 
 def cpu_name() -> str:
     """The CPU model name from ``/proc/cpuinfo`` ("" where unknown)."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return cpu_info().name
 
 
 def machine_line() -> str:
@@ -265,14 +275,16 @@ def measure_precisions(device: str = "cpu", dtypes: tuple[str, ...] = ("bf16",),
     return PrecisionSpeeds(str(dev), shape, seconds, flags)
 
 
+@functools.lru_cache(maxsize=None)
+def host_precision_speeds(device: str = "cpu") -> PrecisionSpeeds:
+    """:func:`measure_precisions` of bf16 and fp16 on ``device``, measured once per process.
+
+    What a pipeline hands its passes as ``PassContext.host_precision`` (passes never
+    probe); tests give a :class:`PrecisionSpeeds` of a fake machine instead.
+    """
+    return measure_precisions(device, ("bf16", "fp16"))
+
+
 def _precision_flags() -> tuple[str, ...]:
     """All CPU flags that matter for low precision (AVX-512 BF16/FP16, AMX, F16C)."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    flags = line.split(":", 1)[1].split()
-                    return tuple(sorted(f for f in flags if f.startswith(("avx512", "amx")) or f == "f16c"))
-    except OSError:
-        pass
-    return ()
+    return tuple(sorted(f for f in cpu_info().flags if f.startswith(("avx512", "amx")) or f == "f16c"))

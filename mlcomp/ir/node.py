@@ -139,6 +139,7 @@ class PrecisionReason(enum.Enum):
     ALLOWED = "allowed"          # allow= matched the op or the module path
     OVERFLOW = "overflow"        # range guard: calibrated values exceed the dtype's largest finite value
     UNDERFLOW = "underflow"      # range guard: calibrated values fall below the smallest normal (or to 0)
+    TARGET = "target"            # the target computes this op in fp32 only (its low-precision support says so)
 
 
 @dataclass(frozen=True)

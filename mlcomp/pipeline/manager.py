@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from mlcomp.base.errors import PipelineMismatchError
+from mlcomp.hardware.probe import host_precision_speeds
 from mlcomp.ir import Graph, Mode
 from mlcomp.pipeline.composite import (BEFORE_SHOWN, CompositePass, Observer, Position, children, execute,
                                        pass_text)
@@ -33,6 +34,7 @@ from mlcomp.pipeline.instruments import Instrument, Verify, random_inputs, stand
 from mlcomp.pipeline.pass_base import REGISTRY, Pass, PassContext, PassRegistry, PassResult, Requirement
 from mlcomp.pipeline.report import PassRecord, PipelineReport
 from mlcomp.pipeline.spec import Pipeline
+from mlcomp.pipeline.target_facts import TargetFacts
 
 __all__ = ["PassManager", "run_pipeline"]
 
@@ -178,12 +180,16 @@ def run_pipeline(graph: Graph, pipeline: "Pipeline | str | os.PathLike[str] | No
                  example_inputs: Sequence[torch.Tensor] | None = None,
                  instruments: Sequence[Instrument] | None = None, hardware: Any = None,
                  calibration_data: Sequence[Any] | None = None, registry: PassRegistry | None = None,
-                 verify: bool = False) -> tuple[Graph, PipelineReport]:
+                 verify: bool = False, target: TargetFacts | None = None,
+                 host_precision: Any = None) -> tuple[Graph, PipelineReport]:
     """Run ``pipeline`` on a copy of ``graph``: the new graph and its :class:`PipelineReport`.
 
     ``instruments`` default to ``standard_instruments()`` (IR check and timing);
     ``verify=True`` is shorthand for adding :class:`Verify`.  When verifying without
     ``example_inputs``, deterministic random inputs are used and given to the passes too.
+    ``target``: what the target builds in low precision (``PassContext.target``);
+    ``host_precision``: the host's measured matrix-product speeds per dtype, measured
+    here (once per process) when a pass uses them and none is given.
     """
     chosen = list(standard_instruments() if instruments is None else instruments)
     if verify and not any(isinstance(i, Verify) for i in chosen):
@@ -191,6 +197,16 @@ def run_pipeline(graph: Graph, pipeline: "Pipeline | str | os.PathLike[str] | No
     inputs = tuple(example_inputs) if example_inputs is not None else None
     if inputs is None and any(isinstance(i, Verify) for i in chosen):
         inputs = random_inputs(graph)
+    manager = PassManager(pipeline, instruments=chosen, registry=registry)
+    if host_precision is None and any(_uses_host_precision(p) for p in manager.passes):
+        host_precision = host_precision_speeds()
     ctx = PassContext(hardware=hardware, example_inputs=inputs,
-                      calibration_data=tuple(calibration_data) if calibration_data is not None else None)
-    return PassManager(pipeline, instruments=chosen, registry=registry).run(graph, ctx)
+                      calibration_data=tuple(calibration_data) if calibration_data is not None else None,
+                      target=target, host_precision=host_precision)
+    return manager.run(graph, ctx)
+
+
+def _uses_host_precision(p: Pass) -> bool:
+    if p.uses_host_precision:
+        return True
+    return isinstance(p, CompositePass) and any(_uses_host_precision(s.pass_) for s in children(p.body()))

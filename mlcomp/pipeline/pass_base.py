@@ -36,8 +36,10 @@ from mlcomp.hardware.spec import DEFAULT_CPU
 from mlcomp.ir.node import Mode
 
 if typing.TYPE_CHECKING:
+    from mlcomp.hardware.probe import PrecisionSpeeds
     from mlcomp.hardware.spec import HardwareSpec
     from mlcomp.ir import Graph
+    from mlcomp.pipeline.target_facts import TargetFacts
 
 __all__ = ["Pass", "PassResult", "PassContext", "Requirement", "option", "OptionInfo", "PassInfo", "PassRegistry",
            "PIPELINE_GRAMMAR", "REGISTRY", "BUILTIN_PASSES"]
@@ -85,6 +87,8 @@ class PassContext:
     hardware: "HardwareSpec | None" = None       # None: mlcomp.analysis.cost.DEFAULT_CPU
     example_inputs: tuple[Any, ...] | None = None
     calibration_data: tuple[Any, ...] | None = None
+    target: "TargetFacts | None" = None              # what the target builds in low precision (None: torch's)
+    host_precision: "PrecisionSpeeds | None" = None  # the host's measured matmul speed per dtype and CPU features
     cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # per-run memo (remat's profile)
 
     @property
@@ -117,6 +121,7 @@ class Pass:
     name: ClassVar[str] = ""
     modes: ClassVar[frozenset[Mode]] = frozenset(Mode)
     requires: ClassVar[frozenset[Requirement]] = frozenset()
+    uses_host_precision: ClassVar[bool] = False   # run_pipeline measures ctx.host_precision when none is given
 
     def __post_init__(self) -> None:
         """Options constructed in Python obey the same declared ranges as parsed specs."""
@@ -132,6 +137,9 @@ class Pass:
         Called with the canonical target name before any model is loaded; passes that
         do not care about the target keep this no-op.
         """
+
+    def check_target_facts(self, facts: "TargetFacts") -> None:
+        """Like :meth:`check_target`, from what the target declares it builds (its low precisions)."""
 
     @classmethod
     def summary(cls) -> str:

@@ -30,6 +30,7 @@ from mlcomp.base.errors import PipelineSpecError
 from mlcomp.base.spec import SpecItem
 from mlcomp.pipeline.pass_base import PIPELINE_GRAMMAR, REGISTRY, Pass, PassRegistry
 from mlcomp.pipeline.presets import PRESET_TABLE, preset_text
+from mlcomp.pipeline.target_facts import TargetFacts
 
 __all__ = ["PassSpec", "Pipeline", "PRESETS"]
 
@@ -75,10 +76,14 @@ class Pipeline:
     def build(self, registry: PassRegistry | None = None) -> list[Pass]:
         return [p.build(registry) for p in self.passes]
 
-    def check_target(self, target: str, registry: PassRegistry | None = None) -> None:
-        """Ask every pass whether ``target`` (a canonical name) can run its output; before any capture."""
+    def check_target(self, target: str, registry: PassRegistry | None = None,
+                     facts: "TargetFacts | None" = None) -> None:
+        """Ask every pass whether ``target`` (a canonical name, and what it declares it builds:
+        ``facts``) can run its output; before any capture."""
         for p in self.build(registry):
             p.check_target(target)
+            if facts is not None:
+                p.check_target_facts(facts)
 
     # -- construction -----------------------------------------------------
     @classmethod

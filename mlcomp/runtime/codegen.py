@@ -39,6 +39,7 @@ import torch
 from torch import fx, nn
 
 from mlcomp.ir import Graph, Mode, Node, Ref, TensorMeta, map_refs
+from mlcomp.ir.composites import fused_body, is_fused
 from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM
 
 __all__ = ["to_fx", "param_names", "attribute_name", "node_callable"]
@@ -121,6 +122,9 @@ def to_fx(graph: Graph, *, device: str | torch.device | None = None,
             value = node.inputs[0] if len(node.inputs) == 1 else node.inputs
             outs = map_refs(value, lambda r: env[r.name])
             fxg.output(tuple(outs) if isinstance(outs, (list, tuple)) else (outs,))
+        elif node.op == GETITEM and isinstance(env[node.input_names()[0]], tuple):   # an inlined fused body
+            env[node.name] = env[node.input_names()[0]][node.inputs[1]]
+            where[node.name] = where.get(node.input_names()[0])
         elif node.op == GETITEM:   # picks from a tuple: stays where its producer is
             args = map_refs(node.inputs, lambda r: env[r.name])
             env[node.name] = fxg.call_function(operator.getitem, tuple(args),
@@ -130,6 +134,10 @@ def to_fx(graph: Graph, *, device: str | torch.device | None = None,
             want = (_norm(node.ann.device) if honour_placement else None) or home
             move = lambda r: _on(fxg, env, where, r, want)  # noqa: E731 - tensors only: see where[]
             args, kwargs = map_refs(node.inputs, move), map_refs(dict(node.attrs), move)
+            if scriptable and is_fused(node.op):   # TorchScript cannot call a fused kernel: inline its body
+                env[node.name] = _inline_fused(fxg, node, args, taken)
+                where[node.name] = want if isinstance(node.meta, (TensorMeta, tuple)) else None
+                continue
             kind, fn = _scriptable(node) if scriptable else ("call_function", node_callable(node))
             out = fxg.create_node(kind, fn, tuple(args), kwargs, name=attribute_name(node.name, taken))
             out.meta["mlcomp_origin"] = node.origin
@@ -141,6 +149,26 @@ def to_fx(graph: Graph, *, device: str | torch.device | None = None,
     setattr(gm, _NAMES_ATTR, names)
     gm.train(training)
     return gm
+
+
+def _inline_fused(fxg: fx.Graph, node: Node, args: Any, taken: set[str]) -> Any:
+    """The body of fused ``node`` emitted op by op (scriptable); its output node, or a tuple of them."""
+    body = fused_body(node.op)
+    local: dict[str, Any] = {n.name: a for n, a in zip(body.input_nodes, args)}
+    for inner in body.call_nodes():
+        inner_args = map_refs(inner.inputs, lambda r: local[r.name])
+        if inner.op == GETITEM and isinstance(inner_args[0], tuple):
+            local[inner.name] = inner_args[0][inner.inputs[1]]
+            continue
+        if is_fused(inner.op):
+            local[inner.name] = _inline_fused(fxg, inner, inner_args, taken)
+            continue
+        kind, fn = _scriptable(inner)
+        local[inner.name] = fxg.create_node(kind, fn, tuple(inner_args),
+                                            map_refs(dict(inner.attrs), lambda r: local[r.name]),
+                                            name=attribute_name(f"{node.name}_{inner.name}", taken))
+    outs = [local[r.name] for r in body.output_refs]
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def _scriptable(node: Node) -> tuple[str, Any]:

@@ -34,6 +34,7 @@ from mlcomp.frontend.loading import graph_random_inputs
 from mlcomp.ir import Graph, Node, TensorMeta, map_refs, tensor_metas
 from mlcomp.ir.ops import GETITEM, Namespace, Op
 from mlcomp.pipeline.presets import ALL_REWRITES, Rewrite
+from mlcomp.pipeline.target_facts import TargetFacts
 from mlcomp.runtime.artifact import Artifact, Runtime, TensorSpec
 from mlcomp.targets.capabilities import Capabilities, CapabilityError, Mismatch, MismatchKind, hint_for, mismatches
 from mlcomp.targets.fallback import build_partitioned
@@ -185,6 +186,10 @@ class Target(abc.ABC):
     # -- compilation ------------------------------------------------------
     def device(self, options: CompileOptions) -> str:
         return options.device or self.default_device
+
+    def facts(self, options: CompileOptions | None = None) -> TargetFacts:
+        """What passes are told about this target (``PassContext.target``): its low precisions, its device."""
+        return self.capabilities.facts(self.name, self.device(options or CompileOptions()))
 
     def compile(self, graph: Graph, options: CompileOptions | None = None) -> Artifact:
         """Lower ``graph`` to an :class:`~mlcomp.runtime.artifact.Artifact` (not yet verified)."""

@@ -36,6 +36,7 @@ from mlcomp.base.errors import UnsupportedOpError
 from mlcomp.ir import Graph, Mode, Node, tensor_metas
 from mlcomp.ir.dtypes import DTYPE_NAMES, dtype_name
 from mlcomp.ir.ops import OUTPUT
+from mlcomp.pipeline.target_facts import TORCH_LOW_PRECISION, LowPrecision, TargetFacts
 
 __all__ = ["DeviceKind", "Capabilities", "MismatchKind", "Mismatch", "CapabilityError", "REAL_DTYPES",
            "TORCH_CPU", "TORCH_CUDA", "mismatches"]
@@ -71,6 +72,9 @@ class Capabilities:
     # kinds of device a node may be placed on (``ann.device``) when ``multi_device``; None: ``devices``.
     # The cuda target runs where its GPU is and places nodes on that GPU or the host's CPU.
     placement_devices: frozenset[DeviceKind] | None = None
+    # the low precisions a mixed-precision pass may target here: how each is built and what makes it
+    # pay (handed to passes as PassContext.target; an explicit dtype not listed is refused before capture)
+    low_precision: tuple[LowPrecision, ...] = TORCH_LOW_PRECISION
 
     @property
     def placeable(self) -> frozenset[DeviceKind]:
@@ -93,7 +97,12 @@ class Capabilities:
             "devices " + ", ".join(d.value for d in DeviceKind if d in self.devices),
             ("nodes placed on " + ", ".join(d.value for d in DeviceKind if d in self.placeable))
             if self.multi_device else "single device",
-            "symbolic sizes" if self.dynamic_shapes else "static shapes only"])
+            "symbolic sizes" if self.dynamic_shapes else "static shapes only",
+            "mixed precision " + (", ".join(lp.describe() for lp in self.low_precision) or "none")])
+
+    def facts(self, target: str, device: str = "cpu") -> TargetFacts:
+        """What passes are told about this target (``PassContext.target``)."""
+        return TargetFacts(target, self.low_precision, device)
 
     def to_json(self) -> dict[str, Any]:
         return {"modes": [m.value for m in Mode if m in self.modes],
@@ -101,7 +110,9 @@ class Capabilities:
                 "io_dtypes": [dtype_name(d) for d in _ordered(self.boundary_dtypes)],
                 "devices": [d.value for d in DeviceKind if d in self.devices],
                 "multi_device": self.multi_device, "dynamic_shapes": self.dynamic_shapes,
-                "placement_devices": [d.value for d in DeviceKind if d in self.placeable]}
+                "placement_devices": [d.value for d in DeviceKind if d in self.placeable],
+                "low_precision": [{"dtype": dtype_name(lp.dtype), "mode": lp.mode.value, "needs": list(lp.needs),
+                                   "fp32_ops": sorted(lp.fp32_ops)} for lp in self.low_precision]}
 
 
 # Targets that run generated torch code also run joint training graphs: the training step
@@ -184,10 +195,11 @@ def mismatches(caps: Capabilities, target: str, graph: Graph, device: str,
     for node in graph.nodes():
         if node.op == OUTPUT or node.name in skip:
             continue
-        for dtype in dict.fromkeys(_node_dtypes(node)):
+        crossing = {m.dtype for m in tensor_metas(node.meta)}    # what crosses the boundary: the values,
+        for dtype in dict.fromkeys(_node_dtypes(node)):          # not the precision they were computed in
             if dtype not in caps.dtypes:
                 inner.setdefault(dtype, []).append(node.name)
-            elif node.name in edge and dtype not in caps.boundary_dtypes:
+            elif node.name in edge and dtype in crossing and dtype not in caps.boundary_dtypes:
                 boundary.setdefault(dtype, []).append(node.name)
     handled = ", ".join(dtype_name(d) for d in _ordered(caps.dtypes))
     for dtype, names in inner.items():

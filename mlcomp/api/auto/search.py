@@ -180,7 +180,7 @@ def precheck(target: Target, graph: Any, options: CompileOptions, pipeline: Any 
         return f"unavailable: {reason}"
     try:
         if pipeline is not None and pipeline != "":
-            Pipeline.coerce(pipeline).check_target(target.name)
+            Pipeline.coerce(pipeline).check_target(target.name, facts=target.facts(options))
     except MlcompError as exc:
         return f"the pipeline refuses it: {_first_line(exc)}"
     try:

@@ -18,9 +18,11 @@ hands a value to another, and converts graph-owned weights once, at compile time
                                                      return (%exp,)
 
 Cast pairs (``bf16 → f32 → bf16``) are removed by ``cleanup``.  Stats: the dtype chosen and
-why (``dtype=auto`` decides from the hardware: bf16 where the probe measured bf16
-matrix products faster than fp32, fp16 on CUDA, else fp32 and the graph is left
-unchanged), node counts per precision, casts inserted, weight bytes before/after,
+why (``dtype=auto`` decides for the target being compiled, from the facts in the pass
+context only: what the target builds in low precision and what pays on this host,
+:mod:`mlcomp.passes.precision.choice`; fp16 on CUDA; else fp32 and the graph is left
+unchanged; a target that lowers an fp32 graph itself, OpenVINO, gets the graph with each
+node's precision recorded and no casts), node counts per precision, casts inserted, weight bytes before/after,
 the range guard's nodes with their module paths, the declared tolerance
 (:func:`mlcomp.analysis.ranges.declared_tolerance`, which verification uses) and
 warnings (a ``deny``/``allow`` pattern that matched nothing; fp16 on a CPU measured
@@ -49,7 +51,6 @@ import torch
 
 from mlcomp.analysis.ranges import ValueRange, calibrate, declared_tolerance
 from mlcomp.frontend.loading import graph_random_inputs
-from mlcomp.hardware.probe import measure_precisions
 from mlcomp.base.errors import PipelineSpecError
 from mlcomp.ir import Graph, Mode, Node, Precision, Ref, TensorMeta, map_refs, refs_in
 from mlcomp.ir.builder import new_node, rename
@@ -60,13 +61,14 @@ from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM, Namespace
 from mlcomp.passes import patterns as P
 from mlcomp.passes.precision.policy import DeviceKind, PolicyName, Rule, fp32_operands, policy_table, rule_for
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
+from mlcomp.pipeline.target_facts import LowMode, TargetFacts
+from mlcomp.passes.precision.choice import LOW_DTYPES, annotate, choose, refused
 
 __all__ = ["MixedPrecision", "LowDtype", "MixedPrecisionWarning"]
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _PRECISION = {torch.float32: Precision.FP32, torch.bfloat16: Precision.BF16, torch.float16: Precision.FP16}
 _NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-SLOW_FP16 = 2.0     # fp16 matmul this many times the fp32 time on a CPU: warn
 
 
 class LowDtype(enum.Enum):
@@ -85,6 +87,7 @@ class MixedPrecision(Pass):
     """Compute matrix products (and what follows them) in bf16/fp16; weights cast once, casts at region edges."""
 
     name: ClassVar[str] = "mixed-precision"
+    uses_host_precision: ClassVar[bool] = True
     dtype: LowDtype = option(LowDtype.AUTO, "low precision: bf16, fp16, auto (from the hardware) or fp32 (off)")
     policy: PolicyName = option(PolicyName.DEFAULT, "policy table: default or compute-only")
     allow: tuple[str, ...] = option((), "ops (exp, aten.exp) or module-path globs to compute in low precision")
@@ -108,13 +111,17 @@ class MixedPrecision(Pass):
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         device = self.device or _graph_device(graph)
-        low, choice, notes = self._choose(device, ctx)
+        low, support, choice, notes = choose(self.dtype.value, device, ctx)
         stats: dict[str, Any] = {"dtype": _NAMES.get(low, "fp32"), "choice": choice}
-        if low is None:
+        if low is None or support is None:
             stats["warnings"] = _warn(notes)
             return PassResult(graph, False, stats)
         ranges = self._calibrate(graph, ctx) if low == torch.float16 else {}
-        plan, guarded, counts = self._plan(graph, device, low, ranges)
+        plan, guarded, counts = self._plan(graph, device, low, ranges, support.fp32_ops)
+        if support.mode is LowMode.HINT:    # the runtime lowers the fp32 graph itself: record, do not cast
+            stats.update(mode=support.mode.value, nodes=annotate(graph, plan, low))
+            stats["warnings"] = _warn(notes)
+            return PassResult(graph, True, stats)
         notes += [f"{which} pattern {pat!r} matched no node" + (
             " (training graphs carry no module paths; name ops instead)"
             if graph.mode is Mode.TRAINING and not _is_op_name(pat) else "")
@@ -143,40 +150,19 @@ class MixedPrecision(Pass):
         return PassResult(graph, True, stats)
 
     # -- deciding ---------------------------------------------------------
-    def _choose(self, device: DeviceKind, ctx: PassContext) -> tuple[torch.dtype | None, str, list[str]]:
-        if self.dtype is LowDtype.FP32:
-            return None, "dtype=fp32: the graph stays fp32", []
-        if self.dtype is LowDtype.BF16:
-            return torch.bfloat16, "dtype=bf16 (asked for)", []
-        if self.dtype is LowDtype.FP16:
-            notes = []
-            if device is DeviceKind.CPU:
-                speeds = measure_precisions("cpu", ("fp16",))
-                if speeds.ratio("fp16") > SLOW_FP16:
-                    notes.append(f"fp16 on this CPU is {speeds.ratio('fp16'):.0f}x slower than fp32 ("
-                                 f"{speeds.describe('fp16')}); the graph runs in fp16 as asked, slowly. "
-                                 "Use dtype=auto (or bf16 where the CPU has it)")
-            return torch.float16, "dtype=fp16 (asked for)", notes
-        if device is DeviceKind.CUDA:
-            return torch.float16, "auto: fp16 on CUDA (tensor cores; the range guard keeps overflowing nodes fp32)", []
-        spec = ctx.hardware
-        if spec is not None and "bf16" in spec.peak_flops:
-            fp32, bf16 = spec.peak_flops.get("fp32", 0.0), spec.peak_flops["bf16"]
-            faster = bf16 > 1.1 * fp32
-            return (torch.bfloat16 if faster else None,
-                    f"auto: {'bf16' if faster else 'fp32'}, from the hardware spec {spec.name}: bf16 peak "
-                    f"{bf16 / 1e9:.3g} GFLOP/s vs fp32 {fp32 / 1e9:.3g} GFLOP/s", [])
-        speeds = measure_precisions("cpu", ("bf16",))
-        if speeds.ratio("bf16") < 0.9:
-            return torch.bfloat16, f"auto: bf16, measured faster than fp32: {speeds.describe('bf16')}", []
-        return None, f"auto: fp32, bf16 is not faster on this CPU: {speeds.describe('bf16')}", []
+    def check_target_facts(self, facts: TargetFacts) -> None:
+        """An explicit bf16/fp16 that the target does not build is refused before capture."""
+        low = LOW_DTYPES.get(self.dtype.value)
+        if low is not None and facts.support(low) is None:
+            raise refused(facts, low)
 
     def _calibrate(self, graph: Graph, ctx: PassContext) -> dict[str, ValueRange]:
         samples = ctx.calibration_data or ((ctx.example_inputs,) if ctx.example_inputs is not None
                                           else (graph_random_inputs(graph),))
         return calibrate(graph, samples)
 
-    def _plan(self, graph: Graph, device: DeviceKind, low: torch.dtype, ranges: dict[str, ValueRange]
+    def _plan(self, graph: Graph, device: DeviceKind, low: torch.dtype, ranges: dict[str, ValueRange],
+              fp32_ops: frozenset[str] = frozenset()
               ) -> tuple[dict[str, tuple[Rule, PrecisionReason]], dict[str, str], dict[str, int]]:
         table = policy_table(self.policy, device)
         plan: dict[str, tuple[Rule, PrecisionReason]] = {}
@@ -191,6 +177,9 @@ class MixedPrecision(Pass):
                 counts[p] += 1
             if denied:
                 plan[node.name] = (Rule.KEEP_FP32, PrecisionReason.DENIED)
+                continue
+            if node.op.name in fp32_ops:    # the target has no kernel for it in ``low``
+                plan[node.name] = (Rule.WIDEN, PrecisionReason.TARGET)
                 continue
             rule = Rule.LOWER if allowed else rule_for(table, node.op)[0]
             reason = PrecisionReason.ALLOWED if allowed else PrecisionReason.POLICY

@@ -130,6 +130,42 @@ def _slice(em: Emitter, node: Node, a: dict[str, Any]) -> None:
                      em.ints([dim], f"{node.name}/axes"), em.ints([step], f"{node.name}/step")], out=node.name)
 
 
+def _slice_scatter(em: Emitter, node: Node, a: dict[str, Any]) -> None:
+    """``self`` with ``self[start:end]`` along ``dim`` replaced by ``src``: the ``Concat`` of the part
+    before, ``src`` and the part after (empty parts left out); a step other than 1 is declined."""
+    shape = tuple(node.tensor_meta.shape)
+    dim = normalize_dim(a["dim"], len(shape))
+    bounds = (a.get("start"), a.get("end"), a.get("step", 1))
+    if any(isinstance(b, Ref) for b in bounds) or bounds[2] != 1:
+        raise Decline("a step other than 1 or a tensor bound")
+    start, end, _ = slice(*bounds).indices(shape[dim])
+    end = max(end, start)
+    dtype = out_dtype(node)
+    parts, whole = [], em.value(a["self"], dtype)
+    for lo, hi in ((0, start), (end, shape[dim])):
+        if hi > lo:
+            parts.append(em.add("Slice", [whole, em.ints([lo], f"{node.name}/start"), em.ints([hi], f"{node.name}/end"),
+                                          em.ints([dim], f"{node.name}/axes")], hint=f"{node.name}/part"))
+    if end > start:
+        parts.insert(1 if start > 0 else 0, em.value(a["src"], dtype))
+    if len(parts) == 1:
+        em.alias(node, parts[0])
+        return
+    em.add("Concat", parts, out=node.name, axis=dim)
+
+
+def _copy(em: Emitter, node: Node, a: dict[str, Any]) -> None:
+    """``copy(self, src)``'s value: ``src`` in ``self``'s dtype, broadcast to ``self``'s shape."""
+    if not isinstance(a["src"], Ref):
+        raise Decline("a scalar source")
+    shape = tuple(node.tensor_meta.shape)
+    src = em.value(a["src"], out_dtype(node))
+    if tuple(em.meta(a["src"]).shape) == shape:
+        em.alias(node, src)
+        return
+    em.add("Expand", [src, em.ints(shape, f"{node.name}/shape")], out=node.name)
+
+
 def _select(em: Emitter, node: Node, a: dict[str, Any]) -> None:
     shape = em.meta(a["self"]).shape
     dim = normalize_dim(a["dim"], len(shape))
@@ -216,5 +252,5 @@ SHAPE_RULES: dict[Any, Rule] = {
     aten("gather"): _gather, aten("index_select"): _index_select,
     aten("scalar_tensor"): _filled("s"), aten("full"): _filled("fill_value"),
     aten("full_like"): _filled("fill_value"), aten("zeros_like"): _filled(None, 0), aten("ones_like"): _filled(None, 1),
-    aten("constant_pad_nd"): _constant_pad,
+    aten("constant_pad_nd"): _constant_pad, aten("slice_scatter"): _slice_scatter, aten("copy"): _copy,
 }

@@ -51,6 +51,7 @@ import torch
 from mlcomp.runtime.artifact import RuntimeKind
 from mlcomp.targets.backend_errors import first_error
 from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
+from mlcomp.pipeline.target_facts import LowPrecision
 from mlcomp.targets.capabilities import REAL_DTYPES, Capabilities, DeviceKind
 from mlcomp.runtime.codegen import to_fx
 from mlcomp.targets.onnx.emit import emit_model, emittable
@@ -193,7 +194,10 @@ class OnnxRuntimeTarget(Target):
     rewrites = frozenset({Rewrite.CLEANUP})   # fuses and folds weights on its own: presets skip both
     # inputs and outputs cross as numpy arrays, and numpy has no bfloat16
     capabilities = Capabilities(io_dtypes=REAL_DTYPES - {torch.bfloat16},
-                                devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}))
+                                devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}),
+                                # the CPU provider's bf16/fp16 kernels are native only with these instructions
+                                low_precision=(LowPrecision(torch.bfloat16, needs=("avx512_bf16", "amx_bf16")),
+                                               LowPrecision(torch.float16, needs=("avx512_fp16", "amx_fp16"))))
 
     def __init__(self, *, emit: bool = True) -> None:
         self._kernels: dict[str, KernelTable] = {}    # provider -> what it runs in bf16/fp16 (cached)

@@ -17,7 +17,8 @@ compiled for ``CPU`` with an explicit ``INFERENCE_PRECISION_HINT``,
 (pinned threads wait for their core when other processes use it).
 
 Precision: the hint is f32 unless the graph computes in bf16/fp16 (a
-mixed-precision pass ran); then it is that dtype if the hardware probe finds
+mixed-precision pass ran: for this target it records each node's precision on an
+fp32 graph, ``LowMode.HINT`` in the capabilities); then it is that dtype if the hardware probe finds
 the CPU instructions for it (``avx512_bf16``/``amx_bf16``, ``avx512_fp16``/
 ``amx_fp16``), and f32 otherwise, with the reason in ``runtime.precision``
 (saved in the manifest).  OpenVINO's own default on a bf16 CPU is bf16, so an
@@ -27,12 +28,16 @@ The choice is made again when an artifact is loaded on another machine.
 ``supports(node)`` asks OpenVINO's own table of the ATen ops its FX decoder
 translates (``torchdynamo.op_support.OperatorSupport``); an op outside it that
 torch decomposes (``aten.reshape`` after cleanup) is lowered through ``make_fx``
-with that decomposition, as OpenVINO's ``convert_model(ExportedProgram)`` would; ``aten.cat`` with
-torch's legacy 1-D empty operand (GPT-2's key/value cache) is refused by
-OpenVINO's Concat and reported per node, so ``--fallback eager`` runs it in torch.
+with that decomposition, as OpenVINO's ``convert_model(ExportedProgram)`` would.  An
+``aten.cat`` with torch's legacy 1-D empty operand (a ``transformers`` key/value cache
+layer starts as ``torch.tensor([])``), which OpenVINO's Concat refuses (ranks differ), is
+converted without that operand: torch skips it, so the value is the same::
+
+    %cat = aten.cat.default([%layer.lifted_tensor_0, %k], -2)   →   %cat = aten.cat.default([%k], -2)
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from functools import lru_cache
 from pathlib import Path
@@ -48,9 +53,11 @@ from mlcomp.base.errors import MlcompError
 from mlcomp.base.quiet import quiet_converter
 from mlcomp.hardware.probe import cpu_flags
 from mlcomp.ir import Graph, Node, TensorMeta, tensor_metas
+from mlcomp.ir.builder import remove_dead
 from mlcomp.ir.dtypes import dtype_name, parse_dtype
 from mlcomp.ir.ops import Namespace, Op
 from mlcomp.pipeline.presets import Rewrite
+from mlcomp.pipeline.target_facts import LowMode, LowPrecision
 
 __all__ = ["OpenVinoTarget", "OpenVinoRuntime", "requested_precision", "precision_hint", "PACKAGE"]
 
@@ -84,8 +91,7 @@ def precision_hint(requested: torch.dtype, flags: tuple[str, ...]) -> tuple[torc
     if have:
         return requested, f"the graph asks for {dtype_name(requested)} and the CPU has {', '.join(have)}"
     return torch.float32, (f"the graph asks for {dtype_name(requested)} but this CPU has none of "
-                           f"{', '.join(_NEEDS[requested])} (hardware probe): OpenVINO computes in f32, "
-                           "keeping the graph's casts")
+                           f"{', '.join(_NEEDS[requested])} (hardware probe): OpenVINO computes in f32")
 
 
 def _config(hint: torch.dtype, threads: int | None) -> dict[Any, Any]:
@@ -184,6 +190,19 @@ def _legacy_empty_cat(node: Node, graph: Graph) -> list[str]:
     return found
 
 
+def without_legacy_empties(graph: Graph) -> Graph:
+    """``graph`` (a copy, if anything changes) with every ``aten.cat``'s legacy 1-D empty operands left out."""
+    found = [(n, empty) for n in graph.call_nodes() if (empty := _legacy_empty_cat(n, graph))]
+    if not found:
+        return graph
+    out = graph.copy()
+    for node, empty in found:
+        kept = [r for r in node.inputs[0] if getattr(r, "name", None) not in empty]
+        out.replace(dataclasses.replace(node, inputs=(type(node.inputs[0])(kept), *node.inputs[1:])))
+    remove_dead(out, {name for _, empty in found for name in empty})
+    return out
+
+
 def _conversion_message(exc: BaseException) -> str:
     """The frontend's summary line (``Conversion is failed for: …``) or the first line of the error."""
     text = str(exc)
@@ -205,22 +224,16 @@ class OpenVinoTarget(Target):
                           torch.uint8, torch.bool}),
         io_dtypes=frozenset({torch.float32, torch.float16, torch.int64, torch.int32, torch.int8, torch.uint8,
                              torch.bool}),
-        devices=frozenset({DeviceKind.CPU}), dynamic_shapes=False)
+        devices=frozenset({DeviceKind.CPU}), dynamic_shapes=False,
+        # the CPU plugin lowers an fp32 graph itself (INFERENCE_PRECISION_HINT); bf16/f16 casts in the
+        # graph stop its converter on transformers (OpConversionFailure), so the graph stays fp32
+        low_precision=tuple(LowPrecision(dtype, LowMode.HINT, needs=needs) for dtype, needs in _NEEDS.items()))
     package: ClassVar[str] = PACKAGE
 
     def available(self) -> str | None:
         if importlib.util.find_spec(self.package) is None:
             return f"the {self.package} package is not installed ({INSTALL_HINT})"
         return None
-
-    def explain(self, node: Node, graph: Graph | None = None) -> str | None:
-        reason = super().explain(node, graph)
-        if reason is None and graph is not None:
-            empty = _legacy_empty_cat(node, graph)
-            if empty:
-                reason = (f"it concatenates the 1-D empty tensor(s) {', '.join('%' + n for n in empty)} with "
-                          "higher-rank ones (torch's legacy rule); OpenVINO's Concat needs equal ranks")
-        return reason
 
     def explain_op(self, op: Op) -> str | None:
         from torch.fx.node import _get_qualified_name
@@ -258,6 +271,7 @@ def convert(graph: Graph, inputs: tuple[torch.Tensor, ...]) -> Any:
     from torch.fx.node import _get_qualified_name
     from torch.fx.passes.shape_prop import ShapeProp
 
+    graph = without_legacy_empties(graph)
     module = to_fx(graph).eval()
     with torch.no_grad(), quiet_converter():
         table = _translated()

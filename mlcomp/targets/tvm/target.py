@@ -62,6 +62,7 @@ from mlcomp.ir.builder import new_node, substitute
 from mlcomp.ir.dtypes import dtype_name
 from mlcomp.ir.ops import GETITEM, Namespace, Op, aten
 from mlcomp.pipeline.presets import Rewrite
+from mlcomp.pipeline.target_facts import LowPrecision
 
 __all__ = ["TvmTarget", "TvmRuntime", "quiet_native"]
 
@@ -192,13 +193,21 @@ def _converters() -> frozenset[str]:
     return frozenset(ExportedProgramImporter().create_convert_map())
 
 
+# generated code computes bf16/fp16 natively only with these CPU instructions (else LLVM emulates them)
+# (TVM's relax.nn.layer_norm takes no bf16 operands: layer norm computes in fp32 between casts)
+LOW_PRECISION = (LowPrecision(torch.bfloat16, needs=("avx512_bf16", "amx_bf16"),
+                              fp32_ops=frozenset({"native_layer_norm", "layer_norm"})),
+                 LowPrecision(torch.float16, needs=("avx512_fp16", "amx_fp16")))
+
+
 class TvmTarget(Target):
     name = "tvm"
     description = ("Apache TVM (Relax): conv/matmul in torch's oneDNN/MKL kernels, the rest fused and scheduled "
                    "by TVM; or MetaSchedule-tuned (mlcomp tune, --tune-trials, --tuning-dir)")
     # from_exported_program converts every real dtype of the table; the VM runs static shapes
     rewrites = frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING})   # fuses on its own: presets skip mlcomp's fusion
-    capabilities = Capabilities(devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}), dynamic_shapes=False)
+    capabilities = Capabilities(devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}), dynamic_shapes=False,
+                                low_precision=LOW_PRECISION)
 
     def available(self) -> str | None:
         if importlib.util.find_spec("tvm") is None:

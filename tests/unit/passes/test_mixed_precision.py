@@ -6,6 +6,7 @@ training graphs are in ``test_mixed_precision_zoo.py``.
 """
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -15,7 +16,7 @@ from torch import nn
 from mlcomp.analysis.ranges import ErrorGrowth, calibrate, declared_tolerance, error_growth
 from mlcomp.base.errors import PipelineSpecError, VerificationError
 from mlcomp.frontend.loading import load_model
-from mlcomp.hardware.probe import measure_precisions
+from mlcomp.hardware.probe import host_precision_speeds
 from mlcomp.hardware.spec import HardwareSpec
 from mlcomp.ir import Precision
 from mlcomp.ir.builder import GraphBuilder
@@ -192,21 +193,33 @@ def test_auto_decides_from_the_hardware():
     g = tiny()
     slow = MixedPrecision().run(g.copy(), PassContext(hardware=spec(10e9)))
     assert not slow.changed and slow.stats["dtype"] == "fp32"
-    assert slow.stats["choice"].startswith("auto: fp32, from the hardware spec test CPU: bf16 peak 10")
+    assert slow.stats["choice"].startswith("auto: fp32 for target cpu: from the hardware spec test CPU: bf16 peak 10")
     fast = MixedPrecision().run(g.copy(), PassContext(hardware=spec(400e9)))
     assert fast.changed and fast.stats["dtype"] == "bf16" and "bf16 peak 400" in fast.stats["choice"]
     cuda = MixedPrecision(device=DeviceKind.CUDA).run(g.copy(), PassContext())
     assert cuda.stats["dtype"] == "fp16" and cuda.stats["choice"].startswith("auto: fp16 on CUDA")
 
 
-def test_auto_measures_this_cpu():
-    """No spec given: the probe measures; a CPU without native bf16 (this AVX2 one) stays fp32."""
-    result = MixedPrecision().run(tiny(), PassContext())
-    native = measure_precisions("cpu", ("bf16",)).ratio("bf16") < 0.9
-    assert result.stats["dtype"] == ("bf16" if native else "fp32")
+def test_auto_decides_from_the_hosts_probe_values():
+    """No spec given: run_pipeline hands the pass the host's probe values (the pass never probes)."""
+    speeds = host_precision_speeds()
+    _, report = run_pipeline(tiny(), "mixed-precision")
+    stats = report.records[0].stats
+    native = speeds.ratio("bf16") < 0.9
+    assert stats["dtype"] == ("bf16" if native else "fp32")
+    assert ("measured faster" if native else "bf16 is not faster on this CPU") in stats["choice"]
+    assert "matmul on cpu" in stats["choice"] and "x the fp32 time" in stats["choice"]
+    bare = MixedPrecision().run(tiny(), PassContext())          # no facts at all: fp32, and says why
+    assert not bare.changed and "no measured speeds were given" in bare.stats["choice"]
+
+
+@pytest.mark.parametrize("machine, native", [("avx2", False), ("avx512", False), ("avx512-bf16", True),
+                                             ("amx", True)])
+def test_auto_decides_from_the_probe_of_each_machine(fake_hardware, machine, native):
+    fake_hardware(machine)
+    result = MixedPrecision().run(tiny(), PassContext(host_precision=host_precision_speeds()))
+    assert result.stats["dtype"] == ("bf16" if native else "fp32") and result.changed == native
     assert ("measured faster" if native else "bf16 is not faster on this CPU") in result.stats["choice"]
-    assert "matmul on cpu" in result.stats["choice"] and "x the fp32 time" in result.stats["choice"]
-    assert result.changed == native
 
 
 def test_deny_by_module_and_op_and_a_pattern_that_matches_nothing():
@@ -220,11 +233,13 @@ def test_deny_by_module_and_op_and_a_pattern_that_matches_nothing():
     assert out.node("exp").ann.precision_reason is PrecisionReason.ALLOWED
 
 
-def test_fp16_on_a_slow_cpu_warns_from_the_probe():
-    slow = measure_precisions("cpu", ("fp16",)).ratio("fp16") > 2
+@pytest.mark.parametrize("machine, slow", [("avx2", True), ("avx512-bf16", True), ("amx", False)])
+def test_fp16_on_a_slow_cpu_warns_from_the_probe(fake_hardware, machine, slow):
+    fake_hardware(machine)
+    speeds = host_precision_speeds()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        result = MixedPrecision(dtype="fp16").run(tiny(), PassContext())
+        result = MixedPrecision(dtype="fp16").run(tiny(), PassContext(host_precision=speeds))
     said = [str(w.message) for w in seen if issubclass(w.category, MixedPrecisionWarning)]
     assert bool(said) == slow and result.stats["dtype"] == "fp16"
     if slow:

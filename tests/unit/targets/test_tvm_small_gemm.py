@@ -120,11 +120,21 @@ def _run(mod, *args):
     return (out if isinstance(out, torch.Tensor) else torch.from_dlpack(out)), lowered, stats
 
 
-def test_small_matmul_schedule_numbers_and_patches_against_torch():
+def _column_tile(n: int, vector_bits: int) -> int:
+    """SmallMatmul's columns per tile: two float32 vectors, one, or a narrow N whole."""
+    lanes = vector_bits // 32
+    return 2 * lanes if n % (2 * lanes) == 0 else lanes if n % lanes == 0 else n
+
+
+# the schedule follows the probed vector width: two 8-lane AVX2 vectors (16 columns) or two 16-lane
+# AVX-512 vectors (32); a width the host lacks still computes the same numbers (LLVM splits the vectors)
+@pytest.mark.parametrize("machine", ["avx2", "avx512"])
+def test_small_matmul_schedule_numbers_and_patches_against_torch(fake_hardware, machine):
     from tvm import relax, tirx
 
     from mlcomp.targets.tvm.kernels import register_kernels
 
+    bits = fake_hardware(machine).vector_bits
     register_kernels()
     g = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(2, 6, 16, generator=g), torch.randn(16, 32, generator=g), torch.randn(32, generator=g)
@@ -132,14 +142,15 @@ def test_small_matmul_schedule_numbers_and_patches_against_torch():
                 (2, 6, 16))
     got, lowered, stats = _run(mod, x)
     torch.testing.assert_close(got, x @ w + b, rtol=1e-5, atol=1e-5)
+    assert stats["schedules"]["vector_bits"] == bits          # built for the probed width
     text = next(f.script() for f in lowered.functions.values() if isinstance(f, tirx.PrimFunc))
-    assert "T.vectorized(T.int64(16))" in text and "T.unroll(T.int64(3))" in text   # rows by 3, two 8-lane vectors
+    assert f"T.vectorized(T.int64({_column_tile(32, bits)}))" in text and "T.unroll(T.int64(3))" in text
     assert stats["schedules"]["unscheduled"] == 0
     # a narrow N the lanes do not divide (GRU-tagger's 10 tags): one odd-width vector
     w10 = torch.randn(16, 10, generator=g)
     got, lowered, _ = _run(_func(lambda bb, p: relax.op.matmul(p[0], relax.const(w10.numpy())), (2, 6, 16)), x)
     torch.testing.assert_close(got, x @ w10, rtol=1e-5, atol=1e-5)
-    assert "T.vectorized(T.int64(10))" in next(f.script() for f in lowered.functions.values()
+    assert f"T.vectorized(T.int64({_column_tile(10, bits)}))" in next(f.script() for f in lowered.functions.values()
                                                if isinstance(f, tirx.PrimFunc))
     # ViT-style patches: the rewritten conv (patch copy + torch linear) against torch's conv2d
     img, wc = torch.randn(2, 3, 8, 8, generator=g), torch.randn(8, 3, 4, 4, generator=g)
