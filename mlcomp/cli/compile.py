@@ -104,6 +104,10 @@ def size_on_disk(path: Path) -> int:
 @click.option("--json", "as_json", is_flag=True,
               help="Print what was done (capture, pipeline, compile, verification, saved files) as one JSON "
                    "object on stdout instead of text; progress goes to stderr.")
+@click.option("--deterministic", is_flag=True,
+              help="Replace every choice made by timing with its fixed rule (cpu: the plain trace; tvm: the "
+                   "untuned build, GEMMs in torch; mixed-precision dtype=auto: fp32; auto: the first candidate "
+                   "that verifies) and save nothing time- or path-dependent: two compiles write identical folders.")
 @force_option
 @click.option("--train", is_flag=True, help="Compile a training step (forward, loss, backward, optimizer).")
 @click.option("--loss", default="cross_entropy", show_default=True, help="With --train: cross_entropy, mse or model.")
@@ -123,10 +127,11 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                 cache_max_size: int | None = None, no_verify: bool = False, tf32: bool = False,
                 output_names: str | None = None, as_json: bool = False, force: bool = False,
                 train: bool = False, loss: str = "cross_entropy", optimizer: str = "sgd", steps: int = 5,
-                loss_scale: str | None = None) -> None:
+                loss_scale: str | None = None, deterministic: bool = False) -> None:
     """Capture MODEL, run a pipeline (default -O2), lower it to a target (or the fastest of several: --target
     auto), verify against eager and save it.  A second compile of the same model reuses the cached artifact."""
     from mlcomp.api import compile_model, is_auto
+    from mlcomp.api.compiler import DETERMINISTIC_SEED, seed_everything
 
     request = pipeline_from_cli(pipeline, opt_level, dump_after, dump_dir, verify_passes, explain)
     request.check_dump_dir(force, inputs=(model,))
@@ -158,6 +163,8 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     progress = Progress.for_command(machine_output=as_json)
     say = _Say(progress, quiet=as_json)
     facts: dict[str, Any] = {"model": model}
+    if deterministic:
+        seed_everything(DETERMINISTIC_SEED)         # before the model is built
     source, graph, capture_seconds = _capture(model, (input_shapes, batch, capture_method, dynamic_batch,
                                                      trust_pickle), progress, say, facts)
     names = _check_names(names, len(graph.output_refs), graph.name)
@@ -172,7 +179,7 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                            instruments=instruments if auto else instruments(canonical),
                            capture_seconds=capture_seconds, tolerance=tolerance, fallback=fallback,
                            threads=threads, device=device, tune_trials=tune_trials, work_dir=tuning_dir,
-                           tf32=tf32 or None)
+                           tf32=tf32 or None, deterministic=deterministic or None)
     progress.clear()
     hit = _say_cache(result, cache, bypass, request.explain, facts, say)
     _name_outputs(result.artifact, names or _model_output_names(source, len(result.artifact.outputs)))
@@ -227,6 +234,10 @@ def _say_compiled(result: Any, request: Any, hit: bool, facts: dict[str, Any], s
                  outputs=[str(s) for s in art.outputs], fallback_regions=art.manifest.get("fallback_regions", []))
     if report is not None:
         say(report.format(nested=request.explain))
+    facts["decisions"] = art.decisions
+    for decision in art.decisions:
+        say(f"decision ({decision.get('made_by', '?')}): {decision['question']} -> {decision['choice']}: "
+            f"{decision['why']}")
     say(f"compiled for {art.target} in {art.compile_seconds:.1f}s" + (" (when it was stored)" if hit else ""))
     for region in facts["fallback_regions"]:
         if region["runs_on"] != art.target:

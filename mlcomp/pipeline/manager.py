@@ -181,7 +181,7 @@ def run_pipeline(graph: Graph, pipeline: "Pipeline | str | os.PathLike[str] | No
                  instruments: Sequence[Instrument] | None = None, hardware: Any = None,
                  calibration_data: Sequence[Any] | None = None, registry: PassRegistry | None = None,
                  verify: bool = False, target: TargetFacts | None = None,
-                 host_precision: Any = None) -> tuple[Graph, PipelineReport]:
+                 host_precision: Any = None, deterministic: bool = False) -> tuple[Graph, PipelineReport]:
     """Run ``pipeline`` on a copy of ``graph``: the new graph and its :class:`PipelineReport`.
 
     ``instruments`` default to ``standard_instruments()`` (IR check and timing);
@@ -190,6 +190,8 @@ def run_pipeline(graph: Graph, pipeline: "Pipeline | str | os.PathLike[str] | No
     ``target``: what the target builds in low precision (``PassContext.target``);
     ``host_precision``: the host's measured matrix-product speeds per dtype, measured
     here (once per process) when a pass uses them and none is given.
+    ``deterministic``: passes that would decide by measuring take their fixed rules
+    (``PassContext.deterministic``); the host's speeds are then not measured.
     """
     chosen = list(standard_instruments() if instruments is None else instruments)
     if verify and not any(isinstance(i, Verify) for i in chosen):
@@ -198,9 +200,9 @@ def run_pipeline(graph: Graph, pipeline: "Pipeline | str | os.PathLike[str] | No
     if inputs is None and any(isinstance(i, Verify) for i in chosen):
         inputs = random_inputs(graph)
     manager = PassManager(pipeline, instruments=chosen, registry=registry)
-    if host_precision is None and any(_uses_host_precision(p) for p in manager.passes):
+    if host_precision is None and not deterministic and any(_uses_host_precision(p) for p in manager.passes):
         host_precision = host_precision_speeds()
-    ctx = PassContext(hardware=hardware, example_inputs=inputs,
+    ctx = PassContext(hardware=hardware, example_inputs=inputs, deterministic=deterministic,
                       calibration_data=tuple(calibration_data) if calibration_data is not None else None,
                       target=target, host_precision=host_precision)
     return manager.run(graph, ctx)

@@ -40,7 +40,8 @@ from mlcomp.base.registry import LazyRegistry, resolve_ref
 from mlcomp.base.version import __version__
 from mlcomp.runtime.folders import _COMPILE_ONE, MANIFEST, OTHER_FORMATS, REFERENCE  # noqa: F401 (re-exported)
 from mlcomp.runtime.folders import damaged, first_line_of, unavailable
-from mlcomp.runtime.manifest import FORMAT, FORMAT_VERSION, check_payload_file, payload_entries, read_manifest
+from mlcomp.runtime.manifest import (FORMAT, FORMAT_VERSION, check_payload_file, payload_entries, read_manifest,
+                                     runtime_decisions, stable_manifest)
 from mlcomp.models import random_tensor
 from mlcomp.ir import Dim, Graph, Node, TensorMeta, dtype_name, parse_dtype
 
@@ -195,6 +196,8 @@ class Artifact:
             # what the graph's bf16/fp16 nodes imply (mlcomp.analysis.ranges), or the runtime's own
             # math (cuda with tf32: its ``declared_rtol``), the looser of the two; verify's default
             "declared_tolerance": _declared_rtol(graph, runtime),
+            # every choice the compile made by timing or by a fixed rule (mlcomp.hardware.decide.Decision)
+            "decisions": [dict(d.to_json(), made_by=f"target {target}") for d in runtime_decisions(runtime)],
         }
         return cls(runtime, manifest)
 
@@ -212,6 +215,16 @@ class Artifact:
     @property
     def target(self) -> str:
         return self.manifest["target"]
+
+    @property
+    def deterministic(self) -> bool:
+        """Compiled with ``deterministic=True``: saved without anything time- or path-dependent."""
+        return bool((self.manifest.get("options") or {}).get("deterministic"))
+
+    @property
+    def decisions(self) -> list[dict[str, Any]]:
+        """The choices the compile made (``Decision.to_json()`` records: question, choice, verdict, why)."""
+        return list(self.manifest.get("decisions") or [])
 
     @property
     def compile_seconds(self) -> float:
@@ -310,6 +323,8 @@ class Artifact:
                            tmp / REFERENCE)
             manifest = dict(self.manifest, runtime_info=info, payload=payload_entries(tmp),
                             reference=REFERENCE if self.reference is not None else None)
+            if self.deterministic:
+                manifest = stable_manifest(manifest)
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, default=str))
         self.manifest = manifest
         return directory

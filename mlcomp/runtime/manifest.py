@@ -1,8 +1,13 @@
-"""The manifest of an artifact folder: its format, reading and validating it, the payload checksums.
+"""The artifact folder's ``manifest.json``: its format, reading and validating it, the payload
+checksums, what it records of a compile's choices, and the manifest as a deterministic compile saves it.
 
-``manifest.json`` names the format (``mlcomp-artifact``) and its version; every
-other file of the folder is listed under ``payload`` with its size and sha256,
-so a truncated or modified file is reported as damage before anything loads it.
+The manifest names the format (``mlcomp-artifact``) and its version; every other file
+of the folder is listed under ``payload`` with its size and sha256, so a truncated or
+modified file is reported as damage before anything loads it.
+:func:`runtime_decisions` collects the :class:`~mlcomp.hardware.decide.Decision` records a
+runtime's build made (a split graph's parts included) for the manifest's ``decisions``;
+:func:`stable_manifest` drops what differs between two identical compiles (wall-clock times,
+durations, the cache's hit/miss record, absolute paths of dump and tuning folders).
 """
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ from mlcomp.base.files import sha256_file
 from mlcomp.base.version import __version__
 from mlcomp.runtime.folders import _COMPILE_ONE, MANIFEST, OTHER_FORMATS, damaged, not_artifact
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "check_payload_file", "payload_entries", "read_manifest"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "VOLATILE_KEYS", "check_payload_file", "payload_entries", "read_manifest",
+           "runtime_decisions", "stable_manifest"]
 
 FORMAT = "mlcomp-artifact"
 FORMAT_VERSION = 1
@@ -66,3 +72,30 @@ def check_payload_file(directory: Path, entry: dict[str, Any]) -> None:
         raise damaged(directory, f"payload file {entry['path']} is missing")
     if path.stat().st_size != entry.get("bytes") or sha256_file(path) != entry.get("sha256"):
         raise damaged(directory, f"payload file {entry['path']} does not match its checksum (truncated or modified)")
+
+
+# manifest keys whose values differ between two identical compiles: wall-clock times, the cache's
+# hit/miss record, dump and tuning folders (absolute paths); any key ending in "seconds" goes too
+VOLATILE_KEYS = frozenset({"created", "cache", "dumps", "work_dir"})
+
+
+def stable_manifest(value: Any) -> Any:
+    """``value`` (a manifest) without :data:`VOLATILE_KEYS` and ``*seconds`` keys, at any depth.
+
+        >>> stable_manifest({"created": "2026", "compile_seconds": 1.2, "passes": [{"seconds": 0.1, "name": "dce"}]})
+        {'passes': [{'name': 'dce'}]}
+    """
+    if isinstance(value, dict):
+        return {k: stable_manifest(v) for k, v in value.items()
+                if not (k in VOLATILE_KEYS or (isinstance(k, str) and k.endswith("seconds")))}
+    if isinstance(value, (list, tuple)):
+        return [stable_manifest(v) for v in value]
+    return value
+
+
+def runtime_decisions(runtime: Any) -> list[Any]:
+    """The decisions a runtime's build recorded (``runtime.decisions``), parts of a split graph included."""
+    out = list(getattr(runtime, "decisions", None) or [])
+    for part in getattr(runtime, "parts", None) or ():
+        out += runtime_decisions(part.get("runtime") if isinstance(part, dict) else part)
+    return out

@@ -70,7 +70,7 @@ from typing import Any, Callable, Mapping
 
 from mlcomp.targets.options import LogLevel
 from mlcomp.hardware.probe import vector_bits
-from mlcomp.hardware.timing import TimingPolicy, measure_interleaved
+from mlcomp.hardware.decide import DecisionPolicy, call_samplers, decide
 from mlcomp.targets.tvm.offload.conv_packed import channels_last_reason, to_channels_last
 from mlcomp.targets.tvm.fast_math import fast_math
 from mlcomp.targets.tvm.offload.gemm import keep_small_gemms
@@ -188,7 +188,7 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
           fusions: frozenset[Fusion] = ALL_FUSIONS, view_min_elements: int = VIEW_MIN_ELEMENTS,
           small_gemms: bool = True, threads: int | None = None,
           progress: Callable[[int, int, str], None] | None = None,
-          clock: Callable[[], float] = time.perf_counter) -> "TvmModule":
+          clock: Callable[[], float] = time.perf_counter, deterministic: bool = False) -> "TvmModule":
     """Compile ``module`` for the exact shapes/dtypes of ``example_inputs``.
 
     ``device``: "cpu" (LLVM for this host) or "cuda".  ``tune_trials``: total
@@ -204,7 +204,9 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
     the kernel offload also applies (attention, epilogues, layer norm, views); ``view_min_elements``: the
     smallest layout copy the views rewrite moves into a torch call.  ``small_gemms``: probe the offloaded
     GEMMs both ways and keep those TVM runs faster as TVM code (:mod:`~mlcomp.targets.tvm.offload.gemm`,
-    ``stats["small_gemms"]``), timed with ``threads`` torch threads (None: torch's current count).  ``progress(done, total,
+    ``stats["small_gemms"]``), timed with ``threads`` torch threads (None: torch's current count).
+    ``deterministic``: neither timing probe runs (GEMMs stay torch calls, the untuned build is kept).
+    ``progress(done, total,
     message)``: called after every tuning batch.
     """
     import tvm
@@ -229,7 +231,8 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
             kernels = target.kind.name == "llvm"
         base = mod
         if kernels:
-            mod = _to_torch_kernels(mod, target, stats, fusions, view_min_elements, small_gemms, threads)
+            mod = _to_torch_kernels(mod, target, stats, fusions, view_min_elements, small_gemms, threads,
+                                    deterministic)
         if target.kind.name == "llvm":
             mod, stats["fast_math"] = fast_math(mod)
         mod = _lower_to_tir(mod, target)
@@ -248,11 +251,11 @@ def build(module, example_inputs, *, device: str = "cpu", tune_trials: int = 0,
         t0 = time.perf_counter()
         built = TvmModule(tvm.compile(mod, target=target), device, n_out, stats)
         if untuned is not None:
-            own = None if searches != 2 else lambda: _own_kernels_build(
+            own = None if searches != 2 or deterministic else lambda: _own_kernels_build(
                 base, target, tune_trials, tuning_dir, stats, scope, device, n_out,
                 build_timeout=build_timeout, run_timeout=run_timeout, progress=_stage(progress, 1, searches))
             built = _fastest(built, untuned, own, example_inputs, target=target, device=device, n_out=n_out,
-                             stats=stats, clock=clock)
+                             stats=stats, clock=clock, deterministic=deterministic)
         if use_db and not work_dir:
             built.stats["work_dir"] = None   # it was the private folder, gone after the build
     built.stats["compile_seconds"] = round(time.perf_counter() - t0, 2)
@@ -279,9 +282,10 @@ def _export(module, example_inputs) -> tuple[Any, int]:
 
 
 def _to_torch_kernels(mod, target, stats: dict, fusions: frozenset[Fusion], view_min_elements: int,
-                      small_gemms: bool, threads: int | None):
+                      small_gemms: bool, threads: int | None, deterministic: bool = False):
     """The kernel offload (:mod:`tvm_offload`): float32 conv2d/matmul and the ``fusions`` become torch calls;
-    with ``small_gemms`` the GEMMs this host runs faster as TVM code go back to Relax."""
+    with ``small_gemms`` the GEMMs this host runs faster as TVM code go back to Relax (``deterministic``:
+    none, unprobed)."""
     import tvm
 
     register_kernels()
@@ -292,17 +296,19 @@ def _to_torch_kernels(mod, target, stats: dict, fusions: frozenset[Fusion], view
         # the probe is compiled as mod will be
         mod = keep_small_gemms(mod, report, stats, threads, lambda probe: tvm.compile(
             _default_schedules(_lower_to_tir(fast_math(probe)[0], target), target, {}, parallel=False),
-            target=target))
+            target=target), deterministic=deterministic)
     stats["kernels"] = report.to_json()
     stats["packed_weight_keys"] = list(report.packed)
     return mod
 
 
 def _fastest(tuned: "TvmModule", untuned, own_kernels: Callable[[], "TvmModule"] | None, example_inputs, *,
-             target, device: str, n_out: int, stats: dict, clock: Callable[[], float]) -> "TvmModule":
+             target, device: str, n_out: int, stats: dict, clock: Callable[[], float],
+             deterministic: bool = False) -> "TvmModule":
     """The faster of the tuned build, the untuned one (same kernels, default schedules) and, with default
     kernels, the build tuned with TVM's own kernels (``own_kernels``; an MLP at batch 1 runs faster with
-    TVM's GEMV than with torch's); ``stats["tuning_decision"]`` records the times."""
+    TVM's GEMV than with torch's), by :func:`faster`; ``stats["tuning_decision"]`` records the decision
+    (``deterministic``: the untuned build, untimed)."""
     import tvm
 
     plain = dict(stats)
@@ -311,7 +317,7 @@ def _fastest(tuned: "TvmModule", untuned, own_kernels: Callable[[], "TvmModule"]
                   "tuned": tuned}
     if own_kernels is not None:
         candidates["tuned_tvm_kernels"] = own_kernels()
-    winner, times = faster(candidates, example_inputs, clock=clock)
+    winner, times = faster(candidates, example_inputs, clock=clock, deterministic=deterministic)
     built = candidates[winner]
     built.stats.update(tuning_decision=dict(times, winner=winner))
     return built
@@ -369,17 +375,26 @@ def _conv_layout(mod, target, stats: dict):
     return mod
 
 
-def faster(runners: Mapping[str, Callable[..., Any]], inputs, *, clock: Callable[[], float] = time.perf_counter,
-           policy: TimingPolicy = TimingPolicy(warmup=3, budget_s=0.5, min_repeats=7)) -> tuple[str, dict]:
-    """The first of ``runners`` whose median time on ``inputs`` is lowest (interleaved rounds), and the times.
+TUNING_QUESTION = "tvm: which build runs, untuned or tuned?"
+TUNING_RULE = "deterministic build: the untuned build (MetaSchedule's schedules are a measured search), untimed"
+TUNING_TIMING = DecisionPolicy(warmup=3, budget_s=0.5, min_rounds=6, max_rounds=2000, threshold=0.9)
 
-    A later runner must be strictly faster to win: with ``{"untuned": …, "tuned": …}`` a tuned build
-    slower than (or as fast as) the untuned one is never kept.
+
+def faster(runners: Mapping[str, Callable[..., Any]], inputs, *, clock: Callable[[], float] = time.perf_counter,
+           policy: DecisionPolicy = TUNING_TIMING, deterministic: bool = False) -> tuple[str, dict]:
+    """The runner to keep and the evidence: the first of ``runners`` (the untuned build) unless a sign test
+    decides another takes < ``policy.threshold`` x its time (:func:`mlcomp.hardware.decide.decide`).
+
+    With ``{"untuned": …, "tuned": …}`` a tuned build not clearly faster is never kept;
+    ``deterministic``: nothing is timed, the first is kept.
     """
-    times = measure_interleaved({name: (lambda r=r: r(*inputs)) for name, r in runners.items()}, policy, clock=clock)
-    best = min(runners, key=lambda name: (times[name].median, list(runners).index(name)))
-    return best, {f"{name}_ms": round(t.median * 1e3, 4) for name, t in times.items()} | {
-        "rounds": min(t.repeats for t in times.values())}
+    fns = {name: (lambda r=r: r(*inputs)) for name, r in runners.items()}
+    samplers = fns if deterministic else call_samplers(fns, warmup=policy.warmup, budget_s=policy.budget_s,
+                                                       clock=clock)      # deterministic: never called
+    decision = decide(TUNING_QUESTION, samplers, policy=policy, clock=clock, deterministic=deterministic,
+                      rule=TUNING_RULE)
+    times = {f"{name}_ms": round(decision.medians[name] * 1e3, 4) for name in runners if name in decision.medians}
+    return decision.choice, times | {"rounds": decision.rounds, "decision": decision.to_json()}
 
 
 class TvmModule:

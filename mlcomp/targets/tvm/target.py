@@ -57,6 +57,7 @@ from mlcomp.targets.tvm.offload.rewrite import OffloadReport
 from mlcomp.base.quiet import quiet_native
 
 from mlcomp.base.errors import MlcompError
+from mlcomp.hardware.decide import Decision
 from mlcomp.ir import Graph, Node, Ref, TensorMeta
 from mlcomp.ir.builder import new_node, substitute
 from mlcomp.ir.dtypes import dtype_name
@@ -103,6 +104,13 @@ class TvmRuntime:
                 "kernels": self.stats.get("kernels"), "schedules": self.stats.get("schedules"),
                 "conv_layout": self.stats.get("conv_layout"), "tuning_decision": self.stats.get("tuning_decision")}
 
+    @property
+    def decisions(self) -> list[Decision]:
+        """The build's measured choices: the small-GEMM probe's per call, then tuned against untuned."""
+        found = list((self.stats.get("small_gemms") or {}).get("decisions") or [])
+        tuning = (self.stats.get("tuning_decision") or {}).get("decision")
+        return [Decision.from_json(d) for d in found + ([tuning] if tuning else [])]
+
     def explain_lines(self) -> list[str]:
         """Where each heavy op runs and how the rest was scheduled, one line each (``--explain``)."""
         lines = []
@@ -121,8 +129,9 @@ class TvmRuntime:
             lines.append(f"convolutions {layout['layout']}: {layout['reason']}")
         decision = self.stats.get("tuning_decision")
         if decision:
-            lines.append(f"tuned build {decision['tuned_ms']} ms vs untuned {decision['untuned_ms']} ms: "
-                         f"kept the {decision['winner']} one")
+            why = (decision.get("decision") or {}).get("why", "")
+            lines.append(f"tuned build {decision.get('tuned_ms', '—')} ms vs untuned {decision.get('untuned_ms', '—')} "
+                         f"ms: kept the {decision['winner']} one" + (f" ({why})" if why else ""))
         if "tasks" in self.stats:
             lines.append(f"MetaSchedule database {self.stats.get('work_dir')}: {self.stats['tasks']} tasks, "
                          f"{len(self.stats.get('tasks_reused', []))} reused, {self.stats.get('trials_run', 0)} "
@@ -296,6 +305,7 @@ class TvmTarget(Target):
                                       work_dir=work_dir, build_timeout=options.tune_build_timeout,
                                       run_timeout=options.tune_run_timeout, log_level=options.log_level,
                                       worker_torch=options.tune_worker_torch,
+                                      deterministic=options.deterministic,
                                       **({"progress": progress} if progress is not None else {}))
         except MlcompError:
             raise
