@@ -1,13 +1,15 @@
 """The Python API: ``mlcomp.compile``, ``mlcomp.load``, ``mlcomp.export``, and the compile the CLI runs.
 
-    >>> import mlcomp, torch
-    >>> art = mlcomp.compile("resnet18", target="onnxruntime", pipeline="-O2", threads=2)
-    >>> art.verification["passed"]           # compared with eager on the example inputs
+::
+
+    import mlcomp, torch
+    art = mlcomp.compile("resnet18", target="onnxruntime", pipeline="-O2", threads=2)
+    art.verification["passed"]           # compared with eager on the example inputs
     True
-    >>> art = mlcomp.compile("mlp", target="auto", cache=True)   # fastest verified target, cached
-    >>> art.manifest["auto"]["picked"], art.manifest["cache"]["status"]
+    art = mlcomp.compile("mlp", target="auto", cache=True)   # fastest verified target, cached
+    art.manifest["auto"]["picked"], art.manifest["cache"]["status"]
     ('onnxruntime', 'stored')                # a second call: 'hit', no passes and no lowering
-    >>> art.save("out/mlp"); again = mlcomp.load("out/mlp", verify=True)
+    art.save("out/mlp"); again = mlcomp.load("out/mlp", verify=True)
 
 ``model_or_path`` is an ``nn.Module`` (with ``example_inputs``) or anything
 :func:`mlcomp.frontend.loading.load_model` accepts (zoo name, ``.pt``, ``.pt2``,

@@ -1,13 +1,14 @@
 """One compile for one target: pipeline (adapted to the target), lowering, verification against eager.
 
-    >>> source = load_model("mlp"); graph = source.capture()
-    >>> result = compile_source(source, graph, target="onnxruntime", pipeline="-O2")
-    >>> result.artifact.target, result.check.passed
+::
+
+    source = load_model("mlp"); graph = source.capture()
+    result = compile_source(source, graph, target="onnxruntime", pipeline="-O2")
+    result.artifact.target, result.check.passed
     ('onnxruntime', True)
 
-Before (``mlcomp.api`` as one module): a target was a name only, so the auto target could not
-try targets the registry does not hold; after: ``target`` is a name or a
-:class:`~mlcomp.targets.base.Target` instance (the tests' fake targets), and the
+``target`` is a name or a :class:`~mlcomp.targets.base.Target` instance (so the auto
+target can try targets the registry does not hold, such as the tests' fake targets), and the
 result carries the verification it did (``check``) for the caller to print.
 """
 from __future__ import annotations

@@ -15,10 +15,10 @@ for the machine we actually run on we measure them:
 what ``mixed-precision{dtype=auto}`` decides from (bf16 only where it is faster).
 
 Peaks are the *best* sample (a peak is what the machine can do; noise from
-other processes only ever makes a sample slower); overhead is the median.
+other processes only ever makes a sample slower); overhead is the median::
 
-    >>> profile = measure_hardware(quick=True)
-    >>> profile.spec.peak_flops["fp32"], profile.spec.bandwidth
+    profile = measure_hardware(quick=True)
+    profile.spec.peak_flops["fp32"], profile.spec.bandwidth
 """
 from __future__ import annotations
 

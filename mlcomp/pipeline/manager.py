@@ -3,11 +3,16 @@
 Before anything runs, every pass (composite children included) is checked
 against the graph's mode and the context; all problems are reported together::
 
-    >>> run_pipeline(training_graph, "fold-batchnorm,quantize")
-    PipelineMismatchError: pipeline fold-batchnorm,quantize cannot run on graph convbn (a training graph);
-    nothing was run: (1) pass 'fold-batchnorm' (pass 1 of 2) runs on inference graphs only, and graph
-    convbn is a training graph (fuse skips it on training graphs by itself); (2) pass 'quantize' (pass 2
-    of 2) needs calibration data, and none was given (pass calibration_data=)
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("convbn", mode=Mode.TRAINING)
+    >>> training_graph = b.output(b.call(aten("relu"), b.input("x", (2, 4))))
+    >>> run_pipeline(training_graph, "fold-batchnorm,prune")
+    Traceback (most recent call last):
+    mlcomp.base.errors.PipelineMismatchError: pipeline fold-batchnorm,prune cannot run on graph convbn (a
+    training graph); nothing was run: (1) pass 'fold-batchnorm' (pass 1 of 2) runs on inference graphs
+    only, and graph convbn is a training graph (fuse skips it on training graphs by itself); (2) pass
+    'prune' (pass 2 of 2) runs on inference graphs only, and graph convbn is a training graph. ...
 
 Then the manager walks composites itself (:mod:`mlcomp.pipeline.composite`), so
 instruments see the innermost pass: before (a composite was one opaque step)

@@ -1,10 +1,21 @@
 """Compiled artifacts: callable on torch tensors, saved as a self-describing folder.
 
-    >>> art = mlcomp.compile("mlp", target="onnxruntime")
-    >>> y = art(torch.randn(1, 512))          # one output → a tensor, several → a tuple
+    >>> import torch
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("mlp")
+    >>> x = b.input("x", (2, 8))
+    >>> bias, w = b.param("0.bias", torch.zeros(4)), b.param("0.weight", torch.randn(4, 8))
+    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
+    >>> x = torch.randn(2, 8)
+    >>> from mlcomp.targets import get_target   # mlcomp.compile returns the same kind of artifact
+    >>> art = get_target("onnxruntime").compile(graph)
+    >>> y = art(x)                            # one output → a tensor, several → a tuple
     >>> art.save("out/mlp-ort")
+    PosixPath('out/mlp-ort')
     >>> again = Artifact.load("out/mlp-ort")  # any process; checks manifest and payload
-    >>> again.verify()                        # re-run the stored reference inputs
+    >>> again.verify((x,), y).passed          # no arguments: the stored reference (compile with verify)
+    True
 
 Folder layout::
 

@@ -1,8 +1,17 @@
 """Standalone exports: files that plain torch, ONNX Runtime or TVM load without mlcomp.
 
-    >>> path, result = export_graph(graph, ExportFormat.ONNX, "mlp.onnx", inputs, eager_outputs)
-    >>> result.passed        # reloaded with plain onnxruntime and compared with eager
-    True
+    >>> import torch
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("mlp")
+    >>> x = b.input("x", (2, 8))
+    >>> bias, w = b.param("0.bias", torch.zeros(4)), b.param("0.weight", torch.randn(4, 8))
+    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
+    >>> x = torch.randn(2, 8)
+    >>> from mlcomp.ir.interpreter import Interpreter
+    >>> path, result = export_graph(graph, ExportFormat.ONNX, "mlp.onnx", (x,), Interpreter(graph).run(x))
+    >>> path.name, result.passed        # reloaded with plain onnxruntime and compared with eager
+    ('mlp.onnx', True)
 
 =============  ==========================  ==========================================
 format         written                     reloaded (and verified) with
@@ -73,8 +82,8 @@ def export_pipeline(fmt: ExportFormat | str, pipeline: Any) -> tuple[Pipeline, A
     """The pipeline to run before exporting in ``fmt``, and how a preset was adapted (None if not a preset).
 
         >>> pipe, adapted = export_pipeline("onnx", "-O2")
-        >>> pipe.spec, [d.spec for d in adapted.dropped]        # onnxruntime fuses kernels itself
-        ('cleanup', ['fuse'])
+        >>> pipe.spec, [d.spec for d in adapted.dropped]        # onnxruntime fuses and folds itself
+        ('cleanup{fold_params=false}', ['fuse', 'cleanup{fold_params=true}'])
     """
 
     target = _RUNS_ON[ExportFormat.parse(fmt)]

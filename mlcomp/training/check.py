@@ -1,9 +1,11 @@
 """Checking a compiled training step against eager PyTorch: gradients, N steps, a reloaded artifact.
 
-    >>> verify_gradients(art, model, F.cross_entropy, (x, y))["worst_rel"]     # one batch, nothing updated
+::
+
+    verify_gradients(art, model, F.cross_entropy, (x, y))["worst_rel"]     # one batch, nothing updated
     0.0
-    >>> cmp = compare_steps(art, copy.deepcopy(model), F.cross_entropy, (x, y), steps=5)
-    >>> cmp["worst"], cmp["worst_rel"]        # per tensor: max|compiled - eager| / max|eager|
+    cmp = compare_steps(art, copy.deepcopy(model), F.cross_entropy, (x, y), steps=5)
+    cmp["worst"], cmp["worst_rel"]        # per tensor: max|compiled - eager| / max|eager|
     ('0.weight', 0.0)
 
 An fp32 joint graph runs eager's own fused kernels (``mlcomp.frontend.joint``), so its

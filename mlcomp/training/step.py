@@ -1,9 +1,14 @@
 """A compiled training step: joint IR graph → generated torch code + an optimizer.
 
+    >>> from mlcomp.frontend.joint import LossKind, capture_joint
+    >>> model, x, y = torch.nn.Linear(8, 3), torch.randn(4, 8), torch.tensor([0, 2, 1, 0])
+    >>> joint_graph = capture_joint(model, (x,), y, loss=LossKind.CROSS_ENTROPY)
     >>> art = compile_training(joint_graph, target="cpu", optimizer="sgd{lr=0.05 momentum=0.9}",
     ...                        state_keys=list(model.state_dict()))
     >>> loss = art.step(x, y)               # forward, loss, backward, optimizer, buffer updates
-    >>> art.state_dict().keys() == model.state_dict().keys()
+    >>> loss.shape, art.state_dict().keys() == model.state_dict().keys()
+    (torch.Size([]), True)
+    >>> bool(art.step(x, y) < loss)         # one SGD step lowered the loss on this batch
     True
 
 The joint graph's outputs are ``(%loss, %grad:<param>…, %new:<buffer>…)``

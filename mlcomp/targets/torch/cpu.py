@@ -5,10 +5,21 @@ the graph disappears, parameters become constants folded into the graph, and
 the TorchScript executor runs it (fusing and specialising after two warm-up
 calls).
 
+    >>> import torch
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("mlp")
+    >>> x = b.input("x", (2, 8))
+    >>> bias, w = b.param("0.bias", torch.zeros(4)), b.param("0.weight", torch.randn(4, 8))
+    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
+    >>> x = torch.randn(2, 8)
+    >>> from mlcomp.targets import get_target
     >>> art = get_target("cpu").compile(graph, CompileOptions(threads=1))
-    >>> art(x)
+    >>> y = art(x)
     >>> art.save("out/mlp-cpu")               # out/mlp-cpu/model.pt
-    >>> torch.jit.load("out/mlp-cpu/model.pt")(x)   # plain torch can load the payload
+    PosixPath('out/mlp-cpu')
+    >>> torch.equal(torch.jit.load("out/mlp-cpu/model.pt")(x)[0], y)   # plain torch can load the payload
+    True
 
 The payload is the *frozen* module.  ``optimize_for_inference`` (MKLDNN
 convolution layouts, conv/bn folding) rewrites the module into a form

@@ -1,8 +1,10 @@
 """The ``tvm`` target: IR → generated torch module → Apache TVM (Relax) → VM executable.
 
-    >>> art = get_target("tvm").compile(graph, CompileOptions(tune_trials=64, work_dir="tvm-db"))
-    >>> art(x)
-    >>> art.save("out/mlp-tvm")          # out/mlp-tvm/model.so (+ meta.json)
+::
+
+    art = get_target("tvm").compile(graph, CompileOptions(tune_trials=64, work_dir="tvm-db"))
+    art(x)
+    art.save("out/mlp-tvm")          # out/mlp-tvm/model.so (+ meta.json)
 
 The build itself is :func:`mlcomp.targets.tvm.build.build`: ``torch.export``
 of the generated module, ``from_exported_program``, BatchNorm folding, fusion, then
