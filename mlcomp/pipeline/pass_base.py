@@ -59,6 +59,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "fuse-elementwise": "mlcomp.passes.fusion.fusion:FuseElementwise",
     "fuse": "mlcomp.passes.fusion.fusion:Fuse",
     "mixed-precision": "mlcomp.passes.precision.mixed:MixedPrecision",
+    "loss-scale": "mlcomp.passes.precision.loss_scale:LossScale",
     "remat": "mlcomp.passes.remat.remat:Remat",
     "partition": "mlcomp.passes.placement.partition:Partition",
     "place": "mlcomp.passes.placement.place:Place",

@@ -68,7 +68,8 @@ from mlcomp.pipeline.target_facts import LowPrecision
 from mlcomp.targets.capabilities import REAL_DTYPES, Capabilities, DeviceKind
 from mlcomp.runtime.codegen import to_fx
 from mlcomp.targets.onnx.emit import emit_model, emittable
-from mlcomp.targets.onnx.export import DEFAULT_OPSET, MLCOMP, ExportRecord, export_model, translatable
+from mlcomp.targets.onnx.export import DEFAULT_OPSET, MLCOMP, ExportRecord, export_model
+from mlcomp.targets.onnx.torchlib import translatable
 from mlcomp.targets.onnx.patterns import ort_friendly
 from mlcomp.targets.onnx.precision import KernelTable, keep_unsupported_fp32, summarize
 
