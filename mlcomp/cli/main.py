@@ -32,6 +32,7 @@ COMMANDS: LazyRegistry[click.Command] = LazyRegistry("command", {
     "profile": "mlcomp.cli.profile:profile_cmd",
     "cache": "mlcomp.cli.cache:cache_group",
     "tune": "mlcomp.cli.tune:tune_cmd",
+    "support": "mlcomp.cli.support:support_cmd",
 })
 
 
