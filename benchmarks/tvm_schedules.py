@@ -136,7 +136,7 @@ def run(name: str, batch: int, *, before: bool, budget: float, rounds: int, abla
     row["schedules"] = art.runtime.stats.get("schedules")
     runners["tvm-after"] = lambda: art(*inputs)
     if ablate:
-        from mlcomp.targets.tvm.build import build
+        from mlcomp.targets.tvm.build import BuildConfig, build
         from mlcomp.targets.tvm.offload.rewrite import ALL_FUSIONS, Fusion
 
         # tvm-all-fusions: the same build as tvm-after without the artifact's call wrapper (threads, checks)
@@ -149,7 +149,7 @@ def run(name: str, batch: int, *, before: bool, budget: float, rounds: int, abla
         row["ablations"] = list(variants)
         fx = to_fx(graph).eval()
         for label, (fusions, small) in variants.items():
-            mod = build(fx, inputs, fusions=fusions, small_gemms=small, threads=_THREADS)
+            mod = build(fx, inputs, BuildConfig(fusions=fusions, small_gemms=small, threads=_THREADS))
             row[f"err_{label}"] = _rel(expected, mod(*inputs))
             runners[label] = (lambda m: lambda: m(*inputs))(mod)
             if profile:

@@ -1,9 +1,14 @@
 """mlcomp: a declarative model-compiler pipeline for PyTorch.
 
-    >>> import mlcomp
+    >>> import mlcomp, torch
+    >>> model, x = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval(), torch.randn(2, 8)
     >>> art = mlcomp.compile(model, (x,), target="cpu", pipeline="-O2")
-    >>> art(x)                       # torch tensors in, torch tensors out
-    >>> art.save("out/"); mlcomp.load("out/")
+    >>> y = art(x)                   # torch tensors in, torch tensors out
+    >>> art.verification["passed"], y.shape          # compared with eager on the example inputs
+    (True, torch.Size([2, 4]))
+    >>> _ = art.save("out/")
+    >>> torch.equal(mlcomp.load("out/")(x), y)
+    True
 
 Heavy pieces import lazily: ``import mlcomp`` does not import tvm or onnxruntime.
 """

@@ -208,6 +208,8 @@ def _page(name: str, inspect_text: str, pipe_text: str | None, pipe_note: str, b
               "median and 90th percentile per call. Peak memory is the growth over a baseline around "
               "compile and run. Errors are the largest absolute difference from eager.</p>",
               bench.table().to_html(), "<img src='bench.png' alt='speedup and latency vs batch size'>"]
+    if "tvm" in config.bench.targets:
+        parts.append(_tvm_policy_html())
     if roof is not None:
         parts += ["<h2>Roofline of this machine, every op measured</h2>", f"<p>{escape(roof.setup)}</p>",
                   roof.figure_table().to_html()]
@@ -219,3 +221,14 @@ def _page(name: str, inspect_text: str, pipe_text: str | None, pipe_note: str, b
                  + (", roofline.json" if roof else "") + ".</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _tvm_policy_html() -> str:
+    """The TVM target's offload policy (:mod:`mlcomp.targets.tvm.offload.policy`): which ops its module runs in
+    torch's kernels and which as TVM code, row by row (``mlcomp compile --explain`` gives them per op)."""
+    from mlcomp.targets.tvm.offload.policy import table_lines
+
+    return ("<h2>TVM: which ops run in torch's kernels</h2><p>On CPU the tvm target's module calls torch's kernels "
+            "for the heavy ops and runs the rest as TVM code, by these rules (first match wins; "
+            "<code>mlcomp compile --target tvm --explain</code> lists each op with its rule):</p>"
+            f"<pre>{escape(chr(10).join(table_lines()))}</pre>")

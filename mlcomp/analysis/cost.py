@@ -7,9 +7,16 @@
 * time on a :class:`HardwareSpec` by the roofline:
   ``max(flops / peak, bytes / bandwidth) + launch overhead``.
 
+    >>> import torch
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("mlp")
+    >>> x = b.input("x", (2, 512))
+    >>> bias, w = b.param("fc.bias", torch.zeros(256)), b.param("fc.weight", torch.randn(256, 512))
+    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
     >>> c = node_cost(graph, graph.node("addmm"))
     >>> c.flops, c.bytes, c.intensity
-    (262144, 526344, 0.498...)
+    (524288, 531456, 0.98...)
 """
 from __future__ import annotations
 

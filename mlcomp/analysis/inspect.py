@@ -9,10 +9,16 @@ live activations (:mod:`mlcomp.analysis.memory`), and the *parallelism profile*:
 topological generation (how many ops could run at once) and the critical-path
 length: the textbook's "automatic parallelism" measured on the real graph.
 
-    >>> r = inspect_graph(graph)            # the zoo mlp at batch 2
-    >>> print(r.format())
+    >>> import torch
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("mlp")
+    >>> x = b.input("x", (2, 512))
+    >>> bias, w = b.param("fc.bias", torch.zeros(256)), b.param("fc.weight", torch.randn(256, 512))
+    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
+    >>> r = inspect_graph(graph)
     >>> r.to_json()["flops"], r.to_json()["peak_activation_bytes"]
-    (656384, 4096)
+    (524288, 4096)
 """
 from __future__ import annotations
 

@@ -15,9 +15,15 @@ end, and a value nobody reads is held to the end too (nothing frees it)::
       return (%c)                                             peak =  2048
     }
 
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("chain")
+    >>> a = b.call(aten("relu"), b.input("x", (256,)), name="a")
+    >>> v = b.call(aten("view"), a, [16, 16], name="v")
+    >>> graph = b.output(b.call(aten("neg"), b.call(aten("exp"), v, name="b"), name="c"))
     >>> live = liveness(graph)             # the graph's order; or liveness(graph, schedule=[...])
-    >>> live.peak_bytes, live.live_at(2), live.bytes_at("b")
-    (2048, frozenset({'a', 'b'}), 2048)
+    >>> live.peak_bytes, sorted(live.live_at(live.step_of["b"])), live.bytes_at("b")
+    (2048, ['a', 'b'], 2048)
 
 An op returning several fresh tensors (``native_batch_norm``,
 ``max_pool2d_with_indices``) allocates one buffer per element (:class:`Buffers`):

@@ -14,11 +14,11 @@ node two numbers are reported:
 
 ::
 
-    >>> rows = precision_errors(fp32_graph, bf16_graph, (x,))
-    >>> [(r.name, r.precision, f"{r.introduced:.1e}", f"{r.error:.1e}") for r in rows[:3]]
+    rows = precision_errors(fp32_graph, bf16_graph, (x,))
+    [(r.name, r.precision, f"{r.introduced:.1e}", f"{r.error:.1e}") for r in rows[:3]]
     [('input_bf16', 'bf16', '7.8e-03', '7.8e-03'), ('permute', 'bf16', '3.9e-03', '3.9e-03'),
      ('addmm', 'bf16', '2.4e-02', '2.6e-02')]
-    >>> by_op(rows)["aten.addmm.default"]["introduced"]
+    by_op(rows)["aten.addmm.default"]["introduced"]
     0.031
 
 One run of each graph plus one op per node: O(n) ops; memory holds every value

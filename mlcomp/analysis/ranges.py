@@ -7,9 +7,13 @@ Three questions the mixed-precision pass and verification ask about a graph:
   magnitude and its share of tiny non-zero elements are recorded, one node at a
   time (values are freed as soon as their last reader ran)::
 
-      >>> r = calibrate(graph, [(x,)])["fc1.addmm"]
+      >>> from mlcomp.ir.builder import GraphBuilder
+      >>> from mlcomp.ir.ops import aten
+      >>> b = GraphBuilder("big")
+      >>> graph = b.output(b.call(aten("mul.Tensor"), b.input("x", (4,)), 1e5, name="scale"))
+      >>> r = calibrate(graph, [(torch.tensor([0.5, -0.8125, 0.0, 0.25]),)])["scale"]
       >>> r.absmax, r.overflows(torch.float16), r.flushes(torch.float16)
-      (81234.5, True, False)
+      (81250.0, True, False)
 
 * :func:`declared_tolerance` — how far may a graph computing in bf16/fp16 drift
   from fp32?  Each rounding to a low dtype adds a relative error of at most the

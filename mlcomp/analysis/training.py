@@ -6,13 +6,18 @@ forward values (forward or loss phase, or graph inputs) that a backward node
 reads; views are charged to the tensor they view, parameters are not
 activations::
 
+    >>> import torch
+    >>> from mlcomp.frontend.joint import LossKind, capture_joint
+    >>> from mlcomp.models import mlp
+    >>> graph = capture_joint(mlp(), (torch.randn(4, 512),), torch.tensor([0, 1, 1, 0]),
+    ...                       loss=LossKind.CROSS_ENTROPY)              # the zoo mlp at batch 4
     >>> acts = saved_activations(graph)
     >>> [(a.name, a.nbytes, a.module) for a in acts][:2]
-    [('args_0', 4096, '<input>'), ('relu', 2048, '0')]
+    [('args_0', 8192, '<input>'), ('target', 32, '<input>')]
     >>> phase_flops(graph)
-    {<Phase.FORWARD: 'forward'>: 2.6e5, <Phase.LOSS: 'loss'>: 40, <Phase.BACKWARD: 'backward'>: 5.2e5}
-    >>> predicted_peak(graph).transient
-    1312000
+    {<Phase.FORWARD: 'forward'>: 1312768, <Phase.LOSS: 'loss'>: 0, <Phase.BACKWARD: 'backward'>: 1576960}
+    >>> predicted_peak(graph)
+    PeakEstimate(resident=666152, transient=662028, at='sum_3')
 
 Peak memory comes from :func:`mlcomp.analysis.memory.liveness` over the
 graph's order (the order the generated code runs): each non-view value is

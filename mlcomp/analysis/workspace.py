@@ -12,8 +12,8 @@ a prediction that is to agree with it has to count them at that step::
       %convolution_backward = aten.convolution_backward(...)        848 KB          2.49 MB
       ...                                                          peak 2.05 MB    peak 2.49 MB
 
-    >>> ws = op_workspaces(graph)                    # {'convolution_backward': 1642600, ...}
-    >>> liveness(graph, workspace=ws).peak_bytes
+    ws = op_workspaces(graph)                    # {'convolution_backward': 1642600, ...}
+    liveness(graph, workspace=ws).peak_bytes
 
 :func:`op_workspaces` runs each node whose op is in :data:`WORKSPACE_OPS` once,
 alone, on seeded random inputs of its input metas, under the allocator's events

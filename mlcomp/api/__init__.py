@@ -1,12 +1,14 @@
 """The public API layer: ``mlcomp.compile``, ``mlcomp.load``, ``mlcomp.export``; the auto target; the compile cache.
 
-    >>> import mlcomp
-    >>> art = mlcomp.compile("mlp", target="onnxruntime")               # one target
-    >>> art = mlcomp.compile("mlp", target="auto", cache="/tmp/mlc")    # fastest verified target, cached
-    >>> art.manifest["auto"]["picked"], art.manifest["cache"]["status"]
+::
+
+    import mlcomp
+    art = mlcomp.compile("mlp", target="onnxruntime")               # one target
+    art = mlcomp.compile("mlp", target="auto", cache="/tmp/mlc")    # fastest verified target, cached
+    art.manifest["auto"]["picked"], art.manifest["cache"]["status"]
     ('onnxruntime', 'stored')
 
-Before this package, ``mlcomp/api.py`` held everything in one module; now one module per concern:
+One module per concern:
 
 * :mod:`~mlcomp.api.inputs`: checks made before anything is loaded, loading a model source;
 * :mod:`~mlcomp.api.lowering`: one compile for one target (pipeline, lowering, verification);

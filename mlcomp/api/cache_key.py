@@ -1,9 +1,18 @@
 """The compile cache's key: everything that decides what a compile produces, hashed.
 
+    >>> import torch
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("mlp")
+    >>> x = b.input("x", (2, 512))
+    >>> bias, w = b.param("fc.bias", torch.zeros(256)), b.param("fc.weight", torch.randn(256, 512))
+    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
     >>> key = cache_key(graph, pipeline="cleanup,fuse,cleanup", target="cpu", options=CompileOptions())
-    >>> key.short, sorted(key.parts)                 # the zoo mlp, -O2 on cpu (mlcomp_source changes it)
-    ('ca02ab8c9972', ['format', 'graph', 'machine', 'mlcomp_source', 'model', 'options', 'pipeline',
-                      'target', 'versions'])
+    >>> len(key.short), sorted(key.parts)            # the hash changes with any part (mlcomp_source too)
+    (12, ['format', 'graph', 'machine', 'mlcomp_source', 'model', 'options', 'pipeline',
+          'target', 'versions'])
+    >>> key == cache_key(graph, pipeline="cleanup", target="cpu", options=CompileOptions())
+    False
 
 Parts (all JSON, so the key is the same in every process):
 

@@ -3,7 +3,8 @@
     >>> parse_size("500MB"), parse_size("2GiB"), parse_size("1.5G")
     (500000000, 2147483648, 1610612736)
     >>> parse_size("lots")
-    OptionError: --cache-max-size 'lots' is not a size (a size is a number of bytes, 0 or more, and a unit)
+    Traceback (most recent call last):
+    mlcomp.base.errors.OptionError: --cache-max-size 'lots' is not a size (a size is a number of bytes ...
 
 Which entries go, before and after one store under a 1 MiB cap (``used``: the last
 store or hit; ``new`` was just stored and is never a victim)::

@@ -1,13 +1,15 @@
 """The Python API: ``mlcomp.compile``, ``mlcomp.load``, ``mlcomp.export``, and the compile the CLI runs.
 
-    >>> import mlcomp, torch
-    >>> art = mlcomp.compile("resnet18", target="onnxruntime", pipeline="-O2", threads=2)
-    >>> art.verification["passed"]           # compared with eager on the example inputs
+::
+
+    import mlcomp, torch
+    art = mlcomp.compile("resnet18", target="onnxruntime", pipeline="-O2", threads=2)
+    art.verification["passed"]           # compared with eager on the example inputs
     True
-    >>> art = mlcomp.compile("mlp", target="auto", cache=True)   # fastest verified target, cached
-    >>> art.manifest["auto"]["picked"], art.manifest["cache"]["status"]
+    art = mlcomp.compile("mlp", target="auto", cache=True)   # fastest verified target, cached
+    art.manifest["auto"]["picked"], art.manifest["cache"]["status"]
     ('onnxruntime', 'stored')                # a second call: 'hit', no passes and no lowering
-    >>> art.save("out/mlp"); again = mlcomp.load("out/mlp", verify=True)
+    art.save("out/mlp"); again = mlcomp.load("out/mlp", verify=True)
 
 ``model_or_path`` is an ``nn.Module`` (with ``example_inputs``) or anything
 :func:`mlcomp.frontend.loading.load_model` accepts (zoo name, ``.pt``, ``.pt2``,
@@ -106,6 +108,20 @@ def _reuse(source: Any, art: Any, *, verify: bool, tolerance: float | None, capt
     return CompileResult(art, None, capture_seconds, 0.0, check=check)
 
 
+DETERMINISTIC_SEED = 0
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch's, Python's and NumPy's global generators (a deterministic compile draws nothing unseeded)."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def compile_model(source: Any, graph: Any, *, target: str | Target | None = None,
                   candidates: Sequence[str | Target] | None = None, pipeline: Any = None, verify: bool = True,
                   cache: CompileCache | None = None, capture_seconds: float = 0.0,
@@ -123,6 +139,8 @@ def compile_model(source: Any, graph: Any, *, target: str | Target | None = None
         raise OptionError(f"candidate targets were given for target {target!r}",
                           hint="candidates apply to target='auto' (--target auto) only")
     opts = CompileOptions.make(**options)
+    if opts.deterministic:
+        seed_everything(DETERMINISTIC_SEED)
     key, outcome, removed = None, None, []
     if cache is not None:
         key, why = _key(graph, target, candidates, pipeline, opts, auto_timing)
@@ -208,6 +226,8 @@ def _compile(model_or_path: Any, example_inputs: Any, target: Any, pipeline: Any
         chosen = resolve_target(target, pipeline)
         Pipeline.coerce(pipeline).check_target(chosen.name, facts=chosen.facts(                # before capture
             CompileOptions.make(device=options.get("device"))))
+    if options.get("deterministic"):
+        seed_everything(DETERMINISTIC_SEED)      # before the model is built and its inputs drawn
     source = load_source(model_or_path, example_inputs, load_opts)
     for note in source.notes:                  # e.g. a model given in train() mode, compiled in eval() mode
         warnings.warn(note, stacklevel=2)

@@ -4,7 +4,9 @@ An absurd size is refused before any allocation: ``mlcomp compile mlp --batch 10
 "--batch 100000000 needs 191 GiB for one input, more than this machine's N GiB of memory".
 
     >>> check_model_inputs("model.pt2", ["1x3x32x32"], None)
-    InputSpecError: --input-shape was given with model.pt2, an ExportedProgram that carries its own input shapes
+    Traceback (most recent call last):
+    mlcomp.base.errors.InputSpecError: --input-shape was given with model.pt2, an ExportedProgram that
+    carries its own input shapes...
 """
 from __future__ import annotations
 

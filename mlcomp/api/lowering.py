@@ -1,13 +1,14 @@
 """One compile for one target: pipeline (adapted to the target), lowering, verification against eager.
 
-    >>> source = load_model("mlp"); graph = source.capture()
-    >>> result = compile_source(source, graph, target="onnxruntime", pipeline="-O2")
-    >>> result.artifact.target, result.check.passed
+::
+
+    source = load_model("mlp"); graph = source.capture()
+    result = compile_source(source, graph, target="onnxruntime", pipeline="-O2")
+    result.artifact.target, result.check.passed
     ('onnxruntime', True)
 
-Before (``mlcomp.api`` as one module): a target was a name only, so the auto target could not
-try targets the registry does not hold; after: ``target`` is a name or a
-:class:`~mlcomp.targets.base.Target` instance (the tests' fake targets), and the
+``target`` is a name or a :class:`~mlcomp.targets.base.Target` instance (so the auto
+target can try targets the registry does not hold, such as the tests' fake targets), and the
 result carries the verification it did (``check``) for the caller to print.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from mlcomp.pipeline import Pipeline, run_pipeline
 from mlcomp.pipeline.presets import adapt_preset
 from mlcomp.targets import CompileOptions, Target, get_target
 
-__all__ = ["CompileResult", "compile_source", "resolve_target", "adapted_pipeline", "eager_reference"]
+__all__ = ["CompileResult", "compile_source", "pass_decisions", "resolve_target", "adapted_pipeline", "eager_reference"]
 
 Note = Callable[[str], None]
 
@@ -83,6 +84,15 @@ def eager_reference(source: Any, inputs: Sequence[torch.Tensor], report: Any) ->
         return tuple(flatten_outputs(outputs)), None
 
 
+def pass_decisions(report: Any) -> list[dict[str, Any]]:
+    """The ``decisions`` the passes of a pipeline report put in their stats, in run order, each with its pass."""
+    out: list[dict[str, Any]] = []
+    for record in (report.walk() if report is not None else ()):
+        for decision in record.stats.get("decisions") or ():
+            out.append(dict(decision, made_by=f"pass {record.spec}"))
+    return out
+
+
 def compile_source(source: Any, graph: Any, *, target: str | Target | None = None, pipeline: Any = None,
                    verify: bool = True, capture_seconds: float = 0.0,
                    instruments: Sequence[Any] | None = None, raise_on_failure: bool = True,
@@ -102,7 +112,7 @@ def compile_source(source: Any, graph: Any, *, target: str | Target | None = Non
     if pipe is not None:
         t0 = time.perf_counter()
         graph, report = run_pipeline(graph, pipe, example_inputs=inputs, instruments=instruments,
-                                     target=chosen.facts(opts))
+                                     target=chosen.facts(opts), deterministic=opts.deterministic)
         if adapted is not None and report is not None:
             report.target = report.target or adapted.target
             report.dropped = [str(d) for d in adapted.dropped]
@@ -113,6 +123,8 @@ def compile_source(source: Any, graph: Any, *, target: str | Target | None = Non
     artifact.manifest["pipeline"] = spec
     to_json = getattr(report, "to_json", None)
     artifact.manifest["pipeline_report"] = to_json() if callable(to_json) else None
+    # the passes' decisions first (they ran first), then the target's
+    artifact.manifest["decisions"] = pass_decisions(report) + list(artifact.manifest.get("decisions") or [])
     artifact.manifest["capture_seconds"] = round(capture_seconds, 4)
     if getattr(source, "notes", None):
         artifact.manifest["capture_notes"] = list(source.notes)

@@ -163,5 +163,9 @@ class OptionError(MlcompError):
     """A command-line or API option has a value outside its range (a batch of 0, a NaN tolerance)."""
 
 
+class LossScaleError(MlcompError):
+    """A loss-scale setting is malformed, or the graph has no backward seed to scale."""
+
+
 class PipelineMismatchError(PassFailure):
     """The pipeline's passes do not fit the graph's mode or the context; refused before any pass runs."""

@@ -18,10 +18,12 @@ Each update also checks for a Ctrl-C that a native library swallowed
 (:func:`mlcomp.base.files.raise_if_interrupted`), so a command that moves on
 to its next stage after such an interrupt stops there instead.
 
-    >>> progress = Progress.for_command()
+    >>> progress = Progress.for_command(live=False)   # off a terminal: one line per update
     >>> with progress.stage("capture mlp"):
-    ...     graph = capture(...)
+    ...     pass
+    [  0.0s] capture mlp
     >>> progress(3, 8, "bench mlp cpu batch 32")      # the bench's (done, total, message) protocol
+    [3/8     0s] bench mlp cpu batch 32
 """
 from __future__ import annotations
 

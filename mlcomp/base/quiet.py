@@ -1,10 +1,13 @@
 """Scoped silences, all restored on exit: torch's exporters (warnings, prints, log records) and
 native code writing straight to file descriptor 2 (TVM's log lines, the profiler's start/stop lines).
 
-    >>> with quiet_torch():
-    ...     torch.export.export(model, args)     # nothing printed; levels restored afterwards
-    >>> with quiet_native():
-    ...     profiler.__enter__()                 # "USDT: ... profiler_start" goes to /dev/null
+    >>> import logging, warnings
+    >>> with quiet_torch():                      # around torch.export.export(model, args)
+    ...     warnings.warn("an exporter's warning")
+    ...     logging.getLogger("torch.export").warning("an exporter's log record")
+    >>> import os
+    >>> with quiet_native():                     # around profiler.__enter__()
+    ...     _ = os.write(2, b"USDT: profiler_start\\n")   # goes to /dev/null
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ name; their modules are imported only when a name is first asked for, so
     >>> reg.get("roofline")            # imports mlcomp.study.roofline now
     <function run ...>
     >>> reg.get("rofline")
-    KeyError: unknown study 'rofline'; did you mean 'roofline'?
+    Traceback (most recent call last):
+    KeyError: "unknown study 'rofline'; did you mean 'roofline'? (known: roofline)"
 
 Callers that need their own error type pass ``on_unknown``, which receives the
 name and the closest known name (or ``None``) and returns the exception to raise;

@@ -19,9 +19,9 @@ from mlcomp.base.registry import LazyRegistry
 
 # command name -> "module:attribute"; each module owns its commands
 COMMANDS: LazyRegistry[click.Command] = LazyRegistry("command", {
-    "compile": "mlcomp.cli.targets:compile_cmd",
+    "compile": "mlcomp.cli.compile:compile_cmd",
     "run": "mlcomp.cli.run:run_cmd",
-    "export": "mlcomp.cli.targets:export_cmd",
+    "export": "mlcomp.cli.export:export_cmd",
     "targets": "mlcomp.cli.targets:targets_cmd",
     "passes": "mlcomp.cli.passes:passes_cmd",
     "bench": "mlcomp.cli.bench:bench_cmd",

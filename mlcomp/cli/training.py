@@ -14,7 +14,7 @@
     $ mlcomp compile models.py:make --train           # make() returns (model, loss_fn): its loss is used
     $ mlcomp compile mlp --train --loss-scale "dynamic{init=65536 growth_interval=2000}"   # or 1024, none
 
-The commands themselves live in :mod:`mlcomp.cli.targets`, :mod:`mlcomp.cli.main`
+The commands themselves live in :mod:`mlcomp.cli.compile`, :mod:`mlcomp.cli.main`
 and :mod:`mlcomp.cli.bench`; they call these functions when ``--train`` is given.
 Every check that can fail (target, optimizer spec, loss name, output folder, a
 ``--loss`` beside a factory's own loss) runs before the model is captured, and the

@@ -6,16 +6,18 @@ The graph has ``Mode.TRAINING``; every compute node carries ``ann.phase``
 value of every buffer the step mutates (``%new:<buffer>``, BatchNorm running
 statistics), which the training step copies into the buffers after the step::
 
+    >>> from mlcomp.models import mlp
+    >>> x, y = torch.randn(4, 512), torch.tensor([0, 1, 1, 0])
     >>> g = capture_joint(mlp(), (x,), y, loss=LossKind.CROSS_ENTROPY)
     >>> print(g)
-    graph mlp(%x: f32[4, 512], %target: i64[4]) {
-      %permute: f32[512, 256] = aten.permute.default(%0.weight, [1, 0])   # {phase=forward}
-      %addmm: f32[4, 256] = aten.addmm.default(%0.bias, %x, %permute)     # {phase=forward}
+    graph Sequential(%args_0: f32[4, 512], %target: i64[4]) {
+      ...
+      %addmm: f32[4, 256] = aten.addmm.default(%0.bias, %args_0, %permute)   # 0 {phase=forward}
       ...
       %_log_softmax: f32[4, 2] = aten._log_softmax.default(%addmm_2, 1, False)   # {phase=loss}
       ...
-      %grad:0.weight: f32[256, 512] = aten.permute.default(%permute_13, [1, 0])  # {phase=backward}
-      return (%loss, %grad:0.weight, %grad:0.bias, ...)
+      %grad:0.weight: f32[256, 512] = aten.permute.default(%permute_12, [1, 0])   # 0 {phase=backward}
+      return (%loss, %grad:0.weight, %grad:0.bias, %grad:2.weight, %grad:2.bias, %grad:4.weight, %grad:4.bias)
     }
 
 Route: ``torch.export.export`` of a wrapper whose forward returns ``(loss,

@@ -1,12 +1,16 @@
 """Losses and batches for a training step: the loss kinds, a target that fits, the model checks.
 
-    >>> loss_function("cross_entropy")                      # F.cross_entropy
+    >>> import torch.nn.functional as F
+    >>> loss_function("cross_entropy") is F.cross_entropy
+    True
+    >>> model, x = torch.nn.Linear(8, 3), torch.randn(4, 8)
     >>> y = example_target(model, (x,), "cross_entropy")   # class indices fitting the logits
-    >>> check_trainable(model, (x,), y, F.cross_entropy, "mlp")   # raises TrainingError if it cannot train
-    >>> resolve_loss(source, None)          # a factory's (model, loss_fn) wins over the default
+    >>> y.shape, y.dtype, bool(((0 <= y) & (y < 3)).all())
+    (torch.Size([4]), torch.int64, True)
+    >>> check_trainable(model, (x,), y, F.cross_entropy, "linear")   # raises TrainingError if it cannot train
+    frozenset()
 
-Before, a factory returning ``(model, loss_fn)`` could not say which loss to train
-with and ``--loss`` silently decided; after, the factory's ``loss_fn`` is used and
+A factory returning ``(model, loss_fn)`` trains with its ``loss_fn``, and
 ``--loss`` beside it is refused (:func:`resolve_loss`).  :mod:`mlcomp.frontend.joint`
 re-exports everything here.
 """

@@ -20,6 +20,8 @@ modules, without changing the file or the loaded program's graph:
   symbolic, else a re-export of its module with dim 0 of every input dynamic; a
   program whose ops fix the batch size is refused, naming what to do.
 
+    >>> from mlcomp.models import mlp
+    >>> torch.export.save(torch.export.export(mlp(), (torch.randn(2, 512),)), "mlp.pt2")
     >>> ep = torch.export.load("mlp.pt2")
     >>> model = program_module(ep)           # model.train() works; parameters are the program's
     >>> [n for n, _ in model.named_parameters()][:2]

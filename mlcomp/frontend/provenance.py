@@ -4,11 +4,17 @@ Every IR node carries an :class:`~mlcomp.ir.Origin` (module path, module type,
 ``file.py:line`` of user code) taken from torch.export's node metadata; a
 failed capture becomes one paragraph that names the user's line::
 
-    >>> origin_of(fx_node)          # meta nn_module_stack {"L['self'].layer1[0].conv1": (..., "Conv2d")}
-    Origin(module='layer1.0.conv1', module_type='Conv2d', source='model.py:42')
-    >>> explain_export_failure(exc, "net").message
-    'model net branches on the value of a tensor (data-dependent control flow), ...'
-    >>> output_names({"logits": y, "aux": [a, b]})
+    >>> fx_node = torch.fx.Graph().placeholder("x")      # as torch.export leaves a node's metadata
+    >>> fx_node.meta["nn_module_stack"] = {"L['self'].layer1[0].conv1": ("L['self'].layer1[0].conv1",
+    ...                                                                  "torch.nn.Conv2d")}
+    >>> fx_node.meta["stack_trace"] = 'File "model.py", line 42, in forward\\n    x = self.conv1(x)'
+    >>> origin_of(fx_node)
+    Origin(module_path='layer1.0.conv1', module_type='Conv2d', source='model.py:42')
+    >>> exc = RuntimeError('Could not guard on data-dependent expression u0 > 0\\n'
+    ...                    '  File "model.py", line 7, in forward\\n    if x.sum() > 0:')
+    >>> print(explain_export_failure(exc, "net").message)
+    model net branches on the value of a tensor (data-dependent control flow), ...
+    >>> output_names({"logits": torch.zeros(2), "aux": [torch.zeros(1), torch.zeros(1)]})
     ['logits', 'aux_0', 'aux_1']
 """
 from __future__ import annotations

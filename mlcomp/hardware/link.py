@@ -26,12 +26,12 @@ compute:
 
 Usage::
 
-    >>> probe = LinkProbe()                 # configuration only; nothing runs yet
-    >>> prof = probe.result                 # spawns 2 processes once (~5 s); cached on the probe
-    >>> prof.link.latency, prof.link.bandwidth, prof.op_overhead, prof.step_overhead, prof.cores
-    (0.00018, 2.7e9, 0.00016, 0.0005, 2)
-    >>> prof.speed(4, background=12.0)      # 4 ranks beside 12 busy threads on 2 cores: 2·4/16 = 0.5 cores
-    0.25                                    # … spread over the 2 simulated cores
+    probe = LinkProbe()                 # configuration only; nothing runs yet
+    prof = probe.result                 # spawns 2 processes once (~5 s); cached on the probe
+    prof.link.latency, prof.link.bandwidth, prof.op_overhead, prof.step_overhead, prof.cores
+    (<s>, <bytes/s>, <s>, <s>, <cores>)            # measured on the host it runs on
+    prof.speed(4, background=12.0)      # 4 ranks beside 12 busy threads on 2 cores: 2·4/16 = 0.5 cores
+    0.25                                # … spread over the 2 simulated cores (when prof.cores is 2)
 
 The result is measured under whatever load the host has (state it with the
 figures); ``cores`` is how many CPUs this process may run on, which the

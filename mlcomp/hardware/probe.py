@@ -15,10 +15,10 @@ for the machine we actually run on we measure them:
 what ``mixed-precision{dtype=auto}`` decides from (bf16 only where it is faster).
 
 Peaks are the *best* sample (a peak is what the machine can do; noise from
-other processes only ever makes a sample slower); overhead is the median.
+other processes only ever makes a sample slower); overhead is the median::
 
-    >>> profile = measure_hardware(quick=True)
-    >>> profile.spec.peak_flops["fp32"], profile.spec.bandwidth
+    profile = measure_hardware(quick=True)
+    profile.spec.peak_flops["fp32"], profile.spec.bandwidth
 """
 from __future__ import annotations
 
@@ -26,11 +26,12 @@ import functools
 import os
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from mlcomp.hardware.decide import Decision, DecisionPolicy, call_samplers, decide
 from mlcomp.hardware.spec import HardwareSpec
 from mlcomp.hardware.timing import Clock, TimingPolicy, fmt_rate, fmt_seconds, measure, synchronizer
 
@@ -221,16 +222,27 @@ def machine_line() -> str:
 
 @dataclass(frozen=True)
 class PrecisionSpeeds:
-    """Seconds of one ``m x k @ k x n`` matrix product per dtype name, measured on ``device``."""
+    """Seconds of one ``m x k @ k x n`` matrix product per dtype name, measured on ``device``, and per
+    low dtype the :class:`~mlcomp.hardware.decide.Decision` "use it instead of fp32?" (paired rounds, sign test)."""
 
     device: str
     shape: tuple[int, int, int]
-    seconds: dict[str, float]          # "fp32", "bf16", "fp16" -> best time of one call
+    seconds: dict[str, float]          # "fp32", "bf16", "fp16" -> median time of one call
     cpu_flags: tuple[str, ...] = ()
+    decisions: dict[str, Decision] = field(default_factory=dict)    # low dtype name -> against fp32
 
     def ratio(self, key: str) -> float:
-        """How many times slower ``key`` is than fp32 (below 1: faster)."""
+        """How many times slower ``key`` is than fp32 (below 1: faster): the median paired ratio where
+        measured in rounds, else the ratio of the times."""
+        decision = self.decisions.get(key)
+        if decision is not None and key in decision.ratios:
+            return decision.ratios[key]
         return self.seconds[key] / self.seconds["fp32"]
+
+    def faster(self, key: str) -> bool:
+        """Whether ``key`` was decided faster than fp32 (by the sign test, past the decision's threshold)."""
+        decision = self.decisions.get(key)
+        return decision.choice == key if decision is not None else self.ratio(key) < PRECISION_TIMING.threshold
 
     def describe(self, key: str) -> str:
         m, k, n = self.shape
@@ -241,23 +253,29 @@ class PrecisionSpeeds:
                 f"{fmt_seconds(self.seconds['fp32'])} ({self.ratio(key):.3g}x the fp32 time)")
 
 
+# a low precision must take < 0.9 x fp32's time; emulated bf16/fp16 are tens of times slower, so the
+# sign test decides in its fewest rounds
+PRECISION_TIMING = DecisionPolicy(warmup=1, budget_s=0.03, min_rounds=6, max_rounds=50, threshold=0.9)
+
+
 def measure_precisions(device: str = "cpu", dtypes: tuple[str, ...] = ("bf16",), *,
-                       shape: tuple[int, int, int] = (64, 256, 256), budget_s: float = 0.03,
+                       shape: tuple[int, int, int] = (64, 256, 256), policy: DecisionPolicy = PRECISION_TIMING,
                        clock: Clock | None = None) -> PrecisionSpeeds:
-    """Time one matrix product in fp32 and in each of ``dtypes`` (best of a few calls each).
+    """Time one matrix product in fp32 against each of ``dtypes`` (:func:`~mlcomp.hardware.decide.decide`).
 
     On CPUs without native bf16/fp16 the low-precision product is emulated and much
-    slower, by orders of magnitude rather than percent; a best-of-N
-    over a fraction of a second is enough to see which side of 1 the ratio falls.
+    slower, by orders of magnitude rather than percent; a few paired rounds are enough to see
+    which side of the threshold the ratio falls.
     """
     dev = torch.device(device)
     sync = synchronizer(dev)
-    policy = TimingPolicy(warmup=1, budget_s=budget_s, min_repeats=2, max_repeats=50)
     table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     m, k, n = shape
     gen = torch.Generator().manual_seed(0)
     a32, b32 = torch.randn(m, k, generator=gen).to(dev), torch.randn(k, n, generator=gen).to(dev)
-    seconds = {}
+    seconds: dict[str, float] = {}
+    decisions: dict[str, Decision] = {}
+    clock = clock or time.perf_counter
     # one intra-op thread on the CPU (scoped, restored): a per-core comparison that other
     # processes on a shared machine cannot skew (two spinning threads on two busy cores
     # made fp32 60x slower than its one-thread time)
@@ -265,14 +283,20 @@ def measure_precisions(device: str = "cpu", dtypes: tuple[str, ...] = ("bf16",),
     if dev.type == "cpu":
         torch.set_num_threads(1)
     try:
-        for key in ("fp32", *dtypes):
-            a, b = a32.to(table[key]), b32.to(table[key])
-            seconds[key] = measure(lambda: torch.mm(a, b), policy, clock=clock or time.perf_counter,
-                                   sync=sync).min
+        mats = {key: (a32.to(table[key]), b32.to(table[key])) for key in ("fp32", *dtypes)}
+        fns = {key: (lambda a=a, b=b: torch.mm(a, b)) for key, (a, b) in mats.items()}
+        for key in dtypes:
+            pair = {"fp32": fns["fp32"], key: fns[key]}
+            samplers = call_samplers(pair, warmup=policy.warmup, budget_s=policy.budget_s, clock=clock,
+                                     syncs={name: sync for name in pair})
+            decisions[key] = decide(f"compute in {key} instead of fp32 on {dev}?", samplers, default="fp32",
+                                    policy=policy, clock=clock)
+            seconds[key] = decisions[key].medians[key]
+            seconds["fp32"] = min(seconds.get("fp32", float("inf")), decisions[key].medians["fp32"])
     finally:
         torch.set_num_threads(before)
     flags = _precision_flags() if dev.type == "cpu" else ()
-    return PrecisionSpeeds(str(dev), shape, seconds, flags)
+    return PrecisionSpeeds(str(dev), shape, seconds, flags, decisions)
 
 
 @functools.lru_cache(maxsize=None)

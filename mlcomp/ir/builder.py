@@ -3,6 +3,7 @@
 Meta (shape/dtype) of every new node is inferred by running its op on meta
 tensors, so neither tests nor passes spell shapes out::
 
+    >>> from mlcomp.ir.ops import aten
     >>> b = GraphBuilder("tiny")
     >>> x = b.input("x", (2, 8))
     >>> w = b.param("fc.weight", torch.randn(4, 8))

@@ -7,9 +7,9 @@ distinct body is its own composite op, so a node's attrs stay plain literals and
 the torch code generator, ``torch.jit.trace`` and ``torch.export`` all call the
 kernel like any function and see the ATen ops it runs::
 
-    >>> op = register_fused(body)           # body: a Graph with inputs a0, a1 and one output
-    >>> op.resolve()(x, w)                  # runs the generated function
-    >>> print(fused_kernel(op).source)
+    op = register_fused(body)           # body: a Graph with inputs a0, a1 and one output
+    op.resolve()(x, w)                  # runs the generated function
+    print(fused_kernel(op).source)
     def fused_mul_add_relu_3fa2c1d07b44(a0, a1):
         v0 = _f0(a0, a1)                    # aten.mul.Tensor
         v1 = _f1(v0, 1.0)                   # aten.add_.Tensor: in place, v0 is dead

@@ -5,11 +5,19 @@
 the user's module.  ``Graph.copy()`` copies the mapping, not the tensors: both
 graphs read the same storage until one of them writes::
 
+    >>> import torch
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("fc")
+    >>> w, bias = b.param("fc.weight", torch.ones(10, 4)), b.param("fc.bias", torch.ones(10))
+    >>> g = b.output(b.call(aten("addmm"), bias, b.input("x", (2, 4)), b.call(aten("t"), w)))
     >>> g2 = g.copy()
     >>> g2.constants["fc.weight"] is g.constants["fc.weight"]      # shared, no memory spent
     True
     >>> w = g2.writable_constant("fc.weight")                         # g2 gets its own tensor
-    >>> w.mul_(0.5)                                                   # g is untouched
+    >>> _ = w.mul_(0.5)                                               # g is untouched
+    >>> float(g.constants["fc.weight"][0, 0]), float(g2.constants["fc.weight"][0, 0])
+    (1.0, 0.5)
     >>> g2.constants["fc.bias"] = torch.zeros(10)                     # replacing is always local
 
 A pass that rewrites a weight *in place* (pruning, casting) asks for

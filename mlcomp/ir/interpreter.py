@@ -4,8 +4,16 @@ Every verification in mlcomp compares against either the eager model or this
 interpreter.  It is differentiable (it only calls torch ops), so training-mode
 graphs run forward and backward through it::
 
-    >>> out = Interpreter(graph).run(torch.randn(1, 512))
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("g")
+    >>> graph = b.output(b.call(aten("relu"), b.call(aten("neg"), b.input("x", (3,)))))
+    >>> x = torch.tensor([1.0, -2.0, 3.0])
+    >>> Interpreter(graph).run(x)                # the graph's outputs, as a tuple
+    (tensor([0., 2., 0.]),)
     >>> env = Interpreter(graph).run_all(x)      # every node's value, by name
+    >>> env["neg"]
+    tensor([-1.,  2., -3.])
 """
 from __future__ import annotations
 

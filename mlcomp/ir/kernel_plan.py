@@ -6,14 +6,14 @@ in place, one plain for autograd) and, for a large purely elementwise body, a
 :class:`Tile` plan that runs the group tile by tile so each tile stays in cache::
 
     body: v0 = mul(a0, a1); v1 = add(v0, 1.0); v2 = relu(v1)
-    >>> plan = KernelPlan(body, "fused_mul_add_relu", Tiling())
-    >>> print(plan.source)
+    plan = KernelPlan(body, "fused_mul_add_relu", Tiling())
+    print(plan.source)
     def fused_mul_add_relu(a0, a1):
         v0 = _f0(a0, a1)                    # aten.mul.Tensor
         v1 = _f1(v0, 1.0)                   # aten.add_.Tensor: in place, v0 is dead
         v2 = _f2(v1)                        # aten.relu_.default
         return v2
-    >>> plan.tile                           # None below Tiling.min_elements outputs
+    plan.tile                           # None below Tiling.min_elements outputs
 
 Under ``torch.jit.trace`` a tiled body runs as a TorchScript loop (``_emit_script``)
 so a frozen TorchScript module keeps the loop; under ``torch.export`` the plain

@@ -2,6 +2,7 @@
 
 A node is frozen; a pass makes a changed copy and hands it to ``Graph.replace``::
 
+    >>> from mlcomp.ir.ops import aten
     >>> n = Node("relu", aten("relu"), (Ref("x"),), meta=TensorMeta((2, 8), torch.float32))
     >>> n.format()
     '%relu: f32[2, 8] = aten.relu.default(%x)'

@@ -3,9 +3,12 @@
 The one place where mlcomp recognises operators by identity; passes, the fused-kernel
 generator and targets all ask here::
 
-    >>> is_pure(aten("relu"))            # True: safe to merge, fold, or drop when unused
-    >>> inplace_variant(aten("relu"))    # aten.relu_.default
-    >>> aten("view") in SHAPE_OPS        # True
+    >>> is_pure(aten("relu"))            # safe to merge, fold, or drop when unused
+    True
+    >>> print(inplace_variant(aten("relu")))
+    aten.relu_.default
+    >>> aten("view") in SHAPE_OPS
+    True
 """
 from __future__ import annotations
 

@@ -16,7 +16,13 @@ them.  Names are kept, so stage ``s`` 's graph prints like the original::
       return (%relu,)                          return (%addmm_2,)
     }                                        }
 
-    >>> stages = split_stages(graph, {"addmm": 0, "relu": 0, "addmm_1": 1, ...})
+    >>> import torch
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("mlp")
+    >>> h = b.call(aten("relu"), b.call(aten("mm"), b.input("x", (2, 512)), b.param("w0", torch.ones(512, 256))))
+    >>> graph = b.output(b.call(aten("mm"), h, b.param("w1", torch.ones(256, 2))))
+    >>> stages = split_stages(graph, {"mm": 0, "relu": 0, "mm_1": 1})
     >>> stages[1].receives, stages[0].sends
     (('relu',), ('relu',))
 

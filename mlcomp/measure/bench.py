@@ -14,10 +14,10 @@ For every batch size and target the bench
 Eager always runs first at each batch size: it is the reference for errors and
 speedups.  A target that is unavailable (``mlcomp.targets.available_targets``)
 is reported as skipped with its reason; one that fails to compile or run is
-reported as failed with the error, and the bench goes on.
+reported as failed with the error, and the bench goes on::
 
-    >>> result = run_bench("mlp", BenchConfig(targets=("eager", "cpu"), batches=(1, 32)))
-    >>> print(result.format())
+    result = run_bench("mlp", BenchConfig(targets=("eager", "cpu"), batches=(1, 32)))
+    print(result.format())
 
 Clock, synchroniser, compiler and target availability are injectable so the
 timing logic can be tested with fakes.  Output: :meth:`BenchResult.format`

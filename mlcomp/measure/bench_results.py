@@ -4,11 +4,11 @@ A :class:`BenchRow` is a cell (ok, skipped or failed, with timing, compile time,
 peak memory and error against eager); a :class:`BenchResult` holds a model's
 rows and renders them as a text table, JSON or CSV (:func:`to_csv`)::
 
-    >>> print(result.format())
+    print(result.format())
     mlp  input 1x784:f32  pipeline (none)  budget 0.5 s/measurement
     target  batch  median    p90       speedup  compile  ...
-    eager   1      31.2 µs   33.0 µs   —        —
-    cpu     1      18.9 µs   19.4 µs   1.65x    0.41 s
+    eager   1      <t>       <t>       —        —
+    cpu     1      <t>       <t>       <x>      <s>
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ saved-activation bytes without remat (graph inputs included, as the pass counts
 them).  The zoo MLP at batch 16 (its input, which cannot be recomputed, is 57%
 of what the backward saves, so 0.5 is below the minimum; columns abridged)::
 
-    >>> print(remat_sweep("mlp", batch=16).format())
+    print(remat_sweep("mlp", batch=16).format())
     remat sweep: mlp, batch 16, cpu, solver mincut
     remat  predicted   measured  pred/meas  acts kept  acts saved  ...  grad err  recomputed
     none   658.5 KiB  658.5 KiB      1.000   24.1 KiB          0%  ...   0.0e+00           0

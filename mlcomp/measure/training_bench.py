@@ -21,10 +21,10 @@ For one model and batch size it
    On CUDA the figure is ``torch.cuda.max_memory_allocated``.  The prediction
    adds each kernel's scratch (:func:`mlcomp.analysis.workspace.op_workspaces`:
    CPU convolution's im2col columns), which the allocator sees and no graph value shows;
-5. reports saved-activation bytes and FLOPs per phase.
+5. reports saved-activation bytes and FLOPs per phase::
 
-    >>> row = bench_training("resnet18", batch=32)
-    >>> print(format_rows([row]))
+    row = bench_training("resnet18", batch=32)
+    print(format_rows([row]))
 """
 from __future__ import annotations
 

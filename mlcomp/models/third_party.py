@@ -4,8 +4,8 @@ Small configurations (2 layers, hidden 64) that capture in seconds; every one
 returns a plain tensor (its last hidden state), so verification compares one
 output::
 
-    >>> model, inputs = build_third_party("bert", batch=2)
-    >>> model(*inputs).shape
+    model, inputs = build_third_party("bert", batch=2)
+    model(*inputs).shape
     torch.Size([2, 32, 64])
 
 :data:`GENERATIVE` are the language models as users build them: the

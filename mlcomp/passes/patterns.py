@@ -3,9 +3,18 @@
 Passes never compare op names as strings; they use the :class:`~mlcomp.ir.ops.Op`
 constants and sets below and the helpers that read a node's arguments::
 
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("g")
+    >>> x = b.input("x", (4,))
+    >>> m = b.call(aten("mul.Tensor"), x, 0.5)
+    >>> graph = b.output(b.call(aten("mul.Tensor"), m, b.call(aten("add.Tensor"), x, x)))
+    >>> node = graph.node("mul_1")
     >>> n = producer(graph, node.inputs[0], *MUL)      # the mul.Tensor/mul.Scalar feeding node
-    >>> scalar(n.inputs[1])                             # 0.5, or None if not a number
-    >>> mul_factors(graph, Ref("mul_2"))                # [Ref("x"), 0.5, Ref("add")]
+    >>> n.name, scalar(n.inputs[1])                     # scalar: the number, or None if not one
+    ('mul', 0.5)
+    >>> mul_factors(graph, Ref("mul_1"))
+    [%x, %add, 0.5]
 """
 from __future__ import annotations
 

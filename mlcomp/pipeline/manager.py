@@ -3,11 +3,16 @@
 Before anything runs, every pass (composite children included) is checked
 against the graph's mode and the context; all problems are reported together::
 
-    >>> run_pipeline(training_graph, "fold-batchnorm,quantize")
-    PipelineMismatchError: pipeline fold-batchnorm,quantize cannot run on graph convbn (a training graph);
-    nothing was run: (1) pass 'fold-batchnorm' (pass 1 of 2) runs on inference graphs only, and graph
-    convbn is a training graph (fuse skips it on training graphs by itself); (2) pass 'quantize' (pass 2
-    of 2) needs calibration data, and none was given (pass calibration_data=)
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("convbn", mode=Mode.TRAINING)
+    >>> training_graph = b.output(b.call(aten("relu"), b.input("x", (2, 4))))
+    >>> run_pipeline(training_graph, "fold-batchnorm,prune")
+    Traceback (most recent call last):
+    mlcomp.base.errors.PipelineMismatchError: pipeline fold-batchnorm,prune cannot run on graph convbn (a
+    training graph); nothing was run: (1) pass 'fold-batchnorm' (pass 1 of 2) runs on inference graphs
+    only, and graph convbn is a training graph (fuse skips it on training graphs by itself); (2) pass
+    'prune' (pass 2 of 2) runs on inference graphs only, and graph convbn is a training graph. ...
 
 Then the manager walks composites itself (:mod:`mlcomp.pipeline.composite`), so
 instruments see the innermost pass: before (a composite was one opaque step)
@@ -181,7 +186,7 @@ def run_pipeline(graph: Graph, pipeline: "Pipeline | str | os.PathLike[str] | No
                  instruments: Sequence[Instrument] | None = None, hardware: Any = None,
                  calibration_data: Sequence[Any] | None = None, registry: PassRegistry | None = None,
                  verify: bool = False, target: TargetFacts | None = None,
-                 host_precision: Any = None) -> tuple[Graph, PipelineReport]:
+                 host_precision: Any = None, deterministic: bool = False) -> tuple[Graph, PipelineReport]:
     """Run ``pipeline`` on a copy of ``graph``: the new graph and its :class:`PipelineReport`.
 
     ``instruments`` default to ``standard_instruments()`` (IR check and timing);
@@ -190,6 +195,8 @@ def run_pipeline(graph: Graph, pipeline: "Pipeline | str | os.PathLike[str] | No
     ``target``: what the target builds in low precision (``PassContext.target``);
     ``host_precision``: the host's measured matrix-product speeds per dtype, measured
     here (once per process) when a pass uses them and none is given.
+    ``deterministic``: passes that would decide by measuring take their fixed rules
+    (``PassContext.deterministic``); the host's speeds are then not measured.
     """
     chosen = list(standard_instruments() if instruments is None else instruments)
     if verify and not any(isinstance(i, Verify) for i in chosen):
@@ -198,9 +205,9 @@ def run_pipeline(graph: Graph, pipeline: "Pipeline | str | os.PathLike[str] | No
     if inputs is None and any(isinstance(i, Verify) for i in chosen):
         inputs = random_inputs(graph)
     manager = PassManager(pipeline, instruments=chosen, registry=registry)
-    if host_precision is None and any(_uses_host_precision(p) for p in manager.passes):
+    if host_precision is None and not deterministic and any(_uses_host_precision(p) for p in manager.passes):
         host_precision = host_precision_speeds()
-    ctx = PassContext(hardware=hardware, example_inputs=inputs,
+    ctx = PassContext(hardware=hardware, example_inputs=inputs, deterministic=deterministic,
                       calibration_data=tuple(calibration_data) if calibration_data is not None else None,
                       target=target, host_precision=host_precision)
     return manager.run(graph, ctx)

@@ -59,6 +59,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "fuse-elementwise": "mlcomp.passes.fusion.fusion:FuseElementwise",
     "fuse": "mlcomp.passes.fusion.fusion:Fuse",
     "mixed-precision": "mlcomp.passes.precision.mixed:MixedPrecision",
+    "loss-scale": "mlcomp.passes.precision.loss_scale:LossScale",
     "remat": "mlcomp.passes.remat.remat:Remat",
     "partition": "mlcomp.passes.placement.partition:Partition",
     "place": "mlcomp.passes.placement.place:Place",
@@ -89,6 +90,8 @@ class PassContext:
     target: "TargetFacts | None" = None              # what the target builds in low precision (None: torch's)
     host_precision: "PrecisionSpeeds | None" = None  # the host's measured matmul speed per dtype and CPU features
     cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # per-run memo (remat's profile)
+    # True: every choice a pass would make by measuring takes its fixed rule (recorded as a Decision)
+    deterministic: bool = False
 
     @property
     def hw(self) -> "HardwareSpec":

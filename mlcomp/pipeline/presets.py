@@ -8,8 +8,8 @@ with the reason, so the pipeline report can say what was dropped::
     >>> preset_text("O2")                                   # every kind: torch targets
     'cleanup,fuse,cleanup'
     >>> adapted = adapt_preset("-O2", "onnxruntime", frozenset({Rewrite.CLEANUP}))
-    >>> adapted.text                                      # cleanup runs to a fixed point: once
-    'cleanup'
+    >>> adapted.text                            # fusion and weight folding dropped; cleanup once
+    'cleanup{fold_params=false}'
     >>> adapted.dropped[0].reason
     "onnxruntime fuses kernels itself; mlcomp's fusion measured no gain there (benchmarks/presets.py)"
     >>> adapt_preset("-O1", "onnxruntime", frozenset({Rewrite.CLEANUP})).text   # no weight folding

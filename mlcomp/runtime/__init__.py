@@ -2,6 +2,7 @@
 
 * ``artifact`` — :class:`Artifact` (the folder format, manifest, verification) and the
   runtime kinds (``RUNTIMES``: kind → ``"module:Class"`` that loads its payload);
+* ``manifest`` — the folder's ``manifest.json``: format and version, validation, payload checksums, decisions;
 * ``codegen`` — IR graph → ``torch.fx.GraphModule`` (every target starts from it, and the eager
   runtime runs it);
 * ``eager`` — :class:`EagerRuntime` and :class:`PartitionedRuntime` (``--fallback eager``);

@@ -1,10 +1,21 @@
 """Compiled artifacts: callable on torch tensors, saved as a self-describing folder.
 
-    >>> art = mlcomp.compile("mlp", target="onnxruntime")
-    >>> y = art(torch.randn(1, 512))          # one output → a tensor, several → a tuple
+    >>> import torch
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("mlp")
+    >>> x = b.input("x", (2, 8))
+    >>> bias, w = b.param("0.bias", torch.zeros(4)), b.param("0.weight", torch.randn(4, 8))
+    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
+    >>> x = torch.randn(2, 8)
+    >>> from mlcomp.targets import get_target   # mlcomp.compile returns the same kind of artifact
+    >>> art = get_target("onnxruntime").compile(graph)
+    >>> y = art(x)                            # one output → a tensor, several → a tuple
     >>> art.save("out/mlp-ort")
+    PosixPath('out/mlp-ort')
     >>> again = Artifact.load("out/mlp-ort")  # any process; checks manifest and payload
-    >>> again.verify()                        # re-run the stored reference inputs
+    >>> again.verify((x,), y).passed          # no arguments: the stored reference (compile with verify)
+    True
 
 Folder layout::
 
@@ -35,18 +46,17 @@ import torch
 from mlcomp.analysis.ranges import declared_tolerance
 from mlcomp.analysis.verify import check_against
 from mlcomp.base.errors import ArtifactError, InputSpecError, TargetUnavailableError
-from mlcomp.base.files import Kind, atomic_dir, check_destination, sha256_file
+from mlcomp.base.files import Kind, atomic_dir, check_destination
 from mlcomp.base.registry import LazyRegistry, resolve_ref
 from mlcomp.base.version import __version__
 from mlcomp.runtime.folders import _COMPILE_ONE, MANIFEST, OTHER_FORMATS, REFERENCE  # noqa: F401 (re-exported)
-from mlcomp.runtime.folders import damaged, first_line_of, not_artifact, unavailable
+from mlcomp.runtime.folders import damaged, first_line_of, unavailable
+from mlcomp.runtime.manifest import (FORMAT, FORMAT_VERSION, check_payload_file, payload_entries, read_manifest,
+                                     runtime_decisions, stable_manifest)
 from mlcomp.models import random_tensor
 from mlcomp.ir import Dim, Graph, Node, TensorMeta, dtype_name, parse_dtype
 
 __all__ = ["Artifact", "TensorSpec", "Runtime", "RuntimeKind", "FORMAT", "FORMAT_VERSION"]
-
-FORMAT = "mlcomp-artifact"
-FORMAT_VERSION = 1
 
 
 class RuntimeKind(enum.Enum):
@@ -197,6 +207,8 @@ class Artifact:
             # what the graph's bf16/fp16 nodes imply (mlcomp.analysis.ranges), or the runtime's own
             # math (cuda with tf32: its ``declared_rtol``), the looser of the two; verify's default
             "declared_tolerance": _declared_rtol(graph, runtime),
+            # every choice the compile made by timing or by a fixed rule (mlcomp.hardware.decide.Decision)
+            "decisions": [dict(d.to_json(), made_by=f"target {target}") for d in runtime_decisions(runtime)],
         }
         return cls(runtime, manifest)
 
@@ -214,6 +226,16 @@ class Artifact:
     @property
     def target(self) -> str:
         return self.manifest["target"]
+
+    @property
+    def deterministic(self) -> bool:
+        """Compiled with ``deterministic=True``: saved without anything time- or path-dependent."""
+        return bool((self.manifest.get("options") or {}).get("deterministic"))
+
+    @property
+    def decisions(self) -> list[dict[str, Any]]:
+        """The choices the compile made (``Decision.to_json()`` records: question, choice, verdict, why)."""
+        return list(self.manifest.get("decisions") or [])
 
     @property
     def compile_seconds(self) -> float:
@@ -310,8 +332,10 @@ class Artifact:
             if self.reference is not None:
                 torch.save({"inputs": list(self.reference[0]), "expected": list(self.reference[1])},
                            tmp / REFERENCE)
-            manifest = dict(self.manifest, runtime_info=info, payload=_payload(tmp),
+            manifest = dict(self.manifest, runtime_info=info, payload=payload_entries(tmp),
                             reference=REFERENCE if self.reference is not None else None)
+            if self.deterministic:
+                manifest = stable_manifest(manifest)
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, default=str))
         self.manifest = manifest
         return directory
@@ -322,11 +346,11 @@ class Artifact:
         directory = Path(directory)
         manifest = read_manifest(directory)
         for entry in manifest["payload"]:
-            _check_file(directory, entry)
+            check_payload_file(directory, entry)
         try:
             kind = RuntimeKind(manifest["runtime"])
         except ValueError:
-            raise _bad(directory, f"its runtime {manifest['runtime']!r} is unknown to this mlcomp") from None
+            raise damaged(directory, f"its runtime {manifest['runtime']!r} is unknown to this mlcomp") from None
         _check_backend(kind, manifest)
         try:
             runtime = kind.runtime_class().load(directory, manifest.get("runtime_info") or {})
@@ -336,63 +360,13 @@ class Artifact:
             raise unavailable(manifest, f"importing its package failed ({type(exc).__name__}: "
                                          f"{first_line_of(exc)})") from None
         except Exception as exc:  # noqa: BLE001 - any loader failure is a corrupt or incompatible payload
-            raise _bad(directory, f"loading its {kind.value} payload failed: {type(exc).__name__}: "
-                                  f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
+            raise damaged(directory, f"loading its {kind.value} payload failed: {type(exc).__name__}: "
+                                     f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
         reference = None
         if manifest.get("reference"):
             data = torch.load(directory / manifest["reference"], map_location="cpu", weights_only=True)
             reference = (tuple(data["inputs"]), tuple(data["expected"]))
         return cls(runtime, manifest, reference)
-
-
-def read_manifest(directory: Path) -> dict[str, Any]:
-    """The validated manifest of an artifact folder (format, version, required keys)."""
-    if not directory.exists():
-        raise ArtifactError(f"there is no artifact at {directory}",
-                            hint="compile one with `mlcomp compile MODEL --target T -o DIR`")
-    path = directory / MANIFEST
-    if not path.is_file():
-        raise not_artifact(directory)
-    try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _bad(directory, f"its {MANIFEST} is not valid JSON ({exc})") from None
-    form = manifest.get("format") if isinstance(manifest, dict) else None
-    if form in OTHER_FORMATS:
-        raise ArtifactError(f"{directory} is {OTHER_FORMATS[form][0]}, not an inference artifact",
-                            hint=OTHER_FORMATS[form][1])
-    if form != FORMAT:
-        raise ArtifactError(f"{directory} is not an mlcomp artifact: its {MANIFEST} is another tool's "
-                            f"(format {form!r}, not {FORMAT!r})", hint=_COMPILE_ONE)
-    version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise ArtifactError(
-            f"the artifact at {directory} was written by mlcomp {manifest.get('mlcomp_version', '?')} in "
-            f"artifact format {version}; this mlcomp ({__version__}) reads format {FORMAT_VERSION}",
-            hint="compile the model again with this mlcomp (`mlcomp compile MODEL -o DIR`), or load it "
-                 "with the mlcomp version that wrote it")
-    missing = [k for k in ("target", "runtime", "inputs", "outputs", "payload") if k not in manifest]
-    if missing:
-        raise _bad(directory, f"its {MANIFEST} lacks {', '.join(missing)}")
-    return manifest
-
-
-def _bad(directory: Path, what: str) -> ArtifactError:
-    """Damaged: a file mlcomp wrote is missing, fails its checksum or cannot be parsed."""
-    return damaged(directory, what)
-
-
-def _payload(directory: Path) -> list[dict[str, Any]]:
-    return [{"path": p.relative_to(directory).as_posix(), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
-            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST]
-
-
-def _check_file(directory: Path, entry: dict[str, Any]) -> None:
-    path = directory / entry["path"]
-    if not path.is_file():
-        raise _bad(directory, f"payload file {entry['path']} is missing")
-    if path.stat().st_size != entry.get("bytes") or sha256_file(path) != entry.get("sha256"):
-        raise _bad(directory, f"payload file {entry['path']} does not match its checksum (truncated or modified)")
 
 
 def _check_backend(kind: RuntimeKind, manifest: dict[str, Any]) -> None:

@@ -4,9 +4,19 @@ Every target starts here.  The CPU/CUDA targets trace the generated module
 with TorchScript; ONNX Runtime and TVM re-export it (``torch.onnx.export(...,
 dynamo=True)`` / ``torch.export``); ``--fallback eager`` runs it as is.
 
+    >>> import torch
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("mlp")
+    >>> x = b.input("x", (2, 8))
+    >>> bias, w = b.param("0.bias", torch.zeros(4)), b.param("0.weight", torch.randn(4, 8))
+    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
+    >>> x = torch.randn(2, 8)
     >>> gm = to_fx(graph)                     # a GraphModule, eval mode
-    >>> outs = gm(torch.randn(1, 512))        # always a tuple of outputs
-    >>> param_names(gm)["0_weight"]
+    >>> outs = gm(x)                          # always a tuple of outputs
+    >>> [o.shape for o in outs]
+    [torch.Size([2, 4])]
+    >>> param_names(gm)["p_0_weight"]
     '0.weight'
 
 What the generated code looks like (``print(gm.code)``)::

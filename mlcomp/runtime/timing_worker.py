@@ -1,9 +1,10 @@
 """Time a saved artifact in a fresh Python process, one sample at a time on request.
 
-    >>> with ProcessSampler.start(artifact_dir, inputs_file, threads=2, warmup=3, block_s=0.02) as s:
-    ...     s.wait_ready(timeout=300)          # the child loaded it, checked one call, warmed up
-    ...     s.sample()                         # seconds per call of one block (after an untimed block)
-    0.000271
+::
+
+    with ProcessSampler.start(artifact_dir, inputs_file, threads=2, warmup=3, block_s=0.02) as s:
+        s.wait_ready(timeout=300)          # the child loaded it, checked one call, warmed up
+        s.sample()                         # seconds per call of one block (after an untimed block)
 
 Why: a deployed artifact runs alone in its process.  Timed next to other runtimes in one
 process (torch's OpenMP pool, ONNX Runtime's, TVM's, OpenVINO's TBB arena), its thread pool

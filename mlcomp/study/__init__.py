@@ -2,10 +2,10 @@
 
 Each study is a module with ``run(StudyConfig) -> StudyResult`` and
 ``plot(StudyResult, path)``; they are imported only when asked for (a
-:class:`~mlcomp.base.registry.LazyRegistry` of modules).
+:class:`~mlcomp.base.registry.LazyRegistry` of modules)::
 
-    >>> from mlcomp.study import run_study, StudyConfig
-    >>> print(run_study("hybridize", StudyConfig(quick=True)).format())
+    from mlcomp.study import run_study, StudyConfig
+    print(run_study("hybridize", StudyConfig(quick=True)).format())
 """
 from __future__ import annotations
 

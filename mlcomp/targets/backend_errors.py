@@ -17,8 +17,8 @@ The exporter's own message, and what :func:`first_error` makes of it, for an op 
             aten._convolution.default. Where: node %_convolution (aten._convolution.default),
             module features.0 (Conv2d). ...
 
-    >>> failure = first_error(exc, fx_module)
-    >>> failure.message, failure.op, failure.node, failure.module
+    failure = first_error(exc, fx_module)
+    failure.message, failure.op, failure.node, failure.module
 """
 from __future__ import annotations
 

@@ -1,10 +1,20 @@
 """What every target shares: options, the support check and compilation.
 
+    >>> import torch
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("mlp")
+    >>> x = b.input("x", (2, 8))
+    >>> bias, w = b.param("0.bias", torch.zeros(4)), b.param("0.weight", torch.randn(4, 8))
+    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
+    >>> x = torch.randn(2, 8)
     >>> from mlcomp.targets import get_target, CompileOptions
     >>> target = get_target("onnxruntime")
-    >>> target.available()                    # None, or why it cannot run here
+    >>> target.available() is None            # None, or why it cannot run here
+    True
     >>> art = target.compile(graph, CompileOptions(threads=2))
-    >>> art(x)
+    >>> art(x).shape
+    torch.Size([2, 4])
 
 A target declares what it compiles as a frozen ``capabilities`` ClassVar
 (:mod:`mlcomp.targets.capabilities`: graph modes, dtypes, devices, placement,

@@ -6,18 +6,26 @@ placement on several devices, symbolic sizes).  ``Target.compile`` compares the
 graph and the options with it *before* anything is exported or built, and
 reports every mismatch in one :class:`CapabilityError`::
 
+    >>> from mlcomp.targets import get_target
     >>> get_target("onnxruntime").capabilities.describe()
     'modes inference; dtypes f32, f16, bf16, f64, i64, i32, i16, i8, u8, bool (inputs/outputs
-     without bf16); devices cpu, cuda; single device; symbolic sizes'
-    >>> get_target("tvm").compile(fp8_training_graph, CompileOptions(device="mps"))
-    CapabilityError: target tvm cannot compile fp8mlp: (1) mode: fp8mlp is a training graph;
-    target tvm compiles inference graphs; (2) dtype: float8_e4m3fn is not a dtype target tvm
-    handles (f32, f16, bf16, …) (used by %fc1.weight); (3) dtype: float8_e5m2 … (used by
-    %fc2.weight); (4) device: device 'mps' is not one target tvm runs on (cpu, cuda). capture
-    without --training; cast the model … to a listed dtype; pass --device …
+     without bf16); devices cpu, cuda; single device; symbolic sizes; mixed precision bf16 (casts in the
+     graph, pays with avx512_bf16 or amx_bf16), f16 (casts in the graph, pays with avx512_fp16 or amx_fp16)'
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> from mlcomp.targets import CompileOptions
+    >>> b = GraphBuilder("fp8mlp", mode=Mode.TRAINING)
+    >>> fp8_training_graph = b.output(b.call(aten("relu"), b.input("x", (2, 4), torch.float8_e4m3fn)))
+    >>> get_target("onnxruntime").compile(fp8_training_graph, CompileOptions(device="mps"))
+    Traceback (most recent call last):
+    mlcomp.targets.capabilities.CapabilityError: target onnxruntime cannot compile fp8mlp: (1) mode: fp8mlp
+    is a training graph; target onnxruntime compiles inference graphs; (2) dtype: float8_e4m3fn is not a
+    dtype target onnxruntime handles (f32, f16, bf16, ...) (used by %x, %relu); (3) device: device 'mps' is
+    not one target onnxruntime runs on (cpu, cuda). capture without --training; cast the model ... to a
+    listed dtype; pass --device ...
 
-Before, the same graph reached TVM's exporter and failed there on the first of
-these problems only.
+The graph never reaches the backend's exporter: every problem is found first, not only the
+one the exporter would stop at.
 
 Nodes with unsupported ops are exempt from the dtype check: under
 ``fallback='eager'`` they run in torch, otherwise the error lists them once, as

@@ -1,8 +1,17 @@
 """Standalone exports: files that plain torch, ONNX Runtime or TVM load without mlcomp.
 
-    >>> path, result = export_graph(graph, ExportFormat.ONNX, "mlp.onnx", inputs, eager_outputs)
-    >>> result.passed        # reloaded with plain onnxruntime and compared with eager
-    True
+    >>> import torch
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("mlp")
+    >>> x = b.input("x", (2, 8))
+    >>> bias, w = b.param("0.bias", torch.zeros(4)), b.param("0.weight", torch.randn(4, 8))
+    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
+    >>> x = torch.randn(2, 8)
+    >>> from mlcomp.ir.interpreter import Interpreter
+    >>> path, result = export_graph(graph, ExportFormat.ONNX, "mlp.onnx", (x,), Interpreter(graph).run(x))
+    >>> path.name, result.passed        # reloaded with plain onnxruntime and compared with eager
+    ('mlp.onnx', True)
 
 =============  ==========================  ==========================================
 format         written                     reloaded (and verified) with
@@ -10,8 +19,9 @@ format         written                     reloaded (and verified) with
 ``onnx``       ``model.onnx``              ``onnxruntime.InferenceSession(path)``
 ``torchscript`` frozen TorchScript ``.pt`` ``torch.jit.load(path)``
 ``pt2``        ExportedProgram ``.pt2``    ``torch.export.load(path).module()``
-``tvm``        folder: ``model.so``,       ``tvm.build.TvmModule.load(dir)``
-               ``meta.json``
+``tvm``        folder: ``model.so``,       ``tvm.runtime.load_module("model.so")`` +
+               ``meta.json``               ``relax.VirtualMachine(lib, tvm.cpu())["main"]``
+                                           (TVM alone: a pure TVM build, no torch)
 =============  ==========================  ==========================================
 
 The file is written under a temporary name, reloaded from there and compared
@@ -73,8 +83,8 @@ def export_pipeline(fmt: ExportFormat | str, pipeline: Any) -> tuple[Pipeline, A
     """The pipeline to run before exporting in ``fmt``, and how a preset was adapted (None if not a preset).
 
         >>> pipe, adapted = export_pipeline("onnx", "-O2")
-        >>> pipe.spec, [d.spec for d in adapted.dropped]        # onnxruntime fuses kernels itself
-        ('cleanup', ['fuse'])
+        >>> pipe.spec, [d.spec for d in adapted.dropped]        # onnxruntime fuses and folds itself
+        ('cleanup{fold_params=false}', ['fuse', 'cleanup{fold_params=true}'])
     """
 
     target = _RUNS_ON[ExportFormat.parse(fmt)]
@@ -155,12 +165,32 @@ def _write_pt2(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Call
         return torch.export.load(tmp).module()
 
 
+def _reload_tvm(directory: str) -> Callable[..., Any]:
+    """The exported ``model.so`` as plain TVM runs it: ``tvm.runtime.load_module`` and a Relax VM, numpy in and out."""
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(Path(directory) / "model.so")), tvm.cpu())
+
+    def leaves(out: Any) -> list[Any]:
+        return [out] if hasattr(out, "numpy") else [x for o in out for x in leaves(o)]
+
+    def run(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = vm["main"](*[tvm.runtime.tensor(t.detach().cpu().contiguous().numpy()) for t in inputs])
+        return tuple(torch.from_numpy(o.numpy()) for o in leaves(out))
+    return run
+
+
 def _write_tvm(graph: Graph, inputs: tuple[torch.Tensor, ...], tmp: str) -> Callable[..., Any]:
+    """A pure TVM build (``kernels=False``: no torch kernel calls), so ``model.so`` loads with TVM alone;
+    reloaded for the check the same way, without mlcomp's loader."""
+    from mlcomp.targets.tvm.config import BuildConfig
 
     with quiet_native():
-        built = tvm_backend.build(to_fx(lower_low_precision(graph)).eval(), inputs, device="cpu")
+        built = tvm_backend.build(to_fx(lower_low_precision(graph)).eval(), inputs,
+                                  BuildConfig(device="cpu", kernels=False))
         built.save(tmp)
-        return tvm_backend.TvmModule.load(tmp)
+        return _reload_tvm(tmp)
 
 
 _WRITERS = {ExportFormat.ONNX: _write_onnx, ExportFormat.TORCHSCRIPT: _write_torchscript,

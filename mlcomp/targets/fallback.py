@@ -4,10 +4,10 @@ The graph is split into regions, each either wholly supported by the target or
 wholly not, with as few switches as a greedy two-colour topological order
 gives (ready nodes of the current colour are taken before switching).  Each
 region becomes a subgraph (:meth:`Graph.subgraph`); supported ones are built by
-the target, the others run the generated torch code (:class:`EagerRuntime`).
+the target, the others run the generated torch code (:class:`EagerRuntime`)::
 
-    >>> runtime, regions = build_partitioned(get_target("tvm"), graph, options, {"fft_r2c"}, inputs)
-    >>> [r["runs_on"] for r in regions]
+    runtime, regions = build_partitioned(get_target("tvm"), graph, options, {"fft_r2c"}, inputs)
+    [r["runs_on"] for r in regions]
     ['tvm', 'torch (eager)', 'tvm']
 
 A saved partitioned artifact holds one sub-folder per region (``part0/``…),

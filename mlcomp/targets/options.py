@@ -75,6 +75,9 @@ class CompileOptions:
     log records, and at ``info``/``debug`` its C++ log lines on stderr).
     ``tune_worker_torch``: let MetaSchedule's worker processes import torch
     (off by default: it costs each worker a minute, see ``tvm.build``).
+    ``deterministic``: every choice a target would make by timing takes its fixed rule
+    instead (each target documents its rule; the manifest's ``decisions`` say which), and
+    the saved artifact holds nothing time- or path-dependent: two compiles write the same bytes.
     """
 
     device: str | None = None
@@ -91,6 +94,7 @@ class CompileOptions:
     tune_run_timeout: float = 60.0
     log_level: LogLevel = LogLevel.WARNING
     tune_worker_torch: bool = False
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -137,7 +141,7 @@ def _check_option(key: str, value: Any) -> Any:
             example = "1e-3" if key == "tolerance" else "120"
             raise OptionsError(f"{key}={value!r} must be a positive number such as {example}")
         return float(value)
-    if key in ("optimize", "cuda_graphs", "tune_worker_torch", "tf32"):
+    if key in ("optimize", "cuda_graphs", "tune_worker_torch", "tf32", "deterministic"):
         if not isinstance(value, bool):
             raise OptionsError(f"{key}={value!r} must be True or False")
         return value

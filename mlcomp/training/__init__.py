@@ -2,7 +2,7 @@
 
 * ``step`` — :func:`compile_training` and :class:`TrainingArtifact` (generated torch code + an optimizer);
 * ``check`` — comparing a compiled step with eager (gradients, steps);
-* ``loss_scaling`` — loss-scale specs, the backward-seed rewrite and the running scaler.
+* ``loss_scaling`` — loss-scale specs and the running scaler (the seed rewrite is the ``loss-scale`` pass).
 
 Optimizer specs are :mod:`mlcomp.runtime.optim` (distributed ranks step them too).
 """

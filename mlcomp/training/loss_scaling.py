@@ -3,16 +3,9 @@
 fp16 flushes magnitudes below 2^-24 to zero, so small gradients of fp16
 intermediates vanish.  Scaling the loss by ``S`` before backward scales every
 gradient by ``S``; the step divides the gradients by ``S`` again, in fp32, before
-the optimizer sees them.  On a joint graph (:mod:`mlcomp.frontend.joint`) the
-backward starts from one seed, ``full_like(%loss, 1)``; :func:`scale_backward_seed`
-multiplies that seed by a new scalar graph input ``%loss_scale``::
-
-    before:  %full_like: f32[] = aten.full_like.default(%loss, 1, ...)     # {phase=backward}
-             %div_1: f32[] = aten.div.Tensor(%full_like, %_to_copy)
-    after:   %loss_scale: f32[] = input
-             %full_like: f32[] = aten.full_like.default(%loss, 1, ...)     # {phase=backward}
-             %scaled_seed: f32[] = aten.mul.Tensor(%full_like, %loss_scale)  # {phase=backward}
-             %div_1: f32[] = aten.div.Tensor(%scaled_seed, %_to_copy)
+the optimizer sees them.  The graph side is the ``loss-scale`` pass
+(:mod:`mlcomp.passes.precision.loss_scale`): it multiplies the seed of backward by
+a new scalar graph input ``%loss_scale``, which :class:`LossScaler` feeds.
 
 :class:`LossScaler` holds the running scale.  Dynamic mode (the defaults follow
 ``torch.amp.GradScaler``): start at 2^16; on a non-finite gradient skip the
@@ -33,13 +26,11 @@ from typing import Any
 
 import torch
 
-from mlcomp.base.errors import MlcompError
+from mlcomp.base.errors import LossScaleError
 from mlcomp.base.spec import Grammar, SpecTable
 from mlcomp.base.spec_options import check_fields, option
-from mlcomp.ir import Graph, Mode, Node, Ref, TensorMeta
-from mlcomp.ir.builder import new_node
-from mlcomp.ir.node import Phase
-from mlcomp.ir.ops import INPUT, aten
+from mlcomp.ir import Graph, TensorMeta
+from mlcomp.passes.precision.loss_scale import LOSS_SCALE_INPUT, find_backward_seed
 
 __all__ = [
     "LOSS_SCALE_GRAMMAR",
@@ -49,16 +40,7 @@ __all__ = [
     "LossScaleSpec",
     "LossScaler",
     "find_backward_seed",
-    "scale_backward_seed",
 ]
-
-LOSS_SCALE_INPUT = "loss_scale"
-_SEED_OPS = frozenset({aten("full_like"), aten("ones_like")})
-
-
-class LossScaleError(MlcompError):
-    """A loss-scale setting is malformed, or the graph has no backward seed to scale."""
-
 
 class LossScaleMode(enum.Enum):
     NONE = "none"         # gradients as computed
@@ -172,41 +154,6 @@ _TABLE = SpecTable(LOSS_SCALE_GRAMMAR, {LossScaleMode.DYNAMIC.value: DynamicOpti
 
 def _bad(text: Any, why: str) -> LossScaleError:
     return LossScaleError(f"loss scale {text!r} is malformed: {why}", hint=_HINT)
-
-
-# ---------------------------------------------------------------------------
-# The graph side: the seed of backward times a scalar input
-
-
-def find_backward_seed(graph: Graph, loss: str | None = None) -> Node:
-    """The ``full_like(%loss, 1)`` node autograd starts backward from (``loss``: the first output)."""
-    if graph.mode is Mode.TRAINING:
-        loss = loss or graph.output_refs[0].name
-        for user in graph.users(loss) if loss in graph else ():
-            if user.op in _SEED_OPS and user.ann.phase is Phase.BACKWARD:
-                return user
-    raise LossScaleError(f"graph {graph.name} has no backward seed (full_like(%{loss or 'loss'}, 1)) to scale",
-                         where=f"graph {graph.name} ({graph.mode.value})",
-                         hint="loss scaling applies to joint training graphs (mode='train'); use loss_scale='none'")
-
-
-def scale_backward_seed(graph: Graph, loss: str | None = None) -> Graph:
-    """A copy of ``graph`` whose backward seed is multiplied by a new last input ``%loss_scale`` (f32[])."""
-    out = graph.copy()
-    if LOSS_SCALE_INPUT in out:
-        raise LossScaleError(f"graph {graph.name} already has a node named %{LOSS_SCALE_INPUT}",
-                             hint="the graph is already loss-scaled; compile it with loss_scale='none'")
-    seed = find_backward_seed(out, loss)
-    order = out.order()
-    last_input = max(i for i, n in enumerate(order) if out.node(n).op == INPUT)
-    after = order[last_input + 1] if last_input + 1 < len(order) else None
-    out.add(Node(LOSS_SCALE_INPUT, INPUT, meta=TensorMeta((), torch.float32)), before=after)
-    users = [u.name for u in out.users(seed.name)]
-    scaled = new_node(out, aten("mul", "Tensor"), (Ref(seed.name), Ref(LOSS_SCALE_INPUT)), name="scaled_seed",
-                      origin=seed.origin, before=users[0] if users else None)
-    out.replace(scaled.with_ann(phase=Phase.BACKWARD))
-    out.replace_all_uses(seed.name, scaled.name, only=lambda u: u.name != scaled.name)
-    return out
 
 
 # ---------------------------------------------------------------------------

@@ -1,9 +1,14 @@
 """A compiled training step: joint IR graph → generated torch code + an optimizer.
 
+    >>> from mlcomp.frontend.joint import LossKind, capture_joint
+    >>> model, x, y = torch.nn.Linear(8, 3), torch.randn(4, 8), torch.tensor([0, 2, 1, 0])
+    >>> joint_graph = capture_joint(model, (x,), y, loss=LossKind.CROSS_ENTROPY)
     >>> art = compile_training(joint_graph, target="cpu", optimizer="sgd{lr=0.05 momentum=0.9}",
     ...                        state_keys=list(model.state_dict()))
     >>> loss = art.step(x, y)               # forward, loss, backward, optimizer, buffer updates
-    >>> art.state_dict().keys() == model.state_dict().keys()
+    >>> loss.shape, art.state_dict().keys() == model.state_dict().keys()
+    (torch.Size([]), True)
+    >>> bool(art.step(x, y) < loss)         # one SGD step lowered the loss on this batch
     True
 
 The joint graph's outputs are ``(%loss, %grad:<param>…, %new:<buffer>…)``
@@ -47,7 +52,9 @@ from mlcomp.targets.capabilities import (
     mismatches,
 )
 from mlcomp.runtime.codegen import param_names, to_fx
-from mlcomp.training.loss_scaling import LossScaler, LossScaleSpec, scale_backward_seed
+from mlcomp.passes.precision.loss_scale import LossScale, find_backward_seed, is_loss_scaled
+from mlcomp.pipeline import run_pipeline
+from mlcomp.training.loss_scaling import LossScaleError, LossScaler, LossScaleSpec
 from mlcomp.runtime.optim import OptimizerSpec
 from mlcomp.training.check import (
     GRAD_FLOOR,
@@ -343,10 +350,11 @@ def compile_training(graph: Graph, *, target: str = "cpu", optimizer: str | Opti
     """Lower a joint training graph on ``target`` (``cpu`` or ``cuda``) with ``optimizer``.
 
     ``loss_scale``: ``dynamic``, ``none``, a number or ``dynamic{init=… interval=…}``
-    (:mod:`mlcomp.training.loss_scaling`); ``None`` is dynamic when the graph computes in fp16.
+    (:mod:`mlcomp.training.loss_scaling`); ``None`` is dynamic when the graph computes in fp16, or
+    when a pipeline already ran the ``loss-scale`` pass on it.
     """
     spec = OptimizerSpec.parse(optimizer)
-    scaling = LossScaleSpec.parse(loss_scale, graph=graph)
+    scaling = _loss_scaling(graph, loss_scale)
     t = check_training_target(target)
     options = options or CompileOptions()
     device = options.device or t.default_device
@@ -355,7 +363,22 @@ def compile_training(graph: Graph, *, target: str = "cpu", optimizer: str | Opti
         raise CapabilityError(t.name, graph, problems, hint_for(problems))
     t.check(graph)
     scaler = LossScaler(scaling) if scaling.active else None
-    if scaler is not None:
-        graph = scale_backward_seed(graph)
+    if scaler is not None and not is_loss_scaled(graph):
+        graph, _ = run_pipeline(graph, LossScale.name)
     return TrainingArtifact(graph, spec, device=device, state_keys=state_keys, extra_state=extra_state,
                             target=t.name, loss_scaler=scaler)
+
+
+def _loss_scaling(graph: Graph, loss_scale: str | float | LossScaleSpec | None) -> LossScaleSpec:
+    """The loss-scale spec; a graph the ``loss-scale`` pass already ran on needs an active one to feed it."""
+    if not is_loss_scaled(graph):
+        scaling = LossScaleSpec.parse(loss_scale, graph=graph)
+        if scaling.active:
+            find_backward_seed(graph)      # a graph without backward: refused with the loss-scale message
+        return scaling
+    scaling = LossScaleSpec.parse(loss_scale if loss_scale is not None else "dynamic")
+    if not scaling.active:
+        raise LossScaleError(f"graph {graph.name} was loss-scaled by the pipeline's loss-scale pass, and the "
+                             "loss scale is 'none': nothing would feed its %loss_scale input",
+                             hint="drop loss-scale from the pipeline, or give a loss scale (dynamic or a number)")
+    return scaling

@@ -1,0 +1,1 @@
+"""Tests that compile whole models end to end."""

@@ -10,8 +10,8 @@ separates them).  For a cut at position ``k`` (units ``< k`` on one side,
     cut k=2    crossing = relu (read by add at 3) → bytes(relu)
     cut k=3    crossing = relu, conv                 → bytes(relu) + bytes(conv)
 
-    >>> pc = PlacementCost.of(graph, hw)            # or times={node: seconds} measured by `mlcomp profile`
-    >>> pc.cut_bytes[2], pc.stage_time(0, 2), pc.transfer_seconds(2)
+    pc = PlacementCost.of(graph, hw)            # or times={node: seconds} measured by `mlcomp profile`
+    pc.cut_bytes[2], pc.stage_time(0, 2), pc.transfer_seconds(2)
 
 Prefix sums make the time, parameter bytes and activation bytes of any
 contiguous range ``[i, j)`` O(1); the crossing bytes of every cut come from one

@@ -1,16 +1,21 @@
 """Rank candidates by speed: rotated rounds of samples, a sign test on paired ratios, tie-break rounds.
 
-    >>> ranking = rank_samplers({"onnxruntime": ort.sample, "tvm": tvm.sample}, DEFAULT_AUTO_TIMING)
-    >>> ranking.picked, ranking.medians, ranking.p_values
-    ('tvm', {'onnxruntime': 0.000386, 'tvm': 0.000271}, {'onnxruntime': 0.0001, 'tvm': 1.0})
+    >>> import itertools
+    >>> ticks = itertools.count(step=0.001)           # a fake clock: 1 ms per reading
+    >>> samplers = {"onnxruntime": lambda: 0.000386, "tvm": lambda: 0.000271}   # seconds per call
+    >>> ranking = rank_samplers(samplers, DEFAULT_AUTO_TIMING, clock=lambda: next(ticks))
+    >>> ranking.picked, ranking.medians, ranking.p_values["onnxruntime"] < ALPHA
+    ('tvm', {'onnxruntime': 0.000386, 'tvm': 0.000271}, True)
 
 A *sampler* is a callable that takes one timing sample of its candidate and returns seconds
 per call.  :func:`block_samplers` makes samplers of plain functions in this process (an
 untimed lead-in call, then a timed one, with the device's barrier); the auto target uses
 :class:`~mlcomp.runtime.timing_worker.ProcessSampler` instead, a fresh process per candidate.
 
-One pass of rounds cannot tell candidates a few % apart; so rounds are followed by tie-break rounds
-of the undecided until a sign test decides (p < ``ALPHA``) or ``TIE_BREAK`` × the budget is spent.
+After the rounds of every candidate, tie-break rounds of the undecided ones go on until a sign
+test (:func:`mlcomp.hardware.decide.sign_test`) decides (p < ``ALPHA``) or ``TIE_BREAK`` × the
+budget is spent.  :meth:`Ranking.decision` is the choice as a
+:class:`~mlcomp.hardware.decide.Decision` for the manifest.
 """
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-from mlcomp.hardware.timing import Clock, Sync, TimingPolicy, no_sync
+from mlcomp.hardware.decide import ALPHA, MIN_ROUNDS, Decision, Verdict, call_samplers, sign_test
+from mlcomp.hardware.timing import Clock, Sync, TimingPolicy
 
 __all__ = ["ALPHA", "BLOCK_S", "DEFAULT_AUTO_TIMING", "MIN_ROUNDS", "TIE_BREAK", "Ranking", "Sampler",
            "block_samplers", "rank", "rank_samplers", "sign_test"]
@@ -29,8 +35,6 @@ __all__ = ["ALPHA", "BLOCK_S", "DEFAULT_AUTO_TIMING", "MIN_ROUNDS", "TIE_BREAK",
 # a short budget per candidate: ranking targets needs a stable median, not bench's precision
 DEFAULT_AUTO_TIMING = TimingPolicy(warmup=3, budget_s=0.3, min_repeats=5)
 BLOCK_S = 0.02          # seconds of calls per timing sample
-ALPHA = 0.05            # a two-sided sign test below this decides "faster" / "slower"
-MIN_ROUNDS = 6          # the fewest rounds in which the sign test can decide at ALPHA (p = 2 / 2**6)
 TIE_BREAK = 10.0        # tie-break rounds stop after TIE_BREAK x policy.budget_s seconds
 
 Sampler = Callable[[], float]     # one sample of a candidate: seconds per call
@@ -47,12 +51,20 @@ class Ranking:
     rounds: int = 0                           # rounds of every candidate
     tie_break_rounds: int = 0                 # rounds of the close ones only
 
-
-def sign_test(ratios: Sequence[float]) -> float:
-    """Two-sided sign-test p-value that the median of ``ratios`` is 1 (ties dropped)."""
-    below, above = sum(r < 1 for r in ratios), sum(r > 1 for r in ratios)
-    n, k = below + above, min(below, above)
-    return 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+    def decision(self, question: str = "auto: which verified target is fastest?") -> Decision:
+        """The pick as a :class:`~mlcomp.hardware.decide.Decision` (default: the first candidate tried)."""
+        names = tuple(self.medians)
+        others = {n: p for n, p in self.p_values.items() if n != self.picked}
+        rounds = self.rounds + self.tie_break_rounds
+        evidence = dict(rounds=rounds, medians=dict(self.medians), p_values=others,
+                        ratios={n: r for n, r in self.ratios.items() if n != self.picked})
+        if all(p < ALPHA for p in others.values()):
+            why = (f"decided by sign test p<={max(others.values(), default=0.0):.2g} after {rounds} rounds: "
+                   f"{self.picked} is the fastest")
+            return Decision(question, names, names[0], self.picked, Verdict.DECIDED, why, **evidence)
+        close = ", ".join(f"{n} p={p:.2g}" for n, p in others.items() if p >= ALPHA)
+        why = f"undecided after {rounds} rounds ({close}): picked the lowest paired median, {self.picked}"
+        return Decision(question, names, names[0], self.picked, Verdict.UNDECIDED, why, **evidence)
 
 
 def block_samplers(fns: Mapping[str, Callable[[], Any]], policy: TimingPolicy = DEFAULT_AUTO_TIMING, *,
@@ -63,28 +75,8 @@ def block_samplers(fns: Mapping[str, Callable[[], Any]], policy: TimingPolicy = 
     A sample is an untimed lead-in call, then a timed one, each followed by the device's
     barrier; ``per_call`` scales it (a function that makes ``k`` calls has ``1 / k``).
     """
-    sync = {n: (syncs or {}).get(n, no_sync) for n in fns}
-    scale = {n: (per_call or {}).get(n, 1.0) for n in fns}
-    for name, fn in fns.items():
-        w0 = clock()
-        for _ in range(policy.warmup):
-            fn()
-            sync[name]()
-            if clock() - w0 >= policy.budget_s:
-                break
-
-    def sampler(name: str) -> Sampler:
-        fn, barrier, k = fns[name], sync[name], scale[name]
-
-        def sample() -> float:
-            fn()                           # lead-in: the previous runtime's pool spins down here
-            barrier()
-            start = clock()
-            fn()
-            barrier()
-            return (clock() - start) * k
-        return sample
-    return {name: sampler(name) for name in fns}
+    return call_samplers(fns, warmup=policy.warmup, budget_s=policy.budget_s, clock=clock, syncs=syncs,
+                         lead_in=1, per_call=per_call)
 
 
 def rank(fns: Mapping[str, Callable[[], Any]], policy: TimingPolicy = DEFAULT_AUTO_TIMING, *,

@@ -1,8 +1,10 @@
 """``target="auto"``: compile for every target that can run the model here, keep the fastest that verified.
 
-    >>> art = mlcomp.compile("mlp", target="auto", candidates=["cpu", "onnxruntime"])
-    >>> art.target, [(c["target"], c["median_ms"], c["verified"]) for c in art.manifest["auto"]["candidates"]]
-    ('onnxruntime', [('cpu', 0.071073, True), ('onnxruntime', 0.06425, True)])   # mlp, batch 1
+::
+
+    art = mlcomp.compile("mlp", target="auto", candidates=["cpu", "onnxruntime"])
+    art.target, [(c["target"], c["median_ms"], c["verified"]) for c in art.manifest["auto"]["candidates"]]
+    ('onnxruntime', [('cpu', <ms>, True), ('onnxruntime', <ms>, True)])   # the faster verified one
 
 Each candidate
 target is checked against the captured graph (available here, capabilities, ops),
@@ -56,6 +58,7 @@ from mlcomp.api.auto.rank import (
 from mlcomp.api.lowering import CompileResult, Note, compile_source
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.table import Table
+from mlcomp.hardware.decide import Decision
 from mlcomp.hardware.timing import Clock, TimingPolicy, calls_per_block, fmt_seconds, synchronizer
 from mlcomp.pipeline import Pipeline
 from mlcomp.targets import CompileOptions, Target, TargetName, get_target
@@ -66,6 +69,10 @@ __all__ = ["AUTO", "AutoTargetError", "Candidate", "AutoReport", "Ranking", "aut
 
 AUTO = "auto"
 IN_PROCESSES = "a fresh process per candidate"
+NOT_TIMED = "not timed (deterministic compile)"
+AUTO_QUESTION = "auto: which verified target is fastest?"
+# a deterministic compile times nothing: the preference order is the candidate order
+AUTO_RULE = "the first candidate, in the order tried, that compiled and verified (nothing timed)"
 READY_TIMEOUT_S = 600.0     # a worker loads, checks and warms up its artifact within this
 
 
@@ -236,15 +243,21 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
             f"no candidate target compiled and verified {graph.name}: "
             + "; ".join(f"{c.target}: {c.reason}" for c in rows.values()),
             hint="fix the first problem listed, name one target with --target, or try --fallback eager")
-    say(f"auto: time {', '.join(built)} on the example inputs")
-    ranking, timed_in = _time(built, source.inputs(), policy, clock, rows, isolate)
-    best = ranking.picked
+    if opts.deterministic:
+        best = next(iter(built))
+        decision = Decision.fixed(AUTO_QUESTION, [t.name for t in targets if t.name in built], best, AUTO_RULE)
+        rounds, tie_break, timed_in = 0, 0, NOT_TIMED
+    else:
+        say(f"auto: time {', '.join(built)} on the example inputs")
+        ranking, timed_in = _time(built, source.inputs(), policy, clock, rows, isolate)
+        best, decision = ranking.picked, ranking.decision(AUTO_QUESTION)
+        rounds, tie_break = ranking.rounds, ranking.tie_break_rounds
     rows[best] = replace(rows[best], picked=True)
-    report = AutoReport(tuple(rows[t.name] for t in targets), policy, ranking.rounds, ranking.tie_break_rounds,
-                        timed_in)
+    report = AutoReport(tuple(rows[t.name] for t in targets), policy, rounds, tie_break, timed_in)
     result = built[best]
     result.auto = report
     result.artifact.manifest["auto"] = report.to_json()
+    result.artifact.manifest["decisions"] = [*result.artifact.decisions, dict(decision.to_json(), made_by="auto")]
     return result
 
 

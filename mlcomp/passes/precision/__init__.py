@@ -1,1 +1,1 @@
-"""Precision passes: mixed-precision (``mixed``) and the per-op rules it follows (``policy``)."""
+"""Precision passes: mixed-precision (``mixed``), the per-op rules it follows (``policy``), loss-scale (``loss_scale``)."""

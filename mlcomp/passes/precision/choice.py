@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from mlcomp.hardware.decide import Decision
 from mlcomp.ir import Graph, Precision, refs_in
 from mlcomp.ir.node import PrecisionReason
 from mlcomp.ir.ops import PARAM
@@ -40,12 +41,14 @@ from mlcomp.pipeline.pass_base import PassContext
 from mlcomp.base.errors import PipelineSpecError
 from mlcomp.pipeline.target_facts import LowMode, LowPrecision, TargetFacts
 
-__all__ = ["LOW_DTYPES", "SLOW_FP16", "annotate", "choose", "refusal", "refused"]
+__all__ = ["LOW_DTYPES", "SLOW_FP16", "DETERMINISTIC_RULE", "annotate", "auto_decision", "choose", "refusal",
+           "refused"]
 
 LOW_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _PRECISION = {torch.float32: Precision.FP32, torch.bfloat16: Precision.BF16, torch.float16: Precision.FP16}
 SLOW_FP16 = 2.0     # fp16 matmul this many times the fp32 time on a CPU: a note
+DETERMINISTIC_RULE = "fp32 (deterministic compile: nothing measured, no spec sheet given)"
 
 
 def choose(asked: str, device: DeviceKind, ctx: PassContext
@@ -71,6 +74,25 @@ def choose(asked: str, device: DeviceKind, ctx: PassContext
         f"auto: {_NAMES[low] if pays else 'fp32'} for target {facts.name}{_how(facts, support)}: {why}", []
 
 
+def auto_decision(asked: str, device: DeviceKind, ctx: PassContext, low: torch.dtype | None,
+                  why: str) -> Decision | None:
+    """The manifest's record of a ``dtype=auto`` choice: the host probe's own :class:`Decision` where the
+    choice followed a measurement (paired rounds, sign test), else a fixed rule saying ``why``."""
+    if asked != "auto":
+        return None
+    name = "fp16" if device is DeviceKind.CUDA else "bf16"
+    chosen = _NAMES.get(low, "fp32")
+    speeds = ctx.host_precision
+    support = (ctx.target or TargetFacts(device.value)).support(LOW_DTYPES[name])
+    measured = (device is DeviceKind.CPU and support is not None and not support.needs    # what _pays timed
+                and not (ctx.hardware is not None and name in ctx.hardware.peak_flops)
+                and speeds is not None and name in speeds.decisions)
+    if measured:
+        return speeds.decisions[name]
+    return Decision.fixed(f"mixed-precision dtype=auto on {device.value}: {name} or fp32?", ("fp32", name), chosen,
+                          why, deterministic=ctx.deterministic)
+
+
 def refusal(facts: TargetFacts, low: torch.dtype) -> tuple[str, str]:
     """(message, hint) refusing ``low`` on a target that does not build it, naming the alternatives."""
     others = [lp for lp in facts.low_precision if lp.dtype != low]
@@ -94,6 +116,8 @@ def _pays(support: LowPrecision, ctx: PassContext) -> tuple[bool, str]:
     """Whether computing in ``support.dtype`` pays on the target, from the context's facts (never a probe)."""
     name = _NAMES[support.dtype]
     speeds = ctx.host_precision
+    if ctx.deterministic and speeds is None and not (ctx.hardware and name in ctx.hardware.peak_flops):
+        return False, DETERMINISTIC_RULE
     if support.needs:                 # the target's kernels need native instructions
         if speeds is None:
             return False, "no CPU features were given (PassContext.host_precision)"
@@ -108,7 +132,7 @@ def _pays(support: LowPrecision, ctx: PassContext) -> tuple[bool, str]:
                                    f"vs fp32 {fp32 / 1e9:.3g} GFLOP/s")
     if speeds is None or name not in speeds.seconds:
         return False, "no measured speeds were given (PassContext.host_precision)"
-    if speeds.ratio(name) < 0.9:
+    if speeds.faster(name):
         return True, f"measured faster than fp32: {speeds.describe(name)}"
     return False, f"{name} is not faster on this CPU: {speeds.describe(name)}"
 

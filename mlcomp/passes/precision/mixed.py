@@ -62,13 +62,14 @@ from mlcomp.passes import patterns as P
 from mlcomp.passes.precision.policy import DeviceKind, PolicyName, Rule, fp32_operands, policy_table, rule_for
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 from mlcomp.pipeline.target_facts import LowMode, TargetFacts
-from mlcomp.passes.precision.choice import LOW_DTYPES, annotate, choose, refused
+from mlcomp.passes.precision.choice import LOW_DTYPES, annotate, auto_decision, choose, refused
 
 __all__ = ["MixedPrecision", "LowDtype", "MixedPrecisionWarning"]
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _PRECISION = {torch.float32: Precision.FP32, torch.bfloat16: Precision.BF16, torch.float16: Precision.FP16}
 _NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
 
 
 class LowDtype(enum.Enum):
@@ -113,6 +114,9 @@ class MixedPrecision(Pass):
         device = self.device or _graph_device(graph)
         low, support, choice, notes = choose(self.dtype.value, device, ctx)
         stats: dict[str, Any] = {"dtype": _NAMES.get(low, "fp32"), "choice": choice}
+        decision = auto_decision(self.dtype.value, device, ctx, low, choice)
+        if decision is not None:
+            stats["decisions"] = [decision.to_json()]
         if low is None or support is None:
             stats["warnings"] = _warn(notes)
             return PassResult(graph, False, stats)

@@ -7,7 +7,9 @@ whether the backward reads it (``needed``) and whether it may be recomputed::
 
     x ──▶ a=mm ──▶ b=relu ──▶ c=mm ──▶ d=relu          needed: b, d
     >>> p = RematProblem((Candidate("a", 4096, 65536.0, (), False, True),
-    ...                   Candidate("b", 4096, 1024.0, (0,), True, True), ...))
+    ...                   Candidate("b", 4096, 1024.0, (0,), True, True),
+    ...                   Candidate("c", 4096, 65536.0, (1,), False, True),
+    ...                   Candidate("d", 4096, 1024.0, (2,), True, True)))
     >>> p.closure(frozenset({3}))    # keep d: b is recomputed, and a with it (b reads a)
     frozenset({0, 1})
 

@@ -47,6 +47,7 @@ from mlcomp.analysis.memory import is_view, liveness, storage_roots, value_bytes
 from mlcomp.analysis.training import predicted_peak, saved_activations
 from mlcomp.base.errors import PassFailure, PipelineSpecError
 from mlcomp.base.units import SizeError, parse_size, size_unit
+from mlcomp.hardware.decide import Decision
 from mlcomp.ir import Graph, Mode, Node, Ref, map_refs, tensor_metas
 from mlcomp.ir.builder import remove_dead
 from mlcomp.ir.interpreter import Interpreter
@@ -264,7 +265,8 @@ class Remat(Pass):
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         _check_joint(graph)
-        problem = build_problem(graph, cost=self.cost, keep=self.keep, ctx=ctx)
+        cost, decision = _cost_model(self.cost, ctx)
+        problem = build_problem(graph, cost=cost, keep=self.keep, ctx=ctx)
         saved = saved_bytes(graph)
         target = parse_budget(self.budget).resolve(saved)
         try:
@@ -278,7 +280,26 @@ class Remat(Pass):
         if plan.recompute:
             after = graph.copy()
             rewrite(after, problem, plan)
-        return PassResult(after, after is not graph, _stats(graph, after, problem, plan, saved, target, self.solver))
+        stats = _stats(graph, after, problem, plan, saved, target, self.solver)
+        if decision is not None:
+            stats["decisions"] = [decision.to_json()]
+        return PassResult(after, after is not graph, stats)
+
+
+_COST_QUESTION = "remat: recompute costs from measured node times (profile) or FLOP counts?"
+
+
+def _cost_model(cost: CostModel, ctx: PassContext) -> tuple[CostModel, Decision | None]:
+    """The cost model this run uses and, for ``cost=profile``, the record of it: a deterministic run
+    counts FLOPs instead of timing (node times vary from run to run, and so would the plan)."""
+    if cost is not CostModel.PROFILE:
+        return cost, None
+    if ctx.deterministic:
+        return CostModel.FLOPS, Decision.fixed(_COST_QUESTION, ("profile", "flops"), "flops",
+                                               "FLOP counts; node times are not measured")
+    return cost, Decision.fixed(_COST_QUESTION, ("profile", "flops"), "profile",
+                                "cost=profile asked: each node timed (best of 2 runs); the plan can vary with "
+                                "the times", deterministic=False)
 
 
 def saved_bytes(graph: Graph) -> int:

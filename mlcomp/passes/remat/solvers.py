@@ -8,8 +8,11 @@ when kept, the cost of recomputing it once, the values it reads, whether the
 backward reads it (``needed``) and whether it may be recomputed at all::
 
     x ──▶ a=mm ──▶ b=relu ──▶ c=mm ──▶ d=relu          needed: b, d (read by the backward)
+    >>> from mlcomp.passes.remat.problem import Candidate
     >>> p = RematProblem((Candidate("a", 4096, 65536.0, (), False, True),
-    ...                   Candidate("b", 4096, 1024.0, (0,), True, True), ...))
+    ...                   Candidate("b", 4096, 1024.0, (0,), True, True),
+    ...                   Candidate("c", 4096, 65536.0, (1,), False, True),
+    ...                   Candidate("d", 4096, 1024.0, (2,), True, True)))
     >>> plan = knapsack(p, allowance=4096)     # before: keep {b, d}; after: keep {d}, recompute {a, b}
     >>> plan.keep, plan.recompute, plan.cost
     (frozenset({3}), frozenset({0, 1}), 66560.0)

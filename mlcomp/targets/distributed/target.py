@@ -55,7 +55,8 @@ from mlcomp.base.files import write_text_atomic
 from mlcomp.base.quiet import quiet_torch
 from mlcomp.ir import Graph, Mode, Ref
 from mlcomp.ir.split import Stage, split_stages
-from mlcomp.runtime.artifact import Artifact, RuntimeKind, read_manifest
+from mlcomp.runtime.artifact import Artifact, RuntimeKind
+from mlcomp.runtime.manifest import read_manifest
 from mlcomp.targets.base import CompileOptions, Target, example_inputs
 from mlcomp.targets.capabilities import Capabilities, DeviceKind
 from mlcomp.runtime.codegen import param_names, to_fx

@@ -19,17 +19,16 @@ functions its ops need, and hands it to torch.onnx's translation step::
 The ``onnxruntime`` target first tries mlcomp's own emitter (:mod:`mlcomp.targets.onnx.emit`,
 ``ExportRecord("mlcomp")``), which needs neither; this path runs where the emitter declines.
 
-The private torch.onnx names it uses are pinned in :data:`PINNED`; when one is
-missing or the direct path raises, :func:`export_model` runs the public
-exporter and the record says why.  :func:`translatable` answers "does torchlib translate this
-op" from the registries' qualified names alone (no function is parsed).
+The private torch.onnx names it uses are pinned in :data:`mlcomp.targets.onnx.torchlib.PINNED`;
+when one is missing or the direct path raises, :func:`export_model` runs the public
+exporter and the record says why.  Which ops torchlib translates, and the registry of only
+the graph's ops, are :mod:`mlcomp.targets.onnx.torchlib`.
 """
 from __future__ import annotations
 
 import importlib
 import operator
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import torch
@@ -46,26 +45,10 @@ from torch.fx.experimental.symbolic_shapes import (
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.utils import _pytree as pytree
 
-from mlcomp.base.quiet import quiet_converter
+from mlcomp.targets.onnx.torchlib import Translatable, graph_registry, missing_private_api, pinned, translatable
 
-__all__ = ["MLCOMP", "DIRECT", "PUBLIC", "PINNED", "ExportRecord", "direct_program", "export_model",
-           "missing_private_api", "translatable"]
+__all__ = ["MLCOMP", "DIRECT", "PUBLIC", "ExportRecord", "direct_program", "export_model"]
 
-# every private torch.onnx name the direct path touches: (module, attribute)
-PINNED = (
-    ("torch.onnx._internal.exporter._core", "_exported_program_to_onnx_program"),
-    ("torch.onnx._internal.exporter._fx_passes", "insert_type_promotion_nodes"),
-    ("torch.onnx._internal.exporter._fx_passes", "remove_assertion_nodes"),
-    ("torch.onnx._internal.exporter._registration", "ONNXRegistry"),
-    ("torch.onnx._internal.exporter._registration", "OnnxDecompMeta"),
-    ("torch.onnx._internal.exporter._registration", "_get_overload"),
-    ("torch.onnx._internal.exporter._torchlib._torchlib_registry", "get_torchlib_ops"),
-    ("torch.onnx._internal.exporter._constants", "TORCHLIB_OPSET"),
-    ("torch.onnx._internal.exporter._decomp", "create_onnx_friendly_decomposition_table"),
-    ("torch.onnx._internal._lazy_import", "onnxscript_apis"),
-    ("onnxscript.function_libs.torch_lib.registration", "default_registry"),
-    ("onnxscript.function_libs.torch_lib.ops", "__name__"),     # importing it fills the registry
-)
 MLCOMP, DIRECT, PUBLIC = "mlcomp", "direct", "torch.onnx"
 DEFAULT_OPSET = 20      # torch.onnx.export's default (torch.onnx._constants.ONNX_DEFAULT_OPSET)
 
@@ -94,93 +77,6 @@ class ExportRecord:
         if self.path == DIRECT:
             return f"ONNX export: direct (ExportedProgram built from the IR, registry of its ops only){why}"
         return f"ONNX export: torch.onnx.export(dynamo=True), because {self.reason}{why}"
-
-
-def _pinned(module: str, attr: str) -> Any:
-    return getattr(importlib.import_module(module), attr)
-
-
-def missing_private_api() -> str | None:
-    """``None`` when every :data:`PINNED` name exists, else which one does not."""
-    for module, attr in PINNED:
-        try:
-            _pinned(module, attr)
-        except (ImportError, AttributeError):
-            return f"this torch/onnxscript has no {module}.{attr}"
-    return None
-
-
-def _key(qualified: str) -> str:
-    """``aten::add.default`` and ``aten::add`` → ``aten::add`` (``OpOverload.name()``'s spelling)."""
-    ns, _, rest = qualified.partition("::")
-    op, _, overload = rest.partition(".")
-    return f"{ns}::{op}" + (f".{overload}" if overload and overload != "default" else "")
-
-
-def _target_key(target: Any) -> str:
-    if isinstance(target, torch._ops.OpOverload):
-        return target.name()
-    module = "_operator" if getattr(operator, getattr(target, "__name__", ""), None) is target else \
-        getattr(target, "__module__", "?")
-    return f"{module}::{getattr(target, '__name__', target)}"
-
-
-@lru_cache(maxsize=4)
-def _registered_keys(opset: int) -> frozenset[str]:
-    """Keys of every op torchlib translates at ``opset``: torch's own and onnxscript's, no function parsed."""
-    with quiet_converter():
-        importlib.import_module("onnxscript.function_libs.torch_lib.ops")   # fills the default registry
-    onnxscript_reg = _pinned("onnxscript.function_libs.torch_lib.registration", "default_registry")
-    keys = {_key(name) for name, _ in onnxscript_reg.items() if not name.startswith("internal::")}
-    keys |= {_target_key(m.fx_target) for m in _torch_metas() if m.opset_introduced <= opset}
-    return frozenset(keys)
-
-
-@lru_cache(maxsize=1)
-def _torch_metas() -> tuple[Any, ...]:
-    with quiet_converter():
-        return tuple(_pinned("torch.onnx._internal.exporter._torchlib._torchlib_registry", "get_torchlib_ops")())
-
-
-def translatable(target: Any, opset: int | None = None) -> bool:
-    """Whether torchlib translates ``target`` (what ``ONNXRegistry.from_torchlib().is_registered`` says)."""
-    try:
-        opset = opset or _pinned("torch.onnx._internal.exporter._constants", "TORCHLIB_OPSET")
-        keys = _registered_keys(opset)
-    except (ImportError, AttributeError):   # registries moved: ask torch.onnx's own (slow) registry
-        return _full_registry().is_registered(target)
-    return _target_key(target) in keys
-
-
-@lru_cache(maxsize=1)
-def _full_registry() -> Any:
-    with quiet_converter():
-        return _pinned("torch.onnx._internal.exporter._registration", "ONNXRegistry").from_torchlib()
-
-
-def graph_registry(targets: set[Any], opset: int) -> Any:
-    """An ``ONNXRegistry`` holding only ``targets``' torchlib functions (same order and opset rule as
-    ``from_torchlib``), so only those functions are parsed."""
-    reg_mod = "torch.onnx._internal.exporter._registration"
-    registry = _pinned(reg_mod, "ONNXRegistry")()
-    registry._opset_version = opset
-    wanted = {_target_key(t) for t in targets}
-    for meta in _torch_metas():
-        if _target_key(meta.fx_target) in wanted:
-            registry._register(meta.fx_target, meta)
-    decomp_meta, get_overload = _pinned(reg_mod, "OnnxDecompMeta"), _pinned(reg_mod, "_get_overload")
-    onnxscript_reg = _pinned("onnxscript.function_libs.torch_lib.registration", "default_registry")
-    for name, funcs in onnxscript_reg.items():
-        if name.startswith("internal::") or _key(name) not in wanted:
-            continue
-        target = get_overload(name)
-        if target is None:
-            continue
-        for func, is_complex in [(f, False) for f in funcs.overloads] + [(f, True) for f in funcs.complex]:
-            registry._register(target, decomp_meta(onnx_function=func, fx_target=target, signature=None,
-                                                   is_custom=False, is_complex=is_complex))
-    registry._cleanup_registry_based_on_opset_version()
-    return registry
 
 
 def _fake_input(mode: Any, tensor: torch.Tensor, dynamic: dict[int, Any] | None) -> torch.Tensor:
@@ -296,21 +192,11 @@ def _implicit(target: Any) -> bool:
         torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), "CompositeImplicitAutograd")
 
 
-class _Translatable:
-    """The set of ops torchlib translates, as ``create_onnx_friendly_decomposition_table`` asks it."""
-
-    def __init__(self, opset: int) -> None:
-        self.opset = opset
-
-    def __contains__(self, target: Any) -> bool:
-        return translatable(target, self.opset)
-
-
 def _decompose(gm: fx.GraphModule, nodes: list[fx.Node], opset: int, mode: Any) -> None:
     """Replace each of ``nodes`` (ops torchlib lacks) by its decomposition, in place, as torch.onnx's
     ``run_decompositions`` would (same table: torch's minus what torchlib translates), traced per node."""
-    table = _pinned("torch.onnx._internal.exporter._decomp",
-                    "create_onnx_friendly_decomposition_table")(_Translatable(opset))
+    table = pinned("torch.onnx._internal.exporter._decomp",
+                    "create_onnx_friendly_decomposition_table")(Translatable(opset))
     for node in nodes:
         if node.target not in table and not _implicit(node.target):
             raise ValueError(f"torch has no decomposition of {node.target}")
@@ -359,7 +245,7 @@ def _inline(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule, args: list[f
 def _direct(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], opset: int,
             dynamic_shapes: Any) -> Any:
     """The ONNX ``ModelProto`` by the direct path (raises where it cannot run)."""
-    torchlib_opset = _pinned("torch.onnx._internal.exporter._constants", "TORCHLIB_OPSET")
+    torchlib_opset = pinned("torch.onnx._internal.exporter._constants", "TORCHLIB_OPSET")
     registry_opset = max(opset, torchlib_opset)
     program = direct_program(gm, inputs, dynamic_shapes, registry_opset)
     gm_out = program.graph_module
@@ -369,9 +255,9 @@ def _direct(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], opset: int,
         program._graph_module = passes.remove_assertion_nodes(gm_out)
     targets = {n.target for n in program.graph.nodes if n.op == "call_function"}
     registry = graph_registry(targets, registry_opset)
-    to_onnx = _pinned("torch.onnx._internal.exporter._core", "_exported_program_to_onnx_program")
+    to_onnx = pinned("torch.onnx._internal.exporter._core", "_exported_program_to_onnx_program")
     onnx_program = to_onnx(program, registry=registry)
-    apis = _pinned("torch.onnx._internal._lazy_import", "onnxscript_apis")
+    apis = pinned("torch.onnx._internal._lazy_import", "onnxscript_apis")
     onnx_program.model = apis.convert_version(onnx_program.model, opset)
     onnx_program.optimize()
     return onnx_program.model_proto

@@ -1,9 +1,22 @@
 """The ``onnxruntime`` target: IR → generated torch module → ONNX → ORT session.
 
+    >>> import torch
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("mlp")
+    >>> x = b.input("x", (2, 8))
+    >>> bias, w = b.param("0.bias", torch.zeros(4)), b.param("0.weight", torch.randn(4, 8))
+    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
+    >>> x = torch.randn(2, 8)
+    >>> from mlcomp.targets import get_target
     >>> art = get_target("onnxruntime").compile(graph, CompileOptions(threads=2))
-    >>> art(x)                                       # torch in, torch out
+    >>> y = art(x)                                   # torch in, torch out
     >>> art.save("out/mlp-ort")                      # out/mlp-ort/model.onnx
-    >>> onnxruntime.InferenceSession("out/mlp-ort/model.onnx")   # plain ORT loads the payload
+    PosixPath('out/mlp-ort')
+    >>> import onnxruntime                           # plain ORT loads the payload
+    >>> session = onnxruntime.InferenceSession("out/mlp-ort/model.onnx")
+    >>> [tuple(o.shape) for o in session.run(None, {session.get_inputs()[0].name: x.numpy()})]
+    [(2, 4)]
 
 Before export the graph is rewritten into what ORT's own fusions match
 (:func:`mlcomp.targets.onnx.patterns.ort_friendly`: unrolled GRU layers back to
@@ -38,8 +51,8 @@ that dtype run in fp32 instead (:mod:`mlcomp.targets.onnx.precision`, decided
 from ORT's kernel registry and cached in the target), and the runtime's
 ``precision`` record (saved in the manifest) lists them::
 
-    >>> art = get_target("onnxruntime").compile(bf16_graph)
-    >>> art.runtime.precision["by_op"]
+    art = get_target("onnxruntime").compile(bf16_graph)
+    art.runtime.precision["by_op"]
     {'Gemm': 2, 'Relu': 1}       # ORT 1.23's CPU EP: no bf16 Gemm/Relu kernels, kept fp32
 """
 from __future__ import annotations
@@ -55,7 +68,8 @@ from mlcomp.pipeline.target_facts import LowPrecision
 from mlcomp.targets.capabilities import REAL_DTYPES, Capabilities, DeviceKind
 from mlcomp.runtime.codegen import to_fx
 from mlcomp.targets.onnx.emit import emit_model, emittable
-from mlcomp.targets.onnx.export import DEFAULT_OPSET, MLCOMP, ExportRecord, export_model, translatable
+from mlcomp.targets.onnx.export import DEFAULT_OPSET, MLCOMP, ExportRecord, export_model
+from mlcomp.targets.onnx.torchlib import translatable
 from mlcomp.targets.onnx.patterns import ort_friendly
 from mlcomp.targets.onnx.precision import KernelTable, keep_unsupported_fp32, summarize
 

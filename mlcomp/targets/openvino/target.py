@@ -1,11 +1,13 @@
 """The ``openvino`` target: IR → generated torch module → OpenVINO PyTorch frontend → CPU plugin.
 
-    >>> art = get_target("openvino").compile(graph, CompileOptions(threads=2))
-    >>> art(x)                                       # torch in, torch out
-    >>> art.runtime.precision["hint"]                # what the CPU plugin was told
+::
+
+    art = get_target("openvino").compile(graph, CompileOptions(threads=2))
+    art(x)                                       # torch in, torch out
+    art.runtime.precision["hint"]                # what the CPU plugin was told
     'f32'
-    >>> art.save("out/mlp-ov")                       # out/mlp-ov/model.xml + model.bin (OpenVINO IR)
-    >>> openvino.Core().read_model("out/mlp-ov/model.xml")   # plain OpenVINO loads the payload
+    art.save("out/mlp-ov")                       # out/mlp-ov/model.xml + model.bin (OpenVINO IR)
+    openvino.Core().read_model("out/mlp-ov/model.xml")   # plain OpenVINO loads the payload
 
 Lowering: :func:`~mlcomp.runtime.codegen.to_fx` generates the torch module
 (composite ops are inlined to ATen by tracing it with ``make_fx``), shapes are

@@ -5,10 +5,21 @@ the graph disappears, parameters become constants folded into the graph, and
 the TorchScript executor runs it (fusing and specialising after two warm-up
 calls).
 
+    >>> import torch
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("mlp")
+    >>> x = b.input("x", (2, 8))
+    >>> bias, w = b.param("0.bias", torch.zeros(4)), b.param("0.weight", torch.randn(4, 8))
+    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
+    >>> x = torch.randn(2, 8)
+    >>> from mlcomp.targets import get_target
     >>> art = get_target("cpu").compile(graph, CompileOptions(threads=1))
-    >>> art(x)
+    >>> y = art(x)
     >>> art.save("out/mlp-cpu")               # out/mlp-cpu/model.pt
-    >>> torch.jit.load("out/mlp-cpu/model.pt")(x)   # plain torch can load the payload
+    PosixPath('out/mlp-cpu')
+    >>> torch.equal(torch.jit.load("out/mlp-cpu/model.pt")(x)[0], y)   # plain torch can load the payload
+    True
 
 The payload is the *frozen* module.  ``optimize_for_inference`` (MKLDNN
 convolution layouts, conv/bn folding) rewrites the module into a form
@@ -16,20 +27,20 @@ TorchScript cannot serialise, so it is applied again after loading; with
 ``optimize=None`` (the default) both variants are timed at compile time and the
 faster one is kept, but only where the optimisation changes the kernels
 (convolutions become MKLDNN): elsewhere it only folds constant lists, and the
-plain module is kept untimed.  The choice and why is ``runtime.choice``
-(manifest ``runtime_info.choice``)::
+plain module is kept untimed.  The timing is :func:`mlcomp.hardware.decide.decide` (paired
+rounds until a sign test decides; undecided keeps plain); with ``deterministic`` the plain
+module is kept untimed.  The choice and why is ``runtime.choice`` (manifest
+``runtime_info.choice``, and its :class:`~mlcomp.hardware.decide.Decision` in ``decisions``)::
 
     trace → freeze (plain) and optimize_for_inference (tuned) of the same trace
-            → time until a sign test over paired rounds decides (≥ 6 rounds; the same
-            budget when it cannot) → the payload serialised when first needed (save)
-    lenet:  {"optimize": false, "reason": "not-faster", "rounds": 6, "ratio": 1.9535, "decided_early": true}
+          → decide (≥ 6 paired rounds) → the payload serialised when first needed (save)
+    lenet: {"optimize": false, "reason": "not-faster", "decision": {"verdict": "decided", "rounds": 6, …}}
 """
 from __future__ import annotations
 
 import contextlib
 import enum
 import io
-import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -41,9 +52,12 @@ import torch
 
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.quiet import quiet_torch
-from mlcomp.hardware.timing import Clock, TimingPolicy, median
+from mlcomp.hardware import decide as decide_mod
+from mlcomp.hardware.decide import Decision, DecisionPolicy, Verdict, call_samplers, decide
+from mlcomp.hardware.timing import Clock
 from mlcomp.ir import Graph, Mode
 from mlcomp.runtime.artifact import RuntimeKind
+from mlcomp.targets.torch.archive import canonical_torchscript
 from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
 from mlcomp.targets.capabilities import TORCH_CPU
 from mlcomp.runtime.codegen import to_fx
@@ -112,15 +126,19 @@ class TorchScriptRuntime:
 
     def __init__(self, payload: bytes | torch.jit.ScriptModule, *, optimize: bool, threads: int | None,
                  device: str = "cpu", module: torch.jit.ScriptModule | None = None,
-                 choice: "OptimizeChoice | None" = None) -> None:
+                 choice: "OptimizeChoice | None" = None, deterministic: bool = False) -> None:
         """``payload``: the frozen module's TorchScript archive, or the frozen module itself (serialised
         when first needed, e.g. by :meth:`save`).  ``module``: what runs, the payload loaded (and
-        optimised if ``optimize``), e.g. by the compile that chose it.  ``choice``: how ``optimize`` was decided."""
+        optimised if ``optimize``), e.g. by the compile that chose it.  ``choice``: how ``optimize`` was decided.
+        ``deterministic``: the payload is written with its process counters renumbered
+        (:func:`~mlcomp.targets.torch.archive.canonical_torchscript`), the same bytes for the same model."""
         self._payload = payload
         self.optimize = optimize
         self.threads = threads
         self.device = device
         self.choice = choice or OptimizeChoice(optimize, OptimizeReason.REQUESTED)
+        self.deterministic = deterministic
+        self.decisions = [self.choice.decision] if self.choice.decision else []
         if module is None:
             module = self._load_module(self.payload, optimize, device)
         self.module = module
@@ -130,7 +148,8 @@ class TorchScriptRuntime:
     def payload(self) -> bytes:
         """The frozen module as a TorchScript archive (``torch.jit.load`` reads it)."""
         if not isinstance(self._payload, bytes):
-            self._payload = frozen_bytes(self._payload)
+            data = frozen_bytes(self._payload)
+            self._payload = canonical_torchscript(data) if self.deterministic else data
         return self._payload
 
     @staticmethod
@@ -157,14 +176,16 @@ class TorchScriptRuntime:
 
     def save(self, directory: Path) -> dict[str, Any]:
         (directory / PAYLOAD).write_bytes(self.payload)
-        return {"file": PAYLOAD, "optimize": self.optimize, "threads": self.threads, "choice": self.choice.to_json()}
+        info = {"file": PAYLOAD, "optimize": self.optimize, "threads": self.threads, "choice": self.choice.to_json()}
+        return info | ({"deterministic": True} if self.deterministic else {})
 
     @classmethod
     def load(cls, directory: Path, info: dict[str, Any]) -> "TorchScriptRuntime":
         payload = (directory / info.get("file", PAYLOAD)).read_bytes()
         optimize = bool(info.get("optimize"))
         return cls(payload, optimize=optimize, threads=info.get("threads"),
-                   choice=OptimizeChoice.from_json(info.get("choice"), optimize))
+                   choice=OptimizeChoice.from_json(info.get("choice"), optimize),
+                   deterministic=bool(info.get("deterministic")))
 
 
 def frozen_bytes(module: torch.jit.ScriptModule) -> bytes:
@@ -190,16 +211,16 @@ class CpuTarget(Target):
                 plain = torch.jit.freeze(scripted)
                 tuned = torch.jit.optimize_for_inference(scripted) if options.optimize is not False else None
             if options.optimize is None:   # the timed variant is kept, warmed up
-                choice = self._choose(plain, tuned, inputs)
+                choice = self._choose(plain, tuned, inputs, options.deterministic)
             else:
                 choice = OptimizeChoice(options.optimize, OptimizeReason.REQUESTED)
         module = tuned if choice.optimize else plain
         return TorchScriptRuntime(plain, optimize=choice.optimize, threads=options.threads, module=module,
-                                  choice=choice)
+                                  choice=choice, deterministic=options.deterministic)
 
     @staticmethod
     def _choose(plain: torch.jit.ScriptModule, tuned: torch.jit.ScriptModule,
-                inputs: tuple[torch.Tensor, ...]) -> "OptimizeChoice":
+                inputs: tuple[torch.Tensor, ...], deterministic: bool = False) -> "OptimizeChoice":
         """Keep ``optimize_for_inference`` if it changed the kernels and the timing says it clearly helps.
 
         When it only folds constant lists (MLPs, attention, GRUs: same kernel calls)
@@ -208,9 +229,11 @@ class CpuTarget(Target):
         both alike.
         """
         if _kernels(plain) == _kernels(tuned):
-            return OptimizeChoice(False, OptimizeReason.SAME_KERNELS)
+            return OptimizeChoice(False, OptimizeReason.SAME_KERNELS, Decision.fixed(
+                QUESTION, ("plain", "tuned"), "plain", "optimize_for_inference changes no kernel call: plain, untimed",
+                deterministic=False))
         with torch.no_grad():
-            return choose_by_timing(lambda: plain(*inputs), lambda: tuned(*inputs))
+            return choose_by_timing(lambda: plain(*inputs), lambda: tuned(*inputs), deterministic=deterministic)
 
 
 class OptimizeReason(enum.Enum):
@@ -219,87 +242,69 @@ class OptimizeReason(enum.Enum):
     REQUESTED = "requested"        # CompileOptions.optimize was given
     SAME_KERNELS = "same-kernels"  # it changes no kernel call (only constant lists): nothing to time
     FASTER = "faster"              # timed: the optimised module is clearly faster
-    NOT_FASTER = "not-faster"      # timed: it is not
+    NOT_FASTER = "not-faster"      # timed: it is not (or the timing could not tell)
+    DETERMINISTIC = "deterministic"  # a deterministic compile: the plain module, untimed
 
 
 @dataclass(frozen=True)
 class OptimizeChoice:
-    """The decision and its evidence: timed rounds and the median ratio optimised / plain time."""
+    """The decision and its evidence (:class:`~mlcomp.hardware.decide.Decision`; none when nothing was compared)."""
 
     optimize: bool
     reason: OptimizeReason
-    rounds: int = 0
-    ratio: float | None = None
-    decided_early: bool = False    # the sign test decided before the time budget ran out
+    decision: Decision | None = None
+
+    @property
+    def rounds(self) -> int:
+        return self.decision.rounds if self.decision else 0
+
+    @property
+    def ratio(self) -> float | None:
+        return self.decision.ratios.get("tuned") if self.decision else None
+
+    @property
+    def decided_early(self) -> bool:
+        return bool(self.decision and self.decision.verdict is Verdict.DECIDED)
 
     def to_json(self) -> dict[str, Any]:
-        return {"optimize": self.optimize, "reason": self.reason.value, "rounds": self.rounds,
-                "ratio": None if self.ratio is None else round(self.ratio, 4), "decided_early": self.decided_early}
+        return {"optimize": self.optimize, "reason": self.reason.value,
+                "decision": self.decision.to_json() if self.decision else None}
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None, optimize: bool) -> "OptimizeChoice":
         if not data:                      # an artifact saved before the choice was recorded
             return cls(optimize, OptimizeReason.REQUESTED)
-        return cls(bool(data["optimize"]), OptimizeReason(data["reason"]), int(data.get("rounds", 0)),
-                   data.get("ratio"), bool(data.get("decided_early", False)))
+        decision = data.get("decision")
+        return cls(bool(data["optimize"]), OptimizeReason(data["reason"]),
+                   Decision.from_json(decision) if decision else None)
 
 
 # The optimised module must take less than THRESHOLD x the plain module's time.
 THRESHOLD = 0.9
-MIN_ROUNDS = 6        # the fewest paired rounds a sign test can decide at ALPHA (two-sided p = 2 / 2**6)
-ALPHA = 0.05
-# 0.25 s of calls per variant; a slow call (or a loaded machine) stops at MIN_ROUNDS, not 15
-TIMING = TimingPolicy(warmup=3, budget_s=0.25, min_repeats=MIN_ROUNDS, max_repeats=2000)
+MIN_ROUNDS = decide_mod.MIN_ROUNDS
+# 0.25 s of calls per variant; a slow call (or a loaded machine) stops at MIN_ROUNDS
+TIMING = DecisionPolicy(warmup=3, budget_s=0.25, min_rounds=MIN_ROUNDS, max_rounds=2000, threshold=THRESHOLD)
+QUESTION = "cpu: run optimize_for_inference's module (tuned) or the frozen trace (plain)?"
+DETERMINISTIC_RULE = "the plain frozen trace (optimize_for_inference is not timed)"
 
 
-def sign_test(ratios: list[float], threshold: float) -> float:
-    """Two-sided sign-test p-value that the median of ``ratios`` is ``threshold`` (ties dropped)."""
-    below = sum(r < threshold for r in ratios)
-    above = sum(r > threshold for r in ratios)
-    n, k = below + above, min(below, above)
-    if n == 0:
-        return 1.0
-    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+def choose_by_timing(plain: Callable[[], Any], tuned: Callable[[], Any], policy: DecisionPolicy = TIMING, *,
+                     clock: Clock = time.perf_counter, deterministic: bool = False) -> OptimizeChoice:
+    """Time ``plain`` and ``tuned`` in paired rounds (:func:`mlcomp.hardware.decide.decide`) and keep
+    ``tuned`` only if a sign test decides it takes < ``policy.threshold`` x the plain time.
 
-
-def choose_by_timing(plain: Callable[[], Any], tuned: Callable[[], Any], policy: TimingPolicy = TIMING, *,
-                     clock: Clock = time.perf_counter) -> OptimizeChoice:
-    """Time ``plain`` and ``tuned`` in paired rounds and keep ``tuned`` if it takes < THRESHOLD x the time.
-
-    Each is warmed up (``policy.warmup`` calls: TorchScript's profiling executor
-    specialises in its first two).  A round times one call of each, in alternating
-    order; its ratio tuned / plain cancels load that hits both.  After MIN_ROUNDS the
-    rounds stop as soon as a sign test rejects "the median ratio is THRESHOLD" at
-    ALPHA (a clear win or loss: MKLDNN convolutions are often 2x faster or slower);
-    otherwise they go on until ``policy.budget_s`` of calls per variant is spent
-    (and at least ``policy.min_repeats`` rounds).  The decision is the median ratio.
+    Each is warmed up first (``policy.warmup`` calls: TorchScript's profiling executor
+    specialises in its first two).  ``deterministic``: nothing is timed, plain is kept.
     """
-    for fn in (plain, tuned):
-        w0 = clock()
-        for _ in range(policy.warmup):
-            fn()
-            if clock() - w0 >= policy.budget_s:     # a slow model: one budget of warm-up is enough
-                break
-    ratios: list[float] = []
-    begin, early = clock(), False
-    while len(ratios) < policy.max_repeats:
-        order = ((0, plain), (1, tuned)) if len(ratios) % 2 == 0 else ((1, tuned), (0, plain))
-        took = [0.0, 0.0]
-        for i, fn in order:
-            start = clock()
-            fn()
-            took[i] = clock() - start
-        ratios.append(took[1] / took[0] if took[0] > 0 else math.inf)
-        n = len(ratios)
-        if n >= MIN_ROUNDS and sign_test(ratios, THRESHOLD) < ALPHA:
-            early = n < policy.min_repeats or clock() - begin < 2 * policy.budget_s
-            break
-        if n >= policy.min_repeats and clock() - begin >= 2 * policy.budget_s:
-            break
-    ratio = median(ratios)
-    faster = ratio < THRESHOLD
-    return OptimizeChoice(faster, OptimizeReason.FASTER if faster else OptimizeReason.NOT_FASTER,
-                          len(ratios), ratio, early)
+    fns = {"plain": plain, "tuned": tuned}
+    samplers = fns if deterministic else call_samplers(fns, warmup=policy.warmup, budget_s=policy.budget_s,
+                                                       clock=clock)     # deterministic: never called
+    decision = decide(QUESTION, samplers, default="plain", policy=policy, clock=clock,
+                      deterministic=deterministic, rule=DETERMINISTIC_RULE)
+    faster = decision.choice == "tuned"
+    reason = (OptimizeReason.DETERMINISTIC if deterministic else
+              OptimizeReason.FASTER if faster else OptimizeReason.NOT_FASTER)
+    return OptimizeChoice(faster, reason, decision)
 
 
 _CONSTANT_PLUMBING = frozenset({"prim::Constant", "prim::ListConstruct"})

@@ -1,7 +1,9 @@
 """The ``cuda`` target: frozen TorchScript on a CUDA device, replayed as a CUDA graph.
 
-    >>> art = get_target("cuda").compile(graph, CompileOptions())      # device "cuda:0"
-    >>> y = art(x)            # x on cpu or cuda; y stays on the GPU until you read it
+::
+
+    art = get_target("cuda").compile(graph, CompileOptions())      # device "cuda:0"
+    y = art(x)            # x on cpu or cuda; y stays on the GPU until you read it
 
 Small batches on a GPU are launch-bound: each op is a kernel launch of a few
 microseconds.  For static shapes the whole forward is captured once into a

@@ -46,11 +46,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from mlcomp.targets.tvm.offload.policy import rule
+
 __all__ = ["PARALLEL_MIN", "default_rules", "parallel_loops", "parallel_vector_rule", "schedule_counts",
            "small_matmul_rule", "without_parallel"]
 
 # output elements below which a loop nest is not worth the thread pool's wake-up (~a few µs)
-PARALLEL_MIN = 16384
+PARALLEL_MIN = rule("parallel-loop").min_size
 
 
 def _extent(sch: Any, loop: Any) -> int | None:

@@ -1,21 +1,21 @@
 """The ``tvm`` target: IR → generated torch module → Apache TVM (Relax) → VM executable.
 
-    >>> art = get_target("tvm").compile(graph, CompileOptions(tune_trials=64, work_dir="tvm-db"))
-    >>> art(x)
-    >>> art.save("out/mlp-tvm")          # out/mlp-tvm/model.so (+ meta.json)
+::
 
-The build itself is :func:`mlcomp.targets.tvm.build.build`: ``torch.export``
-of the generated module, ``from_exported_program``, BatchNorm folding, fusion, then
-untuned (``tune_trials=0`` and no database, the default): float32 conv2d/matmul/linear
-in torch's oneDNN/MKL kernels through packed functions (:mod:`~mlcomp.targets.tvm.offload.rewrite`,
-:mod:`~mlcomp.targets.tvm.kernels`) and everything else fused by TVM and scheduled by DLight's GEMV/
-Reduction rules and mlcomp's ParallelVector (:mod:`~mlcomp.targets.tvm.schedules`); or MetaSchedule
-with a budget of ``tune_trials`` trials (:meth:`TvmTarget.tune`, ``mlcomp tune``).
-``work_dir`` holds the tuning database, shared across models by task workload; a
-build given a ``work_dir`` with records uses them for what TVM runs (the vendor kernels stay; the
-untuned build competes and the faster one is kept).
-``art.runtime.explain_lines()`` says which op ran where.  Shapes are static: another
-batch size needs another compile.
+    art = get_target("tvm").compile(graph, CompileOptions(tune_trials=64, work_dir="tvm-db"))
+    art(x)
+    art.save("out/mlp-tvm")          # out/mlp-tvm/model.so (+ meta.json)
+
+What it builds: on CPU a TVM-built Relax VM module in which the heavy ops (float32 conv2d,
+matmul/linear, attention, layer norm) run in torch's oneDNN/MKL kernels, called through packed
+functions (:mod:`~mlcomp.targets.tvm.kernels`), and TVM's own code runs the rest, fused and scheduled
+by DLight's GEMV/Reduction rules and mlcomp's ParallelVector (:mod:`~mlcomp.targets.tvm.schedules`).
+Which op goes where is one table, :mod:`mlcomp.targets.tvm.offload.policy`; ``--explain``
+(``art.runtime.explain_lines()``) and the manifest (``runtime_info.offload``) list every heavy op with
+where it ran and the rule.  On CUDA, and with ``BuildConfig(kernels=False)``, every op is TVM code.
+The build is :func:`mlcomp.targets.tvm.build.build`; with ``tune_trials`` MetaSchedule tunes what TVM
+runs (:meth:`TvmTarget.tune`, ``mlcomp tune``), ``work_dir`` holding the database, shared across models
+by task workload.  Shapes are static: another batch size needs another compile.
 
 ``supports(node)`` asks TVM's ExportedProgram importer whether it has a
 converter for the op.
@@ -53,10 +53,11 @@ from mlcomp.targets.capabilities import (
     mismatches,
 )
 from mlcomp.runtime.codegen import to_fx
-from mlcomp.targets.tvm.offload.rewrite import OffloadReport
+from mlcomp.targets.tvm.offload.placement import Placements
 from mlcomp.base.quiet import quiet_native
 
 from mlcomp.base.errors import MlcompError
+from mlcomp.hardware.decide import Decision
 from mlcomp.ir import Graph, Node, Ref, TensorMeta
 from mlcomp.ir.builder import new_node, substitute
 from mlcomp.ir.dtypes import dtype_name
@@ -68,7 +69,7 @@ __all__ = ["TvmTarget", "TvmRuntime", "quiet_native"]
 
 
 class TvmRuntime:
-    """Wraps :class:`mlcomp.targets.tvm.build.TvmModule` (the Relax VM)."""
+    """Wraps :class:`mlcomp.targets.tvm.module.TvmModule` (the Relax VM)."""
 
     kind: ClassVar[RuntimeKind] = RuntimeKind.TVM
 
@@ -100,14 +101,22 @@ class TvmRuntime:
             files = self.module.save(str(directory))
         return {"files": files, "device": self.module.device, "tuned": self.tuned, "threads": self.threads,
                 "stats": {k: v for k, v in self.stats.items() if isinstance(v, (int, float, str, bool))},
+                "offload": self.stats.get("offload"),
                 "kernels": self.stats.get("kernels"), "schedules": self.stats.get("schedules"),
                 "conv_layout": self.stats.get("conv_layout"), "tuning_decision": self.stats.get("tuning_decision")}
+
+    @property
+    def decisions(self) -> list[Decision]:
+        """The build's measured choices: the small-GEMM probe's per call, then tuned against untuned."""
+        found = list((self.stats.get("small_gemms") or {}).get("decisions") or [])
+        tuning = (self.stats.get("tuning_decision") or {}).get("decision")
+        return [Decision.from_json(d) for d in found + ([tuning] if tuning else [])]
 
     def explain_lines(self) -> list[str]:
         """Where each heavy op runs and how the rest was scheduled, one line each (``--explain``)."""
         lines = []
-        if self.stats.get("kernels"):
-            lines += OffloadReport.from_json(self.stats["kernels"]).lines()
+        if self.stats.get("offload"):
+            lines += Placements.from_json(self.stats["offload"]).lines()
         sched = self.stats.get("schedules")
         if sched:
             lines.append(f"TVM kernels: {sched.get('scheduled', 0)} scheduled (DLight GEMV/Reduction, mlcomp "
@@ -121,8 +130,9 @@ class TvmRuntime:
             lines.append(f"convolutions {layout['layout']}: {layout['reason']}")
         decision = self.stats.get("tuning_decision")
         if decision:
-            lines.append(f"tuned build {decision['tuned_ms']} ms vs untuned {decision['untuned_ms']} ms: "
-                         f"kept the {decision['winner']} one")
+            why = (decision.get("decision") or {}).get("why", "")
+            lines.append(f"tuned build {decision.get('tuned_ms', '—')} ms vs untuned {decision.get('untuned_ms', '—')} "
+                         f"ms: kept the {decision['winner']} one" + (f" ({why})" if why else ""))
         if "tasks" in self.stats:
             lines.append(f"MetaSchedule database {self.stats.get('work_dir')}: {self.stats['tasks']} tasks, "
                          f"{len(self.stats.get('tasks_reused', []))} reused, {self.stats.get('trials_run', 0)} "
@@ -131,10 +141,10 @@ class TvmRuntime:
 
     @classmethod
     def load(cls, directory: Path, info: dict[str, Any]) -> "TvmRuntime":
-        from mlcomp.targets.tvm import build as tvm_backend
+        from mlcomp.targets.tvm.module import TvmModule
 
         with quiet_native():
-            module = tvm_backend.TvmModule.load(str(directory), device=info.get("device", "cpu"))
+            module = TvmModule.load(str(directory), device=info.get("device", "cpu"))
         return cls(module, tuned=bool(info.get("tuned")), threads=info.get("threads"))
 
 
@@ -202,8 +212,10 @@ LOW_PRECISION = (LowPrecision(torch.bfloat16, needs=("avx512_bf16", "amx_bf16"),
 
 class TvmTarget(Target):
     name = "tvm"
-    description = ("Apache TVM (Relax): conv/matmul in torch's oneDNN/MKL kernels, the rest fused and scheduled "
-                   "by TVM; or MetaSchedule-tuned (mlcomp tune, --tune-trials, --tuning-dir)")
+    description = ("Apache TVM (Relax) module; on CPU its heavy ops (conv2d, matmul/linear, attention, layer "
+                   "norm) run in torch's oneDNN/MKL kernels called from inside the TVM-built module, TVM's own "
+                   "code runs the rest (--explain: per op, where and why); on CUDA all TVM; MetaSchedule "
+                   "tuning with --tune-trials, --tuning-dir")
     # from_exported_program converts every real dtype of the table; the VM runs static shapes
     rewrites = frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING})   # fuses on its own: presets skip mlcomp's fusion
     capabilities = Capabilities(devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}), dynamic_shapes=False,
@@ -282,24 +294,19 @@ class TvmTarget(Target):
     def _build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...],
                progress: Callable[[int, int, str], None] | None = None) -> TvmRuntime:
         from mlcomp.targets.tvm import build as tvm_backend
+        from mlcomp.targets.tvm.config import BuildConfig
 
         # mode, dtypes, device and static shapes were checked by compile(); TVM takes the device kind
         kind = DeviceKind.of(self.device(options))
         device = kind.value if kind is not None else self.device(options)
-        work_dir = options.work_dir
-        if work_dir:
-            work_dir = os.path.abspath(work_dir)
+        work_dir = os.path.abspath(options.work_dir) if options.work_dir else None
         module = to_fx(lower_low_precision(graph)).eval()
         try:
-            built = tvm_backend.build(module, inputs, device=device, tune_trials=options.tune_trials,
-                                      threads=options.threads,
-                                      work_dir=work_dir, build_timeout=options.tune_build_timeout,
-                                      run_timeout=options.tune_run_timeout, log_level=options.log_level,
-                                      worker_torch=options.tune_worker_torch,
+            built = tvm_backend.build(module, inputs, BuildConfig.from_options(options, device, work_dir),
                                       **({"progress": progress} if progress is not None else {}))
         except MlcompError:
             raise
-        except Exception as exc:  # noqa: BLE001 - TVM's errors are long C++ traces (first_error: the real cause)
+        except Exception as exc:  # noqa: BLE001 - TVM's errors are long C++ traces (first_error finds the real cause)
             failure = first_error(exc, module)
             raise TargetCompileError(
                 f"TVM could not build {graph.name}: {failure.message}",

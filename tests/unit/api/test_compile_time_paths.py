@@ -18,11 +18,11 @@ from torch import nn
 import mlcomp.targets.torch.cpu as cpu
 from mlcomp.base.errors import InputSpecError
 from mlcomp.frontend.loading import load_model
-from mlcomp.hardware.timing import TimingPolicy
+from mlcomp.hardware.decide import DecisionPolicy
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.targets import CompileOptions, get_target
 from mlcomp.runtime.artifact import Artifact
-from mlcomp.targets.torch.cpu import MIN_ROUNDS, OptimizeReason, choose_by_timing, sign_test
+from mlcomp.targets.torch.cpu import MIN_ROUNDS, OptimizeReason, choose_by_timing
 
 
 class Tiny(nn.Module):
@@ -139,27 +139,28 @@ def always(seconds: float):
         yield seconds
 
 
-POLICY = TimingPolicy(warmup=3, budget_s=0.25, min_repeats=15, max_repeats=2000)   # HEAD's policy
+POLICY = DecisionPolicy(warmup=3, budget_s=0.25, min_rounds=15, max_rounds=2000, threshold=cpu.THRESHOLD)
 
 
 @pytest.mark.parametrize("tuned_s, optimize", [(0.004, True), (0.02, False)])
 def test_a_clear_difference_is_decided_after_the_fewest_rounds(tuned_s, optimize):
     clock = FakeClock()
-    choice = choose_by_timing(clock.runner(always(0.01)), clock.runner(always(tuned_s)), POLICY, clock=clock)
+    choice = choose_by_timing(clock.runner(always(0.01)), clock.runner(always(tuned_s)), cpu.TIMING, clock=clock)
     assert (choice.optimize, choice.rounds, choice.decided_early) == (optimize, MIN_ROUNDS, True)
     assert choice.reason is (OptimizeReason.FASTER if optimize else OptimizeReason.NOT_FASTER)
     assert choice.ratio == pytest.approx(tuned_s / 0.01)
+    assert choice.decision.why.startswith("decided by sign test p") and "after 6 rounds" in choice.decision.why
 
 
 @pytest.mark.parametrize("policy", [POLICY, cpu.TIMING])
-def test_a_difference_near_the_threshold_takes_the_whole_budget(policy):
+def test_a_difference_near_the_threshold_takes_the_whole_budget_and_keeps_plain(policy):
     clock = FakeClock()
     wobble = (0.0085, 0.0095) * 1000                       # ratios 0.85 / 0.95 around THRESHOLD 0.9
     choice = choose_by_timing(clock.runner(always(0.01)), clock.runner(iter(wobble)), policy, clock=clock)
     assert not choice.decided_early
-    assert choice.rounds >= policy.min_repeats
+    assert choice.rounds >= policy.min_rounds
     assert choice.rounds * (0.01 + 0.009) >= 2 * policy.budget_s     # ran until the budget was spent
-    assert choice.optimize is (choice.ratio < cpu.THRESHOLD)
+    assert choice.optimize is False and choice.decision.verdict.value == "undecided"
 
 
 def test_slow_calls_stop_at_the_fewest_rounds_once_the_budget_is_spent():
@@ -169,11 +170,12 @@ def test_slow_calls_stop_at_the_fewest_rounds_once_the_budget_is_spent():
     assert (choice.rounds, choice.decided_early) == (MIN_ROUNDS, False)
 
 
-def test_sign_test():
-    assert sign_test([0.5] * 6, 0.9) == pytest.approx(2 / 2 ** 6)
-    assert sign_test([0.5] * 5, 0.9) > 0.05                 # why MIN_ROUNDS is 6
-    assert sign_test([0.5, 1.5] * 4, 0.9) == 1.0
-    assert sign_test([0.9] * 4, 0.9) == 1.0                 # ties carry no evidence
+def test_deterministic_choice_times_nothing():
+    def never() -> None:
+        raise AssertionError("a deterministic choice ran a variant")
+    choice = choose_by_timing(never, never, cpu.TIMING, deterministic=True)
+    assert (choice.optimize, choice.reason, choice.rounds) == (False, OptimizeReason.DETERMINISTIC, 0)
+    assert choice.decision.why.startswith("fixed rule (deterministic)")
 
 
 # -- the cpu target ------------------------------------------------------------------------
@@ -184,11 +186,13 @@ def test_no_kernel_change_means_no_timing_and_the_manifest_says_why(tmp_path):
     x = torch.randn(2, 8)
     graph = load_model(module, example_inputs=(x,)).capture()
     art = get_target("cpu").compile(graph, CompileOptions.make())
-    assert art.runtime.choice.to_json() == {"optimize": False, "reason": "same-kernels", "rounds": 0,
-                                            "ratio": None, "decided_early": False}
+    choice = art.runtime.choice.to_json()
+    assert (choice["optimize"], choice["reason"], choice["decision"]["verdict"]) == (False, "same-kernels", "fixed")
+    assert choice["decision"]["rounds"] == 0 and "changes no kernel call" in choice["decision"]["why"]
     art.save(tmp_path / "mlp")
     loaded = Artifact.load(tmp_path / "mlp")
     assert loaded.manifest["runtime_info"]["choice"]["reason"] == "same-kernels"
+    assert [d["choice"] for d in loaded.decisions] == ["plain"]        # the manifest's decisions list
     assert loaded.runtime.choice == art.runtime.choice
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), module(x))
@@ -204,7 +208,9 @@ def test_convolutions_are_timed_from_one_trace(tiny_graph, monkeypatch):
     assert len(traces) == 1
     assert choice.reason in (OptimizeReason.FASTER, OptimizeReason.NOT_FASTER)
     assert choice.rounds >= MIN_ROUNDS and choice.ratio > 0
-    assert choice.optimize is (choice.ratio < cpu.THRESHOLD) is art.runtime.optimize
+    assert choice.optimize is (choice.decision.choice == "tuned") is art.runtime.optimize
+    assert not choice.optimize or choice.ratio < cpu.THRESHOLD
+    assert art.decisions == [dict(choice.decision.to_json(), made_by="target cpu")]
     with torch.no_grad():
         torch.testing.assert_close(art(*inputs), module(*inputs))
 

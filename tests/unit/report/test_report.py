@@ -40,6 +40,7 @@ def test_report_page_with_plots(tmp_path) -> None:
     assert "<img src='bench.png'" in page and "op histogram" in page and "parallelism profile" in page
     assert "skipped: not installed here" in page
     assert "No pipeline given" in page
+    assert "which ops run in torch" not in page          # the TVM policy section: only when tvm is benchmarked
     assert (out / "bench.png").read_bytes()[:8] == PNG
     assert json.loads((out / "inspect.json").read_text())["name"]
     assert {r["target"] for r in json.loads((out / "bench.json").read_text())["rows"]} == {"eager", "traced", "gone"}

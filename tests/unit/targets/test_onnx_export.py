@@ -14,9 +14,11 @@ import pytest
 import torch
 from mlcomp.targets import CompileOptions
 from mlcomp.targets.onnx import export as onnx_export
+from mlcomp.targets.onnx import torchlib
 from mlcomp.runtime.artifact import Artifact
 from mlcomp.runtime.codegen import to_fx
-from mlcomp.targets.onnx.export import DIRECT, PUBLIC, export_model, translatable
+from mlcomp.targets.onnx.export import DIRECT, PUBLIC, export_model
+from mlcomp.targets.onnx.torchlib import translatable
 from mlcomp.targets.onnx.patterns import ort_friendly
 from mlcomp.targets.onnx.target import OnnxRuntimeTarget
 from torch import fx
@@ -150,7 +152,7 @@ def test_missing_private_api_falls_back_in_the_target(captured, monkeypatch):
     """A torch without one of the pinned private names: the target exports with torch.onnx, still verified."""
     module, inputs, graph = captured("mlp")
     missing = ("torch.onnx._internal.exporter._core", "_no_such_function")
-    monkeypatch.setattr(onnx_export, "PINNED", (*onnx_export.PINNED, missing))
+    monkeypatch.setattr(torchlib, "PINNED", (*torchlib.PINNED, missing))
     art = OnnxRuntimeTarget(emit=False).compile(graph, CompileOptions())
     assert art.runtime.stats["onnx_export"] == PUBLIC
     assert art.runtime.stats["onnx_export_reason"] == \

@@ -51,7 +51,11 @@ def test_manifest_and_explain_say_which_op_runs_where(built):
                        "mlcomp.torch.conv2d_cl_relu": 9} and linear == 1
     assert info["schedules"]["unscheduled"] == 0
     lines = built["resnet18"].artifact.runtime.explain_lines()
-    assert lines[0].startswith("conv2d ×3 → torch ") and "mlcomp.torch.conv2d_cl" in lines[0]
+    assert lines[0].split() == ["op", "shape", "runs", "in", "rule"]
+    convs = [ln for ln in lines if ln.startswith("conv2d")]
+    assert len(convs) == 20 and all("torch kernel conv2d_cl" in ln for ln in convs)
+    assert sum(ln.endswith("conv2d-1x1-unpacked") for ln in convs) == 3
+    assert [o["rule"] for o in info["offload"]["ops"] if o["op"].startswith("conv2d")].count("conv2d-packed") == 17
     assert any(ln.startswith("TVM kernels: ") for ln in lines)
 
 
@@ -109,12 +113,13 @@ def test_unknown_op_is_reported_then_falls_back_to_torch():
 def test_backend_knobs_come_from_compile_options(captured, monkeypatch):
     """Timeouts, verbosity and worker torch reach the backend as options (no environment variable)."""
     from mlcomp.targets import LogLevel
-    from mlcomp.targets.tvm.target import build as tvm_backend
+    from mlcomp.targets.tvm import build as tvm_backend
+    from mlcomp.targets.tvm.config import BuildConfig
 
     seen = {}
 
-    def build(module, inputs, **kwargs):
-        seen.update(kwargs)
+    def build(module, inputs, config, **kwargs):
+        seen["config"] = config
         raise RuntimeError("stop after the options were seen")
 
     monkeypatch.setattr(tvm_backend, "build", build)
@@ -123,8 +128,9 @@ def test_backend_knobs_come_from_compile_options(captured, monkeypatch):
                                tune_worker_torch=True)
     with pytest.raises(TargetCompileError, match="stop after the options were seen"):
         get_target("tvm").compile(graph, opts)
-    assert seen == {"device": "cpu", "tune_trials": 0, "work_dir": None, "build_timeout": 300.0,
-                    "run_timeout": 20.0, "log_level": LogLevel.DEBUG, "worker_torch": True, "threads": None}
+    assert seen["config"] == BuildConfig(device="cpu", tune_trials=0, work_dir=None, build_timeout=300.0,
+                                         run_timeout=20.0, log_level=LogLevel.DEBUG, worker_torch=True,
+                                         threads=None)
 
 
 @pytest.mark.slow

@@ -39,14 +39,14 @@ def test_mlp_untuned_save_and_load_in_fresh_process(tmp_path):
     out = mod(x)
     assert isinstance(out, tuple) and len(out) == 1
     torch.testing.assert_close(out[0], ref, rtol=1e-4, atol=1e-5)
-    assert mod.stats["offload"]["requested"] and "tune_trials" in mod.stats
+    assert mod.stats["offload"]["host"]["kernels"] and "tune_trials" in mod.stats
 
     files = mod.save(str(tmp_path / "art"))
     assert "model.so" in files and all((tmp_path / "art" / f).exists() for f in files)
     torch.save({"x": x, "ref": ref}, tmp_path / "io.pt")
     script = textwrap.dedent(f"""
         import torch
-        from mlcomp.targets.tvm.build import TvmModule
+        from mlcomp.targets.tvm.module import TvmModule
         io = torch.load({str(tmp_path / "io.pt")!r})
         out = TvmModule.load({str(tmp_path / "art")!r})(io["x"])
         torch.testing.assert_close(out[0], io["ref"], rtol=1e-4, atol=1e-5)
@@ -62,13 +62,13 @@ def test_tuning_database_is_reused(tmp_path):
     with torch.inference_mode():
         ref = model(x)
     work = str(tmp_path / "tune")
-    first = tvm_backend.build(model, (x,), tune_trials=8, work_dir=work)
+    first = tvm_backend.build(model, (x,), tvm_backend.BuildConfig(tune_trials=8, work_dir=work))
     assert first.stats["trials_run"] == 8 and not first.stats["db_reused"]
     assert first.stats["tasks"] >= 1 and all(n >= 1 for n in first.stats["records_per_task"].values())
     torch.testing.assert_close(first(x)[0], ref, rtol=1e-4, atol=1e-5)
 
     records = (tmp_path / "tune" / "database_tuning_record.json").read_text()
-    second = tvm_backend.build(model, (x,), tune_trials=8, work_dir=work)
+    second = tvm_backend.build(model, (x,), tvm_backend.BuildConfig(tune_trials=8, work_dir=work))
     assert second.stats["db_reused"] and second.stats["trials_run"] == 0 and second.stats["trials_before"] == 8
     # nothing was measured again: the database holds exactly the first build's records
     assert (tmp_path / "tune" / "database_tuning_record.json").read_text() == records
@@ -116,7 +116,7 @@ def test_build_restores_process_state_and_leaves_no_temp_files(private_tmp):
     model, x = _mlp(), torch.randn(2, 512)
     tvm_backend.build(model, (x,))           # warm-up: imports TVM (creates loggers), torch's temp cache
     before = _process_state()
-    mod = tvm_backend.build(model, (x,), tune_trials=0)
+    mod = tvm_backend.build(model, (x,), tvm_backend.BuildConfig(tune_trials=0))
     _assert_restored(before)
     with torch.inference_mode():
         torch.testing.assert_close(mod(x)[0], model(x), rtol=1e-4, atol=1e-5)
@@ -134,7 +134,7 @@ def test_keyboard_interrupt_in_build_restores_everything(private_tmp, monkeypatc
         seen["fd2_diverted"] = (os.fstat(2).st_dev, os.fstat(2).st_ino) != before["fd2"]
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(tvm_backend, "_lower_to_tir", interrupted)
+    monkeypatch.setattr(tvm_backend, "lower_to_tir", interrupted)
     with pytest.raises(KeyboardInterrupt):
         tvm_backend.build(model, (x,))
     assert seen == {"scope_tmp": [seen["scope_tmp"][0]], "stack_patched": True, "fd2_diverted": True}
@@ -172,7 +172,7 @@ def test_ctrl_c_while_tuning_stops_at_the_next_batch(private_tmp, monkeypatch, t
     before = _process_state()
     monkeypatch.setattr(ms_runner, "LocalRunner", interrupting_runner)
     with pytest.raises(KeyboardInterrupt):
-        tvm_backend.build(model, (x,), tune_trials=64, work_dir=str(tmp_path / "db"))
+        tvm_backend.build(model, (x,), tvm_backend.BuildConfig(tune_trials=64, work_dir=str(tmp_path / "db")))
     assert calls == [1]       # the first candidate measured; the rest of the batch and the budget skipped
     _assert_restored(before)
     ledger = tmp_path / "db" / "mlcomp_ledger.json"

@@ -52,15 +52,15 @@ def model():
 
 @pytest.fixture(scope="module")
 def built(model):
-    return tvm_backend.build(*model, small_gemms=False)     # the classifier's linear stays a torch call
+    return tvm_backend.build(*model, tvm_backend.BuildConfig(small_gemms=False))     # the classifier's linear stays a torch call
 
 
 def _relax(m: nn.Module, inputs: tuple) -> object:
     from tvm.relax.frontend.torch import from_exported_program
 
-    target = tvm_backend._make_target("cpu")
+    target = tvm_backend.make_target("cpu")
     ep = torch.export.export(m, inputs)
-    return tvm_backend._prepare(from_exported_program(ep, keep_params_as_input=False,
+    return tvm_backend.prepare(from_exported_program(ep, keep_params_as_input=False,
                                                       unwrap_unit_return_tuple=True), target), target
 
 
@@ -188,13 +188,23 @@ class _FakeClock:
         return run
 
 
-@pytest.mark.parametrize("tuned_cost, winner", [(2.0, "untuned"), (0.5, "tuned"), (1.0, "untuned")])
-def test_tuned_build_is_kept_only_when_faster(tuned_cost, winner):
+# as fast is decided too: every ratio 1.0 lies above the 0.9 a tuned build must beat
+@pytest.mark.parametrize("tuned_cost, winner, verdict", [(2.0, "untuned", "decided"), (0.5, "tuned", "decided"),
+                                                          (1.0, "untuned", "decided")])
+def test_tuned_build_is_kept_only_when_faster(tuned_cost, winner, verdict):
     clock = _FakeClock()
     best, times = tvm_backend.faster({"untuned": clock.runner(1.0), "tuned": clock.runner(tuned_cost)}, (),
                                      clock=clock)
     assert best == winner
-    assert times["untuned_ms"] == 1000.0 and times["tuned_ms"] == tuned_cost * 1000 and times["rounds"] >= 7
+    assert times["untuned_ms"] == 1000.0 and times["tuned_ms"] == tuned_cost * 1000 and times["rounds"] >= 6
+    assert times["decision"]["verdict"] == verdict and times["decision"]["choice"] == winner
+
+
+def test_deterministic_build_keeps_the_untuned_one_untimed():
+    def never(*_) -> None:
+        raise AssertionError("a deterministic build timed a candidate")
+    best, times = tvm_backend.faster({"untuned": never, "tuned": never}, (), deterministic=True)
+    assert best == "untuned" and times["rounds"] == 0 and times["decision"]["verdict"] == "fixed"
 
 
 def test_tuning_space_without_parallel_loops_next_to_torch_kernels():

@@ -77,7 +77,7 @@ def relax_before_after():
 
     model, x = _tiny()
     mod = from_exported_program(torch.export.export(model, (x,)), keep_params_as_input=False)
-    mod = tvm_backend._prepare(mod, tvm.target.Target("llvm"))
+    mod = tvm_backend.prepare(mod, tvm.target.Target("llvm"))
     plain, report = offload(mod, frozenset())
     fused, _ = offload(mod)
     return _render(mod["main"]), _render(plain["main"]), report, _render(fused["main"])
@@ -138,7 +138,7 @@ def test_offload_report_counts_each_op(relax_before_after):
 @pytest.fixture(scope="module")
 def built_tiny():
     model, x = _tiny()
-    return model, x, tvm_backend.build(model, (x,), small_gemms=False)   # every GEMM a torch call: counts fixed
+    return model, x, tvm_backend.build(model, (x,), tvm_backend.BuildConfig(small_gemms=False))   # every GEMM a torch call: counts fixed
 
 
 def test_numbers_and_stats_against_eager(built_tiny):

@@ -55,7 +55,7 @@ def _relax(model, x, capture: bool = True):
     module = to_fx(load_model(model, example_inputs=(x,)).capture()).eval() if capture else model
     mod = from_exported_program(torch.export.export(module, (x,)), keep_params_as_input=False,
                                 unwrap_unit_return_tuple=True)
-    return module, tvm_backend._prepare(mod, tvm.target.Target("llvm"))
+    return module, tvm_backend.prepare(mod, tvm.target.Target("llvm"))
 
 
 def _model(cls, *shape):
@@ -146,7 +146,7 @@ def test_encoder_numbers_and_stats_against_eager(encoder):
     from mlcomp.targets.tvm.offload.rewrite import ALL_FUSIONS, Fusion
 
     model, x, module, *_ = encoder
-    built = tvm_backend.build(module, (x,), fusions=ALL_FUSIONS - {Fusion.VIEWS}, small_gemms=False)
+    built = tvm_backend.build(module, (x,), tvm_backend.BuildConfig(fusions=ALL_FUSIONS - {Fusion.VIEWS}, small_gemms=False))
     with torch.no_grad():
         torch.testing.assert_close(built(x)[0], model(x), rtol=1e-5, atol=1e-5)
     kernels = built.stats["kernels"]["kernels"]
@@ -168,7 +168,7 @@ def test_lenet_bias_and_activation_go_into_the_torch_calls():
         "1, 1, 0, 0, 0, 0, 1, 1, 1)",
         "lv4 = relax.nn.avg_pool2d(lv3)", "lv5 = relax.reshape(lv4, shape)",
         "gv = relax.call_pure_packed(mlcomp.torch.linear_gelu, lv5, const[4x18], const[4])"]
-    built = tvm_backend.build(module, (x,), small_gemms=False)     # the probe may keep small GEMMs in TVM
+    built = tvm_backend.build(module, (x,), tvm_backend.BuildConfig(small_gemms=False))     # the probe may keep small GEMMs in TVM
     with torch.no_grad():
         torch.testing.assert_close(built(x)[0], model(x), rtol=1e-5, atol=1e-5)
     assert {k: v["count"] for k, v in built.stats["kernels"]["kernels"].items()} == {

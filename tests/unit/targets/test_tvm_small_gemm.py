@@ -19,11 +19,12 @@ from mlcomp.targets.tvm.offload import gemm as tvm_gemm
 from mlcomp.targets.tvm.fast_math import fast_math
 from mlcomp.targets.tvm.offload.gemm import (
     GemmCall,
-    decide,
     gemm_calls,
     keep_in_tvm,
+    kept_calls,
     patch_convs,
 )
+from mlcomp.hardware.decide import decide
 from tests.unit.targets.test_tvm_kernels import _render
 
 
@@ -50,13 +51,20 @@ def _linear_call(bb, params):
     return relax.call_pure_packed("mlcomp.torch.matmul", y, params[1], ty_args=relax.TensorType((4, 20), "float32"))
 
 
-def test_decide_keeps_only_what_tvm_ran_clearly_faster():
+def _probe(tvm_s: float, torch_s: float):
+    """The probe's decision for one call on fake samples (each sampler returns its fixed time)."""
+    ticks = iter(range(10 ** 6))
+    return decide("call", {"torch": lambda: torch_s, "tvm": lambda: tvm_s}, default="torch",
+                  policy=tvm_gemm.PROBE_TIMING, clock=lambda: next(ticks) * 1e-4)
+
+
+def test_kept_calls_are_those_tvm_ran_clearly_faster():
     a, b, c = GemmCall("linear", (64, 64), (64, 64)), GemmCall("matmul", (8, 32, 16), (8, 16, 32)), \
         GemmCall("linear_gelu", (64, 64), (64, 128))
-    times = {a: (8e-6, 18e-6), b: (9.5e-6, 10e-6), c: (30e-6, 20e-6)}   # tvm, torch (seconds)
-    assert decide(times) == frozenset({a})                                # b within the noise margin
-    assert decide(times, keep_ratio=1.0) == frozenset({a, b})
-    assert decide({}) == frozenset()
+    decisions = {a: _probe(8e-6, 18e-6), b: _probe(9.5e-6, 10e-6), c: _probe(30e-6, 20e-6)}   # tvm, torch
+    assert kept_calls(decisions) == frozenset({a})                       # b within the noise margin
+    assert decisions[b].verdict.value == "decided" and decisions[b].choice == "torch"
+    assert kept_calls({}) == frozenset()
     assert (a.macs, b.macs, c.macs) == (64 ** 3, 8 * 32 * 16 * 32, 64 * 64 * 128)
     assert b.describe() == "matmul 8x32x16 @ 8x16x32"
 
@@ -114,7 +122,7 @@ def _run(mod, *args):
 
     target = tvm.target.Target(tvm_backend.host_llvm_target())
     stats: dict = {}
-    lowered = tvm_backend._default_schedules(tvm_backend._lower_to_tir(mod, target), target, stats, parallel=False)
+    lowered = tvm_backend.default_schedules(tvm_backend.lower_to_tir(mod, target), target, stats, parallel=False)
     vm = relax.VirtualMachine(tvm.compile(lowered, target=target), tvm.cpu())
     out = vm["main"](*args)
     return (out if isinstance(out, torch.Tensor) else torch.from_dlpack(out)), lowered, stats
@@ -186,7 +194,7 @@ def gpt2_build():
     from mlcomp.models.third_party import build_third_party
 
     model, inputs = build_third_party("gpt2", batch=1)
-    return model, inputs, tvm_backend.build(model, inputs, threads=1)
+    return model, inputs, tvm_backend.build(model, inputs, tvm_backend.BuildConfig(threads=1))
 
 
 def test_gpt2_build_numbers_and_stats(gpt2_build):
@@ -199,7 +207,8 @@ def test_gpt2_build_numbers_and_stats(gpt2_build):
     assert "linear 32x64 @ 64x192" in rows and "matmul 4x32x16 @ 4x16x32" in rows  # c_attn, attention scores
     assert "add_layer_norm 1x32x64" in rows and "layer_norm 1x32x64" in rows       # ln_2 after a residual, ln_1
     assert small["kept_in_tvm"] == sum(r["runs_in"] == "tvm" for r in rows.values())
-    assert all(r["tvm_us"] > 0 and r["torch_us"] > 0 for r in rows.values())
+    assert all(r["tvm_us"] > 0 and r["torch_us"] > 0 and r["why"] for r in rows.values())
+    assert len(small["decisions"]) == len(rows)
     kept = {k["op"]: k["count"] for k in built.stats["kernels"]["kept_in_tvm"]}
     assert sum(kept.values()) >= small["kept_in_tvm"]                           # each kept kind, per call site
     assert built.stats["fast_math"]["tanh"] == 2 and built.stats["fast_math"]["power"] == 2   # gelu_new ×2 layers

@@ -137,8 +137,10 @@ def _views_render(func) -> list[str]:
 
 
 def _build(module, x, **options):
+    from mlcomp.targets.tvm.config import BuildConfig
+
     # every GEMM a torch call (no tvm_gemm probe): which calls the views rewrite sees stays deterministic
-    return pytest.importorskip("mlcomp.targets.tvm.build").build(module, (x,), small_gemms=False, **options)
+    return pytest.importorskip("mlcomp.targets.tvm.build").build(module, (x,), BuildConfig(small_gemms=False, **options))
 
 # TinyEncoder (tests/unit/targets/test_tvm_offload_fusions.py): nn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
 # whose MultiheadAttention runs sequence-first inside.  min_elements=0: every layout copy moves.  The heads

@@ -17,7 +17,6 @@ from mlcomp.training.loss_scaling import (
     LossScaler,
     LossScaleSpec,
     find_backward_seed,
-    scale_backward_seed,
 )
 from mlcomp.training.step import compile_training
 
@@ -70,28 +69,13 @@ def joint():
     return model, x, y, capture_joint(model, (x,), y)
 
 
-def test_seed_rewrite_golden(joint):
-    _, _, _, graph = joint
-    seed = find_backward_seed(graph, "loss")
-    scaled = scale_backward_seed(graph)
-    assert [n.name for n in scaled.input_nodes] == ["args_0", "target", LOSS_SCALE_INPUT]
-    lines = [ln.strip() for ln in scaled.format().splitlines()]
-    assert lines[0] == "graph Sequential(%args_0: f32[2, 4], %target: i64[2], %loss_scale: f32[]) {"
-    assert ("%scaled_seed: f32[] = aten.mul.Tensor(%full_like, %loss_scale)   # {phase=backward}" in lines)
-    # whatever read the seed (div or nll_loss_backward, by torch version) now reads the scaled seed
-    assert [u.name for u in scaled.users("scaled_seed")] == [u.name for u in graph.users(seed.name)]
-    assert [u.name for u in scaled.users(seed.name)] == ["scaled_seed"]
-    assert LOSS_SCALE_INPUT not in graph      # the input graph is untouched
-    scaled.verify()
-    with pytest.raises(LossScaleError, match="already loss-scaled"):
-        scale_backward_seed(scaled)
-
-
 def test_seed_missing_is_explained():
     b = GraphBuilder("infer")
     graph = b.output(b.call(aten("relu"), b.input("x", (2, 3))))
     with pytest.raises(LossScaleError, match="no backward seed"):
-        scale_backward_seed(graph)
+        find_backward_seed(graph)
+    with pytest.raises(LossScaleError, match="no backward seed"):      # the seed rewrite's own tests: tests/unit/passes
+        compile_training(graph, loss_scale="dynamic")
 
 
 def test_scaled_step_matches_unscaled(joint):

@@ -44,16 +44,17 @@ import numpy as np
 
 from mlcomp.targets.tvm.offload.chains import single_use, static_shape, ty_of
 from mlcomp.targets.tvm.kernels import PACKED_WEIGHTS, Unary, channels_last_kernel, packed_conv_available
+from mlcomp.targets.tvm.offload.policy import HostFacts, rule
 
 __all__ = ["MIN_MEAN_CONV_MACS", "PACK_1X1_MIN_MACS", "channels_last_reason", "pack_convs", "to_channels_last",
            "weight_key", "worth_packing"]
 
 _CONV = "relax.nn.conv2d"
-# a module goes channels-last when its convs average this many multiply-adds (see the module doc)
-MIN_MEAN_CONV_MACS = 1 << 23
-# 1×1 convs below this many multiply-adds run unpacked (F.conv2d): the packed call's fixed cost
+# a module goes channels-last when its convs average this many multiply-adds (policy row conv2d-packed)
+MIN_MEAN_CONV_MACS = rule("conv2d-packed").min_size
+# 1×1 convs below this many multiply-adds run unpacked (F.conv2d; policy row conv2d-1x1-unpacked): the packed call's fixed cost
 # outweighs its gain there (figures in benchmarks/RESULTS.md)
-PACK_1X1_MIN_MACS = 1 << 23
+PACK_1X1_MIN_MACS = rule("conv2d-1x1-unpacked").max_size + 1
 _UNARY = {"relax.nn.relu": Unary.RELU, "relax.sigmoid": Unary.SIGMOID, "relax.nn.gelu": Unary.GELU,
           "relax.nn.gelu_tanh": Unary.GELU_TANH, "relax.clip": Unary.HARDTANH}
 
@@ -69,12 +70,15 @@ def _convs(mod: Any) -> list[Any]:
     return found
 
 
-def channels_last_reason(mod: Any) -> str | None:
-    """Why ``mod``'s convolutions stay NCHW (None: they go channels-last and packed); see the module doc."""
+def channels_last_reason(mod: Any, host: HostFacts | None = None) -> str | None:
+    """Why ``mod``'s convolutions stay NCHW (None: they go channels-last and packed); see the module doc.
+
+    ``host``: the machine's facts (default: probed), of which ``packed_conv`` matters here.
+    """
     convs = _convs(mod)
     if not convs:
         return "no conv2d"
-    if not packed_conv_available():
+    if not (host.packed_conv if host is not None else packed_conv_available()):
         return "this torch has no oneDNN fused convolution (mkldnn._convolution_pointwise)"
     macs = 0
     for c in convs:

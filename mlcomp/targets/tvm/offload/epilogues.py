@@ -21,6 +21,7 @@ from typing import Any
 
 from mlcomp.targets.tvm.offload.chains import maybe, single_use, static_shape, ty_of
 from mlcomp.targets.tvm.kernels import KERNELS, Activation, epilogue_kernel
+from mlcomp.targets.tvm.offload.policy import rule
 
 __all__ = ["MEAN_MIN_ELEMENTS", "RELU_MIN_ELEMENTS", "epilogues", "layer_norms", "means"]
 
@@ -31,11 +32,11 @@ _LINEAR = "mlcomp.torch.linear"
 # place on torch's threads, where TVM's serial relu would be a visible share of the step.
 _ACTIVATIONS = {"relax.sigmoid": Activation.SIGMOID, "relax.nn.gelu": Activation.GELU,
                 "relax.nn.gelu_tanh": Activation.GELU_TANH, "relax.nn.relu": Activation.RELU}
-RELU_MIN_ELEMENTS = 1 << 20
+RELU_MIN_ELEMENTS = rule("relu-after-linear").min_size   # policy row relu-after-linear
 # A float32 mean reading a torch kernel's result goes to torch from MEAN_MIN_ELEMENTS inputs (TVM's
 # reduction is serial there); a smaller one stays (a packed call has a fixed cost), and so does one
 # after TVM's own loops (they fuse into the reduction).
-MEAN_MIN_ELEMENTS = 1 << 17
+MEAN_MIN_ELEMENTS = rule("mean").min_size   # policy row mean
 
 
 def epilogues(func: Any) -> Any:

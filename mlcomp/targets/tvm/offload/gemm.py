@@ -6,8 +6,10 @@ the VM's call (argument conversion, the Python body, the result handed back) and
 dispatch and output allocation.  A register-tiled TVM kernel needs none of that.  Which GEMMs are
 small enough is not assumed: :func:`gemm_calls` lists the offloaded ``linear``/``matmul`` calls of a
 build, the backend compiles each distinct one both ways into one probe module and times them on
-this host with the build's thread count (:func:`measure_gemms`), and :func:`decide` keeps in TVM the
-ones whose TVM kernel took at most :data:`KEEP_RATIO` of the torch call's time.
+this host with the build's thread count (:func:`measure_gemms`: one
+:func:`mlcomp.hardware.decide.decide` per call, the torch call the default), and :func:`kept_calls` keeps
+in TVM the ones a sign test decided take under :data:`KEEP_RATIO` of the torch call's time.  A
+deterministic build probes nothing: every GEMM stays a torch call.
 :func:`keep_in_tvm` turns those calls back into Relax, where ``SmallMatmul``
 (:func:`mlcomp.targets.tvm.schedules.small_matmul_rule`) schedules them::
 
@@ -34,7 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlcomp.hardware.probe import vector_bits as host_vector_bits
-from mlcomp.hardware.timing import TimingPolicy, measure_interleaved
+from mlcomp.hardware.decide import Decision, DecisionPolicy, call_samplers
+from mlcomp.hardware.decide import decide as decide_by_timing
 from mlcomp.targets.tvm.offload.chains import (
     bindings_of,
     kernel_name,
@@ -42,15 +45,16 @@ from mlcomp.targets.tvm.offload.chains import (
     static_shape,
     ty_of,
 )
+from mlcomp.targets.tvm.offload.policy import rule
 
 __all__ = [
     "KEEP_RATIO",
     "PROBE_MAX_MACS",
     "GemmCall",
     "SmallGemmReport",
-    "decide",
     "gemm_calls",
     "keep_in_tvm",
+    "kept_calls",
     "keep_small_gemms",
     "measure_gemms",
     "patch_convs",
@@ -64,8 +68,11 @@ _KINDS = {_LINEAR: "linear", _LINEAR_GELU: "linear_gelu", _MATMUL: "matmul"}
 # (residual add +) layer norm: a torch call whose kernel is a few µs; as TVM code it needs no thread pool
 _NORMS = {"mlcomp.torch.layer_norm": "layer_norm", "mlcomp.torch.add_layer_norm": "add_layer_norm",
           "mlcomp.torch.add_layer_norm_reuse": "add_layer_norm"}
-PROBE_MAX_MACS = 1 << 22     # larger products are left to torch unprobed (the probe's compile time)
-KEEP_RATIO = 0.9             # TVM must take at most this share of the torch call's time (noise margin)
+PROBE_MAX_MACS = rule("small-gemm").max_size   # policy row small-gemm: larger products are left to torch unprobed (the probe's compile time)
+KEEP_RATIO = rule("small-gemm").ratio   # TVM must take under this share of the torch call's time (noise margin)
+# per probed call: 20 warm-up calls, then paired single-call rounds for up to 0.02 s per variant
+PROBE_TIMING = DecisionPolicy(warmup=20, budget_s=0.02, min_rounds=6, max_rounds=2000, threshold=KEEP_RATIO)
+DETERMINISTIC_RULE = "deterministic build: nothing probed, every offloaded GEMM stays a torch call"
 
 
 @dataclass(frozen=True, order=True)
@@ -194,9 +201,9 @@ def _float32(*exprs: Any) -> bool:
     return all(str(ty_of(e).dtype) == "float32" for e in exprs)
 
 
-def decide(times: Mapping[GemmCall, tuple[float, float]], keep_ratio: float = KEEP_RATIO) -> frozenset[GemmCall]:
-    """The calls to keep as TVM code: measured ``(tvm_seconds, torch_seconds)`` with tvm ≤ ``keep_ratio`` × torch."""
-    return frozenset(c for c, (tvm_s, torch_s) in times.items() if tvm_s <= keep_ratio * torch_s)
+def kept_calls(decisions: Mapping[GemmCall, Decision]) -> frozenset[GemmCall]:
+    """The calls to keep as TVM code: those whose decision chose ``tvm`` over the torch call."""
+    return frozenset(c for c, d in decisions.items() if d.choice == "tvm")
 
 
 def keep_in_tvm(func: Any, calls: Mapping[Any, GemmCall], chosen: frozenset[GemmCall]) -> Any:
@@ -273,10 +280,10 @@ def _out_shape(call: GemmCall) -> tuple[int, ...]:
 
 
 def measure_gemms(calls: list[GemmCall], executable: Any,
-                  time_pair: Callable[[Callable, Callable], tuple[float, float]],
-                  seed: int = 0) -> dict[GemmCall, tuple[float, float]]:
-    """``(tvm_seconds, torch_seconds)`` per call, by ``time_pair(tvm_fn, torch_fn)`` on the compiled
-    :func:`probe_module` ``executable`` (a VM per probe, random float32 inputs)."""
+                  judge: Callable[[GemmCall, Callable, Callable], Decision],
+                  seed: int = 0) -> dict[GemmCall, Decision]:
+    """A :class:`~mlcomp.hardware.decide.Decision` per call, by ``judge(call, tvm_fn, torch_fn)`` on the
+    compiled :func:`probe_module` ``executable`` (a VM per probe, random float32 inputs)."""
     import torch
     import tvm
     from tvm import relax
@@ -289,7 +296,7 @@ def measure_gemms(calls: list[GemmCall], executable: Any,
         if call.kind in ("matmul", "add_layer_norm"):
             args.append(torch.randn(call.a if call.norm else call.b, generator=gen))
         fn_tvm, fn_torch = vm[f"tvm_{i}"], vm[f"torch_{i}"]
-        out[call] = time_pair(lambda f=fn_tvm, a=args: f(*a), lambda f=fn_torch, a=args: f(*a))
+        out[call] = judge(call, lambda f=fn_tvm, a=args: f(*a), lambda f=fn_torch, a=args: f(*a))
     return out
 
 
@@ -297,26 +304,31 @@ def measure_gemms(calls: list[GemmCall], executable: Any,
 class SmallGemmReport:
     """What the probe measured and decided, for ``stats["small_gemms"]``."""
 
-    times: dict
+    decisions: dict
     chosen: frozenset
     seconds: float
 
     def to_json(self) -> dict[str, Any]:
-        rows = [{"call": c.describe(), "macs": c.macs, "tvm_us": round(t * 1e6, 2), "torch_us": round(p * 1e6, 2),
-                 "runs_in": "tvm" if c in self.chosen else "torch"} for c, (t, p) in sorted(self.times.items())]
-        return {"rule": f"TVM code where it took <= {KEEP_RATIO} x the torch call (probed up to {PROBE_MAX_MACS} MACs)",
-                "probe": rows, "kept_in_tvm": sum(1 for c in self.times if c in self.chosen),
-                "probe_seconds": round(self.seconds, 2)}
+        rows = [{"call": c.describe(), "macs": c.macs, "tvm_us": round(d.medians.get("tvm", 0.0) * 1e6, 2),
+                 "torch_us": round(d.medians.get("torch", 0.0) * 1e6, 2),
+                 "runs_in": "tvm" if c in self.chosen else "torch", "why": d.why}
+                for c, d in sorted(self.decisions.items())]
+        return {"rule": f"TVM code where a sign test decided it takes < {KEEP_RATIO} x the torch call (probed up "
+                        f"to {PROBE_MAX_MACS} MACs)",
+                "probe": rows, "kept_in_tvm": sum(1 for c in self.decisions if c in self.chosen),
+                "probe_seconds": round(self.seconds, 2),
+                "decisions": [d.to_json() for _, d in sorted(self.decisions.items())]}
 
 
 def keep_small_gemms(mod: Any, report: Any, stats: dict, threads: int | None,
-                     compile_probe: Callable[[Any], Any]) -> Any:
+                     compile_probe: Callable[[Any], Any], deterministic: bool = False) -> Any:
     """``mod`` with the offloaded GEMMs this host runs faster as TVM code turned back into Relax.
 
     Each distinct candidate (:func:`gemm_calls`) goes both ways into one :func:`probe_module`, which
     ``compile_probe`` builds as the backend builds ``mod``; it is timed here with ``threads`` torch
     threads (set for the probe and put back).  ``report`` (the offload's ``OffloadReport``) and
-    ``stats["small_gemms"]`` say what moved.
+    ``stats["small_gemms"]`` say what moved.  ``deterministic``: nothing is probed, every GEMM stays
+    a torch call (``stats["small_gemms"]`` records that fixed rule).
     """
     import torch
     from tvm import relax
@@ -327,15 +339,19 @@ def keep_small_gemms(mod: Any, report: Any, stats: dict, threads: int | None,
     calls = sorted({c for per in found.values() for c in per.values()})
     if not calls:
         return mod
+    if deterministic:
+        stats["small_gemms"] = {"rule": DETERMINISTIC_RULE, "decisions": [Decision.fixed(
+            "tvm: small GEMMs as TVM code or torch calls?", ("torch", "tvm"), "torch", DETERMINISTIC_RULE).to_json()]}
+        return mod
     executable = compile_probe(probe_module(calls))
     before = torch.get_num_threads()
     try:
         if threads:
             torch.set_num_threads(threads)
-        times = measure_gemms(calls, executable, _time_pair)
+        decisions = measure_gemms(calls, executable, _judge)
     finally:
         torch.set_num_threads(before)
-    chosen = decide(times)
+    chosen = kept_calls(decisions)
     for gv, per in found.items():
         bound, _, _ = bindings_of(mod[gv])
         for var, call in per.items():
@@ -347,12 +363,13 @@ def keep_small_gemms(mod: Any, report: Any, stats: dict, threads: int | None,
                 report.kept[call.kind, "small, measured faster as TVM code (tvm_gemm)"] += 1
         if any(c in chosen for c in per.values()):
             mod[gv] = keep_in_tvm(mod[gv], per, chosen)
-    stats["small_gemms"] = SmallGemmReport(times, chosen, time.perf_counter() - t0).to_json()
+    stats["small_gemms"] = SmallGemmReport(decisions, chosen, time.perf_counter() - t0).to_json()
     return mod
 
 
-def _time_pair(tvm_fn: Callable[[], Any], torch_fn: Callable[[], Any]) -> tuple[float, float]:
-    """Median seconds per call of the two variants of one probed GEMM (interleaved, a few ms each)."""
-    times = measure_interleaved({"tvm": tvm_fn, "torch": torch_fn},
-                                TimingPolicy(warmup=20, budget_s=0.02, min_repeats=60))
-    return times["tvm"].median, times["torch"].median
+def _judge(call: GemmCall, tvm_fn: Callable[[], Any], torch_fn: Callable[[], Any]) -> Decision:
+    """Whether one probed GEMM stays a torch call (the default) or becomes TVM code: paired rounds, a few ms."""
+    samplers = call_samplers({"torch": torch_fn, "tvm": tvm_fn}, warmup=PROBE_TIMING.warmup,
+                             budget_s=PROBE_TIMING.budget_s)
+    return decide_by_timing(f"tvm: {call.describe()} as TVM code or a torch call?", samplers, default="torch",
+                            policy=PROBE_TIMING)

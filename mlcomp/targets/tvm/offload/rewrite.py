@@ -42,7 +42,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from mlcomp.targets.tvm.offload.chains import maybe, static_shape, ty_of
@@ -50,27 +49,13 @@ from mlcomp.targets.tvm.offload.conv_packed import pack_convs
 from mlcomp.targets.tvm.offload.epilogues import epilogues, layer_norms, means
 from mlcomp.targets.tvm.offload.gemm import patch_convs
 from mlcomp.targets.tvm.kernels import KERNELS, kernel_library
+from mlcomp.targets.tvm.offload.policy import ALL_FUSIONS, REWRITE_ORDER, Fusion
 from mlcomp.targets.tvm.offload.views import VIEW_MIN_ELEMENTS, absorb_views
 
 __all__ = ["ALL_FUSIONS", "Fusion", "OffloadReport", "offload"]
 
 _CONV = "relax.nn.conv2d"
 _MATMUL = "relax.matmul"
-
-
-class Fusion(Enum):
-    """Rewrites beyond the plain conv2d/matmul/linear offload that :func:`offload` may apply."""
-
-    ATTENTION = "attention"       # decomposed softmax attention → torch's scaled_dot_product_attention
-    EPILOGUE = "epilogue"         # conv bias add, activation after a conv/linear → into its torch call
-    LAYER_NORM = "layer_norm"     # (residual add +) layer norm → F.layer_norm
-    PACKED_CONV = "packed_conv"   # NHWC conv (+ bias, residual add, act) → prepacked oneDNN (tvm_conv_packed)
-    VIEWS = "views"               # layout chains around a torch call → strided views in, a torch copy out
-    MEAN = "mean"                 # a large mean of a torch call's result → torch.mean
-    PATCHES = "patches"           # small stride = kernel conv (ViT patches) → patch copy + linear (tvm_gemm)
-
-
-ALL_FUSIONS = frozenset(Fusion)
 
 
 @dataclass
@@ -192,27 +177,21 @@ def offload(mod: Any, fusions: frozenset[Fusion] = ALL_FUSIONS,
             return call
         return relax.call_pure_packed("mlcomp.torch.matmul", call.args[0], call.args[1], ty_args=ty_of(call))
 
+    patterns = {"conv2d": (is_op(_CONV)(wildcard(), wildcard()), conv),
+                "linear": (is_op("relax.add")(product, b), linear),
+                "matmul": (is_op(_MATMUL)(wildcard(), wildcard()), matmul)}
+    steps = {"attention": _attention, "packed_conv": lambda f: pack_convs(f, report.packed),
+             "patches": patch_convs, "epilogue": epilogues, "layer_norm": layer_norms, "mean": means,
+             "views": lambda f: absorb_views(f, view_min_elements)}
     out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs) if mod.attrs is not None else mod
     for gv, func in list(mod.functions.items()):
         if not isinstance(func, relax.Function):
             continue
-        if Fusion.ATTENTION in fusions:
-            func = _attention(func)
-        if Fusion.PACKED_CONV in fusions:
-            func = pack_convs(func, report.packed)
-        if Fusion.PATCHES in fusions:
-            func = patch_convs(func)
-        func = rewrite_call(is_op(_CONV)(wildcard(), wildcard()), conv, func)
-        func = rewrite_call(is_op("relax.add")(product, b), linear, func)
-        func = rewrite_call(is_op(_MATMUL)(wildcard(), wildcard()), matmul, func)
-        if Fusion.EPILOGUE in fusions:
-            func = epilogues(func)
-        if Fusion.LAYER_NORM in fusions:
-            func = layer_norms(func)
-        if Fusion.MEAN in fusions:
-            func = means(func)
-        if Fusion.VIEWS in fusions:
-            func = absorb_views(func, view_min_elements)
+        for name in REWRITE_ORDER:       # the policy's order; a fusion step only when asked for
+            if name in patterns:
+                func = rewrite_call(*patterns[name], func)
+            elif Fusion(name) in fusions:
+                func = steps[name](func)
         out[gv] = func
         relax.analysis.post_order_visit(func, lambda e: _count(e, report))
     return out, report

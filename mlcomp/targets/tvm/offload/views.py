@@ -66,6 +66,7 @@ from mlcomp.targets.tvm.offload.chains import (
 )
 from mlcomp.targets.tvm.kernels import views_kernel
 from mlcomp.targets.tvm.offload.layouts import Layout, LayoutError
+from mlcomp.targets.tvm.offload.policy import rule
 
 __all__ = ["VIEW_MIN_ELEMENTS", "ViewSpec", "absorb_views", "encode"]
 
@@ -77,7 +78,7 @@ _FRESH = ("mlcomp.torch.linear", "mlcomp.torch.matmul", "mlcomp.torch.attention"
 # A copy moved into a torch call pays the call's argument decoding and gains only torch's threads:
 # below this many elements it stays in TVM (figures in benchmarks/RESULTS.md).
 # Attention's q/k/v views copy nothing and are always taken.
-VIEW_MIN_ELEMENTS = 1 << 17
+VIEW_MIN_ELEMENTS = rule("views").min_size   # policy row views
 
 
 def _attention_views(call: Any, bound: dict, memo: dict) -> tuple[list[ViewSpec], list[Any], float] | None:

@@ -1,0 +1,125 @@
+"""The steps of a TVM build that are not decisions: the LLVM/CUDA target, torch.export to Relax, clean-up,
+lowering to TIR and the default schedules.
+
+Flow (:func:`mlcomp.targets.tvm.build.build` runs them): ``torch.export.export`` ->
+``tvm.relax.frontend.torch.from_exported_program`` (``keep_params_as_input=False``: weights become
+Relax constants, so the exported ``model.so`` needs no torch model) -> :func:`prepare` (BatchNorm folded
+into conv weights, ops decomposed, constants folded) -> the offload to torch's kernels (a decision of
+:mod:`~mlcomp.targets.tvm.offload.policy`) -> :func:`lower_to_tir` (legalize + fuse) ->
+:func:`default_schedules` for what MetaSchedule did not schedule.  Shapes are static.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from mlcomp.hardware.probe import vector_bits
+from mlcomp.targets.tvm.schedules import default_rules, parallel_loops, schedule_counts
+
+__all__ = ["default_schedules", "host_llvm_target", "lower_to_tir", "make_target", "prepare", "to_relax"]
+
+
+def host_llvm_target(num_cores: int | None = None) -> dict:
+    """LLVM target dict for this host: ``-mcpu`` from LLVM's host CPU name, cores from psutil."""
+    import tvm
+
+    mcpu = "x86-64"
+    try:
+        name = str(tvm.get_global_func("tvm.codegen.llvm.GetHostCPUName")())
+        if name and name != "generic":
+            mcpu = name
+    except Exception:  # pragma: no cover - runtime without LLVM
+        pass
+    if num_cores is None:
+        try:
+            import psutil
+
+            num_cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        except ImportError:  # pragma: no cover
+            num_cores = os.cpu_count() or 1
+    return {"kind": "llvm", "mcpu": mcpu, "num-cores": int(num_cores)}
+
+
+def make_target(device: str):
+    import tvm
+
+    if device == "cpu":
+        return tvm.target.Target(host_llvm_target())
+    if device == "cuda":
+        arch = tvm.cuda(0).compute_version.replace(".", "")
+        return tvm.target.Target({"kind": "cuda", "arch": f"sm_{arch}"}, host=host_llvm_target())
+    raise ValueError(f"unsupported device {device!r} (expected 'cpu' or 'cuda')")
+
+
+def prepare(mod, target):
+    """Graph clean-up on Relax: BatchNorm folded into conv weights, ops decomposed, constants folded."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.transform.fold_batch_norm_to_conv2d_for_inference import FoldBatchnormToConv2D
+
+    seq = [FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference(),
+           relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant()]
+    with target:
+        return tvm.transform.Sequential(seq)(mod)
+
+
+def lower_to_tir(mod, target):
+    """Legalize + fuse to TIR (what ``zero_pipeline`` does before tuning)."""
+    import tvm
+    from tvm import relax
+
+    seq = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+           relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    with target:
+        return tvm.transform.Sequential(seq)(mod)
+
+
+def default_schedules(mod, target, stats: dict, *, parallel: bool = True):
+    """Default schedules (DLight GEMV/Reduction, mlcomp's ParallelVector) for what is not yet scheduled.
+
+    ``parallel=False``: no parallel loops (the module calls torch's kernels, which own the cores).
+    """
+    from tvm.s_tir import dlight as dl
+
+    bits = vector_bits()
+    with target:
+        mod = dl.ApplyDefaultSchedule(*default_rules(target, bits, parallel=parallel))(mod)
+    stats["schedules"] = dict(schedule_counts(mod), vector_bits=bits, parallel=parallel)
+    if target.kind.name == "llvm":
+        stats["schedules"]["parallel_loops"] = parallel_loops(mod)
+    return mod
+
+
+def to_relax(module, example_inputs) -> tuple[Any, int]:
+    """``module`` through torch.export (in eval mode, its training flag restored) to Relax; (module, outputs)."""
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(module, tuple(example_inputs))
+    finally:
+        module.train(was_training)
+    skip_empty_cat_inputs(ep)
+    n_out = len(ep.graph_signature.user_outputs)
+    # a single output comes back as a bare tensor: saves unpacking a tvm-ffi Array per call
+    return from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=n_out == 1), n_out
+
+
+def skip_empty_cat_inputs(ep) -> None:
+    """Drop 1-D empty inputs of each ``aten.cat`` of ``ep``'s graph, in place (HF GPT-2's cache).
+
+    ``torch.cat`` skips tensors of shape ``(0,)`` whatever the others' rank (HF's ``DynamicCache``
+    starts each layer's keys/values as ``torch.tensor([])``); TVM's Relax importer concatenates them
+    and rejects the rank mismatch ("Concat … ndim 1 and 4").  Without them the cat is the same value.
+    """
+    import torch
+
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.cat.default:
+            empty = [a for a in node.args[0] if getattr(getattr(a, "meta", {}).get("val"), "shape", None) == (0,)]
+            if empty and len(empty) < len(node.args[0]):
+                node.args = ([a for a in node.args[0] if a not in empty], *node.args[1:])

@@ -1,0 +1,105 @@
+"""``deterministic=True``: two compiles of one model write byte-identical artifact folders.
+
+Every file of the two folders is compared by sha256 (the manifest included: no timestamps, durations,
+absolute paths or cache records; TorchScript archives with their process counters renumbered), and
+every measured choice is recorded as a fixed rule in the manifest's ``decisions``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+import mlcomp
+from mlcomp.runtime.artifact import Artifact
+
+FAST = ["mlp", "lenet"]
+HEAVY = ["gru", "resnet18", "transformer", "mobilenet"]
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _twice(model: str, target: str, tmp_path: Path, **options) -> tuple[dict[str, str], dict[str, str], Path]:
+    folders = []
+    for i in range(2):
+        art = mlcomp.compile(model, target=target, pipeline="-O2", deterministic=True, threads=1, **options)
+        folders.append(art.save(tmp_path / f"{model}-{target}-{i}"))
+    return _digests(folders[0]), _digests(folders[1]), folders[1]
+
+
+def _check(model: str, target: str, tmp_path: Path) -> None:
+    first, second, folder = _twice(model, target, tmp_path)
+    assert first == second, f"{model} on {target}: differs in " + ", ".join(
+        k for k in sorted(set(first) | set(second)) if first.get(k) != second.get(k))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert "created" not in manifest and not any(k.endswith("seconds") for k in manifest)
+    assert all(d["verdict"] != "decided" and d["rounds"] == 0 for d in manifest["decisions"])
+    again = Artifact.load(folder)
+    assert again.verify(record=False).passed
+
+
+@pytest.mark.parametrize("model", FAST)
+def test_two_deterministic_cpu_compiles_are_byte_identical(model, tmp_path):
+    _check(model, "cpu", tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", HEAVY)
+def test_two_deterministic_cpu_compiles_of_larger_models_are_byte_identical(model, tmp_path):
+    _check(model, "cpu", tmp_path)
+
+
+@pytest.mark.ort
+@pytest.mark.parametrize("model", ["mlp", "lenet"])
+def test_two_deterministic_onnxruntime_compiles_are_byte_identical(model, tmp_path):
+    pytest.importorskip("onnxruntime")
+    _check(model, "onnxruntime", tmp_path)
+
+
+@pytest.mark.ort
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["resnet18", "transformer"])
+def test_two_deterministic_onnxruntime_compiles_of_larger_models_are_byte_identical(model, tmp_path):
+    pytest.importorskip("onnxruntime")
+    _check(model, "onnxruntime", tmp_path)
+
+
+def test_deterministic_cpu_keeps_the_plain_trace_by_its_fixed_rule(tmp_path):
+    art = mlcomp.compile("lenet", target="cpu", deterministic=True)      # convolutions: normally timed
+    (decision,) = art.decisions
+    assert (decision["choice"], decision["verdict"], decision["made_by"]) == ("plain", "fixed", "target cpu")
+    assert decision["why"].startswith("fixed rule (deterministic): the plain frozen trace")
+    assert art.runtime.optimize is False
+
+
+def test_deterministic_mixed_precision_auto_keeps_fp32_unmeasured(tmp_path):
+    art = mlcomp.compile("mlp", target="cpu", pipeline="mixed-precision{dtype=auto}", deterministic=True)
+    passes = [d for d in art.decisions if d["made_by"].startswith("pass")]
+    assert [(d["choice"], d["verdict"]) for d in passes] == [("fp32", "fixed")]
+    assert art.manifest["pipeline_report"]["passes"][0]["stats"]["dtype"] == "fp32"
+
+
+def test_deterministic_auto_picks_the_first_verified_candidate_untimed():
+    art = mlcomp.compile("mlp", target="auto", candidates=["cpu", "onnxruntime"], deterministic=True)
+    assert art.target == "cpu"
+    auto = [d for d in art.decisions if d["made_by"] == "auto"]
+    assert [(d["choice"], d["verdict"]) for d in auto] == [("cpu", "fixed")]
+    assert art.manifest["auto"]["timing"]["timed_in"].startswith("not timed")
+
+
+def test_cli_deterministic_flag_writes_identical_folders(tmp_path):
+    from click.testing import CliRunner
+
+    from mlcomp.cli.main import main
+
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for folder in folders:
+        result = CliRunner().invoke(main, ["compile", "mlp", "--deterministic", "--no-cache", "-o", str(folder)])
+        assert result.exit_code == 0, result.output
+        assert "decision (target cpu)" in result.output
+    assert _digests(folders[0]) == _digests(folders[1])
