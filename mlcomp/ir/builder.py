@@ -32,7 +32,7 @@ import torch
 from mlcomp.base.errors import IRError
 from mlcomp.ir import Graph, Mode, Node, Origin, Ref, TensorMeta
 from mlcomp.ir.meta import infer_meta
-from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, Namespace, Op
+from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, Namespace, Op, aten
 from mlcomp.ir.opsets import is_pure
 
 
@@ -165,3 +165,15 @@ class GraphBuilder:
     def output(self, *values: Ref) -> Graph:
         self.graph.add(Node("output", OUTPUT, inputs=(tuple(values),)))
         return self.graph
+
+
+def linear_relu_graph(batch: int = 2, features: int = 8, out: int = 4) -> Graph:
+    """The smallest graph the docstring examples compile: ``relu(x @ W.T + b)``, parameters ``0.weight``/``0.bias``.
+
+    >>> print(linear_relu_graph().format().splitlines()[-2].strip())
+    return (%relu,)
+    """
+    b = GraphBuilder("mlp")
+    x = b.input("x", (batch, features))
+    bias, w = b.param("0.bias", torch.zeros(out)), b.param("0.weight", torch.randn(out, features))
+    return b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))

@@ -1,12 +1,8 @@
 """Compiled artifacts: callable on torch tensors, saved as a self-describing folder.
 
     >>> import torch
-    >>> from mlcomp.ir.builder import GraphBuilder
-    >>> from mlcomp.ir.ops import aten
-    >>> b = GraphBuilder("mlp")
-    >>> x = b.input("x", (2, 8))
-    >>> bias, w = b.param("0.bias", torch.zeros(4)), b.param("0.weight", torch.randn(4, 8))
-    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
+    >>> from mlcomp.ir.builder import linear_relu_graph
+    >>> graph = linear_relu_graph()              # relu(x @ W.T + b), x f32[2, 8]
     >>> x = torch.randn(2, 8)
     >>> from mlcomp.targets import get_target   # mlcomp.compile returns the same kind of artifact
     >>> art = get_target("onnxruntime").compile(graph)

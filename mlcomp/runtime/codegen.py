@@ -5,12 +5,8 @@ with TorchScript; ONNX Runtime and TVM re-export it (``torch.onnx.export(...,
 dynamo=True)`` / ``torch.export``); ``--fallback eager`` runs it as is.
 
     >>> import torch
-    >>> from mlcomp.ir.builder import GraphBuilder
-    >>> from mlcomp.ir.ops import aten
-    >>> b = GraphBuilder("mlp")
-    >>> x = b.input("x", (2, 8))
-    >>> bias, w = b.param("0.bias", torch.zeros(4)), b.param("0.weight", torch.randn(4, 8))
-    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
+    >>> from mlcomp.ir.builder import linear_relu_graph
+    >>> graph = linear_relu_graph()              # relu(x @ W.T + b), x f32[2, 8]
     >>> x = torch.randn(2, 8)
     >>> gm = to_fx(graph)                     # a GraphModule, eval mode
     >>> outs = gm(x)                          # always a tuple of outputs
