@@ -64,6 +64,7 @@ class BenchConfig:
     isolate: bool = True              # each variant in a worker process of its own where it can be
     precision: float | None = 0.03    # stop timing once every speedup's interval is within +-this
     settle_s: float = 0.0             # wait up to this long for a quiet machine before each comparison
+    crosscheck: bool = False          # also time eager and each artifact as whole processes
 
     def compile_options(self) -> dict[str, Any]:
         """Options passed to ``mlcomp.compile`` so every target runs with the same thread count."""

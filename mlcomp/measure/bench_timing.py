@@ -62,11 +62,32 @@ def time_group(model: Any, cell: Cell, built: dict[str, Callable[..., Any]], row
         samplers = local_samplers(calls, warmup=config.policy.warmup, budget_s=config.policy.budget_s, clock=clock,
                                   syncs={n: sync for n in calls})
         comparison, where = _compare(samplers, config, threads, clock, watch), samplers.where + fallback
+    rows = _filled(rows, comparison)
+    if config.crosscheck:
+        rows, checked = _crosscheck(model, cell, built, rows, threads, input_shapes, trust_pickle)
+        waited += checked
     load = f"; {comparison.load.text()}" if comparison.load else ""
     on = "" if cell.device == "cpu" else f" on {cell.device}"
     note = (f"batch {cell.batch}{on}: {len(built)} variants timed in {where}, {comparison.rounds} rounds "
             f"({comparison.stopped}){load}{waited}")
-    return _filled(rows, comparison), note
+    return rows, note
+
+
+def _crosscheck(model: Any, cell: Cell, built: dict[str, Callable[..., Any]], rows: dict[str, BenchRow],
+                threads: int, input_shapes: Sequence[str], trust_pickle: bool) -> tuple[dict[str, BenchRow], str]:
+    """Rows with their whole-process speedup (:mod:`mlcomp.measure.crosscheck`), and a note."""
+    from mlcomp.measure.crosscheck import crosscheck
+
+    if cell.device != "cpu" or not can_isolate(built, model) or len(built) < 2:
+        return rows, "; whole-process cross-check: needs a model spec and saved artifacts on cpu"
+    eager = {"spec": model, "input_shapes": list(input_shapes), "trust_pickle": trust_pickle, "batch": cell.batch}
+    per_call = {n: rows[n].timing.median for n in built}
+    try:
+        ratios = crosscheck({n: f for n, f in built.items() if n != EAGER}, eager, cell.inputs,
+                            per_call_s=per_call, threads=threads)
+    except Exception as exc:  # noqa: BLE001 - the column stays empty, the page says why
+        return rows, f"; whole-process cross-check failed: {' '.join(str(exc).split())[:160]}"
+    return {n: replace(r, crosscheck=ratios.get(n)) for n, r in rows.items()}, "; whole-process cross-check done"
 
 
 def _compare(samplers: Samplers, config: Any, threads: int, clock: Clock, watch: WatchFactory | None) -> Comparison:

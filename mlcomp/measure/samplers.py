@@ -24,7 +24,7 @@ from typing import Any
 from mlcomp.hardware.decide import call_samplers
 from mlcomp.hardware.timing import Clock, Sync, calls_per_block, no_sync
 
-__all__ = ["BLOCK_S", "Samplers", "local_samplers", "process_samplers"]
+__all__ = ["BLOCK_S", "Samplers", "can_isolate", "local_samplers", "process_samplers", "saved"]
 
 BLOCK_S = 0.02            # seconds of calls per sample
 READY_TIMEOUT_S = 600.0   # a worker loads, checks and warms up its variant within this
@@ -65,7 +65,7 @@ def local_samplers(fns: Mapping[str, Callable[[], Any]], *, warmup: int, budget_
     return Samplers(samplers, "this process", [], warm)
 
 
-def _saved(artifact: Any, folder: Path) -> Path:
+def saved(artifact: Any, folder: Path) -> Path:
     """Save ``artifact`` for a worker, leaving its manifest as it was (saving records the payload there)."""
     manifest = artifact.manifest
     artifact.manifest = dict(manifest)
@@ -92,7 +92,7 @@ def process_samplers(artifacts: Mapping[str, Any], eager: Mapping[str, Any] | No
         root = Path(tmp)
         feed = save_inputs(inputs, root / "inputs.pt")
         folders: dict[str, Path | None] = {"eager": None} if eager is not None else {}
-        folders.update({name: _saved(art, root / name) for name, art in artifacts.items()})
+        folders.update({name: saved(art, root / name) for name, art in artifacts.items()})
         start = time.perf_counter()
         workers = {name: stack.enter_context(ProcessSampler.start(
                        folder, feed, threads=threads, warmup=warmup, block_s=BLOCK_S, label=name,

@@ -49,7 +49,7 @@ from mlcomp.base.errors import MlcompError
 from mlcomp.hardware.timing import Sync, calls_per_block, synchronizer
 from mlcomp.runtime.artifact import Artifact
 
-__all__ = ["ProcessSampler", "WorkerError", "save_inputs"]
+__all__ = ["ProcessSampler", "WorkerError", "load_runner", "save_inputs"]
 
 MAX_CALLS = 1000          # a block never has more calls than this
 # untimed calls before each sample: the previous worker's thread pools spin on after its sample,
@@ -176,7 +176,7 @@ class ProcessSampler:
 # child side
 
 
-def _runner(config: dict[str, Any]) -> tuple[Any, str]:
+def load_runner(config: dict[str, Any]) -> tuple[Any, str]:
     """(callable, device): the saved artifact, or the model of ``config["model"]`` run eagerly."""
     model = config.get("model")
     if not model:
@@ -212,7 +212,7 @@ def _calls(artifact: Any, inputs: list, calls: int, barrier: Sync, limit_s: floa
 def serve(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
     """Load, check, warm up, then answer ``sample`` requests until ``quit`` or end of input."""
     torch.set_num_threads(int(config["threads"]))
-    artifact, device = _runner(config)
+    artifact, device = load_runner(config)
     inputs = torch.load(config["inputs"], map_location="cpu", weights_only=True)
     barrier = synchronizer(device)
     _calls(artifact, inputs, max(1, int(config["warmup"])), barrier)
