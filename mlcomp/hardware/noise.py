@@ -33,8 +33,8 @@ from typing import Any
 
 from mlcomp.hardware.intervals import Speedup
 
-__all__ = ["Load", "LoadWatch", "RULES", "CpuTimes", "cores_available", "noise_reasons", "read_cpu_times",
-           "settle"]
+__all__ = ["Load", "LoadWatch", "RULES", "CpuTimes", "cores_available", "is_busy", "mean_load", "noise_reasons",
+           "read_cpu_times", "settle"]
 
 SLACK = 0.5            # cores of other load tolerated beyond what this run leaves free
 STEAL_LIMIT = 0.05     # share of CPU time a hypervisor may take
@@ -118,14 +118,22 @@ class LoadWatch:
         self._pids, self._read, self._loadavg = pids, read, loadavg
         self.cores = cores if cores is not None else cores_available()
         self._first: CpuTimes | None = None
+        self._lap: CpuTimes | None = None
 
     def start(self) -> None:
-        self._first = self._read(self._pids())
+        self._first = self._lap = self._read(self._pids())
 
     def stop(self) -> Load | None:
         """The load since :meth:`start`; None where the counters cannot be read or no tick passed."""
-        last = self._read(self._pids())
-        first = self._first
+        return self._between(self._first, self._read(self._pids()))
+
+    def lap(self) -> Load | None:
+        """The load since the last :meth:`lap` (or :meth:`start`): one round's worth."""
+        now = self._read(self._pids())
+        load, self._lap = self._between(self._lap, now), now
+        return load
+
+    def _between(self, first: CpuTimes | None, last: CpuTimes | None) -> Load | None:
         if first is None or last is None or last.total <= first.total:
             return None
         total = last.total - first.total
@@ -146,6 +154,21 @@ RULES: tuple[Rule, ...] = (
     ("straddles", lambda ld, th, s: s is not None and s.straddles_one,
      lambda ld, th, s: f"interval {s.lo:.2f}-{s.hi:.2f} includes 1: not told apart from the reference"),
 )
+
+
+def is_busy(load: Load | None, threads: int) -> bool:
+    """The first rule of :data:`RULES`: other processes used cores this run needed."""
+    return RULES[0][1](load, threads, None)
+
+
+def mean_load(loads: Sequence[Load | None]) -> Load | None:
+    """The average of per-round loads (None where none could be read)."""
+    known = [ld for ld in loads if ld is not None]
+    if not known:
+        return None
+    n = len(known)
+    return Load(sum(ld.others for ld in known) / n, sum(ld.steal for ld in known) / n, known[-1].cores,
+                known[-1].loadavg)
 
 
 def noise_reasons(load: Load | None, threads: int, speedup: Speedup | None = None) -> list[str]:

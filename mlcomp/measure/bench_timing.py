@@ -94,7 +94,8 @@ def _compare(samplers: Samplers, config: Any, threads: int, clock: Clock, watch:
     policy = config.policy
     return compare(samplers.fns, EAGER, budget_s=policy.budget_s, min_rounds=max(policy.min_repeats, MIN_ROUNDS),
                    max_rounds=policy.max_repeats, precision=config.precision, threads=threads, clock=clock,
-                   watch=watch(lambda: samplers.pids) if watch else None, warmup_s=samplers.warmup)
+                   watch=watch(lambda: samplers.pids) if watch else None, warmup_s=samplers.warmup,
+                   patience_s=config.settle_s)
 
 
 def _filled(rows: dict[str, BenchRow], c: Comparison) -> dict[str, BenchRow]:

@@ -56,3 +56,11 @@ def test_settle_waits_for_a_quiet_window_and_is_bounded() -> None:
     always = settle(3, 2, watch=lambda: _watch(CpuTimes(0, 0, 0, 0, 2), CpuTimes(100, 75, 0, 0, 2)),
                     sleep=lambda s: None, clock=lambda: float(next(now)))
     assert always.startswith("still not quiet after 3 s of waiting: busy: other processes used 1.5 of 2 cores")
+
+
+def test_laps_give_each_rounds_load() -> None:
+    w = _watch(CpuTimes(0, 0, 0, 0, 2), CpuTimes(100, 50, 0, 50, 2), CpuTimes(200, 190, 0, 100, 2),
+               CpuTimes(300, 240, 0, 150, 2))
+    w.start()
+    assert [w.lap().others for _ in range(2)] == [0.0, pytest.approx(1.8)]
+    assert w.stop().others == pytest.approx(0.6)            # 90 others' ticks of 300 on 2 CPUs

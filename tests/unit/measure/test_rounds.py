@@ -33,10 +33,18 @@ def loaded_sampler(clock: FakeClock, seconds: float, rng: random.Random, *, jitt
     return sample
 
 
-def _watch(others_ticks: int, steal_ticks: int = 0) -> LoadWatch:
-    """A watch whose counters say: over 100 ticks on 2 CPUs, others used ``others_ticks``, we used 50."""
-    readings = iter([CpuTimes(0, 0, 0, 0, 2), CpuTimes(100, 50 + others_ticks, steal_ticks, 50, 2)])
-    return LoadWatch(read=lambda pids: next(readings), cores=2, loadavg=lambda: 1.0)
+def _watch(others_ticks, steal_ticks: int = 0) -> LoadWatch:
+    """A watch whose counters say, per reading (one a round): 100 ticks passed on 2 CPUs, this run used 50
+    and others ``others_ticks`` (a number, or a function of the reading's index)."""
+    state = {"i": 0, "t": CpuTimes(0, 0, 0, 0, 2)}
+
+    def read(pids):
+        i, t = state["i"], state["t"]
+        others = others_ticks(i) if callable(others_ticks) else others_ticks
+        state["i"], state["t"] = i + 1, CpuTimes(t.total + 100, t.busy + 50 + others, t.steal + steal_ticks,
+                                                 t.ours + 50, 2)
+        return t
+    return LoadWatch(read=read, cores=2, loadavg=lambda: 1.0)
 
 
 def _run(seed: int, true_ratio: float = 2.0, **kw):
@@ -113,3 +121,33 @@ def test_tight_intervals_stop_early_and_noisy_ones_spend_the_budget() -> None:
 def test_the_reference_must_be_a_variant() -> None:
     with pytest.raises(ValueError, match="reference"):
         compare({"cpu": lambda: 1.0}, "eager")
+
+
+def test_rounds_during_which_the_machine_was_busy_are_set_aside() -> None:
+    """A load that slows one runtime more than another (thread pools) is not cancelled by pairing:
+    the rounds it overlapped are dropped, read from the machine's counters round by round."""
+    clock, rng = FakeClock(), random.Random(5)
+    state = {"round": 0}
+    eager = loaded_sampler(clock, 2e-3, rng, factor=1.0)
+
+    def cpu() -> float:
+        state["round"] += 1
+        took = 1e-3 * (4.0 if 10 <= state["round"] < 40 else 1.0) * rng.lognormvariate(0.0, 0.05)
+        clock.now += took * 10
+        return took
+    busy_rounds = _watch(lambda i: 80 if 10 <= i < 40 else 0)       # reading i ends round i
+    c = compare({"eager": eager, "cpu": cpu}, "eager", budget_s=1.5, clock=clock, threads=2, watch=busy_rounds)
+    s = c.speedups["cpu"]
+    assert "30 busy round(s) set aside" in c.stopped and c.reasons["cpu"] == ()
+    assert s.lo <= 2.0 <= s.hi and s.width < 1.1
+    state["round"] = 0
+    blind = compare({"eager": eager, "cpu": cpu}, "eager", budget_s=1.5, clock=clock, threads=2, watch=None)
+    assert blind.speedups["cpu"].width > s.width               # without the counters the load stays in
+
+
+def test_a_machine_busy_throughout_keeps_every_round_and_says_so() -> None:
+    clock, rng = FakeClock(), random.Random(6)
+    samplers = {"eager": loaded_sampler(clock, 2e-3, rng, factor=1.0), "cpu": loaded_sampler(clock, 1e-3, rng, factor=1.0)}
+    c = compare(samplers, "eager", budget_s=0.5, clock=clock, threads=2, watch=_watch(90), patience_s=0.5)
+    assert "set aside" not in c.stopped and c.rounds == len(c.timings["cpu"].samples)
+    assert c.reasons["cpu"][0].startswith("busy: other processes used 1.8 of 2 cores")
