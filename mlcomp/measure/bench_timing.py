@@ -68,7 +68,8 @@ def time_group(model: Any, cell: Cell, built: dict[str, Callable[..., Any]], row
         waited += checked
     load = f"; {comparison.load.text()}" if comparison.load else ""
     on = "" if cell.device == "cpu" else f" on {cell.device}"
-    note = (f"batch {cell.batch}{on}: {len(built)} variants timed in {where}, {comparison.rounds} rounds "
+    plural = "s" if len(built) > 1 else ""
+    note = (f"batch {cell.batch}{on}: {len(built)} variant{plural} timed in {where}, {comparison.rounds} rounds "
             f"({comparison.stopped}){load}{waited}")
     return rows, note
 
