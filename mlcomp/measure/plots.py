@@ -54,12 +54,15 @@ def bench_plot(results: Sequence[Any], path: str) -> None:
             _speedup_bars(ax_s, [next((r for r in ok if r.label == lb and r.batch == b), None) for b in batches],
                           (k - (len(compiled) - 1) / 2) * width, width, lb)
         missing = sorted({f"{r.label}: {r.status}" for r in res.rows if r.status != "ok"})
-        shaky = sorted({f"{r.label} batch {r.batch}: {r.unreliable[0]}" for r in ok if r.unreliable and r.interval})
+        shaky = sorted({f"{r.label} b{r.batch} ({', '.join(w.split(':')[0] for w in r.unreliable)})"
+                        for r in ok if r.unreliable and r.interval})
         notes = (["not shown: " + "; ".join(missing)] if missing else []) + \
-                (["unreliable (hatched): " + "; ".join(shaky)] if shaky else [])
+                (["unreliable (hatched, ?): " + "; ".join(shaky)] if shaky else [])
         if notes:
-            ax_s.text(0.01, -0.18, "\n".join(notes), transform=ax_s.transAxes, fontsize=6, color="#a00", va="top",
-                      wrap=True)
+            import textwrap
+
+            ax_s.text(0.0, -0.14, "\n".join(textwrap.fill(n, 95) for n in notes), transform=ax_s.transAxes,
+                      fontsize=6, color="#a00", va="top")
         ax_s.axhline(1.0, color="black", lw=0.8, ls="--")
         ax_s.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
         ax_s.set_ylabel("speedup over eager (median, 95% CI)")
