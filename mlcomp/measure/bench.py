@@ -12,7 +12,7 @@ For every batch size (and device) the bench
    the reason when the machine was busy, the hypervisor stole time, the ratios spread too far
    or the interval includes 1 (:mod:`mlcomp.hardware.noise`);
 4. records the peak memory growth around compile + first call
-   (:class:`mlcomp.hardware.memory.PeakMemory`).
+   (:class:`mlcomp.hardware.peak_memory.PeakMemory`).
 
 A target that is unavailable (``mlcomp.targets.available_targets``) is reported as skipped
 with its reason; one that fails to compile or run is reported as failed with the error, and
@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 from mlcomp.base.errors import MlcompError, VerificationError
 from mlcomp.base.registry import did_you_mean
 from mlcomp.ir.dtypes import dtype_name
-from mlcomp.hardware.memory import PeakMemory
+from mlcomp.hardware.peak_memory import PeakMemory
 from mlcomp.hardware.noise import LoadWatch
 from mlcomp.hardware.probe import machine_line
 from mlcomp.hardware.timing import BenchConfigError, Clock, Sync, TimingPolicy, synchronizer

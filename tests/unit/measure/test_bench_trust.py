@@ -54,7 +54,7 @@ def test_a_quiet_machine_marks_nothing_busy() -> None:
 
 
 def test_the_report_page_names_unreliable_figures(tmp_path) -> None:
-    from mlcomp.report import ReportConfig, build_report
+    from mlcomp.html_report import ReportConfig, build_report
 
     cfg = ReportConfig(BenchConfig(targets=("traced",), batches=(1,), policy=FAST, memory=False, threads=2),
                        bench_options={"compiler": _traced, "availability": lambda: {"traced": None},
