@@ -46,7 +46,9 @@ def time_group(model: Any, cell: Cell, built: dict[str, Callable[..., Any]], row
     import torch
 
     threads = config.threads or torch.get_num_threads()
-    waited = f"; {settle(config.settle_s, threads)}" if config.settle_s > 0 else ""
+    waited = ""
+    if config.settle_s > 0 and watch is not None:
+        waited = f"; {settle(config.settle_s, threads, watch=lambda: watch(tuple) or LoadWatch(read=lambda p: None))}"
     comparison, fallback = None, ""
     if config.isolate and cell.device == "cpu" and len(built) > 1 and can_isolate(built, model):
         eager = {"spec": model, "input_shapes": list(input_shapes), "trust_pickle": trust_pickle,

@@ -32,8 +32,8 @@ def _traced(model, inputs, target, pipeline, options):
     return torch.jit.trace(model, inputs)
 
 
-def _bench(watch):
-    cfg = BenchConfig(targets=("traced",), batches=(1,), policy=FAST, memory=False, threads=2)
+def _bench(watch, settle_s: float = 0.0):
+    cfg = BenchConfig(targets=("traced",), batches=(1,), policy=FAST, memory=False, threads=2, settle_s=settle_s)
     return run_bench("mlp", cfg, compiler=_traced, availability=lambda: {"traced": None}, watch=watch)
 
 
@@ -48,9 +48,10 @@ def test_a_busy_machine_marks_every_cell_on_the_table_the_json_and_the_plot(tmp_
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_quiet_machine_marks_nothing_busy() -> None:
-    res = _bench(busy_watch(0))
+def test_a_quiet_machine_marks_nothing_busy_and_settles_at_once() -> None:
+    res = _bench(busy_watch(0), settle_s=30)
     assert not any(r.startswith("busy") for row in res.rows for r in row.unreliable)
+    assert "; quiet after" in res.notes[0]
 
 
 def test_the_report_page_names_unreliable_figures(tmp_path) -> None:
