@@ -90,7 +90,10 @@ def _crosscheck(model: Any, cell: Cell, built: dict[str, Callable[..., Any]], ro
                             per_call_s=per_call, threads=threads)
     except Exception as exc:  # noqa: BLE001 - the column stays empty, the page says why
         return rows, f"; whole-process cross-check failed: {' '.join(str(exc).split())[:160]}"
-    return {n: replace(r, crosscheck=ratios.get(n)) for n, r in rows.items()}, "; whole-process cross-check done"
+    missing = [n for n, v in ratios.items() if v is None]
+    note = ("; whole-process cross-check done" if not missing else
+            f"; whole-process cross-check: no figure for {', '.join(missing)} (start-up varied more than the calls took)")
+    return {n: replace(r, crosscheck=ratios.get(n)) for n, r in rows.items()}, note
 
 
 def _compare(samplers: Samplers, config: Any, threads: int, clock: Clock, watch: WatchFactory | None) -> Comparison:

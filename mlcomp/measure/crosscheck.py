@@ -10,7 +10,8 @@ about ``CALLS_S`` seconds.
 
 It agrees with the in-process figure when the in-process timing measures what a user's
 process will see; a large gap means one of them is measuring something else (start-up,
-thread pools competing, caches).
+thread pools competing, caches).  Where start-up varies more than the calls take (a busy
+machine), there is no figure: the column shows "—".
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from typing import Any
 
 __all__ = ["CALLS_S", "ROUNDS", "crosscheck"]
 
-CALLS_S = 1.0     # seconds of calls per long process
+CALLS_S = 3.0     # seconds of calls per long process
 ROUNDS = 3
 
 
@@ -48,8 +49,8 @@ def _run(config: dict[str, Any], calls: int) -> float:
 
 
 def crosscheck(artifacts: Mapping[str, Any], eager: Mapping[str, Any], inputs: Sequence[Any], *,
-               per_call_s: Mapping[str, float], threads: int) -> dict[str, float]:
-    """Whole-process speedup over eager per artifact (``artifacts``: name -> Artifact; ``eager``: the
+               per_call_s: Mapping[str, float], threads: int) -> dict[str, float | None]:
+    """Whole-process speedup over eager per artifact (None where start-up varied more than the calls took) (``artifacts``: name -> Artifact; ``eager``: the
     ``load_model`` arguments of the reference; ``per_call_s``: in-process medians, to size the runs)."""
     from mlcomp.measure.samplers import saved
     from mlcomp.runtime.timing_worker import save_inputs
@@ -68,8 +69,20 @@ def crosscheck(artifacts: Mapping[str, Any], eager: Mapping[str, Any], inputs: S
             for name in names[r % len(names):] + names[:r % len(names)]:
                 for n in ((0, calls[name]) if r % 2 == 0 else (calls[name], 0)):
                     times[name][n].append(_run(configs[name], n))
-    per_call = {n: max(median(t[calls[n]]) - median(t[0]), 1e-12) / calls[n] for n, t in times.items()}
-    return {n: per_call["eager"] / per_call[n] for n in names if n != "eager"}
+    per_call = {n: _per_call(t[0], t[calls[n]], calls[n]) for n, t in times.items()}
+    base = per_call["eager"]
+    return {n: (base / v if base is not None and v is not None else None) for n, v in per_call.items() if n != "eager"}
+
+
+def _per_call(short: Sequence[float], long: Sequence[float], calls: int) -> float | None:
+    """Seconds per call from the runs without and with ``calls`` calls; None when the calls took less
+    than twice the spread of start-up (the figure would be start-up noise).
+
+        >>> _per_call([1.0, 1.1, 1.0], [3.0, 3.1, 3.0], 1000), _per_call([1.0, 2.0, 1.5], [2.0, 2.5, 2.1], 10)
+        (0.002, None)
+    """
+    took = median(long) - median(short)
+    return took / calls if took > 2 * (max(short) - min(short)) and took > 0 else None
 
 
 def main(argv: list[str]) -> int:
