@@ -23,8 +23,8 @@ from mlcomp.measure.samplers import Samplers, can_isolate, local_samplers, proce
 
 __all__ = ["Cell", "WatchFactory", "time_group"]
 
-# pids of this run's workers -> the watch of the machine's load (None: not read)
-WatchFactory = Callable[[Callable[[], Sequence[int]]], "LoadWatch | None"]
+# pids of this run's workers -> the watch of the machine's load (the factory None: the load is not read)
+WatchFactory = Callable[[Callable[[], Sequence[int]]], LoadWatch]
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def time_group(model: Any, cell: Cell, built: dict[str, Callable[..., Any]], row
     threads = config.threads or torch.get_num_threads()
     waited = ""
     if config.settle_s > 0 and watch is not None:
-        waited = f"; {settle(config.settle_s, threads, watch=lambda: watch(tuple) or LoadWatch(read=lambda p: None))}"
+        waited = f"; {settle(config.settle_s, threads, watch=lambda: watch(tuple))}"
     comparison, fallback = None, ""
     if config.isolate and cell.device == "cpu" and len(built) > 1 and can_isolate(built, model):
         eager = {"spec": model, "input_shapes": list(input_shapes), "trust_pickle": trust_pickle,
