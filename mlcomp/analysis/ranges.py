@@ -40,12 +40,17 @@ import torch
 
 from mlcomp.ir import Graph, Node, TensorMeta, map_refs
 from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, Category, category
+from mlcomp.ir.quant import DEQUANTIZE, QUANTIZE
 
 __all__ = ["ValueRange", "calibrate", "Tolerance", "declared_tolerance", "UNIT_ROUNDOFF", "SAFETY",
            "ErrorGrowth", "error_growth", "LOW_DTYPES"]
 
 LOW_DTYPES = (torch.bfloat16, torch.float16)
-UNIT_ROUNDOFF: Mapping[torch.dtype, float] = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+UNIT_ROUNDOFF: Mapping[torch.dtype, float] = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11,
+                                              # an int8 grid's half step is about 2^-9..2^-8 of the range; the
+                                              # int8 weight the op multiplies by rounds as much again
+                                              torch.uint8: 2.0 ** -7, torch.int8: 2.0 ** -7}
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "uint8", torch.int8: "int8"}
 SAFETY = 1.5            # declared = SAFETY * u * sqrt(k); zoo errors in bf16 stay 3-17x below it
 FP32_FLOOR = 1e-4       # never tighter than the fp32 default
 TINY_SHARE = 0.01       # a node "flushes to zero" when over 1% of its non-zero values would
@@ -132,7 +137,7 @@ class Tolerance:
     roundings: int              # k: low-precision roundings on the longest path to an output
 
     def explain(self) -> str:
-        name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[self.dtype]
+        name = _DTYPE_NAMES[self.dtype]
         return (f"{self.rtol:.1e} = {SAFETY:g} x u({name}) {UNIT_ROUNDOFF[self.dtype]:.1e} x "
                 f"sqrt({self.roundings} roundings on the longest path)")
 
@@ -141,6 +146,10 @@ def _rounds(node: Node) -> torch.dtype | None:
     """The low dtype ``node`` rounds its result to, or None (fp32, or exact data movement).
     A low-precision constant counts: it is an fp32 weight rounded once."""
     if (node.op.is_structural and node.op != PARAM) or category(node.op) is Category.INJECTIVE:
+        return None
+    if node.op == QUANTIZE:         # rounding to an int8 grid; its dequantize is exact
+        return node.tensor_meta.dtype
+    if node.op == DEQUANTIZE:
         return None
     for meta in node.meta if isinstance(node.meta, tuple) else (node.meta,):
         if isinstance(meta, TensorMeta) and meta.dtype.is_floating_point:

@@ -64,6 +64,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "partition": "mlcomp.passes.placement.partition:Partition",
     "place": "mlcomp.passes.placement.place:Place",
     "prune": "mlcomp.passes.prune.prune:Prune",
+    "quantize": "mlcomp.passes.quantize.quantize:Quantize",
 }
 
 

@@ -1,0 +1,86 @@
+"""Activation ranges for ``quantize``: the IR interpreter run on calibration samples.
+
+:func:`observe` runs the graph once per sample and keeps, for each value asked for,
+its smallest and largest element (``minmax``) or the 0.01% / 99.99% quantiles
+(``percentile``, which ignores rare outliers), merged over the samples; it also keeps
+the float values of the first sample (the reference the per-layer error is measured
+against) and every sample's outputs (for top-1 agreement).  :func:`uint8_params` turns
+a range into ONNX's asymmetric uint8 scale and zero point::
+
+    >>> uint8_params(-1.0, 3.0)          # 255 steps over [-1, 3]; 0.0 is exactly level 64
+    (0.01568627543747425, 64)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from mlcomp.ir import Graph
+from mlcomp.ir.interpreter import Interpreter
+
+__all__ = ["Observed", "observe", "uint8_params", "PERCENTILE", "SAMPLE_CAP"]
+
+PERCENTILE = 0.9999        # method=percentile: the range spans the 0.01% .. 99.99% quantiles
+SAMPLE_CAP = 1 << 20       # elements per value and sample the quantile is taken over (a strided subsample)
+
+
+@dataclass
+class Observed:
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)   # value -> (lo, hi)
+    first: dict[str, torch.Tensor] = field(default_factory=dict)           # value -> float value, sample 0
+    outputs: list[tuple[Any, ...]] = field(default_factory=list)           # per sample, the float outputs
+
+
+def _range(t: torch.Tensor, method: str) -> tuple[float, float]:
+    flat = t.detach().reshape(-1).float()
+    if flat.numel() == 0:
+        return 0.0, 0.0
+    if method == "percentile":
+        flat = flat[:: max(1, flat.numel() // SAMPLE_CAP)]
+        q = torch.quantile(flat, torch.tensor([1 - PERCENTILE, PERCENTILE]))
+        return float(q[0]), float(q[1])
+    return float(flat.min()), float(flat.max())
+
+
+def observe(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]], names: Sequence[str],
+            method: str, keep: Sequence[str] = ()) -> Observed:
+    """Ranges of ``names`` over ``samples``; the first sample's values of ``names`` and ``keep``."""
+    out = Observed()
+    interp = Interpreter(graph)
+    wanted = set(names) | set(keep)
+    with torch.no_grad():
+        for i, sample in enumerate(samples):
+            env = interp.run_all(*sample)
+            out.outputs.append(env["__output__"])
+            for name in names:
+                lo, hi = _range(env[name], method)
+                old = out.ranges.get(name)
+                out.ranges[name] = (lo, hi) if old is None else (min(lo, old[0]), max(hi, old[1]))
+            if i == 0:
+                out.first = {n: env[n] for n in wanted}
+    return out
+
+
+def uint8_params(lo: float, hi: float) -> tuple[float, int]:
+    """Scale and zero point of the uint8 grid over ``[min(lo, 0), max(hi, 0)]`` (0.0 exactly representable)."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = float(torch.tensor((hi - lo) / 255.0, dtype=torch.float32))
+    if scale == 0.0 or not torch.isfinite(torch.tensor(scale)):
+        return 1.0, 0
+    zero = int(round(-lo / scale))
+    return scale, max(0, min(255, zero))
+
+
+def int8_weight(w: torch.Tensor, axis: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 scales (one per slice along ``axis``; one in all when ``None``) and the int8 weight."""
+    w = w.detach().float()
+    if axis is None:
+        absmax = w.abs().max().reshape(())
+    else:
+        absmax = w.abs().transpose(0, axis).reshape(w.shape[axis], -1).max(dim=1).values
+    scale = torch.where(absmax > 0, absmax / 127.0, torch.ones_like(absmax))
+    shaped = scale if axis is None else scale.reshape([-1 if d == axis else 1 for d in range(w.dim())])
+    q = torch.clamp(torch.round(w / shaped), -127, 127).to(torch.int8)
+    return scale.to(torch.float32), q

@@ -1,0 +1,143 @@
+"""``quantize``: int8 post-training quantization with quantize/dequantize pairs.
+
+The pass observes activation ranges by running the graph on calibration samples
+(:mod:`mlcomp.passes.quantize.observe`; the example inputs by default), then, around
+every op the policy marks int8-capable (:mod:`mlcomp.passes.quantize.policy`), writes
+``mlcomp.quantize_linear``/``mlcomp.dequantize_linear`` (:mod:`mlcomp.ir.quant`):
+activations per tensor in uint8, the op's output too (what lets ONNX Runtime pick its
+``QLinear*`` kernels), weights folded now into int8 constants with one symmetric
+scale per output channel, and the bias into int32 at ``input scale × weight scale``.
+Everything else keeps float.  Before/after on ``x → linear(8, 4)``::
+
+    %fc.weight: f32[4, 8] = param              %fc.weight.int8: i8[4, 8] = param   (+ .scale f32[4], .zero i8[4])
+    %fc.bias: f32[4] = param                   %fc.bias.int32: i32[4] = param      (+ .scale f32[4], .zero i32[4])
+    %permute = permute(%fc.weight, [1, 0])     %input_q: u8[2, 8] = mlcomp.quantize_linear(%input, %input.scale, %input.zero, 1)
+    %addmm = addmm(%fc.bias, %input, %permute) %input_dq: f32[2, 8] = mlcomp.dequantize_linear(%input_q, ...)
+    return (%addmm,)                           %fc.weight_dq = mlcomp.dequantize_linear(%fc.weight.int8, %fc.weight.scale, ..., 0)
+                                               %permute = permute(%fc.weight_dq, [1, 0])
+                                               %addmm = addmm(%fc.bias_dq, %input_dq, %permute)
+                                               %addmm_q = quantize_linear(%addmm, ...); %addmm_dq = dequantize_linear(...)
+                                               return (%addmm_dq,)
+
+Stats: per quantized layer its module path, op, input/output scale and zero point,
+weight scale range and the relative error of its output against float on the first
+calibration sample; the top-1 agreement of the outputs over all samples; and the
+declared tolerance verification uses (:func:`mlcomp.analysis.ranges.declared_tolerance`).
+Only the ``onnxruntime`` target lowers the pairs to int8 kernels; the pass refuses
+every other target before anything is loaded.  O(n) rewriting plus the calibration runs.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from mlcomp.base.errors import PipelineSpecError
+from mlcomp.frontend.loading import graph_random_inputs
+from mlcomp.ir import Graph, Mode, Node, Ref
+from mlcomp.ir.ops import PARAM, aten
+from mlcomp.passes.quantize.observe import observe
+from mlcomp.passes.quantize.write import Writer, stats
+from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule, int8_rule
+from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
+
+__all__ = ["Quantize", "Granularity", "Method", "INT8_TARGETS"]
+
+INT8_TARGETS = frozenset({"onnxruntime"})       # targets that lower the Q/DQ pairs to int8 kernels
+_TRANSPOSES = (aten("permute"), aten("t"), aten("transpose.int"))
+
+
+class Granularity(enum.Enum):
+    PER_CHANNEL = "per-channel"
+    PER_TENSOR = "per-tensor"
+
+
+class Method(enum.Enum):
+    MINMAX = "minmax"
+    PERCENTILE = "percentile"
+
+
+@dataclass(frozen=True)
+class Quantize(Pass):
+    """Compute convolutions and matrix products in int8: quantize/dequantize pairs from calibrated ranges."""
+
+    name: ClassVar[str] = "quantize"
+    modes: ClassVar[frozenset[Mode]] = frozenset({Mode.INFERENCE})
+    calibration: int = option(8, "calibration samples to observe ranges on (at most those given)", ge=1)
+    granularity: Granularity = option(Granularity.PER_CHANNEL, "weight scales: per-channel or per-tensor")
+    method: Method = option(Method.MINMAX, "activation ranges: minmax or percentile (0.01%..99.99%)")
+
+    def __post_init__(self) -> None:
+        """Options given as text in Python (``Quantize(method="percentile")``) become their enums."""
+        super().__post_init__()
+        for key, kind in (("granularity", Granularity), ("method", Method)):
+            value = getattr(self, key)
+            if isinstance(value, str):
+                try:
+                    object.__setattr__(self, key, kind(value.lower()))
+                except ValueError:
+                    raise PipelineSpecError(
+                        f"option {key!r} of pass 'quantize' expects one of "
+                        f"{'|'.join(m.value for m in kind)}, got {value!r}",
+                        hint=f"for example quantize{{{key}={next(iter(kind)).value}}}") from None
+
+    def check_target(self, target: str) -> None:
+        """Only ONNX Runtime turns the pairs into int8 kernels; elsewhere they would run as float math."""
+        if target not in INT8_TARGETS:
+            raise PipelineSpecError(
+                f"quantize writes quantize/dequantize pairs that only the onnxruntime target lowers to int8 "
+                f"kernels (QLinearConv, QLinearMatMul); target {target} would run them as float arithmetic, "
+                f"slower than the float model and no smaller",
+                hint="compile with --target onnxruntime, or drop quantize from the pipeline for this target")
+
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
+        layers = [(n, r) for n in graph.call_nodes() if (r := _rule(n)) is not None]
+        if not layers:
+            raise PipelineSpecError(
+                f"quantize found no op it computes in int8 in graph {graph.name} (it quantizes "
+                f"{', '.join(str(op) for op in INT8_POLICY)}; convolutions must not be transposed)",
+                where=f"graph {graph.name}", hint="drop quantize from the pipeline for this model")
+        samples = _samples(graph, ctx, self.calibration)
+        acts = list(dict.fromkeys(
+            [r.name for n, rule in layers for r in _activations(graph, n, rule)] + [n.name for n, _ in layers]))
+        seen = observe(graph, samples, acts, self.method.value)
+        writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL, _weight_param, _activations)
+        records = [writer.layer(n, rule) for n, rule in layers]
+        return PassResult(graph, True, stats(graph, samples, seen, records))
+
+
+def _rule(node: Node) -> Int8Rule | None:
+    rule = int8_rule(node.op)
+    if rule is None or (node.op == aten("convolution") and node.inputs[6]):   # transposed: another weight axis
+        return None
+    return rule
+
+
+def _samples(graph: Graph, ctx: PassContext, count: int) -> list[tuple[torch.Tensor, ...]]:
+    given = ctx.calibration_data or ((ctx.example_inputs,) if ctx.example_inputs is not None
+                                     else (graph_random_inputs(graph),))
+    return [(s,) if isinstance(s, torch.Tensor) else tuple(s) for s in list(given)[:count]]
+
+
+def _weight_param(graph: Graph, value: Any) -> tuple[Node, bool] | None:
+    """The PARAM a weight argument reads (directly, or through one 2-D transpose: ``True``), else ``None``."""
+    if not isinstance(value, Ref):
+        return None
+    node = graph.node(value.name)
+    if node.op == PARAM:
+        return node, False
+    if node.op in _TRANSPOSES and isinstance(node.inputs[0], Ref):
+        src = graph.node(node.inputs[0].name)
+        if src.op == PARAM and len(src.tensor_meta.shape) == 2:
+            return src, True
+    return None
+
+
+def _activations(graph: Graph, node: Node, rule: Int8Rule) -> list[Ref]:
+    """The arguments quantized per tensor: the rule's activations and a weight that is not a constant."""
+    picks = list(rule.activations)
+    if rule.weight is not None and _weight_param(graph, node.inputs[rule.weight]) is None:
+        picks.append(rule.weight)
+    return [node.inputs[i] for i in picks if isinstance(node.inputs[i], Ref)]

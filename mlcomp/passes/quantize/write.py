@@ -1,0 +1,150 @@
+"""Writing ``quantize``'s pairs into the graph, and its stats.
+
+:class:`Writer` gives each quantized value one shared pair (a value read by two
+int8 ops is quantized once), folds weights and biases into integer constants with
+their scale and zero-point constants, and records per layer what it chose.
+:func:`stats` runs the rewritten graph on the calibration samples and measures each
+layer's error against the float values and the outputs' top-1 agreement.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from mlcomp.analysis.ranges import declared_tolerance
+from mlcomp.ir import Graph, Node, Ref
+from mlcomp.ir.builder import new_node
+from mlcomp.ir.ops import PARAM
+from mlcomp.ir.interpreter import Interpreter
+from mlcomp.ir.quant import DEQUANTIZE, QUANTIZE
+from mlcomp.passes.quantize.observe import Observed, int8_weight, uint8_params
+from mlcomp.passes.quantize.policy import Int8Rule
+
+__all__ = ["Writer", "stats"]
+
+
+class Writer:
+    """Inserts the pairs of one graph; ``layer`` does one int8 op and returns its record."""
+
+    def __init__(self, graph: Graph, ranges: dict[str, tuple[float, float]], per_channel: bool,
+                 weight_param: Callable[..., Any], activations: Callable[..., list[Ref]]) -> None:
+        self.graph, self.ranges, self.per_channel = graph, ranges, per_channel
+        self.weight_param, self.activations = weight_param, activations
+        self.pairs: dict[str, tuple[Ref, float, int]] = {}      # value -> (its dequantized ref, scale, zero)
+        self.weights: dict[str, tuple[Ref, torch.Tensor]] = {}  # param -> (its dequantized ref, scales)
+
+    def _const(self, name: str, value: torch.Tensor) -> Ref:
+        node = self.graph.add_constant(self.graph.fresh_name(name), value)
+        return Ref(node.name)
+
+    def _pair(self, value: Ref, before: str, origin: Any) -> tuple[Ref, float, int]:
+        if value.name not in self.pairs:
+            scale, zero = uint8_params(*self.ranges[value.name])
+            s = self._const(f"{value.name}.scale", torch.tensor(scale, dtype=torch.float32))
+            z = self._const(f"{value.name}.zero", torch.tensor(zero, dtype=torch.uint8))
+            q = new_node(self.graph, QUANTIZE, (value, s, z, 1), name=f"{value.name}_q", before=before, origin=origin)
+            dq = new_node(self.graph, DEQUANTIZE, (Ref(q.name), s, z, 1), name=f"{value.name}_dq",
+                          before=before, origin=origin)
+            self.pairs[value.name] = (Ref(dq.name), scale, zero)
+        return self.pairs[value.name]
+
+    def _weight(self, param: Node, axis: int) -> tuple[Ref, torch.Tensor]:
+        if param.name not in self.weights:
+            scales, q = int8_weight(self.graph.constants[param.name], axis if self.per_channel else None)
+            s = self._const(f"{param.name}.scale", scales)
+            z = self._const(f"{param.name}.zero", torch.zeros(scales.shape, dtype=torch.int8))
+            w = self._const(f"{param.name}.int8", q)
+            dq = new_node(self.graph, DEQUANTIZE, (w, s, z, axis), name=f"{param.name}_dq",
+                          before=self._first_user(param.name), origin=param.origin)
+            self.graph.replace_all_uses(param.name, Ref(dq.name), only=lambda u: u.name != dq.name)
+            self.weights[param.name] = (Ref(dq.name), scales)
+        return self.weights[param.name]
+
+    def _first_user(self, name: str) -> str:
+        users = {u.name for u in self.graph.users(name)}
+        return next(n.name for n in self.graph.nodes() if n.name in users)
+
+    def layer(self, node: Node, rule: Int8Rule) -> dict[str, Any]:
+        g = self.graph
+        args = list(node.inputs)
+        acts = self.activations(g, node, rule)
+        record: dict[str, Any] = {"node": node.name, "op": str(node.op), "module": node.origin.module_path}
+        in_scale = 1.0
+        for i, value in enumerate(args):
+            if isinstance(value, Ref) and any(a.name == value.name for a in acts):
+                args[i], in_scale, zero = self._pair(value, node.name, node.origin)
+                record.setdefault("inputs", []).append({"value": value.name, "scale": in_scale, "zero_point": zero})
+        found = self.weight_param(g, node.inputs[rule.weight]) if rule.weight is not None else None
+        if found is not None:
+            param, transposed = found
+            axis = (1 - rule.weight_axis) if transposed else rule.weight_axis
+            _, scales = self._weight(param, axis)
+            record["weight"] = {"param": param.name, "axis": axis if self.per_channel else None,
+                                "scale_min": float(scales.min()), "scale_max": float(scales.max())}
+            args = _merge(args, g.node(node.name).inputs, rule.weight)
+            if rule.bias is not None:
+                args[rule.bias] = self._bias(args[rule.bias], scales * in_scale) or args[rule.bias]
+        g.replace(g.node(node.name).with_(inputs=tuple(args)))
+        out = Ref(node.name)
+        users = g.users(node.name)
+        if users:
+            dq, scale, zero = self._pair(out, self._first_user(node.name), node.origin)
+            q_name = g.node(dq.name).inputs[0].name
+            g.replace_all_uses(node.name, dq, only=lambda u: u.name not in (q_name, dq.name))
+            record["output"] = {"scale": scale, "zero_point": zero}
+        return record
+
+    def _bias(self, value: Any, scales: torch.Tensor) -> Ref | None:
+        """The bias as int32 at ``scales`` (input scale × weight scale) with its dequantize, if a 1-D constant."""
+        g = self.graph
+        if not isinstance(value, Ref) or g.node(value.name).op != PARAM:
+            return None
+        b = g.constants[value.name].detach().float()
+        if b.dim() != 1:
+            return None
+        scales = scales.expand(b.shape).to(torch.float32).contiguous() if scales.dim() else scales
+        q = torch.clamp(torch.round(b / scales), -2 ** 31, 2 ** 31 - 1).to(torch.int32)
+        s = self._const(f"{value.name}.scale", scales)
+        z = self._const(f"{value.name}.zero", torch.zeros(scales.shape, dtype=torch.int32))
+        w = self._const(f"{value.name}.int32", q)
+        dq = new_node(g, DEQUANTIZE, (w, s, z, 0), name=f"{value.name}_dq", before=self._first_user(value.name))
+        return Ref(dq.name)
+
+
+def _merge(args: list[Any], current: Sequence[Any], weight: int) -> list[Any]:
+    """``args`` with the weight argument as the graph now has it (its param rewired to the dequantize)."""
+    out = list(args)
+    out[weight] = current[weight]
+    return out
+
+
+def _rel(ref: Any, got: Any) -> float | None:
+    if not (isinstance(ref, torch.Tensor) and ref.is_floating_point() and isinstance(got, torch.Tensor)):
+        return None
+    top = float(ref.abs().max())
+    return float((ref.double() - got.double()).abs().max()) / top if top > 0 else 0.0
+
+
+def stats(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]], seen: Observed,
+          records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-layer error on sample 0, top-1 agreement of the first output over all samples, the tolerance."""
+    interp = Interpreter(graph)
+    agree = total = 0
+    worst = 0.0
+    with torch.no_grad():
+        for i, sample in enumerate(samples):
+            env = interp.run_all(*sample) if i == 0 else {"__output__": interp.run(*sample)}
+            if i == 0:
+                for rec in records:
+                    rec["rel_error"] = _rel(seen.first.get(rec["node"]), env.get(rec["node"]))
+            ref, got = seen.outputs[i][0], env["__output__"][0]
+            worst = max(worst, _rel(ref, got) or 0.0)
+            if isinstance(ref, torch.Tensor) and ref.is_floating_point() and ref.dim() >= 1:
+                agree += int((ref.argmax(-1) == got.argmax(-1)).sum())
+                total += ref.argmax(-1).numel()
+    tol = declared_tolerance(graph)
+    return {"layers": records, "quantized": len(records), "calibration_samples": len(samples),
+            "output_rel_error": worst, "top1_agreement": agree / total if total else None,
+            "declared_tolerance": tol.rtol if tol else None,
+            "tolerance_why": tol.explain() if tol else None}
