@@ -14,7 +14,7 @@ import torch
 
 from mlcomp.analysis.ranges import declared_tolerance
 from mlcomp.ir import Graph, Node, Ref
-from mlcomp.ir.builder import new_node
+from mlcomp.ir.builder import new_node, remove_dead
 from mlcomp.ir.ops import PARAM
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.quant import DEQUANTIZE, QUANTIZE
@@ -85,7 +85,9 @@ class Writer:
             args = _merge(args, g.node(node.name).inputs, rule.weight)
             if rule.bias is not None:
                 args[rule.bias] = self._bias(args[rule.bias], scales * in_scale) or args[rule.bias]
+        old = [r.name for r in g.node(node.name).inputs if isinstance(r, Ref)]
         g.replace(g.node(node.name).with_(inputs=tuple(args)))
+        remove_dead(g, old)            # the float weight and bias, now read by nobody
         out = Ref(node.name)
         users = g.users(node.name)
         if users:

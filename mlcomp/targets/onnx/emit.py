@@ -303,6 +303,9 @@ def _schema(op: Op) -> Any:
 
 def bind(node: Node) -> dict[str, Any]:
     """The node's arguments by schema name, defaults filled in (``aten.add.Tensor(x, 1)`` → self, other, alpha)."""
+    declared = getattr(node.op.impl, "arguments", None) if node.op.is_composite else None
+    if declared is not None:                  # a composite that names its arguments (mlcomp.ir.quant)
+        return {**dict(zip(declared, node.inputs)), **node.attrs}
     if node.op.namespace is not Namespace.ATEN:
         raise Decline(f"{node.op} is not an ATen op")
     schema = _schema(node.op)
