@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from mlcomp.base.errors import PipelineSpecError
+from mlcomp.base.errors import PassFailure, PipelineSpecError
 from mlcomp.frontend.loading import graph_random_inputs
 from mlcomp.ir import Graph, Mode, Node, Ref
 from mlcomp.ir.ops import PARAM, aten
@@ -95,7 +95,7 @@ class Quantize(Pass):
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         layers = [(n, r) for n in graph.call_nodes() if (r := _rule(n)) is not None]
         if not layers:
-            raise PipelineSpecError(
+            raise PassFailure(
                 f"quantize found no op it computes in int8 in graph {graph.name} (it quantizes "
                 f"{', '.join(str(op) for op in INT8_POLICY)}; convolutions must not be transposed)",
                 where=f"graph {graph.name}", hint="drop quantize from the pipeline for this model")

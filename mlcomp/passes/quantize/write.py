@@ -58,6 +58,7 @@ class Writer:
             dq = new_node(self.graph, DEQUANTIZE, (w, s, z, axis), name=f"{param.name}_dq",
                           before=self._first_user(param.name), origin=param.origin)
             self.graph.replace_all_uses(param.name, Ref(dq.name), only=lambda u: u.name != dq.name)
+            remove_dead(self.graph, [param.name])
             self.weights[param.name] = (Ref(dq.name), scales)
         return self.weights[param.name]
 

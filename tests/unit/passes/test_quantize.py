@@ -1,0 +1,182 @@
+"""quantize: int8 Q/DQ pairs, ONNX Runtime's numerics in the interpreter, the int8 kernels ORT picks, bad inputs."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from mlcomp.base.errors import PassFailure, PipelineSpecError
+from mlcomp.frontend.loading import load_model
+from mlcomp.ir.builder import GraphBuilder
+from mlcomp.ir.interpreter import Interpreter
+from mlcomp.ir.ops import aten
+from mlcomp.ir.quant import DEQUANTIZE, QUANTIZE
+from mlcomp.passes.quantize.quantize import Quantize
+from mlcomp.pipeline import run_pipeline
+
+
+def small():
+    """conv → relu → flatten → linear, captured, with its example input."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5)).eval()
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    return model, x, load_model(model, example_inputs=(x,)).capture()
+
+
+def _stats(report):
+    return next(p["stats"] for p in report.to_json()["passes"] if p["name"] == "quantize")
+
+
+GOLDEN_AFTER = """\
+  %input_q: u8[2, 3, 8, 8] = mlcomp.quantize_linear(%input, %input.scale, %input.zero, 1)   # 0
+  %input_dq: f32[2, 3, 8, 8] = mlcomp.dequantize_linear(%input_q, %input.scale, %input.zero, 1)   # 0
+  %0.weight_dq: f32[4, 3, 3, 3] = mlcomp.dequantize_linear(%0.weight.int8, %0.weight.scale, %0.weight.zero, 0)   # 0
+  %0.bias_dq: f32[4] = mlcomp.dequantize_linear(%0.bias.int32, %0.bias.scale, %0.bias.zero, 0)
+  %convolution: f32[2, 4, 6, 6] = aten.convolution.default(%input_dq, %0.weight_dq, %0.bias_dq, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)   # 0
+  %convolution_q: u8[2, 4, 6, 6] = mlcomp.quantize_linear(%convolution, %convolution.scale, %convolution.zero, 1)   # 0
+  %convolution_dq: f32[2, 4, 6, 6] = mlcomp.dequantize_linear(%convolution_q, %convolution.scale, %convolution.zero, 1)   # 0
+  %relu: f32[2, 4, 6, 6] = aten.relu.default(%convolution_dq)   # 1
+  %view: f32[2, 144] = aten.view.default(%relu, [2, 144])   # 2
+  %3.weight_dq: f32[5, 144] = mlcomp.dequantize_linear(%3.weight.int8, %3.weight.scale, %3.weight.zero, 0)   # 3
+  %permute: f32[144, 5] = aten.permute.default(%3.weight_dq, [1, 0])   # 3
+  %view_q: u8[2, 144] = mlcomp.quantize_linear(%view, %view.scale, %view.zero, 1)   # 3
+  %view_dq: f32[2, 144] = mlcomp.dequantize_linear(%view_q, %view.scale, %view.zero, 1)   # 3
+  %3.bias_dq: f32[5] = mlcomp.dequantize_linear(%3.bias.int32, %3.bias.scale, %3.bias.zero, 0)
+  %addmm: f32[2, 5] = aten.addmm.default(%3.bias_dq, %view_dq, %permute)   # 3
+  %addmm_q: u8[2, 5] = mlcomp.quantize_linear(%addmm, %addmm.scale, %addmm.zero, 1)   # 3
+  %addmm_dq: f32[2, 5] = mlcomp.dequantize_linear(%addmm_q, %addmm.scale, %addmm.zero, 1)   # 3
+  return (%addmm_dq,)
+}"""
+
+
+def test_golden_ir_conv_linear():
+    _, x, g = small()
+    assert "quantize_linear" not in g.format()
+    out, report = run_pipeline(g, "quantize", example_inputs=(x,), verify=True)
+    text = out.format()
+    assert text.endswith(GOLDEN_AFTER), text
+    # the float weights are gone: only int8/int32 constants and their scales remain
+    assert "%0.weight: f32" not in text and "%0.weight.int8: i8[4, 3, 3, 3] = param" in text
+    assert out.constants["3.bias.int32"].dtype == torch.int32
+
+
+def test_stats_per_layer_and_agreement():
+    _, x, g = small()
+    _, report = run_pipeline(g, "quantize{granularity=per-channel}", example_inputs=(x,))
+    st = _stats(report)
+    assert st["quantized"] == 2 and [l["node"] for l in st["layers"]] == ["convolution", "addmm"]
+    conv = st["layers"][0]
+    assert conv["module"] == "0" and conv["weight"]["axis"] == 0
+    assert 0 <= conv["inputs"][0]["zero_point"] <= 255 and conv["inputs"][0]["scale"] > 0
+    assert 0 < conv["rel_error"] < st["declared_tolerance"]
+    assert st["top1_agreement"] == 1.0 and st["output_rel_error"] < st["declared_tolerance"]
+    assert "uint8" in st["tolerance_why"]
+
+
+def test_per_tensor_and_percentile():
+    _, x, g = small()
+    out, report = run_pipeline(g, "quantize{granularity=per-tensor method=percentile}", example_inputs=(x,),
+                               verify=True)
+    st = _stats(report)
+    assert st["layers"][0]["weight"]["axis"] is None
+    assert out.constants["0.weight.scale"].shape == ()
+    assert st["layers"][0]["weight"]["scale_min"] == st["layers"][0]["weight"]["scale_max"]
+
+
+def test_ort_numerics_round_half_even_and_saturate():
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+    x = torch.tensor([[0.25, 0.75, 1.25, -0.25, -0.75, 400.0, -400.0, 0.3]])
+    scale, zero = torch.tensor(0.5), torch.tensor(3, dtype=torch.uint8)
+    ours = QUANTIZE.resolve()(x, scale, zero, 1)
+    back = DEQUANTIZE.resolve()(ours, scale, zero, 1)
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("q", TensorProto.UINT8, [1, 8]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        initializer=[numpy_helper.from_array(scale.numpy(), "s"), numpy_helper.from_array(zero.numpy(), "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    q, y = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.numpy()})
+    assert ours.tolist() == q.tolist() == [[3, 5, 5, 3, 1, 255, 0, 4]]
+    assert torch.equal(back, torch.from_numpy(y))
+
+
+@pytest.mark.ort
+def test_onnxruntime_runs_int8_kernels(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    import onnx
+    from mlcomp.targets.onnx.emit import emit_model
+    _, x, g = small()
+    out, _ = run_pipeline(g, "quantize", example_inputs=(x,))
+    emitted = emit_model(out)
+    assert emitted.declined is None
+    types = [n.op_type for n in emitted.model.graph.node]
+    assert "QuantizeLinear" in types and "DequantizeLinear" in types
+    per_axis = [n for n in emitted.model.graph.node if n.op_type == "DequantizeLinear"
+                and any(a.name == "axis" for a in n.attribute)]
+    assert per_axis, "per-channel weights carry an axis"
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    sess = ort.InferenceSession(emitted.model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    ran = {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
+    assert "QLinearConv" in ran and ran & {"QGemm", "QLinearMatMul", "MatMulIntegerToFloat"}, ran
+    assert "Conv" not in ran
+    got = torch.from_numpy(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0])
+    assert torch.equal(got, Interpreter(out).run(x)[0])      # the interpreter computes what ORT's kernels do
+
+
+@pytest.mark.ort
+def test_compile_onnxruntime_end_to_end():
+    import mlcomp
+    model, x, _ = small()
+    art = mlcomp.compile(model, (x,), target="onnxruntime", pipeline="quantize")
+    ver = art.manifest["verification"]
+    assert ver["passed"] and ver["max_rel"] <= art.manifest["declared_tolerance"]
+    assert art.manifest["declared_tolerance"] > 1e-2           # int8's looser tolerance, not fp32's
+
+
+@pytest.mark.slow
+def test_zoo_resnet18_small_input(zoo):
+    model = zoo["resnet18"].build()
+    xs = [torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(s)) for s in range(3)]
+    g = load_model(model, example_inputs=(xs[0],)).capture()
+    out, report = run_pipeline(g, "fold-batchnorm,quantize{calibration=2}", example_inputs=(xs[0],),
+                               calibration_data=[(t,) for t in xs[:2]], verify=True)
+    st = _stats(report)
+    assert st["quantized"] >= 20 and st["calibration_samples"] == 2
+    assert st["top1_agreement"] == 1.0
+    held = Interpreter(out).run(xs[2])[0]
+    with torch.no_grad():
+        ref = model(xs[2])
+    assert held.argmax(-1).tolist() == ref.argmax(-1).tolist()
+    assert float((held - ref).abs().max() / ref.abs().max()) < st["declared_tolerance"]
+
+
+def test_no_quantizable_op_is_refused():
+    b = GraphBuilder("act")
+    g = b.output(b.call(aten("relu"), b.input("x", (2, 3))))
+    with pytest.raises(PassFailure, match="no op it computes in int8") as err:
+        run_pipeline(g, "quantize")
+    assert "aten.convolution.default" in str(err.value) and "drop quantize" in str(err.value)
+    assert "report the model" not in str(err.value)          # the model is not at fault, nor mlcomp
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("quantize{calibration=0}", "calibration"),
+    ("quantize{granularity=per-row}", "per-channel"),
+    ("quantize{method=entropy}", "minmax"),
+])
+def test_bad_options_are_refused(spec, words):
+    _, x, g = small()
+    with pytest.raises(PipelineSpecError, match=words):
+        run_pipeline(g, spec, example_inputs=(x,))
+
+
+@pytest.mark.parametrize("target", ["cpu", "tvm", "openvino"])
+def test_targets_without_int8_lowering_refuse(target):
+    with pytest.raises(PipelineSpecError, match="only the onnxruntime target lowers") as err:
+        Quantize().check_target(target)
+    assert f"target {target}" in str(err.value) and "--target onnxruntime" in str(err.value)
