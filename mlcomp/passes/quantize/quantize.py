@@ -36,17 +36,16 @@ import torch
 
 from mlcomp.base.errors import PassFailure, PipelineSpecError
 from mlcomp.frontend.loading import graph_random_inputs
-from mlcomp.ir import Graph, Mode, Node, Ref
-from mlcomp.ir.ops import PARAM, aten
+from mlcomp.ir import Graph, Mode, Node
+from mlcomp.ir.ops import aten
 from mlcomp.passes.quantize.observe import observe
-from mlcomp.passes.quantize.write import Writer, stats
+from mlcomp.passes.quantize.write import Writer, activations, output_value, stats
 from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule, int8_rule
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
 __all__ = ["Quantize", "Granularity", "Method", "INT8_TARGETS"]
 
 INT8_TARGETS = frozenset({"onnxruntime"})       # targets that lower the Q/DQ pairs to int8 kernels
-_TRANSPOSES = (aten("permute"), aten("t"), aten("transpose.int"))
 
 
 class Granularity(enum.Enum):
@@ -101,9 +100,10 @@ class Quantize(Pass):
                 where=f"graph {graph.name}", hint="drop quantize from the pipeline for this model")
         samples = _samples(graph, ctx, self.calibration)
         acts = list(dict.fromkeys(
-            [r.name for n, rule in layers for r in _activations(graph, n, rule)] + [n.name for n, _ in layers]))
-        seen = observe(graph, samples, acts, self.method.value)
-        writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL, _weight_param, _activations)
+            [r.name for n, rule in layers for r in activations(graph, n, rule)]
+            + [output_value(graph, n) for n, _ in layers]))
+        seen = observe(graph, samples, acts, self.method.value, keep=[n.name for n, _ in layers])
+        writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL)
         records = [writer.layer(n, rule) for n, rule in layers]
         return PassResult(graph, True, stats(graph, samples, seen, records))
 
@@ -119,25 +119,3 @@ def _samples(graph: Graph, ctx: PassContext, count: int) -> list[tuple[torch.Ten
     given = ctx.calibration_data or ((ctx.example_inputs,) if ctx.example_inputs is not None
                                      else (graph_random_inputs(graph),))
     return [(s,) if isinstance(s, torch.Tensor) else tuple(s) for s in list(given)[:count]]
-
-
-def _weight_param(graph: Graph, value: Any) -> tuple[Node, bool] | None:
-    """The PARAM a weight argument reads (directly, or through one 2-D transpose: ``True``), else ``None``."""
-    if not isinstance(value, Ref):
-        return None
-    node = graph.node(value.name)
-    if node.op == PARAM:
-        return node, False
-    if node.op in _TRANSPOSES and isinstance(node.inputs[0], Ref):
-        src = graph.node(node.inputs[0].name)
-        if src.op == PARAM and len(src.tensor_meta.shape) == 2:
-            return src, True
-    return None
-
-
-def _activations(graph: Graph, node: Node, rule: Int8Rule) -> list[Ref]:
-    """The arguments quantized per tensor: the rule's activations and a weight that is not a constant."""
-    picks = list(rule.activations)
-    if rule.weight is not None and _weight_param(graph, node.inputs[rule.weight]) is None:
-        picks.append(rule.weight)
-    return [node.inputs[i] for i in picks if isinstance(node.inputs[i], Ref)]

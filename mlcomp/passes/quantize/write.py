@@ -8,29 +8,30 @@ layer's error against the float values and the outputs' top-1 agreement.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from mlcomp.analysis.ranges import declared_tolerance
 from mlcomp.ir import Graph, Node, Ref
 from mlcomp.ir.builder import new_node, remove_dead
-from mlcomp.ir.ops import PARAM
+from mlcomp.ir.ops import PARAM, aten
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.quant import DEQUANTIZE, QUANTIZE
 from mlcomp.passes.quantize.observe import Observed, int8_weight, uint8_params
 from mlcomp.passes.quantize.policy import Int8Rule
 
-__all__ = ["Writer", "stats"]
+__all__ = ["Writer", "stats", "weight_param", "activations", "output_value"]
+
+_TRANSPOSES = (aten("permute"), aten("t"), aten("transpose.int"))
+_RELU = aten("relu")
 
 
 class Writer:
     """Inserts the pairs of one graph; ``layer`` does one int8 op and returns its record."""
 
-    def __init__(self, graph: Graph, ranges: dict[str, tuple[float, float]], per_channel: bool,
-                 weight_param: Callable[..., Any], activations: Callable[..., list[Ref]]) -> None:
+    def __init__(self, graph: Graph, ranges: dict[str, tuple[float, float]], per_channel: bool) -> None:
         self.graph, self.ranges, self.per_channel = graph, ranges, per_channel
-        self.weight_param, self.activations = weight_param, activations
         self.pairs: dict[str, tuple[Ref, float, int]] = {}      # value -> (its dequantized ref, scale, zero)
         self.weights: dict[str, tuple[Ref, torch.Tensor]] = {}  # param -> (its dequantized ref, scales)
 
@@ -69,14 +70,14 @@ class Writer:
     def layer(self, node: Node, rule: Int8Rule) -> dict[str, Any]:
         g = self.graph
         args = list(node.inputs)
-        acts = self.activations(g, node, rule)
+        acts = activations(g, node, rule)
         record: dict[str, Any] = {"node": node.name, "op": str(node.op), "module": node.origin.module_path}
         in_scale = 1.0
         for i, value in enumerate(args):
             if isinstance(value, Ref) and any(a.name == value.name for a in acts):
                 args[i], in_scale, zero = self._pair(value, node.name, node.origin)
                 record.setdefault("inputs", []).append({"value": value.name, "scale": in_scale, "zero_point": zero})
-        found = self.weight_param(g, node.inputs[rule.weight]) if rule.weight is not None else None
+        found = weight_param(g, node.inputs[rule.weight]) if rule.weight is not None else None
         if found is not None:
             param, transposed = found
             axis = (1 - rule.weight_axis) if transposed else rule.weight_axis
@@ -89,13 +90,12 @@ class Writer:
         old = [r.name for r in g.node(node.name).inputs if isinstance(r, Ref)]
         g.replace(g.node(node.name).with_(inputs=tuple(args)))
         remove_dead(g, old)            # the float weight and bias, now read by nobody
-        out = Ref(node.name)
-        users = g.users(node.name)
-        if users:
-            dq, scale, zero = self._pair(out, self._first_user(node.name), node.origin)
+        out = Ref(output_value(g, node))
+        if g.users(out.name):
+            dq, scale, zero = self._pair(out, self._first_user(out.name), g.node(out.name).origin)
             q_name = g.node(dq.name).inputs[0].name
-            g.replace_all_uses(node.name, dq, only=lambda u: u.name not in (q_name, dq.name))
-            record["output"] = {"scale": scale, "zero_point": zero}
+            g.replace_all_uses(out.name, dq, only=lambda u: u.name not in (q_name, dq.name))
+            record["output"] = {"value": out.name, "scale": scale, "zero_point": zero}
         return record
 
     def _bias(self, value: Any, scales: torch.Tensor) -> Ref | None:
@@ -151,3 +151,32 @@ def stats(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]], seen: Obser
             "output_rel_error": worst, "top1_agreement": agree / total if total else None,
             "declared_tolerance": tol.rtol if tol else None,
             "tolerance_why": tol.explain() if tol else None}
+
+
+def weight_param(graph: Graph, value: Any) -> tuple[Node, bool] | None:
+    """The PARAM a weight argument reads (directly, or through one 2-D transpose: ``True``), else ``None``."""
+    if not isinstance(value, Ref):
+        return None
+    node = graph.node(value.name)
+    if node.op == PARAM:
+        return node, False
+    if node.op in _TRANSPOSES and isinstance(node.inputs[0], Ref):
+        src = graph.node(node.inputs[0].name)
+        if src.op == PARAM and len(src.tensor_meta.shape) == 2:
+            return src, True
+    return None
+
+
+def activations(graph: Graph, node: Node, rule: Int8Rule) -> list[Ref]:
+    """The arguments quantized per tensor: the rule's activations and a weight that is not a constant."""
+    picks = list(rule.activations)
+    if rule.weight is not None and weight_param(graph, node.inputs[rule.weight]) is None:
+        picks.append(rule.weight)
+    return [node.inputs[i] for i in picks if isinstance(node.inputs[i], Ref)]
+
+
+def output_value(graph: Graph, node: Node) -> str:
+    """The value an int8 op's output pair goes on: a ReLU that is its only reader (ONNX Runtime then drops
+    the ReLU: quantizing to a grid whose zero point is 0 clips negatives exactly as ReLU does), else the op."""
+    users = graph.users(node.name)
+    return users[0].name if len(users) == 1 and users[0].op == _RELU else node.name
