@@ -63,6 +63,7 @@ from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
 from mlcomp.pipeline.target_facts import LowPrecision
 from mlcomp.targets.capabilities import REAL_DTYPES, Capabilities, DeviceKind
 from mlcomp.runtime.codegen import to_fx
+from mlcomp.ir.quant import is_qdq
 from mlcomp.targets.onnx.emit import emit_model, emittable
 from mlcomp.targets.onnx.export import DEFAULT_OPSET, MLCOMP, ExportRecord, export_model
 from mlcomp.targets.onnx.torchlib import translatable
@@ -265,6 +266,13 @@ def graph_to_onnx(graph: Graph, inputs: tuple[torch.Tensor, ...], *, opset: int 
     emitted = emit_model(graph, opset=opset or DEFAULT_OPSET) if emit else None
     if emitted is not None and emitted.model is not None:
         return checked(emitted.model, graph.name), ExportRecord(MLCOMP)
+    if emitted is not None and any(is_qdq(n.op) for n in graph.call_nodes()):
+        raise TargetCompileError(
+            f"graph {graph.name} carries int8 quantize/dequantize pairs, which only mlcomp's ONNX emitter "
+            f"writes (torch.onnx does not know them), and the emitter declined the graph: {emitted.declined}",
+            where=f"graph {graph.name}",
+            hint="add fold-constants before quantize in the pipeline (it removes constant index arithmetic), "
+                 "or compile this model without quantize")
     dynamic = None
     if any(n.tensor_meta.is_dynamic for n in graph.input_nodes):
         dynamic = tuple({i: torch.export.Dim.DYNAMIC for i, d in enumerate(n.tensor_meta.shape)

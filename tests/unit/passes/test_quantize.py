@@ -180,3 +180,20 @@ def test_targets_without_int8_lowering_refuse(target):
     with pytest.raises(PipelineSpecError, match="only the onnxruntime target lowers") as err:
         Quantize().check_target(target)
     assert f"target {target}" in str(err.value) and "--target onnxruntime" in str(err.value)
+
+
+@pytest.mark.slow
+@pytest.mark.ort
+def test_third_party_bert_on_onnxruntime():
+    pytest.importorskip("transformers")
+    import mlcomp
+    from mlcomp.base.errors import MlcompError
+    from mlcomp.models.third_party import build_third_party
+    model, inputs = build_third_party("bert", batch=2)
+    art = mlcomp.compile(model, inputs, target="onnxruntime", pipeline="fold-constants,quantize")
+    ver = art.manifest["verification"]
+    assert ver["passed"] and 0 < ver["max_rel"] <= art.manifest["declared_tolerance"]
+    # without fold-constants the emitter declines (arange), and torch.onnx cannot write the pairs: said so
+    with pytest.raises(MlcompError, match="carries int8 quantize/dequantize pairs") as err:
+        mlcomp.compile(model, inputs, target="onnxruntime", pipeline="quantize")
+    assert "aten.arange" in str(err.value) and "fold-constants" in str(err.value)
