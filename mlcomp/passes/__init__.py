@@ -4,6 +4,7 @@
 * ``fusion/`` — ``fusion``: fuse-elementwise / fuse-epilogue (FuseOps-style groups) and ``fuse``;
   ``folds``: fold-batchnorm, fold-bias; ``attention``: fuse-attention; ``recompose``: recompose;
 * ``precision/`` — ``mixed``: mixed-precision; ``policy``: its per-op rules;
+* ``quantize/`` — ``quantize``: int8 Q/DQ pairs; ``policy``: the int8 ops; ``observe``: calibration ranges;
 * ``prune/`` — ``prune``, its ``rewrite``, and the channel analyses only it uses (``channel_*``);
 * ``remat/`` — ``remat``, its ``problem`` and ``solvers``;
 * ``placement/`` — ``place`` and ``partition``;

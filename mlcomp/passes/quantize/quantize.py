@@ -4,33 +4,45 @@ The pass observes activation ranges by running the graph on calibration samples
 (:mod:`mlcomp.passes.quantize.observe`; the example inputs by default), then, around
 every op the policy marks int8-capable (:mod:`mlcomp.passes.quantize.policy`), writes
 ``mlcomp.quantize_linear``/``mlcomp.dequantize_linear`` (:mod:`mlcomp.ir.quant`):
-activations per tensor in uint8, the op's output too (what lets ONNX Runtime pick its
-``QLinear*`` kernels), weights folded now into int8 constants with one symmetric
-scale per output channel, and the bias into int32 at ``input scale × weight scale``.
-Everything else keeps float.  Before/after on ``x → linear(8, 4)``::
+activations per tensor in uint8; the op's output too (what lets ONNX Runtime pick its
+``QLinear*`` kernels), after the ReLU when a ReLU is its only reader (ORT then drops the
+ReLU, which a zero point of 0 makes exact); weights folded now into int8 constants with
+one symmetric scale per output channel; the bias into int32 at ``input scale × weight
+scale``.  Everything else keeps float.  Before/after on ``conv → relu → flatten → linear``::
 
-    %fc.weight: f32[4, 8] = param              %fc.weight.int8: i8[4, 8] = param   (+ .scale f32[4], .zero i8[4])
-    %fc.bias: f32[4] = param                   %fc.bias.int32: i32[4] = param      (+ .scale f32[4], .zero i32[4])
-    %permute = permute(%fc.weight, [1, 0])     %input_q: u8[2, 8] = mlcomp.quantize_linear(%input, %input.scale, %input.zero, 1)
-    %addmm = addmm(%fc.bias, %input, %permute) %input_dq: f32[2, 8] = mlcomp.dequantize_linear(%input_q, ...)
-    return (%addmm,)                           %fc.weight_dq = mlcomp.dequantize_linear(%fc.weight.int8, %fc.weight.scale, ..., 0)
-                                               %permute = permute(%fc.weight_dq, [1, 0])
-                                               %addmm = addmm(%fc.bias_dq, %input_dq, %permute)
-                                               %addmm_q = quantize_linear(%addmm, ...); %addmm_dq = dequantize_linear(...)
-                                               return (%addmm_dq,)
+    %convolution = convolution(%input, %0.weight, %0.bias, ...)
+    %relu = relu(%convolution)
+    %view = view(%relu, [2, 144])
+    %permute = permute(%3.weight, [1, 0])
+    %addmm = addmm(%3.bias, %view, %permute)
+    return (%addmm,)
+                 ↓ quantize
+    %input_q: u8[2, 3, 8, 8] = mlcomp.quantize_linear(%input, %input.scale, %input.zero, 1)
+    %input_dq: f32[2, 3, 8, 8] = mlcomp.dequantize_linear(%input_q, %input.scale, %input.zero, 1)
+    %0.weight_dq: f32[4, 3, 3, 3] = mlcomp.dequantize_linear(%0.weight.int8, %0.weight.scale, %0.weight.zero, 0)
+    %0.bias_dq: f32[4] = mlcomp.dequantize_linear(%0.bias.int32, %0.bias.scale, %0.bias.zero, 0)
+    %convolution = convolution(%input_dq, %0.weight_dq, %0.bias_dq, ...)
+    %relu = relu(%convolution)
+    %relu_q: u8[2, 4, 6, 6] = mlcomp.quantize_linear(%relu, %relu.scale, %relu.zero, 1)
+    %relu_dq = mlcomp.dequantize_linear(%relu_q, ...);  %view = view(%relu_dq, [2, 144])
+    %view_q, %view_dq (the pair of the linear's input);  %3.weight_dq, %3.bias_dq as above
+    %addmm = addmm(%3.bias_dq, %view_dq, permute(%3.weight_dq, [1, 0]))
+    %addmm_q, %addmm_dq;  return (%addmm_dq,)
 
 Stats: per quantized layer its module path, op, input/output scale and zero point,
 weight scale range and the relative error of its output against float on the first
 calibration sample; the top-1 agreement of the outputs over all samples; and the
 declared tolerance verification uses (:func:`mlcomp.analysis.ranges.declared_tolerance`).
 Only the ``onnxruntime`` target lowers the pairs to int8 kernels; the pass refuses
-every other target before anything is loaded.  O(n) rewriting plus the calibration runs.
+every other target before anything is loaded; its emitter must take the whole graph
+(``fold-constants`` first removes constant index arithmetic it has no rule for).  O(n)
+rewriting plus the calibration runs.
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
