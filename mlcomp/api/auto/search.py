@@ -222,7 +222,8 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     if records is not None and not opts.deterministic:
         key = record_key(graph, source.inputs(), [t.name for t in targets], pipeline, opts)
         record = records.load(key)
-    order = targets if record is None else sorted(targets, key=record.order([t.name for t in targets]).index)
+    ranked = [t.name for t in targets] if record is None else record.order([t.name for t in targets])
+    order = sorted(targets, key=lambda t: ranked.index(t.name))
     rows: dict[str, Candidate] = {}
     built: dict[str, CompileResult] = {}
     pool = WorkerPool(source.inputs(), warmup=policy.warmup, block_s=BLOCK_S, describe=_first_line,
