@@ -170,8 +170,9 @@ RULES: tuple[Rule, ...] = (
        needs=_CPU, fusion=Fusion.ATTENTION),
     _R("layer-norm", "layer_norm", Runs.TORCH, "(residual add +) last-axis layer norm -> F.layer_norm",
        needs=_CPU, fusion=Fusion.LAYER_NORM),
-    _R("relu-after-linear", "relu", Runs.TORCH, "relu of a large linear, in place on torch's threads",
-       needs=_CPU, min_size=1 << 20, fusion=Fusion.EPILOGUE),
+    _R("relu-after-linear", "relu", Runs.TORCH,
+       "relu of a large linear, in place on torch's threads (TVM's serial relu writes a new buffer: ~3x torch's "
+       "relu_ at this size, one thread)", needs=_CPU, min_size=1 << 17, fusion=Fusion.EPILOGUE),
     _R("activation-epilogue", "activation", Runs.TORCH,
        "sigmoid/gelu after a conv/linear kernel (and a conv's bias add) fused into its call", needs=_CPU,
        fusion=Fusion.EPILOGUE),
