@@ -125,6 +125,7 @@ class AutoReport:
     tie_break_rounds: int = 0       # further rounds of the close ones only
     timed_in: str = IN_PROCESSES    # or "this process (why not a process each)", or FROM_RECORD
     eliminated: dict[str, int] = field(default_factory=dict)    # clear loser -> rounds it was sampled
+    phases: dict[str, float] = field(default_factory=dict)      # seconds: compiling, waiting for workers, ranking
 
     @property
     def picked(self) -> Candidate:
@@ -138,7 +139,8 @@ class AutoReport:
                            "warmup": self.policy.warmup, "budget_s": self.policy.budget_s,
                            "min_repeats": self.policy.min_repeats, "rounds": self.rounds,
                            "tie_break_rounds": self.tie_break_rounds, "timed_in": self.timed_in,
-                           "eliminated": dict(self.eliminated)}}
+                           "eliminated": dict(self.eliminated),
+                           "phase_seconds": {k: round(v, 3) for k, v in self.phases.items()}}}
 
     def table(self) -> Table:
         rows = tuple((c.target + (" *" if c.picked else ""),
@@ -228,15 +230,19 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     built: dict[str, CompileResult] = {}
     pool = WorkerPool(source.inputs(), warmup=policy.warmup, block_s=BLOCK_S, describe=_first_line,
                       enabled=isolate and record is None and not opts.deterministic and len(targets) > 1)
+    phases: dict[str, float] = {}
+    t0 = time.perf_counter()
     with pool:
         for target in order:
             if record is not None and built:
                 rows[target.name] = _from_record(target.name, record)
                 continue
+            pool.spare()               # a worker imports torch and mlcomp while this candidate compiles
             rows[target.name] = _compile_one(source, graph, target, pipeline, capture_seconds, instruments,
                                              say, built, options, opts)
             if target.name in built:
                 pool.add(target.name, built[target.name].artifact)
+        phases["compile"] = time.perf_counter() - t0
         if not built:
             raise AutoTargetError(
                 f"no candidate target compiled and verified {graph.name}: "
@@ -250,13 +256,14 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
             rounds, tie_break, timed_in, eliminated = 0, 0, NOT_TIMED if record is None else FROM_RECORD, {}
         else:
             say(f"auto: time {', '.join(built)} on the example inputs")
-            ranking, timed_in = _time(built, source.inputs(), policy, clock, rows, pool)
+            ranking, timed_in = _time(built, source.inputs(), policy, clock, rows, pool, phases)
             best, decision = ranking.picked, ranking.decision(AUTO_QUESTION)
             rounds, tie_break, eliminated = ranking.rounds, ranking.tie_break_rounds, ranking.eliminated
             if key is not None and len(built) > 1:
                 records.save(AutoRecord(key, {n: ranking.medians[n] for n in built}, best))
     rows[best] = replace(rows[best], picked=True)
-    report = AutoReport(tuple(rows[t.name] for t in targets), policy, rounds, tie_break, timed_in, eliminated)
+    report = AutoReport(tuple(rows[t.name] for t in targets), policy, rounds, tie_break, timed_in, eliminated,
+                        phases)
     result = built[best]
     result.auto = report
     result.artifact.manifest["auto"] = report.to_json()
@@ -302,8 +309,9 @@ def _instruments(instruments: Any, name: str) -> Sequence[Any] | None:
 
 
 def _time(built: dict[str, CompileResult], inputs: Sequence[Any], policy: TimingPolicy, clock: Clock,
-          rows: dict[str, Candidate], pool: WorkerPool) -> tuple[Ranking, str]:
-    """Rank the built artifacts, each in its process from ``pool`` if it can be, else all in this one.
+          rows: dict[str, Candidate], pool: WorkerPool, phases: dict[str, float]) -> tuple[Ranking, str]:
+    """Rank the built artifacts, each in its process from ``pool`` if it can be, else all in this one
+    (``phases``: seconds spent waiting for the workers and ranking).
 
     Every artifact first runs once here: a candidate that fails now is disqualified, not timed.
     """
@@ -321,7 +329,11 @@ def _time(built: dict[str, CompileResult], inputs: Sequence[Any], policy: Timing
     ranking = None
     if pool.enabled and len(built) > 1:
         try:
-            ranking = rank_samplers(pool.samplers(list(built)), policy, on_eliminate=pool.stop)
+            t0 = time.perf_counter()
+            samplers = pool.samplers(list(built))
+            phases["workers_ready"] = time.perf_counter() - t0
+            ranking = rank_samplers(samplers, policy, on_eliminate=pool.stop)
+            phases["rank"] = time.perf_counter() - t0 - phases["workers_ready"]
             timed_in = IN_PROCESSES
         except WorkerError as exc:
             timed_in = f"this process ({_first_line(exc)})"

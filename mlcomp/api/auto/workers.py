@@ -1,8 +1,10 @@
 """The auto target's timing processes, started as soon as each candidate is built.
 
 A worker (:class:`~mlcomp.runtime.timing_worker.ProcessSampler`) spends most of its start-up
-importing torch and its backend and loading the artifact; started right after its candidate
-verified, that overlaps the next candidates' compiles instead of following them all::
+importing torch and its backend and loading the artifact.  One spare worker is spawned ahead
+(:meth:`WorkerPool.spare`: it imports torch and mlcomp while a candidate compiles) and loads the
+next candidate that verifies, and a new spare is spawned while more are to come; so the start-up
+overlaps the compiles instead of following them all::
 
     compile cpu | compile onnxruntime | compile tvm ...........| rank
                   start worker cpu ---> ready                  |
@@ -40,6 +42,7 @@ class WorkerPool:
         self._root: Path | None = None
         self._feed: Path | None = None
         self._started: dict[str, ProcessSampler] = {}
+        self._spare: ProcessSampler | None = None
 
     def __enter__(self) -> "WorkerPool":
         return self
@@ -47,8 +50,19 @@ class WorkerPool:
     def __exit__(self, *exc: Any) -> None:
         self._stack.close()
 
+    def spare(self) -> None:
+        """Start a worker that imports torch and mlcomp now, for the next candidate built (none if one waits)."""
+        if not self.enabled or self.problem is not None or self._spare is not None:
+            return
+        try:
+            self._spare = self._stack.enter_context(ProcessSampler.spawn(
+                threads=torch.get_num_threads(), warmup=self.warmup, block_s=self.block_s))
+        except WorkerError as exc:
+            self.problem = self._describe(exc)
+
     def add(self, name: str, artifact: Any) -> None:
-        """Save ``artifact`` and start its worker (not waiting for it); a failure disables the pool."""
+        """Save ``artifact`` and have a worker load it (the spare if one waits; not waiting for it); a
+        failure disables the pool."""
         if not self.enabled or self.problem is not None:
             return
         try:
@@ -60,9 +74,13 @@ class WorkerPool:
             self.problem = f"saving the candidates for their timing processes failed: {self._describe(exc)}"
             return
         try:
-            self._started[name] = self._stack.enter_context(ProcessSampler.start(
-                folder, self._feed, threads=torch.get_num_threads(), warmup=self.warmup, block_s=self.block_s,
-                label=name))
+            if self._spare is not None:
+                self._started[name], self._spare = self._spare, None
+                self._started[name].load(folder, self._feed, name)
+            else:
+                self._started[name] = self._stack.enter_context(ProcessSampler.start(
+                    folder, self._feed, threads=torch.get_num_threads(), warmup=self.warmup,
+                    block_s=self.block_s, label=name))
         except WorkerError as exc:
             self.problem = self._describe(exc)
 
@@ -78,6 +96,9 @@ class WorkerPool:
             raise WorkerError(f"no timing process for {', '.join(missing)}")
         for name in [n for n in self._started if n not in names]:
             self.stop(name)
+        if self._spare is not None:
+            self._spare.close()
+            self._spare = None
         for name in names:
             self._started[name].wait_ready(READY_TIMEOUT_S)
         return {name: self._started[name].sample for name in names}
