@@ -132,8 +132,10 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Lowered:
 
     args = [fakes[i] for i in indices]
     try:
-        traced = make_fx(torch.func.functionalize(run, remove="mutations_and_views"),
+        traced = make_fx(_functional(run, [placeholders[i].name for i in indices]),
                          decomposition_table=core_aten_decompositions(), tracing_mode="symbolic")(*args)
+    except CaptureError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any tracing failure sends the graph to torch
         raise CaptureError(f"the Dynamo graph cannot be traced to ATen: {type(exc).__name__}: "
                            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
@@ -141,3 +143,31 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Lowered:
     traced.graph.eliminate_dead_code()
     traced.recompile()
     return Lowered(traced, sizes, indices, dynamic=bool(sizes.slots))
+
+
+def _functional(fn: Any, names: Sequence[str]) -> Any:
+    """``fn`` traced through torch's Python functionalization (views and in-place ops become pure ops).
+
+    Python-level functionalization keeps sizes symbolic (the C++ ``torch.func.functionalize``
+    asks some composite ops for concrete sizes, which pins a dynamic size to its example).
+    A graph that writes into one of its inputs is refused: its writes would be lost.
+    """
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+    def inner(*args: Any) -> Any:
+        exclude = torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize))
+        with exclude, FunctionalTensorMode():
+            wrapped = [FunctionalTensor.to_functional(a) for a in args]
+            out = fn(*wrapped)
+            for i, w in enumerate(wrapped):
+                torch._sync(w)
+                if torch._functionalize_has_data_mutation(w.elem):
+                    raise CaptureError(f"the Dynamo graph writes into its input {names[i]} in place",
+                                       hint="this graph runs in torch")
+            return torch.utils._pytree.tree_map_only(FunctionalTensor, _unwrap, out)
+    return inner
+
+
+def _unwrap(t: Any) -> Any:
+    torch._sync(t)
+    return torch._from_functional_tensor(t.elem)

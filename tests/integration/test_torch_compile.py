@@ -150,3 +150,82 @@ def test_five_training_steps_match_eager():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert {p.graph for p in report.partitions} == {"graph0.forward", "graph0.backward"}
     assert all(p.ran_on == "mlcomp:cpu" for p in report.partitions)
+
+
+class CountsCalls(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(1))
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.a(x) + self.calls
+
+
+def test_graph_that_writes_its_buffer_runs_in_torch():
+    model, twin = CountsCalls().eval(), CountsCalls().eval()
+    twin.load_state_dict(model.state_dict())
+    fast, report = compiled(model)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(fast(x), twin(x))
+    assert model.calls.item() == 3
+    (part,) = report.partitions
+    assert part.ran_on == TORCH and "writes into its input" in part.reason and "calls" in part.reason
+
+
+def test_explain_prints_where_each_partition_ran(capsys):
+    fast = torch.compile(Branches().eval(), backend="mlcomp", options={"explain": True})
+    with torch.no_grad():
+        fast(torch.randn(2, 8))
+    out = capsys.readouterr().out
+    assert "mlcomp backend, graph0:" in out and "mlcomp:cpu" in out and "not an op of mlcomp's IR" in out
+
+
+def test_dynamic_compile_serves_every_batch_and_hits_the_cache(tmp_path):
+    model = nn.Sequential(nn.Linear(16, 8), nn.Tanh()).eval()
+    with torch.no_grad():
+        for expected in ("stored", "hit"):
+            torch._dynamo.reset()
+            report = mb.BackendReport()
+            fast = torch.compile(model, backend="mlcomp", dynamic=True,
+                                 options={"report": report, "cache": str(tmp_path)})
+            for batch in (3, 5, 11):
+                x = torch.randn(batch, 16)
+                torch.testing.assert_close(fast(x), model(x))
+            assert report.graphs == 1
+            assert [p.cache for p in report.partitions] == [expected]
+
+
+CHILD = """
+import sys, torch
+from torch import nn
+from mlcomp.dynamo import backend as mb
+mb.register()
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+report = mb.BackendReport()
+fast = torch.compile(model, backend="mlcomp", options={"report": report, "cache": sys.argv[1]})
+with torch.no_grad():
+    for batch in (2, 3, 9):
+        x = torch.randn(batch, 16)
+        torch.testing.assert_close(fast(x), model(x))
+print("CACHE", ",".join(p.cache for p in report.partitions))
+"""
+
+
+@pytest.mark.slow
+def test_second_process_hits_the_cache(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    seen = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True,
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        seen.append(next(ln for ln in proc.stdout.splitlines() if ln.startswith("CACHE")))
+    assert seen == ["CACHE stored,stored", "CACHE hit,hit"]
