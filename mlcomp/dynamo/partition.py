@@ -136,6 +136,7 @@ def _compile_one(sub: torch.fx.GraphModule, args: tuple[Any, ...], frozen: Mappi
     part.ran_on = art.target
     part.cache = result.cache.status.value if result.cache is not None else None
     part.regions = list(art.manifest.get("fallback_regions") or [])
+    part.pipeline = art.manifest.get("pipeline")
     outputs = [n for n in sub.graph.nodes if n.op == "output"][0].args[0]
     return CompiledRegion(art, keep, tuple_out=isinstance(outputs, (tuple, list)))
 

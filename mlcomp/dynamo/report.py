@@ -34,6 +34,7 @@ class Partition:
     seconds: float | None = None
     cache: str | None = None
     reason: str | None = None
+    pipeline: str | None = None                                   # the pipeline as it ran (adapted to the target)
     regions: list[dict[str, Any]] = field(default_factory=list)   # the target's own eager regions, if any
 
 

@@ -53,15 +53,26 @@ def test_zoo_model_matches_eager_and_runs_in_mlcomp():
 
 def test_two_compiles_keep_their_own_options():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
-    on_cpu, cpu_report = compiled(model, target="cpu")
-    on_ort, ort_report = compiled(copy.deepcopy(model), target="onnxruntime")
+    on_cpu, cpu_report = compiled(model, target="cpu", pipeline="-O1")
+    on_ort, ort_report = compiled(copy.deepcopy(model), target="onnxruntime", pipeline="cleanup")
     x = torch.randn(3, 8)
     with torch.no_grad():
         torch.testing.assert_close(on_cpu(x), model(x))
         torch.testing.assert_close(on_ort(x), model(x), rtol=1e-5, atol=1e-5)
         on_cpu(x)
-    assert {p.ran_on for p in cpu_report.partitions} == {"mlcomp:cpu"}
-    assert {p.ran_on for p in ort_report.partitions} == {"mlcomp:onnxruntime"}
+    assert {(p.ran_on, p.pipeline) for p in cpu_report.partitions} == {("mlcomp:cpu", "cleanup")}
+    assert {(p.ran_on, p.pipeline) for p in ort_report.partitions} == {("mlcomp:onnxruntime", "cleanup")}
+
+
+def test_precision_option_appends_mixed_precision():
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).eval()
+    fast, report = compiled(model, pipeline="-O1", precision="bf16")
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        error = (fast(x) - model(x)).abs().max().item()
+    (part,) = report.partitions
+    assert part.ran_on == "mlcomp:cpu" and "mixed-precision{dtype=bf16}" in part.pipeline
+    assert 0 < error < 0.05          # bf16 products: not eager's bits, within mixed precision's bound
 
 
 def test_unknown_option_is_named():
