@@ -9,7 +9,7 @@ empty).  Per model and batch, under ``torch.no_grad()``:
 * compile s: wall time of the first call of each compiled model (Dynamo tracing and the
   backend's compile, verification against eager included for mlcomp); ``mlcomp.compile`` s
   is the same model through ``mlcomp.compile`` with the same pipeline and target, for scale;
-* steady-state latency: medians of samples interleaved round by round over eager, inductor
+* steady-state latency (``--threads``, default 1, for every variant): medians of samples interleaved round by round over eager, inductor
   and mlcomp (``mlcomp.hardware.timing.measure_interleaved``);
 * recompiles: graphs compiled over a sweep of 20 batch sizes (1..20) or, for the BERT
   model, 20 sequence lengths (8..160) after the first call (``counters["stats"]["unique_graphs"]``);
@@ -36,6 +36,8 @@ from mlcomp.hardware.timing import TimingPolicy, measure_interleaved
 from mlcomp.dynamo import backend as mb
 import mlcomp
 name, batch, budget, pipeline, target = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
+threads = int(sys.argv[6])
+torch.set_num_threads(threads)
 torch.manual_seed(0)
 if name == "bert":
     from transformers import BertConfig, BertModel
@@ -60,11 +62,11 @@ mb.register()
 out = {"model": name, "batch": batch}
 with torch.no_grad():
     expected = model(*x)
-    t0 = time.perf_counter(); mlcomp.compile(model, x, target=target, pipeline=pipeline); out["mlcomp.compile"] = time.perf_counter() - t0
+    t0 = time.perf_counter(); mlcomp.compile(model, x, target=target, pipeline=pipeline, threads=threads); out["mlcomp.compile"] = time.perf_counter() - t0
     fns = {"eager": model}
     for label, fn in (("inductor", lambda: torch.compile(model)),
                       ("mlcomp", lambda: torch.compile(model, backend="mlcomp",
-                                                         options={"pipeline": pipeline, "target": target}))):
+                                                         options={"pipeline": pipeline, "target": target, "threads": threads}))):
         torch._dynamo.reset(); counters.clear()
         compiled = fn()
         t0 = time.perf_counter(); y = compiled(*x); out[label + "_compile"] = time.perf_counter() - t0
@@ -84,8 +86,8 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def run(model: str, batch: int, budget: float, pipeline: str, target: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, model, str(batch), str(budget), pipeline, target],
+def run(model: str, batch: int, budget: float, pipeline: str, target: str, threads: int) -> dict:
+    proc = subprocess.run([sys.executable, "-c", CHILD, model, str(batch), str(budget), pipeline, target, str(threads)],
                           capture_output=True, text=True, cwd=REPO, timeout=3600,
                           env=dict(os.environ, PYTHONPATH=str(REPO)))
     for line in proc.stdout.splitlines():
@@ -124,13 +126,14 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=1.0, help="seconds of timing per variant")
     parser.add_argument("--pipeline", default="-O2")
     parser.add_argument("--target", default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads, every variant")
     args = parser.parse_args()
-    print(f"host: {host()}; pipeline {args.pipeline}, target {args.target}\n")
+    print(f"host: {host()}; pipeline {args.pipeline}, target {args.target}, {args.threads} thread(s)\n")
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS))
     for model in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            print("| " + " | ".join(row(run(model, batch, args.budget, args.pipeline, args.target))) + " |",
+            print("| " + " | ".join(row(run(model, batch, args.budget, args.pipeline, args.target, args.threads))) + " |",
                   flush=True)
 
 

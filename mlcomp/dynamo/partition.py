@@ -14,9 +14,10 @@ Tensors listed in ``constants`` (parameters, when inference freezes them) enter 
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
@@ -30,7 +31,7 @@ from mlcomp.frontend.capture import from_fx
 from mlcomp.frontend.source import ModelSource
 from mlcomp.ir.ops import Op
 
-__all__ = ["compile_regions", "representable"]
+__all__ = ["compile_regions", "outside_dynamo", "representable"]
 
 
 def representable(node: torch.fx.Node) -> bool:
@@ -87,7 +88,8 @@ def compile_regions(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], *,
                                                            if n.op == "call_function"))
         start = time.perf_counter()
         try:
-            setattr(fused, name, _compile_one(sub, args, frozen, tensors, opts, part))
+            with outside_dynamo():
+                setattr(fused, name, _compile_one(sub, args, frozen, tensors, opts, part))
             part.ran_on = f"mlcomp:{part.ran_on}"
         except MlcompError as exc:
             part.ran_on, part.reason = TORCH, exc.message.split("\n")[0]
@@ -98,6 +100,20 @@ def compile_regions(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], *,
         report.add(part)
     fused.recompile()
     return fused
+
+
+@contextlib.contextmanager
+def outside_dynamo() -> Iterator[None]:
+    """No tracing context and no fake mode while mlcomp compiles a region.
+
+    A target that exports through ``torch.export`` (ONNX's fallback exporter) runs Dynamo
+    itself; inside the outer compile it would add its guards to the outer graph's.
+    """
+    from torch._guards import tracing
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with tracing(None), unset_fake_temporarily():
+        yield
 
 
 def _region_inputs(fused: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> dict[str, tuple[Any, ...]]:

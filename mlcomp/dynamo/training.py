@@ -16,7 +16,7 @@ import torch
 
 from mlcomp.dynamo.lower import concrete
 from mlcomp.dynamo.options import BackendOptions
-from mlcomp.dynamo.partition import compile_regions
+from mlcomp.dynamo.partition import compile_regions, outside_dynamo
 from mlcomp.dynamo.report import BackendReport
 
 __all__ = ["compile_training_graph", "example_of"]
@@ -38,11 +38,10 @@ def compile_training_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[An
     from functorch.compile import make_boxed_func
     from torch._decomp import core_aten_decompositions
     from torch._dynamo.backends.common import aot_autograd
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     def compiler(role: str) -> Callable[..., Any]:
         def compile_graph(fgm: torch.fx.GraphModule, fakes: Sequence[Any]) -> Callable[..., Any]:
-            with unset_fake_temporarily():      # AOT autograd calls the compilers inside its fake mode
+            with outside_dynamo():        # AOT autograd calls the compilers inside its fake mode
                 generator = torch.Generator().manual_seed(0)
                 inputs = [example_of(f, generator) for f in fakes]
                 compiled = compile_regions(fgm, inputs, constants={}, opts=opts, report=report,

@@ -124,15 +124,16 @@ def test_op_outside_the_ir_runs_in_torch_and_the_rest_in_mlcomp():
     assert sum(p.ran_on == "mlcomp:cpu" for p in report.partitions) >= 2
 
 
-def test_batch_sweep_compiles_at_most_twice():
+@pytest.mark.parametrize("target", ["cpu", pytest.param("onnxruntime", marks=pytest.mark.ort)])
+def test_batch_sweep_compiles_at_most_twice(target):
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).eval()
-    fast, report = compiled(model, pipeline="-O1")
+    fast, report = compiled(model, pipeline="-O1", target=target)
     with torch.no_grad():
         for batch in range(1, 21):
             x = torch.randn(batch, 16)
             torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5)
     assert report.graphs == 2
-    assert all(p.ran_on == "mlcomp:cpu" for p in report.partitions)
+    assert [p.ran_on for p in report.partitions] == [f"mlcomp:{target}"] * 2
 
 
 def test_weight_edited_after_compile_is_seen():
