@@ -241,3 +241,33 @@ def test_second_process_hits_the_cache(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         seen.append(next(ln for ln in proc.stdout.splitlines() if ln.startswith("CACHE")))
     assert seen == ["CACHE stored,stored", "CACHE hit,hit"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(models.ZOO))
+def test_every_zoo_model_matches_eager_over_two_batches(name):
+    zoo = models.get(name)
+    model = zoo.build().eval()
+    fast, report = compiled(model)
+    with torch.no_grad():
+        for batch in (2, 3):
+            inputs = zoo.example_inputs(batch)
+            torch.testing.assert_close(fast(*inputs), model(*inputs), rtol=1e-4, atol=1e-4)
+    assert report.graphs <= 2
+    assert any(p.ran_on == "mlcomp:cpu" for p in report.partitions), report.table()
+
+
+@pytest.mark.slow
+def test_bert_sequence_sweep_compiles_at_most_twice():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, vocab_size=100, max_position_embeddings=128)
+    bert = transformers.BertModel(config).eval()
+    fast, report = compiled(bert, pipeline="-O1")
+    with torch.no_grad():
+        for seq in range(8, 128, 6):
+            ids = torch.randint(0, 100, (2, seq))
+            torch.testing.assert_close(fast(input_ids=ids).last_hidden_state, bert(input_ids=ids).last_hidden_state,
+                                       rtol=1e-4, atol=1e-4)
+    assert report.graphs == 2
+    assert all(p.ran_on == "mlcomp:cpu" for p in report.partitions), report.table()
