@@ -199,12 +199,12 @@ def test_explain_prints_where_each_partition_ran(capsys):
 def test_dynamic_compile_serves_every_batch_and_hits_the_cache(tmp_path):
     model = nn.Sequential(nn.Linear(16, 8), nn.Tanh()).eval()
     with torch.no_grad():
-        for expected in ("stored", "hit"):
+        for expected, batches in (("stored", (3, 5, 11)), ("hit", (7, 2))):   # first sizes differ: same class
             torch._dynamo.reset()
             report = mb.BackendReport()
             fast = torch.compile(model, backend="mlcomp", dynamic=True,
                                  options={"report": report, "cache": str(tmp_path)})
-            for batch in (3, 5, 11):
+            for batch in batches:
                 x = torch.randn(batch, 16)
                 torch.testing.assert_close(fast(x), model(x))
             assert report.graphs == 1
