@@ -31,7 +31,7 @@ import torch
 from mlcomp.base.errors import MlcompError, OptionError
 from mlcomp.dynamo.lower import concrete, lower, parameter_slots
 from mlcomp.dynamo.options import BackendOptions
-from mlcomp.dynamo.partition import compile_regions
+from mlcomp.dynamo.partition import compile_regions, direct_call
 from mlcomp.dynamo.report import TORCH, BackendReport, Partition
 
 __all__ = ["BACKEND_NAME", "BackendReport", "mlcomp_backend", "register", "compile_inference"]
@@ -78,7 +78,8 @@ def compile_inference(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
         return gm.forward
     inputs = [concrete(example_inputs[i]) for i in low.tensor_indices]
     constants = {j: params[i] for j, i in enumerate(low.tensor_indices) if i in params}
-    compiled = compile_regions(low.gm, inputs, constants=constants, opts=opts, report=report, graph_name=name)
+    compiled = direct_call(compile_regions(low.gm, inputs, constants=constants, opts=opts, report=report,
+                                           graph_name=name))
     frozen = [(i, example_inputs[i], example_inputs[i]._version) for i in params]
     indices = low.tensor_indices
 

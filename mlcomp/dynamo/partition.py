@@ -15,6 +15,7 @@ Tensors listed in ``constants`` (parameters, when inference freezes them) enter 
 from __future__ import annotations
 
 import contextlib
+import operator
 import time
 import warnings
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -31,7 +32,7 @@ from mlcomp.frontend.capture import from_fx
 from mlcomp.frontend.source import ModelSource
 from mlcomp.ir.ops import Op
 
-__all__ = ["compile_regions", "outside_dynamo", "representable"]
+__all__ = ["compile_regions", "direct_call", "outside_dynamo", "representable"]
 
 
 def representable(node: torch.fx.Node) -> bool:
@@ -99,6 +100,32 @@ def compile_regions(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], *,
         part.seconds = time.perf_counter() - start
         report.add(part)
     fused.recompile()
+    return fused
+
+
+def direct_call(fused: torch.fx.GraphModule) -> Callable[..., Any]:
+    """``fused`` itself, or, when it is one compiled region taking every input in order, that region's artifact.
+
+    The common case (mlcomp compiled the whole graph) then skips the FX interpreter's call
+    and its ``getitem`` nodes; the result has the same outputs as ``fused``.
+    """
+    nodes = list(fused.graph.nodes)
+    inputs = [n for n in nodes if n.op == "placeholder"]
+    calls = [n for n in nodes if n.op == "call_module"]
+    rest = [n for n in nodes if n.op not in ("placeholder", "call_module", "output")]
+    if len(calls) != 1 or list(calls[0].args) != inputs or calls[0].kwargs:
+        return fused
+    region = getattr(fused, str(calls[0].target))
+    out = nodes[-1].args[0]
+    if not isinstance(region, CompiledRegion) or not isinstance(out, (tuple, list)):
+        return fused
+    if not region.tuple_out and list(out) == [calls[0]] and not rest:
+        run_one = region.artifact
+        return lambda *xs: (run_one(*[xs[i] for i in region.keep]),)
+    picks = [n.args[1] if n.op == "call_function" and n.target is operator.getitem and n.args[0] is calls[0]
+             else None for n in out]
+    if region.tuple_out and picks == list(range(len(out))) and len(rest) == len(out):
+        return lambda *xs: tuple(region(*xs))
     return fused
 
 
