@@ -271,3 +271,25 @@ def test_bert_sequence_sweep_compiles_at_most_twice():
                                        rtol=1e-4, atol=1e-4)
     assert report.graphs == 2
     assert all(p.ran_on == "mlcomp:cpu" for p in report.partitions), report.table()
+
+
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.left, self.right = nn.Linear(6, 6), nn.Linear(6, 2), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.body(x).relu()
+        return self.left(h), self.right(h).softmax(-1)
+
+
+def test_model_with_two_outputs_returns_both():
+    model = TwoHeads().eval()
+    fast, report = compiled(model)
+    x = torch.randn(5, 6)
+    with torch.no_grad():
+        got, want = fast(x), model(x)
+    assert isinstance(got, tuple) and len(got) == 2
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    assert [p.ran_on for p in report.partitions] == ["mlcomp:cpu"]
