@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import torch
 
 from mlcomp.base.errors import CaptureError
+from mlcomp.frontend.provenance import first_line
 
 __all__ = ["Lowered", "SizeSlots", "lower", "parameter_slots", "concrete"]
 
@@ -137,8 +138,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Lowered:
     except CaptureError:
         raise
     except Exception as exc:  # noqa: BLE001 - any tracing failure sends the graph to torch
-        raise CaptureError(f"the Dynamo graph cannot be traced to ATen: {type(exc).__name__}: "
-                           f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+        raise CaptureError(f"the Dynamo graph cannot be traced to ATen: {type(exc).__name__}: {first_line(exc)}",
                            hint="this graph runs in torch") from None
     traced.graph.eliminate_dead_code()
     traced.recompile()

@@ -29,6 +29,7 @@ from mlcomp.base.errors import MlcompError
 from mlcomp.dynamo.options import BackendOptions
 from mlcomp.dynamo.report import TORCH, BackendReport, Partition
 from mlcomp.frontend.capture import from_fx
+from mlcomp.frontend.provenance import first_line
 from mlcomp.frontend.source import ModelSource
 from mlcomp.ir.ops import Op
 
@@ -95,7 +96,7 @@ def compile_regions(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], *,
         except MlcompError as exc:
             part.ran_on, part.reason = TORCH, exc.message.split("\n")[0]
         except Exception as exc:  # noqa: BLE001 - a failure inside mlcomp costs this region, not the model
-            part.ran_on, part.reason = TORCH, f"mlcomp failed: {type(exc).__name__}: {_first_line(exc)}"
+            part.ran_on, part.reason = TORCH, f"mlcomp failed: {type(exc).__name__}: {first_line(exc)[:200]}"
             warnings.warn(f"mlcomp backend: {graph_name} {name} runs in torch ({part.reason})", stacklevel=2)
         part.seconds = time.perf_counter() - start
         report.add(part)
@@ -193,7 +194,3 @@ def _bound(sub: torch.fx.GraphModule, args: tuple[Any, ...], keep: Sequence[int]
         return sub(*full)
     return run
 
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-    return lines[0][:200] if lines else ""
