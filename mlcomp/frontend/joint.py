@@ -71,6 +71,7 @@ from torch.export.experimental import (
 from mlcomp.base.errors import CaptureError, MlcompError
 from mlcomp.base.quiet import quiet_torch
 from mlcomp.frontend.capture import from_fx
+from mlcomp.frontend.joint_kernels import restore_backward_kernels
 from mlcomp.frontend.joint_origins import joint_origins, module_sequence
 from mlcomp.frontend.losses import (
     LossKind,
@@ -184,7 +185,7 @@ _KEPT = ("_log_softmax", "_log_softmax_backward_data", "_softmax", "_softmax_bac
          "native_group_norm_backward", "nll_loss_forward", "nll_loss_backward", "mse_loss", "mse_loss_backward",
          "embedding_dense_backward", "gelu", "gelu_backward", "tanh_backward", "sigmoid_backward",
          "threshold_backward", "max_pool2d_with_indices_backward", "_scaled_dot_product_flash_attention_for_cpu",
-         "silu", "silu_backward", "upsample_bilinear2d", "upsample_nearest2d")
+         "silu", "silu_backward")
 
 
 def joint_decompositions() -> dict[Any, Callable[..., Any]]:
@@ -196,7 +197,7 @@ def joint_decompositions() -> dict[Any, Callable[..., Any]]:
 
 def _forward_backward(ep: Any) -> Any:
     """``_export_forward_backward`` with :func:`joint_decompositions` instead of the full core table,
-    every ``view`` as a ``reshape``.
+    every ``view`` as a ``reshape``, eager's fused backward kernels restored (:mod:`.joint_kernels`).
 
     A traced ``view`` holds only for the strides the trace's fake tensors had; a kept kernel
     whose real output is laid out otherwise than its fake one (``mse_loss_backward`` on a
@@ -211,6 +212,7 @@ def _forward_backward(ep: Any) -> Any:
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.aten.view.default:
             node.target = torch.ops.aten.reshape.default
+    restore_backward_kernels(gm)
     gm.recompile()
     return ep._update(gm, signature)
 
