@@ -49,6 +49,12 @@ Origins: no module metadata survives the joint retrace, so
 pre-joint program's ``nn_module_stack`` (anchored on the parameters they read),
 backward nodes from the forward node they differentiate.
 
+Tied parameters (one ``nn.Parameter`` under two names, an LM head sharing the embedding) are
+one parameter of the graph, named as ``named_parameters()`` names it, whose gradient sums
+every use (:mod:`mlcomp.frontend.tied`); parameters the loss never reaches are frozen, as
+eager leaves their ``.grad`` None.  Training-mode randomness outside the graph (LayerDrop,
+SpecAugment) is refused before capture (:mod:`mlcomp.frontend.stochastic`).
+
 Dropout: the graph draws its masks from torch's global generator through
 decomposed ops, which consume random numbers differently from eager's fused
 kernel, so compiled and eager dropout masks differ even with the same seed;

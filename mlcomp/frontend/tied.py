@@ -32,7 +32,6 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
-from torch.export.experimental import _copy_graph_module_and_signature
 
 __all__ = ["TIED", "merge_tied", "tied_parameters"]
 
@@ -59,12 +58,12 @@ def merge_tied(ep: Any, aliases: dict[str, str]) -> Any:
 
     Within each group of names of one parameter the first placeholder is kept; every
     reader of the others reads it instead, and the others leave the graph and the
-    signature.  The kept placeholder may carry an alias's name: :func:`canonical`
-    maps it back.
+    signature.  The kept placeholder may carry an alias's name (the joint graph names
+    it by the canonical one).  ``ep``'s graph is edited in place (the joint capture's own export).
     """
     if not aliases:
         return ep
-    gm, signature = _copy_graph_module_and_signature(ep)
+    gm, signature = ep.graph_module, ep.graph_signature
     placeholders = {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
     kept: dict[str, Any] = {}
     dropped = []
@@ -85,7 +84,3 @@ def merge_tied(ep: Any, aliases: dict[str, str]) -> Any:
     gm.recompile()
     return ep._update(gm, signature)
 
-
-def canonical(name: str, aliases: dict[str, str]) -> str:
-    """The canonical name of a parameter called ``name`` (``name`` itself when it is not an alias)."""
-    return aliases.get(name, name)
