@@ -98,8 +98,6 @@ def output_names(graph: Graph) -> list[str]:
     return list(names) if names is not None else [r.name for r in graph.output_refs]
 
 
-
-
 class TrainingCapabilityError(UnsupportedOpError):
     """The chosen target cannot run training graphs."""
 
