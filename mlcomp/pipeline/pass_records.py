@@ -254,6 +254,8 @@ def _fmt(v: Any, key: str = "") -> str:
         return f"{v:.3g}"
     if isinstance(v, Mapping):
         return "{" + ", ".join(f"{k}: {_fmt(x, k)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)) and len(v) > 3 and all(isinstance(x, Mapping) for x in v):
+        return f"[{len(v)} records, in the artifact's manifest.json]"     # per-layer tables (quantize)
     return str(v)
 
 
