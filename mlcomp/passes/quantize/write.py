@@ -32,6 +32,7 @@ class Writer:
 
     def __init__(self, graph: Graph, ranges: dict[str, tuple[float, float]], per_channel: bool) -> None:
         self.graph, self.ranges, self.per_channel = graph, ranges, per_channel
+        self.position = {n.name: i for i, n in enumerate(graph.nodes())}   # the original order, once
         self.pairs: dict[str, tuple[Ref, float, int]] = {}      # value -> (its dequantized ref, scale, zero)
         self.weights: dict[str, tuple[Ref, torch.Tensor]] = {}  # param -> (its dequantized ref, scales)
 
@@ -64,8 +65,8 @@ class Writer:
         return self.weights[param.name]
 
     def _first_user(self, name: str) -> str:
-        users = {u.name for u in self.graph.users(name)}
-        return next(n.name for n in self.graph.nodes() if n.name in users)
+        """The reader of ``name`` that runs first (readers of values being paired are original nodes)."""
+        return min(self.graph.users(name), key=lambda u: self.position.get(u.name, len(self.position))).name
 
     def layer(self, node: Node, rule: Int8Rule) -> dict[str, Any]:
         g = self.graph
