@@ -96,6 +96,8 @@ def to_relax(module, example_inputs) -> tuple[Any, int]:
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
+    from mlcomp.targets.tvm.converters import CONVERTERS
+
     was_training = module.training
     module.eval()
     try:
@@ -106,7 +108,8 @@ def to_relax(module, example_inputs) -> tuple[Any, int]:
     skip_empty_cat_inputs(ep)
     n_out = len(ep.graph_signature.user_outputs)
     # a single output comes back as a bare tensor: saves unpacking a tvm-ffi Array per call
-    return from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=n_out == 1), n_out
+    return from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=n_out == 1,
+                                 custom_convert_map=CONVERTERS), n_out
 
 
 def skip_empty_cat_inputs(ep) -> None:
