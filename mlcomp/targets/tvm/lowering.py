@@ -53,15 +53,18 @@ def make_target(device: str):
 
 
 def prepare(mod, target):
-    """Graph clean-up on Relax: BatchNorm folded into conv weights, ops decomposed, constants folded."""
+    """Graph clean-up on Relax: BatchNorm folded into conv weights, ops decomposed, constants folded, products
+    over one term as multiplies (:mod:`~mlcomp.targets.tvm.unit_k`)."""
     import tvm
     from tvm import relax
     from tvm.relax.transform.fold_batch_norm_to_conv2d_for_inference import FoldBatchnormToConv2D
 
+    from mlcomp.targets.tvm.unit_k import unit_k_matmuls
+
     seq = [FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference(),
            relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant()]
     with target:
-        return tvm.transform.Sequential(seq)(mod)
+        return unit_k_matmuls(tvm.transform.Sequential(seq)(mod))
 
 
 def lower_to_tir(mod, target):
