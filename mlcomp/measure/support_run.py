@@ -26,7 +26,7 @@ from mlcomp.measure.support_matrix import (
     DEFAULT_TIMEOUT_S, Matrix, default_cells, host_dtypes, inference_targets, run_matrix,
 )
 
-__all__ = ["main", "plan", "run_support", "write_results"]
+__all__ = ["main", "merge_records", "plan", "run_support", "write_results"]
 
 MD_MARK = "<!-- written by mlcomp: benchmarks/support_matrix.py (mlcomp support); regenerate, do not edit -->"
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -65,12 +65,41 @@ def plan(models: str | None, cells: str | None) -> tuple[list[str], list[Cell], 
     return [n for n in names if n not in missing], chosen, left_out
 
 
-def write_results(matrix: Matrix, host: dict, json_path: Path | None, md_path: Path | None, command: str) -> dict:
+def merge_records(base: dict, new: dict) -> dict:
+    """``base`` (an earlier run's record) with the cells of ``new`` in place of its own: rows and columns
+    ``base`` lacks are added, the host and date are ``new``'s, the commands of both are kept.
+
+    >>> cell = lambda s: {"status": s, "detail": "", "seconds": 1.0}
+    >>> base = {"columns": ["capture", "O2:cpu"], "seconds": 60.0, "command": "run all", "left_out": {},
+    ...         "rows": [{"architecture": "mlp", "family": "zoo", "cells": {"capture": cell("verified"),
+    ...                                                                   "O2:cpu": cell("failed")}}]}
+    >>> new = {"columns": ["O2:cpu"], "seconds": 6.0, "command": "rerun", "left_out": {}, "host": {},
+    ...        "rows": [{"architecture": "mlp", "family": "zoo", "cells": {"O2:cpu": cell("verified")}}]}
+    >>> merged = merge_records(base, new)
+    >>> merged["rows"][0]["cells"]["O2:cpu"]["status"], merged["seconds"], merged["command"]
+    ('verified', 66.0, 'run all; then, for the cells it names: rerun')
+    """
+    rows = {r["architecture"]: {**r, "cells": dict(r["cells"])} for r in base["rows"]}
+    for row in new["rows"]:
+        rows.setdefault(row["architecture"], {**row, "cells": {}})["cells"].update(row["cells"])
+    columns = list(base["columns"]) + [c for c in new["columns"] if c not in base["columns"]]
+    for row in rows.values():
+        row["cells"] = {c: row["cells"][c] for c in columns if c in row["cells"]}
+    return {**base, **{k: v for k, v in new.items() if k not in ("rows", "columns")}, "rows": list(rows.values()),
+            "columns": columns, "seconds": round(base.get("seconds", 0.0) + new.get("seconds", 0.0), 1),
+            "left_out": {**base.get("left_out", {}), **new.get("left_out", {})},
+            "command": f"{base.get('command', '')}; then, for the cells it names: {new.get('command', '')}"}
+
+
+def write_results(matrix: Matrix, host: dict, json_path: Path | None, md_path: Path | None, command: str,
+                  base: dict | None = None) -> dict:
     data = {**matrix_json(matrix, host), "command": command}
+    if base is not None:
+        data = merge_records(base, data)
     if json_path is not None:
         write_text_atomic(json_path, json.dumps({"written_by": "mlcomp", **data}, indent=1) + "\n", "json")
     if md_path is not None:
-        _write_markdown(md_path, render_markdown(data, command))
+        _write_markdown(md_path, render_markdown(data, data["command"]))
     return data
 
 
@@ -96,31 +125,45 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--md", default=str(DOCS / "SUPPORT.md"), help="Markdown output ('' for none)")
     p.add_argument("--no-probe", action="store_true", help="skip the bf16/fp16 matmul probe in the header")
     p.add_argument("--render", metavar="JSON", help="only write --md from an earlier run's JSON (no cells run)")
+    p.add_argument("--update", action="store_true",
+                   help="run only the chosen cells and replace them in the --json record (its other cells kept); "
+                        "--md is rendered from the merged record")
     return p
 
 
 def run_support(models: str | None = None, cells: str | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                 isolate: bool = False, json_path: Path | None = DOCS / "SUPPORT.json",
                 md_path: Path | None = DOCS / "SUPPORT.md", probe: bool = True, command: str = "",
-                echo: Callable[[str], None] = print) -> dict:
+                echo: Callable[[str], None] = print, update: bool = False) -> dict:
     """Plan, run and write the matrix; returns :func:`~mlcomp.measure.support_doc.matrix_json`'s record."""
     from mlcomp.models.architectures import ARCHITECTURES
 
     names, chosen, left_out = plan(models, cells)
+    base = _earlier(json_path) if update else None
     host = host_info(precision_probe=probe)
     partial = Matrix(chosen, left_out=left_out)
 
     def progress(name: str, key: str, result: CellResult) -> None:
         partial.families[name] = ARCHITECTURES[name].family
         partial.rows.setdefault(name, {})[key] = result
-        write_results(partial, host, json_path, None, command)    # a killed run keeps what it finished
+        write_results(partial, host, json_path, None, command, base)    # a killed run keeps what it finished
         echo(f"{name:16s} {key:18s} {result.status.value:8s} {result.seconds:6.1f}s  {result.detail}")
 
     matrix = run_matrix(names, chosen, timeout_s=timeout_s, isolate=isolate, on_cell=progress)
     matrix.left_out = left_out
-    data = write_results(matrix, host, json_path, md_path, command)
-    failed = sum(c["status"] == "failed" for r in data["rows"] for c in r["cells"].values())
+    data = write_results(matrix, host, json_path, md_path, command, base)
+    failed = sum(r[k].status.value == "failed" for r in matrix.rows.values() for k in r)
     echo(f"{len(names)} architectures x {len(chosen)} cells in {matrix.seconds / 60:.1f} min; {failed} failed")
+    return data
+
+
+def _earlier(json_path: Path | None) -> dict:
+    """The record ``--update`` merges into; refused when there is none."""
+    if json_path is None or not json_path.is_file():
+        raise OptionError(f"--update merges into an earlier run's record, and {json_path} is not one",
+                          hint="run the full matrix first, or name its record with --json")
+    data = json.loads(json_path.read_text())
+    data.pop("written_by", None)
     return data
 
 
@@ -134,5 +177,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "python benchmarks/support_matrix.py " + " ".join(argv if argv is not None else sys.argv[1:])
     run_support(args.models, args.cells, timeout_s=args.timeout, isolate=args.isolate,
                 json_path=Path(args.json) if args.json else None, md_path=Path(args.md) if args.md else None,
-                probe=not args.no_probe, command=command.strip())
+                probe=not args.no_probe, command=command.strip(), update=args.update)
     return 0
