@@ -98,7 +98,8 @@ def trace_module(graph: Graph, inputs: tuple[torch.Tensor, ...], device: str = "
     copy, so one trace serves both variants.
     """
     dynamic = any(n.tensor_meta.is_dynamic for n in graph.input_nodes)
-    gm = to_fx(graph if dynamic else explicit_view_sizes(graph), device=device, scriptable=dynamic).eval()
+    graph = int_fill_values(graph if dynamic else explicit_view_sizes(graph))
+    gm = to_fx(graph, device=device, scriptable=dynamic).eval()
     inputs = tuple(t.to(device) for t in inputs)
     with torch.no_grad(), quiet_torch():
         if dynamic:  # tracing would bake the example sizes in; scripting keeps size() calls
@@ -134,6 +135,30 @@ def explicit_view_sizes(graph: Graph) -> Graph:
     graph = graph.copy()
     for node in found:
         graph.replace(node.with_(inputs=(node.inputs[0], list(node.tensor_meta.shape), *node.inputs[2:])))
+    return graph
+
+
+# factory ops -> the position of their ``Scalar`` fill value
+_FILLS = {"full": 1, "full_like": 1, "new_full": 2, "fill": 1, "scalar_tensor": 0}
+
+
+def int_fill_values(graph: Graph) -> Graph:
+    """``graph``, or a copy whose bool fill values are ints (``full(size, True, dtype=bool)`` ->
+    ``full(size, 1, dtype=bool)``, the same tensor): TorchScript's ``Scalar`` has no bool, so tracing a
+    bool fill stops ("We don't have an op for aten::full … Argument types: int[], bool").  The dtype the
+    bool implied is written out."""
+    found = [n for n in graph.call_nodes() if n.op.name in _FILLS and len(n.inputs) > _FILLS[n.op.name]
+             and isinstance(n.inputs[_FILLS[n.op.name]], bool) and isinstance(n.meta, TensorMeta)]
+    if not found:
+        return graph
+    graph = graph.copy()
+    for node in found:
+        at, inputs = _FILLS[node.op.name], list(node.inputs)
+        inputs[at] = int(inputs[at])
+        attrs = dict(node.attrs)
+        if node.op.name in ("full", "scalar_tensor", "new_full", "full_like"):
+            attrs.setdefault("dtype", node.meta.dtype)
+        graph.replace(node.with_(inputs=tuple(inputs), attrs=attrs))
     return graph
 
 

@@ -1,5 +1,6 @@
-"""The cpu target writes out the sizes of static views (``targets.torch.cpu.explicit_view_sizes``):
-``torch.jit.freeze`` joins products that share an input and resolves a ``-1`` against the joined size."""
+"""What the cpu target rewrites before tracing (``targets.torch.cpu``): the sizes of static views written out
+(``explicit_view_sizes``: ``torch.jit.freeze`` joins products that share an input and resolves a ``-1`` against
+the joined size) and bool fill values as ints (``int_fill_values``: TorchScript's ``Scalar`` has no bool)."""
 from __future__ import annotations
 
 import torch
@@ -7,7 +8,7 @@ from torch import nn
 
 import mlcomp
 from mlcomp.frontend.capture import capture_module
-from mlcomp.targets.torch.cpu import explicit_view_sizes
+from mlcomp.targets.torch.cpu import explicit_view_sizes, int_fill_values
 
 
 class SharedInputHeads(nn.Module):
@@ -38,3 +39,22 @@ def test_only_static_inferred_sizes_are_written_out():
     assert [list(fixed.node(v).inputs[1]) for v in views] == [[2, 16, 4, 16]] * len(views)
     assert all(-1 in graph.node(v).inputs[1] for v in views)          # the compiled graph is not modified
     assert explicit_view_sizes(fixed) is fixed
+
+
+class BoolMask(nn.Module):
+    """A causal mask built with a bool fill (a traced GPT-2's ``full(..., True)``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = torch.full((x.shape[-1], x.shape[-1]), True).tril()
+        return x.masked_fill(~keep, -1.0)
+
+
+def test_bool_fills_trace_on_cpu():
+    x = torch.randn(2, 5, 5)
+    graph = capture_module(BoolMask(), (x,))
+    fills = [n for n in graph.call_nodes() if n.op.name == "full"]
+    assert [n.inputs[1] for n in fills] == [True]
+    fixed = int_fill_values(graph)
+    assert [(fixed.node(n.name).inputs[1], fixed.node(n.name).attrs["dtype"]) for n in fills] == [(1, torch.bool)]
+    art = mlcomp.compile(BoolMask(), (x,), target="cpu", pipeline="", threads=1)
+    assert torch.equal(art(x), BoolMask()(x))
