@@ -12,6 +12,15 @@ replaced, one by one, by the ops torch decomposes them into (``aten.reshape`` â†
     %clone = aten.clone.default(%permute, memory_format=torch.contiguous_format)
     %view = aten.view.default(%clone, [2, 32, 64])
 
+A product against a weight copied along the batch (``bmm(x, w.expand(b, k, n))``,
+a linear layer on a 3-d input after capture; weight folding stores the copies) is
+handed over as a 2-d product with one copy, which OpenVINO runs as ``FullyConnected``
+instead of a batched ``MatMul`` that transposes its weight on every call::
+
+    %bmm_2 = aten.bmm.default(%view_16, %expand_8)            # %expand_8: f32[2, 64, 64], equal slices
+  becomes
+    %bmm_2 = aten.view.default(aten.mm.default(aten.reshape.default(%view_16, [64, 64]), %expand_8_w), [2, 32, 64])
+
 Tracing the whole module instead (``make_fx``) would decompose every composite op
 with them, attention included: OpenVINO then runs MatMul, Softmax and Transpose
 layers where its own conversion runs one fused attention subgraph.  A graph that
@@ -26,9 +35,11 @@ from typing import Any, Callable
 import torch
 from torch import fx
 
-from mlcomp.ir.ops import Namespace, Op
+from mlcomp.ir import Graph, Ref, TensorMeta
+from mlcomp.ir.builder import new_node, remove_dead, substitute
+from mlcomp.ir.ops import PARAM, Namespace, Op, aten
 
-__all__ = ["decomposition", "lower_for_frontend", "translated"]
+__all__ = ["decomposition", "lower_for_frontend", "shared_weights_as_linear", "translated"]
 
 # ATen overloads the FX frontend translates that the partitioner's table (``OperatorSupport``)
 # leaves out; tracing would decompose them, so they are kept whole only when listed here
@@ -124,3 +135,34 @@ def frontend_name(op: Op) -> str | None:
     if op.namespace in (Namespace.ATEN, Namespace.PRIMS):
         return _get_qualified_name(op.resolve())
     return None
+
+
+def _one_slice(graph: Graph, ref: object) -> torch.Tensor | None:
+    """The 2-d weight a 3-d constant repeats along dim 0 (every slice equal), else None."""
+    node = graph.node(ref.name) if isinstance(ref, Ref) else None
+    if node is None or node.op != PARAM or not isinstance(node.meta, TensorMeta) or len(node.meta.shape) != 3:
+        return None
+    value = graph.constants[node.name]
+    return value[0].clone() if value.shape[0] > 1 and bool((value == value[:1]).all()) else None
+
+
+def shared_weights_as_linear(graph: Graph) -> Graph:
+    """``graph`` (a copy, if anything changes) with each ``bmm`` against a batch-repeated constant as one
+    ``mm`` over the batch's rows (the constant kept once)."""
+    bmm = aten("bmm")
+    found = [(n, w) for n in graph.call_nodes() if n.op == bmm and isinstance(n.meta, TensorMeta)
+             and all(isinstance(d, int) for d in n.meta.shape) and (w := _one_slice(graph, n.inputs[1])) is not None]
+    if not found:
+        return graph
+    out = graph.copy()
+    for node, weight in found:
+        batch, rows, n = node.meta.shape
+        w = out.add_constant(out.fresh_name(f"{node.inputs[1].name}_w"), weight, origin=node.origin)
+        flat = new_node(out, aten("reshape"), [node.inputs[0], [batch * rows, weight.shape[0]]],
+                        name=f"{node.name}_rows", origin=node.origin, before=node.name)
+        mm = new_node(out, aten("mm"), [Ref(flat.name), Ref(w.name)], name=f"{node.name}_mm", origin=node.origin,
+                      before=node.name)
+        stale = node.inputs[1].name
+        substitute(out, node.name, aten("view"), [Ref(mm.name), [batch, rows, n]], origin=node.origin)
+        remove_dead(out, [stale])
+    return out

@@ -49,7 +49,8 @@ from mlcomp.runtime.artifact import RuntimeKind
 from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
 from mlcomp.targets.capabilities import Capabilities, DeviceKind
 from mlcomp.runtime.codegen import to_fx
-from mlcomp.targets.openvino.lower import decomposition, frontend_name, lower_for_frontend, translated
+from mlcomp.targets.openvino.lower import (decomposition, frontend_name, lower_for_frontend,
+                                           shared_weights_as_linear, translated)
 
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.quiet import quiet_converter
@@ -247,7 +248,7 @@ def convert(graph: Graph, inputs: tuple[torch.Tensor, ...]) -> Any:
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
     from torch.fx.passes.shape_prop import ShapeProp
 
-    graph = without_legacy_empties(graph)
+    graph = shared_weights_as_linear(without_legacy_empties(graph))
     module = to_fx(graph).eval()
     with torch.no_grad(), quiet_converter():
         table = translated()

@@ -12,6 +12,7 @@ from torch import fx, nn
 import mlcomp
 from mlcomp.measure.executed import compare, ov_executed
 from mlcomp.pipeline.presets import Rewrite, adapt_preset
+from mlcomp.targets import get_target
 
 pytestmark = pytest.mark.openvino
 
@@ -76,7 +77,8 @@ def test_bf16_hint_gives_the_kernels_of_openvinos_own_conversion(diffs):
 def test_a_bf16_cpu_gets_the_bf16_hint_over_an_fp32_graph(attention, fake_hardware):
     fake_hardware("avx512-bf16")
     module, inputs = attention
-    art = mlcomp.compile(module, inputs, target="openvino", pipeline="-O2,mixed-precision{dtype=bf16}",
+    o2 = adapt_preset("-O2", "openvino", get_target("openvino").rewrites).text
+    art = mlcomp.compile(module, inputs, target="openvino", pipeline=f"{o2},mixed-precision{{dtype=bf16}}",
                          verify=False)
     assert art.runtime.precision["requested"] == "bf16" and art.runtime.precision["hint"] == "bf16"
     # the graph OpenVINO converts stays fp32 (no bf16 casts for its converter to refuse)
