@@ -10,6 +10,16 @@ bmm are folded into its ``scale``::
   becomes
     %out = aten.scaled_dot_product_attention(%q4, %k4, %v4, None, 0.0, False, scale=0.125)
 
+Where the bmm operands are views of 4-d (or higher) q, k, v with the heads
+merged into the batch, and all three share those leading dims, the attention
+takes them at their own rank (no views, one permute for the keys), which is the
+layout runtimes fuse (OpenVINO's attention subgraph)::
+
+    %q3 = aten.view(%q, [8, 8, 16]);  %kt = aten.reshape(aten.transpose(%k, -2, -1), [8, 16, 8]) ...
+  becomes
+    %sdpa = aten.scaled_dot_product_attention(%q, %k, %v, scale=0.25, attn_mask=%mask)   # [2, 4, 8, 16]
+    %out = aten.reshape(%sdpa, [8, 8, 16])
+
 The rewrite keeps the name of the value it replaces (see ``builder.substitute``).
 """
 from __future__ import annotations
@@ -176,8 +186,9 @@ def _attention(graph: Graph, pv: Node, fold_scales: bool) -> bool:
     origin = pv.origin
     native = _native(graph, qk, pv, fold_scales)
     if native is not None:
+        v_view = pv.inputs[1]
         _rewrite_native(graph, qk, pv, add, mask, scale, native)
-        remove_dead(graph, matched)
+        remove_dead(graph, matched + [v_view.name] if isinstance(v_view, Ref) else matched)
         return True
     q, c_q = _operand(graph, qk.inputs[0], origin, qk.name, fold_scales, keys=False)
     k, c_k = _operand(graph, qk.inputs[1], origin, qk.name, fold_scales, keys=True)
