@@ -17,7 +17,7 @@ values die at the end of the forward.  Before and after, on a 3-layer MLP::
     %mm_1: f32[16, 32] = aten.mm.default(%permute_5, %relu.remat)   # {phase=backward}
 
 ``budget`` bounds the saved activations the backward still reads (bytes as
-:func:`mlcomp.analysis.training.saved_activations` counts them: forward values
+:func:`mlcomp.analysis.training_graph.saved_activations` counts them: forward values
 and graph inputs read by the backward, views charged to their base): a fraction
 in (0, 1] of those bytes without remat -- the meaning of torch's
 ``activation_memory_budget`` -- or a size (``256MB``; K/M/G are powers of 1024).
@@ -25,7 +25,7 @@ The solvers keep at most that many bytes at the least recompute cost; values
 that cannot be recomputed (graph inputs and outputs, random and in-place ops,
 nodes matching ``keep``) are always kept, and a budget below what they force is
 an error naming the minimum.  The predicted transient peak
-(:func:`mlcomp.analysis.training.predicted_peak`) before and after is reported.
+(:func:`mlcomp.analysis.training_graph.predicted_peak`) before and after is reported.
 Views and tuple projections follow the value they alias.  Recompute cost is
 FLOPs (``cost=flops``: FlopCounterMode, one per output element for ops it does
 not count) or each node's measured time (``cost=profile``, cached in
@@ -43,8 +43,8 @@ from typing import Any, ClassVar
 import torch
 
 from mlcomp.analysis.cost import node_flops
-from mlcomp.analysis.memory import is_view, liveness, storage_roots, value_bytes
-from mlcomp.analysis.training import predicted_peak, saved_activations
+from mlcomp.analysis.liveness import is_view, liveness, storage_roots, value_bytes
+from mlcomp.analysis.training_graph import predicted_peak, saved_activations
 from mlcomp.base.errors import PassFailure, PipelineSpecError
 from mlcomp.base.units import SizeError, parse_size, size_unit
 from mlcomp.hardware.decide import Decision
@@ -303,7 +303,7 @@ def _cost_model(cost: CostModel, ctx: PassContext) -> tuple[CostModel, Decision 
 
 
 def saved_bytes(graph: Graph) -> int:
-    """Bytes of the saved activations of a joint graph (:func:`mlcomp.analysis.training.saved_activations`)."""
+    """Bytes of the saved activations of a joint graph (:func:`mlcomp.analysis.training_graph.saved_activations`)."""
     return sum(v.nbytes for v in saved_activations(graph))
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from mlcomp.analysis.training import predicted_peak, saved_activations
+from mlcomp.analysis.training_graph import predicted_peak, saved_activations
 from mlcomp.base.errors import PipelineMismatchError, PipelineSpecError
 from mlcomp.frontend.joint import capture_joint, example_target, without_dropout
 from mlcomp.ir.node import Phase
