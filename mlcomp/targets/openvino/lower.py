@@ -105,6 +105,24 @@ def _inline(module: fx.GraphModule, node: fx.Node, table: dict[Any, Callable[...
     module.graph.erase_node(node)
 
 
+_SDPA_POSITIONAL = ("attn_mask", "dropout_p", "is_causal")    # positional in the schema, after q, k, v
+
+
+def _sdpa_positional(module: fx.GraphModule) -> None:
+    """Attention's mask (and dropout, causal flag) as positional arguments: the FX frontend reads
+    ``attn_mask`` only from its position and drops it as a keyword, which changes the result."""
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    for node in module.graph.nodes:
+        if node.target is sdpa and any(k in node.kwargs for k in _SDPA_POSITIONAL):
+            args, kwargs = list(node.args), dict(node.kwargs)
+            defaults = (None, 0.0, False)
+            args += list(defaults[len(args) - 3:])
+            for i, key in enumerate(_SDPA_POSITIONAL):
+                if key in kwargs:
+                    args[3 + i] = kwargs.pop(key)
+            node.args, node.kwargs = tuple(args), kwargs
+
+
 def lower_for_frontend(module: fx.GraphModule, inputs: tuple[torch.Tensor, ...], lowered: dict[Any, Any],
                        *, whole: bool) -> fx.GraphModule:
     """``module`` with the ops in ``lowered`` (overload → decomposition) replaced by what torch decomposes
@@ -113,6 +131,8 @@ def lower_for_frontend(module: fx.GraphModule, inputs: tuple[torch.Tensor, ...],
     from torch.fx.passes.shape_prop import ShapeProp
 
     table = {k: v for k, v in lowered.items() if callable(v)}
+    _sdpa_positional(module)
+    module.recompile()
     if whole:
         return make_fx(module, decomposition_table=table)(*inputs)
     if not lowered:
