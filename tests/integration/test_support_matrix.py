@@ -23,13 +23,9 @@ pytestmark = pytest.mark.ort
 
 FAST = ["mlp", "bert", "gpt2", "bart", "vit", "wav2vec2"]   # zoo, encoder, decoder LM, enc-dec, vision, audio
 CELLS = [Cell.parse(c) for c in ("capture", "O2:cpu", "O2:onnxruntime", "train")]
-# failures open elsewhere (training of tied-weight LMs; wav2vec2's layerdrop in training mode): such a cell may
-# fail only with this message, and passes the test once it is verified or refused with a reason
-KNOWN_FAILURES = {
-    ("gpt2", "train"): "Found a parameter that did not receive a gradient",
-    ("bart", "train"): "Found a parameter that did not receive a gradient",
-    ("wav2vec2", "train"): "branches on the value of a tensor",
-}
+# failures known and open elsewhere: such a cell may fail only with this message, and passes the test once it is
+# verified or refused with a reason (wav2vec2's train cell is refused: LayerDrop and SpecAugment draw at random)
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 HOST = {"cpu": "test host", "flags": {"avx2": True}, "cores": 2, "python": "3", "versions": {"torch": "2"},
         "date": "today"}
 
@@ -63,9 +59,18 @@ def test_record_and_document_hold_every_cell(matrix):
     assert data["columns"] == [c.key for c in CELLS]
     counts = summary(data)
     assert counts["O2:cpu"]["verified"] == len(FAST)
-    assert counts["train"]["verified"] >= len(FAST) - len(KNOWN_FAILURES)
+    assert counts["train"] == {"verified": len(FAST) - 1, "refused": 1, "failed": 0}
     assert sum(counts["target onnxruntime"].values()) == len(FAST)
     doc = render_markdown(data)
     for name in FAST:
         assert f"| {name} | {matrix.families[name]} |" in doc
     assert "| O2:cpu | 6 | 0 | 0 | 100% |" in doc
+
+
+def test_training_verifies_tied_embedding_models_and_refuses_random_structure(matrix):
+    """gpt2 and bart tie their output projection to the embedding; wav2vec2 trains with LayerDrop and SpecAugment."""
+    for name in ("gpt2", "bart"):
+        assert matrix.rows[name]["train"].status is Status.VERIFIED, matrix.rows[name]["train"].detail
+    w2v = matrix.rows["wav2vec2"]["train"]
+    assert w2v.status is Status.REFUSED and w2v.detail.startswith("TrainingError:")
+    assert "config.layerdrop=0.1" in w2v.detail and "config.mask_time_prob=0.05" in w2v.detail
