@@ -69,6 +69,24 @@ def test_two_deterministic_onnxruntime_compiles_of_larger_models_are_byte_identi
     _check(model, "onnxruntime", tmp_path)
 
 
+@pytest.mark.tvm
+def test_two_deterministic_tvm_compiles_are_byte_identical(tmp_path):
+    """``model.so`` is the same bytes (weights baked in, no build path or time in it); ``meta.json`` carries
+    no durations and no path."""
+    pytest.importorskip("tvm")
+    _check("mlp", "tvm", tmp_path)
+    meta = (tmp_path / "mlp-tvm-1" / "meta.json").read_text()
+    assert "seconds" not in meta and str(tmp_path) not in meta
+
+
+@pytest.mark.tvm
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["lenet", *HEAVY])
+def test_two_deterministic_tvm_compiles_of_larger_models_are_byte_identical(model, tmp_path):
+    pytest.importorskip("tvm")
+    _check(model, "tvm", tmp_path)
+
+
 def test_deterministic_cpu_keeps_the_plain_trace_by_its_fixed_rule(tmp_path):
     art = mlcomp.compile("lenet", target="cpu", deterministic=True)      # convolutions: normally timed
     (decision,) = art.decisions
