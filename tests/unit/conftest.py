@@ -16,3 +16,12 @@ def mlp_joint():
     model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
     x, y = torch.randn(2, 4), torch.tensor([0, 1])
     return model, x, y, capture_joint(model, (x,), y)
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test: on a small shared machine OpenMP spin-waits dominate tiny ops otherwise."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
