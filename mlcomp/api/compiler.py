@@ -33,6 +33,7 @@ from typing import Any, Sequence
 
 import torch
 
+from mlcomp.api.auto.record import RECORDS_DIR, RecordStore
 from mlcomp.api.auto.search import AUTO, DEFAULT_AUTO_TIMING, auto_candidates, compile_auto
 from mlcomp.api.cache import CacheOutcome, CacheStatus, CompileCache, default_cache_dir
 from mlcomp.api.cache_key import CacheKey, UncacheableGraph, cache_key
@@ -162,9 +163,10 @@ def compile_model(source: Any, graph: Any, *, target: str | Target | None = None
                 removed.append(f"cache entry {key.short} differs from eager ({hit.check.summary()}); "
                                f"removed, compiling again")
     if auto:
+        records = RecordStore(cache.root / RECORDS_DIR) if cache is not None else None
         result = compile_auto(source, graph, candidates=candidates, pipeline=pipeline,
                               capture_seconds=capture_seconds, instruments=instruments, policy=auto_timing,
-                              note=say, **options)
+                              note=say, records=records, **options)
     else:
         result = compile_source(source, graph, target=target, pipeline=pipeline, verify=verify,
                                 capture_seconds=capture_seconds, instruments=instruments,

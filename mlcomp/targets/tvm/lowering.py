@@ -53,15 +53,19 @@ def make_target(device: str):
 
 
 def prepare(mod, target):
-    """Graph clean-up on Relax: BatchNorm folded into conv weights, ops decomposed, constants folded."""
+    """Graph clean-up on Relax: BatchNorm folded into conv weights, ops decomposed, constants folded, then
+    the per-channel arithmetic left after a conv (a BatchNorm behind a conv's bias) folded into its weight
+    (:func:`~mlcomp.targets.tvm.offload.affine.fold_affine`)."""
     import tvm
     from tvm import relax
     from tvm.relax.transform.fold_batch_norm_to_conv2d_for_inference import FoldBatchnormToConv2D
 
+    from mlcomp.targets.tvm.offload.affine import fold_affine_module
+
     seq = [FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference(),
            relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant()]
     with target:
-        return tvm.transform.Sequential(seq)(mod)
+        return fold_affine_module(tvm.transform.Sequential(seq)(mod))
 
 
 def lower_to_tir(mod, target):
