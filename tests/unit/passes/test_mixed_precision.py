@@ -27,19 +27,11 @@ from mlcomp.passes.precision.mixed import MixedPrecision, MixedPrecisionWarning
 from mlcomp.passes.precision.policy import DeviceKind, PolicyName, Rule, policy_table, rule_for
 from mlcomp.pipeline import Pipeline, run_pipeline
 from mlcomp.pipeline.pass_base import PassContext
+from tests.helpers.graphs import linear_softmax_exp as tiny
 
 TO_COPY = aten("_to_copy")
 
 
-def tiny():
-    """linear → softmax → exp: one op of each kind the tables disagree on."""
-    b = GraphBuilder("tiny")
-    x = b.input("x", (2, 8))
-    w = b.param("fc.weight", torch.randn(4, 8, generator=torch.Generator().manual_seed(0)))
-    bias = b.param("fc.bias", torch.randn(4, generator=torch.Generator().manual_seed(1)))
-    mm = b.call(aten("addmm"), bias, x, b.call(aten("t"), w, origin="fc"), origin="fc")
-    sm = b.call(aten("_softmax"), mm, -1, False, origin="act")
-    return b.output(b.call(aten("exp"), sm, origin="act"))
 
 
 BEFORE = """graph tiny(%x: f32[2, 8]) {
