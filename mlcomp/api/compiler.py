@@ -92,7 +92,7 @@ def _key(graph: Any, target: Any, candidates: Any, pipeline: Any, options: Compi
                                                                          policy.min_repeats]}), None
         chosen = resolve_target(target, pipeline)
         pipe, _ = adapted_pipeline(pipeline, chosen)
-        return cache_key(graph, pipeline=pipe.spec if pipe is not None else "", target=chosen.name,
+        return cache_key(graph, pipeline=pipe.spec if pipe is not None else "", target=chosen.spec,
                          options=options, device=chosen.device(options)), None
     except UncacheableGraph as exc:
         return None, f"the graph cannot be hashed ({exc})"

@@ -169,7 +169,8 @@ def render_markdown(data: dict[str, Any], command: str = "python benchmarks/supp
     left = left or ["- nothing"]
     parts = [
         "# Support matrix", "",
-        f"What mlcomp compiles and verifies, per architecture and per cell, from one run of `{command}` "
+        f"What mlcomp compiles and verifies, per architecture and per cell, from "
+        f"{'the runs' if '; then, for the cells it names:' in command else 'one run'} of `{command}` "
         f"({len(data['rows'])} architectures x {len(cols)} cells, {data['seconds'] / 60:.1f} min). "
         "The zoo models run at batch 1; the `transformers` models are built from tiny configs "
         "(random weights, nothing downloaded; see `mlcomp/models/architectures.py`), decoder LMs with their "
