@@ -197,3 +197,10 @@ def test_third_party_bert_on_onnxruntime():
     with pytest.raises(MlcompError, match="carries int8 quantize/dequantize pairs") as err:
         mlcomp.compile(model, inputs, target="onnxruntime", pipeline="quantize")
     assert "aten.arange" in str(err.value) and "fold-constants,cleanup,quantize" in str(err.value)
+
+
+def test_compile_for_cpu_is_refused_before_capture():
+    import mlcomp
+    model, x, _ = small()
+    with pytest.raises(PipelineSpecError, match="target cpu would run them as float arithmetic"):
+        mlcomp.compile(model, (x,), target="cpu", pipeline="quantize")
