@@ -28,7 +28,9 @@ Kinds (:data:`KINDS`): a *gradient* is a parameter's gradient (a graph output);
 a *saved activation* a forward value the backward still holds; *recomputed* a
 copy the ``remat`` pass added; *forward*/*backward temporary* everything else of
 that phase; *output* the loss and new buffer values; *optimizer scratch* the
-update's temporaries.  Everything is O(n log n).
+update's temporaries; *kernel scratch* what a kernel holds inside its own call
+(``workspace``, :mod:`mlcomp.analysis.workspace`).  The kinds at a step sum to
+its bytes.  Everything is O(n log n).
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ __all__ = ["KINDS", "LiveValue", "OPTIMIZER", "StepMemory", "grad_params", "step
 GRAD = "grad:"               # the joint graph's gradient outputs (mlcomp.frontend.joint)
 OPTIMIZER = "<optimizer>"    # the step after the graph (unfused update) and the scratch's name
 KINDS = ("saved activation", "recomputed", "gradient", "forward temporary", "backward temporary", "output",
-         "optimizer scratch")
+         "optimizer scratch", "kernel scratch")
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,10 @@ class StepMemory:
                 out.append(LiveValue(r, live.sizes[r], kind, mods.get(node.name, "<root>")))
         if self.scratch.get(step):
             out.append(LiveValue(OPTIMIZER, self.scratch[step], "optimizer scratch", OPTIMIZER))
+        rest = self.live_bytes[step] - sum(v.nbytes for v in out)    # the kernel's own scratch at its step
+        if rest > 0 and step < len(live.schedule):
+            at = live.schedule[step][0]
+            out.append(LiveValue(f"scratch of {at}", rest, "kernel scratch", mods.get(at, "<root>")))
         return sorted(out, key=lambda v: -v.nbytes)
 
     def by_kind(self, step: int | None = None) -> dict[str, int]:

@@ -127,6 +127,8 @@ class TrainingArtifact:
     """``step(*inputs, y) -> loss`` (``y`` positional or ``y=``) over its own parameters;
     ``state_dict``/``load_state_dict``."""
 
+    fused: torch.nn.Module | None = None    # the step with the optimizer in the backward (mlcomp.training.fused)
+
     def __init__(self, graph: Graph, optimizer: OptimizerSpec, *, device: str,
                  state_keys: Sequence[str] | None = None,
                  extra_state: Mapping[str, torch.Tensor] | None = None, target: str = "cpu",
@@ -145,7 +147,6 @@ class TrainingArtifact:
                    optimizer=optimizer, state_keys=state_keys, extra_state=extra_state)
         self.loss_scaler = loss_scaler   # graph has a %loss_scale input (mlcomp.training.loss_scaling)
         self.verification: dict[str, Any] | None = None
-        self.fused: torch.nn.Module | None = None     # the step with the optimizer in the backward
         if update_in_backward:
             if loss_scaler is not None:
                 raise MlcompError(f"the training step of {graph.name} cannot update parameters inside the backward "
