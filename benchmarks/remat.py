@@ -48,7 +48,7 @@ from functorch.compile import aot_module, make_boxed_func
 from torch import nn
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-from mlcomp.analysis.training import predicted_peak, saved_activations
+from mlcomp.analysis.training_graph import predicted_peak, saved_activations
 from mlcomp.analysis.workspace import op_workspaces
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.table import Table

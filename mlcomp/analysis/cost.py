@@ -25,7 +25,7 @@ from typing import Iterable, Mapping
 
 import torch
 
-from mlcomp.analysis.memory import is_view
+from mlcomp.analysis.liveness import is_view
 from mlcomp.hardware.spec import DEFAULT_CPU, SPEC_SHEETS, HardwareSpec  # noqa: F401 - re-exported
 from mlcomp.ir import Graph, Node, TensorMeta, map_refs, tensor_metas
 from mlcomp.ir.dtypes import itemsize

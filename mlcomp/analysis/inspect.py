@@ -5,7 +5,7 @@ constants such as BatchNorm's ``num_batches_tracked`` are buffers, counted
 apart), per-node and
 total FLOPs (``torch.utils.flop_counter`` on meta tensors), bytes moved,
 arithmetic intensity (all from :mod:`mlcomp.analysis.cost`), the peak memory of
-live activations (:mod:`mlcomp.analysis.memory`), and the *parallelism profile*: the width of every
+live activations (:mod:`mlcomp.analysis.liveness`), and the *parallelism profile*: the width of every
 topological generation (how many ops could run at once) and the critical-path
 length: the textbook's "automatic parallelism" measured on the real graph.
 
@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlcomp.analysis import cost, memory
+from mlcomp.analysis import cost, liveness
 from mlcomp.base.units import fmt_bytes
 from mlcomp.ir import Graph, dtype_name
 from mlcomp.ir.dtypes import itemsize
@@ -64,7 +64,7 @@ class InspectReport:
     generation_widths: list[int] = field(repr=False)
     critical_path: list[str] = field(repr=False)
     critical_path_flops: int = 0
-    peak_activation_bytes: int = 0      # analysis.memory, graph order, inputs/params not counted
+    peak_activation_bytes: int = 0      # analysis.liveness, graph order, inputs/params not counted
     buffers: int = 0                    # integer/bool constants (BatchNorm's num_batches_tracked …)
     buffer_bytes: int = 0
     kept_ops: dict[str, str] = field(default_factory=dict)   # left undecomposed by capture → why
@@ -161,7 +161,7 @@ def inspect_graph(graph: Graph) -> InspectReport:
         param_dtypes=dict(param_dtypes), flops=total.flops, bytes=total.bytes, rows=rows,
         generation_widths=[len(g) for g in generations(graph)], critical_path=path,
         critical_path_flops=sum(costs[n].flops for n in path if n in costs),
-        peak_activation_bytes=memory.peak_bytes(graph), buffers=buffer_count, buffer_bytes=buffer_bytes,
+        peak_activation_bytes=liveness.peak_bytes(graph), buffers=buffer_count, buffer_bytes=buffer_bytes,
         kept_ops=dict(graph.kept_ops))
 
 

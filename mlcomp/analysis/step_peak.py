@@ -9,7 +9,7 @@ parameters; Adam's ``sqrt(v)`` is one parameter-sized temporary).  With
 point :func:`update_points` names (after its gradient is complete and after its
 last reader), and its gradient is freed there, so gradients never all coexist.
 
-:func:`step_memory` is :func:`mlcomp.analysis.memory.liveness` over that
+:func:`step_memory` is :func:`mlcomp.analysis.liveness.liveness` over that
 execution with those two changes; :class:`StepMemory` says where the peak is,
 which values are live there, of which kind and from which module::
 
@@ -37,8 +37,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from mlcomp.analysis.memory import Liveness, liveness
-from mlcomp.analysis.training import value_modules
+from mlcomp.analysis.liveness import Liveness, liveness
+from mlcomp.analysis.training_graph import value_modules
 from mlcomp.base.units import fmt_bytes
 from mlcomp.ir import Graph
 from mlcomp.ir.node import Phase

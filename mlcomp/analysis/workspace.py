@@ -1,6 +1,6 @@
 """Scratch memory a kernel allocates and frees inside one call, measured per node.
 
-Liveness (:mod:`mlcomp.analysis.memory`) counts the tensors a graph's values
+Liveness (:mod:`mlcomp.analysis.liveness`) counts the tensors a graph's values
 hold.  Some kernels also allocate scratch that lives only during their own call
 and that no value of the graph shows: CPU convolution unfolds its input into
 im2col columns (the weight gradient of LeNet's first convolution at batch 32
@@ -17,7 +17,7 @@ a prediction that is to agree with it has to count them at that step::
 
 :func:`op_workspaces` runs each node whose op is in :data:`WORKSPACE_OPS` once,
 alone, on seeded random inputs of its input metas, under the allocator's events
-(:class:`~mlcomp.hardware.memory.PeakMemory`, ``MemorySource.ALLOCATOR`` on
+(:class:`~mlcomp.hardware.peak_memory.PeakMemory`, ``MemorySource.ALLOCATOR`` on
 CPU, the caching allocator's peak on CUDA), after one unmeasured warm-up call;
 the workspace is the call's peak above its own outputs.  Nodes with the same op,
 input metas and literal arguments share one measurement (``cache``, owned by the
@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from mlcomp.analysis.memory import value_bytes
-from mlcomp.hardware.memory import MemorySource, PeakMemory
+from mlcomp.analysis.liveness import value_bytes
+from mlcomp.hardware.peak_memory import MemorySource, PeakMemory
 from mlcomp.ir import Graph, Node, Ref, TensorMeta, map_refs
 from mlcomp.ir.ops import Namespace
 

@@ -48,7 +48,7 @@ def report_cmd(model: str, input_shapes: tuple[str, ...], capture_method: str,
     from mlcomp.api import check_model_inputs
     from mlcomp.hardware.timing import TimingPolicy
     from mlcomp.measure.bench import BenchConfig
-    from mlcomp.report import ReportConfig, build_report
+    from mlcomp.html_report import ReportConfig, build_report
 
     check_destination(output, Kind.DIR, force=force, inputs=(model,))
     bench_batches = bench_batches or old_bench_batches or (1, 32)

@@ -90,7 +90,7 @@ def _loss_of(source: Any, loss: str) -> Any:
 
 
 def _capture(source: Any, loss: Any, dropout_off: bool = True):
-    from mlcomp.analysis.training import phase_counts
+    from mlcomp.analysis.training_graph import phase_counts
     from mlcomp.frontend.joint import capture_joint, example_target, without_dropout
 
     model = without_dropout(source.eager) if dropout_off else source.eager
@@ -184,7 +184,7 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
 def inspect_train(model: str, input_shapes: tuple[str, ...], batch: int | None, trust_pickle: bool, *,
                   loss: str, as_json: bool, show_ir: bool, top: int) -> None:
     """``mlcomp inspect MODEL --train``: FLOPs by phase, saved activations by module, predicted peak."""
-    from mlcomp.analysis.training import phase_flops, predicted_peak, saved_activations
+    from mlcomp.analysis.training_graph import phase_flops, predicted_peak, saved_activations
     from mlcomp.base.units import fmt_bytes
     from mlcomp.frontend.joint import LossKind
     from mlcomp.frontend.joint_origins import bytes_by_origin

@@ -160,7 +160,7 @@ def _backward(raw: Graph, phases: Mapping[str, Phase], grad_of: Mapping[str, str
 
 def bytes_by_origin(graph: Graph, values: Iterable[Any]) -> dict[str, int]:
     """Bytes of ``values`` (``name``, ``nbytes``, ``module`` each, as
-    :func:`mlcomp.analysis.training.saved_activations` returns them) by the module path of
+    :func:`mlcomp.analysis.training_graph.saved_activations` returns them) by the module path of
     their node's origin, largest first.  Values without an origin (graph inputs, loss
     values) keep the ``module`` they came with (``<input>``, ``<loss>``)."""
     out: dict[str, int] = {}

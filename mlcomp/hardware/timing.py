@@ -18,7 +18,7 @@ and injectable so that tests can drive it with fakes:
     >>> t.repeats >= 5, 0 < t.median <= t.p90        # seconds per call; values depend on the machine
     (True, True)
 
-Peak memory lives in :mod:`mlcomp.hardware.memory`.
+Peak memory lives in :mod:`mlcomp.hardware.peak_memory`.
 """
 from __future__ import annotations
 

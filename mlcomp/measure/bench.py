@@ -9,7 +9,7 @@ For every batch size and target the bench
    synchroniser before the clock stops, repeats sized to a time budget,
    median and p90;
 4. records the peak memory growth around compile + run
-   (:class:`mlcomp.hardware.memory.PeakMemory`).
+   (:class:`mlcomp.hardware.peak_memory.PeakMemory`).
 
 Eager always runs first at each batch size: it is the reference for errors and
 speedups.  A target that is unavailable (``mlcomp.targets.available_targets``)
@@ -37,7 +37,7 @@ from mlcomp.ir.dtypes import dtype_name
 from mlcomp.measure.bench_results import BenchResult, BenchRow
 from mlcomp.measure.plots import EAGER, bench_plot
 from mlcomp.hardware.probe import machine_line
-from mlcomp.hardware.memory import PeakMemory
+from mlcomp.hardware.peak_memory import PeakMemory
 from mlcomp.hardware.timing import (
     BenchConfigError,
     Clock,

@@ -20,7 +20,7 @@ from typing import Any
 
 from mlcomp.base.table import Table
 from mlcomp.base.units import fmt_bytes
-from mlcomp.hardware.memory import MemoryReading
+from mlcomp.hardware.peak_memory import MemoryReading
 from mlcomp.hardware.timing import Timing, TimingPolicy, fmt_seconds
 from mlcomp.measure.plots import EAGER
 

@@ -4,13 +4,13 @@ For one model and batch the joint graph is captured once, compiled without
 remat (the reference) and once per budget through the ``remat`` pass
 (``remat{budget=B solver=S}``, plus Chen's ``remat{solver=sqrt}``).  Per point:
 
-* **predicted peak** -- :func:`mlcomp.analysis.training.predicted_peak` of the
+* **predicted peak** -- :func:`mlcomp.analysis.training_graph.predicted_peak` of the
   rewritten graph (transient bytes above parameters, buffers and inputs), with
   kernels' scratch (:func:`mlcomp.analysis.workspace.op_workspaces`);
 * **measured peak** -- one compiled step's peak above the state before it,
   on CPU from torch's allocator events (:func:`~mlcomp.measure.training_bench.step_peak`);
 * **activations saved** -- the drop in bytes the backward keeps from the
-  forward (:func:`~mlcomp.analysis.training.saved_activations`, graph inputs
+  forward (:func:`~mlcomp.analysis.training_graph.saved_activations`, graph inputs
   left out: they are resident either way), relative to no remat;
 * **step time** and **overhead** -- medians of all points timed interleaved;
 * **gradient error** -- the worst parameter's ``max|g - g_ref| / max|g_ref|``
@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from mlcomp.analysis.training import predicted_peak, saved_activations
+from mlcomp.analysis.training_graph import predicted_peak, saved_activations
 from mlcomp.analysis.workspace import op_workspaces
 from mlcomp.base.errors import PassFailure
 from mlcomp.base.files import atomic_path

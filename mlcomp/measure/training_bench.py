@@ -9,9 +9,9 @@ For one model and batch size it
 3. times both steps (forward, loss, backward, optimizer step) interleaved, with
    the timing protocol of :mod:`mlcomp.hardware.timing` (warm-up, median, p90);
 4. measures each step's peak memory above what was allocated before it and sets
-   it beside the liveness prediction (:func:`mlcomp.analysis.training.predicted_peak`).
+   it beside the liveness prediction (:func:`mlcomp.analysis.training_graph.predicted_peak`).
    On CPU the measured figure is torch's CPU allocator followed event by event
-   (:class:`~mlcomp.hardware.memory.PeakMemory` with ``MemorySource.ALLOCATOR``:
+   (:class:`~mlcomp.hardware.peak_memory.PeakMemory` with ``MemorySource.ALLOCATOR``:
    ``torch.profiler`` memory events, the running sum of live tensor bytes); it is
    the method that sees an activation freed the moment the generated code drops
    it.  The kernel's peak RSS (``VmHWM`` reset before the step, heap trimmed) is
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from mlcomp import models
-from mlcomp.analysis.training import phase_flops, predicted_peak, saved_activations
+from mlcomp.analysis.training_graph import phase_flops, predicted_peak, saved_activations
 from mlcomp.analysis.workspace import op_workspaces
 from mlcomp.base.errors import InputSpecError
 from mlcomp.base.table import Table
@@ -48,7 +48,7 @@ from mlcomp.frontend.joint import (
     model_output,
     without_dropout,
 )
-from mlcomp.hardware.memory import MemoryReading, MemorySource, PeakMemory
+from mlcomp.hardware.peak_memory import MemoryReading, MemorySource, PeakMemory
 from mlcomp.hardware.timing import (
     Timing,
     TimingPolicy,

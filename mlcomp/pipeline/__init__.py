@@ -10,7 +10,7 @@ from mlcomp.pipeline.instruments import (Dump, Explain, Instrument, IRCheck, Mem
                                          standard_instruments)
 from mlcomp.pipeline.manager import PassManager, run_pipeline
 from mlcomp.pipeline.pass_base import REGISTRY, Pass, PassContext, PassRegistry, PassResult, Requirement, option
-from mlcomp.pipeline.report import PassRecord, PipelineReport
+from mlcomp.pipeline.pass_records import PassRecord, PipelineReport
 from mlcomp.pipeline.spec import PRESETS, PassSpec, Pipeline
 
 __all__ = ["Pass", "PassContext", "PassResult", "PassRegistry", "REGISTRY", "Requirement", "option", "PassSpec",

@@ -15,8 +15,8 @@ An instrument sees each pass before and after it runs; the manager calls
   after each pass that changed the graph the new one is run and compared, and the
   innermost pass that broke the numbers is named with the first diverging node;
 * :class:`Dump` — IR text and Graphviz dot after the passes it names (any depth);
-* :class:`Explain` — what each pass changed (:class:`~mlcomp.pipeline.report.PassDiff`);
-* :class:`Memory` — estimated peak memory before and after each pass (``mlcomp.analysis.memory``).
+* :class:`Explain` — what each pass changed (:class:`~mlcomp.pipeline.pass_records.PassDiff`);
+* :class:`Memory` — estimated peak memory before and after each pass (``mlcomp.analysis.liveness``).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
-from mlcomp.analysis.memory import peak_bytes
+from mlcomp.analysis.liveness import peak_bytes
 from mlcomp.analysis.ranges import declared_tolerance, error_growth
 from mlcomp.analysis.verify import compare
 from mlcomp.base.errors import IRError, PassFailure, PipelineSpecError, VerificationError
@@ -38,7 +38,7 @@ from mlcomp.ir.graph_tools import to_dot
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.pipeline.composite import CompositePass, Observer, Position, execute, walk
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult
-from mlcomp.pipeline.report import PassDiff, PassRecord, PipelineReport, snapshot
+from mlcomp.pipeline.pass_records import PassDiff, PassRecord, PipelineReport, snapshot
 
 __all__ = ["Instrument", "Timing", "IRCheck", "Verify", "Dump", "Explain", "Memory", "standard_instruments",
            "Reference", "dump_graph", "random_inputs", "graph_tolerance"]
@@ -237,7 +237,7 @@ class Explain(Instrument):
 
 
 class Memory(Instrument):
-    """Estimated peak memory of intermediate values (``mlcomp.analysis.memory.peak_bytes``) around each pass."""
+    """Estimated peak memory of intermediate values (``mlcomp.analysis.liveness.peak_bytes``) around each pass."""
 
     def __init__(self) -> None:
         self._before: list[int] = []

@@ -37,7 +37,7 @@ from mlcomp.pipeline.composite import (BEFORE_SHOWN, CompositePass, Observer, Po
                                        pass_text)
 from mlcomp.pipeline.instruments import Instrument, Verify, random_inputs, standard_instruments
 from mlcomp.pipeline.pass_base import REGISTRY, Pass, PassContext, PassRegistry, PassResult, Requirement
-from mlcomp.pipeline.report import PassRecord, PipelineReport
+from mlcomp.pipeline.pass_records import PassRecord, PipelineReport
 from mlcomp.pipeline.spec import Pipeline
 from mlcomp.pipeline.target_facts import TargetFacts
 

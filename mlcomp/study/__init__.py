@@ -19,7 +19,7 @@ from mlcomp.study.common import Figure, StudyConfig, StudyResult, Table
 STUDIES: dict[str, tuple[str, str]] = {
     "hybridize": ("mlcomp.study.hybridize", "the MLP called 1000/10000 times, eager vs each compiled target"),
     "asynchrony": ("mlcomp.study.asynchrony", "the same work timed without and with a barrier"),
-    "memory": ("mlcomp.study.memory", "a training loop's memory with and without a barrier per batch"),
+    "memory": ("mlcomp.study.loop_memory", "a training loop's memory with and without a barrier per batch"),
     "parallelism": ("mlcomp.study.parallelism", "concurrent branches; compute overlapped with copies"),
     "roofline": ("mlcomp.study.roofline", "this machine's peaks and every op of a model on its roofline"),
 }

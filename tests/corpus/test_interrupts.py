@@ -87,7 +87,7 @@ def test_interrupt_swallowed_entirely_saves_nothing(user_folder, monkeypatch):
 
 @pytest.mark.parametrize("where, args", [
     ("mlcomp.targets.export:export_graph", ["export", "mlp", "--format", "onnx", "-o", "m.onnx"]),
-    ("mlcomp.report:run_bench", ["report", "mlp", "--targets", "eager", "-o", "rep"]),
+    ("mlcomp.html_report:run_bench", ["report", "mlp", "--targets", "eager", "-o", "rep"]),
     ("mlcomp.measure.bench:run_bench", ["bench", "mlp", "--targets", "eager", "--json", "b.json"]),
     ("mlcomp.frontend.loading:load_model", ["inspect", "mlp", "--dot", "g.dot"]),
     ("mlcomp.frontend.loading:save_torchscript", ["models", "save", "mlp", "--format", "torchscript", "-o", "m.pt"]),

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from mlcomp.analysis.cost import node_cost
-from mlcomp.analysis.memory import is_view, value_bytes
+from mlcomp.analysis.liveness import is_view, value_bytes
 from mlcomp.hardware.link import Link
 from mlcomp.hardware.spec import DEFAULT_CPU, HardwareSpec
 from mlcomp.ir import Graph, Node, TensorMeta, map_refs

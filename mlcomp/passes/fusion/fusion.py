@@ -35,7 +35,7 @@ from mlcomp.passes.fusion.folds import FoldBatchNorm, FoldBias
 from mlcomp.passes.fusion.recompose import Recompose
 
 from mlcomp.analysis.cost import fused_bytes_saved
-from mlcomp.analysis.memory import peak_bytes, value_bytes
+from mlcomp.analysis.liveness import peak_bytes, value_bytes
 from mlcomp.ir import Graph, Node, Origin, Ref, TensorMeta, map_refs
 from mlcomp.ir.builder import rename
 from mlcomp.ir.composites import Tiling, fused_kernel, register_fused
@@ -260,7 +260,7 @@ def _footprint(graph: Graph, group: list[str]) -> int:
 
 
 def estimate_peak_bytes(graph: Graph, groups: list[list[str]]) -> int:
-    """Peak bytes of live intermediates with each group run as one kernel (:mod:`mlcomp.analysis.memory`)."""
+    """Peak bytes of live intermediates with each group run as one kernel (:mod:`mlcomp.analysis.liveness`)."""
     return peak_bytes(graph, groups=groups)
 
 

@@ -29,7 +29,7 @@ import psutil
 import torch
 
 from mlcomp.analysis.cost import node_cost
-from mlcomp.analysis.memory import value_bytes
+from mlcomp.analysis.liveness import value_bytes
 from mlcomp.analysis.parallel.placement_cost import LINKS, Link
 from mlcomp.base.errors import MlcompError, PipelineSpecError
 from mlcomp.hardware.spec import DEFAULT_CPU, SPEC_SHEETS, HardwareSpec

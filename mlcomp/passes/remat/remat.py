@@ -17,7 +17,7 @@ values die at the end of the forward.  Before and after, on a 3-layer MLP::
     %mm_1: f32[16, 32] = aten.mm.default(%permute_5, %relu.remat)   # {phase=backward}
 
 ``budget`` bounds the saved activations the backward still reads (bytes as
-:func:`mlcomp.analysis.training.saved_activations` counts them: forward values
+:func:`mlcomp.analysis.training_graph.saved_activations` counts them: forward values
 and graph inputs read by the backward, views charged to their base): a fraction
 in (0, 1] of those bytes without remat -- the meaning of torch's
 ``activation_memory_budget`` -- or a size (``256MB``; K/M/G are powers of 1024).
@@ -44,8 +44,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mlcomp.analysis.memory import is_view, liveness, storage_roots, value_bytes
-from mlcomp.analysis.training import saved_activations
+from mlcomp.analysis.liveness import is_view, liveness, storage_roots, value_bytes
+from mlcomp.analysis.training_graph import saved_activations
 from mlcomp.analysis.workspace import op_workspaces
 from mlcomp.base.errors import PassFailure, PipelineSpecError
 from mlcomp.base.units import SizeError, parse_size, size_unit
@@ -313,7 +313,7 @@ def _peak_unmet(graph: Graph, text: str, limit: int, lowest: Scored) -> RematErr
 
 
 def saved_bytes(graph: Graph) -> int:
-    """Bytes of the saved activations of a joint graph (:func:`mlcomp.analysis.training.saved_activations`)."""
+    """Bytes of the saved activations of a joint graph (:func:`mlcomp.analysis.training_graph.saved_activations`)."""
     return sum(v.nbytes for v in saved_activations(graph))
 
 

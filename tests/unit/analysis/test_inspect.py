@@ -29,7 +29,7 @@ def test_report_fields_on_mlp(captured):
     assert r.op_histogram["aten.addmm.default"] == 3
     assert r.flops == 2 * 2 * (512 * 256 + 256 * 128 + 128 * 2)   # batch 2, 2 FLOPs per MAC
     assert 0 < r.intensity < 10
-    # analysis.memory in graph order: addmm [2, 256] and its relu are the largest pair alive at once
+    # analysis.liveness in graph order: addmm [2, 256] and its relu are the largest pair alive at once
     assert r.peak_activation_bytes == 2 * (2 * 256 * 4)
     assert r.to_json()["peak_activation_bytes"] == r.peak_activation_bytes
     text = r.format()

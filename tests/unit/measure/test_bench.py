@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.units import fmt_bytes
-from mlcomp.hardware.memory import PeakMemory
+from mlcomp.hardware.peak_memory import PeakMemory
 from mlcomp.hardware.timing import (
     BenchConfigError,
     TimingPolicy,

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from mlcomp.analysis.training import saved_activations
+from mlcomp.analysis.training_graph import saved_activations
 from mlcomp.hardware.timing import TimingPolicy
 from mlcomp.ir.ops import INPUT
 from mlcomp.measure.remat_sweep import (

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from mlcomp.analysis.training import phase_flops, predicted_peak, saved_activations
+from mlcomp.analysis.training_graph import phase_flops, predicted_peak, saved_activations
 from mlcomp.frontend.joint import capture_joint, example_target
 from mlcomp.hardware.timing import TimingPolicy
 from mlcomp.ir.node import Phase
@@ -60,7 +60,7 @@ def test_cli_inspect_train_json():
 
 def test_allocator_peak_sees_every_free():
     """Live tensor bytes, event by event: 8 MiB at most (a and b), not the 10 MiB ever allocated."""
-    from mlcomp.hardware.memory import MemorySource, PeakMemory
+    from mlcomp.hardware.peak_memory import MemorySource, PeakMemory
 
     with PeakMemory("cpu", source=MemorySource.ALLOCATOR) as mem:
         a = torch.ones(1 << 20)             # 4 MiB

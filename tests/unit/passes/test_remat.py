@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from mlcomp.analysis.step_peak import step_memory
-from mlcomp.analysis.training import saved_activations
+from mlcomp.analysis.training_graph import saved_activations
 from mlcomp.analysis.workspace import op_workspaces
 from mlcomp.base.errors import PipelineMismatchError, PipelineSpecError
 from mlcomp.frontend.joint import capture_joint, example_target, without_dropout

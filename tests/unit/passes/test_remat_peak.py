@@ -10,7 +10,7 @@ from mlcomp.analysis.step_peak import step_memory
 from mlcomp.analysis.workspace import op_workspaces
 from mlcomp.base.errors import PipelineSpecError
 from mlcomp.frontend.joint import LossKind, capture_joint
-from mlcomp.hardware.memory import MemorySource, PeakMemory
+from mlcomp.hardware.peak_memory import MemorySource, PeakMemory
 from mlcomp.passes.remat.choose import PEAK_SLACK
 from mlcomp.passes.remat.remat import RematError
 from mlcomp.pipeline import run_pipeline

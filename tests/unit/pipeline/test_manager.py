@@ -215,7 +215,7 @@ def test_origins_survive_rewrites():
 
 
 def test_memory_records_the_estimated_peak_before_and_after_each_pass():
-    from mlcomp.analysis.memory import peak_bytes
+    from mlcomp.analysis.liveness import peak_bytes
 
     graph = small_graph()
     out, report = run_pipeline(graph, "-O2", instruments=[Memory()])

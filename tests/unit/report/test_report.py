@@ -1,4 +1,4 @@
-"""mlcomp.report: the page, its plots and data files, written atomically; the CLI command."""
+"""mlcomp.html_report: the page, its plots and data files, written atomically; the CLI command."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from mlcomp.hardware.timing import TimingPolicy
 from mlcomp.measure.bench import BenchConfig
-from mlcomp.report import ReportConfig, build_report
+from mlcomp.html_report import ReportConfig, build_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 FAST = TimingPolicy(warmup=1, budget_s=0.005, min_repeats=1, max_repeats=20)
@@ -60,7 +60,7 @@ def test_report_with_roofline(tmp_path) -> None:
 
 
 def test_failed_report_leaves_nothing(tmp_path, monkeypatch) -> None:
-    import mlcomp.report as report
+    import mlcomp.html_report as report
 
     out = tmp_path / "rep"
     out.mkdir()

@@ -5,7 +5,7 @@ import torch
 
 from mlcomp.measure.bench import BenchConfig
 from mlcomp.hardware.timing import TimingPolicy
-from mlcomp.report import ReportConfig, build_report
+from mlcomp.html_report import ReportConfig, build_report
 from mlcomp.targets.tvm.offload.policy import RULES
 
 FAST = TimingPolicy(warmup=1, budget_s=0.005, min_repeats=1, max_repeats=20)

@@ -199,7 +199,7 @@ def test_precision_errors_per_node_and_per_op(graphs):
 def test_report_section_lists_precision_per_op(tmp_path):
     from mlcomp.hardware.timing import TimingPolicy
     from mlcomp.measure.bench import BenchConfig
-    from mlcomp.report import ReportConfig, build_report
+    from mlcomp.html_report import ReportConfig, build_report
 
     def compiler(model, inputs, target, pipeline, options):
         return torch.jit.trace(model, inputs)

@@ -11,7 +11,7 @@ from mlcomp.analysis.workspace import op_workspaces
 from mlcomp.base.errors import MlcompError
 from mlcomp.frontend.joint import LossKind, capture_joint
 from mlcomp.ir.node import Phase
-from mlcomp.hardware.memory import MemorySource, PeakMemory
+from mlcomp.hardware.peak_memory import MemorySource, PeakMemory
 from mlcomp.models import LeNet
 from mlcomp.runtime.optim import OptimizerSpec
 from mlcomp.training.step import compile_training

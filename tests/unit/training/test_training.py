@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import mlcomp
-from mlcomp.analysis.training import (
+from mlcomp.analysis.training_graph import (
     phase_flops,
     predicted_peak,
     saved_activations,

@@ -150,7 +150,7 @@ def test_cli_compile_train_writes_a_loadable_folder(tmp_path, monkeypatch):
 
 
 def test_study_memory_reads_the_training_graph():
-    from mlcomp.study.memory import training_step_memory
+    from mlcomp.study.loop_memory import training_step_memory
 
     by_module, summary, data = training_step_memory("cpu", 8, (32, 16))
     # MLP 512-32-16-1, MSE: the backward keeps x (8x512) and y (8x1), both ReLUs' outputs and the last Linear's output
@@ -163,7 +163,7 @@ def test_study_memory_reads_the_training_graph():
 
 
 def test_report_training_section_reads_the_joint_graph():
-    from mlcomp.report import _training_section
+    from mlcomp.html_report import _training_section
 
     source = load_model(_model(), example_inputs=(torch.randn(4, 8),))
     text, data = _training_section(source)

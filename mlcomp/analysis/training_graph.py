@@ -19,7 +19,7 @@ activations::
     >>> predicted_peak(graph)
     PeakEstimate(resident=666152, transient=662028, at='sum_3')
 
-Peak memory comes from :func:`mlcomp.analysis.memory.liveness` over the
+Peak memory comes from :func:`mlcomp.analysis.liveness.liveness` over the
 graph's order (the order the generated code runs): each non-view value is
 allocated by its node and freed after its last reader (a view keeps its base
 alive); graph outputs (loss, gradients, new buffers) live to the end.  Parameters, buffers and inputs are
@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mlcomp.analysis.cost import node_flops
-from mlcomp.analysis.memory import buffers, liveness
+from mlcomp.analysis.liveness import buffers, liveness
 from mlcomp.base.errors import MlcompError
 from mlcomp.ir import Graph, Mode, Node, tensor_metas
 from mlcomp.ir.node import Phase
@@ -151,7 +151,7 @@ def phase_flops(graph: Graph) -> dict[Phase, int]:
 
 def predicted_peak(graph: Graph, workspace: Mapping[str, int] | None = None) -> PeakEstimate:
     """Resident bytes (parameters, buffers, inputs) and the transient peak from
-    :func:`mlcomp.analysis.memory.liveness` over the graph order; ``workspace``
+    :func:`mlcomp.analysis.liveness.liveness` over the graph order; ``workspace``
     (:func:`mlcomp.analysis.workspace.op_workspaces`) adds kernels' scratch at their step."""
     live = liveness(graph, workspace=workspace)
     resident = sum(_nbytes(graph, n) for n in graph.nodes() if n.op in (PARAM, INPUT))

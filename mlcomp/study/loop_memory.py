@@ -17,7 +17,7 @@ Variants measured here (fresh seeded model each, one warm-up batch first):
   barrier the frontend generates and submits every batch at once; the queued
   input batches are what piles up.
 
-Memory is the peak growth over the loop (:class:`mlcomp.hardware.memory.PeakMemory`);
+Memory is the peak growth over the loop (:class:`mlcomp.hardware.peak_memory.PeakMemory`);
 the frontend's clock at each third of the epoch mirrors the chapter's
 ``batch 50 / 100 / 150`` prints.
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mlcomp.hardware.memory import PeakMemory
+from mlcomp.hardware.peak_memory import PeakMemory
 from mlcomp.hardware.timing import Clock, synchronizer
 from mlcomp.study import chapter
 from mlcomp.study.asynchrony import ThreadBackend
@@ -146,7 +146,7 @@ def training_step_memory(device: str, batch: int, hidden: tuple[int, int]) -> tu
     measured peak of the compiled step, FLOPs by phase."""
     import torch
 
-    from mlcomp.analysis.training import phase_flops, predicted_peak, saved_activations
+    from mlcomp.analysis.training_graph import phase_flops, predicted_peak, saved_activations
     from mlcomp.frontend.joint import capture_joint
     from mlcomp.frontend.joint_origins import bytes_by_origin
     from mlcomp.ir.node import Phase

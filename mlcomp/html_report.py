@@ -31,7 +31,7 @@ import torch
 
 from mlcomp.analysis.inspect import inspect_graph
 from mlcomp.analysis.precision_error import by_op, precision_errors
-from mlcomp.analysis.training import phase_flops, predicted_peak, saved_activations
+from mlcomp.analysis.training_graph import phase_flops, predicted_peak, saved_activations
 from mlcomp.base.files import Kind, atomic_dir, check_destination
 from mlcomp.base.table import Table
 from mlcomp.frontend.joint import capture_joint, example_target, resolve_loss, without_dropout

@@ -1,4 +1,4 @@
-"""mlcomp.analysis.memory: liveness and peak on hand-built graphs, and against the interpreter.
+"""mlcomp.analysis.liveness: liveness and peak on hand-built graphs, and against the interpreter.
 
 Sizes are f32 unless said otherwise: a [256] tensor is 1 KiB.
 """
@@ -9,7 +9,7 @@ import weakref
 import pytest
 import torch
 
-from mlcomp.analysis.memory import (
+from mlcomp.analysis.liveness import (
     buffers,
     live_bytes_per_node,
     liveness,
