@@ -63,6 +63,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "mixed-precision": "mlcomp.passes.precision.mixed:MixedPrecision",
     "loss-scale": "mlcomp.passes.precision.loss_scale:LossScale",
     "remat": "mlcomp.passes.remat.remat:Remat",
+    "schedule": "mlcomp.passes.remat.schedule:Schedule",
     "partition": "mlcomp.passes.placement.partition:Partition",
     "place": "mlcomp.passes.placement.place:Place",
     "prune": "mlcomp.passes.prune.prune:Prune",

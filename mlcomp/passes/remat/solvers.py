@@ -330,7 +330,7 @@ def solve(problem: RematProblem, solver: Solver, allowance: int) -> RematPlan:
     return SOLVERS[solver](problem, allowance)
 
 
-SHARES = (1.0, 0.7, 0.5, 0.35, 0.25)   # of the allowance: tighter plans the peak choice also compares
+SHARES = (1.0, 0.6, 0.35)   # of the allowance: tighter plans the peak choice also compares
 
 
 def candidates(problem: RematProblem, solver: Solver, allowance: int) -> list[RematPlan]:
