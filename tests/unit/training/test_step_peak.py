@@ -95,3 +95,17 @@ def test_loss_scaling_cannot_be_fused(cnn):
     graph, _ = cnn
     with pytest.raises(MlcompError, match="inf/NaN before any update"):
         compile_training(graph, optimizer="sgd", loss_scale=128.0, update_in_backward=True)
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet", pytest.param("resnet18", marks=pytest.mark.slow),
+                                  pytest.param("transformer", marks=pytest.mark.slow)])
+def test_zoo_step_peak_prediction_equals_the_allocator(name):
+    from mlcomp.measure.training_bench import training_case
+
+    case = training_case(name, batch=4)
+    graph, args = case.graph, case.args("cpu")
+    ws = op_workspaces(graph)
+    for spec, fused in (("sgd{lr=0.01 momentum=0.9}", False), ("adam{lr=1e-3}", True)):
+        predicted = step_memory(graph, workspace=ws, scratch=OptimizerSpec.parse(spec).scratch(), fused=fused)
+        got = measured(compile_training(graph, optimizer=spec, update_in_backward=fused), args)
+        assert abs(predicted.peak_bytes - got) <= 0.01 * got, (name, spec, predicted.peak_bytes, got)
