@@ -22,7 +22,7 @@ import copy
 
 import datetime as _dt
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from html import escape
 from pathlib import Path
 from typing import Any, Sequence
@@ -62,6 +62,7 @@ class ReportConfig:
     roofline: bool = False
     quick: bool = False                     # roofline microbenchmarks at tiny sizes
     training: bool = False                  # a section from the joint training graph
+    crosscheck: bool = False                # a whole-process speedup column (mlcomp.measure.crosscheck)
     # run_bench keyword overrides (clock, sync_for, compiler, availability): fakes in tests, embedding
     bench_options: dict[str, Any] = field(default_factory=dict, hash=False)
 
@@ -95,7 +96,8 @@ def build_report(model: Any, out_dir: str | Path, config: ReportConfig = ReportC
     pipe_text, pipe_json, pipe_note, piped = _pipeline_section(graph, source.inputs(), config.bench.pipeline)
     precision = _precision_section(graph, piped, source.inputs(), pipe_json)
     training = _training_section(source) if config.training else None
-    bench = run_bench(model, config.bench, input_shapes=input_shapes, trust_pickle=trust_pickle,
+    bench_config = replace(config.bench, crosscheck=config.crosscheck or config.bench.crosscheck)
+    bench = run_bench(model, bench_config, input_shapes=input_shapes, trust_pickle=trust_pickle,
                       progress=progress, **config.bench_options)
     roof: StudyResult | None = None
     if config.roofline:
@@ -203,11 +205,8 @@ def _page(name: str, inspect_text: str, pipe_text: str | None, pipe_note: str, b
     if precision_html:
         parts.append(precision_html)
     parts += ["<h2>Benchmark: eager vs compiled targets</h2>",
-              f"<p>Warm-up {bench.policy.warmup} calls, then repeats until {bench.policy.budget_s:g} s are spent "
-              f"(at least {bench.policy.min_repeats}); the device is synchronised before the clock stops; "
-              "median and 90th percentile per call. Peak memory is the growth over a baseline around "
-              "compile and run. Errors are the largest absolute difference from eager.</p>",
-              bench.table().to_html(), "<img src='bench.png' alt='speedup and latency vs batch size'>"]
+              _bench_method_html(bench), bench.table().to_html(),
+              "<img src='bench.png' alt='speedup and latency vs batch size'>"]
     if "tvm" in config.bench.targets:
         parts.append(_tvm_policy_html())
     if roof is not None:
@@ -221,6 +220,23 @@ def _page(name: str, inspect_text: str, pipe_text: str | None, pipe_note: str, b
                  + (", roofline.json" if roof else "") + ".</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _bench_method_html(bench: BenchResult) -> str:
+    """How the bench section was measured, how each comparison went, and which figures are unreliable."""
+    bad = [r for r in bench.rows if r.unreliable and r.interval]
+    head = (f"<p>Per batch, eager and every target are timed together in rotated rounds (one sample of each "
+            f"per round, {bench.policy.budget_s:g} s per variant at most, fewer once every interval is tight), "
+            "so load that comes and goes falls on all of them alike. A speedup is the median over rounds of "
+            "eager's sample over the target's in the same round, shown with its 95% interval; a cell is marked "
+            "UNRELIABLE, with the reason in its note, when the machine was busy, the hypervisor stole time, "
+            "the per-round ratios spread too far or the interval includes 1. Peak memory is the growth "
+            "over a baseline around compile and first call; errors are the largest absolute difference from "
+            "eager.</p>")
+    timed = "".join(f"<li>{escape(n)}</li>" for n in bench.notes)
+    warn = (f"<p><strong>{len(bad)} speedup(s) UNRELIABLE</strong>: "
+            + escape("; ".join(f"{r.label} batch {r.batch}: {r.unreliable[0]}" for r in bad)) + "</p>") if bad else ""
+    return head + (f"<ul class='muted'>{timed}</ul>" if timed else "") + warn
 
 
 def _tvm_policy_html() -> str:

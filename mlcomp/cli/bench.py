@@ -13,8 +13,8 @@ import click
 from mlcomp.base.errors import VerificationError
 from mlcomp.base.progress import ProgressLine
 from mlcomp.cli.measuring import (
-    check_outputs, check_pt2_batches, check_targets, checked_pipeline, command_progress, force_option,
-    int_list, name_list, set_threads, timing_options, write_output,
+    check_outputs, check_pt2_batches, check_targets, checked_pipeline, command_progress, comparison_config,
+    comparison_options, force_option, int_list, name_list, set_threads, timing_options, write_output,
 )
 from mlcomp.cli.passes import preset_options
 from mlcomp.hardware.timing import BenchConfigError
@@ -34,6 +34,7 @@ __all__ = ["ProgressLine", "bench_cmd"]
               help="Shape of one input (repeat per input) for model files that carry none.")
 @click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled module (executes its code).")
 @timing_options
+@comparison_options
 @click.option("--no-memory", is_flag=True, help="Skip peak-memory measurement.")
 @click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
               help="Write results as JSON (to stdout when no FILE).")
@@ -58,7 +59,8 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
               min_repeats: int, max_repeats: int, threads: int | None, show_progress: bool, no_memory: bool,
               json_out: str | None, csv_out: str | None, plot_file: str | None, train: bool = False,
               loss: str = "cross_entropy", optimizer: str = "sgd", remat_sweep: bool = False,
-              loss_scale: str | None = None, force: bool = False, keep_going: bool = False) -> None:
+              loss_scale: str | None = None, force: bool = False, keep_going: bool = False,
+              in_process: bool = False, precision: float = 0.03, settle_s: float = 0.0) -> None:
     """Time MODEL(s) eager vs compiled targets: median and p90 latency, speedup, cold compile time,
     peak memory, max error vs eager. One table per model."""
     from mlcomp.hardware.timing import TimingPolicy
@@ -103,7 +105,8 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
                                  json_out=json_out, loss_scale=loss_scale))
         return
     config = BenchConfig(targets, batches, pipeline, TimingPolicy(warmup, budget, min_repeats, max_repeats),
-                         memory=not no_memory, threads=threads)
+                         memory=not no_memory, threads=threads,
+                         **comparison_config(in_process, precision, settle_s))
     progress = command_progress(show_progress, machine_output="-" in (json_out, csv_out))
     results = []
     for model in models:

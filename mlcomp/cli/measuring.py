@@ -17,6 +17,7 @@ from mlcomp.hardware.timing import BenchConfigError
 __all__ = [
     "int_list", "name_list", "command_progress", "set_threads", "write_output", "check_outputs",
     "force_option", "pt2_batch", "check_pt2_batches", "checked_pipeline", "check_targets", "timing_options",
+    "comparison_options", "comparison_config",
 ]
 
 
@@ -156,3 +157,26 @@ def timing_options(fn: Any) -> Any:
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
+
+
+def comparison_options(fn: Any) -> Any:
+    """How a comparison (eager and the targets, timed in rotated rounds) is run: in worker processes or
+    here, when it may stop early, and whether it first waits for a quiet machine."""
+    opts = [
+        click.option("--in-process", is_flag=True,
+                     help="Time every variant in this process (default: a worker process each, as deployed, "
+                          "so no two runtimes' thread pools compete)."),
+        click.option("--precision", type=click.FloatRange(0, 1, max_open=True), default=0.03, show_default=True,
+                     help="Stop timing once every speedup's 95%% interval is within +-this (0: spend the budget)."),
+        click.option("--settle", "settle_s", type=click.FloatRange(min=0), default=0.0, show_default=True,
+                     metavar="SECONDS", help="Before each comparison wait up to SECONDS for the machine to be "
+                                             "quiet (no other load on the cores this run needs, no steal)."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def comparison_config(in_process: bool, precision: float, settle_s: float) -> dict[str, Any]:
+    """The :class:`~mlcomp.measure.bench.BenchConfig` fields of :func:`comparison_options`."""
+    return {"isolate": not in_process, "precision": precision or None, "settle_s": settle_s}

@@ -11,8 +11,8 @@ import click
 from mlcomp.base.files import Kind, check_destination
 from mlcomp.cli.main import load_and_capture, model_options
 from mlcomp.cli.measuring import (
-    check_pt2_batches, check_targets, checked_pipeline, command_progress, int_list, name_list, set_threads,
-    timing_options,
+    check_pt2_batches, check_targets, checked_pipeline, command_progress, comparison_config, comparison_options,
+    int_list, name_list, set_threads, timing_options,
 )
 from mlcomp.cli.passes import preset_options
 
@@ -37,12 +37,16 @@ __all__ = ["report_cmd"]
 @click.option("--train", is_flag=True, help="Add a training section from the joint forward+backward graph: FLOPs "
               "by phase, saved activations by module, predicted peak.")
 @timing_options
+@comparison_options
+@click.option("--crosscheck", is_flag=True, help="Add a whole-process column: each artifact and eager timed as "
+              "separate processes (start-up subtracted), a check on the in-process speedups from outside.")
 def report_cmd(model: str, input_shapes: tuple[str, ...], capture_method: str,
                dynamic_batch: bool, trust_pickle: bool, output: str, pipeline: str | None, opt_level: str | None,
                targets: tuple[str, ...], bench_batches: tuple[int, ...] | None,
                old_bench_batches: tuple[int, ...] | None, roofline: bool, quick: bool, train: bool,
                budget: float, warmup: int, min_repeats: int, max_repeats: int, threads: int | None,
-               show_progress: bool, force: bool) -> None:
+               show_progress: bool, force: bool, in_process: bool = False, precision: float = 0.03,
+               settle_s: float = 0.0, crosscheck: bool = False) -> None:
     """One HTML page for MODEL: inspect, the pipeline's per-pass stats (default -O2), the bench table
     and plots."""
     from mlcomp.api import check_model_inputs
@@ -62,8 +66,10 @@ def report_cmd(model: str, input_shapes: tuple[str, ...], capture_method: str,
     with progress.stage(f"capture {model}"):
         source, graph = load_and_capture(model, input_shapes, None, capture_method, dynamic_batch, trust_pickle)
     config = ReportConfig(BenchConfig(targets, bench_batches, pipeline,
-                                      TimingPolicy(warmup, budget, min_repeats, max_repeats), threads=threads),
-                          capture_method=capture_method, roofline=roofline, quick=quick, training=train)
+                                      TimingPolicy(warmup, budget, min_repeats, max_repeats), threads=threads,
+                                      **comparison_config(in_process, precision, settle_s)),
+                          capture_method=capture_method, roofline=roofline, quick=quick, training=train,
+                          crosscheck=crosscheck)
     rep = build_report(model, output, config, input_shapes=input_shapes, trust_pickle=trust_pickle,
                        source=source, graph=graph, progress=progress, force=force)
     progress.clear()

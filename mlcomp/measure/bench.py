@@ -1,20 +1,22 @@
 """``mlcomp bench``: eager vs compiled targets, timed correctly, one table per model.
 
-For every batch size and target the bench
+For every batch size (and device) the bench
 
-1. compiles the model (``mlcomp.compile``), timing the cold compile;
+1. compiles the model for each target (``mlcomp.compile``), timing the cold compile;
 2. runs it once and compares its outputs with eager (:func:`mlcomp.analysis.verify.compare`:
    max abs / rel error, pass or fail at the tolerance for the output dtype);
-3. times it with :func:`mlcomp.hardware.timing.measure`: warm-up, the device's
-   synchroniser before the clock stops, repeats sized to a time budget,
-   median and p90;
-4. records the peak memory growth around compile + run
+3. times eager and every target that runs *together*, in rotated rounds of one sample each
+   (:mod:`mlcomp.measure.bench_timing`), each in a worker process of its own where it can be,
+   so load that comes and goes falls on all alike; the speedup of a target is the median of
+   its per-round ratios to eager, with a 95 % interval, and the cell is marked unreliable with
+   the reason when the machine was busy, the hypervisor stole time, the ratios spread too far
+   or the interval includes 1 (:mod:`mlcomp.hardware.noise`);
+4. records the peak memory growth around compile + first call
    (:class:`mlcomp.hardware.peak_memory.PeakMemory`).
 
-Eager always runs first at each batch size: it is the reference for errors and
-speedups.  A target that is unavailable (``mlcomp.targets.available_targets``)
-is reported as skipped with its reason; one that fails to compile or run is
-reported as failed with the error, and the bench goes on::
+A target that is unavailable (``mlcomp.targets.available_targets``) is reported as skipped
+with its reason; one that fails to compile or run is reported as failed with the error, and
+the bench goes on::
 
     result = run_bench("mlp", BenchConfig(targets=("eager", "cpu"), batches=(1, 32)))
     print(result.format())
@@ -25,6 +27,7 @@ timing logic can be tested with fakes.  Output: :meth:`BenchResult.format`
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import dataclass, replace
@@ -34,18 +37,13 @@ from typing import Any, Callable, Mapping, Sequence
 from mlcomp.base.errors import MlcompError, VerificationError
 from mlcomp.base.registry import did_you_mean
 from mlcomp.ir.dtypes import dtype_name
-from mlcomp.measure.bench_results import BenchResult, BenchRow
-from mlcomp.measure.plots import EAGER, bench_plot
-from mlcomp.hardware.probe import machine_line
 from mlcomp.hardware.peak_memory import PeakMemory
-from mlcomp.hardware.timing import (
-    BenchConfigError,
-    Clock,
-    Sync,
-    TimingPolicy,
-    measure,
-    synchronizer,
-)
+from mlcomp.hardware.noise import LoadWatch
+from mlcomp.hardware.probe import machine_line
+from mlcomp.hardware.timing import BenchConfigError, Clock, Sync, TimingPolicy, synchronizer
+from mlcomp.measure.bench_results import BenchResult, BenchRow
+from mlcomp.measure.bench_timing import Cell, WatchFactory, time_group
+from mlcomp.measure.plots import EAGER, bench_plot
 
 DESIGN_TARGETS = ("cpu", "cuda", "onnxruntime", "tvm")   # the targets DESIGN.md names
 # compiler(model, example_inputs, target, pipeline, options) -> callable artifact
@@ -63,6 +61,10 @@ class BenchConfig:
     policy: TimingPolicy = TimingPolicy()
     memory: bool = True
     threads: int | None = None        # intra-op threads for every runtime (None: each runtime's default)
+    isolate: bool = True              # each variant in a worker process of its own where it can be
+    precision: float | None = 0.03    # stop timing once every speedup's interval is within +-this
+    settle_s: float = 0.0             # wait up to this long for a quiet machine before each comparison
+    crosscheck: bool = False          # also time eager and each artifact as whole processes
 
     def compile_options(self) -> dict[str, Any]:
         """Options passed to ``mlcomp.compile`` so every target runs with the same thread count."""
@@ -74,6 +76,11 @@ class BenchConfig:
                                    hint="e.g. --batch 1,32")
         if not self.targets:
             raise BenchConfigError("no targets to benchmark", hint="e.g. --targets eager,cpu,onnxruntime")
+        if self.precision is not None and not 0 < self.precision < 1:
+            raise BenchConfigError(f"precision {self.precision} is not between 0 and 1",
+                                   hint="e.g. --precision 0.03 (stop once intervals are within +-3%)")
+        if self.settle_s < 0:
+            raise BenchConfigError(f"--settle {self.settle_s} is negative", hint="give seconds to wait, e.g. 30")
 
 
 # ---------------------------------------------------------------------------
@@ -150,8 +157,13 @@ def run_bench(model: Any, config: BenchConfig = BenchConfig(), *, input_shapes: 
               trust_pickle: bool = False, clock: Clock = time.perf_counter,
               sync_for: Callable[[str], Sync] = synchronizer, compiler: Compiler = default_compiler,
               availability: Callable[[], Mapping[str, str | None]] = default_availability,
-              progress: Progress | None = None) -> BenchResult:
-    """Benchmark ``model`` (a spec :func:`mlcomp.frontend.loading.load_model` accepts) per ``config``."""
+              progress: Progress | None = None, watch: WatchFactory | None = LoadWatch) -> BenchResult:
+    """Benchmark ``model`` (a spec :func:`mlcomp.frontend.loading.load_model` accepts) per ``config``.
+
+    Per batch and device: every target is compiled and checked against eager, then eager and
+    every target that runs are timed together in rotated rounds (:func:`mlcomp.measure.rounds.compare`).
+    ``watch(pids)`` reads the machine's load while they are timed (None: not read).
+    """
     import torch
 
     from mlcomp.frontend.loading import load_model
@@ -161,37 +173,57 @@ def run_bench(model: Any, config: BenchConfig = BenchConfig(), *, input_shapes: 
     targets = [t for t in dict.fromkeys(config.targets) if t != EAGER]
     avail = dict(availability())
     _check_known(targets, avail)
-    cells: list[tuple[int, str, str]] = []
-    for batch in config.batches:
-        cells.append((batch, "cpu", EAGER))
-        cells += [(batch, "cpu", t) for t in targets if target_device(t) == "cpu"]
-        on_gpu = [t for t in targets if target_device(t) != "cpu"]
-        if any(not _reason(t, avail) for t in on_gpu):
-            cells.append((batch, "cuda", EAGER))       # the reference for speedups on the GPU
-        cells += [(batch, target_device(t), t) for t in on_gpu]
+    groups = _groups(config.batches, targets, avail)
     rows: list[BenchRow] = []
+    notes: list[str] = []
     label = getattr(source, "name", str(model))
+    total, step = sum(len(names) + 1 for _, _, names in groups), 0
     expected: dict[int, Any] = {}
     with torch.inference_mode():
-        for i, (batch, device, target) in enumerate(cells):
-            if progress:
-                where = "" if device == "cpu" else f" ({device})"
-                progress(i, len(cells), f"{label} {target}{where} batch {batch}")
-            reason = _reason(target, avail)
-            if reason:
-                rows.append(BenchRow(label, target, batch, device, "skipped", reason))
-                continue
+        for batch, device, names in groups:
             cpu_inputs = rebatch(base_inputs, batch)
             if batch not in expected:
                 expected[batch] = source.eager(*cpu_inputs)
             inputs = tuple(t.to(device) for t in cpu_inputs)
-            rows.append(_bench_cell(source, label, target, batch, device, inputs, config, clock,
-                                    sync_for(device), compiler, rows, expected[batch]))
+            cell = Cell(source, label, batch, device, inputs, expected[batch])
+            built: dict[str, Callable[..., Any]] = {}
+            group: dict[str, BenchRow] = {}
+            for target in names:
+                if progress:
+                    where = "" if device == "cpu" else f" ({device})"
+                    progress(step, total, f"{label} {target}{where} batch {batch}: compile and check")
+                step += 1
+                group[target], fn = _prepare(cell, target, _reason(target, avail), config, clock,
+                                             sync_for(device), compiler)
+                if fn is not None:
+                    built[target] = fn
+            if progress:
+                progress(step, total, f"{label} batch {batch}: timing {len(built)} variants in rounds")
+            step += 1
+            if EAGER in built:
+                group, note = time_group(model, cell, built, group, config, clock=clock, sync=sync_for(device),
+                                         input_shapes=input_shapes, trust_pickle=trust_pickle, watch=watch)
+                notes.append(note)
+            rows += group.values()
         if progress:
-            progress(len(cells), len(cells), f"{label} done")
+            progress(total, total, f"{label} done")
     shapes = ", ".join(f"{dtype_name(t.dtype)}[B, {', '.join(map(str, t.shape[1:]))}]"
                        for t in base_inputs)
-    return BenchResult(label, shapes, config.pipeline, machine_line(), config.policy, tuple(rows))
+    return BenchResult(label, shapes, config.pipeline, machine_line(), config.policy, tuple(rows), tuple(notes))
+
+
+def _groups(batches: Sequence[int], targets: Sequence[str],
+            avail: Mapping[str, str | None]) -> list[tuple[int, str, list[str]]]:
+    """(batch, device, names) per comparison: eager first (the reference), then the targets on that device."""
+    out = []
+    for batch in batches:
+        out.append((batch, "cpu", [EAGER] + [t for t in targets if target_device(t) == "cpu"]))
+        on_gpu = [t for t in targets if target_device(t) != "cpu"]
+        if any(not _reason(t, avail) for t in on_gpu):
+            out.append((batch, "cuda", [EAGER] + on_gpu))       # the reference for speedups on the GPU
+        elif on_gpu:
+            out[-1][2].extend(on_gpu)                           # reported skipped with their reasons
+    return out
 
 
 def _reason(target: str, avail: Mapping[str, str | None]) -> str | None:
@@ -222,50 +254,43 @@ def rebatch(inputs: Sequence[Any], batch: int) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _bench_cell(source: Any, label: str, target: str, batch: int, device: str, inputs: tuple, config: BenchConfig,
-                clock: Clock, sync: Sync, compiler: Compiler, done: Sequence[BenchRow], expected: Any) -> BenchRow:
-    row = BenchRow(label, target, batch, device)
-    probe = PeakMemory(device) if config.memory else None
+def _prepare(cell: "Cell", target: str, unavailable: str | None, config: BenchConfig, clock: Clock, sync: Sync,
+             compiler: Compiler) -> tuple[BenchRow, Callable[..., Any] | None]:
+    """Compile ``target`` (eager: the model itself), call it once and check it against eager; the row so
+    far and the runnable (None when skipped or failed)."""
+    row = BenchRow(cell.label, target, cell.batch, cell.device)
+    if unavailable:
+        return replace(row, status="skipped", reason=unavailable), None
+    probe = PeakMemory(cell.device) if config.memory else None
     try:
-        if probe:
-            probe.__enter__()
-        try:
+        with probe if probe else contextlib.nullcontext():
             if target == EAGER:
-                fn = source.eager if device == "cpu" else copy.deepcopy(source.eager).to(device)
+                src = cell.source
+                fn = src.eager if cell.device == "cpu" else copy.deepcopy(src.eager).to(cell.device)
             else:
                 t0 = clock()
-                fn = compiler(_compile_input(source), tuple(t.cpu() for t in inputs), target, config.pipeline,
-                              config.compile_options())
+                fn = compiler(_compile_input(cell.source), tuple(t.cpu() for t in cell.inputs), target,
+                              config.pipeline, config.compile_options())
                 row = replace(row, compile_s=clock() - t0)
             t1 = clock()
-            out = fn(*inputs)                       # the first call: checked against eager, and warm-up 1
+            out = fn(*cell.inputs)                   # the first call: checked against eager, and warm-up 1
             sync()
             row = replace(row, first_call_s=clock() - t1)
-            policy = replace(config.policy, warmup=max(0, config.policy.warmup - 1))
-            timing = measure(lambda: fn(*inputs), policy, clock=clock, sync=sync)
-        finally:
-            if probe:
-                probe.__exit__(None, None, None)
     except MlcompError as err:      # a compile whose own verification failed is a verification failure
         return replace(row, status="failed", reason=err.message,
-                       verified=False if isinstance(err, VerificationError) else None)
+                       verified=False if isinstance(err, VerificationError) else None), None
     except Exception as err:  # noqa: BLE001 - one broken target must not end the bench
-        return replace(row, status="failed", reason=f"{type(err).__name__}: {err}")
-    row = replace(row, timing=timing, memory=probe.reading if probe else None)
+        return replace(row, status="failed", reason=f"{type(err).__name__}: {err}"), None
+    row = replace(row, memory=probe.reading if probe else None)
     if target == EAGER:
-        return replace(row, speedup=1.0, reason=_eager_ref_note(row))
-    ref = next((r for r in done if r.target == EAGER and r.batch == batch and r.device == device
-                and r.status == "ok"), None)
-    if ref is None:
-        return replace(row, reason="no eager reference")
+        return replace(row, reason=_eager_ref_note(row)), fn
     from mlcomp.analysis.verify import compare
 
-    check = compare(expected, out)
+    check = compare(cell.expected, out)
     if check.note:
-        return replace(row, status="failed", verified=False, reason=f"outputs do not match eager: {check.note}")
-    speedup = ref.timing.median / timing.median if ref.timing and timing.median > 0 else None
+        return replace(row, status="failed", verified=False, reason=f"outputs do not match eager: {check.note}"), None
     return replace(row, max_abs_err=check.max_abs, max_rel_err=check.max_rel, verified=check.passed,
-                   speedup=speedup, reason="" if check.passed else f"differs from eager: {check.summary()}")
+                   reason="" if check.passed else f"differs from eager: {check.summary()}"), fn
 
 
 def _eager_ref_note(row: BenchRow) -> str:

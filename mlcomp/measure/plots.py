@@ -1,4 +1,7 @@
-"""The bench plot: speedup per target and batch, and latency against batch size (log axes).
+"""The bench plot: speedup per target and batch with 95 % intervals, and latency against batch size (log axes).
+
+A bar is the median paired speedup; its error bar the interval.  An unreliable cell is
+hatched, its label ends in "?", and a line under the axes says why.
 
 matplotlib is imported inside the function (``Agg`` backend, files only); the PNG is written atomically.
 """
@@ -11,6 +14,25 @@ from mlcomp.base.files import atomic_path
 __all__ = ["bench_plot", "EAGER"]
 
 EAGER = "eager"   # the bench's reference target
+
+
+def _speedup_bars(ax: Any, rows: Sequence[Any], offset: float, width: float, label: str) -> None:
+    """One target's bars across batches: median speedup, interval as error bar, unreliable ones hatched."""
+    xs, ys, lo, hi, shaky = [], [], [], [], []
+    for j, r in enumerate(rows):
+        if r is None or not r.speedup:
+            continue
+        xs.append(j + offset)
+        ys.append(r.speedup)
+        lo.append(r.speedup - (r.interval.lo if r.interval else r.speedup))
+        hi.append((r.interval.hi if r.interval else r.speedup) - r.speedup)
+        shaky.append(bool(r.unreliable))
+    bars = ax.bar(xs, ys, width, label=label, yerr=[lo, hi], capsize=3, error_kw={"lw": 0.8})
+    for bar, bad in zip(bars, shaky):
+        if bad:
+            bar.set_hatch("//")
+            bar.set_alpha(0.5)
+    ax.bar_label(bars, labels=[f"{y:.2f}" + ("?" if bad else "") for y, bad in zip(ys, shaky)], fontsize=7)
 
 
 def bench_plot(results: Sequence[Any], path: str) -> None:
@@ -29,21 +51,21 @@ def bench_plot(results: Sequence[Any], path: str) -> None:
         compiled = [lb for lb in labels if not lb.startswith(EAGER)]
         width = 0.8 / max(len(compiled), 1)
         for k, lb in enumerate(compiled):
-            xs, ys = [], []
-            for j, b in enumerate(batches):
-                r = next((r for r in ok if r.label == lb and r.batch == b), None)
-                if r and r.speedup:
-                    xs.append(j + (k - (len(compiled) - 1) / 2) * width)
-                    ys.append(r.speedup)
-            bars = ax_s.bar(xs, ys, width, label=lb)
-            ax_s.bar_label(bars, fmt="%.2f", fontsize=7)
+            _speedup_bars(ax_s, [next((r for r in ok if r.label == lb and r.batch == b), None) for b in batches],
+                          (k - (len(compiled) - 1) / 2) * width, width, lb)
         missing = sorted({f"{r.label}: {r.status}" for r in res.rows if r.status != "ok"})
-        if missing:
-            ax_s.text(0.01, 0.02, "not shown: " + "; ".join(missing), transform=ax_s.transAxes, fontsize=7,
-                      color="#a00", va="bottom")
+        shaky = sorted({f"{r.label} b{r.batch} ({', '.join(w.split(':')[0] for w in r.unreliable)})"
+                        for r in ok if r.unreliable and r.interval})
+        notes = (["not shown: " + "; ".join(missing)] if missing else []) + \
+                (["unreliable (hatched, ?): " + "; ".join(shaky)] if shaky else [])
+        if notes:
+            import textwrap
+
+            ax_s.text(0.0, -0.14, "\n".join(textwrap.fill(n, 95) for n in notes), transform=ax_s.transAxes,
+                      fontsize=6, color="#a00", va="top")
         ax_s.axhline(1.0, color="black", lw=0.8, ls="--")
         ax_s.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
-        ax_s.set_ylabel("speedup over eager (median)")
+        ax_s.set_ylabel("speedup over eager (median, 95% CI)")
         ax_s.set_title(f"{res.model}: speedup per target", fontsize=10)
         if compiled:
             ax_s.legend(fontsize=8)

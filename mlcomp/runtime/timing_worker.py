@@ -6,6 +6,11 @@
         s.wait_ready(timeout=300)          # the child loaded it, checked one call, warmed up
         s.sample()                         # seconds per call of one block (after an untimed block)
 
+The reference of a comparison, the user's model run eagerly, can have a worker too:
+``ProcessSampler.start(None, inputs_file, model={"spec": "mlp", "batch": 32}, ...)`` loads it
+with :func:`mlcomp.frontend.loading.load_model` in the child and calls it under
+``torch.inference_mode``.
+
 Why: a deployed artifact runs alone in its process.  Timed next to other runtimes in one
 process (torch's OpenMP pool, ONNX Runtime's, TVM's, OpenVINO's TBB arena), its thread pool
 competes with theirs for the cores, and not alike for all, which can reverse the order of two
@@ -44,12 +49,13 @@ from mlcomp.base.errors import MlcompError
 from mlcomp.hardware.timing import Sync, calls_per_block, synchronizer
 from mlcomp.runtime.artifact import Artifact
 
-__all__ = ["ProcessSampler", "WorkerError", "save_inputs"]
+__all__ = ["ProcessSampler", "WorkerError", "load_runner", "save_inputs"]
 
 MAX_CALLS = 1000          # a block never has more calls than this
 # untimed calls before each sample: the previous worker's thread pools spin on after its sample,
 # taking a core from this one
 SETTLE_S = 0.1
+BLOCK_LIMIT = 10          # a block stops after this many times block_s, however many calls it has made
 
 
 class WorkerError(MlcompError):
@@ -81,12 +87,20 @@ class ProcessSampler:
         self.per_call_s: float | None = None
         self.calls: int | None = None
 
+    @property
+    def pid(self) -> int:
+        """The worker's process id (its CPU time is this run's, not other load)."""
+        return self._proc.pid
+
     @classmethod
-    def start(cls, artifact_dir: Path, inputs_file: Path, *, threads: int, warmup: int, block_s: float,
-              settle_s: float = SETTLE_S, label: str = "") -> "ProcessSampler":
+    def start(cls, artifact_dir: Path | None, inputs_file: Path, *, threads: int, warmup: int, block_s: float,
+              settle_s: float = SETTLE_S, label: str = "", model: dict[str, Any] | None = None) -> "ProcessSampler":
+        """A worker for the artifact at ``artifact_dir``, or for ``model`` run eagerly (``spec``, and
+        optionally ``input_shapes``, ``trust_pickle``, ``batch`` as :func:`load_model` takes them)."""
         log = tempfile.TemporaryFile()
-        config = json.dumps({"artifact": str(artifact_dir), "inputs": str(inputs_file), "threads": threads,
-                             "warmup": warmup, "block_s": block_s, "settle_s": settle_s})
+        config = json.dumps({"artifact": None if artifact_dir is None else str(artifact_dir),
+                             "inputs": str(inputs_file), "threads": threads, "warmup": warmup,
+                             "block_s": block_s, "settle_s": settle_s, "model": model})
         try:
             proc = subprocess.Popen([sys.executable, "-m", "mlcomp.runtime.timing_worker", config],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0,
@@ -162,23 +176,45 @@ class ProcessSampler:
 # child side
 
 
-def _calls(artifact: Artifact, inputs: list, calls: int, barrier: Sync) -> list[float]:
-    """Seconds of each of ``calls`` calls (each followed by the device's barrier)."""
+def load_runner(config: dict[str, Any]) -> tuple[Any, str]:
+    """(callable, device): the saved artifact, or the model of ``config["model"]`` run eagerly."""
+    model = config.get("model")
+    if not model:
+        artifact = Artifact.load(config["artifact"])
+        return artifact, artifact.manifest.get("device") or "cpu"
+    from mlcomp.frontend.loading import load_model
+
+    source = load_model(model["spec"], input_shapes=model.get("input_shapes", ()),
+                        trust_pickle=bool(model.get("trust_pickle")), batch=model.get("batch"))
+    eager = source.eager
+
+    def run(*xs: Any) -> Any:
+        with torch.inference_mode():
+            return eager(*xs)
+    return run, "cpu"
+
+
+def _calls(artifact: Any, inputs: list, calls: int, barrier: Sync, limit_s: float = float("inf")) -> list[float]:
+    """Seconds of each of ``calls`` calls (each followed by the device's barrier); fewer (at least one)
+    once ``limit_s`` has passed, so a block sized on a quiet machine cannot last minutes on a busy one."""
     clock, out = time.perf_counter, []
+    begin = clock()
     for _ in range(calls):
         start = clock()
         artifact(*inputs)
         barrier()
         out.append(clock() - start)
+        if start - begin > limit_s:
+            break
     return out
 
 
 def serve(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
     """Load, check, warm up, then answer ``sample`` requests until ``quit`` or end of input."""
     torch.set_num_threads(int(config["threads"]))
-    artifact = Artifact.load(config["artifact"])
+    artifact, device = load_runner(config)
     inputs = torch.load(config["inputs"], map_location="cpu", weights_only=True)
-    barrier = synchronizer(artifact.manifest.get("device") or "cpu")
+    barrier = synchronizer(device)
     _calls(artifact, inputs, max(1, int(config["warmup"])), barrier)
     per_call = min(_calls(artifact, inputs, 3, barrier))      # after warm-up: TorchScript's first runs profile
     calls = calls_per_block(float(config["block_s"]), per_call, MAX_CALLS)
@@ -190,7 +226,8 @@ def serve(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
         settle = time.perf_counter() + float(config["settle_s"])
         while time.perf_counter() < settle:                   # lead-in: the last worker's pools spin down
             _calls(artifact, inputs, 1, barrier)
-        channel.write(json.dumps({"sample": median(_calls(artifact, inputs, calls, barrier))}) + "\n")
+        block = _calls(artifact, inputs, calls, barrier, BLOCK_LIMIT * float(config["block_s"]))
+        channel.write(json.dumps({"sample": median(block)}) + "\n")
         channel.flush()
 
 

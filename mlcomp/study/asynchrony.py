@@ -32,7 +32,7 @@ from mlcomp.hardware.timing import (
     synchronizer,
 )
 from mlcomp.study import chapter
-from mlcomp.study.common import Figure, StudyConfig, StudyResult, machine_line
+from mlcomp.study.common import Figure, StudyConfig, StudyResult, machine_line, paired
 
 
 class ThreadBackend:
@@ -194,8 +194,8 @@ def _steps(config: StudyConfig, device: str, steps: int, clock: Clock, sync: Syn
     out.append(Figure(f"{steps} steps via thread backend, barrier each step", t_each, "s",
                       chapter.ASYNC_STEPS["barrier each step"], "frontend waits for every result"))
     out.append(Figure(f"{steps} steps via thread backend, one barrier", t_once, "s",
-                      chapter.ASYNC_STEPS["one barrier"], f"{t_each / t_once:.2f}x faster: frontend and backend "
-                                                          "overlap" if t_once else ""))
+                      chapter.ASYNC_STEPS["one barrier"], f"{paired(tb, 'each', 'once')} faster: frontend and "
+                                                          "backend overlap" if t_once else ""))
     return out
 
 

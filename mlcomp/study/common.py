@@ -8,13 +8,16 @@ apart from the text of the chapter's number and where it comes from
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlcomp.base.table import Table
 from mlcomp.base.units import fmt_bytes
 from mlcomp.hardware.probe import machine_line  # noqa: F401 - re-exported
-from mlcomp.hardware.timing import Clock, TimingPolicy, fmt_rate, fmt_seconds
+from mlcomp.hardware.intervals import paired_ratios, speedup_of
+from mlcomp.hardware.noise import noise_reasons
+from mlcomp.hardware.timing import Clock, Timing, TimingPolicy, fmt_rate, fmt_seconds
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,20 @@ class StudyResult:
         return {"study": self.name, "title": self.title, "setup": self.setup,
                 "figures": [f.to_json() for f in self.figures], "tables": [t.to_json() for t in self.tables],
                 "notes": list(self.notes), "data": self.data}
+
+
+def paired(timings: Mapping[str, Timing], reference: str, variant: str) -> str:
+    """``reference``'s time over ``variant``'s from the rounds of an interleaved measurement (sample ``i`` of
+    each is round ``i``): the median ratio with its 95 % interval, and UNRELIABLE with the reason when the
+    rounds spread too far or the interval includes 1 (:func:`mlcomp.hardware.noise.noise_reasons`).
+
+        >>> from mlcomp.hardware.timing import Timing
+        >>> paired({"a": Timing((2.0,) * 8), "b": Timing((1.0,) * 8)}, "a", "b")
+        '2.00x [2.00-2.00]'
+    """
+    s = speedup_of(paired_ratios(timings[reference].samples, timings[variant].samples))
+    why = noise_reasons(None, 1, s)
+    return s.text() + (f" UNRELIABLE ({why[0]})" if why else "")
 
 
 def format_value(v: float | None, unit: str) -> str:

@@ -5,15 +5,20 @@ after compiling the network (MXNet ``hybridize``, TorchScript in the PyTorch
 notebooks).  Here the same loop runs for eager PyTorch, for TorchScript (the
 notebooks' method) and for every mlcomp target that is available.  Each loop
 is one sample; the device is synchronised before the clock stops; the figure
-is the median over repeats after a warm-up loop.  The runners are timed round-robin
-(:func:`mlcomp.hardware.timing.measure_interleaved`), so load drift on a shared machine
-falls on all of them alike.
+is the median over repeats after a warm-up loop.  The runners are timed in rotated rounds
+(:func:`mlcomp.measure.rounds.compare`), so load drift on a shared machine falls on all of
+them alike; each speedup is the median of the per-round ratios to eager with its 95 %
+interval, and one that cannot be trusted (busy machine, spread, an interval including 1)
+says why.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from mlcomp.hardware.timing import measure_interleaved, synchronizer
+from mlcomp.hardware.decide import call_samplers
+from mlcomp.hardware.noise import LoadWatch
+from mlcomp.hardware.timing import synchronizer
+from mlcomp.measure.rounds import MIN_ROUNDS, Comparison, compare
 from mlcomp.study import chapter
 from mlcomp.study.common import Figure, StudyConfig, StudyResult, Table, machine_line
 
@@ -66,38 +71,58 @@ def run(config: StudyConfig) -> StudyResult:
     counts = (5, 20) if config.quick else (1000, 10000)
     policy = config.policy(warmup=1, min_repeats=3)
     measured: dict[int, dict[str, float]] = {n: {} for n in counts}
+    compared: dict[int, Comparison] = {}
     figures: list[Figure] = []
     with torch.inference_mode():
         runners = _runners(config, model, cpu_model, x, device)
         for pos, n in enumerate(counts):
             loops = {label: _loop(fn, x, n) for label, fn, _ in runners if fn is not None}
-            timings = measure_interleaved(loops, policy, clock=config.timer, sync=sync)
-            measured[n] = {label: t.median for label, t in timings.items()}
-            base = measured[n].get("eager")
+            samplers = call_samplers(loops, warmup=policy.warmup, budget_s=policy.budget_s, clock=config.timer,
+                                     syncs={k: sync for k in loops})
+            compared[n] = c = compare(samplers, "eager", budget_s=policy.budget_s,
+                                      min_rounds=max(policy.min_repeats, MIN_ROUNDS), max_rounds=policy.max_repeats,
+                                      threads=torch.get_num_threads(), clock=config.timer,
+                                      watch=None if config.clock else LoadWatch())
+            measured[n] = {label: t.median for label, t in c.timings.items()}
             for label, fn, note in runners:
                 if fn is None:
                     figures.append(Figure(f"{label}, {n} calls", None, "s", "", note))
                     continue
                 med = measured[n][label]
-                ratio = f"{base / med:.2f}x eager" if base and label != "eager" else "reference"
+                ratio = f"{c.speedups[label].text()} eager" if label != "eager" else "reference"
                 key = ("eager" if label == "eager" else "compiled", pos)
                 figures.append(Figure(f"{label}, {n} calls", med, "s", chapter.HYBRIDIZE.get(key, ""),
                                       f"{med / n * 1e6:.1f} µs/call; {ratio}; {note}".rstrip("; ")))
-    speed = Table("speedup over eager (same loop, median)", ("runner",) + tuple(f"{n} calls" for n in counts),
-                  tuple((label,) + tuple(f"{measured[n]['eager'] / measured[n][label]:.2f}x"
-                                         if label in measured[n] else "—" for n in counts)
-                        for label, _, _ in runners if label != "eager"), frozenset({1, 2}))
+    speed = _speedup_table(runners, counts, compared)
+    shaky = sorted({f"{label} at {n} calls: {why[0]}" for n, c in compared.items()
+                    for label, why in c.reasons.items() if why and label != "eager"})
     notes = (
+        ("UNRELIABLE: " + "; ".join(shaky)) if shaky else "Every speedup's interval is tight and the machine was quiet.",
         "The chapter compares against 'compiled' as one number: MXNet hybridize at 1000 calls, "
         "torch.jit.script at 10000 calls; every compiled row here is set beside that figure.",
         _rate_note(measured[counts[-1]].get("eager"), counts[-1]),
     )
     setup = (f"MLP 512-256-128-2 on one 1x512 sample, {device}; loops of {', '.join(map(str, counts))} calls; "
-             f"warm-up {policy.warmup} loop, then runners timed round-robin, median of >= {policy.min_repeats} "
-             f"loops each. {machine_line()}")
+             f"warm-up {policy.warmup} loop, then runners timed in rotated rounds, median of >= "
+             f"{min(max(policy.min_repeats, MIN_ROUNDS), policy.max_repeats)} loops each. {machine_line()}")
     return StudyResult("hybridize", "Imperative vs compiled: the MLP call loop (chapter 12.1)", setup,
                        tuple(figures), (speed,), notes, {"seconds": {str(n): v for n, v in measured.items()},
-                                                         "device": device})
+                                                         "device": device,
+                                                         "comparisons": {str(n): c.to_json()
+                                                                         for n, c in compared.items()}})
+
+
+def _speedup_table(runners: list, counts: tuple[int, ...], compared: dict[int, Comparison]) -> Table:
+    """Per runner and loop length: the paired speedup over eager with its 95 % interval, marked when unreliable."""
+    def cell(label: str, n: int) -> str:
+        s = compared[n].speedups.get(label)
+        if s is None:
+            return "—"
+        return s.text() + (" UNRELIABLE" if compared[n].reasons.get(label) else "")
+    return Table("speedup over eager (same loop; median of per-round ratios, 95% interval)",
+                 ("runner",) + tuple(f"{n} calls" for n in counts),
+                 tuple((label,) + tuple(cell(label, n) for n in counts) for label, _, _ in runners if label != "eager"),
+                 frozenset(range(1, len(counts) + 1)))
 
 
 def _rate_note(eager_s: float | None, calls: int) -> str:

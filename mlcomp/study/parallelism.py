@@ -30,7 +30,7 @@ from typing import Any, Iterator
 
 from mlcomp.hardware.timing import measure_interleaved, synchronizer
 from mlcomp.study import chapter
-from mlcomp.study.common import Figure, StudyConfig, StudyResult, machine_line
+from mlcomp.study.common import Figure, StudyConfig, StudyResult, machine_line, paired
 
 
 @contextlib.contextmanager
@@ -70,9 +70,9 @@ def _cpu_branches(config: StudyConfig, n: int, k: int, tag: str) -> list[Figure]
     one, allt, conc = t["one"].median, t["all"].median, t["both"].median
     return [
         Figure(f"{tag}: serial, 1 intra-op thread", one, "s", "", f"2 chains x {k} products {n}x{n}"),
-        Figure(f"{tag}: serial, {full} intra-op threads", allt, "s", "", f"{one / allt:.2f}x over 1 thread"),
+        Figure(f"{tag}: serial, {full} intra-op threads", allt, "s", "", f"{paired(t, 'one', 'all')} over 1 thread"),
         Figure(f"{tag}: two threads, 1 intra-op thread each", conc, "s", "",
-               f"{one / conc:.2f}x over serial-1, {allt / conc:.2f}x over serial-{full}"),
+               f"{paired(t, 'one', 'both')} over serial-1, {paired(t, 'all', 'both')} over serial-{full}"),
     ]
 
 
@@ -101,7 +101,7 @@ def _cuda_branches(config: StudyConfig, n: int, k: int) -> list[Figure]:
                                                  for name in ("one", "two", "cpu", "gpu", "both"))
     return [
         Figure("GPU: two chains, one stream", one_stream, "s", "", f"2 x {k} products {n}x{n}"),
-        Figure("GPU: two chains, two streams", streams, "s", "", f"{one_stream / streams:.2f}x"),
+        Figure("GPU: two chains, two streams", streams, "s", "", paired(t, "one", "two")),
         Figure("CPU chain alone", t_cpu, "s", chapter.PARALLEL["cpu"]),
         Figure("GPU chain alone", t_gpu, "s", chapter.PARALLEL["gpu"]),
         Figure("CPU and GPU chains at once", t_both, "s", chapter.PARALLEL["both"],

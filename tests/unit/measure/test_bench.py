@@ -190,17 +190,34 @@ def test_formatting() -> None:
 # the bench, with a fake compiler and fake target availability
 
 AVAIL = {"fake": None, "slow": None, "broken": None, "absent": "backend not installed"}
+COST = {"eager": 0.002, "fake": 0.001, "slow": 0.004}     # fake seconds per call
+
+
+class Ticking(torch.nn.Module):
+    """The zoo MLP, each call moving a fake clock by eager's cost."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        from mlcomp.models import get
+
+        self.inner, self.clock = get("mlp").build().eval(), clock
+        self.example_inputs = get("mlp").example_inputs(1)
+
+    def forward(self, x):
+        self.clock.advance(COST["eager"])
+        return self.inner(x)
 
 
 def _compiler(clock: FakeClock | None = None):
     def compile_fn(model, inputs, target, pipeline, options):
         if target == "broken":
             raise MlcompError("the broken target cannot lower aten.addmm", hint="use another target")
+        inner = getattr(model, "inner", model)
 
         def run(*xs):
-            if clock is not None and target == "slow":
-                clock.advance(0.001)
-            return model(*xs) + (1e-3 if target == "slow" else 0.0)
+            if clock is not None:
+                clock.advance(COST[target])
+            return inner(*xs) + (1e-3 if target == "slow" else 0.0)
 
         return run
 
@@ -208,28 +225,35 @@ def _compiler(clock: FakeClock | None = None):
 
 
 def test_bench_rows_statuses_and_speedup() -> None:
-    clock = FakeClock(tick=0.001)                    # every read advances 1 ms
+    clock = FakeClock()
     syncs: list[str] = []
     cfg = BenchConfig(targets=("fake", "slow", "broken", "absent"), batches=(1, 4),
-                      policy=TimingPolicy(warmup=1, budget_s=0.01, min_repeats=2, max_repeats=5), memory=False)
-    res = run_bench("mlp", cfg, clock=clock, sync_for=lambda d: (lambda: syncs.append(d)),
-                    compiler=_compiler(clock), availability=lambda: AVAIL)
+                      policy=TimingPolicy(warmup=1, budget_s=0.5, min_repeats=2, max_repeats=50), memory=False)
+    model = Ticking(clock)
+    res = run_bench(model, cfg, input_shapes=("1x512",), clock=clock,
+                    sync_for=lambda d: (lambda: syncs.append(d)), compiler=_compiler(clock),
+                    availability=lambda: AVAIL, watch=None)
     by = {(r.target, r.batch): r for r in res.rows}
     assert [r.target for r in res.rows[:5]] == ["eager", "fake", "slow", "broken", "absent"]
-    assert by[("eager", 1)].speedup == 1.0
-    assert by[("slow", 1)].speedup == pytest.approx(0.5)      # 2 ms per call vs 1 ms on the fake clock
+    assert by[("eager", 1)].speedup == 1.0 and by[("eager", 1)].speedup_text() == "reference"
+    assert by[("slow", 1)].speedup == pytest.approx(0.5)      # 4 ms per call vs 2 ms on the fake clock
+    fake = by[("fake", 1)]
+    assert fake.speedup == pytest.approx(2.0) and fake.interval.lo == pytest.approx(2.0)
+    assert fake.rounds == by[("eager", 1)].rounds >= 8 and not fake.unreliable
     assert by[("slow", 4)].max_abs_err == pytest.approx(1e-3, rel=1e-3)
     assert by[("slow", 4)].verified is False and "differs from eager" in by[("slow", 4)].reason
-    assert by[("fake", 1)].max_abs_err == 0.0 and by[("fake", 1)].verified is True
-    assert by[("fake", 1)].compile_s is not None and by[("fake", 1)].first_call_s is not None
+    assert fake.max_abs_err == 0.0 and fake.verified is True
+    assert fake.compile_s is not None and fake.first_call_s is not None
     assert by[("broken", 1)].status == "failed" and "cannot lower" in by[("broken", 1)].reason
     assert by[("absent", 4)].status == "skipped" and by[("absent", 4)].reason == "backend not installed"
     assert syncs and set(syncs) == {"cpu"}
     text = res.format()
     assert "skipped: backend not installed" in text and "failed: the broken target" in text
-    assert "0.50x" in text
+    assert "2.00x [2.00-2.00]" in text and "0.50x [0.50-0.50]" in text and "UNRELIABLE" not in text
+    assert "batch 1: 3 variants timed in this process" in text
     blob = json.loads(json.dumps(res.to_json()))
-    assert blob["rows"][0]["timing"]["repeats"] >= 2
+    assert blob["rows"][0]["timing"]["repeats"] >= 8
+    assert blob["rows"][1]["speedup_interval"]["lo"] == pytest.approx(2.0)
     csv_text = to_csv([res])
     assert csv_text.splitlines()[0].startswith("model,target,device,batch,status,median_s")
     assert len(csv_text.splitlines()) == 1 + len(res.rows)
@@ -237,7 +261,7 @@ def test_bench_rows_statuses_and_speedup() -> None:
 
 def test_bench_measures_memory_and_plots(tmp_path) -> None:
     cfg = BenchConfig(targets=("fake",), batches=(1, 8), policy=TimingPolicy(warmup=1, budget_s=0.005, min_repeats=1))
-    res = run_bench("mlp", cfg, compiler=_compiler(), availability=lambda: AVAIL)
+    res = run_bench("mlp", cfg, compiler=_compiler(), availability=lambda: AVAIL, watch=None)
     assert all(r.memory is not None for r in res.rows)
     out = tmp_path / "bench.png"
     plot_bench([res, res], str(out))
