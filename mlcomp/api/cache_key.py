@@ -17,7 +17,8 @@
 Parts (all JSON, so the key is the same in every process):
 
 * ``graph``: a digest of the captured graph's text (nodes, ops, literal arguments, shapes,
-  dtypes, names, module paths), its mode and symbols, and every constant's name, dtype,
+  dtypes, names, module paths), its mode and the names of its symbolic sizes (the shape
+  class: not their example values, so one entry serves every size), and every constant's name, dtype,
   shape and bytes.  Two captures of the same model with the same weights agree; one
   changed weight changes it.
 * ``pipeline``: the canonical spec of the pipeline *as it runs for the target* (a preset
@@ -78,7 +79,8 @@ def graph_digest(graph: Graph) -> str:
     """A digest of the graph's structure and constant bytes, stable across processes."""
     h = hashlib.blake2b(digest_size=32)
     h.update(graph.format().encode())
-    h.update(json.dumps({"mode": str(graph.mode), "symbols": {k: str(v) for k, v in sorted(graph.symbols.items())},
+    # symbols by name only: their example values are one call's sizes, and an artifact serves every size
+    h.update(json.dumps({"mode": str(graph.mode), "symbols": sorted(graph.symbols),
                          "devices": sorted({str(getattr(n.meta, "device", "")) for n in graph.nodes()})}).encode())
     for name in sorted(graph.constants):
         tensor = graph.constants[name]

@@ -33,6 +33,7 @@ from typing import Any, Sequence
 
 import torch
 
+from mlcomp.api.auto.record import RECORDS_DIR, RecordStore
 from mlcomp.api.auto.search import AUTO, DEFAULT_AUTO_TIMING, auto_candidates, compile_auto
 from mlcomp.api.cache import CacheOutcome, CacheStatus, CompileCache, default_cache_dir
 from mlcomp.api.cache_key import CacheKey, UncacheableGraph, cache_key
@@ -91,7 +92,7 @@ def _key(graph: Any, target: Any, candidates: Any, pipeline: Any, options: Compi
                                                                          policy.min_repeats]}), None
         chosen = resolve_target(target, pipeline)
         pipe, _ = adapted_pipeline(pipeline, chosen)
-        return cache_key(graph, pipeline=pipe.spec if pipe is not None else "", target=chosen.name,
+        return cache_key(graph, pipeline=pipe.spec if pipe is not None else "", target=chosen.spec,
                          options=options, device=chosen.device(options)), None
     except UncacheableGraph as exc:
         return None, f"the graph cannot be hashed ({exc})"
@@ -162,9 +163,10 @@ def compile_model(source: Any, graph: Any, *, target: str | Target | None = None
                 removed.append(f"cache entry {key.short} differs from eager ({hit.check.summary()}); "
                                f"removed, compiling again")
     if auto:
+        records = RecordStore(cache.root / RECORDS_DIR) if cache is not None else None
         result = compile_auto(source, graph, candidates=candidates, pipeline=pipeline,
                               capture_seconds=capture_seconds, instruments=instruments, policy=auto_timing,
-                              note=say, **options)
+                              note=say, records=records, **options)
     else:
         result = compile_source(source, graph, target=target, pipeline=pipeline, verify=verify,
                                 capture_seconds=capture_seconds, instruments=instruments,

@@ -28,6 +28,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from mlcomp.frontend.extra_decomps import extra_decompositions
+
 VIEW_FIX = "aten.view.default"
 _VIEW_FIX_REASON = ("decomposed values can have other strides than eager's, so a view that was legal in "
                     "eager fails; lowered as reshape (the same value wherever the view was legal)")
@@ -83,7 +85,7 @@ def decompose(ep: "torch.export.ExportedProgram", extra: Mapping[Any, Callable[.
     """``ep`` at core ATen, keeping only the ops whose decomposition fails (see the module docstring).
 
     ``extra``: the user's decompositions (op overload → function), over torch's default
-    table (e.g. for a ``torch.library`` op no target knows).  Raises :class:`DecompositionFailed` if no choice of kept ops lowers it.  ``ep``'s
+    table and mlcomp's (:mod:`mlcomp.frontend.extra_decomps`; e.g. for a ``torch.library`` op no target knows).  Raises :class:`DecompositionFailed` if no choice of kept ops lowers it.  ``ep``'s
     views may be rewritten to reshapes in place (the same values).
     """
     report = Decomposition()
@@ -98,6 +100,7 @@ def _lower(ep: "torch.export.ExportedProgram", report: Decomposition, extra: dic
            ) -> tuple["torch.export.ExportedProgram", Decomposition]:
     def table() -> Any:
         decomps = torch.export.default_decompositions()
+        decomps.update(extra_decompositions())
         decomps.update(extra)
         return decomps
 

@@ -49,6 +49,12 @@ Origins: no module metadata survives the joint retrace, so
 pre-joint program's ``nn_module_stack`` (anchored on the parameters they read),
 backward nodes from the forward node they differentiate.
 
+Tied parameters (one ``nn.Parameter`` under two names, an LM head sharing the embedding) are
+one parameter of the graph, named as ``named_parameters()`` names it, whose gradient sums
+every use (:mod:`mlcomp.frontend.tied`); parameters the loss never reaches are frozen, as
+eager leaves their ``.grad`` None.  Training-mode randomness outside the graph (LayerDrop,
+SpecAugment) is refused before capture (:mod:`mlcomp.frontend.stochastic`).
+
 Dropout: the graph draws its masks from torch's global generator through
 decomposed ops, which consume random numbers differently from eager's fused
 kernel, so compiled and eager dropout masks differ even with the same seed;
@@ -71,6 +77,7 @@ from torch.export.experimental import (
 from mlcomp.base.errors import CaptureError, MlcompError
 from mlcomp.base.quiet import quiet_torch
 from mlcomp.frontend.capture import from_fx
+from mlcomp.frontend.joint_kernels import restore_backward_kernels
 from mlcomp.frontend.joint_origins import joint_origins, module_sequence
 from mlcomp.frontend.losses import (
     LossKind,
@@ -83,6 +90,8 @@ from mlcomp.frontend.losses import (
     without_dropout,
 )
 from mlcomp.frontend.provenance import explain_export_failure
+from mlcomp.frontend.stochastic import check_static_training
+from mlcomp.frontend.tied import TIED, merge_tied, tied_parameters
 from mlcomp.ir import Graph, Mode, Node, Ref, map_refs
 from mlcomp.ir.node import Phase
 from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, aten
@@ -149,6 +158,7 @@ def capture_joint(model: nn.Module, inputs: Sequence[torch.Tensor], target: torc
 def _capture(model: nn.Module, inputs: tuple[torch.Tensor, ...], target: torch.Tensor | None,
              loss_fn: Callable[..., Any] | None, name: str) -> Graph:
     model.train(True)
+    check_static_training(model, name)
     unused = check_trainable(model, inputs, target, loss_fn, name)
     # parameters the loss never reaches get no gradient in eager either: trace them as frozen
     # (requires_grad restored afterwards, the user's module is left as it was)
@@ -156,13 +166,14 @@ def _capture(model: nn.Module, inputs: tuple[torch.Tensor, ...], target: torch.T
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad} | set(unused)
     wrapper = _WithLoss(model, loss_fn)
     args = inputs if loss_fn is None else inputs + (target,)
+    aliases = tied_parameters(model)
     with quiet_torch():
         try:
             for p in flipped:
                 p.requires_grad_(False)
             ep = torch.export.export(wrapper, args)
             modules = module_sequence(ep, _strip)
-            ep = _forward_backward(ep)
+            ep = _forward_backward(merge_tied(ep, {"model." + a: "model." + c for a, c in aliases.items()}))
         except MlcompError:
             raise
         except Exception as exc:  # noqa: BLE001 - converted to a user error
@@ -170,7 +181,7 @@ def _capture(model: nn.Module, inputs: tuple[torch.Tensor, ...], target: torch.T
         finally:
             for p in flipped:
                 p.requires_grad_(True)
-    return _to_ir(ep, name, frozen, has_target=loss_fn is not None, modules=modules)
+    return _to_ir(ep, name, frozen, has_target=loss_fn is not None, modules=modules, aliases=aliases)
 
 
 # Fused kernels eager autograd runs; decomposing them sums in another order (see the module doc).
@@ -179,7 +190,8 @@ _KEPT = ("_log_softmax", "_log_softmax_backward_data", "_softmax", "_softmax_bac
          "_native_batch_norm_legit", "_native_batch_norm_legit_functional", "_native_batch_norm_legit_no_training",
          "native_group_norm_backward", "nll_loss_forward", "nll_loss_backward", "mse_loss", "mse_loss_backward",
          "embedding_dense_backward", "gelu", "gelu_backward", "tanh_backward", "sigmoid_backward",
-         "threshold_backward", "max_pool2d_with_indices_backward", "_scaled_dot_product_flash_attention_for_cpu")
+         "threshold_backward", "max_pool2d_with_indices_backward", "_scaled_dot_product_flash_attention_for_cpu",
+         "silu", "silu_backward")
 
 
 def joint_decompositions() -> dict[Any, Callable[..., Any]]:
@@ -190,11 +202,24 @@ def joint_decompositions() -> dict[Any, Callable[..., Any]]:
 
 
 def _forward_backward(ep: Any) -> Any:
-    """``_export_forward_backward`` with :func:`joint_decompositions` instead of the full core table."""
+    """``_export_forward_backward`` with :func:`joint_decompositions` instead of the full core table,
+    every ``view`` as a ``reshape``, eager's fused backward kernels restored (:mod:`.joint_kernels`).
+
+    A traced ``view`` holds only for the strides the trace's fake tensors had; a kept kernel
+    whose real output is laid out otherwise than its fake one (``mse_loss_backward`` on a
+    channels-last input returns a contiguous gradient) makes it fail at run time.  Eager
+    autograd reshapes there (``ViewBackward``), and so does the graph: a no-copy view
+    where the strides allow one, a copy where they do not, the same values either way.
+    """
     ep = _decompose_exported_program(ep, cia_to_decomp={}, python_decomp_table=joint_decompositions(),
                                      joint_loss_index=0, decompose_custom_triton_ops=False)
     gm, signature = _copy_graph_module_and_signature(ep)
     _remove_detach_pass(gm, signature)
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
+    restore_backward_kernels(gm)
+    gm.recompile()
     return ep._update(gm, signature)
 
 
@@ -210,11 +235,12 @@ def _strip(target: str) -> str:
 
 
 def _to_ir(ep: Any, name: str, frozen: set[str], *, has_target: bool,
-           modules: list[tuple[str, str, str]]) -> Graph:
+           modules: list[tuple[str, str, str]], aliases: dict[str, str]) -> Graph:
     sig = ep.graph_signature
+    key = lambda target: aliases.get(_strip(target), _strip(target))   # tied: the canonical name
     tensors = {_strip(k): v for k, v in dict(ep.state_dict).items()}
     tensors.update({_strip(k): v for k, v in (getattr(ep, "constants", {}) or {}).items()})
-    constant_of = {s.arg.name: _strip(s.target) for s in sig.input_specs
+    constant_of = {s.arg.name: key(s.target) for s in sig.input_specs
                    if s.target is not None and s.kind.name != "USER_INPUT"}
     raw = from_fx(ep.graph_module.graph, name=name, training=False, constant_of=constant_of, tensors=tensors)
     outs = raw.output_refs
@@ -228,7 +254,7 @@ def _to_ir(ep: Any, name: str, frozen: set[str], *, has_target: bool,
         if kind == "LOSS_OUTPUT":
             loss_ref = ref
         elif kind == "GRADIENT_TO_PARAMETER":
-            grads.append((_strip(spec.target), ref))
+            grads.append((key(spec.target), ref))
         elif kind == "BUFFER_MUTATION":
             news.append((_strip(spec.target), ref))
         elif kind == "USER_OUTPUT":
@@ -248,7 +274,7 @@ def _to_ir(ep: Any, name: str, frozen: set[str], *, has_target: bool,
         model_end = node.input_names()[0] if node.input_names() else None
     return _rebuild(raw, rename, model_end, marker,
                     out_refs=[loss_ref] + [r for p, r in grads if p not in frozen] + [r for _, r in news],
-                    modules=modules)
+                    modules=modules, tied=tuple(sorted(aliases.items())))
 
 
 def _phases(raw: Graph, roots: list[str], model_end: str | None, target: str | None) -> dict[str, Phase]:
@@ -277,7 +303,7 @@ def _phases(raw: Graph, roots: list[str], model_end: str | None, target: str | N
 
 
 def _rebuild(raw: Graph, rename: dict[str, str], model_end: str | None, marker: str | None,
-             out_refs: list[Ref], modules: list[tuple[str, str, str]]) -> Graph:
+             out_refs: list[Ref], modules: list[tuple[str, str, str]], tied: tuple = ()) -> Graph:
     original = {v: k for k, v in rename.items()}
     fwd_roots = [out_refs[0].name] + [r.name for r in out_refs if rename.get(r.name, "").startswith(NEW)]
     phases = _phases(raw, fwd_roots, model_end, original.get(TARGET))
@@ -305,7 +331,8 @@ def _rebuild(raw: Graph, rename: dict[str, str], model_end: str | None, marker: 
     refs = tuple(new(r) for r in out_refs)
     # the layout also rides on the output node, so it survives a pass that redirects an output
     # to an equal value under another name (permute(permute(x)) → x)
-    graph.add(Node("output", OUTPUT, inputs=(refs,), attrs={OUTPUT_NAMES: tuple(r.name for r in refs)}))
+    layout = {OUTPUT_NAMES: tuple(r.name for r in refs), **({TIED: tied} if tied else {})}
+    graph.add(Node("output", OUTPUT, inputs=(refs,), attrs=layout))
     _drop_dead(graph)
     return graph
 

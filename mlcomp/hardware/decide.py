@@ -34,11 +34,12 @@ from typing import Any
 
 from mlcomp.hardware.timing import Clock, Sync, no_sync
 
-__all__ = ["ALPHA", "MIN_ROUNDS", "Decision", "DecisionPolicy", "Sampler", "Verdict", "call_samplers", "decide",
-           "measure_times", "sign_test"]
+__all__ = ["ALPHA", "ELIMINATE_ABOVE", "MIN_ROUNDS", "Decision", "DecisionPolicy", "Sampler", "Verdict", "call_samplers",
+           "clear_losers", "decide", "measure_times", "sign_test"]
 
 ALPHA = 0.05        # a two-sided sign test below this decides
 MIN_ROUNDS = 6      # the fewest paired rounds in which a sign test can decide at ALPHA (p = 2 / 2**6)
+ELIMINATE_ABOVE = 1.5   # a contender decided slower than this many times the leader is a clear loser
 
 Sampler = Callable[[], float]     # one sample of a candidate: seconds per call
 
@@ -50,6 +51,19 @@ def sign_test(ratios: Sequence[float], threshold: float = 1.0) -> float:
         (0.0312, 1.0, 1.0)
     """
     return _sign_p(sum(r < threshold for r in ratios), sum(r > threshold for r in ratios))
+
+
+def clear_losers(ratios: Mapping[str, Sequence[float]], *, factor: float = ELIMINATE_ABOVE, alpha: float = ALPHA,
+                 min_rounds: int = MIN_ROUNDS) -> list[str]:
+    """The contenders decided slower than ``factor`` x the leader: after ``min_rounds`` paired ratios (a
+    contender's sample / the leader's, same round), their median is above ``factor`` and a sign test
+    against ``factor`` gives p < ``alpha``.  A ranking stops sampling them (they cannot win).
+
+        >>> clear_losers({"slow": [2.0] * 6, "close": [1.1] * 6, "young": [9.0] * 5})
+        ['slow']
+    """
+    return [name for name, r in ratios.items()
+            if len(r) >= min_rounds and median(r) > factor and sign_test(r, factor) < alpha]
 
 
 def _sign_p(below: int, above: int) -> float:

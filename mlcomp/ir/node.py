@@ -141,6 +141,7 @@ class PrecisionReason(enum.Enum):
     OVERFLOW = "overflow"        # range guard: calibrated values exceed the dtype's largest finite value
     UNDERFLOW = "underflow"      # range guard: calibrated values fall below the smallest normal (or to 0)
     TARGET = "target"            # the target computes this op in fp32 only (its low-precision support says so)
+    SELECTION = "selection"      # it ranks the values a topk/sort/argmax selects by: a rounding would change the choice
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 from mlcomp.measure.support_cells import Status
 from mlcomp.measure.support_matrix import Matrix
 
-__all__ = ["host_info", "matrix_json", "render_markdown", "summary", "HOST_FLAGS"]
+__all__ = ["host_info", "matrix_json", "merge_runs", "render_markdown", "summary", "HOST_FLAGS"]
 
 HOST_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16")
 _VERSIONED = ("torch", "onnxruntime", "openvino", "tvm", "transformers")
@@ -80,6 +80,26 @@ def matrix_json(matrix: Matrix, host: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def merge_runs(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+    """``earlier``'s record with ``later``'s cells in place of the same cells; the rest stay as they were.
+
+    New architectures and columns are appended; ``updates`` lists each re-run (command, date,
+    columns, architectures, seconds), so the document says which cells came from which run.
+    ``earlier`` is not modified.
+    """
+    rows = {r["architecture"]: {**r, "cells": dict(r["cells"])} for r in earlier["rows"]}
+    for row in later["rows"]:
+        rows.setdefault(row["architecture"], {**row, "cells": {}})["cells"].update(row["cells"])
+    columns = list(earlier["columns"]) + [c for c in later["columns"] if c not in earlier["columns"]]
+    for row in rows.values():
+        row["cells"] = {k: row["cells"][k] for k in columns if k in row["cells"]}
+    update = {"command": later.get("command", ""), "date": later["host"]["date"], "columns": list(later["columns"]),
+              "architectures": [r["architecture"] for r in later["rows"]], "seconds": later["seconds"]}
+    return {**earlier, "columns": columns, "rows": list(rows.values()),
+            "left_out": {**earlier.get("left_out", {}), **later.get("left_out", {})},
+            "updates": [*earlier.get("updates", []), update]}
+
+
 def summary(data: dict[str, Any]) -> dict[str, dict[str, int]]:
     """Per column, then per target (``O2:T`` and ``<dtype>:T`` together): counts of each status."""
     out: dict[str, dict[str, int]] = {}
@@ -126,6 +146,15 @@ def _notes(data: dict[str, Any]) -> list[str]:
     return lines or ["- none: every cell verified"]
 
 
+def _update_lines(data: dict[str, Any]) -> list[str]:
+    lines = []
+    for u in data.get("updates", []):
+        which = "every architecture" if len(u["architectures"]) == len(data["rows"]) else ", ".join(u["architectures"])
+        lines.append(f"Re-run on {u['date']}: {', '.join(f'`{c}`' for c in u['columns'])} for {which}, by "
+                     f"`{u['command']}` ({u['seconds'] / 60:.1f} min); these cells replace the first run's.")
+    return ["", *lines] if lines else []
+
+
 def render_markdown(data: dict[str, Any], command: str = "python benchmarks/support_matrix.py") -> str:
     """``docs/SUPPORT.md`` from :func:`matrix_json`'s record."""
     cols = data["columns"]
@@ -140,11 +169,12 @@ def render_markdown(data: dict[str, Any], command: str = "python benchmarks/supp
     left = left or ["- nothing"]
     parts = [
         "# Support matrix", "",
-        f"What mlcomp compiles and verifies, per architecture and per cell, from one run of `{command}` "
+        f"What mlcomp compiles and verifies, per architecture and per cell, from "
+        f"{'the runs' if '; then, for the cells it names:' in command else 'one run'} of `{command}` "
         f"({len(data['rows'])} architectures x {len(cols)} cells, {data['seconds'] / 60:.1f} min). "
         "The zoo models run at batch 1; the `transformers` models are built from tiny configs "
         "(random weights, nothing downloaded; see `mlcomp/models/architectures.py`), decoder LMs with their "
-        "default cache settings.", "",
+        "default cache settings.", *_update_lines(data), "",
         *_host_lines(data["host"]), "",
         "## Legend", "",
         "- ✅ verified: compiled (or captured) and the outputs (training: the gradients) match eager",

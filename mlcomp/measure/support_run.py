@@ -20,8 +20,8 @@ from typing import Callable, Sequence
 
 from mlcomp.base.errors import OptionError, OutputPathError
 from mlcomp.base.files import write_text_atomic
-from mlcomp.measure.support_cells import Cell, CellResult
-from mlcomp.measure.support_doc import host_info, matrix_json, render_markdown
+from mlcomp.measure.support_cells import Cell, CellResult, Status
+from mlcomp.measure.support_doc import host_info, matrix_json, merge_runs, render_markdown
 from mlcomp.measure.support_matrix import (
     DEFAULT_TIMEOUT_S, Matrix, default_cells, host_dtypes, inference_targets, run_matrix,
 )
@@ -65,12 +65,16 @@ def plan(models: str | None, cells: str | None) -> tuple[list[str], list[Cell], 
     return [n for n in names if n not in missing], chosen, left_out
 
 
-def write_results(matrix: Matrix, host: dict, json_path: Path | None, md_path: Path | None, command: str) -> dict:
+def write_results(matrix: Matrix, host: dict, json_path: Path | None, md_path: Path | None, command: str,
+                  earlier: dict | None = None) -> dict:
+    """Write the run's record (folded into ``earlier``'s when given: :func:`merge_runs`) and its document."""
     data = {**matrix_json(matrix, host), "command": command}
+    if earlier is not None:
+        data = merge_runs(earlier, data)
     if json_path is not None:
         write_text_atomic(json_path, json.dumps({"written_by": "mlcomp", **data}, indent=1) + "\n", "json")
     if md_path is not None:
-        _write_markdown(md_path, render_markdown(data, command))
+        _write_markdown(md_path, render_markdown(data, data["command"]))
     return data
 
 
@@ -96,16 +100,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--md", default=str(DOCS / "SUPPORT.md"), help="Markdown output ('' for none)")
     p.add_argument("--no-probe", action="store_true", help="skip the bf16/fp16 matmul probe in the header")
     p.add_argument("--render", metavar="JSON", help="only write --md from an earlier run's JSON (no cells run)")
+    p.add_argument("--update", metavar="JSON", help="fold the cells run into an earlier run's JSON (the other "
+                                                   "cells keep its results; the host lines stay its host's)")
     return p
 
 
 def run_support(models: str | None = None, cells: str | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                 isolate: bool = False, json_path: Path | None = DOCS / "SUPPORT.json",
                 md_path: Path | None = DOCS / "SUPPORT.md", probe: bool = True, command: str = "",
-                echo: Callable[[str], None] = print) -> dict:
-    """Plan, run and write the matrix; returns :func:`~mlcomp.measure.support_doc.matrix_json`'s record."""
+                echo: Callable[[str], None] = print, update: Path | None = None) -> dict:
+    """Plan, run and write the matrix; returns :func:`~mlcomp.measure.support_doc.matrix_json`'s record
+    (with ``update``: that earlier record with these cells re-run, :func:`merge_runs`)."""
     from mlcomp.models.architectures import ARCHITECTURES
 
+    earlier = _earlier(update) if update is not None else None
     names, chosen, left_out = plan(models, cells)
     host = host_info(precision_probe=probe)
     partial = Matrix(chosen, left_out=left_out)
@@ -113,14 +121,27 @@ def run_support(models: str | None = None, cells: str | None = None, *, timeout_
     def progress(name: str, key: str, result: CellResult) -> None:
         partial.families[name] = ARCHITECTURES[name].family
         partial.rows.setdefault(name, {})[key] = result
-        write_results(partial, host, json_path, None, command)    # a killed run keeps what it finished
+        write_results(partial, host, json_path, None, command, earlier)    # a killed run keeps what it finished
         echo(f"{name:16s} {key:18s} {result.status.value:8s} {result.seconds:6.1f}s  {result.detail}")
 
     matrix = run_matrix(names, chosen, timeout_s=timeout_s, isolate=isolate, on_cell=progress)
     matrix.left_out = left_out
-    data = write_results(matrix, host, json_path, md_path, command)
-    failed = sum(c["status"] == "failed" for r in data["rows"] for c in r["cells"].values())
+    data = write_results(matrix, host, json_path, md_path, command, earlier)
+    failed = sum(r.status is Status.FAILED for row in matrix.rows.values() for r in row.values())
     echo(f"{len(names)} architectures x {len(chosen)} cells in {matrix.seconds / 60:.1f} min; {failed} failed")
+    return data
+
+
+def _earlier(path: Path) -> dict:
+    """An earlier run's record; refused (before anything runs) if it is missing or not one mlcomp wrote."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise OptionError(f"--update: cannot read an earlier support matrix from {path} ({exc})",
+                          hint="give the JSON a full run wrote (docs/SUPPORT.json)") from None
+    if not isinstance(data, dict) or data.pop("written_by", None) != "mlcomp" or "rows" not in data:
+        raise OptionError(f"--update: {path} is not a support matrix mlcomp wrote",
+                          hint="give the JSON a full run wrote (docs/SUPPORT.json)")
     return data
 
 
@@ -134,5 +155,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "python benchmarks/support_matrix.py " + " ".join(argv if argv is not None else sys.argv[1:])
     run_support(args.models, args.cells, timeout_s=args.timeout, isolate=args.isolate,
                 json_path=Path(args.json) if args.json else None, md_path=Path(args.md) if args.md else None,
-                probe=not args.no_probe, command=command.strip())
+                probe=not args.no_probe, command=command.strip(),
+                update=Path(args.update) if args.update else None)
     return 0

@@ -14,6 +14,12 @@ with the reason, so the pipeline report can say what was dropped::
     "onnxruntime fuses kernels itself; mlcomp's fusion measured no gain there (benchmarks/presets.py)"
     >>> adapt_preset("-O1", "onnxruntime", frozenset({Rewrite.CLEANUP})).text   # no weight folding
     'cleanup{fold_params=false}'
+    >>> adapt_preset("-O2", "openvino", frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING, Rewrite.RECOMPOSE})).text
+    'cleanup,recompose,fuse-attention,cleanup'
+
+A target that fuses kernels itself but only from whole layer norms, GELUs and
+attentions (OpenVINO) wants :attr:`Rewrite.RECOMPOSE`: a preset's ``fuse`` becomes
+``recompose,fuse-attention`` for it.
 
 Two equal passes left next to each other by a drop run once (both run to a
 fixed point).  Only presets adapt: a pipeline the user wrote out (inline text, TOML) runs as
@@ -42,6 +48,7 @@ class Rewrite(enum.Enum):
     CLEANUP = "cleanup"          # dead code, CSE, no-ops, constant folding: less work for any backend
     FUSION = "fusion"            # mlcomp's own fused kernels and recompositions (fuse, fuse-*)
     WEIGHT_FOLDING = "weight-folding"  # cleanup also folds what reads only weights (a Linear's transpose)
+    RECOMPOSE = "recompose"      # the part of fusion that puts decomposed layer norm, GELU, attention back
 
     def unwanted_reason(self, target: str) -> str:
         return _UNWANTED[self].format(target=target)
@@ -50,10 +57,14 @@ class Rewrite(enum.Enum):
 _UNWANTED = {
     Rewrite.CLEANUP: "{target} does not benefit from graph cleanup",
     Rewrite.FUSION: "{target} fuses kernels itself; mlcomp's fusion measured no gain there (benchmarks/presets.py)",
+    Rewrite.RECOMPOSE: "{target} runs ATen's decompositions of layer norm, GELU and attention as written",
     Rewrite.WEIGHT_FOLDING: "{target} folds weight subgraphs itself when it loads the model; folded here they no "
                             "longer read the layer's own weights, which its exporter needs to put layers such as "
                             "GRU back (benchmarks/ort_parity.py)",
 }
+
+# what of a FUSION pass a target that wants only RECOMPOSE keeps: the recompositions, no fused kernels
+_RECOMPOSE_ONLY = "recompose,fuse-attention"
 
 # the option that turns weight folding off in a cleanup pass (``cleanup{fold_params=false}``)
 _NO_WEIGHT_FOLDING = "fold_params=false"
@@ -124,8 +135,10 @@ def adapt_preset(pipeline: object, target: str, wanted: frozenset[Rewrite]) -> A
         if rewrite in wanted:
             if not kept or kept[-1] != spec:
                 kept.append(spec)
-        else:
-            dropped.append(Dropped(spec, rewrite, rewrite.unwanted_reason(target)))
+            continue
+        dropped.append(Dropped(spec, rewrite, rewrite.unwanted_reason(target)))
+        if rewrite is Rewrite.FUSION and Rewrite.RECOMPOSE in wanted:
+            kept.append(_RECOMPOSE_ONLY)
     if no_folding:
         dropped.append(Dropped(_with_option("cleanup", "fold_params=true"), Rewrite.WEIGHT_FOLDING,
                                Rewrite.WEIGHT_FOLDING.unwanted_reason(target)))

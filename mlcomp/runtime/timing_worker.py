@@ -23,6 +23,7 @@ stderr so that backends' prints cannot corrupt it)::
     child:  {"ready": per_call_s, "calls": k}      after load, one checked call, warm-up
     parent: "sample"  ->  child: {"sample": s}      settle_s of untimed calls, then k timed; s = their median
     parent: "quit" or EOF                          the child exits
+    parent: "load {json}" (first, to a spawned spare)  the spare loads that artifact, then as above
     child:  {"error": "..."}                        then exits 1
 
 ``k`` makes a block last about ``block_s``, from the fastest of three calls after warm-up.
@@ -97,18 +98,33 @@ class ProcessSampler:
               settle_s: float = SETTLE_S, label: str = "", model: dict[str, Any] | None = None) -> "ProcessSampler":
         """A worker for the artifact at ``artifact_dir``, or for ``model`` run eagerly (``spec``, and
         optionally ``input_shapes``, ``trust_pickle``, ``batch`` as :func:`load_model` takes them)."""
+        return cls._popen({"artifact": None if artifact_dir is None else str(artifact_dir),
+                           "inputs": str(inputs_file), "threads": threads, "warmup": warmup,
+                           "block_s": block_s, "settle_s": settle_s, "model": model},
+                          label or str(artifact_dir))
+
+    @classmethod
+    def spawn(cls, *, threads: int, warmup: int, block_s: float, settle_s: float = SETTLE_S,
+              label: str = "a spare worker") -> "ProcessSampler":
+        """A worker that imports torch and mlcomp now and loads an artifact when :meth:`load` says which."""
+        return cls._popen({"threads": threads, "warmup": warmup, "block_s": block_s, "settle_s": settle_s}, label)
+
+    def load(self, artifact_dir: Path, inputs_file: Path, label: str) -> None:
+        """Have a :meth:`spawn`-ed worker load ``artifact_dir`` (then :meth:`wait_ready` as after :meth:`start`)."""
+        self.label = label
+        self._write("load " + json.dumps({"artifact": str(artifact_dir), "inputs": str(inputs_file)}))
+
+    @classmethod
+    def _popen(cls, config: dict[str, Any], label: str) -> "ProcessSampler":
         log = tempfile.TemporaryFile()
-        config = json.dumps({"artifact": None if artifact_dir is None else str(artifact_dir),
-                             "inputs": str(inputs_file), "threads": threads, "warmup": warmup,
-                             "block_s": block_s, "settle_s": settle_s, "model": model})
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "mlcomp.runtime.timing_worker", config],
+            proc = subprocess.Popen([sys.executable, "-m", "mlcomp.runtime.timing_worker", json.dumps(config)],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0,
                                     env=_child_env())
         except OSError as exc:
             log.close()
             raise WorkerError(f"could not start a timing process for {label}: {exc}") from None
-        return cls(proc, log, label or str(artifact_dir))
+        return cls(proc, log, label)
 
     def wait_ready(self, timeout: float) -> float:
         """Block until the child is warm; its estimate of one call in seconds."""
@@ -210,7 +226,15 @@ def _calls(artifact: Any, inputs: list, calls: int, barrier: Sync, limit_s: floa
 
 
 def serve(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
-    """Load, check, warm up, then answer ``sample`` requests until ``quit`` or end of input."""
+    """Load, check, warm up, then answer ``sample`` requests until ``quit`` or end of input.
+
+    A config without ``artifact`` (a spawned spare) first waits for ``load {"artifact": …, "inputs": …}``.
+    """
+    if "artifact" not in config:
+        line = commands.readline()
+        if not line.startswith("load "):
+            return
+        config = {**config, **json.loads(line[len("load "):])}
     torch.set_num_threads(int(config["threads"]))
     artifact, device = load_runner(config)
     inputs = torch.load(config["inputs"], map_location="cpu", weights_only=True)

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import abc
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, ClassVar, Mapping
 
 import torch
 
 from mlcomp.base.errors import MlcompError, TargetUnavailableError, UnsupportedOpError
+from mlcomp.base.spec import SpecItem
 from mlcomp.frontend.loading import graph_random_inputs
 from mlcomp.ir import Graph, Node, TensorMeta, map_refs, tensor_metas
 from mlcomp.ir.ops import GETITEM, Namespace, Op
@@ -81,8 +83,17 @@ def _touches_complex(node: Node, graph: Graph | None) -> bool:
     return any(m.dtype.is_complex for m in metas)
 
 
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a target that takes none."""
+
+
 class Target(abc.ABC):
-    """One backend.  Subclasses set ``name``/``description`` and implement the abstract methods."""
+    """One backend.  Subclasses set ``name``/``description`` and implement the abstract methods.
+
+    ``Options``: the dataclass of the target's own spec options (``tvm{kernels=off}``, read by
+    :func:`~mlcomp.targets.registry.get_target`); ``settings`` is this instance's.
+    """
 
     name: ClassVar[str]
     description: ClassVar[str]
@@ -93,6 +104,18 @@ class Target(abc.ABC):
     capabilities: ClassVar[Capabilities] = Capabilities()
     # which kinds of rewrite help it: a preset (-O2…) drops the passes of other kinds for this target
     rewrites: ClassVar[frozenset[Rewrite]] = ALL_REWRITES
+    Options: ClassVar[type] = NoOptions
+    spec_item: SpecItem | None = None          # the options given after the name, set by get_target
+
+    @property
+    def settings(self) -> Any:
+        """The target's own options (``Options``), as the spec gave them."""
+        return self.Options(**dict(self.spec_item.options if self.spec_item else ()))
+
+    @property
+    def spec(self) -> str:
+        """The canonical spec: ``tvm``, or ``tvm{kernels=off}`` with options that differ from the defaults."""
+        return self.spec_item.text if self.spec_item else self.name
 
     # -- capability -------------------------------------------------------
     def available(self) -> str | None:
@@ -214,18 +237,21 @@ class Target(abc.ABC):
         else:
             runtime = self.build(graph, options, inputs)
         seconds = time.perf_counter() - start
-        return Artifact.new(
+        art = Artifact.new(
             runtime, target=self.name, device=self.device(options), graph=graph,
             inputs=[TensorSpec.of_node(n) for n in graph.input_nodes],
             outputs=TensorSpec.of_outputs(graph), options=options.to_json(),
             compile_seconds=seconds, regions=regions)
+        if self.spec != self.name:
+            art.manifest["target_spec"] = self.spec
+        return art
 
     @abc.abstractmethod
     def build(self, graph: Graph, options: CompileOptions, inputs: tuple[torch.Tensor, ...]) -> Runtime:
         """Lower a fully supported graph; ``inputs`` are random tensors fitting its inputs."""
 
     def __repr__(self) -> str:
-        return f"<Target {self.name}>"
+        return f"<Target {self.spec}>"
 
 
 def example_inputs(graph: Graph, seed: int = 0) -> tuple[torch.Tensor, ...]:

@@ -9,6 +9,16 @@
     Traceback (most recent call last):
     mlcomp.base.errors.TargetUnavailableError: there is no target named 'onnxruntme' (did you mean 'onnxruntime'?). ...
 
+A target's own options follow its name in the one spec grammar (:mod:`mlcomp.base.spec`), read
+into the target class's ``Options`` dataclass; ``spec`` is the canonical text::
+
+    >>> t = get_target("tvm{kernels=off}")
+    >>> t.name, t.spec, t.settings.kernels
+    ('tvm', 'tvm{kernels=off}', 'off')
+    >>> get_target("tvm{kernels=none}")
+    Traceback (most recent call last):
+    mlcomp.targets.options.OptionsError: bad target spec at column 13 of 'tvm{kernels=none}' (at 'none}'): ...
+
 This module sits below both :mod:`mlcomp.targets.base` (what a target is) and
 :mod:`mlcomp.runtime.artifact` (what a target builds), and imports neither at
 run time: an artifact looks up the target its payload needs here when it is
@@ -30,11 +40,13 @@ from typing import TYPE_CHECKING
 
 from mlcomp.base.errors import TargetUnavailableError
 from mlcomp.base.registry import LazyRegistry
+from mlcomp.base.spec import Grammar, SpecEntry, SpecItem
+from mlcomp.targets.options import OptionsError
 
 if TYPE_CHECKING:   # annotations only: nothing from base runs when this module is imported
     from mlcomp.targets.base import Target
 
-__all__ = ["TargetName", "TARGETS", "target_list", "target_name", "get_target", "available_targets"]
+__all__ = ["TargetName", "TARGETS", "TARGET_GRAMMAR", "target_list", "target_name", "get_target", "available_targets"]
 
 
 class TargetName(enum.Enum):
@@ -86,9 +98,30 @@ def target_name(name: str | TargetName) -> TargetName:
     return TargetName(key)
 
 
+TARGET_GRAMMAR = Grammar("target", OptionsError, fold_case=True,
+                         hint="write a target as its name, or name{key=value ...} for its own options, "
+                              "e.g. tvm{kernels=off}")
+
+
 def get_target(name: str | TargetName) -> Target:
-    """The target called ``name`` (``cpu``, ``cuda``, ``onnxruntime``/``ort``, ``tvm``)."""
+    """The target called ``name`` (``cpu``, ``cuda``, ``onnxruntime``/``ort``, ``tvm``), or the target
+    a spec with options names (``tvm{kernels=off}``): a separate instance carrying those options."""
+    if isinstance(name, str) and "{" in name:
+        item = TARGET_GRAMMAR.one(name, TARGET_GRAMMAR.parse(name.strip(), _spec_entry))
+        return _configured(item) if item.options else _instance(TargetName(item.name))
     return _instance(target_name(name))
+
+
+def _spec_entry(name: str) -> SpecEntry:
+    cls = TARGETS.get(target_name(name).value)
+    return SpecEntry.of(cls.name, cls.Options, TARGET_GRAMMAR)
+
+
+@lru_cache(maxsize=None)
+def _configured(item: SpecItem) -> Target:
+    target = TARGETS.get(item.name)()
+    target.spec_item = item
+    return target
 
 
 @lru_cache(maxsize=None)

@@ -72,6 +72,7 @@ __all__ = ["GRAD", "GRAD_FLOOR", "NEW", "SAVED_FILES", "TRAINING_FORMAT", "Train
 GRAD = "grad:"     # the joint graph's output names (mlcomp.frontend.joint)
 NEW = "new:"
 _NAMES = "names"   # output node attribute holding them in output order (mlcomp.frontend.joint)
+_TIED = "tied"     # output node attribute: (alias, canonical) pairs of tied parameters (mlcomp.frontend.tied)
 
 
 TRAINING_FORMAT = "mlcomp-training"
@@ -144,7 +145,8 @@ class TrainingArtifact:
         names = param_names(module)
         module = (_scripted(module) if script else None) or to_fx(own, device=device, honour_placement=False)
         self._bind(module, names, output_names(own), name=graph.name, target=target, device=device,
-                   optimizer=optimizer, state_keys=state_keys, extra_state=extra_state)
+                   optimizer=optimizer, state_keys=state_keys, extra_state=extra_state,
+                   tied=dict(own.output_node.attrs.get(_TIED, ())))
         self.loss_scaler = loss_scaler   # graph has a %loss_scale input (mlcomp.training.loss_scaling)
         self.verification: dict[str, Any] | None = None
         if update_in_backward:
@@ -157,19 +159,22 @@ class TrainingArtifact:
 
     def _bind(self, module: Any, names: Mapping[str, str], outs: Sequence[str], *, name: str, target: str,
               device: str, optimizer: OptimizerSpec, state_keys: Sequence[str] | None,
-              extra_state: Mapping[str, torch.Tensor] | None) -> None:
-        """Tensors, output layout and optimizer around ``module`` (generated fx code or TorchScript)."""
+              extra_state: Mapping[str, torch.Tensor] | None, tied: Mapping[str, str] | None = None) -> None:
+        """Tensors, output layout and optimizer around ``module`` (generated fx code or TorchScript);
+        ``tied`` maps each alias of a tied parameter to its canonical name (one tensor under both keys)."""
         self.name, self.target, self.device, self.optimizer_spec = name, target, device, optimizer
         self.module = module
         self._names = dict(names)       # module attribute → dotted parameter/buffer name
         self._outs = list(outs)
+        self._tied = dict(tied or {})
         tensors = {dotted: getattr(module, attr) for attr, dotted in names.items()}
+        tensors.update({alias: tensors[c] for alias, c in self._tied.items() if c in tensors})
         self._grad_index = {n[len(GRAD):]: i for i, n in enumerate(outs) if n.startswith(GRAD)}
         self._new_index = {n[len(NEW):]: i for i, n in enumerate(outs) if n.startswith(NEW)}
         self.params: dict[str, torch.Tensor] = {p: tensors[p] for p in self._grad_index}
         self.buffers: dict[str, torch.Tensor] = {b: tensors[b] for b in self._new_index}
         self._tensors = tensors
-        self._extra = {k: v.detach().to(device).clone() for k, v in (extra_state or {}).items()}
+        self._extra = {k: v.detach().to(device).clone() for k, v in (extra_state or {}).items() if k not in tensors}
         keys = list(state_keys) if state_keys is not None else list(tensors)
         self._state_keys = [k for k in keys if k in tensors or k in self._extra]
         self.optimizer = optimizer.build(self.params.values())
@@ -227,6 +232,18 @@ class TrainingArtifact:
 
     __call__ = step
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> TrainingArtifact:
+        """An independent copy whose step reads the tensors its optimizer updates: a TorchScript module
+        copies its attributes outside ``memo``, so they are bound back to the copied parameters."""
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            setattr(new, key, copy.deepcopy(value, memo))
+        for attr, dotted in new._names.items():
+            if getattr(new.module, attr).data_ptr() != new._tensors[dotted].data_ptr():
+                setattr(new.module, attr, new._tensors[dotted])
+        return new
+
     def stats(self) -> dict[str, Any]:
         """Steps taken and, with loss scaling, its history (scale changes, skipped steps)."""
         return {"steps": self.steps,
@@ -278,7 +295,7 @@ class TrainingArtifact:
                     "torch_version": torch.__version__, "model": self.name, "target": self.target,
                     "device": self.device, "optimizer": self.optimizer_spec.text(), "steps": self.steps,
                     "state_keys": self._state_keys, "extra_keys": list(self._extra), "outputs": self._outs,
-                    "attributes": self._names, "verification": self.verification, "files": list(SAVED_FILES),
+                    "attributes": self._names, "tied": self._tied, "verification": self.verification, "files": list(SAVED_FILES),
                     # the scaler's spec, running scale and history: the reloaded step scales as the next one would
                     "loss_scaling": self.loss_scaler.state_dict() if self.loss_scaler is not None else None}
         with atomic_dir(directory, label="training artifact") as tmp:
@@ -321,7 +338,7 @@ class TrainingArtifact:
         extra = {k: state[k] for k in manifest["extra_keys"]}
         art._bind(module, manifest["attributes"], manifest["outputs"], name=manifest["model"],
                   target=manifest["target"], device=device, optimizer=OptimizerSpec.parse(manifest["optimizer"]),
-                  state_keys=manifest["state_keys"], extra_state=extra)
+                  state_keys=manifest["state_keys"], extra_state=extra, tied=manifest.get("tied"))
         art.load_state_dict(state)
         art.optimizer.load_state_dict(opt_state)
         art.steps = int(manifest["steps"])

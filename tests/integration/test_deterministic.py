@@ -33,8 +33,11 @@ def _twice(model: str, target: str, tmp_path: Path, **options) -> tuple[dict[str
 
 
 def _check(model: str, target: str, tmp_path: Path) -> None:
-    first, second, folder = _twice(model, target, tmp_path)
-    assert first == second, f"{model} on {target}: differs in " + ", ".join(
+    _check_folders(*_twice(model, target, tmp_path), f"{model} on {target}")
+
+
+def _check_folders(first: dict[str, str], second: dict[str, str], folder: Path, what: str) -> None:
+    assert first == second, f"{what}: differs in " + ", ".join(
         k for k in sorted(set(first) | set(second)) if first.get(k) != second.get(k))
     manifest = json.loads((folder / "manifest.json").read_text())
     assert "created" not in manifest and not any(k.endswith("seconds") for k in manifest)
@@ -43,9 +46,8 @@ def _check(model: str, target: str, tmp_path: Path) -> None:
     assert again.verify(record=False).passed
 
 
-@pytest.mark.parametrize("model", FAST)
-def test_two_deterministic_cpu_compiles_are_byte_identical(model, tmp_path):
-    _check(model, "cpu", tmp_path)
+def test_two_deterministic_cpu_compiles_are_byte_identical(tmp_path):
+    _check("lenet", "cpu", tmp_path)          # mlp on cpu: through the CLI below
 
 
 @pytest.mark.slow
@@ -67,6 +69,24 @@ def test_two_deterministic_onnxruntime_compiles_are_byte_identical(model, tmp_pa
 def test_two_deterministic_onnxruntime_compiles_of_larger_models_are_byte_identical(model, tmp_path):
     pytest.importorskip("onnxruntime")
     _check(model, "onnxruntime", tmp_path)
+
+
+@pytest.mark.tvm
+def test_two_deterministic_tvm_compiles_are_byte_identical(tmp_path):
+    """``model.so`` is the same bytes (weights baked in, no build path or time in it); ``meta.json`` carries
+    no durations and no path."""
+    pytest.importorskip("tvm")
+    _check("mlp", "tvm", tmp_path)
+    meta = (tmp_path / "mlp-tvm-1" / "meta.json").read_text()
+    assert "seconds" not in meta and str(tmp_path) not in meta
+
+
+@pytest.mark.tvm
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["lenet", *HEAVY])
+def test_two_deterministic_tvm_compiles_of_larger_models_are_byte_identical(model, tmp_path):
+    pytest.importorskip("tvm")
+    _check(model, "tvm", tmp_path)
 
 
 def test_deterministic_cpu_keeps_the_plain_trace_by_its_fixed_rule(tmp_path):
@@ -99,7 +119,8 @@ def test_cli_deterministic_flag_writes_identical_folders(tmp_path):
 
     folders = [tmp_path / "a", tmp_path / "b"]
     for folder in folders:
-        result = CliRunner().invoke(main, ["compile", "mlp", "--deterministic", "--no-cache", "-o", str(folder)])
+        result = CliRunner().invoke(main, ["compile", "mlp", "--deterministic", "--no-cache", "--threads", "1",
+                                           "-o", str(folder)])
         assert result.exit_code == 0, result.output
         assert "decision (target cpu)" in result.output
-    assert _digests(folders[0]) == _digests(folders[1])
+    _check_folders(_digests(folders[0]), _digests(folders[1]), folders[1], "mlp on cpu (the CLI)")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-from mlcomp.hardware.decide import ALPHA, MIN_ROUNDS, Decision, Verdict, call_samplers, sign_test
+from mlcomp.hardware.decide import ALPHA, MIN_ROUNDS, Decision, Verdict, call_samplers, clear_losers, sign_test
 from mlcomp.hardware.timing import Clock, Sync, TimingPolicy
 
 __all__ = ["ALPHA", "BLOCK_S", "DEFAULT_AUTO_TIMING", "MIN_ROUNDS", "TIE_BREAK", "Ranking", "Sampler",
@@ -48,8 +48,9 @@ class Ranking:
     medians: dict[str, float]                 # seconds per call
     ratios: dict[str, float] = field(default_factory=dict)     # median of (its sample / the pick's), same round
     p_values: dict[str, float] = field(default_factory=dict)   # two-sided sign test of those ratios against 1
-    rounds: int = 0                           # rounds of every candidate
+    rounds: int = 0                           # rounds of every candidate still sampled
     tie_break_rounds: int = 0                 # rounds of the close ones only
+    eliminated: dict[str, int] = field(default_factory=dict)   # clear loser -> the round after which it stopped
 
     def decision(self, question: str = "auto: which verified target is fastest?") -> Decision:
         """The pick as a :class:`~mlcomp.hardware.decide.Decision` (default: the first candidate tried)."""
@@ -88,7 +89,7 @@ def rank(fns: Mapping[str, Callable[[], Any]], policy: TimingPolicy = DEFAULT_AU
 
 
 def rank_samplers(samplers: Mapping[str, Sampler], policy: TimingPolicy = DEFAULT_AUTO_TIMING, *,
-                  clock: Clock = time.perf_counter) -> Ranking:
+                  clock: Clock = time.perf_counter, on_eliminate: Callable[[str], Any] | None = None) -> Ranking:
     """Take samples in rounds and pick the fastest; close contenders get tie-break rounds.
 
     A round takes one sample of each, starting one candidate later than the round before
@@ -99,7 +100,9 @@ def rank_samplers(samplers: Mapping[str, Sampler], policy: TimingPolicy = DEFAUL
     below 1); a contender is decided slower when the sign test of those ratios gives
     p < ``ALPHA``.  Undecided ones and the leader go on in tie-break rounds of their own until
     every contender is decided or ``TIE_BREAK`` × ``policy.budget_s`` more seconds are spent;
-    the pick is the leader then.  O(rounds × candidates) per check.
+    the pick is the leader then.  A clear loser (:func:`mlcomp.hardware.decide.clear_losers`: decided
+    slower than ``ELIMINATE_ABOVE`` x the leader) is sampled no more from the round that decides it
+    (``on_eliminate(name)`` is told, e.g. to stop its process).  O(rounds × candidates) per check.
     """
     names = list(samplers)
     samples: dict[str, list[float]] = {n: [] for n in names}
@@ -115,12 +118,19 @@ def rank_samplers(samplers: Mapping[str, Sampler], policy: TimingPolicy = DEFAUL
 
     fewest = min(max(policy.min_repeats, MIN_ROUNDS), policy.max_repeats)
     begin = clock()
+    sampled, eliminated = list(names), {}
     while len(rounds) < policy.max_repeats:
-        one_round(names)
-        if len(rounds) >= fewest and clock() - begin >= policy.budget_s * len(names):
+        one_round(sampled)
+        leader = _leader(sampled, samples, rounds)
+        for name in clear_losers({n: _ratios(rounds, n, leader) for n in sampled if n != leader}):
+            sampled.remove(name)
+            eliminated[name] = len(rounds)
+            if on_eliminate is not None:
+                on_eliminate(name)
+        if len(sampled) == 1 or len(rounds) >= fewest and clock() - begin >= policy.budget_s * len(sampled):
             break
     everyone = len(rounds)
-    active = _undecided(names, samples, rounds)
+    active = _undecided(sampled, samples, rounds)
     begin = clock()
     while len(active) > 1 and len(rounds) < policy.max_repeats and clock() - begin < TIE_BREAK * policy.budget_s:
         one_round(active)
@@ -131,7 +141,7 @@ def rank_samplers(samplers: Mapping[str, Sampler], policy: TimingPolicy = DEFAUL
         paired = _ratios(rounds, name, picked)
         ratios[name], p_values[name] = (median(paired), sign_test(paired)) if paired else (math.nan, 1.0)
     return Ranking(picked, {n: median(samples[n]) for n in names}, ratios, p_values, everyone,
-                   len(rounds) - everyone)
+                   len(rounds) - everyone, eliminated)
 
 
 def _ratios(rounds: Sequence[Mapping[str, float]], name: str, leader: str) -> list[float]:

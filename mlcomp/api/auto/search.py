@@ -28,21 +28,20 @@ verification is recorded with the reason and never picked; when none verifies,
 :class:`AutoTargetError` lists them all.  The pick is the artifact compiled for that target
 itself (no wrapper: it runs exactly as a direct compile for that target does).
 
-Candidates are compiled one after another: the backends already use every core, so
-compiling two at once on a small machine only interleaves them.  Distributed (a
-multi-process pipeline, not a single-process artifact) is never a default candidate.
+Candidates are compiled one after another (the backends already use every core), but each
+verified one's timing process starts right away (:mod:`~mlcomp.api.auto.workers`), loading while
+the next compiles.  A clear loser (decided slower than ``ELIMINATE_ABOVE`` x the leader) stops
+being timed.  The measured medians are recorded per host kind, model and shape class
+(:mod:`~mlcomp.api.auto.record`, in the compile cache's folder): the next auto compile with that
+record builds the best-recorded candidate first and, when it verifies, picks it untimed.
+Distributed (a multi-process pipeline, not a single-process artifact) is never a default candidate.
 """
 from __future__ import annotations
 
-import contextlib
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
-
-import torch
 
 from mlcomp.api.auto.rank import (
     ALPHA,
@@ -55,6 +54,8 @@ from mlcomp.api.auto.rank import (
     rank_samplers,
     sign_test,
 )
+from mlcomp.api.auto.record import AutoRecord, RecordStore, record_key
+from mlcomp.api.auto.workers import WorkerPool
 from mlcomp.api.lowering import CompileResult, Note, compile_source
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.table import Table
@@ -62,7 +63,7 @@ from mlcomp.hardware.decide import Decision
 from mlcomp.hardware.timing import Clock, TimingPolicy, calls_per_block, fmt_seconds, synchronizer
 from mlcomp.pipeline import Pipeline
 from mlcomp.targets import CompileOptions, Target, TargetName, get_target
-from mlcomp.runtime.timing_worker import ProcessSampler, WorkerError, save_inputs
+from mlcomp.runtime.timing_worker import WorkerError
 
 __all__ = ["AUTO", "AutoTargetError", "Candidate", "AutoReport", "Ranking", "auto_candidates", "compile_auto",
            "rank", "sign_test", "DEFAULT_AUTO_TIMING", "IN_PROCESSES"]
@@ -73,7 +74,7 @@ NOT_TIMED = "not timed (deterministic compile)"
 AUTO_QUESTION = "auto: which verified target is fastest?"
 # a deterministic compile times nothing: the preference order is the candidate order
 AUTO_RULE = "the first candidate, in the order tried, that compiled and verified (nothing timed)"
-READY_TIMEOUT_S = 600.0     # a worker loads, checks and warms up its artifact within this
+FROM_RECORD = "not timed: ranked from the record of an earlier auto compile on this host"
 
 
 class AutoTargetError(MlcompError):
@@ -122,7 +123,9 @@ class AutoReport:
     policy: TimingPolicy
     rounds: int = 0                 # rounds of every candidate
     tie_break_rounds: int = 0       # further rounds of the close ones only
-    timed_in: str = IN_PROCESSES    # or "this process (why not a process each)"
+    timed_in: str = IN_PROCESSES    # or "this process (why not a process each)", or FROM_RECORD
+    eliminated: dict[str, int] = field(default_factory=dict)    # clear loser -> rounds it was sampled
+    phases: dict[str, float] = field(default_factory=dict)      # seconds: compiling, waiting for workers, ranking
 
     @property
     def picked(self) -> Candidate:
@@ -135,7 +138,9 @@ class AutoReport:
                                        f"(p < {ALPHA})",
                            "warmup": self.policy.warmup, "budget_s": self.policy.budget_s,
                            "min_repeats": self.policy.min_repeats, "rounds": self.rounds,
-                           "tie_break_rounds": self.tie_break_rounds, "timed_in": self.timed_in}}
+                           "tie_break_rounds": self.tie_break_rounds, "timed_in": self.timed_in,
+                           "eliminated": dict(self.eliminated),
+                           "phase_seconds": {k: round(v, 3) for k, v in self.phases.items()}}}
 
     def table(self) -> Table:
         rows = tuple((c.target + (" *" if c.picked else ""),
@@ -156,7 +161,7 @@ class AutoReport:
         policy = TimingPolicy(warmup=timing.get("warmup", 3), budget_s=timing.get("budget_s", 0.3),
                               min_repeats=timing.get("min_repeats", 5))
         return AutoReport(cands, policy, timing.get("rounds", 0), timing.get("tie_break_rounds", 0),
-                          timing.get("timed_in", "this process")).table().format()
+                          timing.get("timed_in", "this process"), timing.get("eliminated", {})).table().format()
 
 
 def auto_candidates(names: Sequence[str | Target] | None = None) -> list[Target]:
@@ -200,60 +205,65 @@ def precheck(target: Target, graph: Any, options: CompileOptions, pipeline: Any 
 def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] | None = None,
                  pipeline: Any = None, capture_seconds: float = 0.0, instruments: Sequence[Any] | None = None,
                  policy: TimingPolicy = DEFAULT_AUTO_TIMING, clock: Clock = time.perf_counter,
-                 note: Note | None = None, isolate: bool = True, **options: Any) -> CompileResult:
+                 note: Note | None = None, isolate: bool = True, records: RecordStore | None = None,
+                 **options: Any) -> CompileResult:
     """Compile ``graph`` for each candidate, verify, time the verified ones, return the fastest.
 
     ``instruments`` are built per candidate (a callable taking the target name) or shared;
     ``isolate=False`` times every candidate in this process, with ``clock`` (injectable for
-    tests; a fresh process each uses its own clock).  The winner's manifest carries ``auto`` (every
-    candidate: target, compile seconds, median ms, verified or why not).
+    tests; a fresh process each uses its own clock).  ``records``: where earlier measurements are
+    kept (:mod:`~mlcomp.api.auto.record`); with a record for this host, model and shape class the
+    candidates are built best-recorded first, the first that verifies is the pick and nothing is
+    timed; without one, the measured ranking is recorded.  The winner's manifest carries ``auto``
+    (every candidate: target, compile seconds, median ms, verified or why not).
     """
     say = note or (lambda text: None)
     opts = CompileOptions.make(**options)
     targets = auto_candidates(candidates)
+    key = record = None
+    if records is not None and not opts.deterministic:
+        key = record_key(graph, source.inputs(), [t.name for t in targets], pipeline, opts)
+        record = records.load(key)
+    ranked = [t.name for t in targets] if record is None else record.order([t.name for t in targets])
+    order = sorted(targets, key=lambda t: ranked.index(t.name))
     rows: dict[str, Candidate] = {}
     built: dict[str, CompileResult] = {}
-    for target in targets:
-        problem = precheck(target, graph, opts, pipeline)
-        if problem:
-            rows[target.name] = Candidate(target.name, reason=problem)
-            continue
-        say(f"auto: compile for {target.name}")
-        t0 = time.perf_counter()
-        try:
-            result = compile_source(source, graph.copy(), target=target, pipeline=pipeline, verify=True,
-                                    capture_seconds=capture_seconds, raise_on_failure=False,
-                                    instruments=_instruments(instruments, target.name), **options)
-        except MlcompError as exc:
-            rows[target.name] = Candidate(target.name, time.perf_counter() - t0, reason=_first_line(exc))
-            continue
-        except Exception as exc:  # noqa: BLE001 - a backend's crash disqualifies that candidate only
-            rows[target.name] = Candidate(target.name, time.perf_counter() - t0,
-                                          reason=f"compile failed: {_first_line(exc)}")
-            continue
-        seconds = time.perf_counter() - t0
-        if not result.check.passed:
-            rows[target.name] = Candidate(target.name, seconds,
-                                          reason=f"verification failed: {result.check.summary()}")
-            continue
-        rows[target.name] = Candidate(target.name, seconds, verified=True)
-        built[target.name] = result
-    if not built:
-        raise AutoTargetError(
-            f"no candidate target compiled and verified {graph.name}: "
-            + "; ".join(f"{c.target}: {c.reason}" for c in rows.values()),
-            hint="fix the first problem listed, name one target with --target, or try --fallback eager")
-    if opts.deterministic:
-        best = next(iter(built))
-        decision = Decision.fixed(AUTO_QUESTION, [t.name for t in targets if t.name in built], best, AUTO_RULE)
-        rounds, tie_break, timed_in = 0, 0, NOT_TIMED
-    else:
-        say(f"auto: time {', '.join(built)} on the example inputs")
-        ranking, timed_in = _time(built, source.inputs(), policy, clock, rows, isolate)
-        best, decision = ranking.picked, ranking.decision(AUTO_QUESTION)
-        rounds, tie_break = ranking.rounds, ranking.tie_break_rounds
+    pool = WorkerPool(source.inputs(), warmup=policy.warmup, block_s=BLOCK_S, describe=_first_line,
+                      enabled=isolate and record is None and not opts.deterministic and len(targets) > 1)
+    phases: dict[str, float] = {}
+    t0 = time.perf_counter()
+    with pool:
+        for target in order:
+            if record is not None and built:
+                rows[target.name] = _from_record(target.name, record)
+                continue
+            pool.spare()               # a worker imports torch and mlcomp while this candidate compiles
+            rows[target.name] = _compile_one(source, graph, target, pipeline, capture_seconds, instruments,
+                                             say, built, options, opts)
+            if target.name in built:
+                pool.add(target.name, built[target.name].artifact)
+        phases["compile"] = time.perf_counter() - t0
+        if not built:
+            raise AutoTargetError(
+                f"no candidate target compiled and verified {graph.name}: "
+                + "; ".join(f"{c.target}: {c.reason}" for c in rows.values()),
+                hint="fix the first problem listed, name one target with --target, or try --fallback eager")
+        if opts.deterministic or record is not None:
+            best = next(iter(built))
+            rule = AUTO_RULE if record is None else f"the best-recorded candidate that verified ({records.path(key)})"
+            decision = Decision.fixed(AUTO_QUESTION, [t.name for t in order if t.name in built], best, rule,
+                                      deterministic=record is None)
+            rounds, tie_break, timed_in, eliminated = 0, 0, NOT_TIMED if record is None else FROM_RECORD, {}
+        else:
+            say(f"auto: time {', '.join(built)} on the example inputs")
+            ranking, timed_in = _time(built, source.inputs(), policy, clock, rows, pool, phases)
+            best, decision = ranking.picked, ranking.decision(AUTO_QUESTION)
+            rounds, tie_break, eliminated = ranking.rounds, ranking.tie_break_rounds, ranking.eliminated
+            if key is not None and len(built) > 1:
+                records.save(AutoRecord(key, {n: ranking.medians[n] for n in built}, best))
     rows[best] = replace(rows[best], picked=True)
-    report = AutoReport(tuple(rows[t.name] for t in targets), policy, rounds, tie_break, timed_in)
+    report = AutoReport(tuple(rows[t.name] for t in targets), policy, rounds, tie_break, timed_in, eliminated,
+                        phases)
     result = built[best]
     result.auto = report
     result.artifact.manifest["auto"] = report.to_json()
@@ -261,13 +271,47 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     return result
 
 
+def _compile_one(source: Any, graph: Any, target: Target, pipeline: Any, capture_seconds: float,
+                 instruments: Any, say: Note, built: dict[str, CompileResult], options: dict[str, Any],
+                 opts: CompileOptions) -> Candidate:
+    """Check, compile and verify ``graph`` for ``target``: its row (a verified build goes into ``built``)."""
+    problem = precheck(target, graph, opts, pipeline)
+    if problem:
+        return Candidate(target.name, reason=problem)
+    say(f"auto: compile for {target.name}")
+    t0 = time.perf_counter()
+    try:
+        result = compile_source(source, graph.copy(), target=target, pipeline=pipeline, verify=True,
+                                capture_seconds=capture_seconds, raise_on_failure=False,
+                                instruments=_instruments(instruments, target.name), **options)
+    except MlcompError as exc:
+        return Candidate(target.name, time.perf_counter() - t0, reason=_first_line(exc))
+    except Exception as exc:  # noqa: BLE001 - a backend's crash disqualifies that candidate only
+        return Candidate(target.name, time.perf_counter() - t0, reason=f"compile failed: {_first_line(exc)}")
+    seconds = time.perf_counter() - t0
+    if not result.check.passed:
+        return Candidate(target.name, seconds, reason=f"verification failed: {result.check.summary()}")
+    built[target.name] = result
+    return Candidate(target.name, seconds, verified=True)
+
+
+def _from_record(name: str, record: AutoRecord) -> Candidate:
+    """The row of a candidate not built because the record ranks a verified one above it."""
+    ratio = record.ratio(name)
+    median_s = record.medians.get(name)
+    why = "not built: " + (f"recorded at {ratio:.2f}x the pick's time on this host" if ratio is not None
+                           else "not in the record, and a recorded candidate verified")
+    return Candidate(name, median_s=median_s, reason=why, ratio=ratio)
+
+
 def _instruments(instruments: Any, name: str) -> Sequence[Any] | None:
     return instruments(name) if callable(instruments) else instruments
 
 
 def _time(built: dict[str, CompileResult], inputs: Sequence[Any], policy: TimingPolicy, clock: Clock,
-          rows: dict[str, Candidate], isolate: bool) -> tuple[Ranking, str]:
-    """Rank the built artifacts, each in a process of its own if it can be, else all in this one.
+          rows: dict[str, Candidate], pool: WorkerPool, phases: dict[str, float]) -> tuple[Ranking, str]:
+    """Rank the built artifacts, each in its process from ``pool`` if it can be, else all in this one
+    (``phases``: seconds spent waiting for the workers and ranking).
 
     Every artifact first runs once here: a candidate that fails now is disqualified, not timed.
     """
@@ -283,10 +327,14 @@ def _time(built: dict[str, CompileResult], inputs: Sequence[Any], policy: Timing
                               hint="name one target with --target and report the failure")
     timed_in = "this process (" + ("one candidate" if len(built) == 1 else "asked for") + ")"
     ranking = None
-    if isolate and len(built) > 1:
+    if pool.enabled and len(built) > 1:
         try:
-            with _process_samplers(built, inputs, policy) as samplers:
-                ranking, timed_in = rank_samplers(samplers, policy), IN_PROCESSES
+            t0 = time.perf_counter()
+            samplers = pool.samplers(list(built))
+            phases["workers_ready"] = time.perf_counter() - t0
+            ranking = rank_samplers(samplers, policy, on_eliminate=pool.stop)
+            phases["rank"] = time.perf_counter() - t0 - phases["workers_ready"]
+            timed_in = IN_PROCESSES
         except WorkerError as exc:
             timed_in = f"this process ({_first_line(exc)})"
     if ranking is None:
@@ -295,35 +343,6 @@ def _time(built: dict[str, CompileResult], inputs: Sequence[Any], policy: Timing
         rows[name] = replace(rows[name], median_s=ranking.medians[name], ratio=ranking.ratios.get(name),
                              p_value=ranking.p_values.get(name))
     return ranking, timed_in
-
-
-@contextlib.contextmanager
-def _process_samplers(built: dict[str, CompileResult], inputs: Sequence[Any],
-                      policy: TimingPolicy) -> Iterator[dict[str, Sampler]]:
-    """A warm worker process per artifact (saved to a temporary folder and reloaded there)."""
-    with tempfile.TemporaryDirectory(prefix="mlcomp-auto-") as tmp, contextlib.ExitStack() as workers:
-        root = Path(tmp)
-        try:
-            feed = save_inputs(inputs, root / "inputs.pt")
-            folders = {name: _saved(result.artifact, root / name) for name, result in built.items()}
-        except Exception as exc:  # noqa: BLE001 - any save failure means: time them here instead
-            raise WorkerError(f"saving the candidates for their timing processes failed: {_first_line(exc)}") from None
-        started = {name: workers.enter_context(ProcessSampler.start(
-                       folder, feed, threads=torch.get_num_threads(), warmup=policy.warmup, block_s=BLOCK_S,
-                       label=name)) for name, folder in folders.items()}
-        for sampler in started.values():
-            sampler.wait_ready(READY_TIMEOUT_S)
-        yield {name: sampler.sample for name, sampler in started.items()}
-
-
-def _saved(artifact: Any, folder: Path) -> Path:
-    """Save ``artifact`` for a worker without touching its manifest (saving records the payload there)."""
-    manifest = artifact.manifest
-    artifact.manifest = dict(manifest)
-    try:
-        return artifact.save(folder)
-    finally:
-        artifact.manifest = manifest
 
 
 def _local_samplers(built: dict[str, CompileResult], inputs: Sequence[Any], policy: TimingPolicy,

@@ -10,6 +10,16 @@ bmm are folded into its ``scale``::
   becomes
     %out = aten.scaled_dot_product_attention(%q4, %k4, %v4, None, 0.0, False, scale=0.125)
 
+Where the bmm operands are views of 4-d (or higher) q, k, v with the heads
+merged into the batch, and all three share those leading dims, the attention
+takes them at their own rank (no views, one permute for the keys), which is the
+layout runtimes fuse (OpenVINO's attention subgraph)::
+
+    %q3 = aten.view(%q, [8, 8, 16]);  %kt = aten.reshape(aten.transpose(%k, -2, -1), [8, 16, 8]) ...
+  becomes
+    %sdpa = aten.scaled_dot_product_attention(%q, %k, %v, scale=0.25, attn_mask=%mask)   # [2, 4, 8, 16]
+    %out = aten.reshape(%sdpa, [8, 8, 16])
+
 The rewrite keeps the name of the value it replaces (see ``builder.substitute``).
 """
 from __future__ import annotations
@@ -174,6 +184,12 @@ def _attention(graph: Graph, pv: Node, fold_scales: bool) -> bool:
     if not P.internal(graph, matched + [pv.name], pv.name):
         return False
     origin = pv.origin
+    native = _native(graph, qk, pv, fold_scales)
+    if native is not None:
+        v_view = pv.inputs[1]
+        _rewrite_native(graph, qk, pv, add, mask, scale, native)
+        remove_dead(graph, matched + [v_view.name] if isinstance(v_view, Ref) else matched)
+        return True
     q, c_q = _operand(graph, qk.inputs[0], origin, qk.name, fold_scales, keys=False)
     k, c_k = _operand(graph, qk.inputs[1], origin, qk.name, fold_scales, keys=True)
     scale *= c_q * c_k
@@ -198,3 +214,51 @@ def _attention(graph: Graph, pv: Node, fold_scales: bool) -> bool:
         substitute(graph, pv.name, P.SDPA, (q, k, v), attrs, origin=origin)
     remove_dead(graph, matched)
     return True
+
+
+def _native(graph: Graph, qk: Node, pv: Node, fold_scales: bool) -> tuple[Any, Any, Any, float] | None:
+    """``(q, k, v, scale)`` at the rank they were computed in, where the bmm operands are views of them with
+    the leading dims merged (heads into the batch) and all three share those leading dims; else None."""
+    q, c_q, _ = _strip(graph, qk.inputs[0], scales=fold_scales, swaps=False)
+    k, c_k, odd = _strip(graph, qk.inputs[1], scales=fold_scales, swaps=True)
+    v, _, _ = _strip(graph, pv.inputs[1], scales=False, swaps=False)
+    metas = [P.meta_of(graph, t) for t in (q, k, v)]
+    if any(m is None or len(m.shape) < 4 or m.is_dynamic for m in metas):
+        return None
+    lead = list(metas[0].shape[:-2])
+    k_shape = list(metas[1].shape) if odd else [*metas[1].shape[:-2], metas[1].shape[-1], metas[1].shape[-2]]
+    if list(metas[2].shape[:-2]) != lead or k_shape[:-2] != lead or math.prod(lead) != qk.meta.shape[0] \
+            or k_shape[-1] != metas[0].shape[-1] or k_shape[-2] != metas[2].shape[-2]:
+        return None
+    if not odd:                                # k arrived as kᵀ: the attention takes k (one permute, not two)
+        rank = len(metas[1].shape)
+        swap = list(range(rank - 2)) + [rank - 1, rank - 2]
+        made = P.producer(graph, k, *P.PERMUTE_OPS)
+        perm = P.perm_of(made, rank) if made is not None else None
+        base, perm = (made.inputs[0], [perm[i] for i in swap]) if perm is not None else (k, swap)
+        k = Ref(new_node(graph, P.PERMUTE, (base, perm), name="permute", origin=pv.origin, before=qk.name).name)
+    return q, k, v, c_q * c_k
+
+
+def _rewrite_native(graph: Graph, qk: Node, pv: Node, add: Node | None, mask: Any, scale: float,
+                    native: tuple[Any, Any, Any, float]) -> None:
+    """``pv`` becomes a view of one attention over ``native``'s q, k, v (the mask viewed to match)."""
+    q, k, v, c = native
+    origin = pv.origin
+    lead = list(P.meta_of(graph, q).shape[:-2])
+    attrs: dict[str, Any] = {"scale": scale * c}
+    if mask is not None:
+        scores = list(P.meta_of(graph, Ref(qk.name)).shape)
+        want = lead + scores[-2:]
+        shape = list(P.meta_of(graph, mask).shape)
+        if shape != want and not (len(shape) <= 2 or shape[0] == 1 and len(shape) == 3):
+            full = list(P.meta_of(graph, Ref(add.name)).shape)
+            if shape != full:
+                mask = Ref(new_node(graph, P.EXPAND, (mask, full), name="expand", origin=origin,
+                                    before=qk.name).name)
+            mask = Ref(new_node(graph, P.RESHAPE, (mask, want), name="reshape", origin=origin,
+                                before=qk.name).name)
+        attrs["attn_mask"] = mask
+    sdpa = new_node(graph, P.SDPA, (q, k, v), attrs, name="scaled_dot_product_attention", origin=origin,
+                    before=pv.name)
+    substitute(graph, pv.name, P.RESHAPE, (Ref(sdpa.name), list(pv.meta.shape)), origin=origin)

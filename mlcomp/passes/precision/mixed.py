@@ -59,7 +59,9 @@ from mlcomp.ir.meta import infer_meta
 from mlcomp.ir.node import PrecisionReason
 from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM, Namespace
 from mlcomp.passes import patterns as P
-from mlcomp.passes.precision.policy import DeviceKind, PolicyName, Rule, fp32_operands, policy_table, rule_for
+from mlcomp.passes.precision.policy import (
+    DeviceKind, PolicyName, Rule, fp32_operands, policy_table, ranking_products, rule_for,
+)
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 from mlcomp.pipeline.target_facts import LowMode, TargetFacts
 from mlcomp.passes.precision.choice import LOW_DTYPES, annotate, auto_decision, choose, refused
@@ -194,6 +196,8 @@ class MixedPrecision(Pass):
                     rule = Rule.KEEP_FP32
                     guarded[node.name] = f"{node.origin.module_path or '<root>'} ({node.op}; {what})"
             plan[node.name] = (rule, reason)
+        for name in ranking_products(graph, {n: r for n, (r, why) in plan.items() if why is PrecisionReason.POLICY}):
+            plan[name] = (Rule.KEEP_FP32, PrecisionReason.SELECTION)
         return plan, guarded, counts
 
 

@@ -30,6 +30,17 @@ precision variant).  Before/after of the default CPU table on a linear + softmax
     %addmm: f32 = addmm(%b, %x, %w^T)           %x_bf16: bf16 = _to_copy(%x, dtype=bf16)
     %_softmax: f32 = _softmax(%addmm, -1)   →   %addmm: bf16 = addmm(%b, %x_bf16, %w^T)  {lower}
                                                 %_softmax: bf16 = _softmax(%addmm, -1)  {follow}
+
+Selections (``topk``, ``sort``, ``argmax`` …) choose by comparing values: a low-precision
+rounding of near-equal values changes *which* are chosen (an MoE router picking another
+expert), an error no tolerance covers.  :func:`ranking_products` finds the matrix products
+that compute the values a selection ranks (walking back from its float input to the first
+product on each path); the pass keeps them in fp32, so the router's logits are exact while
+the experts' products stay low::
+
+    %logits: f32 = mm(%h_f32, %router^T)   {fp32, selection}
+    %probs = _softmax(%logits) -> %top = topk(%probs, 2)        (unchanged: fp32 math)
+    %up: bf16 = mm(%h, %expert^T)          {bf16, policy}
 """
 from __future__ import annotations
 
@@ -38,10 +49,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
-from mlcomp.ir import Node, Ref
-from mlcomp.ir.ops import Category, Namespace, Op, aten, category
+from mlcomp.ir import Graph, Node, Ref
+from mlcomp.ir.ops import INPUT, PARAM, Category, Namespace, Op, aten, category
 
-__all__ = ["Rule", "DeviceKind", "PolicyName", "PolicyTable", "fp32_operands", "policy_table", "rule_for"]
+__all__ = ["Rule", "DeviceKind", "PolicyName", "PolicyTable", "fp32_operands", "policy_table", "rule_for",
+           "SELECTIONS", "ranking_products"]
 
 
 class Rule(enum.Enum):
@@ -178,3 +190,45 @@ def rule_for(table: PolicyTable, op: Op) -> tuple[Rule, str]:
     if kind in (Category.ELEMWISE, Category.BROADCAST) or op.namespace is Namespace.MLCOMP:
         return Rule.FOLLOW, _REASONS["pointwise"]
     return Rule.KEEP_FP32, _REASONS["unknown"]
+
+
+# ops whose result depends on the order of their input's values (what they select or return)
+SELECTIONS = frozenset("""topk sort argsort argmax argmin kthvalue msort max.dim min.dim mode""".split())
+
+
+def _selects(node: Node) -> bool:
+    return node.op.namespace is Namespace.ATEN and (node.op.name in SELECTIONS
+                                                    or f"{node.op.name}.{node.op.overload}" in SELECTIONS)
+
+
+def ranking_products(graph: Graph, rules: Mapping[str, Rule]) -> list[str]:
+    """The ``lower`` nodes (by ``rules``: node name → rule) nearest upstream of each selection's ranked
+    input, and the ``follow`` views of weights they read (a transposed weight would be rounded with it):
+    the walk back passes every other node and stops at them and at graph inputs/weights (O(n))."""
+    found: dict[str, None] = {}
+    seen: set[str] = set()
+    stack = [node.input_names()[0] for node in graph.call_nodes() if _selects(node) and node.input_names()]
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if rules.get(name) is Rule.LOWER:
+            found[name] = None
+            found.update(dict.fromkeys(_weight_views(graph, name, rules)))
+        elif graph.node(name).op not in (INPUT, PARAM):
+            stack.extend(graph.node(name).input_names())
+    return list(found)
+
+
+def _weight_views(graph: Graph, product: str, rules: Mapping[str, Rule]) -> list[str]:
+    """``follow`` nodes between ``product`` and the weights it reads that read weights only (``t(%w)``)."""
+    views = []
+    for name in graph.node(product).input_names():
+        chain = []
+        while rules.get(name) is Rule.FOLLOW and len(graph.node(name).input_names()) == 1:
+            chain.append(name)
+            name = graph.node(name).input_names()[0]
+        if graph.node(name).op == PARAM:
+            views += chain
+    return views

@@ -112,9 +112,15 @@ def _weights(graph: Graph, region: _Region, outside: list[str]) -> tuple[list[Re
 
 
 def _one_state(states: list[str], graph: Graph) -> list[str]:
-    """The initial state read in several shapes (folded: ``h0`` and ``h0.view(batch, hidden)``) is one state:
-    constants holding the same elements collapse to the first one; anything else is returned as is."""
-    if len(states) < 2 or not all(graph.node(n).op == PARAM for n in states):
+    """The initial state as the layer reads it.  Constants that are all zeros are no state at all (the
+    module's ``hx=None``, folded per layer and direction into ``h0[l]`` and ``h0[l].view(batch, hidden)``):
+    ``[]``.  Constants read in several shapes holding the same elements are one state: the first one of
+    the highest rank.  Anything else is returned as is."""
+    if not states or not all(graph.node(n).op == PARAM for n in states):
+        return states
+    if all(not graph.constants[n].any() for n in states):
+        return []
+    if len(states) < 2:
         return states
     first = graph.constants[states[0]].reshape(-1)
     same = all(torch.equal(graph.constants[n].reshape(-1), first) for n in states[1:])

@@ -72,7 +72,8 @@ from mlcomp.targets.onnx.precision import KernelTable, keep_unsupported_fp32, su
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.quiet import quiet_converter
 from mlcomp.ir import Graph, tensor_metas
-from mlcomp.ir.ops import Namespace, Op
+from mlcomp.ir.builder import rename
+from mlcomp.ir.ops import PARAM, Namespace, Op
 from mlcomp.pipeline.presets import Rewrite
 
 __all__ = ["OnnxRuntimeTarget", "OrtRuntime", "export_onnx", "export_onnx_recorded", "graph_to_onnx", "make_session"]
@@ -269,10 +270,27 @@ def graph_to_onnx(graph: Graph, inputs: tuple[torch.Tensor, ...], *, opset: int 
     if any(n.tensor_meta.is_dynamic for n in graph.input_nodes):
         dynamic = tuple({i: torch.export.Dim.DYNAMIC for i, d in enumerate(n.tensor_meta.shape)
                          if isinstance(d, str)} for n in graph.input_nodes)
-    model, record = export_onnx_recorded(to_fx(graph).eval(), inputs, opset=opset, dynamic_shapes=dynamic,
-                                         name=graph.name)
+    model, record = export_onnx_recorded(to_fx(distinct_constant_names(graph)).eval(), inputs, opset=opset,
+                                         dynamic_shapes=dynamic, name=graph.name)
     declined = emitted.declined if emitted is not None else "it was turned off (emit=False)"
     return model, ExportRecord(record.path, record.reason, declined)
+
+
+def distinct_constant_names(graph: Graph) -> Graph:
+    """``graph``, or a copy whose constants named like values (``%scalar_tensor``: what folding names after
+    the op it folded) are ``%const_<name>``.  torch.onnx names initializers by their constant's name and the
+    values its decompositions add by their op, so a folded ``%scalar_tensor`` beside a new ``scalar_tensor``
+    value made ONNX's constant folder stop ("Initializer 'scalar_tensor' is already registered");
+    module weights (``fc.weight``: dotted) cannot clash."""
+    plain = [n.name for n in graph.nodes(PARAM) if "." not in n.name]
+    if not plain:
+        return graph
+    graph = graph.copy()
+    for name in plain:
+        new = f"const_{name}"
+        if new not in graph:
+            rename(graph, name, new)
+    return graph
 
 
 def _has_low_precision(graph: Graph) -> bool:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -50,6 +49,8 @@ from mlcomp.runtime.artifact import RuntimeKind
 from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
 from mlcomp.targets.capabilities import Capabilities, DeviceKind
 from mlcomp.runtime.codegen import to_fx
+from mlcomp.targets.openvino.lower import (decomposition, frontend_name, lower_for_frontend,
+                                           shared_weights_as_linear, translated)
 
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.quiet import quiet_converter
@@ -156,27 +157,6 @@ class OpenVinoRuntime:
         return cls(model, requested=parse_dtype(info.get("requested", "f32")), threads=info.get("threads"))
 
 
-@lru_cache(maxsize=1)
-def _translated() -> frozenset[str]:
-    """Qualified names of the ATen overloads OpenVINO's FX decoder translates (its own table)."""
-    from openvino.frontend.pytorch.torchdynamo.op_support import OperatorSupport
-
-    return frozenset(OperatorSupport(None)._support_dict)
-
-
-def _decomposition(op: Op) -> Any:
-    """How torch decomposes ``op`` when tracing: its table entry, ``"implicit"`` for a composite op, or None."""
-    from torch._decomp import decomposition_table
-
-    overload = op.resolve()
-    if overload in decomposition_table:
-        return decomposition_table[overload]
-    if isinstance(overload, torch._ops.OpOverload) and \
-            overload.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
-        return "implicit"      # make_fx decomposes it by itself
-    return None
-
-
 def _legacy_empty_cat(node: Node, graph: Graph) -> list[str]:
     """Operands of an ``aten.cat`` that are 1-D and empty beside higher-rank ones (torch skips them)."""
     if node.op.namespace is not Namespace.ATEN or node.op.name != "cat":
@@ -218,7 +198,8 @@ def _conversion_message(exc: BaseException) -> str:
 class OpenVinoTarget(Target):
     name = "openvino"
     description = "OpenVINO PyTorch (FX) frontend → CPU plugin, explicit precision hint (f32 unless asked)"
-    rewrites = frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING})   # OpenVINO fuses on its own
+    # OpenVINO fuses on its own, from whole ops: attention as ScaledDotProductAttention, layer norm as MVN
+    rewrites = frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING, Rewrite.RECOMPOSE})
     # inputs/outputs cross as numpy arrays (no bfloat16); f64 is left out because the CPU plugin
     # computes it in f32, which would be lower than the graph asks
     capabilities = Capabilities(
@@ -238,22 +219,17 @@ class OpenVinoTarget(Target):
         return None
 
     def explain_op(self, op: Op) -> str | None:
-        from torch.fx.node import _get_qualified_name
-
         try:
-            table = _translated()
+            table = translated()
         except ImportError:
             return self.available() or f"the {self.package} package cannot be imported ({INSTALL_HINT})"
 
-        if op.namespace is Namespace.OPERATOR:
-            name = f"_operator.{op.name}"
-        elif op.namespace in (Namespace.ATEN, Namespace.PRIMS):
-            name = _get_qualified_name(op.resolve())
-        else:
+        name = frontend_name(op)
+        if name is None:
             return f"{op} has no OpenVINO translation"
         if name in table:
             return None
-        if op.namespace is not Namespace.OPERATOR and _decomposition(op) is not None:
+        if op.namespace is not Namespace.OPERATOR and decomposition(op) is not None:
             return None       # lowered to the ops torch decomposes it into (aten.reshape → view)
         return f"OpenVINO's PyTorch frontend has no translation for {op} and torch has no decomposition of it"
 
@@ -270,22 +246,17 @@ def convert(graph: Graph, inputs: tuple[torch.Tensor, ...]) -> Any:
     """``graph`` as an ``openvino.Model`` (static shapes of ``inputs``); TargetCompileError on failure."""
     import openvino as ov
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
-    from torch.fx.node import _get_qualified_name
     from torch.fx.passes.shape_prop import ShapeProp
 
-    graph = without_legacy_empties(graph)
+    graph = shared_weights_as_linear(without_legacy_empties(graph))
     module = to_fx(graph).eval()
     with torch.no_grad(), quiet_converter():
-        table = _translated()
-        lowered = {n.op.resolve(): _decomposition(n.op) for n in graph.call_nodes()
-                   if n.op.namespace in (Namespace.ATEN, Namespace.PRIMS)
-                   and _get_qualified_name(n.op.resolve()) not in table}
-        if lowered or any(n.op.is_composite for n in graph.call_nodes()):
-            from torch.fx.experimental.proxy_tensor import make_fx
-
-            # composite impls → the ATen ops they run; ops OpenVINO lacks → torch's decomposition
-            decompositions = {k: v for k, v in lowered.items() if callable(v)}
-            module = make_fx(module, decomposition_table=decompositions)(*inputs)
+        table = translated()
+        # ops OpenVINO lacks → torch's decomposition, node by node; composite impls → the ATen ops they run
+        lowered = {n.op.resolve(): decomposition(n.op) for n in graph.call_nodes()
+                   if n.op.namespace in (Namespace.ATEN, Namespace.PRIMS) and frontend_name(n.op) not in table}
+        module = lower_for_frontend(module, inputs, lowered,
+                                    whole=any(n.op.is_composite for n in graph.call_nodes()))
         ShapeProp(module).propagate(*inputs)        # the decoder reads shapes and dtypes from node meta
         try:
             return ov.convert_model(TorchFXPythonDecoder(module))

@@ -51,7 +51,7 @@ from mlcomp.base.quiet import quiet_torch
 from mlcomp.hardware import decide as decide_mod
 from mlcomp.hardware.decide import Decision, DecisionPolicy, Verdict, call_samplers, decide
 from mlcomp.hardware.timing import Clock
-from mlcomp.ir import Graph, Mode
+from mlcomp.ir import Graph, Mode, TensorMeta
 from mlcomp.runtime.artifact import RuntimeKind
 from mlcomp.targets.torch.archive import canonical_torchscript
 from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
@@ -98,6 +98,7 @@ def trace_module(graph: Graph, inputs: tuple[torch.Tensor, ...], device: str = "
     copy, so one trace serves both variants.
     """
     dynamic = any(n.tensor_meta.is_dynamic for n in graph.input_nodes)
+    graph = int_fill_values(graph if dynamic else explicit_view_sizes(graph))
     gm = to_fx(graph, device=device, scriptable=dynamic).eval()
     inputs = tuple(t.to(device) for t in inputs)
     with torch.no_grad(), quiet_torch():
@@ -113,6 +114,52 @@ def trace_module(graph: Graph, inputs: tuple[torch.Tensor, ...], device: str = "
         else:
             scripted = torch.jit.trace(gm, inputs, check_trace=False)
         return scripted.eval()
+
+
+_VIEWS = frozenset({"view", "reshape", "_unsafe_view"})
+
+
+def explicit_view_sizes(graph: Graph) -> Graph:
+    """``graph``, or a copy whose static ``view``/``reshape`` sizes are written out (``-1`` → the size).
+
+    ``torch.jit.freeze`` folds linears that share an input into one product and resolves a ``-1``
+    of a later ``view`` against the joined product's size, so ``mm(x, w1).view(2, -1, 4, 16)``
+    beside ``addmm(b, x, w2)`` fails ("shape '[2, 32, 4, 16]' is invalid for input of size 2048");
+    with the sizes the IR already knows there is nothing to resolve.
+    """
+    found = [n for n in graph.call_nodes() if n.op.name in _VIEWS and len(n.inputs) > 1
+             and isinstance(n.inputs[1], (list, tuple)) and -1 in n.inputs[1]
+             and isinstance(n.meta, TensorMeta) and not n.meta.is_dynamic]
+    if not found:
+        return graph
+    graph = graph.copy()
+    for node in found:
+        graph.replace(node.with_(inputs=(node.inputs[0], list(node.tensor_meta.shape), *node.inputs[2:])))
+    return graph
+
+
+# factory ops -> the position of their ``Scalar`` fill value
+_FILLS = {"full": 1, "full_like": 1, "new_full": 2, "fill": 1, "scalar_tensor": 0}
+
+
+def int_fill_values(graph: Graph) -> Graph:
+    """``graph``, or a copy whose bool fill values are ints (``full(size, True, dtype=bool)`` ->
+    ``full(size, 1, dtype=bool)``, the same tensor): TorchScript's ``Scalar`` has no bool, so tracing a
+    bool fill stops ("We don't have an op for aten::full … Argument types: int[], bool").  The dtype the
+    bool implied is written out."""
+    found = [n for n in graph.call_nodes() if n.op.name in _FILLS and len(n.inputs) > _FILLS[n.op.name]
+             and isinstance(n.inputs[_FILLS[n.op.name]], bool) and isinstance(n.meta, TensorMeta)]
+    if not found:
+        return graph
+    graph = graph.copy()
+    for node in found:
+        at, inputs = _FILLS[node.op.name], list(node.inputs)
+        inputs[at] = int(inputs[at])
+        attrs = dict(node.attrs)
+        if node.op.name in ("full", "scalar_tensor", "new_full", "full_like"):
+            attrs.setdefault("dtype", node.meta.dtype)
+        graph.replace(node.with_(inputs=tuple(inputs), attrs=attrs))
+    return graph
 
 
 class TorchScriptRuntime:

@@ -57,6 +57,20 @@ def _conv2d(x: Any, w: Any, bias: Any, sh: int, sw: int, pt: int, pl: int, pb: i
     return out if out.is_contiguous() else out.contiguous()
 
 
+def _conv_transpose2d(x: Any, w: Any, bias: Any, sh: int, sw: int, ph: int, pw: int, oph: int, opw: int,
+                      dh: int, dw: int, groups: int, nhwc: int) -> torch.Tensor:
+    """Transposed convolution, weight IOHW (torch's own layout); ``nhwc``: ``x`` and the result are NHWC.
+
+    An NHWC ``x`` is read as the channels-last NCHW view oneDNN takes without a copy; its
+    channels-last result, permuted back, is the contiguous NHWC tensor TVM expects.
+    """
+    xv = _t(x).permute(0, 3, 1, 2) if nhwc else _t(x)
+    b = _t(bias)
+    out = F.conv_transpose2d(xv, _t(w), b if b.numel() else None, (sh, sw), (ph, pw), (oph, opw), groups, (dh, dw))
+    out = out.permute(0, 2, 3, 1) if nhwc else out
+    return out if out.is_contiguous() else out.contiguous()
+
+
 def _matmul(a: Any, b: Any) -> torch.Tensor:
     """``a @ b`` with numpy broadcasting of the leading axes (Relax ``matmul``)."""
     return torch.matmul(_t(a), _t(b))
@@ -302,6 +316,7 @@ class Kernel:
 
 _BASE: tuple[Kernel, ...] = (
     Kernel("mlcomp.torch.conv2d", "conv2d", KernelLibrary.TORCH, _conv2d),
+    Kernel("mlcomp.torch.conv_transpose2d", "conv2d_transpose", KernelLibrary.TORCH, _conv_transpose2d),
     Kernel("mlcomp.torch.matmul", "matmul", KernelLibrary.TORCH, _matmul),
     Kernel("mlcomp.torch.linear", "linear", KernelLibrary.TORCH, _linear),
     Kernel("mlcomp.torch.attention", "attention", KernelLibrary.TORCH, _attention),

@@ -53,15 +53,21 @@ def make_target(device: str):
 
 
 def prepare(mod, target):
-    """Graph clean-up on Relax: BatchNorm folded into conv weights, ops decomposed, constants folded."""
+    """Graph clean-up on Relax: BatchNorm folded into conv weights, ops decomposed, constants folded, then
+    the per-channel arithmetic left after a conv (a BatchNorm behind a conv's bias) folded into its weight
+    (:func:`~mlcomp.targets.tvm.offload.affine.fold_affine`), and products over one term as multiplies
+    (:mod:`~mlcomp.targets.tvm.unit_k`)."""
     import tvm
     from tvm import relax
     from tvm.relax.transform.fold_batch_norm_to_conv2d_for_inference import FoldBatchnormToConv2D
 
+    from mlcomp.targets.tvm.offload.affine import fold_affine_module
+    from mlcomp.targets.tvm.unit_k import unit_k_matmuls
+
     seq = [FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference(),
            relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant()]
     with target:
-        return tvm.transform.Sequential(seq)(mod)
+        return unit_k_matmuls(fold_affine_module(tvm.transform.Sequential(seq)(mod)))
 
 
 def lower_to_tir(mod, target):
@@ -96,6 +102,8 @@ def to_relax(module, example_inputs) -> tuple[Any, int]:
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
+    from mlcomp.targets.tvm.converters import CONVERTERS
+
     was_training = module.training
     module.eval()
     try:
@@ -106,7 +114,8 @@ def to_relax(module, example_inputs) -> tuple[Any, int]:
     skip_empty_cat_inputs(ep)
     n_out = len(ep.graph_signature.user_outputs)
     # a single output comes back as a bare tensor: saves unpacking a tvm-ffi Array per call
-    return from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=n_out == 1), n_out
+    return from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=n_out == 1,
+                                 custom_convert_map=CONVERTERS), n_out
 
 
 def skip_empty_cat_inputs(ep) -> None:

@@ -19,6 +19,7 @@ import json
 import os
 import weakref
 
+from mlcomp.runtime.manifest import stable_manifest
 from mlcomp.targets.tvm.kernels import PACKED_WEIGHTS, register_kernels
 
 __all__ = ["TvmModule", "needs"]
@@ -69,8 +70,11 @@ class TvmModule:
             return (out if isinstance(out, torch.Tensor) else torch.from_dlpack(out),)
         return tuple(_flatten(out, torch))
 
-    def save(self, directory: str) -> list[str]:
+    def save(self, directory: str, *, stable: bool = False) -> list[str]:
         """Write ``model.so`` (kernels + VM bytecode + baked weights) and ``meta.json``.
+
+        ``stable``: ``meta.json`` leaves out what differs between two identical builds (durations,
+        paths: :func:`~mlcomp.runtime.manifest.stable_manifest`), as a deterministic compile saves it.
 
         A module that calls vendor kernels also gets ``kernels.py``, a copy of
         :mod:`mlcomp.targets.tvm.kernels` (it imports only torch and tvm_ffi): with only TVM's
@@ -83,8 +87,9 @@ class TvmModule:
 
         os.makedirs(directory, exist_ok=True)
         self._ex.export_library(os.path.join(directory, _LIB))
+        stats = {k: v for k, v in self.stats.items() if k != "loaded_from"}     # where this process loaded it
         meta = {"device": self.device, "num_outputs": self.num_outputs, "needs": needs(self.stats),
-                "stats": self.stats}
+                "stats": stable_manifest(stats) if stable else stats}
         with open(os.path.join(directory, _META), "w") as f:
             json.dump(meta, f, indent=1, default=str)
         files = [_LIB, _META]

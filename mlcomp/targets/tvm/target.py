@@ -12,7 +12,8 @@ functions (:mod:`~mlcomp.targets.tvm.kernels`), and TVM's own code runs the rest
 by DLight's GEMV/Reduction rules and mlcomp's ParallelVector (:mod:`~mlcomp.targets.tvm.schedules`).
 Which op goes where is one table, :mod:`mlcomp.targets.tvm.offload.policy`; ``--explain``
 (``art.runtime.explain_lines()``) and the manifest (``runtime_info.offload``) list every heavy op with
-where it ran and the rule.  On CUDA, and with ``BuildConfig(kernels=False)``, every op is TVM code.
+where it ran and the rule.  On CUDA, and as ``tvm{kernels=off}`` (``BuildConfig(kernels=False)``), every op
+is TVM code.
 The build is :func:`mlcomp.targets.tvm.build.build`; with ``tune_trials`` MetaSchedule tunes what TVM
 runs (:meth:`TvmTarget.tune`, ``mlcomp tune``), ``work_dir`` holding the database, shared across models
 by task workload.  Shapes are static: another batch size needs another compile.
@@ -37,7 +38,8 @@ import importlib.util
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Literal, Mapping
 
 import torch
 from mlcomp.runtime.artifact import RuntimeKind
@@ -57,6 +59,7 @@ from mlcomp.targets.tvm.offload.placement import Placements
 from mlcomp.base.quiet import quiet_native
 
 from mlcomp.base.errors import MlcompError
+from mlcomp.base.spec import option
 from mlcomp.hardware.decide import Decision
 from mlcomp.ir import Graph, Node, Ref, TensorMeta
 from mlcomp.ir.builder import new_node, substitute
@@ -65,7 +68,7 @@ from mlcomp.ir.ops import GETITEM, Namespace, Op, aten
 from mlcomp.pipeline.presets import Rewrite
 from mlcomp.pipeline.target_facts import LowPrecision
 
-__all__ = ["TvmTarget", "TvmRuntime", "quiet_native"]
+__all__ = ["TvmTarget", "TvmOptions", "TvmRuntime", "quiet_native"]
 
 
 class TvmRuntime:
@@ -73,10 +76,11 @@ class TvmRuntime:
 
     kind: ClassVar[RuntimeKind] = RuntimeKind.TVM
 
-    def __init__(self, module: Any, *, tuned: bool, threads: int | None = None) -> None:
+    def __init__(self, module: Any, *, tuned: bool, threads: int | None = None, deterministic: bool = False) -> None:
         self.module = module
         self.tuned = tuned
         self.threads = threads
+        self.deterministic = deterministic      # saved without durations or paths (byte-identical rebuilds)
         self.stats = dict(module.stats)
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -98,8 +102,9 @@ class TvmRuntime:
 
     def save(self, directory: Path) -> dict[str, Any]:
         with quiet_native():
-            files = self.module.save(str(directory))
+            files = self.module.save(str(directory), stable=self.deterministic)
         return {"files": files, "device": self.module.device, "tuned": self.tuned, "threads": self.threads,
+                "deterministic": self.deterministic,
                 "stats": {k: v for k, v in self.stats.items() if isinstance(v, (int, float, str, bool))},
                 "offload": self.stats.get("offload"),
                 "kernels": self.stats.get("kernels"), "schedules": self.stats.get("schedules"),
@@ -145,7 +150,8 @@ class TvmRuntime:
 
         with quiet_native():
             module = TvmModule.load(str(directory), device=info.get("device", "cpu"))
-        return cls(module, tuned=bool(info.get("tuned")), threads=info.get("threads"))
+        return cls(module, tuned=bool(info.get("tuned")), threads=info.get("threads"),
+                   deterministic=bool(info.get("deterministic")))
 
 
 # ops whose TVM converter emits a float32 result whatever the inputs' dtype (measured, TVM 0.27: the
@@ -210,12 +216,25 @@ LOW_PRECISION = (LowPrecision(torch.bfloat16, needs=("avx512_bf16", "amx_bf16"),
                  LowPrecision(torch.float16, needs=("avx512_fp16", "amx_fp16")))
 
 
+# the ``kernels`` option of a tvm target spec -> BuildConfig.kernels
+_KERNELS = {"auto": None, "on": True, "off": False}
+
+
+@dataclass(frozen=True)
+class TvmOptions:
+    """The tvm target's own options: ``--target "tvm{kernels=off}"``."""
+
+    kernels: Literal["auto", "on", "off"] = option(
+        "auto", "heavy ops in torch's kernels: auto (on CPU only), on, off (pure TVM: every op TVM code)")
+
+
 class TvmTarget(Target):
     name = "tvm"
+    Options = TvmOptions
     description = ("Apache TVM (Relax) module; on CPU its heavy ops (conv2d, matmul/linear, attention, layer "
                    "norm) run in torch's oneDNN/MKL kernels called from inside the TVM-built module, TVM's own "
-                   "code runs the rest (--explain: per op, where and why); on CUDA all TVM; MetaSchedule "
-                   "tuning with --tune-trials, --tuning-dir")
+                   "code runs the rest (--explain: per op, where and why); on CUDA, and as "
+                   "tvm{kernels=off}, every op is TVM code; MetaSchedule tuning with --tune-trials, --tuning-dir")
     # from_exported_program converts every real dtype of the table; the VM runs static shapes
     rewrites = frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING})   # fuses on its own: presets skip mlcomp's fusion
     capabilities = Capabilities(devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}), dynamic_shapes=False,
@@ -302,7 +321,9 @@ class TvmTarget(Target):
         work_dir = os.path.abspath(options.work_dir) if options.work_dir else None
         module = to_fx(lower_low_precision(graph)).eval()
         try:
-            built = tvm_backend.build(module, inputs, BuildConfig.from_options(options, device, work_dir),
+            config = BuildConfig.from_options(options, device, work_dir).replace(
+                kernels=_KERNELS[self.settings.kernels])
+            built = tvm_backend.build(module, inputs, config,
                                       **({"progress": progress} if progress is not None else {}))
         except MlcompError:
             raise
@@ -313,4 +334,5 @@ class TvmTarget(Target):
                 where=failure.where() or "mlcomp.targets.tvm.build.build",
                 hint="The cpu target (TorchScript) runs every op: use --target cpu, or --target onnxruntime") from None
         # tuned now, or records of a database applied
-        return TvmRuntime(built, tuned="tasks" in built.stats, threads=options.threads)
+        return TvmRuntime(built, tuned="tasks" in built.stats, threads=options.threads,
+                          deterministic=options.deterministic)

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from mlcomp.base.errors import CaptureError, OutputPathError, TargetUnavailableError, VerificationError
+from mlcomp.base.errors import CaptureError, OptionError, OutputPathError, TargetUnavailableError, VerificationError
 from mlcomp.measure.support_cells import Cell, CellResult, Status, classify, first_line
-from mlcomp.measure.support_doc import matrix_json, render_markdown, summary
+from mlcomp.measure.support_doc import matrix_json, merge_runs, render_markdown, summary
 from mlcomp.measure.support_matrix import Matrix, default_cells, host_dtypes
-from mlcomp.measure.support_run import MD_MARK, _write_markdown, plan
+from mlcomp.measure.support_run import MD_MARK, _earlier, _write_markdown, plan
 from mlcomp.targets.capabilities import CapabilityError
 
 HOST = {"cpu": "Fake CPU", "flags": {"avx2": True, "avx512f": False}, "cores": 2, "python": "3.11",
@@ -80,3 +80,24 @@ def test_markdown_replaces_only_an_earlier_matrix(tmp_path):
 def test_unknown_architecture_is_refused_before_anything_runs():
     with pytest.raises(Exception, match="no architecture named 'bertt'.*did you mean 'bert'"):
         plan("bertt", "capture")
+
+
+def test_update_replaces_only_the_cells_rerun(tmp_path):
+    earlier = {**matrix_json(_matrix(), HOST), "command": "first run"}
+    rerun = Matrix([Cell("capture")], families={"gpt2": "decoder", "bert": "encoder"}, seconds=30)
+    rerun.rows["gpt2"] = {"capture": CellResult(Status.VERIFIED, "90 nodes")}
+    rerun.rows["bert"] = {"capture": CellResult(Status.VERIFIED, "70 nodes")}
+    later = {**matrix_json(rerun, dict(HOST, date="2026-01-02 00:00 UTC")), "command": "second run"}
+    merged = merge_runs(earlier, later)
+    rows = {r["architecture"]: r["cells"] for r in merged["rows"]}
+    assert list(rows) == ["mlp", "gpt2", "bert"] and merged["columns"] == earlier["columns"]
+    assert rows["gpt2"]["capture"]["status"] == "verified" and rows["mlp"] == earlier["rows"][0]["cells"]
+    assert earlier["rows"][1]["cells"]["capture"]["status"] == "failed"          # the earlier record is untouched
+    doc = render_markdown(merged, merged["command"])
+    assert "from one run of `first run`" in doc and "| gpt2 | decoder | ✅ | · | · |" in doc
+    assert "Re-run on 2026-01-02 00:00 UTC: `capture` for mlp, gpt2, bert" not in doc
+    assert "Re-run on 2026-01-02 00:00 UTC: `capture` for gpt2, bert, by `second run` (0.5 min)" in doc
+    bad = tmp_path / "other.json"
+    bad.write_text('{"rows": []}')
+    with pytest.raises(OptionError, match="not a support matrix mlcomp wrote"):
+        _earlier(bad)

@@ -6,25 +6,13 @@ import torch
 from torch import nn
 
 from mlcomp.base.errors import LossScaleError, PassFailure, PipelineMismatchError
-from mlcomp.frontend.joint import GRAD, capture_joint, output_names
+from mlcomp.frontend.joint import GRAD, output_names
 from mlcomp.ir.builder import GraphBuilder
 from mlcomp.ir.interpreter import evaluate
 from mlcomp.ir.ops import aten
 from mlcomp.passes.precision.loss_scale import LOSS_SCALE_INPUT, LossScale, find_backward_seed, is_loss_scaled
 from mlcomp.pipeline import REGISTRY, PassContext, run_pipeline
 from mlcomp.training.step import compile_training
-
-
-def _mlp() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
-
-
-@pytest.fixture(scope="module")
-def joint():
-    model = _mlp()
-    x, y = torch.randn(2, 4), torch.tensor([0, 1])
-    return model, x, y, capture_joint(model, (x,), y)
 
 
 def test_registered_for_training_graphs_only():
@@ -34,8 +22,8 @@ def test_registered_for_training_graphs_only():
     assert REGISTRY.get("loss-scale").make({"loss": "loss"}) == LossScale(loss="loss")
 
 
-def test_ir_before_after(joint):
-    _, _, _, graph = joint
+def test_ir_before_after(mlp_joint):
+    _, _, _, graph = mlp_joint
     seed = find_backward_seed(graph, "loss")
     readers = [u.name for u in graph.users(seed.name)]
     scaled, report = run_pipeline(graph, "loss-scale")
@@ -52,8 +40,8 @@ def test_ir_before_after(joint):
                                        "readers_rewired": len(readers)}
 
 
-def test_scaled_gradients_over_scale_equal_eager(joint):
-    model, x, y, graph = joint
+def test_scaled_gradients_over_scale_equal_eager(mlp_joint):
+    model, x, y, graph = mlp_joint
     scaled, _ = run_pipeline(graph, "loss-scale")
     scale = 1024.0
     outs = evaluate(scaled, x, y, torch.tensor(scale))
@@ -80,16 +68,16 @@ def test_inference_graph_is_refused_before_running():
         LossScale().run(graph.copy(), PassContext())
 
 
-def test_twice_and_unknown_loss_are_refused(joint):
-    _, _, _, graph = joint
+def test_twice_and_unknown_loss_are_refused(mlp_joint):
+    _, _, _, graph = mlp_joint
     with pytest.raises(PassFailure, match="already has a node named %loss_scale"):
         run_pipeline(graph, "loss-scale,loss-scale")
     with pytest.raises(PassFailure, match=r"no backward seed \(full_like\(%nope, 1\)\)"):
         run_pipeline(graph, "loss-scale{loss=nope}")
 
 
-def test_pipeline_pass_and_training_compile_agree(joint):
-    _, x, y, graph = joint
+def test_pipeline_pass_and_training_compile_agree(mlp_joint):
+    _, x, y, graph = mlp_joint
     by_pipeline, _ = run_pipeline(graph, "loss-scale")
     art = compile_training(by_pipeline, optimizer="sgd{lr=0.1}")          # not scaled a second time
     assert art.loss_scaler is not None and art.loss_scaler.spec.mode.value == "dynamic"

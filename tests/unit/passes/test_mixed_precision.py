@@ -27,19 +27,11 @@ from mlcomp.passes.precision.mixed import MixedPrecision, MixedPrecisionWarning
 from mlcomp.passes.precision.policy import DeviceKind, PolicyName, Rule, policy_table, rule_for
 from mlcomp.pipeline import Pipeline, run_pipeline
 from mlcomp.pipeline.pass_base import PassContext
+from tests.helpers.graphs import linear_softmax_exp as tiny
 
 TO_COPY = aten("_to_copy")
 
 
-def tiny():
-    """linear → softmax → exp: one op of each kind the tables disagree on."""
-    b = GraphBuilder("tiny")
-    x = b.input("x", (2, 8))
-    w = b.param("fc.weight", torch.randn(4, 8, generator=torch.Generator().manual_seed(0)))
-    bias = b.param("fc.bias", torch.randn(4, generator=torch.Generator().manual_seed(1)))
-    mm = b.call(aten("addmm"), bias, x, b.call(aten("t"), w, origin="fc"), origin="fc")
-    sm = b.call(aten("_softmax"), mm, -1, False, origin="act")
-    return b.output(b.call(aten("exp"), sm, origin="act"))
 
 
 BEFORE = """graph tiny(%x: f32[2, 8]) {
@@ -283,3 +275,32 @@ def test_calibration_set_merges_samples():
     assert calm.stats["range_guard"] == {}
     assert list(loud.stats["range_guard"]) == ["addmm"]
     assert loud.stats["range_guard"]["addmm"].startswith("fc (aten.addmm.default; overflow: its values reach")
+
+
+class NearTie(nn.Module):
+    """A top-1 router whose two best logits differ by 2**-10 (bf16 rounds them equal); experts scale by 1, 2, 3."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(4, 3, bias=False)
+        self.experts = nn.Parameter(torch.stack([torch.eye(4) * (e + 1) for e in range(3)]))
+        with torch.no_grad():
+            self.router.weight.zero_()
+            self.router.weight[:, 0] = torch.tensor([1.0, 1.0 + 2 ** -10, 0.5])
+
+    def forward(self, x):
+        top, idx = self.router(x).softmax(-1).topk(1, dim=-1)
+        return torch.bmm(x.unsqueeze(1), self.experts[idx[:, 0]]).squeeze(1) * top
+
+
+def test_values_a_selection_ranks_keep_fp32():
+    """The router's product stays fp32 (reason ``selection``), so topk picks eager's expert; the experts' bmm is bf16."""
+    from mlcomp.frontend.capture import capture_module
+
+    model, x = NearTie().eval(), torch.tensor([[1.0, 0.5, -0.25, 2.0], [1.0, 0.0, 0.0, 0.0]])
+    out, _ = run_pipeline(capture_module(model, (x,)), "mixed-precision{dtype=bf16}")
+    products = {n.op.name: n.ann for n in out.call_nodes() if n.op.name in ("mm", "bmm")}
+    assert products["mm"].precision is Precision.FP32 and products["mm"].precision_reason is PrecisionReason.SELECTION
+    assert products["bmm"].precision is Precision.BF16
+    (got,) = Interpreter(out).run(x)
+    torch.testing.assert_close(got, model(x), rtol=1e-2, atol=1e-2)          # expert 2 (scale 2), as eager

@@ -12,13 +12,13 @@ import torch
 from mlcomp.base.errors import PipelineSpecError
 from mlcomp.hardware.probe import PrecisionSpeeds
 from mlcomp.ir import Precision
-from mlcomp.ir.builder import GraphBuilder
 from mlcomp.ir.node import PrecisionReason
 from mlcomp.ir.ops import aten
 from mlcomp.passes.precision.mixed import MixedPrecision
 from mlcomp.passes.precision.policy import DeviceKind
 from mlcomp.pipeline import Pipeline
 from mlcomp.pipeline.pass_base import PassContext
+from tests.helpers.graphs import linear_softmax_exp as tiny
 from mlcomp.pipeline.target_facts import LowMode, LowPrecision, TargetFacts
 from mlcomp.targets import get_target
 
@@ -42,15 +42,6 @@ EXPECTED = {
 }
 
 
-def tiny():
-    """linear → softmax → exp."""
-    b = GraphBuilder("tiny")
-    x = b.input("x", (2, 8))
-    w = b.param("fc.weight", torch.randn(4, 8, generator=torch.Generator().manual_seed(0)))
-    bias = b.param("fc.bias", torch.randn(4, generator=torch.Generator().manual_seed(1)))
-    mm = b.call(aten("addmm"), bias, x, b.call(aten("t"), w, origin="fc"), origin="fc")
-    sm = b.call(aten("_softmax"), mm, -1, False, origin="act")
-    return b.output(b.call(aten("exp"), sm, origin="act"))
 
 
 @pytest.mark.parametrize("target", sorted(EXPECTED))

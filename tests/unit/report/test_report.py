@@ -15,12 +15,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 FAST = TimingPolicy(warmup=1, budget_s=0.005, min_repeats=1, max_repeats=20)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _fake_options() -> dict:

@@ -64,6 +64,27 @@ def test_serve_protocol_in_process(saved):
     assert list(lines[0]) == ["ready", "calls"] and [list(m) for m in lines[1:]] == [["sample"], ["sample"]]
 
 
+def test_a_spare_waits_for_load_then_serves_the_same_protocol(saved):
+    """A spawned spare (config without an artifact) loads the one a ``load`` line names; EOF first: it ends."""
+    folder, feed, _ = saved
+    spare = {"threads": torch.get_num_threads(), "warmup": 1, "block_s": 0.001, "settle_s": 0.0}
+    out = io.StringIO()
+    load = "load " + json.dumps({"artifact": str(folder), "inputs": str(feed)})
+    serve(spare, out, io.StringIO(load + "\nsample\nquit\n"))
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert list(lines[0]) == ["ready", "calls"] and [list(m) for m in lines[1:]] == [["sample"]]
+    idle = io.StringIO()
+    serve(spare, idle, io.StringIO(""))
+    assert idle.getvalue() == ""
+
+
+def test_a_spawned_process_loads_when_told(saved):
+    folder, feed, _ = saved
+    with ProcessSampler.spawn(threads=1, warmup=1, block_s=0.01) as worker:
+        worker.load(folder, feed, "cpu")
+        assert worker.wait_ready(timeout=300) > 0 and worker.sample() > 0 and worker.label == "cpu"
+
+
 def test_the_child_imports_this_mlcomp_first(monkeypatch):
     from mlcomp.runtime.timing_worker import _child_env
 

@@ -15,13 +15,7 @@ from mlcomp.study import STUDIES, StudyConfig, UnknownStudyError, plot_study, ru
 from mlcomp.study.common import Figure, StudyResult, Table
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: on a small shared machine OpenMP spin-waits dominate tiny ops otherwise."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -62,13 +62,16 @@ def test_tuning_database_is_reused(tmp_path):
     with torch.inference_mode():
         ref = model(x)
     work = str(tmp_path / "tune")
-    first = tvm_backend.build(model, (x,), tvm_backend.BuildConfig(tune_trials=8, work_dir=work))
+    # kernels=True: one search (the torch-kernels module); the default's second search with TVM's own
+    # kernels is tuned and reused in tests/unit/targets/test_tvm.py's slow tuning tests
+    config = tvm_backend.BuildConfig(tune_trials=8, work_dir=work, kernels=True)
+    first = tvm_backend.build(model, (x,), config)
     assert first.stats["trials_run"] == 8 and not first.stats["db_reused"]
     assert first.stats["tasks"] >= 1 and all(n >= 1 for n in first.stats["records_per_task"].values())
     torch.testing.assert_close(first(x)[0], ref, rtol=1e-4, atol=1e-5)
 
     records = (tmp_path / "tune" / "database_tuning_record.json").read_text()
-    second = tvm_backend.build(model, (x,), tvm_backend.BuildConfig(tune_trials=8, work_dir=work))
+    second = tvm_backend.build(model, (x,), config)
     assert second.stats["db_reused"] and second.stats["trials_run"] == 0 and second.stats["trials_before"] == 8
     # nothing was measured again: the database holds exactly the first build's records
     assert (tmp_path / "tune" / "database_tuning_record.json").read_text() == records

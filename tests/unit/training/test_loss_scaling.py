@@ -57,18 +57,6 @@ def test_spec_malformed(text, needle):
     assert needle in msg and ("for example " in msg or "write dynamic" in msg)      # and what to write
 
 
-def _mlp() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
-
-
-@pytest.fixture(scope="module")
-def joint():
-    model = _mlp()
-    x, y = torch.randn(2, 4), torch.tensor([0, 1])
-    return model, x, y, capture_joint(model, (x,), y)
-
-
 def test_seed_missing_is_explained():
     b = GraphBuilder("infer")
     graph = b.output(b.call(aten("relu"), b.input("x", (2, 3))))
@@ -78,8 +66,8 @@ def test_seed_missing_is_explained():
         compile_training(graph, loss_scale="dynamic")
 
 
-def test_scaled_step_matches_unscaled(joint):
-    _, x, y, graph = joint
+def test_scaled_step_matches_unscaled(mlp_joint):
+    _, x, y, graph = mlp_joint
     plain = compile_training(graph, optimizer="sgd{lr=0.1}", loss_scale="none")
     scaled = compile_training(graph, optimizer="sgd{lr=0.1}", loss_scale="dynamic")
     assert plain.loss_scaler is None and scaled.graph.input_nodes[-1].name == LOSS_SCALE_INPUT
@@ -94,8 +82,8 @@ def test_scaled_step_matches_unscaled(joint):
     assert scaled.stats()["loss_scaling"]["skipped_steps"] == []
 
 
-def test_overflow_skips_and_halves_then_grows(joint):
-    _, x, y, graph = joint
+def test_overflow_skips_and_halves_then_grows(mlp_joint):
+    _, x, y, graph = mlp_joint
     art = compile_training(graph, optimizer="sgd{lr=0.1}", loss_scale="dynamic{init=1024 interval=3}")
     before = {k: v.clone() for k, v in art.state_dict().items()}
     bad = x.clone()
@@ -154,10 +142,10 @@ def test_fp16_underflow_without_scaling_and_recovery_with_it():
     assert default.graph.nodes(INPUT)[-1].name == LOSS_SCALE_INPUT
 
 
-def test_loss_scaled_artifact_saves_and_reloads_bit_for_bit(joint, tmp_path):
+def test_loss_scaled_artifact_saves_and_reloads_bit_for_bit(mlp_joint, tmp_path):
     from mlcomp.training.step import TrainingArtifact
 
-    _, x, y, graph = joint
+    _, x, y, graph = mlp_joint
     art = compile_training(graph, optimizer="sgd{lr=0.1 momentum=0.9}", loss_scale="dynamic{init=1024 interval=2}")
     bad = x.clone()
     bad[0, 0] = math.inf

@@ -165,14 +165,14 @@ graph tiny(%args_0: f32[2, 4], %target: f32[2, 2]) {
   %mm_1: f32[2, 3] = aten.mm.default(%permute_3, %relu)   # 2 {phase=backward}
   %permute_4: f32[3, 2] = aten.permute.default(%mm_1, [1, 0])   # 2 {phase=backward}
   %sum_1: f32[1, 2] = aten.sum.dim_IntList(%mse_loss_backward, [0], True)   # 2 {phase=backward}
-  %grad:2.bias: f32[2] = aten.view.default(%sum_1, [2])   # 2 {phase=backward}
+  %grad:2.bias: f32[2] = aten.reshape.default(%sum_1, [2])   # 2 {phase=backward}
   %grad:2.weight: f32[2, 3] = aten.permute.default(%permute_4, [1, 0])   # 2 {phase=backward}
   %threshold_backward: f32[2, 3] = aten.threshold_backward.default(%mm, %relu, 0)   # 1 {phase=backward}
   %permute_6: f32[3, 2] = aten.permute.default(%threshold_backward, [1, 0])   # 1 {phase=backward}
   %mm_2: f32[3, 4] = aten.mm.default(%permute_6, %args_0)   # 0 {phase=backward}
   %permute_7: f32[4, 3] = aten.permute.default(%mm_2, [1, 0])   # 0 {phase=backward}
   %sum_2: f32[1, 3] = aten.sum.dim_IntList(%threshold_backward, [0], True)   # 0 {phase=backward}
-  %grad:0.bias: f32[3] = aten.view.default(%sum_2, [3])   # 0 {phase=backward}
+  %grad:0.bias: f32[3] = aten.reshape.default(%sum_2, [3])   # 0 {phase=backward}
   %grad:0.weight: f32[3, 4] = aten.permute.default(%permute_7, [1, 0])   # 0 {phase=backward}
   return (%loss, %grad:0.weight, %grad:0.bias, %grad:2.weight, %grad:2.bias)
 }"""

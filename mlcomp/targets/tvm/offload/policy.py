@@ -57,7 +57,7 @@ ALL_FUSIONS = frozenset(Fusion)
 
 # the offload's steps in order: attention first (it needs the raw matmuls), convs packed before the plain
 # conv rewrite, epilogues/norms/means after the kernels exist, the views last (they wrap kernel calls)
-REWRITE_ORDER: tuple[str, ...] = ("attention", "packed_conv", "patches", "conv2d", "linear", "matmul",
+REWRITE_ORDER: tuple[str, ...] = ("attention", "packed_conv", "patches", "conv2d", "conv2d_transpose", "linear", "matmul",
                                   "epilogue", "layer_norm", "mean", "views")
 
 
@@ -157,6 +157,9 @@ RULES: tuple[Rule, ...] = (
        "stride = kernel conv (patch embedding): patch copy + F.linear, a small-GEMM probe candidate",
        needs=_CPU, max_size=1 << 22, unit="MACs", fusion=Fusion.PATCHES),
     _R("conv2d", "conv2d", Runs.TORCH, "F.conv2d (oneDNN), NCHW", needs=_CPU),
+    _R("conv2d-transpose", "conv2d_transpose", Runs.TORCH,
+       "F.conv_transpose2d (oneDNN), bias in the call; NCHW or channels-last (TVM's legalized loop nest has no "
+       "CPU schedule)", needs=_CPU),
     _R("small-gemm", "gemm_probe", Runs.TVM,
        "small GEMM / layer norm timed both ways at build time: TVM code where it took <= ratio x the torch call",
        needs=_CPU, max_size=1 << 22, unit="MACs", ratio=0.9),
@@ -167,8 +170,9 @@ RULES: tuple[Rule, ...] = (
        needs=_CPU, fusion=Fusion.ATTENTION),
     _R("layer-norm", "layer_norm", Runs.TORCH, "(residual add +) last-axis layer norm -> F.layer_norm",
        needs=_CPU, fusion=Fusion.LAYER_NORM),
-    _R("relu-after-linear", "relu", Runs.TORCH, "relu of a large linear, in place on torch's threads",
-       needs=_CPU, min_size=1 << 20, fusion=Fusion.EPILOGUE),
+    _R("relu-after-linear", "relu", Runs.TORCH,
+       "relu of a large linear, in place on torch's threads (TVM's serial relu writes a new buffer: ~3x torch's "
+       "relu_ at this size, one thread)", needs=_CPU, min_size=1 << 17, fusion=Fusion.EPILOGUE),
     _R("activation-epilogue", "activation", Runs.TORCH,
        "sigmoid/gelu after a conv/linear kernel (and a conv's bias add) fused into its call", needs=_CPU,
        fusion=Fusion.EPILOGUE),

@@ -3,7 +3,8 @@
 :func:`offload` walks each Relax function (after BatchNorm folding and constant
 folding, before legalization) and replaces every float32 ``conv2d`` (NCHW/OIHW, any
 stride, padding, dilation or groups, so depthwise too) and every float32 ``matmul``
-by a ``call_pure_packed`` to a :mod:`mlcomp.targets.tvm.kernels` function; a
+by a ``call_pure_packed`` to a :mod:`mlcomp.targets.tvm.kernels` function (and every float32
+``conv2d_transpose``: :mod:`~mlcomp.targets.tvm.offload.deconv`); a
 ``matmul`` by a constant ``[K, N]`` weight followed by the ``add`` of a constant
 ``[N]`` bias becomes one ``linear`` (``F.linear`` with the weight stored back in torch's
 ``[N, K]`` layout, as eager calls it: the bias rides in the GEMM).
@@ -46,6 +47,7 @@ from typing import Any
 
 from mlcomp.targets.tvm.offload.chains import maybe, static_shape, ty_of
 from mlcomp.targets.tvm.offload.conv_packed import pack_convs
+from mlcomp.targets.tvm.offload.deconv import conv_transpose_reason, conv_transposes
 from mlcomp.targets.tvm.offload.epilogues import epilogues, layer_norms, means
 from mlcomp.targets.tvm.offload.gemm import patch_convs
 from mlcomp.targets.tvm.kernels import KERNELS, kernel_library
@@ -180,6 +182,7 @@ def offload(mod: Any, fusions: frozenset[Fusion] = ALL_FUSIONS,
     patterns = {"conv2d": (is_op(_CONV)(wildcard(), wildcard()), conv),
                 "linear": (is_op("relax.add")(product, b), linear),
                 "matmul": (is_op(_MATMUL)(wildcard(), wildcard()), matmul)}
+    always = {"conv2d_transpose": conv_transposes}      # plain offloads that are not a Fusion
     steps = {"attention": _attention, "packed_conv": lambda f: pack_convs(f, report.packed),
              "patches": patch_convs, "epilogue": epilogues, "layer_norm": layer_norms, "mean": means,
              "views": lambda f: absorb_views(f, view_min_elements)}
@@ -190,6 +193,8 @@ def offload(mod: Any, fusions: frozenset[Fusion] = ALL_FUSIONS,
         for name in REWRITE_ORDER:       # the policy's order; a fusion step only when asked for
             if name in patterns:
                 func = rewrite_call(*patterns[name], func)
+            elif name in always:
+                func = always[name](func)
             elif Fusion(name) in fusions:
                 func = steps[name](func)
         out[gv] = func
@@ -266,3 +271,5 @@ def _count(expr: Any, report: OffloadReport) -> None:
         report.kept["conv2d", _conv_reason(expr) or "not matched"] += 1
     elif name == _MATMUL:
         report.kept["matmul", _matmul_reason(expr) or "not matched"] += 1
+    elif name == "relax.nn.conv2d_transpose":
+        report.kept["conv2d_transpose", conv_transpose_reason(expr) or "not matched"] += 1

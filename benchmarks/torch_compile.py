@@ -1,0 +1,144 @@
+"""``torch.compile(backend="mlcomp")`` against ``torch.compile()`` (inductor) and eager, on this CPU.
+
+    .venv/bin/python benchmarks/torch_compile.py                          # zoo + a small BERT, batches 1 and 32
+    .venv/bin/python benchmarks/torch_compile.py --models mlp,bert --batches 1 --budget 0.5
+
+Each model runs in a fresh Python process (Dynamo's caches and torch's thread pools start
+empty).  Per model and batch, under ``torch.no_grad()``:
+
+* compile s: wall time of the first call of each compiled model (Dynamo tracing and the
+  backend's compile, verification against eager included for mlcomp); ``mlcomp.compile`` s
+  is the same model through ``mlcomp.compile`` with the same pipeline and target, timed after
+  the backend's compile (each pays its own first import of mlcomp's modules otherwise);
+* steady-state latency (``--threads``, default 1, for every variant): medians of samples interleaved round by round over eager, inductor
+  and mlcomp (``mlcomp.hardware.timing.measure_interleaved``);
+* recompiles: graphs compiled over a sweep of 20 batch sizes (1..20) or, for the BERT
+  model, 20 sequence lengths (8..160) after the first call (``counters["stats"]["unique_graphs"]``);
+* max error: the largest absolute difference from eager over the first call and the sweep.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+CHILD = r"""
+import json, sys, time, warnings
+warnings.filterwarnings("ignore")
+import torch
+from torch._dynamo.utils import counters
+from mlcomp.hardware.timing import TimingPolicy, measure_interleaved
+from mlcomp.dynamo import backend as mb
+import mlcomp
+name, batch, budget, pipeline, target = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
+threads = int(sys.argv[6])
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+if name == "bert":
+    from transformers import BertConfig, BertModel
+    cfg = BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
+                     vocab_size=1000, max_position_embeddings=256)
+    base = BertModel(cfg).eval()
+    class Bert(torch.nn.Module):
+        def __init__(self):
+            super().__init__(); self.bert = base
+        def forward(self, ids):
+            return self.bert(input_ids=ids).last_hidden_state
+    model = Bert().eval()
+    make = lambda b, s=32: (torch.randint(0, 1000, (b, s)),)
+    sweep = [make(batch, s) for s in range(8, 168, 8)]
+else:
+    from mlcomp import models
+    zoo = models.get(name); model = zoo.build().eval()
+    make = lambda b: tuple(zoo.example_inputs(b))
+    sweep = [make(b) for b in range(1, 21)]
+x = make(batch)
+mb.register()
+out = {"model": name, "batch": batch}
+with torch.no_grad():
+    expected = model(*x)
+    fns = {"eager": model}
+    for label, fn in (("inductor", lambda: torch.compile(model)),
+                      ("mlcomp", lambda: torch.compile(model, backend="mlcomp",
+                                                         options={"pipeline": pipeline, "target": target, "threads": threads}))):
+        torch._dynamo.reset(); counters.clear()
+        compiled = fn()
+        t0 = time.perf_counter(); y = compiled(*x); out[label + "_compile"] = time.perf_counter() - t0
+        err = (y - expected).abs().max().item()
+        before = counters["stats"]["unique_graphs"]
+        for args in sweep:
+            err = max(err, (compiled(*args) - model(*args)).abs().max().item())
+        out[label + "_recompiles"] = counters["stats"]["unique_graphs"] - before
+        out[label + "_err"] = err
+        fns[label] = compiled
+    torch._dynamo.reset()    # after the backend's compile, so both find the same modules imported
+    t0 = time.perf_counter(); mlcomp.compile(model, x, target=target, pipeline=pipeline, threads=threads)
+    out["mlcomp.compile"] = time.perf_counter() - t0
+    for k, f in list(fns.items()):
+        fns[k] = (lambda f: lambda: f(*x))(f)
+    times = measure_interleaved(fns, TimingPolicy(warmup=3, budget_s=budget, min_repeats=5))
+    for k, t in times.items():
+        out[k + "_ms"] = t.median * 1e3
+print("RESULT " + json.dumps(out))
+"""
+
+
+def run(model: str, batch: int, budget: float, pipeline: str, target: str, threads: int) -> dict:
+    proc = subprocess.run([sys.executable, "-c", CHILD, model, str(batch), str(budget), pipeline, target, str(threads)],
+                          capture_output=True, text=True, cwd=REPO, timeout=3600,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise SystemExit(f"{model} batch {batch} failed:\n{proc.stderr[-3000:]}")
+
+
+def host() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} logical cores"
+
+
+COLUMNS = ("model", "batch", "eager ms", "inductor ms", "mlcomp ms", "inductor compile s", "mlcomp compile s",
+           "mlcomp.compile s", "recompiles (ind/mlc)", "max err (ind/mlc)")
+
+
+def row(r: dict) -> list[str]:
+    return [r["model"], str(r["batch"]), f"{r['eager_ms']:.3f}", f"{r['inductor_ms']:.3f}", f"{r['mlcomp_ms']:.3f}",
+            f"{r['inductor_compile']:.1f}", f"{r['mlcomp_compile']:.1f}", f"{r['mlcomp.compile']:.1f}",
+            f"{r['inductor_recompiles']}/{r['mlcomp_recompiles']}",
+            f"{r['inductor_err']:.1e}/{r['mlcomp_err']:.1e}"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="mlp,lenet,resnet18,transformer,bert")
+    parser.add_argument("--batches", default="1,32")
+    parser.add_argument("--budget", type=float, default=1.0, help="seconds of timing per variant")
+    parser.add_argument("--pipeline", default="-O2")
+    parser.add_argument("--target", default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads, every variant")
+    args = parser.parse_args()
+    print(f"host: {host()}; pipeline {args.pipeline}, target {args.target}, {args.threads} thread(s)\n")
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("|" + "---|" * len(COLUMNS))
+    for model in args.models.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            print("| " + " | ".join(row(run(model, batch, args.budget, args.pipeline, args.target, args.threads))) + " |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The torch.compile backend: ``torch.compile(model, backend="mlcomp", options={...})`` (see :mod:`.backend`)."""

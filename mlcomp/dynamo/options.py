@@ -1,0 +1,79 @@
+"""What ``torch.compile(model, backend="mlcomp", options={...})`` accepts, checked once per call.
+
+    >>> opts = BackendOptions.parse({"target": "cpu", "pipeline": "-O1", "threads": 1})
+    >>> opts.target, opts.pipeline, opts.compile_options["threads"]
+    ('cpu', '-O1', 1)
+    >>> BackendOptions.parse({"precision": "bf16"}).pipeline_spec()
+    '-O2,mixed-precision{dtype=bf16}'
+    >>> BackendOptions.parse({"treads": 2})
+    Traceback (most recent call last):
+    mlcomp.base.errors.OptionError: torch.compile(backend="mlcomp") got unknown option(s) treads...
+
+The options are those of :func:`mlcomp.compile` (``target``, ``pipeline``, ``verify``,
+``cache`` and every :class:`~mlcomp.targets.options.CompileOptions` field such as
+``threads`` and ``tolerance``), plus ``precision`` (a mixed-precision pass appended to the
+pipeline), ``report`` (a :class:`~mlcomp.dynamo.report.BackendReport` the backend fills:
+which partition ran where) and ``explain`` (print that report as each graph compiles).
+Each ``torch.compile`` call carries its own dict to the backend, so two compiled models in
+one process never share options.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from mlcomp.base.errors import OptionError
+from mlcomp.targets.options import CompileOptions
+
+__all__ = ["BackendOptions", "DEFAULT_PIPELINE", "PRECISIONS"]
+
+DEFAULT_PIPELINE = "-O2"
+PRECISIONS = ("fp32", "bf16", "fp16", "auto")
+OWN_KEYS = ("target", "pipeline", "precision", "verify", "cache", "report", "explain", "train_pipeline")
+COMPILE_KEYS = tuple(f.name for f in dataclasses.fields(CompileOptions))
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """One ``torch.compile`` call's options for the mlcomp backend (validated, immutable)."""
+
+    target: str = "cpu"
+    pipeline: Any = DEFAULT_PIPELINE
+    precision: str | None = None
+    verify: bool = True
+    cache: Any = None
+    report: Any = None
+    explain: bool = False
+    train_pipeline: Any = None
+    compile_options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any] | None) -> "BackendOptions":
+        values = dict(options or {})
+        unknown = sorted(k for k in values if k not in OWN_KEYS and k not in COMPILE_KEYS)
+        if unknown:
+            raise OptionError(f'torch.compile(backend="mlcomp") got unknown option(s) {", ".join(unknown)}',
+                              hint=f"the options are {', '.join(OWN_KEYS + COMPILE_KEYS)}")
+        precision = values.get("precision")
+        if precision is not None and str(precision).lower() not in PRECISIONS:
+            raise OptionError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}",
+                              hint='give options={"precision": "bf16"} (or fp16, fp32, auto)')
+        compile_options = {k: values[k] for k in COMPILE_KEYS if k in values}
+        compile_options.setdefault("fallback", "eager")       # torch.compile must run whatever it is given
+        CompileOptions.make(**compile_options)                # ill-typed values: refused before any graph
+        own = {k: values[k] for k in OWN_KEYS if k in values}
+        if "target" in own and not isinstance(own["target"], str):
+            raise OptionError(f"target={own['target']!r} is not a target name",
+                              hint="give a name from `mlcomp targets`, or 'auto'")
+        return cls(**own, compile_options=compile_options)
+
+    def pipeline_spec(self) -> Any:
+        """The pipeline with the precision pass appended (``precision`` absent or fp32: the pipeline as given)."""
+        if self.precision is None or str(self.precision).lower() == "fp32":
+            return self.pipeline
+        step = f"mixed-precision{{dtype={str(self.precision).lower()}}}"
+        if not isinstance(self.pipeline, str) or self.pipeline.endswith(".toml"):
+            raise OptionError("precision= applies to an inline or preset pipeline",
+                              hint=f"add {step} to the pipeline itself")
+        return f"{self.pipeline},{step}" if self.pipeline else step

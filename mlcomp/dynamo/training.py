@@ -1,0 +1,54 @@
+"""Training under ``torch.compile(backend="mlcomp")``: forward and backward ATen graphs, both through mlcomp.
+
+Torch's AOT autograd traces the Dynamo graph's joint forward and backward, partitions it
+into a forward graph (which also returns what the backward saves) and a backward graph, and
+hands each to a compiler; here both compilers are closures over the ``torch.compile``
+call's options and compile their graph region by region (:mod:`mlcomp.dynamo.partition`).
+Parameters are inputs of these graphs, never frozen: the optimizer changes them every
+step.  Each graph is verified on example tensors drawn from its fake inputs (floats
+uniform in [-1, 1), integers and booleans zero, so an index is always in range).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from mlcomp.dynamo.lower import concrete
+from mlcomp.dynamo.options import BackendOptions
+from mlcomp.dynamo.partition import compile_regions, outside_dynamo
+from mlcomp.dynamo.report import BackendReport
+
+__all__ = ["compile_training_graph", "example_of"]
+
+
+def example_of(value: Any, generator: torch.Generator) -> Any:
+    """A real example for a fake input: a tensor of its shape (sizes at their hints) and dtype, or an int."""
+    if not isinstance(value, torch.Tensor):
+        return concrete(value)
+    shape = [concrete(d) for d in value.shape]
+    if value.dtype.is_floating_point or value.dtype.is_complex:
+        return (torch.rand(shape, generator=generator) * 2 - 1).to(value.dtype)
+    return torch.zeros(shape, dtype=value.dtype)
+
+
+def compile_training_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: BackendOptions,
+                           report: BackendReport, name: str) -> Callable[..., Any]:
+    """AOT autograd with mlcomp compiling the forward and the backward graph."""
+    from functorch.compile import make_boxed_func
+    from torch._decomp import core_aten_decompositions
+    from torch._dynamo.backends.common import aot_autograd
+
+    def compiler(role: str) -> Callable[..., Any]:
+        def compile_graph(fgm: torch.fx.GraphModule, fakes: Sequence[Any]) -> Callable[..., Any]:
+            with outside_dynamo():        # AOT autograd calls the compilers inside its fake mode
+                generator = torch.Generator().manual_seed(0)
+                inputs = [example_of(f, generator) for f in fakes]
+                compiled = compile_regions(fgm, inputs, constants={}, opts=opts, report=report,
+                                           graph_name=f"{name}.{role}")
+            return make_boxed_func(compiled)
+        return compile_graph
+
+    aot = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                       inference_compiler=compiler("inference"), decompositions=core_aten_decompositions())
+    return aot(gm, example_inputs)

@@ -1,0 +1,114 @@
+"""The openvino target hands OpenVINO graphs it fuses: assertions on the layers the CPU plugin runs.
+
+Each test compiles a small module with mlcomp and with OpenVINO's own ``convert_model`` and
+compares ``get_runtime_model()`` layer types (``mlcomp.measure.executed``); no clock.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import fx, nn
+
+import mlcomp
+from mlcomp.measure.executed import compare, ov_executed
+from mlcomp.pipeline.presets import Rewrite, adapt_preset
+from mlcomp.targets import get_target
+
+pytestmark = pytest.mark.openvino
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with an additive mask, layer norm and a GELU MLP (BERT's block, tiny)."""
+
+    def __init__(self, dim: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.norm, self.mlp = nn.LayerNorm(dim), nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        a = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = self.norm(x + self.out(a.transpose(1, 2).reshape(b, s, d)))
+        return x + self.mlp(x)
+
+
+def _kinds(counts) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for key, n in counts.items():
+        kind = key.split()[0]
+        found[kind] = found.get(kind, 0) + n
+    return found
+
+
+@pytest.fixture(scope="module")
+def attention():
+    torch.manual_seed(0)
+    # a causal mask: a mask OpenVINO dropped would change the result, and compile verifies against eager
+    causal = torch.triu(torch.full((8, 8), float("-inf")), diagonal=1).expand(2, 1, 8, 8).contiguous()
+    return Attention().eval(), (torch.randn(2, 8, 32), causal)
+
+
+@pytest.fixture(scope="module")
+def diffs(attention):
+    module, inputs = attention
+    return {hint: compare("attention", module, inputs, "openvino", hint=hint) for hint in ("f32", "bf16")}
+
+
+def test_attention_runs_as_openvinos_fused_subgraph(diffs):
+    diff = diffs["f32"]
+    ours, own = _kinds(diff.ours), _kinds(diff.own)
+    # decomposed attention would run as MatMul, Softmax and Transpose layers of its own
+    assert "Softmax" not in ours and "MatMul" not in ours
+    assert ours.get("Subgraph", 0) >= 1 and ours.get("Transpose", 0) <= own.get("Transpose", 0) + 1
+    assert ours.get("MVN", 0) == own.get("MVN", 0) == 1            # layer norm as one MVN
+    assert all(key.endswith("f32") for key in diff.ours if not key.startswith(("Gather", "Reorder")))
+
+
+def test_bf16_hint_gives_the_kernels_of_openvinos_own_conversion(diffs):
+    diff = diffs["bf16"]
+    assert diff.hint == "bf16" and diff.effective["ours"] == diff.effective["own"]
+    # the compute kernels, each in the precision the plugin picked, as many as OpenVINO's own conversion runs
+    for kind in ("MatMul", "Softmax", "FullyConnected", "MVN"):
+        assert {k: n for k, n in diff.ours.items() if k.startswith(kind + " ")} == \
+               {k: n for k, n in diff.own.items() if k.startswith(kind + " ")}, kind
+    assert diff.ours["FullyConnected bf16"] == 4
+
+
+def test_a_bf16_cpu_gets_the_bf16_hint_over_an_fp32_graph(attention, fake_hardware):
+    fake_hardware("avx512-bf16")
+    module, inputs = attention
+    o2 = adapt_preset("-O2", "openvino", get_target("openvino").rewrites).text
+    art = mlcomp.compile(module, inputs, target="openvino", pipeline=f"{o2},mixed-precision{{dtype=bf16}}",
+                         verify=False)
+    assert art.runtime.precision["requested"] == "bf16" and art.runtime.precision["hint"] == "bf16"
+    # the graph OpenVINO converts stays fp32 (no bf16 casts for its converter to refuse)
+    assert {p.get_element_type().get_type_name() for p in art.runtime.model.get_parameters()} == {"f32"}
+    assert ov_executed(art.runtime.compiled)["FullyConnected bf16"] == 4     # the plugin computes in bf16
+
+
+def test_presets_keep_the_recompositions_for_openvino():
+    text = adapt_preset("-O2", "openvino", frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING,
+                                                      Rewrite.RECOMPOSE})).text
+    assert text == "cleanup,recompose,fuse-attention,cleanup"
+    assert "recompose" not in adapt_preset("-O2", "onnxruntime", frozenset({Rewrite.CLEANUP})).text
+
+
+def test_only_the_ops_openvino_lacks_are_decomposed():
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    from mlcomp.targets.openvino.lower import lower_for_frontend
+
+    def f(q, k, v):
+        y = torch.ops.aten.scaled_dot_product_attention.default(q, k, v)
+        return (torch.ops.aten.reshape.default(torch.ops.aten.permute.default(y, [0, 2, 1, 3]), [2, 8, 32]),)
+
+    inputs = tuple(torch.randn(2, 4, 8, 8) for _ in range(3))
+    module = fx.symbolic_trace(f)
+    ShapeProp(module).propagate(*inputs)
+    lowered = lower_for_frontend(module, inputs, {torch.ops.aten.reshape.default: "implicit"}, whole=False)
+    targets = {n.target for n in lowered.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.scaled_dot_product_attention.default in targets     # kept whole for OpenVINO
+    assert torch.ops.aten.reshape.default not in targets
+    assert torch.allclose(lowered(*inputs)[0], f(*inputs)[0])
