@@ -30,11 +30,13 @@ import torch
 from torch import fx
 
 from mlcomp.analysis.step_peak import grad_params, update_points
+from mlcomp.base.errors import MlcompError
+from mlcomp.base.quiet import quiet_torch
 from mlcomp.ir import Graph
 from mlcomp.runtime.codegen import to_fx
 from mlcomp.runtime.optim import OptimizerSpec
 
-__all__ = ["ParamUpdate", "bind_updates", "fused_module"]
+__all__ = ["ParamUpdate", "bind_updates", "fused_module", "fused_step", "scripted"]
 
 
 class ParamUpdate:
@@ -83,3 +85,30 @@ def bind_updates(gm: fx.GraphModule, updates: Mapping[str, ParamUpdate], attrs: 
         table[attr] = tensors[dotted]
     for name, update in updates.items():
         update.bind(tensors[name], spec, main)
+
+
+def fused_step(graph: Graph, device: str, grad_slots: Mapping[str, int], attrs: Mapping[str, str],
+               tensors: Mapping[str, torch.Tensor], spec: OptimizerSpec, main: torch.optim.Optimizer, *,
+               scaled: bool) -> fx.GraphModule:
+    """The fused step of a training artifact (:func:`fused_module`, then :func:`bind_updates`); a loss-scaled
+    step is refused: its scaler checks every gradient for inf/NaN before any update."""
+    if scaled:
+        raise MlcompError(f"the training step of {graph.name} cannot update parameters inside the backward with "
+                          "loss scaling: the scaler checks every gradient for inf/NaN before any update",
+                          hint="drop update_in_backward or the loss scale")
+    gm, updates = fused_module(graph, device=device, grad_slots=grad_slots)
+    bind_updates(gm, updates, attrs, tensors, spec, main)
+    return gm
+
+
+def scripted(module: torch.nn.Module) -> torch.jit.ScriptModule | None:
+    """The generated step scripted (``None`` when TorchScript cannot compile it: the fx code runs).
+
+    TorchScript runs the whole step in its interpreter instead of one Python call per
+    node; run with ``optimized_execution(False)`` it calls the same kernels in the same
+    order, so results stay bitwise those of the fx code, without a Python call per node."""
+    with quiet_torch():
+        try:
+            return torch.jit.script(module)
+        except Exception:  # noqa: BLE001 - an op TorchScript cannot call: keep the fx code
+            return None

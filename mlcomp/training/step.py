@@ -41,7 +41,6 @@ from mlcomp.base.errors import (
     UnsupportedOpError,
 )
 from mlcomp.base.files import Kind, atomic_dir, check_destination
-from mlcomp.base.quiet import quiet_torch
 from mlcomp.base.version import __version__
 from mlcomp.ir import Graph, Mode
 from mlcomp.targets.base import TARGETS, CompileOptions, get_target, target_name
@@ -54,7 +53,7 @@ from mlcomp.targets.capabilities import (
 from mlcomp.runtime.codegen import param_names, to_fx
 from mlcomp.passes.precision.loss_scale import LossScale, find_backward_seed, is_loss_scaled
 from mlcomp.pipeline import run_pipeline
-from mlcomp.training.fused import bind_updates, fused_module
+from mlcomp.training.fused import fused_step, scripted
 from mlcomp.training.loss_scaling import LossScaleError, LossScaler, LossScaleSpec
 from mlcomp.runtime.optim import OptimizerSpec
 from mlcomp.training.check import (
@@ -143,19 +142,15 @@ class TrainingArtifact:
         self.graph: Graph | None = own      # None on an artifact loaded from a folder (it runs TorchScript)
         module = to_fx(own, device=device, honour_placement=False, scriptable=script)
         names = param_names(module)
-        module = (_scripted(module) if script else None) or to_fx(own, device=device, honour_placement=False)
+        module = (scripted(module) if script else None) or to_fx(own, device=device, honour_placement=False)
         self._bind(module, names, output_names(own), name=graph.name, target=target, device=device,
                    optimizer=optimizer, state_keys=state_keys, extra_state=extra_state,
                    tied=dict(own.output_node.attrs.get(_TIED, ())))
         self.loss_scaler = loss_scaler   # graph has a %loss_scale input (mlcomp.training.loss_scaling)
         self.verification: dict[str, Any] | None = None
         if update_in_backward:
-            if loss_scaler is not None:
-                raise MlcompError(f"the training step of {graph.name} cannot update parameters inside the backward "
-                                  "with loss scaling: the scaler checks every gradient for inf/NaN before any update",
-                                  hint="drop update_in_backward (--optimizer-in-backward) or the loss scale")
-            self.fused, updates = fused_module(own, device=device, grad_slots=self._grad_index)
-            bind_updates(self.fused, updates, names, self._tensors, optimizer, self.optimizer)
+            self.fused = fused_step(own, device, self._grad_index, names, self._tensors, optimizer, self.optimizer,
+                                    scaled=loss_scaler is not None)
 
     def _bind(self, module: Any, names: Mapping[str, str], outs: Sequence[str], *, name: str, target: str,
               device: str, optimizer: OptimizerSpec, state_keys: Sequence[str] | None,
@@ -206,8 +201,7 @@ class TrainingArtifact:
         by name: ``step(x, y)`` and ``step(x, y=y)`` are the same step (a loss the model computes itself takes
         no ``y``)."""
         if self.fused is not None:     # each parameter updated inside the backward (mlcomp.training.fused)
-            outs = self._run(inputs if y is None else (*inputs, y), self.fused)
-            return self._finish(outs)
+            return self._finish(self._run(inputs if y is None else (*inputs, y), self.fused))
         outs = self._run(inputs if y is None else (*inputs, y))
         grads = [outs[i] for i in self._grad_index.values()]
         apply = True
@@ -242,6 +236,9 @@ class TrainingArtifact:
         for attr, dotted in new._names.items():
             if getattr(new.module, attr).data_ptr() != new._tensors[dotted].data_ptr():
                 setattr(new.module, attr, new._tensors[dotted])
+        if new.fused is not None:       # its updates must step the copy's parameters and optimizer
+            new.fused = fused_step(new.graph, new.device, new._grad_index, new._names, new._tensors,
+                                   new.optimizer_spec, new.optimizer, scaled=False)
         return new
 
     def stats(self) -> dict[str, Any]:
@@ -350,19 +347,6 @@ class TrainingArtifact:
     def __repr__(self) -> str:
         return (f"<TrainingArtifact {self.name} on {self.target} ({self.device}): "
                 f"{len(self.params)} params, {self.optimizer_spec.text()}, {self.steps} steps>")
-
-
-def _scripted(module: torch.nn.Module) -> torch.jit.ScriptModule | None:
-    """The generated step scripted (``None`` when TorchScript cannot compile it: the fx code runs).
-
-    TorchScript runs the whole step in its interpreter instead of one Python call per
-    node; run with ``optimized_execution(False)`` it calls the same kernels in the same
-    order, so results stay bitwise those of the fx code, without a Python call per node."""
-    with quiet_torch():
-        try:
-            return torch.jit.script(module)
-        except Exception:  # noqa: BLE001 - an op TorchScript cannot call: keep the fx code
-            return None
 
 
 def compile_training(graph: Graph, *, target: str = "cpu", optimizer: str | OptimizerSpec = "sgd",

@@ -109,3 +109,15 @@ def test_zoo_step_peak_prediction_equals_the_allocator(name):
         predicted = step_memory(graph, workspace=ws, scratch=OptimizerSpec.parse(spec).scratch(), fused=fused)
         got = measured(compile_training(graph, optimizer=spec, update_in_backward=fused), args)
         assert abs(predicted.peak_bytes - got) <= 0.01 * got, (name, spec, predicted.peak_bytes, got)
+
+
+def test_a_copy_of_a_fused_artifact_steps_its_own_parameters(cnn):
+    import copy
+
+    graph, args = cnn
+    art = compile_training(graph, optimizer="sgd{lr=0.05 momentum=0.9}", update_in_backward=True)
+    before = {k: v.clone() for k, v in art.state_dict().items()}
+    twin = copy.deepcopy(art)
+    twin.step(*args)
+    assert all(torch.equal(before[k], v) for k, v in art.state_dict().items())
+    assert any(not torch.equal(before[k], v) for k, v in twin.state_dict().items())
