@@ -1,43 +1,35 @@
-"""Rematerialisation: mlcomp's remat pass against torch's min-cut partitioner, in one run.
+"""Training memory: the peak a user measures, mlcomp's remat/schedule/fused optimizer against torch's tools.
 
-    .venv/bin/python benchmarks/remat.py                              # resnet18, transformer, mlp32; batch 32
-    .venv/bin/python benchmarks/remat.py --models mlp32 --solvers mincut,sqrt --repeats 3 --json out.json
-    .venv/bin/python benchmarks/remat.py --anchor-only                # the 6x(Linear, GELU, LayerNorm) anchor
+    MALLOC_MMAP_THRESHOLD_=65536 .venv/bin/python benchmarks/remat.py             # resnet18, transformer, bert
+    .venv/bin/python benchmarks/remat.py --models resnet18 --repeats 3 --json out.json
 
-Per model (batch 32, dropout off, SGD with momentum) every variant's training
-step is compiled once and then measured in the same process:
+(the script re-runs itself with ``MALLOC_MMAP_THRESHOLD_=65536`` when it is not set, so that freed tensors
+go back to the OS and the RSS high-water mark follows the live bytes.)
 
-* ``none`` -- mlcomp's joint graph without remat, the reference;
-* ``S@B`` -- ``remat{budget=B solver=S}`` for each solver ``S`` and budget
-  ``B`` in 1.0 / 0.5 / 0.25 / 0.1, and ``sqrt`` (Chen's segments, no budget);
-* ``torch@B`` -- the same model through ``aot_module`` with
-  ``min_cut_rematerialization_partition`` under
-  ``torch._functorch.config.activation_memory_budget = B`` (set with the
-  config's ``patch`` context manager, so it is restored), forward and backward
-  run as the partitioner's fx modules (no inductor), the same optimizer.
+Per model (batch 32, dropout off, SGD with momentum) every setting's training step is built once,
+then measured in the same process:
 
-Columns: predicted peak (mlcomp's liveness with kernel scratch,
-:mod:`mlcomp.analysis.workspace`; torch has none), measured peak of
-one step above the state before it (torch's CPU allocator events,
-:func:`mlcomp.measure.training_bench.step_peak`), saved activations (tensors
-and bytes the backward reads from the forward; parameters and graph inputs
-left out, for torch: the forward's extra outputs that are not its inputs),
-their reduction against ``none``, median step time of interleaved repeats and
-its overhead against ``none``, and the worst parameter's gradient error against
-``none`` on the same batch.  Budgets are close but not the same: mlcomp's is a
-fraction of the saved-activation bytes without remat (graph inputs included,
-so the inputs set a floor), torch's is normalised between saving only the
-inputs (0) and what its default min-cut saves (1).
+* ``none`` -- mlcomp's joint graph, the optimizer after the graph (the reference);
+* ``fused`` -- the same step with the optimizer in the backward (``update_in_backward``);
+* ``remat@B`` -- ``remat{budget=B fused=true},schedule{fused=true}``, compiled fused: the plan with
+  the lowest predicted step peak among the knapsack solver's candidates (the cheapest within 10%);
+* ``mincut@0.25`` -- ``remat{budget=0.25 solver=mincut}``, unfused (the setting the issue measured);
+* ``torch ckpt`` -- eager autograd with ``torch.utils.checkpoint`` around every block (each module of a
+  ModuleList/Sequential of two or more repeated blocks), the same optimizer after ``backward``;
+* ``torch@B`` -- ``aot_module`` with ``min_cut_rematerialization_partition`` under
+  ``activation_memory_budget = B`` (fx modules, no inductor).
 
-The anchor: 6x(Linear 256, GELU, LayerNorm) at batch 64, torch's
-saved tensors at budgets 1.0, 0.5 and 0.0 beside mlcomp's at 1.0, 0.5 and its
-smallest budget.
+Columns: predicted peak of the whole step (:func:`mlcomp.analysis.step_peak.step_memory` with kernels'
+scratch and the optimizer's), allocator peak and RSS high-water mark of one step above the state before
+it (:func:`mlcomp.measure.training_bench.step_peak`), median step time of interleaved repeats and its
+overhead against ``none``, and the worst parameter's gradient error against ``none`` on the same batch.
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -47,67 +39,102 @@ import torch._functorch.config as functorch_config
 from functorch.compile import aot_module, make_boxed_func
 from torch import nn
 from torch._functorch.partitioners import min_cut_rematerialization_partition
+from torch.utils.checkpoint import checkpoint
 
-from mlcomp.analysis.training_graph import predicted_peak, saved_activations
+from mlcomp.analysis.step_peak import step_memory
 from mlcomp.analysis.workspace import op_workspaces
-from mlcomp.base.errors import MlcompError
 from mlcomp.base.table import Table
 from mlcomp.base.units import fmt_bytes
 from mlcomp.frontend.joint import loss_function, model_output
-from mlcomp.hardware.timing import (
-    TimingPolicy,
-    fmt_seconds,
-    measure_interleaved,
-)
-from mlcomp.ir import Graph
-from mlcomp.ir.ops import INPUT
-from mlcomp.measure.remat_sweep import activation_bytes, grad_error, remat_spec
+from mlcomp.hardware.peak_memory import MemorySource
+from mlcomp.hardware.timing import TimingPolicy, fmt_seconds, measure_interleaved
+from mlcomp.measure.remat_sweep import grad_error
 from mlcomp.measure.training_bench import TrainingCase, step_peak, training_case
 from mlcomp.pipeline.manager import run_pipeline
-from mlcomp.pipeline.spec import Pipeline
 from mlcomp.runtime.optim import OptimizerSpec
 from mlcomp.training.step import compile_training
 
-BUDGETS = ("1.0", "0.5", "0.25", "0.1")
 OPTIMIZER = "sgd{lr=0.01 momentum=0.9}"
+MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
+SETTINGS = (("fused", "", True), ("remat@0.5", "remat{budget=0.5 fused=true},schedule{fused=true}", True),
+            ("remat@0.25", "remat{budget=0.25 fused=true},schedule{fused=true}", True),
+            ("mincut@0.25", "remat{budget=0.25 solver=mincut}", False))
+TORCH_BUDGETS = ("0.25",)
 
 
-def deep_mlp(depth: int = 32, width: int = 256) -> nn.Module:
-    """``depth`` x (Linear(width, width), ReLU), then a 10-way classifier."""
-    torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(width, 10))
+class Logits(nn.Module):
+    """A ``transformers`` classifier's logits (its output is a ModelOutput)."""
 
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
 
-def anchor_model() -> nn.Module:
-    """The anchor: 6 x (Linear 256, GELU, LayerNorm)."""
-    torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for _ in range(6):
-        layers += [nn.Linear(256, 256), nn.GELU(), nn.LayerNorm(256)]
-    return nn.Sequential(*layers)
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(ids).logits
 
 
 def make_case(name: str, batch: int) -> TrainingCase:
-    if name == "mlp32":
-        x = torch.randn(batch, 256, generator=torch.Generator().manual_seed(1))
-        return training_case(deep_mlp(), inputs=(x,), name="mlp32")
-    if name == "anchor":
-        x = torch.randn(batch, 256, generator=torch.Generator().manual_seed(1))
-        return training_case(anchor_model(), inputs=(x,), loss="mse", name="anchor")
-    return training_case(name, batch=batch)
+    if name != "bert":
+        return training_case(name, batch=batch)
+    import transformers as tf
 
-
-def count_saved(graph: Graph) -> tuple[int, int]:
-    """(tensors, bytes) the backward reads from the forward, graph inputs and parameters left out."""
-    acts = [s for s in saved_activations(graph) if graph.node(s.name).op != INPUT]
-    return len(acts), activation_bytes(graph)
+    torch.manual_seed(0)
+    cfg = tf.BertConfig(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512,
+                        vocab_size=4000, num_labels=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ids = torch.randint(0, 4000, (batch, 128), generator=torch.Generator().manual_seed(1))
+    return training_case(Logits(tf.BertForSequenceClassification(cfg)).train(), inputs=(ids,), name="bert")
 
 
 # ---------------------------------------------------------------------------
-# torch's partitioner
+# torch: checkpoint per block, the min-cut partitioner
+
+
+class Checkpointed(nn.Module):
+    """``torch.utils.checkpoint`` around one block; other attributes read through to the block."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("inner"), name)
+
+
+def checkpoint_blocks(model: nn.Module) -> int:
+    """Wrap every block of a ModuleList/Sequential holding two or more blocks of one class; the count."""
+    wrapped = 0
+    for parent in list(model.modules()):
+        kids = list(parent.named_children())
+        if not isinstance(parent, (nn.ModuleList, nn.Sequential)) or len(kids) < 2:
+            continue
+        kinds = {type(m) for _, m in kids}
+        if len(kinds) == 1 and any(True for _ in kids[0][1].children()):
+            for name, child in kids:
+                setattr(parent, name, Checkpointed(child))
+                wrapped += 1
+    return wrapped
+
+
+def _eager_step(module: nn.Module, args: tuple[torch.Tensor, ...], spec: OptimizerSpec) -> tuple[Any, dict]:
+    params = dict(module.named_parameters())
+    module(*args).backward()
+    grads = {k.split("model.", 1)[1].replace("inner.", ""): p.grad.detach().clone() for k, p in params.items()
+             if p.grad is not None}
+    for p in params.values():
+        p.grad = None
+    opt = spec.build(params.values())
+
+    def step() -> None:
+        module(*args).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)      # like the mlcomp step: gradients die inside the measured step
+    return step, grads
 
 
 class _WithLoss(nn.Module):
@@ -168,160 +195,101 @@ def torch_partitioned(case: TrainingCase, budget: float) -> tuple[nn.Module, dic
     return compiled, saved
 
 
+
 # ---------------------------------------------------------------------------
 # one model
 
 
-def bench_model(case: TrainingCase, solvers: list[str], policy: TimingPolicy, torch_budgets: tuple[str, ...],
-                log: Any) -> list[dict[str, Any]]:
-    spec = OptimizerSpec.parse(OPTIMIZER)
-    keys = list(case.model.state_dict())
-    args = case.args("cpu")
+def mlcomp_settings(case: TrainingCase, spec: OptimizerSpec, log: Any) -> tuple[dict, dict, dict]:
+    """(rows, steps, grads) of ``none`` and every mlcomp setting."""
+    keys, args, scratch = list(case.model.state_dict()), case.args("cpu"), {}
     rows: dict[str, dict[str, Any]] = {}
     steps: dict[str, Any] = {}
     grads: dict[str, dict[str, torch.Tensor]] = {}
-    variants = [("none", None)] + [(f"{s}@{b}", remat_spec(b, s)) for s in solvers if s != "sqrt" for b in BUDGETS]
-    if "sqrt" in solvers:
-        variants.append(("sqrt", remat_spec("sqrt")))
-    failed: set[str] = set()      # solvers that missed a budget: smaller budgets are not tried
-    scratch: dict[Any, int] = {}  # kernel workspaces (analysis.workspace), one measurement per shape
-    for label, text in variants:
-        row: dict[str, Any] = {"variant": label, "spec": text or ""}
-        solver = label.partition("@")[0]
-        if solver in failed:
-            row["note"] = "not tried: a larger budget was not met"
-            rows[label] = row
-            continue
-        graph = case.graph
+    for label, text, fused in (("none", "", False), *SETTINGS):
         t0 = time.perf_counter()
-        if text is not None:
-            try:
-                graph, report = run_pipeline(case.graph, Pipeline.parse(text), example_inputs=args)
-                row["stats"] = next((r.stats for r in report.records if r.name == "remat"), {})
-            except MlcompError as exc:   # a budget a solver cannot meet is a row, not the end of the run
-                row["note"] = getattr(exc, "what", str(exc))[:300]
-                rows[label] = row
-                failed.add(solver)
-                log(f"  {label} ({time.perf_counter() - t0:.1f} s): {row['note'][:120]}")
-                continue
-        art = compile_training(graph, optimizer=spec, state_keys=keys)
-        row["predicted"] = predicted_peak(graph, op_workspaces(graph, cache=scratch)).transient
-        row["tensors"], row["bytes"] = count_saved(graph)
+        graph, stats = case.graph, {}
+        if text:
+            graph, report = run_pipeline(case.graph, text, example_inputs=args)
+            stats = next((r.stats for r in report.records if r.name == "remat"), {})
+        art = compile_training(graph, optimizer=spec, state_keys=keys, update_in_backward=fused)
+        mem = step_memory(graph, workspace=op_workspaces(graph, cache=scratch), scratch=spec.scratch(), fused=fused)
+        rows[label] = {"variant": label, "spec": text + (" + update_in_backward" if fused else ""),
+                       "predicted": mem.peak_bytes, "at": mem.at, "by_kind": mem.by_kind(),
+                       "recompute_flops": stats.get("recompute_flops", 0), "pass_s": time.perf_counter() - t0}
         grads[label] = {k: v.detach().clone() for k, v in art.gradients(*args)[1].items()}
         steps[label] = lambda a=art: a.step(*args)
-        rows[label] = row
-        log(f"  {label}: pass {row.setdefault('pass_s', time.perf_counter() - t0):.1f} s, compiled")
-    for b in torch_budgets:
+        log(f"  {label}: predicted {fmt_bytes(mem.peak_bytes)} at {mem.at} ({time.perf_counter() - t0:.1f} s)")
+    return rows, steps, grads
+
+
+def torch_settings(case: TrainingCase, spec: OptimizerSpec, log: Any) -> tuple[dict, dict, dict]:
+    """(rows, steps, grads) of checkpoint-per-block and the min-cut partitioner at each budget."""
+    args = case.args("cpu")
+    rows, steps, grads = {}, {}, {}
+    model = copy.deepcopy(case.model)
+    blocks = checkpoint_blocks(model)
+    steps["torch ckpt"], grads["torch ckpt"] = _eager_step(_WithLoss(model, case.loss).train(), args, spec)
+    rows["torch ckpt"] = {"variant": "torch ckpt", "spec": f"torch.utils.checkpoint on {blocks} blocks"}
+    for b in TORCH_BUDGETS:
         label = f"torch@{b}"
-        module, saved = torch_partitioned(case, float(b))
-        params = dict(module.named_parameters())
-        module(*args).backward()
-        grads[label] = {k.split("model.", 1)[1]: p.grad.detach().clone() for k, p in params.items()
-                        if p.grad is not None}
-        for p in params.values():
-            p.grad = None
-        opt = spec.build(params.values())
+        module, _ = torch_partitioned(case, float(b))
+        steps[label], grads[label] = _eager_step(module, args, spec)
+        rows[label] = {"variant": label, "spec": f"min_cut_rematerialization_partition, budget {b}"}
+    log(f"  torch anchors built ({blocks} checkpointed blocks)")
+    return rows, steps, grads
 
-        def torch_step(m: Any = module, o: Any = opt) -> None:
-            m(*args).backward()
-            o.step()
-            o.zero_grad(set_to_none=True)    # like the mlcomp step: gradients die inside the measured step
 
-        steps[label] = torch_step
-        rows[label] = {"variant": label, "spec": f"min_cut_rematerialization_partition, budget {b}",
-                       "tensors": saved["tensors"], "bytes": saved["bytes"], "all_tensors": saved["all_tensors"],
-                       "all_bytes": saved["all_bytes"]}
-        log(f"  {label}: compiled")
+def bench_model(case: TrainingCase, policy: TimingPolicy, log: Any) -> list[dict[str, Any]]:
+    spec = OptimizerSpec.parse(OPTIMIZER)
+    rows, steps, grads = mlcomp_settings(case, spec, log)
+    more = torch_settings(case, spec, log)
+    for have, add in zip((rows, steps, grads), more):
+        have.update(add)
     ref = grads["none"]
     for label, step in steps.items():
-        rows[label]["grad_rel"], rows[label]["grad_abs"] = grad_error(grads[label], ref)
-        rows[label]["measured"] = step_peak(step, "cpu").growth
-    log(f"  timing {len(steps)} variants interleaved")
-    timings = measure_interleaved(steps, policy)
-    for label, t in timings.items():
-        rows[label]["step"] = t.median
-        rows[label]["step_samples"] = list(t.samples)
+        rows[label]["grad_rel"], _ = grad_error({k: grads[label][k] for k in ref}, ref)
+        rows[label]["allocator"] = step_peak(step, "cpu").growth
+        rows[label]["rss"] = step_peak(step, "cpu", MemorySource.RSS).growth
+    log(f"  timing {len(steps)} settings interleaved")
+    for label, t in measure_interleaved(steps, policy).items():
+        rows[label]["step"], rows[label]["step_samples"] = t.median, list(t.samples)
     return list(rows.values())
 
 
 def table(model: str, batch: int, rows: list[dict[str, Any]]) -> Table:
     ref = next(r for r in rows if r["variant"] == "none")
-    columns = ("variant", "predicted", "measured", "pred/meas", "saved tensors", "saved bytes", "acts saved",
-               "step (med)", "overhead", "grad err", "note")
-    cells = []
-    for r in rows:
-        if "step" not in r:
-            cells.append((r["variant"], *(["—"] * 9), "not tried" if "not tried" in r["note"] else "not met"))
-            continue
-        cells.append((r["variant"], fmt_bytes(r.get("predicted")) if r.get("predicted") else "—",
-                      fmt_bytes(r["measured"]),
-                      f"{r['predicted'] / r['measured']:.3f}" if r.get("predicted") and r["measured"] else "—",
-                      str(r["tensors"]), fmt_bytes(r["bytes"]),
-                      f"{100 * (1 - r['bytes'] / ref['bytes']):.0f}%" if ref["bytes"] else "—",
-                      fmt_seconds(r["step"]), f"{100 * (r['step'] / ref['step'] - 1):+.1f}%",
-                      f"{r['grad_rel']:.1e}", ""))
-    return Table(f"{model}, batch {batch}, cpu", columns, tuple(cells), right=frozenset(range(1, 10)))
-
-
-# ---------------------------------------------------------------------------
-# the anchor
-
-
-def anchor(solvers: list[str], log: Any) -> Table:
-    case = make_case("anchor", 64)
-    args = case.args("cpu")
-    cells = []
-    for b in ("1.0", "0.5", "0.0"):
-        _, saved = torch_partitioned(case, float(b))
-        cells.append((f"torch min-cut @{b}", str(saved["tensors"]), fmt_bytes(saved["bytes"]),
-                      str(saved["all_tensors"]), fmt_bytes(saved["all_bytes"])))
-    n, nbytes = count_saved(case.graph)
-    cells.append(("mlcomp none", str(n), fmt_bytes(nbytes), "", ""))
-    for s in solvers:
-        for b in (("sqrt",) if s == "sqrt" else ("1.0", "0.5", "0.25", "0.1")):
-            try:
-                graph, _ = run_pipeline(case.graph, Pipeline.parse(remat_spec(b, s)), example_inputs=args)
-                n, nbytes = count_saved(graph)
-                cells.append((f"mlcomp {s} @{b}", str(n), fmt_bytes(nbytes), "", ""))
-            except MlcompError as exc:
-                cells.append((f"mlcomp {s} @{b}", "—", "—", "", "not met"))
-                log(f"  anchor {s}@{b}: {getattr(exc, 'what', exc)}"[:160])
-    return Table("anchor: 6x(Linear 256, GELU, LayerNorm), batch 64 (saved for backward; 'all' adds inputs "
-                 "and parameters torch saves)", ("variant", "saved tensors", "saved bytes", "all tensors",
-                                                 "all bytes"), tuple(cells), right=frozenset({1, 2, 3, 4}))
+    columns = ("setting", "predicted", "allocator", "pred/alloc", "RSS", "vs none", "step", "overhead", "grad err")
+    cells = tuple((r["variant"], fmt_bytes(r["predicted"]) if r.get("predicted") else "—", fmt_bytes(r["allocator"]),
+                   f"{r['predicted'] / r['allocator']:.3f}" if r.get("predicted") and r["allocator"] else "—",
+                   fmt_bytes(r["rss"]), f"{100 * (r['allocator'] / ref['allocator'] - 1):+.0f}%",
+                   fmt_seconds(r["step"]), f"{100 * (r['step'] / ref['step'] - 1):+.0f}%", f"{r['grad_rel']:.1e}")
+                  for r in rows)
+    return Table(f"{model}, batch {batch}, cpu, {OPTIMIZER}", columns, cells, right=frozenset(range(1, 9)))
 
 
 def main(argv: list[str] | None = None) -> int:
+    if os.environ.get(MMAP_ENV) is None:       # freed tensors back to the OS: RSS follows the live bytes
+        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, **{MMAP_ENV: "65536"}))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="resnet18,transformer,mlp32")
+    ap.add_argument("--models", default="resnet18,transformer,bert")
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--solvers", default="mincut,knapsack,milp,sqrt")
-    ap.add_argument("--milp-models", default="mlp32", help="models milp runs on (an exact MILP: small graphs)")
-    ap.add_argument("--torch-budgets", default=",".join(BUDGETS))
-    ap.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds (median reported)")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds (median reported)")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--anchor-only", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    log = lambda m: print(m, file=sys.stderr, flush=True)
-    solvers = [s for s in args.solvers.split(",") if s]
-    print(anchor(solvers, log).format() + "\n", flush=True)
+    log = lambda m: print(m, file=sys.stderr, flush=True)   # noqa: E731
+    policy = TimingPolicy(warmup=1, budget_s=1e-3, min_repeats=args.repeats, max_repeats=args.repeats)
     out: dict[str, Any] = {}
-    if not args.anchor_only:
-        policy = TimingPolicy(warmup=1, budget_s=1e-3, min_repeats=args.repeats, max_repeats=args.repeats)
-        for model in [m for m in args.models.split(",") if m]:
-            log(f"{model}:")
-            use = [s for s in solvers if s != "milp" or model in args.milp_models.split(",")]
-            rows = bench_model(make_case(model, args.batch), use, policy,
-                               tuple(b for b in args.torch_budgets.split(",") if b), log)
-            out[model] = rows
-            notes = [f"{r['variant']}: {r['note']}" for r in rows if r.get("note") and "not tried" not in r["note"]]
-            print(table(model, args.batch, rows).format() + "".join(f"\n{n}" for n in notes) + "\n", flush=True)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=2, default=str)
+    for model in [m for m in args.models.split(",") if m]:
+        log(f"{model}:")
+        out[model] = bench_model(make_case(model, args.batch), policy, log)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(out, fh, indent=2, default=str)
+        print(table(model, args.batch, out[model]).format() + "\n", flush=True)
     return 0
 
 

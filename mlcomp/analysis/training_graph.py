@@ -52,6 +52,7 @@ __all__ = [
     "predicted_peak",
     "saved_activations",
     "saved_bytes_by_module",
+    "value_modules",
 ]
 
 LOSS_MODULE = "<loss>"
@@ -93,7 +94,7 @@ def _nbytes(graph: Graph, node: Node) -> int:
     return sum(m.nbytes(graph.symbols) for m in tensor_metas(node.meta))
 
 
-def _modules(graph: Graph) -> dict[str, str]:
+def value_modules(graph: Graph) -> dict[str, str]:
     """Module of each value: the module of a parameter it reads, else that of its first input."""
     mod: dict[str, str] = {}
     for node in graph.nodes():
@@ -116,7 +117,7 @@ def saved_activations(graph: Graph) -> list[SavedValue]:
     """Forward values read by the backward, by base tensor, in graph order."""
     _require_joint(graph)
     bufs = buffers(graph)
-    mod = _modules(graph)
+    mod = value_modules(graph)
     readers: dict[str, int] = {}
     for node in graph.call_nodes():
         if node.ann.phase is not Phase.BACKWARD:

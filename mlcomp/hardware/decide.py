@@ -35,7 +35,7 @@ from typing import Any
 from mlcomp.hardware.timing import Clock, Sync, no_sync
 
 __all__ = ["ALPHA", "ELIMINATE_ABOVE", "MIN_ROUNDS", "Decision", "DecisionPolicy", "Sampler", "Verdict", "call_samplers",
-           "clear_losers", "decide", "sign_test"]
+           "clear_losers", "decide", "measure_times", "sign_test"]
 
 ALPHA = 0.05        # a two-sided sign test below this decides
 MIN_ROUNDS = 6      # the fewest paired rounds in which a sign test can decide at ALPHA (p = 2 / 2**6)
@@ -215,6 +215,32 @@ def decide(question: str, samplers: Mapping[str, Sampler], *, default: str | Non
     medians = {n: median(samples[n]) for n in names}
     ratio = {n: median(ratios[n]) for n in contenders}
     return _verdict(question, names, default, rounds, medians, ratio, p, policy)
+
+
+def measure_times(question: str, fns: Mapping[str, Callable[[], Any]], *, rounds: int = 3,
+                  policy: DecisionPolicy = DecisionPolicy(warmup=1), clock: Clock = time.perf_counter,
+                  deterministic: bool = False, rule: str = "nothing timed") -> tuple[dict[str, float] | None, Decision]:
+    """Median seconds per call of each of ``fns`` (``rounds`` rotated rounds after :func:`call_samplers`' warm-up)
+    and the record of the measurement, for a choice that weighs measured times (remat's recompute costs).
+
+    ``deterministic``: nothing runs; ``(None, fixed decision)``, and the caller takes its fixed ``rule``.
+
+        >>> times, d = measure_times("cost?", {"a": lambda: None}, clock=iter(range(99)).__next__)
+        >>> times, d.choice, d.why
+        ({'a': 1.0}, 'measured', 'measured: 1 call(s), 3 rotated rounds each after 1 warm-up call(s)')
+    """
+    names = list(fns)
+    if deterministic:
+        return None, Decision.fixed(question, ("measured", "fixed"), "fixed", rule)
+    samplers = call_samplers(fns, warmup=policy.warmup, budget_s=policy.budget_s, clock=clock)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for k in range(rounds):
+        turn = k % max(len(names), 1)
+        for n in names[turn:] + names[:turn]:
+            samples[n].append(samplers[n]())
+    times = {n: median(v) for n, v in samples.items()}
+    why = f"measured: {len(names)} call(s), {rounds} rotated rounds each after {policy.warmup} warm-up call(s)"
+    return times, Decision(question, ("measured", "fixed"), "fixed", "measured", Verdict.DECIDED, why, rounds=rounds)
 
 
 def _verdict(question: str, names: list[str], default: str, rounds: int, medians: dict[str, float],

@@ -4,8 +4,8 @@ For one model and batch the joint graph is captured once, compiled without
 remat (the reference) and once per budget through the ``remat`` pass
 (``remat{budget=B solver=S}``, plus Chen's ``remat{solver=sqrt}``).  Per point:
 
-* **predicted peak** -- :func:`mlcomp.analysis.training_graph.predicted_peak` of the
-  rewritten graph (transient bytes above parameters, buffers and inputs), with
+* **predicted peak** -- :func:`mlcomp.analysis.step_peak.step_memory` of the
+  rewritten graph: the whole step (optimizer update included) above parameters, buffers and inputs, with
   kernels' scratch (:func:`mlcomp.analysis.workspace.op_workspaces`);
 * **measured peak** -- one compiled step's peak above the state before it,
   on CPU from torch's allocator events (:func:`~mlcomp.measure.training_bench.step_peak`);
@@ -40,7 +40,8 @@ from typing import Any
 
 import torch
 
-from mlcomp.analysis.training_graph import predicted_peak, saved_activations
+from mlcomp.analysis.step_peak import step_memory
+from mlcomp.analysis.training_graph import saved_activations
 from mlcomp.analysis.workspace import op_workspaces
 from mlcomp.base.errors import PassFailure
 from mlcomp.base.files import atomic_path
@@ -226,7 +227,8 @@ def remat_sweep(model: str | torch.nn.Module | TrainingCase, *, batch: int = 32,
             points.append(SweepPoint(label, text, stats=stats, note=note))
             continue
         assert g is not None
-        predicted = predicted_peak(g, op_workspaces(g, device=device, cache=scratch)).transient
+        predicted = step_memory(g, workspace=op_workspaces(g, device=device, cache=scratch),
+                                scratch=spec.scratch()).peak_bytes
         points.append(SweepPoint(label, text, predicted, peaks[label].growth, activation_bytes(g),
                                  timings[label], *errors[label], stats=stats))
     return RematSweep(case.name, case.batch, device, solver, peaks[NONE].method, tuple(points))

@@ -26,12 +26,14 @@ import dataclasses
 import enum
 import typing
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, ClassVar, Mapping
 
 from mlcomp.base.errors import MlcompError, PipelineSpecError
 from mlcomp.base.registry import LazyRegistry
 from mlcomp.base.spec import Grammar, SpecEntry
 from mlcomp.base.spec_options import OptionInfo, check_fields, option
+from mlcomp.hardware.decide import Decision, measure_times
 from mlcomp.hardware.spec import DEFAULT_CPU
 from mlcomp.ir.node import Mode
 
@@ -61,6 +63,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "mixed-precision": "mlcomp.passes.precision.mixed:MixedPrecision",
     "loss-scale": "mlcomp.passes.precision.loss_scale:LossScale",
     "remat": "mlcomp.passes.remat.remat:Remat",
+    "schedule": "mlcomp.passes.remat.schedule:Schedule",
     "partition": "mlcomp.passes.placement.partition:Partition",
     "place": "mlcomp.passes.placement.place:Place",
     "prune": "mlcomp.passes.prune.prune:Prune",
@@ -97,6 +100,14 @@ class PassContext:
     @property
     def hw(self) -> "HardwareSpec":
         return self.hardware or DEFAULT_CPU
+
+    def measure(self, question: str, fns: Mapping[str, Callable[[], Any]], *,
+                rule: str) -> tuple[dict[str, float] | None, Decision]:
+        """Median seconds of each of ``fns`` and the :class:`Decision` recording it (a pass puts it in its
+        stats' ``decisions``, the manifest's); in a deterministic run nothing is timed (``None``) and the pass
+        takes its fixed ``rule``.  Every timing a pass makes goes through here
+        (:func:`mlcomp.hardware.decide.measure_times`)."""
+        return measure_times(question, fns, deterministic=self.deterministic, rule=rule)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import keyword
 import operator
 import re
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -84,7 +85,9 @@ def param_names(gm: nn.Module) -> dict[str, str]:
 
 
 def to_fx(graph: Graph, *, device: str | torch.device | None = None,
-          honour_placement: bool = True, scriptable: bool = False) -> fx.GraphModule:
+          honour_placement: bool = True, scriptable: bool = False,
+          after: Mapping[str, Sequence[tuple[Callable[..., None], str]]] | None = None,
+          drop_outputs: Collection[int] = ()) -> fx.GraphModule:
     """Generate a ``GraphModule`` computing ``graph``; its ``forward`` returns a tuple.
 
     ``device`` moves every constant there (default: where they are).  With
@@ -94,6 +97,11 @@ def to_fx(graph: Graph, *, device: str | torch.device | None = None,
     code ``torch.jit.script`` accepts (op packets resolved by schema instead of
     overloads, ``x.size(d)`` for symbolic sizes): the way to keep dynamic sizes
     in TorchScript, where tracing would bake them in.
+
+    ``after`` (IR node → ``(fn, value)`` pairs) emits ``fn(value)`` right after that
+    node, for effects such as a parameter's update; ``drop_outputs`` returns ``None``
+    at those output positions, so the value dies at its last reader (the call)
+    instead of living to the end of the graph.
     """
     training = graph.mode is Mode.TRAINING
     default_dev = _norm(device)
@@ -127,7 +135,8 @@ def to_fx(graph: Graph, *, device: str | torch.device | None = None,
         elif node.op == OUTPUT:
             value = node.inputs[0] if len(node.inputs) == 1 else node.inputs
             outs = map_refs(value, lambda r: env[r.name])
-            fxg.output(tuple(outs) if isinstance(outs, (list, tuple)) else (outs,))
+            outs = tuple(outs) if isinstance(outs, (list, tuple)) else (outs,)
+            fxg.output(tuple(None if i in drop_outputs else o for i, o in enumerate(outs)))
         elif node.op == GETITEM and isinstance(env[node.input_names()[0]], tuple):   # an inlined fused body
             env[node.name] = env[node.input_names()[0]][node.inputs[1]]
             where[node.name] = where.get(node.input_names()[0])
@@ -142,14 +151,14 @@ def to_fx(graph: Graph, *, device: str | torch.device | None = None,
             args, kwargs = map_refs(node.inputs, move), map_refs(dict(node.attrs), move)
             if scriptable and is_fused(node.op):   # TorchScript cannot call a fused kernel: inline its body
                 env[node.name] = _inline_fused(fxg, node, args, taken)
-                where[node.name] = want if isinstance(node.meta, (TensorMeta, tuple)) else None
-                continue
-            kind, fn = _scriptable(node) if scriptable else ("call_function", node_callable(node))
-            out = fxg.create_node(kind, fn, tuple(args), kwargs, name=attribute_name(node.name, taken))
-            out.meta["mlcomp_origin"] = node.origin
+            else:
+                kind, fn = _scriptable(node) if scriptable else ("call_function", node_callable(node))
+                env[node.name] = fxg.create_node(kind, fn, tuple(args), kwargs, name=attribute_name(node.name, taken))
+                env[node.name].meta["mlcomp_origin"] = node.origin
             # sizes and other scalars live nowhere in particular: never copied between devices
-            env[node.name] = out
             where[node.name] = want if isinstance(node.meta, (TensorMeta, tuple)) else None
+        for fn, value in (after or {}).get(node.name, ()):
+            fxg.call_function(fn, (env[value],))
     fxg.lint()
     gm = fx.GraphModule(root, fxg, class_name=f"{graph.name}_module")
     setattr(gm, _NAMES_ATTR, names)

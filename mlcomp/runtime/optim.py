@@ -34,7 +34,7 @@ from mlcomp.base.errors import MlcompError
 from mlcomp.base.spec import Grammar, SpecTable
 from mlcomp.base.spec_options import check_fields, option
 
-__all__ = ["OPTIMIZER_GRAMMAR", "AdamOptions", "AdamWOptions", "OptimizerKind", "OptimizerSpec", "OptimizerSpecError",
+__all__ = ["OPTIMIZER_GRAMMAR", "SCRATCH", "AdamOptions", "AdamWOptions", "OptimizerKind", "OptimizerSpec", "OptimizerSpecError",
            "SgdOptions"]
 
 
@@ -90,6 +90,16 @@ class AdamWOptions(AdamOptions):
     weight_decay: float = option(0.01, "decoupled weight decay", ge=0)
 
 
+# (kind, options that must be set, scratch per parameter byte): torch's foreach updates, first match wins.
+# SGD with weight decay adds the decay into a new gradient list; Adam/AdamW divide by a new sqrt(v) list;
+# momentum buffers and moments are optimizer state (allocated on the first step), not scratch.
+SCRATCH: tuple[tuple[OptimizerKind, tuple[str, ...], float], ...] = (
+    (OptimizerKind.SGD, ("weight_decay",), 1.0),
+    (OptimizerKind.SGD, (), 0.0),
+    (OptimizerKind.ADAM, (), 1.0),
+    (OptimizerKind.ADAMW, (), 1.0),
+)
+
 _OPTIONS: dict[OptimizerKind, type] = {OptimizerKind.SGD: SgdOptions, OptimizerKind.ADAM: AdamOptions,
                                         OptimizerKind.ADAMW: AdamWOptions}
 OPTIMIZER_GRAMMAR = Grammar(
@@ -120,6 +130,12 @@ class OptimizerSpec:
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind.value, "options": dataclasses.asdict(self.options)}
+
+    def scratch(self) -> float:
+        """Temporary bytes one update allocates per byte of the parameters it updates (:data:`SCRATCH`)."""
+        o = self.options
+        return next(share for kind, needs, share in SCRATCH
+                    if kind is self.kind and all(getattr(o, k) for k in needs))
 
     def build(self, params: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
         """The torch optimizer over ``params`` (foreach implementation)."""

@@ -41,7 +41,6 @@ from mlcomp.base.errors import (
     UnsupportedOpError,
 )
 from mlcomp.base.files import Kind, atomic_dir, check_destination
-from mlcomp.base.quiet import quiet_torch
 from mlcomp.base.version import __version__
 from mlcomp.ir import Graph, Mode
 from mlcomp.targets.base import TARGETS, CompileOptions, get_target, target_name
@@ -54,6 +53,7 @@ from mlcomp.targets.capabilities import (
 from mlcomp.runtime.codegen import param_names, to_fx
 from mlcomp.passes.precision.loss_scale import LossScale, find_backward_seed, is_loss_scaled
 from mlcomp.pipeline import run_pipeline
+from mlcomp.training.fused import fused_step, scripted
 from mlcomp.training.loss_scaling import LossScaleError, LossScaler, LossScaleSpec
 from mlcomp.runtime.optim import OptimizerSpec
 from mlcomp.training.check import (
@@ -64,21 +64,9 @@ from mlcomp.training.check import (
     verify_gradients,
 )
 
-__all__ = [
-    "GRAD",
-    "GRAD_FLOOR",
-    "NEW",
-    "SAVED_FILES",
-    "TRAINING_FORMAT",
-    "TrainingArtifact",
-    "TrainingCapabilityError",
-    "check_training_target",
-    "compare_steps",
-    "compile_training",
-    "eager_loss",
-    "training_targets",
-    "verify_gradients",
-]
+__all__ = ["GRAD", "GRAD_FLOOR", "NEW", "SAVED_FILES", "TRAINING_FORMAT", "TrainingArtifact",
+           "TrainingCapabilityError", "check_training_target", "compare_steps", "compile_training", "eager_loss",
+           "training_targets", "verify_gradients"]
 
 GRAD = "grad:"     # the joint graph's output names (mlcomp.frontend.joint)
 NEW = "new:"
@@ -139,10 +127,13 @@ class TrainingArtifact:
     """``step(*inputs, y) -> loss`` (``y`` positional or ``y=``) over its own parameters;
     ``state_dict``/``load_state_dict``."""
 
+    fused: torch.nn.Module | None = None    # the step with the optimizer in the backward (mlcomp.training.fused)
+
     def __init__(self, graph: Graph, optimizer: OptimizerSpec, *, device: str,
                  state_keys: Sequence[str] | None = None,
                  extra_state: Mapping[str, torch.Tensor] | None = None, target: str = "cpu",
-                 loss_scaler: LossScaler | None = None, script: bool = True) -> None:
+                 loss_scaler: LossScaler | None = None, script: bool = True,
+                 update_in_backward: bool = False) -> None:
         if graph.mode is not Mode.TRAINING:
             raise TrainingCapabilityError(f"graph {graph.name} is an inference graph, not a joint training graph",
                                           hint="capture it with mode='train'")
@@ -151,12 +142,15 @@ class TrainingArtifact:
         self.graph: Graph | None = own      # None on an artifact loaded from a folder (it runs TorchScript)
         module = to_fx(own, device=device, honour_placement=False, scriptable=script)
         names = param_names(module)
-        module = (_scripted(module) if script else None) or to_fx(own, device=device, honour_placement=False)
+        module = (scripted(module) if script else None) or to_fx(own, device=device, honour_placement=False)
         self._bind(module, names, output_names(own), name=graph.name, target=target, device=device,
                    optimizer=optimizer, state_keys=state_keys, extra_state=extra_state,
                    tied=dict(own.output_node.attrs.get(_TIED, ())))
         self.loss_scaler = loss_scaler   # graph has a %loss_scale input (mlcomp.training.loss_scaling)
         self.verification: dict[str, Any] | None = None
+        if update_in_backward:
+            self.fused = fused_step(own, device, self._grad_index, names, self._tensors, optimizer, self.optimizer,
+                                    scaled=loss_scaler is not None)
 
     def _bind(self, module: Any, names: Mapping[str, str], outs: Sequence[str], *, name: str, target: str,
               device: str, optimizer: OptimizerSpec, state_keys: Sequence[str] | None,
@@ -183,15 +177,16 @@ class TrainingArtifact:
         self.reference_inputs: tuple[torch.Tensor, ...] | None = None   # the batch verify_gradients used
 
     # -- running ------------------------------------------------------------
-    def _run(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    def _run(self, inputs: Sequence[torch.Tensor], module: Any = None) -> tuple[torch.Tensor, ...]:
+        module = self.module if module is None else module
         inputs = tuple(t.to(self.device) for t in inputs)
         if self.loss_scaler is not None:
             inputs += self.loss_scaler.inputs(self.device)
-        if isinstance(self.module, torch.jit.ScriptModule):   # no JIT fusion: eager's kernels, bit for bit
+        if isinstance(module, torch.jit.ScriptModule):   # no JIT fusion: eager's kernels, bit for bit
             with torch.no_grad(), torch.jit.optimized_execution(False):
-                return self.module(*inputs)
+                return module(*inputs)
         with torch.no_grad():
-            return self.module(*inputs)
+            return module(*inputs)
 
     def gradients(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``(loss, {param: grad})`` for one batch without updating anything (the last input is ``y``)."""
@@ -205,6 +200,8 @@ class TrainingArtifact:
         """One training step on a batch; returns the loss.  The loss's target ``y`` comes last, positionally or
         by name: ``step(x, y)`` and ``step(x, y=y)`` are the same step (a loss the model computes itself takes
         no ``y``)."""
+        if self.fused is not None:     # each parameter updated inside the backward (mlcomp.training.fused)
+            return self._finish(self._run(inputs if y is None else (*inputs, y), self.fused))
         outs = self._run(inputs if y is None else (*inputs, y))
         grads = [outs[i] for i in self._grad_index.values()]
         apply = True
@@ -217,6 +214,10 @@ class TrainingArtifact:
             self.optimizer.step()
             for p in self.params.values():
                 p.grad = None
+        return self._finish(outs)
+
+    def _finish(self, outs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Copy the new buffer values in, count the step, return the loss."""
         with torch.no_grad():
             for b, i in self._new_index.items():
                 self.buffers[b].copy_(outs[i])
@@ -235,6 +236,9 @@ class TrainingArtifact:
         for attr, dotted in new._names.items():
             if getattr(new.module, attr).data_ptr() != new._tensors[dotted].data_ptr():
                 setattr(new.module, attr, new._tensors[dotted])
+        if new.fused is not None:       # its updates must step the copy's parameters and optimizer
+            new.fused = fused_step(new.graph, new.device, new._grad_index, new._names, new._tensors,
+                                   new.optimizer_spec, new.optimizer, scaled=False)
         return new
 
     def stats(self) -> dict[str, Any]:
@@ -345,28 +349,17 @@ class TrainingArtifact:
                 f"{len(self.params)} params, {self.optimizer_spec.text()}, {self.steps} steps>")
 
 
-def _scripted(module: torch.nn.Module) -> torch.jit.ScriptModule | None:
-    """The generated step scripted (``None`` when TorchScript cannot compile it: the fx code runs).
-
-    TorchScript runs the whole step in its interpreter instead of one Python call per
-    node; run with ``optimized_execution(False)`` it calls the same kernels in the same
-    order, so results stay bitwise those of the fx code, without a Python call per node."""
-    with quiet_torch():
-        try:
-            return torch.jit.script(module)
-        except Exception:  # noqa: BLE001 - an op TorchScript cannot call: keep the fx code
-            return None
-
-
 def compile_training(graph: Graph, *, target: str = "cpu", optimizer: str | OptimizerSpec = "sgd",
                      options: CompileOptions | None = None, state_keys: Sequence[str] | None = None,
                      extra_state: Mapping[str, torch.Tensor] | None = None,
-                     loss_scale: str | float | LossScaleSpec | None = None) -> TrainingArtifact:
+                     loss_scale: str | float | LossScaleSpec | None = None,
+                     update_in_backward: bool = False) -> TrainingArtifact:
     """Lower a joint training graph on ``target`` (``cpu`` or ``cuda``) with ``optimizer``.
 
     ``loss_scale``: ``dynamic``, ``none``, a number or ``dynamic{init=… interval=…}``
     (:mod:`mlcomp.training.loss_scaling`); ``None`` is dynamic when the graph computes in fp16, or
-    when a pipeline already ran the ``loss-scale`` pass on it.
+    when a pipeline already ran the ``loss-scale`` pass on it.  ``update_in_backward`` updates each
+    parameter as soon as its gradient is complete and frees the gradient (:mod:`mlcomp.training.fused`).
     """
     spec = OptimizerSpec.parse(optimizer)
     scaling = _loss_scaling(graph, loss_scale)
@@ -381,7 +374,7 @@ def compile_training(graph: Graph, *, target: str = "cpu", optimizer: str | Opti
     if scaler is not None and not is_loss_scaled(graph):
         graph, _ = run_pipeline(graph, LossScale.name)
     return TrainingArtifact(graph, spec, device=device, state_keys=state_keys, extra_state=extra_state,
-                            target=t.name, loss_scaler=scaler)
+                            target=t.name, loss_scaler=scaler, update_in_backward=update_in_backward)
 
 
 def _loss_scaling(graph: Graph, loss_scale: str | float | LossScaleSpec | None) -> LossScaleSpec:

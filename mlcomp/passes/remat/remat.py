@@ -21,41 +21,44 @@ values die at the end of the forward.  Before and after, on a 3-layer MLP::
 and graph inputs read by the backward, views charged to their base): a fraction
 in (0, 1] of those bytes without remat -- the meaning of torch's
 ``activation_memory_budget`` -- or a size (``256MB``; K/M/G are powers of 1024).
-The solvers keep at most that many bytes at the least recompute cost; values
-that cannot be recomputed (graph inputs and outputs, random and in-place ops,
-nodes matching ``keep``) are always kept, and a budget below what they force is
-an error naming the minimum.  The predicted transient peak
-(:func:`mlcomp.analysis.training_graph.predicted_peak`) before and after is reported.
-Views and tuple projections follow the value they alias.  Recompute cost is
-FLOPs (``cost=flops``: FlopCounterMode, one per output element for ops it does
-not count) or each node's measured time (``cost=profile``, cached in
-``ctx.cache``).  ``sqrt`` is Chen's fixed plan and ignores the budget.
+The solvers propose plans keeping at most that many bytes; values that cannot
+be recomputed (graph inputs and outputs, random and in-place ops, nodes matching
+``keep``) are always kept, and a budget below what they force is an error naming
+the minimum.  The objective is the peak a user measures: every proposed plan is
+applied to a copy and scored by the predicted peak of the whole step
+(:func:`mlcomp.analysis.step_peak.step_memory`: forward, backward, optimizer
+update, kernels' scratch; ``fused=true`` for a step with the optimizer in the
+backward), and :func:`mlcomp.passes.remat.choose.choose` keeps the lowest (the
+cheapest within a few percent of it).  ``peak=96MiB`` instead asks for the
+cheapest plan whose predicted peak fits, an error naming the lowest reachable
+when none does.  The stats report the peak before and after, its moment and
+what is live there by kind and module.  Views and tuple projections follow the
+value they alias.  Recompute cost is FLOPs or measured node times
+(:mod:`mlcomp.passes.remat.costs`).  ``sqrt`` is Chen's fixed plan and ignores
+the budget.
 """
 from __future__ import annotations
 
-import enum
 import fnmatch
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
-
-from mlcomp.analysis.cost import node_flops
 from mlcomp.analysis.liveness import is_view, liveness, storage_roots, value_bytes
-from mlcomp.analysis.training_graph import predicted_peak, saved_activations
+from mlcomp.analysis.training_graph import saved_activations
+from mlcomp.analysis.workspace import op_workspaces
 from mlcomp.base.errors import PassFailure, PipelineSpecError
 from mlcomp.base.units import SizeError, parse_size, size_unit
 from mlcomp.hardware.decide import Decision
-from mlcomp.ir import Graph, Mode, Node, Ref, map_refs, tensor_metas
+from mlcomp.ir import Graph, Mode, Node, Ref, map_refs
 from mlcomp.ir.builder import remove_dead
-from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.node import Annotations, Phase
 from mlcomp.ir.ops import GETITEM
 from mlcomp.ir.opsets import is_pure
+from mlcomp.passes.remat.choose import Scored, choose, score
+from mlcomp.passes.remat.costs import CostModel, cost_model, flops, profile
 from mlcomp.passes.remat.problem import Candidate, RematPlan, RematProblem
-from mlcomp.passes.remat.solvers import Solver, minimum, solve
+from mlcomp.passes.remat.solvers import Solver, candidates, minimum, solve
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
 __all__ = ["Budget", "CostModel", "Remat", "RematError", "build_problem", "forward_values", "parse_budget",
@@ -66,11 +69,6 @@ _FORWARD = (Phase.FORWARD, Phase.LOSS)
 
 class RematError(PassFailure):
     """Rematerialisation cannot run on this graph or cannot meet the budget."""
-
-
-class CostModel(enum.Enum):
-    FLOPS = "flops"
-    PROFILE = "profile"
 
 
 @dataclass(frozen=True)
@@ -106,39 +104,6 @@ def _banned(node: Node, keep: tuple[str, ...]) -> bool:
     return not is_pure(node.op) or any(fnmatch.fnmatchcase(node.name, k) for k in keep)
 
 
-def _flops(graph: Graph, node: Node) -> float:
-    counted = node_flops(graph, node)
-    return float(counted or sum(m.numel(graph.symbols) for m in tensor_metas(node.meta)))
-
-
-def _profile(graph: Graph, names: list[str], ctx: PassContext) -> dict[str, float]:
-    """Seconds each node takes on the example inputs (best of two runs; cached in ``ctx.cache``)."""
-    cache = ctx.cache.setdefault("remat.profile", {})
-    key = lambda n: (n.op, repr(n.inputs), repr(dict(n.attrs)), repr(n.meta),
-                     tuple(repr(graph.node(s).meta) for s in n.input_names()))
-    todo = [graph.node(n) for n in names if key(graph.node(n)) not in cache]
-    if todo:
-        if ctx.example_inputs is None:
-            raise RematError(f"remat{{cost=profile}} times every forward node of {graph.name} on the example "
-                             "inputs, and none were given", where=f"pass remat, graph {graph.name}",
-                             hint="pass example_inputs= (the CLI passes the batch) or use cost=flops")
-        inputs = ctx.example_inputs
-        with torch.no_grad():
-            env = Interpreter(graph, check_inputs=False).run_all(*inputs)
-        for node in todo:
-            fn = node.op.resolve()
-            args = map_refs(node.inputs, lambda r: env[r.name])
-            kwargs = map_refs(dict(node.attrs), lambda r: env[r.name])
-            best = float("inf")
-            for _ in range(2):
-                t0 = time.perf_counter()
-                with torch.no_grad():
-                    fn(*args, **kwargs)
-                best = min(best, time.perf_counter() - t0)
-            cache[key(node)] = best
-    return {n: cache[key(graph.node(n))] for n in names}
-
-
 def forward_values(graph: Graph) -> set[str]:
     """Forward and loss nodes, and projections of their tuples (a backward-phase ``getitem`` of a
     forward tuple runs in the forward: the element it picks is what the backward keeps)."""
@@ -151,7 +116,7 @@ def forward_values(graph: Graph) -> set[str]:
 
 
 def build_problem(graph: Graph, *, cost: CostModel = CostModel.FLOPS, keep: tuple[str, ...] = (),
-                  ctx: PassContext | None = None) -> RematProblem:
+                  ctx: PassContext | None = None, decisions: list[Decision] | None = None) -> RematProblem:
     """The graph inputs and forward values of a joint graph as a :class:`RematProblem` (storage roots,
     graph order).  A plan's kept bytes are the saved-activation bytes of the rewritten graph: inputs and
     graph outputs are candidates that cannot be recomputed, and a tuple is charged every element it holds."""
@@ -164,8 +129,12 @@ def build_problem(graph: Graph, *, cost: CostModel = CostModel.FLOPS, keep: tupl
     index = {n.name: i for i, n in enumerate([*inputs, *nodes])}
     needed = {storage[s] for b in graph.call_nodes() if b.name not in forward and b.ann.phase is Phase.BACKWARD
               for s in b.input_names() if storage[s] in index}
-    costs = (_profile(graph, [n.name for n in nodes], ctx or PassContext()) if cost is CostModel.PROFILE
-             else {n.name: _flops(graph, n) for n in nodes})
+    if cost is CostModel.PROFILE:    # measured through ctx.measure; its record appended to ``decisions``
+        costs, measured = profile(graph, [n.name for n in nodes], ctx or PassContext(), RematError)
+        if measured is not None and decisions is not None:
+            decisions.append(measured)
+    else:
+        costs = {n.name: flops(graph, n) for n in nodes}
     cands = [Candidate(n.name, value_bytes(graph, n), 0.0, (), n.name in needed, False) for n in inputs]
     for n in nodes:
         reads = tuple(dict.fromkeys(index[storage[s]] for s in n.input_names() if storage[s] in index))
@@ -253,53 +222,94 @@ class Remat(Pass):
 
     name: ClassVar[str] = "remat"
     modes: ClassVar[frozenset[Mode]] = frozenset({Mode.TRAINING})
-    budget: str = option("0.5", "saved activations kept: a fraction in (0, 1] of their bytes without remat "
-                                "(like torch's activation_memory_budget) or a size (256MB)")
+    budget: str = option("", "saved activations kept: a fraction in (0, 1] of their bytes without remat "
+                             "(like torch's activation_memory_budget) or a size (256MB); default 0.5, or no bound "
+                             "with peak")
+    peak: str = option("", "the whole step's predicted peak to stay under (96MiB): the cheapest plan that fits")
     solver: Solver = option(Solver.KNAPSACK, "how to choose what to keep: sqrt, mincut, knapsack or milp")
     cost: CostModel = option(CostModel.FLOPS, "recompute cost: flops (cost model) or profile (measured)")
     keep: tuple[str, ...] = option((), "node names (fnmatch patterns) never recomputed")
+    fused: bool = option(False, "predict the step with the optimizer in the backward (update_in_backward)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        parse_budget(self.budget)
+        self.limits()
+
+    def limits(self) -> tuple[Budget, int | None]:
+        """The saved-activation budget and the peak limit in bytes (``None``: minimise the peak)."""
+        if not self.peak:
+            return parse_budget(self.budget or "0.5"), None
+        return parse_budget(self.budget or "1.0"), parse_peak(self.peak)
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         _check_joint(graph)
-        cost, decision = _cost_model(self.cost, ctx)
-        problem = build_problem(graph, cost=cost, keep=self.keep, ctx=ctx)
+        cost, decision = cost_model(self.cost, ctx)
+        decisions = [decision] if decision is not None else []
+        problem = build_problem(graph, cost=cost, keep=self.keep, ctx=ctx, decisions=decisions)
         saved = saved_bytes(graph)
-        target = parse_budget(self.budget).resolve(saved)
+        budget, limit = self.limits()
+        target = budget.resolve(saved)
         try:
-            plan = solve(problem, self.solver, target)
+            plans = _plans(problem, self.solver, target, saved, limit)
         except ValueError:          # milp: nothing fits
-            plan = None
-        if self.solver is not Solver.SQRT and (plan is None or plan.memory > target):
-            raise _infeasible(graph, self.budget, target, saved, minimum(problem).memory)
-        assert plan is not None
-        after = graph
-        if plan.recompute:
-            after = graph.copy()
-            rewrite(after, problem, plan)
-        stats = _stats(graph, after, problem, plan, saved, target, self.solver)
-        if decision is not None:
-            stats["decisions"] = [decision.to_json()]
-        return PassResult(after, after is not graph, stats)
+            plans = []
+        if not plans:
+            raise _infeasible(graph, self.budget or "1.0", target, saved, minimum(problem).memory)
+        ws_cache = ctx.cache.setdefault("remat.workspace", {})
+        workspace = None if ctx.deterministic else (lambda g: op_workspaces(g, cache=ws_cache))
+        before, *scored = score(graph, problem, [problem.keep_all(), *plans], rewrite, workspace=workspace,
+                                fused=self.fused)
+        best = choose(scored, limit)
+        if best is None:
+            raise _peak_unmet(graph, self.peak, limit or 0, min(scored, key=lambda s: s.peak))
+        stats = _stats(graph, best.graph, problem, best.plan, saved, target, self.solver)
+        stats.update(_peak_stats(before, best, len(scored), limit))
+        if decisions:
+            stats["decisions"] = [d.to_json() for d in decisions]
+        return PassResult(best.graph, best.graph is not graph, stats)
 
 
-_COST_QUESTION = "remat: recompute costs from measured node times (profile) or FLOP counts?"
+def parse_peak(text: str) -> int:
+    """``96MiB`` / ``100MB`` / ``4096`` (bytes) → bytes (:mod:`mlcomp.base.units`)."""
+    try:
+        value = parse_size(str(text).strip())
+    except SizeError as exc:
+        raise PipelineSpecError(f"option 'peak' of pass 'remat' got {text!r}: {exc}",
+                                hint="give the step's peak as a size, e.g. remat{peak=96MiB}") from None
+    if value <= 0:
+        raise PipelineSpecError(f"option 'peak' of pass 'remat' must be above 0, got {text!r}",
+                                hint="give the step's peak as a size, e.g. remat{peak=96MiB}")
+    return value
 
 
-def _cost_model(cost: CostModel, ctx: PassContext) -> tuple[CostModel, Decision | None]:
-    """The cost model this run uses and, for ``cost=profile``, the record of it: a deterministic run
-    counts FLOPs instead of timing (node times vary from run to run, and so would the plan)."""
-    if cost is not CostModel.PROFILE:
-        return cost, None
-    if ctx.deterministic:
-        return CostModel.FLOPS, Decision.fixed(_COST_QUESTION, ("profile", "flops"), "flops",
-                                               "FLOP counts; node times are not measured")
-    return cost, Decision.fixed(_COST_QUESTION, ("profile", "flops"), "profile",
-                                "cost=profile asked: each node timed (best of 2 runs); the plan can vary with "
-                                "the times", deterministic=False)
+def _plans(problem: RematProblem, solver: Solver, target: int, saved: int, limit: int | None) -> list[RematPlan]:
+    """The solver's candidates keeping at most ``target`` bytes (``sqrt``: its one plan); with a peak limit
+    also those under tighter budgets, so that the cheapest plan meeting the limit is among them."""
+    if solver is Solver.SQRT:
+        return [solve(problem, solver, target)]
+    plans: dict[frozenset[int], RematPlan] = {}
+    shares = (1.0,) if limit is None or solver is Solver.MILP else (1.0, 0.5, 0.25, 0.1)
+    for share in shares:
+        for plan in candidates(problem, solver, min(target, int(saved * share))):
+            plans.setdefault(plan.keep, plan)
+    return [p for p in plans.values() if p.memory <= target]
+
+
+def _peak_stats(before: Scored, best: Scored, compared: int, limit: int | None) -> dict[str, Any]:
+    mem = best.memory
+    return {"peak_before_bytes": before.peak, "peak_after_bytes": best.peak, "peak_limit_bytes": limit,
+            "peak_at": mem.at, "peak_by_kind": mem.by_kind(), "peak_by_module": dict(list(mem.by_module().items())[:8]),
+            "plans_compared": compared}
+
+
+def _peak_unmet(graph: Graph, text: str, limit: int, lowest: Scored) -> RematError:
+    return RematError(
+        f"remat cannot bring the predicted peak of the training step of {graph.name} under {text} ({limit} "
+        f"bytes): the lowest any plan reaches is {lowest.peak} bytes, at %{lowest.memory.at} "
+        f"({', '.join(f'{k} {v}' for k, v in lowest.memory.by_kind().items())})",
+        where=f"pass remat, graph {graph.name}",
+        hint=f"raise the limit to at least peak={math.ceil(lowest.peak / 2**20)}MiB, lower the batch, or use "
+             "fused=true with compile_training(update_in_backward=True) so gradients do not coexist")
 
 
 def saved_bytes(graph: Graph) -> int:
@@ -348,7 +358,5 @@ def _stats(graph: Graph, after: Graph, problem: RematProblem, plan: RematPlan, s
         "activations_recomputed": len(recomputed),
         "activations_recomputed_bytes": sum(cands[i].nbytes for i in recomputed),
         "nodes_recomputed": len(added),
-        "recompute_flops": int(sum(_flops(after, n) for n in added)),
-        "peak_before_bytes": predicted_peak(graph).transient,
-        "peak_after_bytes": predicted_peak(after).transient,
+        "recompute_flops": int(sum(flops(after, n) for n in added)),
     }
