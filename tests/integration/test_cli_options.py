@@ -182,7 +182,9 @@ def test_bench_takes_o_and_reports_stages_as_log_lines():
                  "--warmup", "0", "--no-memory", "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)[0]["pipeline"] == "-O1"
-    assert "[0/1" in res.stderr and "mlp eager batch 1" in res.stderr      # stdout is JSON: log on stderr
+    lines = res.stderr.splitlines()                                          # stdout is JSON: log on stderr
+    assert lines[0].startswith("[0/") and "mlp eager batch 1" in lines[0]
+    assert lines[-1].startswith(f"[{len(lines) - 1}/{len(lines) - 1} ") and lines[-1].endswith("mlp done")
 
 
 def test_torchscript_convolutions_reach_onnxruntime(tmp_path):
