@@ -66,13 +66,10 @@ def local_samplers(fns: Mapping[str, Callable[[], Any]], *, warmup: int, budget_
 
 
 def saved(artifact: Any, folder: Path) -> Path:
-    """Save ``artifact`` for a worker, leaving its manifest as it was (saving records the payload there)."""
-    manifest = artifact.manifest
-    artifact.manifest = dict(manifest)
-    try:
-        return artifact.save(folder)
-    finally:
-        artifact.manifest = manifest
+    """Save ``artifact`` for a worker process (:func:`~mlcomp.runtime.timing_worker.save_for_worker`)."""
+    from mlcomp.runtime.timing_worker import save_for_worker
+
+    return save_for_worker(artifact, folder)
 
 
 def can_isolate(fns: Mapping[str, Any], model: Any) -> bool:

@@ -136,11 +136,23 @@ class Pass:
     modes: ClassVar[frozenset[Mode]] = frozenset(Mode)
     requires: ClassVar[frozenset[Requirement]] = frozenset()
     uses_host_precision: ClassVar[bool] = False   # run_pipeline measures ctx.host_precision when none is given
+    enum_options: ClassVar[Mapping[str, type[enum.Enum]]] = {}   # option -> enum its text names a member of
 
     def __post_init__(self) -> None:
-        """Options constructed in Python obey the same declared ranges as parsed specs."""
+        """Options constructed in Python obey the same declared ranges as parsed specs; options named in
+        ``enum_options`` given as text (``MixedPrecision(dtype="bf16")``) become their enum members."""
         check_fields(self, owner=self.name, noun="pass", error=PipelineSpecError,
                      hint=f"run `mlcomp passes` to see the options of {self.name!r}")
+        for key, kind in self.enum_options.items():
+            value = getattr(self, key)
+            if isinstance(value, str):
+                try:
+                    object.__setattr__(self, key, kind(value.lower()))
+                except ValueError:
+                    raise PipelineSpecError(
+                        f"option {key!r} of pass {self.name!r} expects one of "
+                        f"{'|'.join(m.value for m in kind)}, got {value!r}",
+                        hint=f"for example {self.name}{{{key}={next(iter(kind)).value}}}") from None
 
     def run(self, graph: "Graph", ctx: PassContext) -> PassResult:  # pragma: no cover - abstract
         raise NotImplementedError

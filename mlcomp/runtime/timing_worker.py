@@ -270,3 +270,13 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def save_for_worker(artifact: Any, folder: Path) -> Path:
+    """Save ``artifact`` for a worker, leaving its manifest as it was (saving records the payload there)."""
+    manifest = artifact.manifest
+    artifact.manifest = dict(manifest)
+    try:
+        return artifact.save(folder)
+    finally:
+        artifact.manifest = manifest

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from mlcomp.runtime.timing_worker import ProcessSampler, WorkerError, save_inputs
+from mlcomp.runtime.timing_worker import ProcessSampler, WorkerError, save_for_worker, save_inputs
 
 __all__ = ["READY_TIMEOUT_S", "WorkerPool"]
 
@@ -69,7 +69,7 @@ class WorkerPool:
             if self._root is None:
                 self._root = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="mlcomp-auto-")))
                 self._feed = save_inputs(self.inputs, self._root / "inputs.pt")
-            folder = _saved(artifact, self._root / name)
+            folder = save_for_worker(artifact, self._root / name)
         except Exception as exc:  # noqa: BLE001 - any save failure means: time them here instead
             self.problem = f"saving the candidates for their timing processes failed: {self._describe(exc)}"
             return
@@ -109,12 +109,3 @@ class WorkerPool:
         if sampler is not None:
             sampler.close()
 
-
-def _saved(artifact: Any, folder: Path) -> Path:
-    """Save ``artifact`` for a worker without touching its manifest (saving records the payload there)."""
-    manifest = artifact.manifest
-    artifact.manifest = dict(manifest)
-    try:
-        return artifact.save(folder)
-    finally:
-        artifact.manifest = manifest

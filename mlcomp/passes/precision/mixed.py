@@ -45,7 +45,7 @@ import enum
 import warnings
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 import torch
 
@@ -98,19 +98,8 @@ class MixedPrecision(Pass):
     keep_io: bool = option(True, "graph inputs and outputs stay fp32 (always on for training graphs)")
     device: DeviceKind | None = option(None, "policy of device cpu or cuda (none: where the graph lives)")
 
-    def __post_init__(self) -> None:
-        """Options given as text in Python (``MixedPrecision(dtype="bf16")``) become their enums."""
-        super().__post_init__()
-        for key, kind in (("dtype", LowDtype), ("policy", PolicyName), ("device", DeviceKind)):
-            value = getattr(self, key)
-            if isinstance(value, str):
-                try:
-                    object.__setattr__(self, key, kind(value.lower()))
-                except ValueError:
-                    raise PipelineSpecError(
-                        f"option {key!r} of pass {self.name!r} expects one of "
-                        f"{'|'.join(m.value for m in kind)}, got {value!r}",
-                        hint=f"for example {self.name}{{{key}={next(iter(kind)).value}}}") from None
+    enum_options: ClassVar[Mapping[str, type[enum.Enum]]] = {"dtype": LowDtype, "policy": PolicyName,
+                                                             "device": DeviceKind}
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         device = self.device or _graph_device(graph)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 import torch
 
@@ -80,19 +80,7 @@ class Quantize(Pass):
     granularity: Granularity = option(Granularity.PER_CHANNEL, "weight scales: per-channel or per-tensor")
     method: Method = option(Method.MINMAX, "activation ranges: minmax or percentile (0.01%..99.99%)")
 
-    def __post_init__(self) -> None:
-        """Options given as text in Python (``Quantize(method="percentile")``) become their enums."""
-        super().__post_init__()
-        for key, kind in (("granularity", Granularity), ("method", Method)):
-            value = getattr(self, key)
-            if isinstance(value, str):
-                try:
-                    object.__setattr__(self, key, kind(value.lower()))
-                except ValueError:
-                    raise PipelineSpecError(
-                        f"option {key!r} of pass 'quantize' expects one of "
-                        f"{'|'.join(m.value for m in kind)}, got {value!r}",
-                        hint=f"for example quantize{{{key}={next(iter(kind)).value}}}") from None
+    enum_options: ClassVar[Mapping[str, type[enum.Enum]]] = {"granularity": Granularity, "method": Method}
 
     def check_target(self, target: str) -> None:
         """Only ONNX Runtime turns the pairs into int8 kernels; elsewhere they would run as float math."""
