@@ -51,7 +51,7 @@ from mlcomp.frontend.loading import graph_random_inputs
 from mlcomp.ir import Graph, Mode, Node
 from mlcomp.ir.ops import aten
 from mlcomp.passes.quantize.observe import observe
-from mlcomp.passes.quantize.write import Writer, activations, output_value, stats
+from mlcomp.passes.quantize.write import Writer, output_value, plan, stats
 from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule, int8_rule
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
@@ -99,12 +99,12 @@ class Quantize(Pass):
                 f"{', '.join(str(op) for op in INT8_POLICY)}; convolutions must not be transposed)",
                 where=f"graph {graph.name}", hint="drop quantize from the pipeline for this model")
         samples = _samples(graph, ctx, self.calibration)
+        plans = [plan(graph, n, rule) for n, rule in layers]
         acts = list(dict.fromkeys(
-            [r.name for n, rule in layers for r in activations(graph, n, rule)]
-            + [output_value(graph, n) for n, _ in layers]))
+            [r.name for p in plans for r in p[0]] + [output_value(graph, n) for n, _ in layers]))
         seen = observe(graph, samples, acts, self.method.value, keep=[n.name for n, _ in layers])
         writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL)
-        records = [writer.layer(n, rule) for n, rule in layers]
+        records = [writer.layer(n, rule, p) for (n, rule), p in zip(layers, plans)]
         return PassResult(graph, True, stats(graph, samples, seen, records))
 
 

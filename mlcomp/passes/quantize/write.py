@@ -21,7 +21,7 @@ from mlcomp.ir.quant import DEQUANTIZE, QUANTIZE
 from mlcomp.passes.quantize.observe import Observed, int8_weight, uint8_params
 from mlcomp.passes.quantize.policy import Int8Rule
 
-__all__ = ["Writer", "stats", "weight_param", "activations", "output_value"]
+__all__ = ["Writer", "Plan", "plan", "stats", "weight_param", "activations", "output_value"]
 
 _TRANSPOSES = (aten("permute"), aten("t"), aten("transpose.int"))
 _RELU = aten("relu")
@@ -68,17 +68,18 @@ class Writer:
         """The reader of ``name`` that runs first (readers of values being paired are original nodes)."""
         return min(self.graph.users(name), key=lambda u: self.position.get(u.name, len(self.position))).name
 
-    def layer(self, node: Node, rule: Int8Rule) -> dict[str, Any]:
+    def layer(self, node: Node, rule: Int8Rule, plan: "Plan") -> dict[str, Any]:
+        """Quantize ``node`` as ``plan`` (made on the float graph, before any layer was written) says:
+        a weight shared by several ops (a recurrent cell's, unrolled) is folded once and reused."""
         g = self.graph
         args = list(node.inputs)
-        acts = activations(g, node, rule)
+        acts, found = plan
         record: dict[str, Any] = {"node": node.name, "op": str(node.op), "module": node.origin.module_path}
         in_scale = 1.0
         for i, value in enumerate(args):
             if isinstance(value, Ref) and any(a.name == value.name for a in acts):
                 args[i], in_scale, zero = self._pair(value, node.name, node.origin)
                 record.setdefault("inputs", []).append({"value": value.name, "scale": in_scale, "zero_point": zero})
-        found = weight_param(g, node.inputs[rule.weight]) if rule.weight is not None else None
         if found is not None:
             param, transposed = found
             axis = (1 - rule.weight_axis) if transposed else rule.weight_axis
@@ -152,6 +153,17 @@ def stats(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]], seen: Obser
             "output_rel_error": worst, "top1_agreement": agree / total if total else None,
             "declared_tolerance": tol.rtol if tol else None,
             "tolerance_why": tol.explain() if tol else None}
+
+
+Plan = tuple[list[Ref], "tuple[Node, bool] | None"]
+"""What one int8 op quantizes: its per-tensor activations, and the weight PARAM (with whether it is read
+through a transpose) folded to int8, if any."""
+
+
+def plan(graph: Graph, node: Node, rule: Int8Rule) -> Plan:
+    """``node``'s :data:`Plan` on the float graph."""
+    found = weight_param(graph, node.inputs[rule.weight]) if rule.weight is not None else None
+    return activations(graph, node, rule), found
 
 
 def weight_param(graph: Graph, value: Any) -> tuple[Node, bool] | None:

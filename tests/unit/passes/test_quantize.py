@@ -73,6 +73,31 @@ def test_stats_per_layer_and_agreement():
     assert "uint8" in st["tolerance_why"]
 
 
+class _Shared(nn.Module):
+    """One linear applied twice (as a recurrent cell unrolled over two steps): one weight, two matmuls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.cell(torch.relu(self.cell(x)))
+
+
+def test_a_weight_shared_by_two_ops_is_folded_once():
+    torch.manual_seed(0)
+    model, x = _Shared().eval(), torch.randn(4, 8, generator=torch.Generator().manual_seed(2))
+    g = load_model(model, example_inputs=(x,)).capture()
+    out, report = run_pipeline(g, "quantize", example_inputs=(x,), verify=True)
+    st = _stats(report)
+    assert st["quantized"] == 2 and {l["weight"]["param"] for l in st["layers"]} == {"cell.weight"}
+    assert out.format().count("= param") and "%cell.weight: f32" not in out.format()
+    assert sum(1 for n in out.call_nodes() if n.op == DEQUANTIZE and "cell.weight" in n.name) == 1
+    with torch.no_grad():
+        ref, got = model(x), Interpreter(out).run(x)[0]
+    assert float((ref - got).abs().max() / ref.abs().max()) < st["declared_tolerance"]
+
+
 def test_per_tensor_and_percentile():
     _, x, g = small()
     out, report = run_pipeline(g, "quantize{granularity=per-tensor method=percentile}", example_inputs=(x,),
