@@ -7,13 +7,8 @@
 * time on a :class:`HardwareSpec` by the roofline:
   ``max(flops / peak, bytes / bandwidth) + launch overhead``.
 
-    >>> import torch
-    >>> from mlcomp.ir.builder import GraphBuilder
-    >>> from mlcomp.ir.ops import aten
-    >>> b = GraphBuilder("mlp")
-    >>> x = b.input("x", (2, 512))
-    >>> bias, w = b.param("fc.bias", torch.zeros(256)), b.param("fc.weight", torch.randn(256, 512))
-    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
+    >>> from mlcomp.ir.builder import linear_relu_graph
+    >>> graph = linear_relu_graph(batch=2, features=512, out=256)     # relu(x @ W.T + b)
     >>> c = node_cost(graph, graph.node("addmm"))
     >>> c.flops, c.bytes, c.intensity
     (524288, 531456, 0.98...)

@@ -9,13 +9,8 @@ live activations (:mod:`mlcomp.analysis.liveness`), and the *parallelism profile
 topological generation (how many ops could run at once) and the critical-path
 length: the textbook's "automatic parallelism" measured on the real graph.
 
-    >>> import torch
-    >>> from mlcomp.ir.builder import GraphBuilder
-    >>> from mlcomp.ir.ops import aten
-    >>> b = GraphBuilder("mlp")
-    >>> x = b.input("x", (2, 512))
-    >>> bias, w = b.param("fc.bias", torch.zeros(256)), b.param("fc.weight", torch.randn(256, 512))
-    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
+    >>> from mlcomp.ir.builder import linear_relu_graph
+    >>> graph = linear_relu_graph(batch=2, features=512, out=256)     # relu(x @ W.T + b)
     >>> r = inspect_graph(graph)
     >>> r.to_json()["flops"], r.to_json()["peak_activation_bytes"]
     (524288, 4096)

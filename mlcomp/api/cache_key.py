@@ -1,12 +1,7 @@
 """The compile cache's key: everything that decides what a compile produces, hashed.
 
-    >>> import torch
-    >>> from mlcomp.ir.builder import GraphBuilder
-    >>> from mlcomp.ir.ops import aten
-    >>> b = GraphBuilder("mlp")
-    >>> x = b.input("x", (2, 512))
-    >>> bias, w = b.param("fc.bias", torch.zeros(256)), b.param("fc.weight", torch.randn(256, 512))
-    >>> graph = b.output(b.call(aten("relu"), b.call(aten("addmm"), bias, x, b.call(aten("t"), w))))
+    >>> from mlcomp.ir.builder import linear_relu_graph
+    >>> graph = linear_relu_graph(batch=2, features=512, out=256)     # relu(x @ W.T + b)
     >>> key = cache_key(graph, pipeline="cleanup,fuse,cleanup", target="cpu", options=CompileOptions())
     >>> len(key.short), sorted(key.parts)            # the hash changes with any part (mlcomp_source too)
     (12, ['format', 'graph', 'machine', 'mlcomp_source', 'model', 'options', 'pipeline',
