@@ -57,16 +57,9 @@ def test_two_deterministic_cpu_compiles_of_larger_models_are_byte_identical(mode
 
 
 @pytest.mark.ort
-@pytest.mark.parametrize("model", ["mlp", "lenet"])
+@pytest.mark.parametrize("model", ["mlp", "lenet", pytest.param("resnet18", marks=pytest.mark.slow),
+                                   pytest.param("transformer", marks=pytest.mark.slow)])
 def test_two_deterministic_onnxruntime_compiles_are_byte_identical(model, tmp_path):
-    pytest.importorskip("onnxruntime")
-    _check(model, "onnxruntime", tmp_path)
-
-
-@pytest.mark.ort
-@pytest.mark.slow
-@pytest.mark.parametrize("model", ["resnet18", "transformer"])
-def test_two_deterministic_onnxruntime_compiles_of_larger_models_are_byte_identical(model, tmp_path):
     pytest.importorskip("onnxruntime")
     _check(model, "onnxruntime", tmp_path)
 
