@@ -19,7 +19,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from mlcomp.analysis.selections import near_tie_reference
+from mlcomp.analysis.ranges import declared_tolerance
+from mlcomp.analysis.selections import near_tie_reference, selection_nodes
 from mlcomp.analysis.verify import flatten_outputs
 from mlcomp.frontend.model_faults import eager_fault
 from mlcomp.ir.interpreter import evaluate
@@ -100,6 +101,8 @@ def verify_near_ties(artifact: Any, captured: Any, lowered: Any, inputs: Sequenc
     selections (:mod:`mlcomp.analysis.selections`), when that passes; else ``None`` (and the failed
     eager check stays the record, with the near-tie count beside it).  A pass makes these outputs
     the artifact's reference and says so in ``verified_against``."""
+    if not selection_nodes(lowered) or declared_tolerance(lowered) is None:
+        return None
     with torch.no_grad():
         actual = flatten_outputs(artifact(*inputs))
     ties = near_tie_reference(captured, lowered, inputs, actual)

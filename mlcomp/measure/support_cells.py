@@ -166,8 +166,10 @@ def _infer(session: Session, cell: Cell) -> str:
     result = compile_model(source, graph.copy(), target=cell.target, pipeline=pipeline, capture_seconds=seconds,
                            threads=1)
     result.check.raise_if_failed(where=f"target {cell.target}, model {graph.name}")
-    worst = (result.artifact.verification or {}).get("max_abs")
-    return f"max |diff| {worst:.3g}" if isinstance(worst, float) else ""
+    record = result.artifact.verification or {}
+    worst, ties = record.get("max_abs"), record.get("near_tie_selections")
+    note = f"; against the reference taking the artifact's order at {ties} near-tie selection row(s)" if ties else ""
+    return (f"max |diff| {worst:.3g}" if isinstance(worst, float) else "") + note
 
 
 def _train(session: Session, cell: Cell) -> str:
