@@ -101,3 +101,10 @@ def test_compile_verifies_through_the_near_tie_and_records_it(monkeypatch):
     monkeypatch.setattr(lowering, "verify_near_ties", lambda *a, **k: None)   # without the rule: a failure
     with pytest.raises(VerificationError):
         mlcomp.compile(Routed().eval(), (TIE,), **MIXED)
+
+
+@pytest.mark.ort
+def test_onnxruntime_artifact_verifies_through_the_near_tie():
+    art = mlcomp.compile(Routed().eval(), (TIE,), **dict(MIXED, target="onnxruntime"))
+    assert art.verification["passed"] and art.verification["near_tie_selections"] == 1
+    assert torch.allclose(art(TIE)[0], -TIE[0], atol=1e-2)             # ORT took expert 1 at the tie
