@@ -209,7 +209,8 @@ def run_bench(model: Any, config: BenchConfig = BenchConfig(), *, input_shapes: 
             progress(total, total, f"{label} done")
     shapes = ", ".join(f"{dtype_name(t.dtype)}[B, {', '.join(map(str, t.shape[1:]))}]"
                        for t in base_inputs)
-    return BenchResult(label, shapes, config.pipeline, machine_line(), config.policy, tuple(rows), tuple(notes))
+    return BenchResult(label, shapes, config.pipeline, machine_line(), config.policy, tuple(rows), tuple(notes),
+                       crosscheck=config.crosscheck)
 
 
 def _groups(batches: Sequence[int], targets: Sequence[str],

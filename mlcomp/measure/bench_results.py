@@ -100,9 +100,10 @@ class BenchResult:
     policy: TimingPolicy
     rows: tuple[BenchRow, ...]
     notes: tuple[str, ...] = ()       # per comparison: where and how long it was timed, the load meanwhile
+    crosscheck: bool = False          # a whole-process column was asked for: shown even where it gave no figure
 
     def table(self) -> Table:
-        cross = any(r.crosscheck is not None for r in self.rows)
+        cross = self.crosscheck or any(r.crosscheck is not None for r in self.rows)
         cols = ("target", "batch", "median", "p90", f"speedup [{CONFIDENCE:.0%} CI]", "rounds", "spread",
                 "compile", "1st call", "peak mem", "max abs err") + (("whole-process",) if cross else ()) + ("note",)
         rows = []

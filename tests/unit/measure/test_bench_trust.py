@@ -118,3 +118,15 @@ def test_real_targets_are_timed_in_worker_processes() -> None:
     assert "2 variants timed in 2 worker processes, 8 rounds" in res.notes[0]
     cpu = res.rows[1]
     assert cpu.status == "ok" and cpu.interval is not None and cpu.interval.lo <= cpu.speedup <= cpu.interval.hi
+
+
+def test_an_asked_for_crosscheck_keeps_its_column_where_it_gave_no_figure() -> None:
+    cfg = BenchConfig(targets=("traced",), batches=(1,), policy=FAST, memory=False, threads=2, crosscheck=True)
+    res = run_bench("mlp", cfg, compiler=_traced, availability=lambda: {"traced": None}, watch=busy_watch(0))
+    table = res.table()
+    assert "whole-process" in table.columns and all(row[table.columns.index("whole-process")] == "—"
+                                                    for row in table.rows)
+    assert "whole-process cross-check: needs a model spec and saved artifacts on cpu" in res.notes[0]
+    plain = run_bench("mlp", BenchConfig(targets=("traced",), batches=(1,), policy=FAST, memory=False, threads=2),
+                      compiler=_traced, availability=lambda: {"traced": None}, watch=busy_watch(0))
+    assert "whole-process" not in plain.table().columns
