@@ -22,11 +22,10 @@ from typing import Any, Mapping
 
 __all__ = ["Int8Record", "ORT_INT8_OPS", "ORT_FLOAT_COMPUTE"]
 
-# ONNX Runtime op types (after its graph optimisations) that compute with integer kernels
+# ONNX Runtime op types (after its graph optimisations) that multiply with integer kernels (its
+# element-wise QLinear ops, QLinearSigmoid and friends, are left out: the count is of compute ops)
 ORT_INT8_OPS = frozenset({"QLinearConv", "QLinearMatMul", "QGemm", "MatMulInteger", "ConvInteger",
-                          "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention", "QLinearAdd",
-                          "QLinearMul", "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat",
-                          "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax", "QLinearReduceMean"})
+                          "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention"})
 # ... and those that multiply in float: the ones int8 was meant to replace
 ORT_FLOAT_COMPUTE = frozenset({"Conv", "FusedConv", "NhwcFusedConv", "Gemm", "FusedGemm", "MatMul", "FusedMatMul",
                                "Attention", "MultiHeadAttention", "ConvTranspose"})
