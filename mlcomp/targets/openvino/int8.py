@@ -34,6 +34,7 @@ import torch
 from torch import fx
 
 from mlcomp.ir.quant import QUANT_RANGES, dequantize_linear, quantize_linear
+from mlcomp.targets.base import TargetCompileError
 from mlcomp.targets.int8 import Int8Record
 
 __all__ = ["qdq_for_frontend", "int8_layers", "COMPUTE_LAYERS", "INT8_PRECISIONS"]
@@ -59,57 +60,64 @@ def _set_constant(module: fx.GraphModule, before: fx.Node, name: str, value: tor
         return module.graph.get_attr(name)
 
 
-def _rewrite(module: fx.GraphModule, node: fx.Node) -> None:
-    """One quantize/dequantize call as the frontend's ops (see the module docstring)."""
-    qd = _qd()
-    src, scale, zero, axis = (list(node.args) + [1])[:4]
-    s, z = _constant(module, scale), _constant(module, zero)
-    lo, hi = QUANT_RANGES[z.dtype]
-    const = _constant(module, src)
-    if node.target is dequantize_linear and const is not None:
-        folded = _set_constant(module, node, f"{node.name}_f32", dequantize_linear(const, s, z, axis))
-        if z.dtype == torch.int32:            # bias: added in float after the integer product
-            node.replace_all_uses_with(folded)
-            module.graph.erase_node(node)
-            return
-        src = folded
-        with module.graph.inserting_before(node):
-            src = module.graph.call_function(*_call(qd, True, src, scale, z, s, axis, lo, hi))
-    target, args = _call(qd, node.target is quantize_linear, src, scale, z, s, axis, lo, hi)
-    node.target, node.args, node.kwargs = target, args, {}
+class _Rewriter:
+    """Rewrites one module's pairs; per-channel zero points become one int64 constant per scale."""
 
+    def __init__(self, module: fx.GraphModule) -> None:
+        self.module, self.graph, self.qd = module, module.graph, _qd()
+        self.zeros: dict[str, fx.Node] = {}
 
-def _call(qd: Any, quantize: bool, src: Any, scale: fx.Node, z: torch.Tensor, s: torch.Tensor, axis: int,
-          lo: int, hi: int) -> tuple[Any, tuple[Any, ...]]:
-    """``(op, args)`` of the per-tensor (0-d scale: plain numbers) or per-channel form."""
-    if s.dim() == 0:
-        op = qd.quantize_per_tensor if quantize else qd.dequantize_per_tensor
-        return op.default, (src, float(s), int(z), lo, hi, z.dtype)
-    op = qd.quantize_per_channel if quantize else qd.dequantize_per_channel
-    return op.default, (src, scale, _zero_node(scale), axis, lo, hi, z.dtype)
+    def node(self, node: fx.Node) -> None:
+        """One quantize/dequantize call as the frontend's ops (see the module docstring)."""
+        src, scale, zero, axis = (list(node.args) + [1])[:4]
+        s, z = _constant(self.module, scale), _constant(self.module, zero)
+        if s is None or z is None:
+            raise TargetCompileError(
+                f"{node.name}: the scale and zero point of a quantize/dequantize pair must be constants for "
+                f"OpenVINO's FakeQuantize", where=f"node {node.name}",
+                hint="quantize writes them as constants; compile the graph quantize wrote, unedited")
+        const = _constant(self.module, src)
+        if node.target is dequantize_linear and const is not None:
+            folded = _set_constant(self.module, node, f"{node.name}_f32", dequantize_linear(const, s, z, axis))
+            if z.dtype == torch.int32:            # bias: added in float after the integer product
+                node.replace_all_uses_with(folded)
+                self.graph.erase_node(node)
+                return
+            with self.graph.inserting_before(node):
+                src = self.graph.call_function(*self.call(True, folded, scale, z, s, axis))
+        node.target, node.args = self.call(node.target is quantize_linear, src, scale, z, s, axis)
+        node.kwargs = {}
 
+    def call(self, quantize: bool, src: Any, scale: fx.Node, z: torch.Tensor, s: torch.Tensor,
+             axis: int) -> tuple[Any, tuple[Any, ...]]:
+        """``(op, args)`` of the per-tensor (0-d scale: plain numbers) or per-channel form."""
+        lo, hi = QUANT_RANGES[z.dtype]
+        qd = self.qd
+        if s.dim() == 0:
+            op = qd.quantize_per_tensor if quantize else qd.dequantize_per_tensor
+            return op.default, (src, float(s), int(z), lo, hi, z.dtype)
+        op = qd.quantize_per_channel if quantize else qd.dequantize_per_channel
+        return op.default, (src, scale, self.zero_points(scale, z), axis, lo, hi, z.dtype)
 
-def _zero_node(scale: fx.Node) -> fx.Node:
-    """The per-channel zero points as int64 (what the decomposed ops take), one constant per scale."""
-    module = scale.graph.owning_module
-    name = f"{scale.target}_zp64"
-    if not hasattr(module, name):
-        module.register_buffer(name, torch.zeros(getattr(module, scale.target).shape, dtype=torch.int64))
-    found = next((n for n in scale.graph.nodes if n.op == "get_attr" and n.target == name), None)
-    if found is not None:
-        return found
-    with scale.graph.inserting_after(scale):
-        return scale.graph.get_attr(name)
+    def zero_points(self, scale: fx.Node, z: torch.Tensor) -> fx.Node:
+        """``z`` as int64 (what the decomposed per-channel ops take), one constant per scale."""
+        if scale.name not in self.zeros:
+            name = f"{scale.target}_zp64"
+            self.module.register_buffer(name, z.to(torch.int64))
+            with self.graph.inserting_after(scale):
+                self.zeros[scale.name] = self.graph.get_attr(name)
+        return self.zeros[scale.name]
 
 
 def qdq_for_frontend(module: fx.GraphModule) -> fx.GraphModule:
-    """``module`` with every quantize/dequantize call rewritten for OpenVINO (in place; returned)."""
+    """``module`` with every quantize/dequantize call rewritten for OpenVINO (in place; returned); O(n)."""
     calls = [n for n in module.graph.nodes
              if n.op == "call_function" and n.target in (quantize_linear, dequantize_linear)]
     if not calls:
         return module
+    rewriter = _Rewriter(module)
     for node in calls:
-        _rewrite(module, node)
+        rewriter.node(node)
     module.graph.eliminate_dead_code()
     module.graph.lint()
     module.recompile()

@@ -89,3 +89,19 @@ def test_cpu_and_tvm_refuse_naming_the_int8_targets(target):
     text = str(err.value)
     assert f"target {target} would run them as float arithmetic" in text
     assert "--target onnxruntime or --target openvino" in text and "int8-lowering" in text
+
+
+@pytest.mark.openvino
+def test_a_pair_whose_scale_is_not_a_constant_is_refused_by_node():
+    from torch import fx
+    from mlcomp.ir.quant import quantize_linear
+    from mlcomp.targets.base import TargetCompileError
+    from mlcomp.targets.openvino.int8 import qdq_for_frontend
+    root = nn.Module()
+    root.register_buffer("zero", torch.tensor(0, dtype=torch.uint8))
+    g = fx.Graph()
+    x, s = g.placeholder("x"), g.placeholder("s")
+    g.output(g.call_function(quantize_linear, (x, s, g.get_attr("zero"), 1), name="x_q"))
+    with pytest.raises(TargetCompileError, match="x_q: the scale and zero point") as err:
+        qdq_for_frontend(fx.GraphModule(root, g))
+    assert "node x_q" in str(err.value.where)
