@@ -105,3 +105,29 @@ def test_a_pair_whose_scale_is_not_a_constant_is_refused_by_node():
     with pytest.raises(TargetCompileError, match="x_q: the scale and zero point") as err:
         qdq_for_frontend(fx.GraphModule(root, g))
     assert "node x_q" in str(err.value.where)
+
+
+@pytest.mark.slow
+@pytest.mark.openvino
+def test_zoo_resnet18_runs_every_convolution_in_int8_on_openvino(zoo):
+    model = zoo["resnet18"].build().eval()
+    xs = [torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in range(3)]
+    art = mlcomp.compile(model, (xs[0],), target="openvino", pipeline="fold-batchnorm,fold-constants,cleanup,quantize")
+    assert art.runtime.int8.int8 == {"Convolution": 20, "FullyConnected": 1} and art.runtime.int8.floating == {}
+    with torch.no_grad():
+        ref, got = model(xs[2]), art(xs[2])          # a held-back input, not the calibration one
+    assert got.argmax(-1).tolist() == ref.argmax(-1).tolist()
+    assert _rel(got, ref) <= art.manifest["declared_tolerance"]
+
+
+@pytest.mark.slow
+@pytest.mark.openvino
+def test_third_party_vit_on_openvino_within_its_declared_tolerance():
+    pytest.importorskip("transformers")
+    from mlcomp.models.third_party import build_third_party
+    model, inputs = build_third_party("vit", batch=2)
+    art = mlcomp.compile(model, inputs, target="openvino", pipeline="fold-constants,quantize")
+    ver = art.manifest["verification"]
+    assert ver["passed"] and 0 < ver["max_rel"] <= art.manifest["declared_tolerance"]
+    rec = art.runtime.int8
+    assert rec.int8.get("FullyConnected", 0) >= 8 and rec.int8.get("Convolution") == 1   # patch embedding
