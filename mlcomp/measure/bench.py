@@ -304,10 +304,21 @@ def _prepare(cell: "Cell", target: str, unavailable: str | None, config: BenchCo
     check = compare(cell.expected, out, manifest.get("declared_tolerance"))   # int8's looser one, if declared
     if check.note:
         return replace(row, status="failed", verified=False, reason=f"outputs do not match eager: {check.note}"), None
-    int8 = getattr(getattr(fn, "runtime", None), "int8", None)
-    ran = int8.line().split(";")[0] if int8 is not None else ""         # "int8: 20 of 21 compute ops (…)"
+    ran = _ran_in(getattr(fn, "runtime", None), variant.dtype)
     return replace(row, max_abs_err=check.max_abs, max_rel_err=check.max_rel, verified=check.passed,
                    reason=ran if check.passed else f"differs from eager: {check.summary()}"), fn
+
+
+def _ran_in(runtime: Any, dtype: str) -> str:
+    """What a low-precision variant's runtime says it ran: its int8 compute ops, or the precision its
+    runtime settled on (OpenVINO's hint falls back to f32 on a CPU without bf16 instructions)."""
+    int8 = getattr(runtime, "int8", None)
+    if int8 is not None:
+        return int8.line().split(";")[0]                     # "int8: 20 of 21 compute ops (…)"
+    precision = getattr(runtime, "precision", None)
+    if dtype != "fp32" and isinstance(precision, dict) and precision.get("effective"):
+        return f"ran {precision['effective']}: {precision.get('reason', '')}"
+    return ""
 
 
 def _eager_ref_note(row: BenchRow) -> str:

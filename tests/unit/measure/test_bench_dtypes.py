@@ -76,3 +76,10 @@ def test_unknown_dtype_is_refused_naming_the_known_ones():
     from mlcomp.cli.main import main
     out = CliRunner().invoke(main, ["bench", "mlp", "--dtypes", "fp8", "--no-memory"])
     assert out.exit_code == 2 and "unknown compute precision 'fp8'" in out.output and "Traceback" not in out.output
+
+
+def test_a_low_precision_row_says_what_its_runtime_ran():
+    from mlcomp.measure.bench import _ran_in
+    ov = type("R", (), {"int8": None, "precision": {"effective": "f32", "reason": "this CPU has no avx512_bf16"}})()
+    assert _ran_in(ov, "bf16") == "ran f32: this CPU has no avx512_bf16"
+    assert _ran_in(ov, "fp32") == "" and _ran_in(None, "bf16") == ""
