@@ -58,6 +58,13 @@ from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 __all__ = ["Quantize", "Granularity", "Method", "INT8_TARGETS"]
 
 INT8_TARGETS = frozenset({"onnxruntime", "openvino"})       # targets that lower the Q/DQ pairs to int8 kernels
+# why the others do not (docs/decisions/0019-int8-lowering.md)
+NO_INT8_WHY = {
+    "cpu": "torch's int8 CPU kernels need quantized tensor types torch deprecates, or private oneDNN ops whose "
+           "prepacked weights TorchScript cannot save",
+    "tvm": "its Relax build has no integer lowering of the pairs",
+    "cuda": "it has no int8 lowering of the pairs",
+}
 
 
 class Granularity(enum.Enum):
@@ -88,8 +95,9 @@ class Quantize(Pass):
             raise PipelineSpecError(
                 f"quantize writes quantize/dequantize pairs that only the onnxruntime and openvino targets lower "
                 f"to int8 kernels (QLinearConv/QGemm; u8 Convolution/FullyConnected); target {target} would run "
-                f"them as float arithmetic, slower than the float model and no smaller (why cpu and tvm do not "
-                f"lower them: docs/decisions/0019-int8-lowering.md)",
+                f"them as float arithmetic, slower than the float model and no smaller "
+                f"({NO_INT8_WHY.get(target, 'it has no int8 lowering of the pairs')}; "
+                f"docs/decisions/0019-int8-lowering.md)",
                 hint="compile with --target onnxruntime or --target openvino, or drop quantize from the pipeline "
                      "for this target")
 

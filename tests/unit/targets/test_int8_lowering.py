@@ -131,3 +131,10 @@ def test_third_party_vit_on_openvino_within_its_declared_tolerance():
     assert ver["passed"] and 0 < ver["max_rel"] <= art.manifest["declared_tolerance"]
     rec = art.runtime.int8
     assert rec.int8.get("FullyConnected", 0) >= 8 and rec.int8.get("Convolution") == 1   # patch embedding
+
+
+def test_the_cpu_refusal_says_why_torchs_kernels_are_not_used():
+    from mlcomp.passes.quantize.quantize import Quantize
+    with pytest.raises(PipelineSpecError, match="quantized tensor types torch deprecates") as err:
+        Quantize().check_target("cpu")
+    assert "docs/decisions/0019-int8-lowering.md" in str(err.value)
