@@ -138,3 +138,18 @@ def test_the_cpu_refusal_says_why_torchs_kernels_are_not_used():
     with pytest.raises(PipelineSpecError, match="quantized tensor types torch deprecates") as err:
         Quantize().check_target("cpu")
     assert "docs/decisions/0019-int8-lowering.md" in str(err.value)
+
+
+@pytest.mark.openvino
+def test_cli_compile_says_what_ran_in_int8(tmp_path):
+    import json
+    from click.testing import CliRunner
+    from mlcomp.cli.main import main
+    out = CliRunner().invoke(main, ["compile", "lenet", "-t", "openvino", "-p", "fold-constants,cleanup,quantize",
+                                    "--no-cache", "-o", str(tmp_path / "art"), "--json"])
+    assert out.exit_code == 0, out.output
+    facts = json.loads(out.stdout)
+    assert facts["int8"]["int8"] == {"Convolution": 2, "FullyConnected": 3} and facts["int8"]["fraction"] == 1.0
+    text = CliRunner().invoke(main, ["compile", "lenet", "-t", "openvino", "-p", "fold-constants,cleanup,quantize",
+                                     "--no-cache", "-o", str(tmp_path / "art"), "--force"]).output
+    assert "openvino: int8: 5 of 5 compute ops (Convolution 2, FullyConnected 3)" in text
