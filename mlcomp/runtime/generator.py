@@ -1,0 +1,143 @@
+"""A compiled generator: the prefill and decode artifacts of one decoder LM over one static KV cache.
+
+:class:`Generator` owns the cache: ``2 * layers`` tensors of
+:attr:`CacheSpec.shape <mlcomp.frontend.decoder.CacheSpec>`, allocated once when it
+is built.  Each step passes them to an artifact as inputs; the artifact's first
+outputs are the same tensors with the step's rows written.  Where the target wrote
+them in place (cpu, cuda: the update is an ``index_put_`` on the input) the output
+*is* the cache tensor and nothing is copied; elsewhere (onnxruntime, openvino, which
+return new buffers) it is copied into the cache tensor, which keeps its storage::
+
+    prefill(prompt[B, P], cache)        -> logits[B, P, V]   first token = argmax(logits[:, -1])
+    decode(token[B, 1], start=P, cache) -> logits[B, 1, V]   start = P, P+1, ...
+
+Saved as a folder: ``generator.json`` (format, cache spec, prompt length, what was
+verified) and the two artifact folders ``prefill/`` and ``decode/``, each an ordinary
+artifact (``mlcomp run DIR/decode --verify`` re-runs its stored reference step).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from mlcomp.base.errors import ArtifactError, InputSpecError
+from mlcomp.base.files import Kind, atomic_dir, check_destination
+from mlcomp.frontend.decoder import CacheSpec
+from mlcomp.runtime.artifact import Artifact
+
+__all__ = ["GENERATOR_FORMAT", "GenerationRun", "Generator"]
+
+GENERATOR_FORMAT = "mlcomp-generator"
+GENERATOR_FILE = "generator.json"
+PARTS = ("prefill", "decode")
+
+
+@dataclass
+class GenerationRun:
+    """The tokens of one greedy generation ``[B, N]``, the logits of each step, and its timings (seconds)."""
+
+    tokens: torch.Tensor
+    logits: list[torch.Tensor] = field(default_factory=list)
+    first_token_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode throughput: tokens after the first, per second of decode steps."""
+        steps = self.tokens.shape[1] - 1
+        return steps * self.tokens.shape[0] / self.decode_s if self.decode_s > 0 and steps > 0 else 0.0
+
+
+class Generator:
+    """Greedy generation through a prefill and a decode artifact sharing one static KV cache."""
+
+    def __init__(self, prefill: Artifact, decode: Artifact, spec: CacheSpec,
+                 manifest: dict[str, Any] | None = None) -> None:
+        self.prefill, self.decode, self.spec = prefill, decode, spec
+        self.manifest = dict(manifest or {}, format=GENERATOR_FORMAT, cache=spec.to_json())
+        self.cache = spec.allocate()          # the one allocation, reused by every generation
+        self.copies = 0                       # state outputs copied into the cache (0 where updated in place)
+
+    # -- running ----------------------------------------------------------
+    def _run(self, art: Artifact, *inputs: torch.Tensor) -> torch.Tensor:
+        outs = art(*inputs, *self.cache)
+        for tensor, new in zip(self.cache, outs):
+            if new.data_ptr() != tensor.data_ptr():
+                tensor.copy_(new)
+                self.copies += 1
+        return outs[-1]
+
+    def check_prompt(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
+        """Refuse a prompt the artifacts were not built for, or a generation longer than the cache."""
+        expected = tuple(self.prefill.inputs[0].shape)
+        if tuple(prompt_ids.shape) != expected or prompt_ids.dtype != torch.int64:
+            raise InputSpecError(f"the prompt is {tuple(prompt_ids.shape)} {prompt_ids.dtype}, but the prefill was "
+                                 f"compiled for {expected} int64 token ids", where=self.where,
+                                 hint="give a prompt of that shape, or compile again for this prompt length")
+        total = expected[1] + max_new_tokens
+        if max_new_tokens < 1 or total > self.spec.max_len:
+            raise InputSpecError(f"{expected[1]} prompt tokens + {max_new_tokens} new tokens need {total} cache "
+                                 f"positions; the cache holds {self.spec.max_len} (and at least one new token "
+                                 "is generated)", where=self.where,
+                                 hint="generate fewer tokens, or compile with a larger max_len")
+
+    @property
+    def where(self) -> str:
+        return f"generator of {self.manifest.get('model', '?')} for target {self.prefill.target}"
+
+    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, *, keep_logits: bool = False,
+                 clock: Callable[[], float] = time.perf_counter) -> GenerationRun:
+        """Greedy decoding: ``max_new_tokens`` tokens after ``prompt_ids`` ``[B, P]`` (int64)."""
+        self.check_prompt(prompt_ids, max_new_tokens)
+        start = prompt_ids.shape[1]
+        tokens = torch.empty((prompt_ids.shape[0], max_new_tokens), dtype=torch.int64)
+        run = GenerationRun(tokens)
+        t0 = clock()
+        logits = self._run(self.prefill, prompt_ids)
+        token = logits[:, -1].argmax(-1, keepdim=True)
+        tokens[:, :1] = token
+        t1 = clock()
+        run.first_token_s = t1 - t0
+        if keep_logits:
+            run.logits.append(logits[:, -1].clone())
+        for i in range(1, max_new_tokens):
+            logits = self._run(self.decode, token, torch.tensor(start + i - 1))
+            token = logits[:, -1].argmax(-1, keepdim=True)
+            tokens[:, i:i + 1] = token
+            if keep_logits:
+                run.logits.append(logits[:, -1].clone())
+        run.decode_s = clock() - t1
+        return run
+
+    # -- persistence ------------------------------------------------------
+    def save(self, directory: str | Path, *, force: bool = True) -> Path:
+        """Write ``generator.json``, ``prefill/`` and ``decode/`` (atomically); returns the folder."""
+        directory = check_destination(directory, Kind.DIR, force=force)
+        with atomic_dir(directory, label="generator") as tmp:
+            for part in PARTS:
+                getattr(self, part).save(tmp / part)
+            (tmp / GENERATOR_FILE).write_text(json.dumps(self.manifest, indent=1, default=str))
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "Generator":
+        """Load a folder written by :meth:`save`; any problem is an :class:`ArtifactError`."""
+        directory = Path(directory)
+        path = directory / GENERATOR_FILE
+        try:
+            manifest = json.loads(path.read_text())
+            spec = CacheSpec.from_json(manifest["cache"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ArtifactError(f"{directory} is not a generator folder ({path.name}: {type(exc).__name__})",
+                                where=str(path), hint="compile one with `mlcomp compile MODEL --generate N -o DIR`"
+                                ) from None
+        if manifest.get("format") != GENERATOR_FORMAT:
+            raise ArtifactError(f"{path} is not a {GENERATOR_FORMAT} manifest", where=str(path),
+                                hint="compile one with `mlcomp compile MODEL --generate N -o DIR`")
+        parts = [Artifact.load(directory / part) for part in PARTS]
+        return cls(parts[0], parts[1], spec, manifest)
