@@ -41,7 +41,7 @@ from mlcomp.pipeline import run_pipeline
 from mlcomp.runtime.generator import GenerationRun, Generator
 from mlcomp.targets import CompileOptions
 
-__all__ = ["compile_generator", "eager_generation", "load_generator", "update_in_place"]
+__all__ = ["compile_generator", "eager_generation", "load_decoder", "load_generator", "update_in_place"]
 
 CACHE_ALIGN = 16          # cache lengths are rounded up to a multiple of this (and are at least this)
 IN_PLACE_TARGETS = ("cpu", "cuda")   # targets that run the generated torch code, where an input can be written
@@ -218,3 +218,21 @@ def compile_generator(model: torch.nn.Module, prompt_ids: torch.Tensor, max_new_
 def load_generator(directory: Any) -> Generator:
     """A generator saved with :meth:`Generator.save <mlcomp.runtime.generator.Generator.save>`."""
     return Generator.load(directory)
+
+
+def load_decoder(spec: Any, *, batch: int = 1, prompt_len: int = 8, trust_pickle: bool = False
+                 ) -> tuple[torch.nn.Module, torch.Tensor, str]:
+    """``(model, prompt ids, name)``: a decoder of :data:`~mlcomp.models.third_party.GENERATIVE` by name
+    (random weights; ``batch`` prompts of ``prompt_len`` tokens), else what
+    :func:`~mlcomp.frontend.loading.load_model` loads, whose first example input is the prompt."""
+    from mlcomp.frontend.loading import load_model
+    from mlcomp.models.third_party import GENERATIVE, build_generative
+
+    if isinstance(spec, str) and spec in GENERATIVE:
+        model, inputs = build_generative(spec, batch=batch, seq=prompt_len)
+        return model, inputs[0], spec
+    source = load_model(spec, trust_pickle=trust_pickle, batch=batch)
+    if not source.example_inputs:
+        raise InputSpecError(f"{source.name} comes without example inputs, so there is no prompt to start from",
+                             where=str(spec), hint="return (model, (prompt_ids,)) from the factory")
+    return source.eager, source.example_inputs[0], source.name

@@ -199,7 +199,7 @@ def state_updates(graph: Graph, spec: CacheSpec) -> list[tuple[int, str]]:
     pairs = []
     for i, name in enumerate(spec.names):
         node = graph.node(outputs[i].name)
-        if node.op.name != "index_put" or node.inputs[0] != Ref(name):
+        if node.op.name not in ("index_put", "index_put_") or node.inputs[0] != Ref(name):
             raise CaptureError(f"{graph.name}: output {i} is {node.op.name}({node.inputs[0]}), not the cache "
                                f"tensor {name} with this step's rows written (index_put)", where=graph.name,
                                hint=NO_CACHE_HINT)
