@@ -38,7 +38,7 @@ from mlcomp.frontend.loading import kept_modes
 from mlcomp.ir import Graph
 from mlcomp.ir.ops import Op
 from mlcomp.pipeline import run_pipeline
-from mlcomp.runtime.generator import GenerationRun, Generator
+from mlcomp.runtime.generator import GenerationRun, Generator, GreedyLoop
 from mlcomp.targets import CompileOptions
 
 __all__ = ["compile_generator", "eager_generation", "load_decoder", "load_generator", "update_in_place"]
@@ -106,18 +106,9 @@ def _compile_part(graph: Graph, target: Any, pipeline: Any, options: CompileOpti
 def eager_generation(model: torch.nn.Module, spec: CacheSpec, prompt_ids: torch.Tensor,
                      max_new_tokens: int) -> GenerationRun:
     """Greedy generation in eager PyTorch through the same prefill and decode steps and the same kind of cache."""
-    prefill, decode = PrefillStep(model, spec).eval(), DecoderStep(model, spec).eval()
-    cache = spec.allocate()
-    tokens = torch.empty((prompt_ids.shape[0], max_new_tokens), dtype=torch.int64)
-    run = GenerationRun(tokens)
+    loop = GreedyLoop(PrefillStep(model, spec).eval(), DecoderStep(model, spec).eval(), spec, where="eager")
     with torch.no_grad():
-        logits = prefill(prompt_ids, *cache)[:, -1]
-        for i in range(max_new_tokens):
-            if i:
-                logits = decode(tokens[:, i - 1:i], torch.tensor(prompt_ids.shape[1] + i - 1), *cache)[:, -1]
-            tokens[:, i] = logits.argmax(-1)
-            run.logits.append(logits.clone())
-    return run
+        return loop.generate(prompt_ids, max_new_tokens, keep_logits=True)
 
 
 def _verify(gen: Generator, expected: GenerationRun, prompt_ids: torch.Tensor, max_new_tokens: int,

@@ -30,7 +30,7 @@ from mlcomp.base.files import Kind, atomic_dir, check_destination
 from mlcomp.frontend.decoder import CacheSpec
 from mlcomp.runtime.artifact import Artifact
 
-__all__ = ["GENERATOR_FORMAT", "GenerationRun", "Generator"]
+__all__ = ["GENERATOR_FORMAT", "GenerationRun", "Generator", "GreedyLoop"]
 
 GENERATOR_FORMAT = "mlcomp-generator"
 GENERATOR_FILE = "generator.json"
@@ -53,19 +53,28 @@ class GenerationRun:
         return steps * self.tokens.shape[0] / self.decode_s if self.decode_s > 0 and steps > 0 else 0.0
 
 
-class Generator:
-    """Greedy generation through a prefill and a decode artifact sharing one static KV cache."""
+class GreedyLoop:
+    """Greedy decoding over a prefill and a decode step sharing one static cache, allocated once here.
 
-    def __init__(self, prefill: Artifact, decode: Artifact, spec: CacheSpec,
-                 manifest: dict[str, Any] | None = None) -> None:
-        self.prefill, self.decode, self.spec = prefill, decode, spec
-        self.manifest = dict(manifest or {}, format=GENERATOR_FORMAT, cache=spec.to_json())
+    ``prefill(ids, *cache)`` and ``decode(ids, start, *cache)`` return the logits (a step that wrote
+    the cache itself, as eager does) or ``(*updated cache, logits)``: an updated tensor that is not
+    the cache tensor itself is copied into it (``copies`` counts them).
+    """
+
+    def __init__(self, prefill: Callable[..., Any], decode: Callable[..., Any], spec: CacheSpec,
+                 prompt_len: int | None = None, where: str = "generator") -> None:
+        self.steps, self.spec, self.prompt_len, self._where = (prefill, decode), spec, prompt_len, where
         self.cache = spec.allocate()          # the one allocation, reused by every generation
-        self.copies = 0                       # state outputs copied into the cache (0 where updated in place)
+        self.copies = 0
 
-    # -- running ----------------------------------------------------------
-    def _run(self, art: Artifact, *inputs: torch.Tensor) -> torch.Tensor:
-        outs = art(*inputs, *self.cache)
+    @property
+    def where(self) -> str:
+        return self._where
+
+    def _run(self, step: Callable[..., Any], *inputs: torch.Tensor) -> torch.Tensor:
+        outs = step(*inputs, *self.cache)
+        if isinstance(outs, torch.Tensor):
+            return outs
         for tensor, new in zip(self.cache, outs):
             if new.data_ptr() != tensor.data_ptr():
                 tensor.copy_(new)
@@ -73,8 +82,9 @@ class Generator:
         return outs[-1]
 
     def check_prompt(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
-        """Refuse a prompt the artifacts were not built for, or a generation longer than the cache."""
-        expected = tuple(self.prefill.inputs[0].shape)
+        """Refuse a prompt the steps were not built for, or a generation longer than the cache."""
+        length = prompt_ids.shape[-1] if prompt_ids.dim() == 2 else -1
+        expected = (self.spec.batch, self.prompt_len if self.prompt_len is not None else length)
         if tuple(prompt_ids.shape) != expected or prompt_ids.dtype != torch.int64:
             raise InputSpecError(f"the prompt is {tuple(prompt_ids.shape)} {prompt_ids.dtype}, but the prefill was "
                                  f"compiled for {expected} int64 token ids", where=self.where,
@@ -86,33 +96,54 @@ class Generator:
                                  "is generated)", where=self.where,
                                  hint="generate fewer tokens, or compile with a larger max_len")
 
-    @property
-    def where(self) -> str:
-        return f"generator of {self.manifest.get('model', '?')} for target {self.prefill.target}"
+    def first_token(self, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefill: ``(first token [B, 1], its logits [B, V])``; the cache holds the prompt's rows after it."""
+        logits = self._run(self.steps[0], prompt_ids)[:, -1]
+        return logits.argmax(-1, keepdim=True), logits
+
+    def decode_from(self, token: torch.Tensor, start: int, steps: int, tokens: torch.Tensor | None = None,
+                    logits: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """``steps`` decode steps feeding ``token`` at position ``start``, then each greedy pick; the picks."""
+        tokens = torch.empty((token.shape[0], steps), dtype=torch.int64) if tokens is None else tokens
+        decode = self.steps[1]
+        for i in range(steps):
+            out = self._run(decode, token, torch.tensor(start + i))[:, -1]
+            token = out.argmax(-1, keepdim=True)
+            tokens[:, i:i + 1] = token
+            if logits is not None:
+                logits.append(out.clone())
+        return tokens
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, *, keep_logits: bool = False,
                  clock: Callable[[], float] = time.perf_counter) -> GenerationRun:
         """Greedy decoding: ``max_new_tokens`` tokens after ``prompt_ids`` ``[B, P]`` (int64)."""
         self.check_prompt(prompt_ids, max_new_tokens)
-        start = prompt_ids.shape[1]
-        tokens = torch.empty((prompt_ids.shape[0], max_new_tokens), dtype=torch.int64)
-        run = GenerationRun(tokens)
+        run = GenerationRun(torch.empty((prompt_ids.shape[0], max_new_tokens), dtype=torch.int64))
         t0 = clock()
-        logits = self._run(self.prefill, prompt_ids)
-        token = logits[:, -1].argmax(-1, keepdim=True)
-        tokens[:, :1] = token
+        token, logits = self.first_token(prompt_ids)
+        run.tokens[:, :1] = token
         t1 = clock()
         run.first_token_s = t1 - t0
         if keep_logits:
-            run.logits.append(logits[:, -1].clone())
-        for i in range(1, max_new_tokens):
-            logits = self._run(self.decode, token, torch.tensor(start + i - 1))
-            token = logits[:, -1].argmax(-1, keepdim=True)
-            tokens[:, i:i + 1] = token
-            if keep_logits:
-                run.logits.append(logits[:, -1].clone())
+            run.logits.append(logits.clone())
+        self.decode_from(token, prompt_ids.shape[1], max_new_tokens - 1, run.tokens[:, 1:],
+                         run.logits if keep_logits else None)
         run.decode_s = clock() - t1
         return run
+
+
+class Generator(GreedyLoop):
+    """:class:`GreedyLoop` over a prefill and a decode :class:`~mlcomp.runtime.artifact.Artifact`; saves and loads."""
+
+    def __init__(self, prefill: Artifact, decode: Artifact, spec: CacheSpec,
+                 manifest: dict[str, Any] | None = None) -> None:
+        self.prefill, self.decode = prefill, decode
+        self.manifest = dict(manifest or {}, format=GENERATOR_FORMAT, cache=spec.to_json())
+        super().__init__(prefill, decode, spec, prompt_len=int(prefill.inputs[0].shape[1]))
+
+    @property
+    def where(self) -> str:
+        return f"generator of {self.manifest.get('model', '?')} for target {self.prefill.target}"
 
     # -- persistence ------------------------------------------------------
     def save(self, directory: str | Path, *, force: bool = True) -> Path:
