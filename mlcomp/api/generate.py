@@ -66,6 +66,12 @@ def cache_length(prompt_len: int, max_new_tokens: int, max_len: int | None, limi
     return size
 
 
+def sole_updates(graph: Graph, spec: CacheSpec) -> list[tuple[int, str]]:
+    """The state pairs ``(output index, input name)`` whose input is read by its update alone."""
+    return [(i, name) for i, name in state_updates(graph, spec)
+            if [u.name for u in graph.users(name)] == [graph.output_refs[i].name]]
+
+
 def update_in_place(graph: Graph, spec: CacheSpec) -> tuple[Graph, int]:
     """``graph`` with each cache update ``index_put(kv_i, idx, rows)`` that is ``kv_i``'s only reader written as
     ``index_put_``: the step writes into its input, and its state output is that input. Returns the count.
@@ -76,13 +82,11 @@ def update_in_place(graph: Graph, spec: CacheSpec) -> tuple[Graph, int]:
         index_put = aten.index_put_(kv_0, [None, None, add], view_3)     # kv_0 itself, rows written
     """
     inplace = Op.from_torch(torch.ops.aten.index_put_.default)
-    out, done = graph.copy(), 0
-    for index, name in state_updates(out, spec):
-        node = out.node(out.output_refs[index].name)
-        if [u.name for u in out.users(name)] == [node.name]:
-            out.replace(node.with_(op=inplace))
-            done += 1
-    return out, done
+    out = graph.copy()
+    pairs = sole_updates(out, spec)
+    for index, _ in pairs:
+        out.replace(out.node(out.output_refs[index].name).with_(op=inplace))
+    return out, len(pairs)
 
 
 def _compile_part(graph: Graph, target: Any, pipeline: Any, options: CompileOptions, inputs: tuple,
@@ -95,7 +99,7 @@ def _compile_part(graph: Graph, target: Any, pipeline: Any, options: CompileOpti
         graph, _ = run_pipeline(graph, pipe, example_inputs=inputs, target=target.facts(options),
                                 deterministic=options.deterministic)
         facts.update(pipeline=pipe.spec, pipeline_seconds=round(time.perf_counter() - t0, 4))
-    state_updates(graph, spec)          # the pipeline kept the cache as state
+    facts["sole_readers"] = len(sole_updates(graph, spec))    # also checks the pipeline kept the cache as state
     if target.name in IN_PLACE_TARGETS:
         graph, facts["in_place_updates"] = update_in_place(graph, spec)
     art = target.compile(graph, options)

@@ -139,7 +139,24 @@ class Generator(GreedyLoop):
                  manifest: dict[str, Any] | None = None) -> None:
         self.prefill, self.decode = prefill, decode
         self.manifest = dict(manifest or {}, format=GENERATOR_FORMAT, cache=spec.to_json())
-        super().__init__(prefill, decode, spec, prompt_len=int(prefill.inputs[0].shape[1]))
+        steps = [self._stepper(art, part, spec) for art, part in zip((prefill, decode), PARTS)]
+        super().__init__(*steps, spec, prompt_len=int(prefill.inputs[0].shape[1]))
+        parts = self.manifest.get("parts") or {}
+        self.cache_update = ("in place by the graph (index_put_)" if all(
+            (parts.get(p) or {}).get("in_place_updates") == len(spec.names) for p in PARTS) else
+            "in place through the runtime's I/O binding" if all(s is not a for s, a in zip(steps, (prefill, decode)))
+            else "copied into the cache after each step")
+
+    def _stepper(self, art: Artifact, part: str, spec: CacheSpec) -> Callable[..., Any]:
+        """The artifact, or its runtime's call that writes the state outputs into the cache (``with_state``:
+        onnxruntime's I/O binding) where every cache input is read by its update alone."""
+        bind = getattr(art.runtime, "with_state", None)
+        count = len(spec.names)
+        if bind is None or ((self.manifest.get("parts") or {}).get(part) or {}).get("sole_readers") != count:
+            return art
+        offset = len(art.inputs) - count
+        runner = bind({i: offset + i for i in range(count)}, [(tuple(s.shape), s.dtype) for s in art.outputs])
+        return runner or art
 
     @property
     def where(self) -> str:
