@@ -73,3 +73,20 @@ def test_the_users_model_is_not_changed_by_a_refusal(llama):
         compile_generator(model, prompt, 32, max_len=16)
     assert model.training
     model.eval()
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["llama", "--generate", "32", "--max-len", "16"], "need 40 cache positions, but the cache holds 16"),
+    (["mlp", "--generate", "4"], "is not a transformers language model with a KV cache"),
+    (["llama", "--generate", "4", "--target", "tvm"], "target tvm cannot compile a generator"),
+])
+def test_compile_generate_refusals_on_the_command_line(args, expected, tmp_path):
+    from click.testing import CliRunner
+
+    from mlcomp.cli.main import main
+
+    res = CliRunner().invoke(main, ["compile", *args, "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith("error: ") and "Traceback" not in res.output
+    assert expected in res.output and "\n" not in res.output.strip()
+    assert not (tmp_path / "out").exists()

@@ -88,3 +88,16 @@ def test_update_in_place_rewrites_only_the_cache_writes():
     ops = {out.node(out.output_refs[i].name).op.name for i, _ in state_updates(out, spec)}
     assert ops == {"index_put_"}
     assert "index_put_" not in {n.op.name for n in graph.call_nodes()}   # the captured graph is untouched
+
+
+@pytest.mark.slow
+def test_compile_generate_on_the_command_line(tmp_path):
+    from click.testing import CliRunner
+
+    from mlcomp.cli.main import main
+
+    res = CliRunner().invoke(main, ["compile", "qwen2", "--generate", "32", "-o", str(tmp_path / "gen")])
+    assert res.exit_code == 0, res.output
+    assert "32 of 32 tokens equal" in res.output and "reloaded: 32 tokens equal" in res.output
+    assert "written in place by the graph (index_put_)" in res.output
+    assert {p.name for p in (tmp_path / "gen").iterdir()} >= {"generator.json", "prefill", "decode"}
