@@ -12,7 +12,7 @@
     gen.save("out/llama-gen"); again = mlcomp.load_generator("out/llama-gen")
 
 Both graphs go through the ordinary path: capture (:mod:`mlcomp.frontend.decoder`), the
-pipeline, the target.  On targets that run torch code (cpu, cuda) each cache update
+pipeline, the target.  On the cpu target (TorchScript of the generated torch code) each cache update
 ``index_put(kv_i, ...)`` whose only reader is the update itself becomes
 ``index_put_`` on the input (:func:`update_in_place`), so the step writes its rows
 into the one cache and copies nothing; other targets return the updated tensors,
@@ -44,8 +44,9 @@ from mlcomp.targets import CompileOptions
 __all__ = ["compile_generator", "eager_generation", "load_decoder", "load_generator", "update_in_place"]
 
 CACHE_ALIGN = 16          # cache lengths are rounded up to a multiple of this (and are at least this)
-IN_PLACE_TARGETS = ("cpu", "cuda")   # targets that run the generated torch code, where an input can be written
-GENERATING_TARGETS = ("cpu", "cuda", "onnxruntime", "openvino")
+IN_PLACE_TARGETS = ("cpu",)      # targets that run the generated torch code, where an input can be written
+GENERATING_TARGETS = ("cpu", "onnxruntime", "openvino")
+WHY_NOT = {"cuda": "the generator keeps its KV cache in host memory; a cache on the device is not built yet"}
 
 
 def cache_length(prompt_len: int, max_new_tokens: int, max_len: int | None, limit: int | None) -> int:
@@ -168,9 +169,10 @@ def compile_generator(model: torch.nn.Module, prompt_ids: torch.Tensor, max_new_
     name = name or type(model).__name__
     chosen = resolve_target(target, pipeline)
     if chosen.name not in GENERATING_TARGETS:
+        why = WHY_NOT.get(chosen.name, "the decode step keeps its KV cache as graph state (inputs written every "
+                                       "token), which mlcomp lowers for " + ", ".join(GENERATING_TARGETS) + " only")
         raise OptionError(
-            f"target {chosen.name} cannot compile a generator: the decode step keeps its KV cache as graph state "
-            f"(inputs written every token), which mlcomp lowers for {', '.join(GENERATING_TARGETS)} only",
+            f"target {chosen.name} cannot compile a generator: {why}",
             where=f"compile_generator(target={chosen.name!r})", hint="use --target cpu or onnxruntime")
     opts = CompileOptions.make(**options)
     with kept_modes(model):

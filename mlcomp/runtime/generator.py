@@ -4,9 +4,10 @@
 :attr:`CacheSpec.shape <mlcomp.frontend.decoder.CacheSpec>`, allocated once when it
 is built.  Each step passes them to an artifact as inputs; the artifact's first
 outputs are the same tensors with the step's rows written.  Where the target wrote
-them in place (cpu, cuda: the update is an ``index_put_`` on the input) the output
-*is* the cache tensor and nothing is copied; elsewhere (onnxruntime, openvino, which
-return new buffers) it is copied into the cache tensor, which keeps its storage::
+them in place (cpu: the update is an ``index_put_`` on the input; onnxruntime: the output is
+bound to the input's memory) the output *is* the cache tensor and nothing is copied;
+elsewhere (openvino, which returns new buffers) it is copied into the cache tensor, which
+keeps its storage::
 
     prefill(prompt[B, P], cache)        -> logits[B, P, V]   first token = argmax(logits[:, -1])
     decode(token[B, 1], start=P, cache) -> logits[B, 1, V]   start = P, P+1, ...

@@ -101,3 +101,14 @@ def test_compile_generate_on_the_command_line(tmp_path):
     assert "32 of 32 tokens equal" in res.output and "reloaded: 32 tokens equal" in res.output
     assert "written in place by the graph (index_put_)" in res.output
     assert {p.name for p in (tmp_path / "gen").iterdir()} >= {"generator.json", "prefill", "decode"}
+
+
+@pytest.mark.openvino
+@pytest.mark.slow
+def test_openvino_generates_eagers_tokens_copying_into_the_same_cache():
+    model, (prompt,) = build_generative("llama", batch=1, seq=PROMPT)
+    gen = compile_generator(model, prompt, NEW, target="openvino", pipeline="-O2", name="llama")
+    before = [t.data_ptr() for t in gen.cache]
+    assert torch.equal(gen.generate(prompt, NEW).tokens, eager_tokens(model, prompt))
+    assert [t.data_ptr() for t in gen.cache] == before and gen.copies > 0
+    assert gen.cache_update == "copied into the cache after each step"
