@@ -43,6 +43,9 @@ class StateBinding:
         for i, tensor in self.buffers.items():
             _bind(self.binding, self.output_names[i], tensor, output=True)
         self._bound: list[int] = []
+        self._outputs_of: dict[int, list[int]] = {}
+        for out, src in self.state.items():
+            self._outputs_of.setdefault(src, []).append(out)
 
     @staticmethod
     def supports(runtime: Any, dtypes: list[torch.dtype]) -> bool:
@@ -51,12 +54,14 @@ class StateBinding:
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         inputs = tuple(t if t.is_contiguous() else t.contiguous() for t in inputs)
         pointers = [t.data_ptr() for t in inputs]
-        if pointers != self._bound:                 # state tensors keep their storage: rebinding is rare
-            for name, tensor in zip(self.input_names, inputs):
+        if len(self._bound) != len(pointers):
+            self._bound = [0] * len(pointers)
+        for i, (name, tensor) in enumerate(zip(self.input_names, inputs)):
+            if pointers[i] != self._bound[i]:        # the cache keeps its storage: only the ids are rebound
                 _bind(self.binding, name, tensor, output=False)
-            for out, src in self.state.items():
-                _bind(self.binding, self.output_names[out], inputs[src], output=True)
-            self._bound = pointers
+                for out in self._outputs_of.get(i, ()):
+                    _bind(self.binding, self.output_names[out], tensor, output=True)
+                self._bound[i] = pointers[i]
         self.session.run_with_iobinding(self.binding)
         return tuple(inputs[self.state[i]] if i in self.state else self.buffers[i]
                      for i in range(len(self.output_names)))
