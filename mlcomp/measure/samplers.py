@@ -9,7 +9,10 @@ not charged to this one.
 * :func:`process_samplers`: every variant in a fresh worker process of its own
   (:class:`~mlcomp.runtime.timing_worker.ProcessSampler`): compiled artifacts saved to a
   temporary folder and loaded there, eager torch by loading the model spec there.  No two
-  runtimes' thread pools share a process, as when each is deployed.
+  runtimes' thread pools share a process, as when each is deployed.  With ``procs=2`` each
+  variant runs in two processes (:class:`ProcessGroup`): one runtime in two processes can
+  differ by tens of per cent on a VM (where its memory landed), and one process per variant
+  would report that as a difference between variants.
 """
 from __future__ import annotations
 
@@ -24,20 +27,44 @@ from typing import Any
 from mlcomp.hardware.decide import call_samplers
 from mlcomp.hardware.timing import Clock, Sync, calls_per_block, no_sync
 
-__all__ = ["BLOCK_S", "Samplers", "can_isolate", "local_samplers", "process_samplers", "saved"]
+__all__ = ["BLOCK_S", "ProcessGroup", "Samplers", "can_isolate", "local_samplers", "process_samplers", "saved"]
 
 BLOCK_S = 0.02            # seconds of calls per sample
 READY_TIMEOUT_S = 600.0   # a worker loads, checks and warms up its variant within this
 
 
+class ProcessGroup:
+    """One variant's samplers in several processes, taken together: each call takes one sample of
+    every process (the first one a process later than in the call before) and returns their mean;
+    ``per_process[i]`` keeps process ``i``'s samples, one per call.
+
+        >>> group = ProcessGroup([lambda: 1.0, lambda: 3.0])
+        >>> group(), group(), group.per_process
+        (2.0, 2.0, [[1.0, 1.0], [3.0, 3.0]])
+    """
+
+    def __init__(self, samplers: Sequence[Callable[[], float]]) -> None:
+        self.samplers = list(samplers)
+        self.per_process: list[list[float]] = [[] for _ in self.samplers]
+
+    def __call__(self) -> float:
+        n = len(self.samplers)
+        k = len(self.per_process[0]) % n
+        for i in [*range(k, n), *range(k)]:
+            self.per_process[i].append(self.samplers[i]())
+        return sum(samples[-1] for samples in self.per_process) / n
+
+
 @dataclass
 class Samplers:
-    """Samplers by variant, where they run, their worker pids, and warm-up (seconds, calls) per variant."""
+    """Samplers by variant, where they run, their worker pids, and warm-up (seconds, calls) per variant;
+    ``groups``: the variants timed in several processes each."""
 
     fns: dict[str, Callable[[], float]]
     where: str
     pids: list[int] = field(default_factory=list)
     warmup: dict[str, tuple[float, int]] = field(default_factory=dict)
+    groups: dict[str, ProcessGroup] = field(default_factory=dict)
 
 
 def local_samplers(fns: Mapping[str, Callable[[], Any]], *, warmup: int, budget_s: float,
@@ -80,9 +107,10 @@ def can_isolate(fns: Mapping[str, Any], model: Any) -> bool:
 
 @contextlib.contextmanager
 def process_samplers(artifacts: Mapping[str, Any], eager: Mapping[str, Any] | None, inputs: Sequence[Any], *,
-                     threads: int, warmup: int) -> Iterator[Samplers]:
-    """A warm worker process per variant: ``artifacts`` (name -> Artifact) and, when ``eager`` is given
-    (``load_model`` arguments: ``spec``, ``input_shapes``, ``trust_pickle``, ``batch``), ``"eager"``."""
+                     threads: int, warmup: int, procs: int = 1) -> Iterator[Samplers]:
+    """``procs`` warm worker processes per variant: ``artifacts`` (name -> Artifact) and, when ``eager``
+    is given (``load_model`` arguments: ``spec``, ``input_shapes``, ``trust_pickle``, ``batch``), ``"eager"``.
+    With ``procs`` > 1 each variant's sampler is a :class:`ProcessGroup` of its processes."""
     from mlcomp.runtime.timing_worker import ProcessSampler, save_inputs
 
     with tempfile.TemporaryDirectory(prefix="mlcomp-bench-") as tmp, contextlib.ExitStack() as stack:
@@ -91,11 +119,18 @@ def process_samplers(artifacts: Mapping[str, Any], eager: Mapping[str, Any] | No
         folders: dict[str, Path | None] = {"eager": None} if eager is not None else {}
         folders.update({name: saved(art, root / name) for name, art in artifacts.items()})
         start = time.perf_counter()
-        workers = {name: stack.enter_context(ProcessSampler.start(
-                       folder, feed, threads=threads, warmup=warmup, block_s=BLOCK_S, label=name,
-                       model=dict(eager) if folder is None else None)) for name, folder in folders.items()}
+        workers = {(name, i): stack.enter_context(ProcessSampler.start(
+                       folder, feed, threads=threads, warmup=warmup, block_s=BLOCK_S,
+                       label=name if procs == 1 else f"{name}#{i}", model=dict(eager) if folder is None else None))
+                   for name, folder in folders.items() for i in range(procs)}
         for worker in workers.values():
             worker.wait_ready(READY_TIMEOUT_S)
         spent = time.perf_counter() - start
-        yield Samplers({n: w.sample for n, w in workers.items()}, f"{len(workers)} worker processes",
-                       [w.pid for w in workers.values()], {n: (spent, warmup) for n in workers})
+        if procs == 1:
+            fns: dict[str, Callable[[], float]] = {name: w.sample for (name, _), w in workers.items()}
+            groups: dict[str, ProcessGroup] = {}
+        else:
+            groups = {name: ProcessGroup([workers[name, i].sample for i in range(procs)]) for name in folders}
+            fns = dict(groups)
+        where = f"{len(workers)} worker processes" + (f" ({procs} per variant)" if procs > 1 else "")
+        yield Samplers(fns, where, [w.pid for w in workers.values()], {n: (spent, warmup) for n in folders}, groups)

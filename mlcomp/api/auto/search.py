@@ -174,7 +174,7 @@ def auto_candidates(names: Sequence[str | Target] | None = None) -> list[Target]
         if target.name == AUTO:
             raise MlcompError("auto cannot be one of its own candidates",
                               hint="list real targets, e.g. cpu,onnxruntime")
-        if all(t.name != target.name for t in out):
+        if all(t.spec != target.spec for t in out):
             out.append(target)
     return out
 
@@ -222,10 +222,10 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     targets = auto_candidates(candidates)
     key = record = None
     if records is not None and not opts.deterministic:
-        key = record_key(graph, source.inputs(), [t.name for t in targets], pipeline, opts)
+        key = record_key(graph, source.inputs(), [t.spec for t in targets], pipeline, opts)
         record = records.load(key)
-    ranked = [t.name for t in targets] if record is None else record.order([t.name for t in targets])
-    order = sorted(targets, key=lambda t: ranked.index(t.name))
+    ranked = [t.spec for t in targets] if record is None else record.order([t.spec for t in targets])
+    order = sorted(targets, key=lambda t: ranked.index(t.spec))
     rows: dict[str, Candidate] = {}
     built: dict[str, CompileResult] = {}
     pool = WorkerPool(source.inputs(), warmup=policy.warmup, block_s=BLOCK_S, describe=_first_line,
@@ -235,13 +235,13 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     with pool:
         for target in order:
             if record is not None and built:
-                rows[target.name] = _from_record(target.name, record)
+                rows[target.spec] = _from_record(target.spec, record)
                 continue
             pool.spare()               # a worker imports torch and mlcomp while this candidate compiles
-            rows[target.name] = _compile_one(source, graph, target, pipeline, capture_seconds, instruments,
+            rows[target.spec] = _compile_one(source, graph, target, pipeline, capture_seconds, instruments,
                                              say, built, options, opts)
-            if target.name in built:
-                pool.add(target.name, built[target.name].artifact)
+            if target.spec in built:
+                pool.add(target.spec, built[target.spec].artifact)
         phases["compile"] = time.perf_counter() - t0
         if not built:
             raise AutoTargetError(
@@ -251,7 +251,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
         if opts.deterministic or record is not None:
             best = next(iter(built))
             rule = AUTO_RULE if record is None else f"the best-recorded candidate that verified ({records.path(key)})"
-            decision = Decision.fixed(AUTO_QUESTION, [t.name for t in order if t.name in built], best, rule,
+            decision = Decision.fixed(AUTO_QUESTION, [t.spec for t in order if t.spec in built], best, rule,
                                       deterministic=record is None)
             rounds, tie_break, timed_in, eliminated = 0, 0, NOT_TIMED if record is None else FROM_RECORD, {}
         else:
@@ -262,7 +262,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
             if key is not None and len(built) > 1:
                 records.save(AutoRecord(key, {n: ranking.medians[n] for n in built}, best))
     rows[best] = replace(rows[best], picked=True)
-    report = AutoReport(tuple(rows[t.name] for t in targets), policy, rounds, tie_break, timed_in, eliminated,
+    report = AutoReport(tuple(rows[t.spec] for t in targets), policy, rounds, tie_break, timed_in, eliminated,
                         phases)
     result = built[best]
     result.auto = report
@@ -277,22 +277,22 @@ def _compile_one(source: Any, graph: Any, target: Target, pipeline: Any, capture
     """Check, compile and verify ``graph`` for ``target``: its row (a verified build goes into ``built``)."""
     problem = precheck(target, graph, opts, pipeline)
     if problem:
-        return Candidate(target.name, reason=problem)
-    say(f"auto: compile for {target.name}")
+        return Candidate(target.spec, reason=problem)
+    say(f"auto: compile for {target.spec}")
     t0 = time.perf_counter()
     try:
         result = compile_source(source, graph.copy(), target=target, pipeline=pipeline, verify=True,
                                 capture_seconds=capture_seconds, raise_on_failure=False,
-                                instruments=_instruments(instruments, target.name), **options)
+                                instruments=_instruments(instruments, target.spec), **options)
     except MlcompError as exc:
-        return Candidate(target.name, time.perf_counter() - t0, reason=_first_line(exc))
+        return Candidate(target.spec, time.perf_counter() - t0, reason=_first_line(exc))
     except Exception as exc:  # noqa: BLE001 - a backend's crash disqualifies that candidate only
-        return Candidate(target.name, time.perf_counter() - t0, reason=f"compile failed: {_first_line(exc)}")
+        return Candidate(target.spec, time.perf_counter() - t0, reason=f"compile failed: {_first_line(exc)}")
     seconds = time.perf_counter() - t0
     if not result.check.passed:
-        return Candidate(target.name, seconds, reason=f"verification failed: {result.check.summary()}")
-    built[target.name] = result
-    return Candidate(target.name, seconds, verified=True)
+        return Candidate(target.spec, seconds, reason=f"verification failed: {result.check.summary()}")
+    built[target.spec] = result
+    return Candidate(target.spec, seconds, verified=True)
 
 
 def _from_record(name: str, record: AutoRecord) -> Candidate:

@@ -260,3 +260,13 @@ def test_a_contender_decided_slower_leaves_the_tie_break():
     assert ranking.p_values["close"] < auto_mod.ALPHA and ranking.ratios["close"] == pytest.approx(1.03, abs=0.02)
     assert ranking.ratios["far"] == pytest.approx(2.0, abs=0.05) and ranking.p_values["far"] < auto_mod.ALPHA
     assert ranking.medians["fast"] == pytest.approx(0.020, rel=0.03)
+
+
+def test_candidates_may_be_target_specs_and_one_target_with_two_specs_is_two_candidates():
+    from mlcomp.api.auto.search import auto_candidates
+    from mlcomp.cli.compile import _candidates
+
+    assert _candidates("cpu, tvm{kernels=off}, ort", "auto") == ["cpu", "tvm{kernels=off}", "onnxruntime"]
+    picked = auto_candidates(["tvm", "tvm{kernels=off}", "tvm"])
+    assert [t.spec for t in picked] == ["tvm", "tvm{kernels=off}"]
+    assert [t.settings.kernels for t in picked] == ["auto", "off"]
