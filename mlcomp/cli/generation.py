@@ -1,11 +1,13 @@
 """What ``--generate N`` does in ``mlcomp compile`` and ``mlcomp bench``: a decoder LM compiled for generation.
 
-    $ mlcomp compile llama --generate 32 -o out/llama-gen
-    captured llama: prefill 289 nodes, decode 287 nodes (cache 2 layers x [1, 2, 48, 16] f32) in 11.5s
-    compiled for cpu: prefill 97 nodes, decode 108 nodes; the cache (one allocation) is written in place by the graph (index_put_)
-    verified against eager greedy generation: 32 of 32 tokens equal, logits passed: 32 output(s), max abs 1.2e-07 ...
-    saved out/llama-gen (generator.json, prefill/, decode/); reloaded: 32 tokens equal
-    $ mlcomp bench llama --generate 32 --target cpu,onnxruntime     # time to first token, tokens/s
+    $ mlcomp compile gpt2 --generate 32 -o out/gpt2-gen
+    captured gpt2: prefill 214 nodes, decode 212 nodes (cache: 2 layers, keys and values 1x4x48x16 f32)
+    in 21.8s
+    compiled for cpu: prefill 97 nodes, decode 108 nodes; the cache (one allocation) is written in place by
+    the graph (index_put_)
+    verified against eager greedy generation: 32 of 32 tokens equal, logits passed: 32 output(s), max abs ...
+    saved out/gpt2-gen (generator.json, prefill/, decode/); reloaded: 32 tokens equal
+    $ mlcomp bench llama --generate 32 --targets inductor,cpu,onnxruntime   # time to first token, tokens/s
 
 MODEL is a decoder of :data:`~mlcomp.models.third_party.GENERATIVE` by name (llama, gpt2,
 qwen2, ...; random weights, ``--batch`` prompts of ``--prompt-len`` tokens) or a factory
@@ -32,7 +34,8 @@ def describe(gen: Any) -> list[str]:
     shape = "x".join(map(str, spec.shape))
     how = f"the cache (one allocation) is written {gen.cache_update}"
     return [f"captured {gen.manifest['model']}: prefill {parts['prefill']['captured_nodes']} nodes, decode "
-            f"{parts['decode']['captured_nodes']} nodes (cache {spec.layers} layers x 2 x {shape} {spec.dtype}) "
+            f"{parts['decode']['captured_nodes']} nodes (cache: {spec.layers} layers, keys and values {shape} "
+            f"{spec.dtype}) "
             f"in {gen.manifest['capture_seconds']:.1f}s",
             f"compiled for {gen.prefill.target}: prefill {parts['prefill']['nodes']} nodes, decode "
             f"{parts['decode']['nodes']} nodes; {how}"]

@@ -112,3 +112,12 @@ def test_openvino_generates_eagers_tokens_copying_into_the_same_cache():
     assert torch.equal(gen.generate(prompt, NEW).tokens, eager_tokens(model, prompt))
     assert [t.data_ptr() for t in gen.cache] == before and gen.copies > 0
     assert gen.cache_update == "copied into the cache after each step"
+
+
+@pytest.mark.slow
+def test_a_batch_of_prompts_generates_each_rows_tokens():
+    model, (prompt,) = build_generative("qwen2", batch=2, seq=6)
+    gen = compile_generator(model, prompt, 16, target="cpu", name="qwen2")
+    assert gen.spec.batch == 2 and gen.spec.max_len == 32
+    assert torch.equal(gen.generate(prompt, 16).tokens,
+                       model.generate(prompt, do_sample=False, max_new_tokens=16, min_new_tokens=16)[:, 6:])
