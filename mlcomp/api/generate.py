@@ -15,8 +15,8 @@ Both graphs go through the ordinary path: capture (:mod:`mlcomp.frontend.decoder
 pipeline, the target.  On the cpu target (TorchScript of the generated torch code) each cache update
 ``index_put(kv_i, ...)`` whose only reader is the update itself becomes
 ``index_put_`` on the input (:func:`update_in_place`), so the step writes its rows
-into the one cache and copies nothing; other targets return the updated tensors,
-which the generator copies into the same cache (:mod:`mlcomp.runtime.generator`).
+into the one cache and copies nothing; onnxruntime binds those outputs to the cache's
+memory, OpenVINO's runtime copies its outputs into it (:mod:`mlcomp.runtime.generator`).
 
 Verification runs ``max_new_tokens`` greedy steps eagerly (the same steps, the same
 kind of cache) and through the artifacts: the tokens must be equal and each step's

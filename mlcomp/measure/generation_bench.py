@@ -3,6 +3,8 @@
 Variants, each a :class:`~mlcomp.runtime.generator.GreedyLoop` over its own static KV cache:
 
 * ``eager``: the prefill and decode steps (:mod:`mlcomp.frontend.decoder`) run by PyTorch;
+* ``eager-dynamic``: the model called as ``model.generate`` calls it, with ``transformers``'
+  growing ``DynamicCache`` (:class:`DynamicLoop`), what a user of eager PyTorch runs;
 * ``inductor``: the same two steps through ``torch.compile()`` (its default backend);
 * a target name (``cpu``, ``onnxruntime``, ``openvino``): :func:`mlcomp.api.generate.compile_generator`.
 
@@ -27,11 +29,12 @@ import torch
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.table import Table
 from mlcomp.hardware.timing import TimingPolicy, measure_interleaved
+from mlcomp.runtime.generator import GenerationRun
 
-__all__ = ["GenerationResult", "GenerationRow", "bench_generation", "EAGER", "INDUCTOR"]
+__all__ = ["DynamicLoop", "GenerationResult", "GenerationRow", "bench_generation", "DYNAMIC", "EAGER", "INDUCTOR"]
 
-EAGER, INDUCTOR = "eager", "inductor"
-DEFAULT_VARIANTS = (EAGER, INDUCTOR, "cpu", "onnxruntime")
+EAGER, INDUCTOR, DYNAMIC = "eager", "inductor", "eager-dynamic"
+DEFAULT_VARIANTS = (EAGER, DYNAMIC, INDUCTOR, "cpu", "onnxruntime")
 
 
 @dataclass
@@ -81,6 +84,37 @@ def _no_grad(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+class DynamicLoop:
+    """Greedy decoding with ``transformers``' DynamicCache (grown per token); each decode run starts from the
+    prompt's cache, cropped back to it after the run."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model, self.cache = model, None
+
+    @torch.no_grad()
+    def first_token(self, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(input_ids=prompt_ids, use_cache=True)
+        self.cache = out.past_key_values
+        logits = out.logits[:, -1]
+        return logits.argmax(-1, keepdim=True), logits
+
+    @torch.no_grad()
+    def decode_from(self, token: torch.Tensor, start: int, steps: int) -> torch.Tensor:
+        tokens = torch.empty((token.shape[0], steps), dtype=torch.int64)
+        for i in range(steps):
+            out = self.model(input_ids=token, past_key_values=self.cache, use_cache=True)
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            tokens[:, i:i + 1] = token
+        if steps:
+            self.cache.crop(-steps)
+        return tokens
+
+    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> GenerationRun:
+        token, _ = self.first_token(prompt_ids)
+        rest = self.decode_from(token, prompt_ids.shape[1], max_new_tokens - 1)
+        return GenerationRun(torch.cat([token, rest], dim=1))
+
+
 def _build(variant: str, model: torch.nn.Module, prompt: torch.Tensor, tokens: int, *, pipeline: Any,
            threads: int | None, name: str) -> Any:
     """The variant's loop (built and, for compiled ones, verified against eager)."""
@@ -88,6 +122,8 @@ def _build(variant: str, model: torch.nn.Module, prompt: torch.Tensor, tokens: i
     from mlcomp.frontend.decoder import DecoderStep, PrefillStep, cache_spec
     from mlcomp.runtime.generator import GreedyLoop
 
+    if variant == DYNAMIC:
+        return DynamicLoop(model)
     if variant not in (EAGER, INDUCTOR):
         options = {} if threads is None else {"threads": threads}
         return compile_generator(model, prompt, tokens, target=variant, pipeline=pipeline, name=name, **options)
@@ -122,7 +158,7 @@ def bench_generation(model_spec: Any, tokens: int, *, targets: Sequence[str] = D
                 raise
             row.note = f"skipped: {exc.what}"
             continue
-        row.compile_s = None if variant == EAGER else time.perf_counter() - t0
+        row.compile_s = None if variant in (EAGER, DYNAMIC) else time.perf_counter() - t0
         expected = got if expected is None else expected
         row.tokens_equal = bool(torch.equal(got, expected))
         loops[variant] = loop

@@ -5,9 +5,9 @@
 is built.  Each step passes them to an artifact as inputs; the artifact's first
 outputs are the same tensors with the step's rows written.  Where the target wrote
 them in place (cpu: the update is an ``index_put_`` on the input; onnxruntime: the output is
-bound to the input's memory) the output *is* the cache tensor and nothing is copied;
-elsewhere (openvino, which returns new buffers) it is copied into the cache tensor, which
-keeps its storage::
+bound to the input's memory) the output *is* the cache tensor and nothing is copied; OpenVINO's
+runtime copies its output buffers into the cache tensors (``with_state``); any other runtime's
+returned tensors are copied into them by the loop.  The cache keeps its storage throughout::
 
     prefill(prompt[B, P], cache)        -> logits[B, P, V]   first token = argmax(logits[:, -1])
     decode(token[B, 1], start=P, cache) -> logits[B, 1, V]   start = P, P+1, ...
@@ -143,14 +143,15 @@ class Generator(GreedyLoop):
         steps = [self._stepper(art, part, spec) for art, part in zip((prefill, decode), PARTS)]
         super().__init__(*steps, spec, prompt_len=int(prefill.inputs[0].shape[1]))
         parts = self.manifest.get("parts") or {}
+        bound = [getattr(step, "how", None) for step in steps]
         self.cache_update = ("in place by the graph (index_put_)" if all(
             (parts.get(p) or {}).get("in_place_updates") == len(spec.names) for p in PARTS) else
-            "in place through the runtime's I/O binding" if all(s is not a for s, a in zip(steps, (prefill, decode)))
-            else "copied into the cache after each step")
+            bound[0] if bound[0] and bound[0] == bound[1] else "copied into the cache after each step")
 
     def _stepper(self, art: Artifact, part: str, spec: CacheSpec) -> Callable[..., Any]:
         """The artifact, or its runtime's call that writes the state outputs into the cache (``with_state``:
-        onnxruntime's I/O binding) where every cache input is read by its update alone."""
+        onnxruntime's I/O binding, OpenVINO's copy into the cache) where every cache input is read by its
+        update alone."""
         bind = getattr(art.runtime, "with_state", None)
         count = len(spec.names)
         if bind is None or ((self.manifest.get("parts") or {}).get(part) or {}).get("sole_readers") != count:

@@ -32,6 +32,8 @@ def _bind(bind: Any, name: str, tensor: torch.Tensor, output: bool) -> None:
 class StateBinding:
     """``(*inputs) -> (*outputs)`` through ``run_with_iobinding``; state outputs are their inputs (see module doc)."""
 
+    how = "in place through onnxruntime's I/O binding"
+
     def __init__(self, runtime: Any, state: Mapping[int, int], outputs: list[tuple[tuple[int, ...], torch.dtype]]
                  ) -> None:
         self.session, self.state = runtime.session, dict(state)
