@@ -186,7 +186,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads, every variant")
     parser.add_argument("--generate", type=int, default=None, metavar="N",
                         help="time greedy generation of N tokens instead (decoders: --models llama,gpt2,qwen2)")
-    parser.add_argument("--gen-targets", default="cpu,onnxruntime", help="with --generate: mlcomp targets")
+    parser.add_argument("--gen-targets", default="cpu,onnxruntime,openvino", help="with --generate: mlcomp targets")
     args = parser.parse_args()
     if args.generate:
         models = args.models.split(",") if args.models != DEFAULT_MODELS else ["llama", "gpt2", "qwen2"]

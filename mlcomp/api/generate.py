@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from mlcomp.analysis.verify import compare
+from mlcomp.analysis.verify import check_tolerance, compare
 from mlcomp.api.lowering import adapted_pipeline, resolve_target
 from mlcomp.base.errors import InputSpecError, OptionError, VerificationError
 from mlcomp.frontend.decoder import (CacheSpec, DecoderStep, PrefillStep, cache_spec, capture_step, check_decoder,
@@ -175,6 +175,7 @@ def compile_generator(model: torch.nn.Module, prompt_ids: torch.Tensor, max_new_
             f"target {chosen.name} cannot compile a generator: {why}",
             where=f"compile_generator(target={chosen.name!r})", hint="use --target cpu or onnxruntime")
     opts = CompileOptions.make(**options)
+    tolerance = check_tolerance(tolerance, option="tolerance")
     with kept_modes(model):
         model.eval()
         text = check_decoder(model, name)

@@ -68,7 +68,7 @@ def test_saved_generator_reloads_and_generates_the_same(compiled, tmp_path):
 @pytest.mark.ort
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n == "llama" else [pytest.mark.slow])
                                   for n in DECODERS])
-def test_onnxruntime_generates_eagers_tokens_into_the_same_cache(name):
+def test_onnxruntime_generates_eagers_tokens_into_the_same_cache(name, tmp_path):
     model, (prompt,) = build_generative(name, batch=1, seq=PROMPT)
     gen = compile_generator(model, prompt, NEW, target="onnxruntime", pipeline="-O2", name=name)
     before = [t.data_ptr() for t in gen.cache]
@@ -77,6 +77,8 @@ def test_onnxruntime_generates_eagers_tokens_into_the_same_cache(name):
     assert [t.data_ptr() for t in gen.cache] == before
     assert gen.copies == 0 and gen.cache_update == "in place through onnxruntime's I/O binding"
     assert gen.cache[0][:, :, PROMPT + NEW - 2].abs().sum() > 0          # ORT wrote the rows into our tensors
+    again = load_generator(gen.save(tmp_path / "gen"))
+    assert torch.equal(again.generate(prompt, NEW).tokens, run.tokens) and again.cache_update == gen.cache_update
 
 
 def test_update_in_place_rewrites_only_the_cache_writes():
