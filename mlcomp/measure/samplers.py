@@ -10,7 +10,7 @@ not charged to this one.
   (:class:`~mlcomp.runtime.timing_worker.ProcessSampler`): compiled artifacts saved to a
   temporary folder and loaded there, eager torch by loading the model spec there.  No two
   runtimes' thread pools share a process, as when each is deployed.  With ``procs=2`` each
-  variant runs in two processes (:class:`ProcessGroup`): one runtime in two processes can
+  variant runs in two processes (:class:`~mlcomp.runtime.timing_worker.ProcessGroup`): one runtime in two processes can
   differ by tens of per cent on a VM (where its memory landed), and one process per variant
   would report that as a difference between variants.
 """
@@ -26,33 +26,12 @@ from typing import Any
 
 from mlcomp.hardware.decide import call_samplers
 from mlcomp.hardware.timing import Clock, Sync, calls_per_block, no_sync
+from mlcomp.runtime.timing_worker import ProcessGroup
 
 __all__ = ["BLOCK_S", "ProcessGroup", "Samplers", "can_isolate", "local_samplers", "process_samplers", "saved"]
 
 BLOCK_S = 0.02            # seconds of calls per sample
 READY_TIMEOUT_S = 600.0   # a worker loads, checks and warms up its variant within this
-
-
-class ProcessGroup:
-    """One variant's samplers in several processes, taken together: each call takes one sample of
-    every process (the first one a process later than in the call before) and returns their mean;
-    ``per_process[i]`` keeps process ``i``'s samples, one per call.
-
-        >>> group = ProcessGroup([lambda: 1.0, lambda: 3.0])
-        >>> group(), group(), group.per_process
-        (2.0, 2.0, [[1.0, 1.0], [3.0, 3.0]])
-    """
-
-    def __init__(self, samplers: Sequence[Callable[[], float]]) -> None:
-        self.samplers = list(samplers)
-        self.per_process: list[list[float]] = [[] for _ in self.samplers]
-
-    def __call__(self) -> float:
-        n = len(self.samplers)
-        k = len(self.per_process[0]) % n
-        for i in [*range(k, n), *range(k)]:
-            self.per_process[i].append(self.samplers[i]())
-        return sum(samples[-1] for samples in self.per_process) / n
 
 
 @dataclass

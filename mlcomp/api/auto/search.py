@@ -38,6 +38,7 @@ Distributed (a multi-process pipeline, not a single-process artifact) is never a
 """
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -70,6 +71,7 @@ __all__ = ["AUTO", "AutoTargetError", "Candidate", "AutoReport", "Ranking", "aut
 
 AUTO = "auto"
 IN_PROCESSES = "a fresh process per candidate"
+AUTO_PROCS = 2        # timing processes per candidate: one runtime can differ between two by tens of per cent
 NOT_TIMED = "not timed (deterministic compile)"
 AUTO_QUESTION = "auto: which verified target is fastest?"
 # a deterministic compile times nothing: the preference order is the candidate order
@@ -95,6 +97,7 @@ class Candidate:
     picked: bool = False
     ratio: float | None = None                # median of its paired ratios to the pick's samples (the pick: 1)
     p_value: float | None = None              # sign test of those ratios against 1
+    process_medians: tuple[float, ...] = ()   # each timing process's median per call, when timed in several
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target,
@@ -102,7 +105,8 @@ class Candidate:
                 "median_ms": None if self.median_s is None else round(self.median_s * 1e3, 6),
                 "verified": self.verified, "reason": self.reason, "picked": self.picked,
                 "ratio_to_picked": None if self.ratio is None else round(self.ratio, 4),
-                "sign_p": None if self.p_value is None else round(self.p_value, 4)}
+                "sign_p": None if self.p_value is None else round(self.p_value, 4),
+                "process_medians_ms": [round(m * 1e3, 6) for m in self.process_medians] or None}
 
     @property
     def versus(self) -> str:
@@ -206,12 +210,13 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
                  pipeline: Any = None, capture_seconds: float = 0.0, instruments: Sequence[Any] | None = None,
                  policy: TimingPolicy = DEFAULT_AUTO_TIMING, clock: Clock = time.perf_counter,
                  note: Note | None = None, isolate: bool = True, records: RecordStore | None = None,
-                 **options: Any) -> CompileResult:
+                 procs: int = AUTO_PROCS, **options: Any) -> CompileResult:
     """Compile ``graph`` for each candidate, verify, time the verified ones, return the fastest.
 
     ``instruments`` are built per candidate (a callable taking the target name) or shared;
     ``isolate=False`` times every candidate in this process, with ``clock`` (injectable for
-    tests; a fresh process each uses its own clock).  ``records``: where earlier measurements are
+    tests; fresh processes use their own clock); else each candidate runs in ``procs`` timing
+    processes, every round taking a sample of each, so one process's luck decides nothing.  ``records``: where earlier measurements are
     kept (:mod:`~mlcomp.api.auto.record`); with a record for this host, model and shape class the
     candidates are built best-recorded first, the first that verifies is the pick and nothing is
     timed; without one, the measured ranking is recorded.  The winner's manifest carries ``auto``
@@ -228,7 +233,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     order = sorted(targets, key=lambda t: ranked.index(t.spec))
     rows: dict[str, Candidate] = {}
     built: dict[str, CompileResult] = {}
-    pool = WorkerPool(source.inputs(), warmup=policy.warmup, block_s=BLOCK_S, describe=_first_line,
+    pool = WorkerPool(source.inputs(), warmup=policy.warmup, block_s=BLOCK_S, describe=_first_line, procs=procs,
                       enabled=isolate and record is None and not opts.deterministic and len(targets) > 1)
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -334,14 +339,16 @@ def _time(built: dict[str, CompileResult], inputs: Sequence[Any], policy: Timing
             phases["workers_ready"] = time.perf_counter() - t0
             ranking = rank_samplers(samplers, policy, on_eliminate=pool.stop)
             phases["rank"] = time.perf_counter() - t0 - phases["workers_ready"]
-            timed_in = IN_PROCESSES
+            timed_in = IN_PROCESSES if pool.procs == 1 else f"{pool.procs} fresh processes per candidate"
         except WorkerError as exc:
             timed_in = f"this process ({_first_line(exc)})"
     if ranking is None:
         ranking = rank_samplers(_local_samplers(built, inputs, policy, clock), policy, clock=clock)
     for name in built:
+        group = pool.groups.get(name)
         rows[name] = replace(rows[name], median_s=ranking.medians[name], ratio=ranking.ratios.get(name),
-                             p_value=ranking.p_values.get(name))
+                             p_value=ranking.p_values.get(name),
+                             process_medians=tuple(statistics.median(s) for s in group.per_process) if group else ())
     return ranking, timed_in
 
 
