@@ -2,8 +2,8 @@
 
 A ``transformers`` causal LM (Llama-, GPT-2-, Qwen2-style) is wrapped in
 :class:`DecoderStep`, whose inputs are the token ids, the position of the first
-of them (``start``, a 0-d int64) and one key and one value tensor per layer of
-shape ``[batch, kv_heads, max_len, head_dim]``.  The step runs the model with a
+of them (``start``, a 0-d int64; :class:`PrefillStep` has none, it starts at 0) and one
+key and one value tensor per layer of shape ``[batch, kv_heads, max_len, head_dim]``.  The step runs the model with a
 ``transformers`` static cache whose layers *are* those tensors; the model writes
 the new keys and values into them in place (``index_copy_``), which
 ``torch.export`` turns into one state output per cache tensor::
@@ -14,7 +14,8 @@ the new keys and values into them in place (``index_copy_``), which
 Every ``kv_i'`` is ``index_put(kv_i, [start + arange(T)], new_keys)``: the cache with
 the step's rows written.  :class:`CacheSpec` says which output updates which
 input (the graph's state); the runtime keeps one set of cache tensors for the
-whole generation (:mod:`mlcomp.runtime.generator`).
+whole generation (:mod:`mlcomp.runtime.generator`).  The model itself is not changed: the
+steps only call it.
 
     >>> from mlcomp.models.third_party import build_generative
     >>> model, (ids,) = build_generative("llama", batch=1, seq=8)
