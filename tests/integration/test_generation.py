@@ -124,3 +124,31 @@ def test_a_batch_of_prompts_generates_each_rows_tokens():
     assert gen.spec.batch == 2 and gen.spec.max_len == 32
     assert torch.equal(gen.generate(prompt, 16).tokens,
                        model.generate(prompt, do_sample=False, max_new_tokens=16, min_new_tokens=16)[:, 6:])
+
+
+FACTORY = '''
+import torch, transformers as tf
+
+def decoder():
+    torch.manual_seed(0)
+    cfg = tf.Qwen2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         intermediate_size=64, vocab_size=128, max_position_embeddings=32)
+    return tf.Qwen2ForCausalLM(cfg).eval(), (torch.tensor([[5, 17, 3, 99]]),)
+'''
+
+
+@pytest.mark.slow
+def test_compile_generate_takes_a_factory_file(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from mlcomp.cli.main import main
+
+    (tmp_path / "lm.py").write_text(FACTORY)
+    res = CliRunner().invoke(main, ["compile", f"{tmp_path / 'lm.py'}:decoder", "--generate", "12", "--target",
+                                    "onnxruntime", "-o", str(tmp_path / "gen"), "--json"])
+    assert res.exit_code == 0, res.output
+    facts = json.loads(res.output[res.output.index("{"):])
+    assert facts["verification"]["tokens_equal"] and facts["cache"]["max_len"] == 16
+    assert facts["prompt_shape"] == [1, 4] and facts["target"] == "onnxruntime"
