@@ -30,9 +30,12 @@ def eager_tokens(model, prompt):
 
 @pytest.fixture(scope="module", params=[pytest.param(n, marks=[] if n == "llama" else [pytest.mark.slow])
                                         for n in DECODERS])
-def compiled(request, tmp_path_factory):
+def compiled(request):
     model, (prompt,) = build_generative(request.param, batch=1, seq=PROMPT)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     gen = compile_generator(model, prompt, NEW, target="cpu", pipeline="-O2", name=request.param)
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)   # untouched
     return request.param, model, prompt, gen
 
 
