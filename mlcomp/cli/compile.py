@@ -119,6 +119,13 @@ def size_on_disk(path: Path) -> int:
 @click.option("--loss-scale", default=None, metavar="SPEC",
               help='With --train: dynamic, none, a static scale (1024) or "dynamic{init=65536 growth_interval=2000}" '
                    "(default: dynamic when the graph computes in fp16, else none).")
+@click.option("--generate", "generate", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Compile a decoder LM for generation (prefill + one-token decode over a static KV cache) and "
+                   "check N greedy tokens against eager (mlcomp.cli.generation).")
+@click.option("--prompt-len", type=click.IntRange(min=1), default=8, show_default=True,
+              help="With --generate and a named decoder: the prompt's length in tokens.")
+@click.option("--max-len", type=click.IntRange(min=1), default=None,
+              help="With --generate: cache positions (default: prompt + N rounded up to 16).")
 def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                 dynamic_batch: bool, trust_pickle: bool, target: str | None, candidates: str | None,
                 output: Path | None, pipeline: str | None, opt_level: str | None, dump_after: str | None,
@@ -128,7 +135,8 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                 cache_max_size: int | None = None, no_verify: bool = False, tf32: bool = False,
                 output_names: str | None = None, as_json: bool = False, force: bool = False,
                 train: bool = False, loss: str = "cross_entropy", optimizer: str = "sgd", steps: int = 5,
-                loss_scale: str | None = None, deterministic: bool = False) -> None:
+                loss_scale: str | None = None, deterministic: bool = False, generate: int | None = None,
+                prompt_len: int = 8, max_len: int | None = None) -> None:
     """Capture MODEL, run a pipeline (default -O2), lower it to a target (or the fastest of several: --target
     auto), verify against eager and save it.  A second compile of the same model reuses the cached artifact."""
     from mlcomp.api import compile_model, is_auto
@@ -148,6 +156,12 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                              pipeline=resolve_pipeline(pipeline, opt_level, default=None),
                              instruments=request.instruments(), force=force, loss_scale=loss_scale)
 
+    if generate is not None:   # the generation path: mlcomp.cli.generation
+        from mlcomp.cli.generation import compile_generate
+
+        return compile_generate(model, generate, target=target, pipeline=request.text, output=output, batch=batch,
+                                prompt_len=prompt_len, max_len=max_len, tolerance=tolerance, threads=threads,
+                                trust_pickle=trust_pickle, force=force, as_json=as_json, verify=not no_verify)
     if output is not None:
         check_destination(output, Kind.DIR, force=force, inputs=(model,))
     target = target or request.pipeline.target or "cpu"      # a TOML file may name the target

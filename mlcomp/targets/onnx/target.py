@@ -180,6 +180,14 @@ class OrtRuntime:
         feed = {n: _as_numpy(t) for n, t in zip(self.input_names, inputs)}
         return tuple(map(torch.from_numpy, self._run(self.output_names, feed, None)))
 
+    def with_state(self, state: dict[int, int], outputs: list[tuple[tuple[int, ...], Any]]) -> Any:
+        """A call that writes each state output into the input it updates (``output index -> input index``;
+        :class:`~mlcomp.targets.onnx.binding.StateBinding`), or None where this session cannot."""
+        from mlcomp.targets.onnx.binding import StateBinding
+
+        ok = StateBinding.supports(self, [dtype for _, dtype in outputs])
+        return StateBinding(self, state, outputs) if ok else None
+
     def save(self, directory: Path) -> dict[str, Any]:
         (directory / PAYLOAD).write_bytes(self.model)
         return {"file": PAYLOAD, "threads": self.threads, "device": self.device,

@@ -145,6 +145,13 @@ class OpenVinoRuntime:
         # the request reuses its output buffers on the next call: hand out copies
         return tuple(torch.from_numpy(self.request.get_output_tensor(i).data.copy()) for i in range(self._n_out))
 
+    def with_state(self, state: dict[int, int], outputs: list[tuple[tuple[int, ...], Any]]) -> Any:
+        """A call that copies each state output into the input it updates (``output index -> input index``;
+        :class:`~mlcomp.targets.openvino.state.StateCopy`): no allocation per call."""
+        from mlcomp.targets.openvino.state import StateCopy
+
+        return StateCopy(self, state, outputs)
+
     def save(self, directory: Path) -> dict[str, Any]:
         import openvino as ov
 
