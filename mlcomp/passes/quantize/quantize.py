@@ -29,10 +29,20 @@ scale``.  Everything else keeps float.  Before/after on ``conv → relu → flat
     %addmm = addmm(%3.bias_dq, %view_dq, permute(%3.weight_dq, [1, 0]))
     %addmm_q, %addmm_dq;  return (%addmm_dq,)
 
+Options: ``calibration`` (how many samples, or a ``.pt`` file of batches:
+:mod:`~mlcomp.passes.quantize.data`), ``granularity`` of the weight scales, ``method`` of the
+activation ranges (``minmax``, ``percentile``, ``entropy``: :mod:`~mlcomp.passes.quantize.observe`),
+``exclude`` (node names, ops, module-path globs kept in float:
+:mod:`~mlcomp.passes.quantize.selection`), ``held_back`` (samples kept out of the ranges and
+measured only), and a declared accuracy target, ``tolerance`` (max relative error of the
+outputs) and ``agreement`` (top-1), refused with the numbers when missed.  A fused graph
+(``-O2,quantize``) is first put back as its ops (:mod:`~mlcomp.passes.quantize.unfuse`).
+
 Stats: per quantized layer its module path, op, input/output scale and zero point,
-weight scale range and the relative error of its output against float on the first
-calibration sample; the top-1 agreement of the outputs over all samples; and the
-declared tolerance verification uses (:func:`mlcomp.analysis.ranges.declared_tolerance`).
+weight scale range, its output's relative error and the error it adds itself; the
+metric on the calibration and held-back sets, the layers that lose most, ``exclude``
+suggestions and why each other candidate kept float (:mod:`~mlcomp.passes.quantize.accuracy`);
+and the declared tolerance verification uses (:func:`mlcomp.analysis.ranges.declared_tolerance`).
 Only the ``onnxruntime`` target lowers the pairs to int8 kernels; the pass refuses
 every other target before anything is loaded; its emitter must take the whole graph
 (``fold-constants`` first removes constant index arithmetic it has no rule for).  O(n)
@@ -41,18 +51,23 @@ rewriting plus the calibration runs.
 from __future__ import annotations
 
 import enum
+import warnings
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import Any, ClassVar, Mapping
 
 import torch
 
+from mlcomp.analysis.ranges import declared_tolerance
 from mlcomp.base.errors import PassFailure, PipelineSpecError
 from mlcomp.frontend.loading import graph_random_inputs
 from mlcomp.ir import Graph, Mode, Node
-from mlcomp.ir.ops import aten
+from mlcomp.ir.interpreter import Interpreter
+from mlcomp.passes.quantize import accuracy, data
 from mlcomp.passes.quantize.observe import observe
-from mlcomp.passes.quantize.write import Writer, output_value, plan, stats
-from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule, int8_rule
+from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule
+from mlcomp.passes.quantize.selection import choose, finite, unmatched
+from mlcomp.passes.quantize.unfuse import inline_fused
+from mlcomp.passes.quantize.write import Writer, drop_softmax_guard, output_value, plan
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
 __all__ = ["Quantize", "Granularity", "Method", "INT8_TARGETS"]
@@ -68,17 +83,24 @@ class Granularity(enum.Enum):
 class Method(enum.Enum):
     MINMAX = "minmax"
     PERCENTILE = "percentile"
+    ENTROPY = "entropy"
 
 
 @dataclass(frozen=True)
 class Quantize(Pass):
-    """Compute convolutions and matrix products in int8: quantize/dequantize pairs from calibrated ranges."""
+    """Compute convolutions, matrix products, adds and softmax in int8: quantize/dequantize pairs from calibrated
+    ranges."""
 
     name: ClassVar[str] = "quantize"
     modes: ClassVar[frozenset[Mode]] = frozenset({Mode.INFERENCE})
-    calibration: int = option(8, "calibration samples to observe ranges on (at most those given)", ge=1)
+    calibration: int | str = option(8, "calibration samples to observe (at most those given), or a .pt file of "
+                                       "example batches", ge=1)
     granularity: Granularity = option(Granularity.PER_CHANNEL, "weight scales: per-channel or per-tensor")
-    method: Method = option(Method.MINMAX, "activation ranges: minmax or percentile (0.01%..99.99%)")
+    method: Method = option(Method.MINMAX, "activation ranges: minmax, percentile (0.01%..99.99%) or entropy (KL)")
+    exclude: tuple[str, ...] = option((), "node names, ops (add, aten.bmm) or module-path globs kept in float")
+    held_back: int = option(0, "calibration samples kept out of the ranges, only measured", ge=0)
+    tolerance: float | None = option(None, "largest max relative error of the outputs accepted", gt=0)
+    agreement: float | None = option(None, "smallest top-1 agreement with fp32 accepted", gt=0, le=1)
 
     enum_options: ClassVar[Mapping[str, type[enum.Enum]]] = {"granularity": Granularity, "method": Method}
 
@@ -92,30 +114,80 @@ class Quantize(Pass):
                 hint="compile with --target onnxruntime, or drop quantize from the pipeline for this target")
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
-        layers = [(n, r) for n in graph.call_nodes() if (r := _rule(n)) is not None]
+        unfused = inline_fused(graph)
+        layers, kept = choose(graph, self.exclude)
         if not layers:
             raise PassFailure(
                 f"quantize found no op it computes in int8 in graph {graph.name} (it quantizes "
-                f"{', '.join(str(op) for op in INT8_POLICY)}; convolutions must not be transposed)",
+                f"{', '.join(str(op) for op in INT8_POLICY)}; {_kept_text(kept)})",
                 where=f"graph {graph.name}", hint="drop quantize from the pipeline for this model")
-        samples = _samples(graph, ctx, self.calibration)
-        plans = [plan(graph, n, rule) for n, rule in layers]
-        acts = list(dict.fromkeys(
-            [r.name for p in plans for r in p[0]] + [output_value(graph, n) for n, _ in layers]))
+        samples, held = data.held_back(self._samples(graph, ctx), self.held_back)
+        plans = {n.name: plan(graph, n, rule) for n, rule in layers}
+        acts = list(dict.fromkeys([r.name for n, _ in layers for r in plans[n.name][0]]
+                                  + [output_value(graph, n) for n, _ in layers]))
         seen = observe(graph, samples, acts, self.method.value, keep=[n.name for n, _ in layers])
+        held_ref = [Interpreter(graph).run(*s) for s in held]
+        layers = self._finite(graph, layers, plans, seen.ranges, kept)
+        for node, rule in layers:
+            if rule.fixed_output is not None:
+                seen.ranges[output_value(graph, node)] = rule.fixed_output
+                drop_softmax_guard(graph, node)
         writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL)
-        records = [writer.layer(n, rule, p) for (n, rule), p in zip(layers, plans)]
-        return PassResult(graph, True, stats(graph, samples, seen, records))
+        records = [writer.layer(n, rule, plans[n.name]) for n, rule in layers]
+        stats = self._measure(graph, samples, held, seen, held_ref, records)
+        stats.update(kept_float=kept, unfused_groups=unfused)
+        stats["warnings"] = [f"exclude pattern {p!r} matched no node" for p in unmatched(graph, self.exclude)]
+        for text in stats["warnings"]:
+            warnings.warn(f"quantize: {text}", UserWarning, stacklevel=2)
+        stats["explain"] = accuracy.explain_lines(stats)
+        accuracy.check_targets(stats, self.tolerance, self.agreement)
+        return PassResult(graph, True, stats)
+
+    def _finite(self, graph: Graph, layers: list[tuple[Node, Int8Rule]], plans: dict[str, Any],
+                ranges: dict[str, tuple[float, float]], kept: dict[str, str]) -> list[tuple[Node, Int8Rule]]:
+        """``layers`` without those whose activations had a non-finite range (recorded in ``kept``)."""
+        out = []
+        for node, rule in layers:
+            if finite(ranges, [*plans[node.name][0], output_value(graph, node)]):
+                out.append((node, rule))
+            else:
+                kept[node.name] = "an activation with a non-finite range (an -inf mask)"
+        return out
+
+    def _samples(self, graph: Graph, ctx: PassContext) -> list[tuple[torch.Tensor, ...]]:
+        """The calibration samples: the file's, else the API's, else the example inputs, else random ones."""
+        specs = data.input_specs(graph)
+        if isinstance(self.calibration, str):
+            found = data.as_samples(data.load_file(self.calibration), specs, f"calibration={self.calibration}")
+            return found
+        if ctx.calibration_data is not None:
+            found = data.as_samples(ctx.calibration_data, specs, "calibration_data=")
+        else:
+            given = ctx.example_inputs if ctx.example_inputs is not None else graph_random_inputs(graph)
+            found = data.as_samples([tuple(given)], specs, "the example inputs")
+        return found[:self.calibration + self.held_back]
+
+    def _measure(self, graph: Graph, samples: list[Any], held: list[Any], seen: Any, held_ref: list[Any],
+                 records: list[dict[str, Any]]) -> dict[str, Any]:
+        interp = Interpreter(graph)
+        with torch.no_grad():
+            env = interp.run_all(*samples[0])
+            got = [env["__output__"]] + [interp.run(*s) for s in samples[1:]]
+            held_got = [interp.run(*s) for s in held]
+        accuracy.layer_errors(records, seen.first, env)
+        ranked = accuracy.sensitivity(records)
+        cal = accuracy.metric(seen.outputs, got)
+        tol = declared_tolerance(graph)
+        return {"layers": records, "quantized": len(records), "calibration_samples": len(samples),
+                "held_back_samples": len(held), "calibration": cal,
+                "held_back": accuracy.metric(held_ref, held_got) if held else None,
+                "output_rel_error": cal["max_rel"], "top1_agreement": cal["top1"],
+                "sensitivity": ranked, "suggest_exclude": accuracy.suggest(ranked),
+                "declared_tolerance": tol.rtol if tol else None,
+                "tolerance_why": tol.explain() if tol else None}
 
 
-def _rule(node: Node) -> Int8Rule | None:
-    rule = int8_rule(node.op)
-    if rule is None or (node.op == aten("convolution") and node.inputs[6]):   # transposed: another weight axis
-        return None
-    return rule
-
-
-def _samples(graph: Graph, ctx: PassContext, count: int) -> list[tuple[torch.Tensor, ...]]:
-    given = ctx.calibration_data or ((ctx.example_inputs,) if ctx.example_inputs is not None
-                                     else (graph_random_inputs(graph),))
-    return [(s,) if isinstance(s, torch.Tensor) else tuple(s) for s in list(given)[:count]]
+def _kept_text(kept: dict[str, str]) -> str:
+    if not kept:
+        return "convolutions must not be transposed"
+    return "kept float: " + "; ".join(f"%{n}: {why}" for n, why in list(kept.items())[:4])

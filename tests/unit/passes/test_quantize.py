@@ -192,7 +192,9 @@ def test_no_quantizable_op_is_refused():
 @pytest.mark.parametrize("spec, words", [
     ("quantize{calibration=0}", "calibration"),
     ("quantize{granularity=per-row}", "per-channel"),
-    ("quantize{method=entropy}", "minmax"),
+    ("quantize{method=kl}", "minmax"),
+    ("quantize{held_back=-1}", "held_back"),
+    ("quantize{agreement=1.5}", "agreement"),
 ])
 def test_bad_options_are_refused(spec, words):
     _, x, g = small()
