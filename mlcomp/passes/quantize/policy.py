@@ -13,6 +13,7 @@ bmm                       QLinearMatMul                 both operands (attention
 add.Tensor                QLinearAdd                    both operands (residual connections)
 mul.Tensor                QLinearMul                    both operands, when both are tensors
 _softmax                  QLinearSoftmax                input; output on the fixed grid [0, 1]
+mean.dim (over H, W)      QLinearGlobalAveragePool      input (a global average pool, kept 4-d)
 ========================  ============================  =================================
 
 Each row says which arguments are activations (quantized per tensor, uint8, range
@@ -59,6 +60,7 @@ INT8_POLICY: Mapping[Op, Int8Rule] = MappingProxyType({
     aten("add.Tensor"): Int8Rule(activations=(0, 1)),
     aten("mul.Tensor"): Int8Rule(activations=(0, 1)),
     aten("_softmax"): Int8Rule(activations=(0,), fixed_output=(0.0, 1.0)),
+    aten("mean.dim"): Int8Rule(activations=(0,)),
 })
 
 

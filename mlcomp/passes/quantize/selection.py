@@ -10,6 +10,7 @@ and no row of :data:`KEEP_FLOAT` holds for it (checked in order, the first reaso
   parameter: ORT's integer kernels take both operands from quantize/dequantize pairs);
 * it is a transposed convolution (its weight's output channels lie on another axis);
 * an ``add`` scaled by ``alpha`` (no int8 kernel scales an operand);
+* a ``mean`` that is not a global average pool (over both spatial axes of a 4-d tensor, kept 4-d);
 * an ``add`` whose only reader is a layer norm (ONNX Runtime fuses the two into
   ``SkipLayerNormalization``, faster in float than ``QLinearAdd`` then a float layer norm).
 
@@ -37,7 +38,7 @@ from mlcomp.passes.quantize.policy import Int8Rule, int8_rule
 __all__ = ["choose", "finite", "KEEP_FLOAT", "excluded_by", "unmatched"]
 
 _LAYER_NORMS = frozenset({aten("native_layer_norm"), aten("layer_norm")})
-_ADD = aten("add.Tensor")
+_ADD, _MEAN = aten("add.Tensor"), aten("mean.dim")
 
 
 def excluded_by(node: Node, patterns: Sequence[str]) -> str | None:
@@ -50,9 +51,24 @@ def _not_tensor_operand(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
         value = node.inputs[i] if i < len(node.inputs) else None
         src = graph.node(value.name) if isinstance(value, Ref) else None
         meta = src.meta if src is not None else None
-        if src is None or src.op == PARAM or not isinstance(meta, TensorMeta) or not meta.dtype.is_floating_point:
+        if src is not None and src.op == PARAM:
+            return f"argument {i} is a constant, not an activation (its row folds no weight there)"
+        if src is None or not isinstance(meta, TensorMeta) or not meta.dtype.is_floating_point:
             return f"argument {i} is not a computed float tensor"
+        if _param_through_views(graph, src):
+            return f"argument {i} is a parameter read through views (a batched linear's weight, not folded to int8)"
     return None
+
+
+def _param_through_views(graph: Graph, node: Node, depth: int = 6) -> bool:
+    """Whether ``node`` is a PARAM reshaped, permuted or expanded (at most ``depth`` such ops)."""
+    for _ in range(depth):
+        if node.op not in P.VIEW_LIKE or not isinstance(node.inputs[0], Ref):
+            return False
+        node = graph.node(node.inputs[0].name)
+        if node.op == PARAM:
+            return True
+    return False
 
 
 def _transposed(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
@@ -65,6 +81,17 @@ def _scaled_add(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
     return f"an add scaled by alpha={alpha}" if node.op == _ADD and alpha != 1 else None
 
 
+def _not_global_pool(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
+    if node.op != _MEAN:
+        return None
+    meta = P.meta_of(graph, node.inputs[0])
+    rank = len(meta.shape) if meta is not None else 0
+    dims = node.inputs[1] if len(node.inputs) > 1 else None
+    keep = node.inputs[2] if len(node.inputs) > 2 else node.attrs.get("keepdim", False)
+    axes = sorted(d % rank for d in dims) if rank and isinstance(dims, (list, tuple)) else None
+    return None if rank == 4 and axes == [2, 3] and keep else "a mean other than a 4-d global average pool"
+
+
 def _add_before_layer_norm(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
     users = graph.users(node.name)
     if node.op == _ADD and len(users) == 1 and users[0].op in _LAYER_NORMS:
@@ -73,7 +100,7 @@ def _add_before_layer_norm(graph: Graph, node: Node, rule: Int8Rule) -> str | No
 
 
 KEEP_FLOAT: tuple[Callable[[Graph, Node, Int8Rule], str | None], ...] = (
-    _not_tensor_operand, _transposed, _scaled_add, _add_before_layer_norm)
+    _not_tensor_operand, _transposed, _scaled_add, _not_global_pool, _add_before_layer_norm)
 """Why a node with a policy row keeps float (``None``: it does not), in the order they are checked."""
 
 
