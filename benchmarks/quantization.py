@@ -7,8 +7,9 @@ For each (zoo model, batch), with the example inputs as the calibration data:
 
 * ``eager``: the module under ``torch.no_grad()`` (fp32), the reference for agreement and error;
 * ``mlcomp:fp32``: ``mlcomp.compile(..., target="onnxruntime")`` with its default pipeline;
-* ``mlcomp:int8``: the same with ``pipeline="fold-batchnorm,quantize"`` (Q/DQ pairs that ORT fuses
-  into QLinearConv/QGemm/QLinearMatMul; the note lists the int8 kernels in ORT's optimized graph);
+* ``mlcomp:int8``: the same with ``pipeline="-O2,quantize"`` (``--int8-pipeline``; Q/DQ pairs that ORT
+  fuses into QLinearConv/QGemm/QLinearMatMul/QLinearAdd/QLinearSoftmax; the note lists the int8
+  kernels in ORT's optimized graph);
 * ``ort:int8``: ``torch.onnx.export`` of the module, then ORT's ``quantize_static`` (QDQ format,
   per-channel int8 weights, uint8 activations, min-max calibration on the same inputs).
 
@@ -37,7 +38,8 @@ from mlcomp.measure.rounds import compare  # noqa: E402
 from mlcomp.measure.samplers import local_samplers  # noqa: E402
 from mlcomp.models import ZOO  # noqa: E402
 
-INT8_KERNELS = ("QLinearConv", "QLinearMatMul", "QGemm", "MatMulInteger", "MatMulIntegerToFloat", "ConvInteger")
+INT8_KERNELS = ("QLinearConv", "QLinearMatMul", "QGemm", "MatMulInteger", "MatMulIntegerToFloat", "ConvInteger",
+                "QLinearAdd", "QLinearMul", "QLinearSoftmax", "QLinearGlobalAveragePool")
 
 
 def _session(model_bytes: bytes, opt_path: str):
@@ -94,14 +96,14 @@ def _first(value):
     return torch.as_tensor(np.asarray(value)) if not isinstance(value, torch.Tensor) else value
 
 
-def row(name: str, batch: int, budget: float) -> None:
+def row(name: str, batch: int, budget: float, int8_pipeline: str = "-O2,quantize") -> None:
     z = ZOO[name]
     module, inputs = z.build(), z.example_inputs(batch)
     with torch.no_grad():
         ref = _first(module(*inputs))
     with tempfile.TemporaryDirectory() as work:
         variants = {"mlcomp:fp32": _mlcomp(module, inputs, None, work, "fp32"),
-                    "mlcomp:int8": _mlcomp(module, inputs, "fold-batchnorm,quantize", work, "int8")}
+                    "mlcomp:int8": _mlcomp(module, inputs, int8_pipeline, work, "int8")}
         try:
             variants["ort:int8"] = _ort_static(module, inputs, work)
         except Exception as exc:  # noqa: BLE001 - an anchor that fails is a row note, not a crash
@@ -125,11 +127,12 @@ def main(argv=None) -> None:
     ap.add_argument("--models", default="resnet18,transformer")
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--budget", type=float, default=1.0, help="seconds of timing per variant")
+    ap.add_argument("--int8-pipeline", default="-O2,quantize", help="mlcomp's int8 pipeline")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            row(name, batch, args.budget)
+            row(name, batch, args.budget, args.int8_pipeline)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ consults an optional :class:`~mlcomp.api.cache.CompileCache` first (opt-in here:
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 import warnings
@@ -92,10 +93,19 @@ def _key(graph: Any, target: Any, candidates: Any, pipeline: Any, options: Compi
                                                                          policy.min_repeats]}), None
         chosen = resolve_target(target, pipeline)
         pipe, _ = adapted_pipeline(pipeline, chosen)
+        files = [f for p in (pipe.build() if pipe is not None else ()) for f in p.files_read()]
         return cache_key(graph, pipeline=pipe.spec if pipe is not None else "", target=chosen.spec,
-                         options=options, device=chosen.device(options)), None
+                         options=options, device=chosen.device(options),
+                         extra={"files": {f: file_digest(f) for f in files}} if files else None), None
     except UncacheableGraph as exc:
         return None, f"the graph cannot be hashed ({exc})"
+    except OSError as exc:
+        return None, f"a file the pipeline reads cannot be hashed ({exc.strerror or exc})"
+
+
+def file_digest(path: str) -> str:
+    """The sha256 of a file a pass reads (what makes a changed calibration dataset a cache miss)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _reuse(source: Any, art: Any, *, verify: bool, tolerance: float | None, capture_seconds: float) -> CompileResult:

@@ -113,6 +113,9 @@ class Quantize(Pass):
                 f"slower than the float model and no smaller",
                 hint="compile with --target onnxruntime, or drop quantize from the pipeline for this target")
 
+    def files_read(self) -> tuple[str, ...]:
+        return (self.calibration,) if isinstance(self.calibration, str) else ()
+
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         unfused = inline_fused(graph)
         layers, kept = choose(graph, self.exclude)

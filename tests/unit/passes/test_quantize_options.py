@@ -263,3 +263,21 @@ def test_o2_then_quantize_puts_fused_groups_back():
     with torch.no_grad():
         ref, got = model(x), Interpreter(out).run(x)[0]
     assert float((ref - got).abs().max() / ref.abs().max()) < st["declared_tolerance"]
+
+
+def test_a_changed_calibration_file_changes_the_cache_key(tmp_path):
+    from mlcomp.api.auto.search import DEFAULT_AUTO_TIMING
+    from mlcomp.api.compiler import _key
+    from mlcomp.targets import CompileOptions
+    _, x, g = small()
+    path = tmp_path / "cal.pt"
+    spec = f"quantize{{calibration=\"{path}\"}}"
+
+    def key():
+        return _key(g, "onnxruntime", None, spec, CompileOptions.make(), DEFAULT_AUTO_TIMING)
+    missing, why = key()
+    assert missing is None and "cannot be hashed" in why              # the pass itself then names the file
+    torch.save([x], path)
+    first = key()[0]
+    torch.save([x * 2], path)
+    assert key()[0].digest != first.digest

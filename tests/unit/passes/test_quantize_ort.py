@@ -106,3 +106,23 @@ def test_compile_o2_quantize_with_calibration_iterable():
     assert ver["passed"] and ver["max_rel"] <= art.manifest["declared_tolerance"]
     st = next(p for p in art.manifest["pipeline_report"]["passes"] if p["name"] == "quantize")["stats"]
     assert st["calibration_samples"] == 3 and st["held_back"]["samples"] == 1 and st["quantized"] == 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bert", "vit"])
+def test_third_party_within_the_declared_metric(name):
+    pytest.importorskip("transformers")
+    import mlcomp
+    from mlcomp.models.third_party import build_third_party, token_ids
+    model, inputs = build_third_party(name, batch=2)
+    batches = [token_ids(2, seed=s) if name == "bert" else
+               (torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(s)),) for s in (5, 6, 7)]
+    art = mlcomp.compile(model, inputs, target="onnxruntime", pipeline="-O2,quantize{held_back=1}",
+                         calibration_data=batches)
+    ver = art.manifest["verification"]
+    tol = art.manifest["declared_tolerance"]
+    assert ver["passed"] and 0 < ver["max_rel"] <= tol
+    st = next(p for p in art.manifest["pipeline_report"]["passes"] if p["name"] == "quantize")["stats"]
+    assert st["quantized"] >= 8 and st["calibration"]["max_rel"] <= tol
+    assert st["held_back"]["samples"] == 1 and st["held_back"]["mean_rel"] < tol
+    assert st["sensitivity"] and st["sensitivity"][0]["added"] >= st["sensitivity"][-1]["added"]
