@@ -60,7 +60,7 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
               json_out: str | None, csv_out: str | None, plot_file: str | None, train: bool = False,
               loss: str = "cross_entropy", optimizer: str = "sgd", remat_sweep: bool = False,
               loss_scale: str | None = None, force: bool = False, keep_going: bool = False,
-              in_process: bool = False, precision: float = 0.03, settle_s: float = 0.0) -> None:
+              in_process: bool = False, precision: float = 0.03, settle_s: float = 0.0, procs: int = 1) -> None:
     """Time MODEL(s) eager vs compiled targets: median and p90 latency, speedup, cold compile time,
     peak memory, max error vs eager. One table per model."""
     from mlcomp.hardware.timing import TimingPolicy
@@ -106,7 +106,7 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
         return
     config = BenchConfig(targets, batches, pipeline, TimingPolicy(warmup, budget, min_repeats, max_repeats),
                          memory=not no_memory, threads=threads,
-                         **comparison_config(in_process, precision, settle_s))
+                         **comparison_config(in_process, precision, settle_s, procs))
     progress = command_progress(show_progress, machine_output="-" in (json_out, csv_out))
     results = []
     for model in models:

@@ -69,7 +69,8 @@ def size_on_disk(path: Path) -> int:
               help=f"{target_list()}, or auto: compile for every target available here, verify "
                    "and time each, keep the fastest that verified (default: the pipeline file's target, else cpu).")
 @click.option("--candidates", default=None, metavar="T,T...",
-              help="With --target auto: the targets to try (default: every target available here but distributed).")
+              help="With --target auto: the targets to try, names or specs with options, e.g. "
+                   "'cpu,tvm{kernels=off}' (default: every target available here but distributed).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Artifact folder to write (default mlcomp-out/MODEL-TARGET).")
 @pipeline_options
@@ -285,19 +286,20 @@ def _verify_and_save(result: Any, model: str, output: Path, *, force: bool, fres
 
 
 def _candidates(text: str | None, target: str) -> list[str] | None:
-    """--candidates checked before any capture: only with --target auto, known target names."""
+    """--candidates checked before any capture: only with --target auto, known targets (specs with options allowed)."""
     from mlcomp.targets import get_target
+    from mlcomp.targets.registry import split_targets
 
     if text is None:
         return None
     if target != "auto":
         raise OptionError(f"--candidates applies to --target auto only, not to {target}",
                           hint="drop --candidates, or compile with --target auto")
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names or "auto" in names:
+    names = [] if "auto" in text.lower().replace(" ", "").split(",") else split_targets(text)
+    if not names:
         raise OptionError(f"--candidates {text!r} must name one or more targets other than auto",
-                          hint="e.g. --candidates cpu,onnxruntime")
-    return [get_target(n).name for n in names]
+                          hint="e.g. --candidates cpu,onnxruntime or --candidates 'cpu,tvm{kernels=off}'")
+    return [get_target(n).spec for n in names]
 
 
 class _Say:

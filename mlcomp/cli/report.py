@@ -46,7 +46,7 @@ def report_cmd(model: str, input_shapes: tuple[str, ...], capture_method: str,
                old_bench_batches: tuple[int, ...] | None, roofline: bool, quick: bool, train: bool,
                budget: float, warmup: int, min_repeats: int, max_repeats: int, threads: int | None,
                show_progress: bool, force: bool, in_process: bool = False, precision: float = 0.03,
-               settle_s: float = 0.0, crosscheck: bool = False) -> None:
+               settle_s: float = 0.0, crosscheck: bool = False, procs: int = 1) -> None:
     """One HTML page for MODEL: inspect, the pipeline's per-pass stats (default -O2), the bench table
     and plots."""
     from mlcomp.api import check_model_inputs
@@ -67,7 +67,7 @@ def report_cmd(model: str, input_shapes: tuple[str, ...], capture_method: str,
         source, graph = load_and_capture(model, input_shapes, None, capture_method, dynamic_batch, trust_pickle)
     config = ReportConfig(BenchConfig(targets, bench_batches, pipeline,
                                       TimingPolicy(warmup, budget, min_repeats, max_repeats), threads=threads,
-                                      **comparison_config(in_process, precision, settle_s)),
+                                      **comparison_config(in_process, precision, settle_s, procs)),
                           capture_method=capture_method, roofline=roofline, quick=quick, training=train,
                           crosscheck=crosscheck)
     rep = build_report(model, output, config, input_shapes=input_shapes, trust_pickle=trust_pickle,

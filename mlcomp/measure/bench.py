@@ -47,6 +47,7 @@ from mlcomp.measure.plots import EAGER, bench_plot
 
 DESIGN_TARGETS = ("cpu", "cuda", "onnxruntime", "tvm")   # the targets DESIGN.md names
 # compiler(model, example_inputs, target, pipeline, options) -> callable artifact
+MAX_PROCS = 4          # worker processes per variant at most
 Compiler = Callable[[Any, tuple, str, "str | None", Mapping[str, Any]], Callable[..., Any]]
 Progress = Callable[[int, int, str], None]
 
@@ -65,6 +66,7 @@ class BenchConfig:
     precision: float | None = 0.03    # stop timing once every speedup's interval is within +-this
     settle_s: float = 0.0             # wait up to this long for a quiet machine before each comparison
     crosscheck: bool = False          # also time eager and each artifact as whole processes
+    procs: int = 1                    # worker processes per variant (2: each runtime in two, both reported)
 
     def compile_options(self) -> dict[str, Any]:
         """Options passed to ``mlcomp.compile`` so every target runs with the same thread count."""
@@ -79,6 +81,9 @@ class BenchConfig:
         if self.precision is not None and not 0 < self.precision < 1:
             raise BenchConfigError(f"precision {self.precision} is not between 0 and 1",
                                    hint="e.g. --precision 0.03 (stop once intervals are within +-3%)")
+        if not 1 <= self.procs <= MAX_PROCS:
+            raise BenchConfigError(f"--procs {self.procs} is not between 1 and {MAX_PROCS}",
+                                   hint="--procs 2 times each runtime in two worker processes and reports both")
         if self.settle_s < 0:
             raise BenchConfigError(f"--settle {self.settle_s} is negative", hint="give seconds to wait, e.g. 30")
 
@@ -209,7 +214,8 @@ def run_bench(model: Any, config: BenchConfig = BenchConfig(), *, input_shapes: 
             progress(total, total, f"{label} done")
     shapes = ", ".join(f"{dtype_name(t.dtype)}[B, {', '.join(map(str, t.shape[1:]))}]"
                        for t in base_inputs)
-    return BenchResult(label, shapes, config.pipeline, machine_line(), config.policy, tuple(rows), tuple(notes))
+    return BenchResult(label, shapes, config.pipeline, machine_line(), config.policy, tuple(rows), tuple(notes),
+                       crosscheck=config.crosscheck)
 
 
 def _groups(batches: Sequence[int], targets: Sequence[str],
