@@ -9,8 +9,10 @@ grouping goes.  Before/after::
 
     %relu = mlcomp.fused_convolution_relu_9ee7(%x, %w, %b)
                  ↓ inline_fused
-    %relu.convolution = aten.convolution.default(%x, %w, %b, ...)
-    %relu = aten.relu.default(%relu.convolution)
+    %convolution = aten.convolution.default(%x, %w, %b, ...)
+    %relu = aten.relu.default(%convolution)
+
+The ops of a group carry the group's origin (its convolution's module path): fusion kept no other.
 
 O(nodes + body nodes).
 """
@@ -42,7 +44,7 @@ def _inline(graph: Graph, node: Node, body: Graph) -> None:
         return local[r.name]
 
     for inner in body.call_nodes():
-        added = graph.add(inner.with_(name=graph.fresh_name(f"{node.name}.{inner.op.name}"),
+        added = graph.add(inner.with_(name=graph.fresh_name(inner.op.name.split(".")[0]),
                                       inputs=map_refs(inner.inputs, outer), attrs=map_refs(dict(inner.attrs), outer),
                                       origin=node.origin), before=node.name)
         local[inner.name] = Ref(added.name)

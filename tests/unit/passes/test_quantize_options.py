@@ -251,6 +251,37 @@ def test_declared_tolerance_missed_is_refused_with_numbers():
     assert _stats(report)["quantized"] == 3
 
 
+GOLDEN_BLOCK = """\
+  %x_q: u8[2, 4, 6, 6] = mlcomp.quantize_linear(%x, %x.scale, %x.zero, 1)   # conv1
+  %x_dq: f32[2, 4, 6, 6] = mlcomp.dequantize_linear(%x_q, %x.scale, %x.zero, 1)   # conv1
+  %conv1.weight_bnfold_dq: f32[4, 4, 3, 3] = mlcomp.dequantize_linear(%conv1.weight_bnfold.int8, %conv1.weight_bnfold.scale, %conv1.weight_bnfold.zero, 0)   # conv1
+  %conv1.bias_bnfold_dq: f32[4] = mlcomp.dequantize_linear(%conv1.bias_bnfold.int32, %conv1.bias_bnfold.scale, %conv1.bias_bnfold.zero, 0)
+  %convolution: f32[2, 4, 6, 6] = aten.convolution.default(%x_dq, %conv1.weight_bnfold_dq, %conv1.bias_bnfold_dq, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)   # conv1
+  %relu: f32[2, 4, 6, 6] = aten.relu.default(%convolution)   # conv1
+  %relu_q: u8[2, 4, 6, 6] = mlcomp.quantize_linear(%relu, %relu.scale, %relu.zero, 1)   # conv1
+  %relu_dq: f32[2, 4, 6, 6] = mlcomp.dequantize_linear(%relu_q, %relu.scale, %relu.zero, 1)   # conv1
+  %conv2.weight_bnfold_dq: f32[4, 4, 3, 3] = mlcomp.dequantize_linear(%conv2.weight_bnfold.int8, %conv2.weight_bnfold.scale, %conv2.weight_bnfold.zero, 0)   # conv2
+  %conv2.bias_bnfold_dq: f32[4] = mlcomp.dequantize_linear(%conv2.bias_bnfold.int32, %conv2.bias_bnfold.scale, %conv2.bias_bnfold.zero, 0)
+  %convolution_1: f32[2, 4, 6, 6] = aten.convolution.default(%relu_dq, %conv2.weight_bnfold_dq, %conv2.bias_bnfold_dq, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)   # conv2
+  %convolution_1_q: u8[2, 4, 6, 6] = mlcomp.quantize_linear(%convolution_1, %convolution_1.scale, %convolution_1.zero, 1)   # conv2
+  %convolution_1_dq: f32[2, 4, 6, 6] = mlcomp.dequantize_linear(%convolution_1_q, %convolution_1.scale, %convolution_1.zero, 1)   # conv2
+  %add: f32[2, 4, 6, 6] = aten.add.Tensor(%convolution_1_dq, %x_dq)   # conv2
+  %relu_1: f32[2, 4, 6, 6] = aten.relu.default(%add)   # conv2
+  %relu_1_q: u8[2, 4, 6, 6] = mlcomp.quantize_linear(%relu_1, %relu_1.scale, %relu_1.zero, 1)   # conv2
+  %relu_1_dq: f32[2, 4, 6, 6] = mlcomp.dequantize_linear(%relu_1_q, %relu_1.scale, %relu_1.zero, 1)   # conv2
+  return (%relu_1_dq,)
+}
+"""
+
+
+def test_golden_ir_residual_block_after_o2_quantize():
+    """-O2's fused groups put back; the add reads both dequantized operands; the pair after the block's ReLU."""
+    _, x, g = block()
+    out, _ = run_pipeline(g, "-O2,quantize", example_inputs=(x,), verify=True)
+    text = out.format()
+    assert text[text.index("  %x_q"):].rstrip() == GOLDEN_BLOCK.rstrip(), text
+
+
 # -- fused graphs ------------------------------------------------------------------------------------------
 
 def test_o2_then_quantize_puts_fused_groups_back():
