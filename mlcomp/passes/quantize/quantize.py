@@ -63,6 +63,7 @@ from mlcomp.frontend.loading import graph_random_inputs
 from mlcomp.ir import Graph, Mode, Node
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.passes.quantize import accuracy, data
+from mlcomp.passes.quantize.absorb import absorb_scalar_muls
 from mlcomp.passes.quantize.observe import observe
 from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule
 from mlcomp.passes.quantize.selection import choose, finite, unmatched
@@ -101,6 +102,7 @@ class Quantize(Pass):
     held_back: int = option(0, "calibration samples kept out of the ranges, only measured", ge=0)
     tolerance: float | None = option(None, "largest max relative error of the outputs accepted", gt=0)
     agreement: float | None = option(None, "smallest top-1 agreement with fp32 accepted", gt=0, le=1)
+    fold_scalars: bool = option(True, "turn scalar multiplies of dequantized values into dequantize scales")
 
     enum_options: ClassVar[Mapping[str, type[enum.Enum]]] = {"granularity": Granularity, "method": Method}
 
@@ -137,8 +139,9 @@ class Quantize(Pass):
                 drop_softmax_guard(graph, node)
         writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL)
         records = [writer.layer(n, rule, plans[n.name]) for n, rule in layers]
+        absorbed = absorb_scalar_muls(graph) if self.fold_scalars else 0
         stats = self._measure(graph, samples, held, seen, held_ref, records)
-        stats.update(kept_float=kept, unfused_groups=unfused)
+        stats.update(kept_float=kept, unfused_groups=unfused, scalar_muls_absorbed=absorbed)
         stats["warnings"] = [f"exclude pattern {p!r} matched no node" for p in unmatched(graph, self.exclude)]
         for text in stats["warnings"]:
             warnings.warn(f"quantize: {text}", UserWarning, stacklevel=2)

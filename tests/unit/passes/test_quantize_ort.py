@@ -28,9 +28,13 @@ def _optimized(model_bytes: bytes, path) -> Counter:
 
 
 def ours(module, x, pipeline, tmp_path) -> Counter:
+    """The op types of ORT's optimized model of mlcomp's graph (a preset adapted to onnxruntime, as compile does)."""
+    from mlcomp.pipeline.presets import adapt_preset
     from mlcomp.targets.onnx.emit import emit_model
+    from mlcomp.targets.registry import get_target
+    adapted = adapt_preset(pipeline, "onnxruntime", get_target("onnxruntime").rewrites)
     g = load_model(module, example_inputs=(x,)).capture()
-    out, _ = run_pipeline(g, pipeline, example_inputs=(x,))
+    out, _ = run_pipeline(g, adapted.text if adapted else pipeline, example_inputs=(x,))
     emitted = emit_model(out)
     assert emitted.declined is None, emitted.declined
     return _optimized(emitted.model.SerializeToString(), tmp_path / "ours.opt.onnx")
@@ -93,6 +97,19 @@ def test_attention_softmax_and_products_run_in_int8(tmp_path):
     assert mine["QGemm"] == 3, mine                  # the out projection and both feed-forward linears
     assert not {"Softmax", "IsNaN", "Where", "MatMul", "Gemm"} & set(mine), mine
     assert "SkipLayerNormalization" in mine          # the residual adds stay float, fused with the layer norm
+
+
+def test_sequence_first_attention_projections_and_scalings_in_int8(tmp_path):
+    """Sequence-first attention: the input projection is an addmm (QGemm), and q and k's scalar multiplies
+    become dequantize scales (no float Mul left)."""
+    torch.manual_seed(0)
+    model = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0).eval()
+    x = torch.randn(6, 2, 16, generator=torch.Generator().manual_seed(7))
+    mine = ours(model, x, "-O2,quantize", tmp_path)
+    assert mine["QGemm"] == 4 and mine["QLinearMatMul"] == 2 and mine["QLinearSoftmax"] == 1, mine
+    assert not {"Mul", "Softmax", "MatMul", "Gemm"} & set(mine), mine
+    with_mul = ours(model, x, "-O2,quantize{fold_scalars=false}", tmp_path)
+    assert with_mul["Mul"] == 2, with_mul
 
 
 def test_compile_o2_quantize_with_calibration_iterable():
