@@ -29,6 +29,10 @@ scale``.  Everything else keeps float.  Before/after on ``conv → relu → flat
     %addmm = addmm(%3.bias_dq, %view_dq, permute(%3.weight_dq, [1, 0]))
     %addmm_q, %addmm_dq;  return (%addmm_dq,)
 
+With ``activations=dynamic`` only matrix products with a constant weight are quantized: the
+weight to int8 as above, the activation on each call (``mlcomp.dynamic_quantize_linear``, ORT's
+``DynamicQuantizeMatMul``), the bias and output left float; no range is observed.
+
 Options: ``calibration`` (how many samples, or a ``.pt`` file of batches:
 :mod:`~mlcomp.passes.quantize.data`), ``granularity`` of the weight scales, ``method`` of the
 activation ranges (``minmax``, ``percentile``, ``entropy``: :mod:`~mlcomp.passes.quantize.observe`),
@@ -61,6 +65,7 @@ from mlcomp.analysis.ranges import declared_tolerance
 from mlcomp.base.errors import PassFailure, PipelineSpecError
 from mlcomp.frontend.loading import graph_random_inputs
 from mlcomp.ir import Graph, Mode, Node
+from mlcomp.ir.ops import aten
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.passes.quantize import accuracy, data
 from mlcomp.passes.quantize.absorb import absorb_scalar_muls
@@ -71,7 +76,7 @@ from mlcomp.passes.quantize.unfuse import inline_fused
 from mlcomp.passes.quantize.write import Writer, drop_softmax_guard, output_value, plan
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
-__all__ = ["Quantize", "Granularity", "Method", "INT8_TARGETS"]
+__all__ = ["Quantize", "Activations", "Granularity", "Method", "INT8_TARGETS"]
 
 INT8_TARGETS = frozenset({"onnxruntime"})       # targets that lower the Q/DQ pairs to int8 kernels
 
@@ -79,6 +84,11 @@ INT8_TARGETS = frozenset({"onnxruntime"})       # targets that lower the Q/DQ pa
 class Granularity(enum.Enum):
     PER_CHANNEL = "per-channel"
     PER_TENSOR = "per-tensor"
+
+
+class Activations(enum.Enum):
+    STATIC = "static"
+    DYNAMIC = "dynamic"
 
 
 class Method(enum.Enum):
@@ -96,6 +106,8 @@ class Quantize(Pass):
     modes: ClassVar[frozenset[Mode]] = frozenset({Mode.INFERENCE})
     calibration: int | str = option(8, "calibration samples to observe (at most those given), or a .pt file of "
                                        "example batches", ge=1)
+    activations: Activations = option(Activations.STATIC, "static (calibrated ranges) or dynamic (measured on "
+                                      "each call; matrix products with a constant weight only)")
     granularity: Granularity = option(Granularity.PER_CHANNEL, "weight scales: per-channel or per-tensor")
     method: Method = option(Method.MINMAX, "activation ranges: minmax, percentile (0.01%..99.99%) or entropy (KL)")
     exclude: tuple[str, ...] = option((), "node names, ops (add, aten.bmm) or module-path globs kept in float")
@@ -104,7 +116,8 @@ class Quantize(Pass):
     agreement: float | None = option(None, "smallest top-1 agreement with fp32 accepted", gt=0, le=1)
     fold_scalars: bool = option(True, "turn scalar multiplies of dequantized values into dequantize scales")
 
-    enum_options: ClassVar[Mapping[str, type[enum.Enum]]] = {"granularity": Granularity, "method": Method}
+    enum_options: ClassVar[Mapping[str, type[enum.Enum]]] = {"granularity": Granularity, "method": Method,
+                                                             "activations": Activations}
 
     def check_target(self, target: str) -> None:
         """Only ONNX Runtime turns the pairs into int8 kernels; elsewhere they would run as float math."""
@@ -121,6 +134,8 @@ class Quantize(Pass):
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         unfused = inline_fused(graph)
         layers, kept = choose(graph, self.exclude)
+        if self.activations is Activations.DYNAMIC:
+            layers = _dynamic_only(graph, layers, kept)
         if not layers:
             raise PassFailure(
                 f"quantize found no op it computes in int8 in graph {graph.name} (it quantizes "
@@ -130,7 +145,9 @@ class Quantize(Pass):
         plans = {n.name: plan(graph, n, rule) for n, rule in layers}
         acts = list(dict.fromkeys([r.name for n, _ in layers for r in plans[n.name][0]]
                                   + [output_value(graph, n) for n, _ in layers]))
-        seen = observe(graph, samples, acts, self.method.value, keep=[n.name for n, _ in layers])
+        dynamic = self.activations is Activations.DYNAMIC
+        seen = observe(graph, samples, [] if dynamic else acts, self.method.value,
+                       keep=[n.name for n, _ in layers] + (acts if dynamic else []))
         held_ref = [Interpreter(graph).run(*s) for s in held]
         layers = self._finite(graph, layers, plans, seen.ranges, kept)
         for node, rule in layers:
@@ -138,7 +155,8 @@ class Quantize(Pass):
                 seen.ranges[output_value(graph, node)] = rule.fixed_output
                 drop_softmax_guard(graph, node)
         writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL)
-        records = [writer.layer(n, rule, plans[n.name]) for n, rule in layers]
+        write = writer.dynamic_layer if dynamic else writer.layer
+        records = [write(n, rule, plans[n.name]) for n, rule in layers]
         absorbed = absorb_scalar_muls(graph) if self.fold_scalars else 0
         stats = self._measure(graph, samples, held, seen, held_ref, records)
         stats.update(kept_float=kept, unfused_groups=unfused, scalar_muls_absorbed=absorbed)
@@ -191,6 +209,21 @@ class Quantize(Pass):
                 "sensitivity": ranked, "suggest_exclude": accuracy.suggest(ranked),
                 "declared_tolerance": tol.rtol if tol else None,
                 "tolerance_why": tol.explain() if tol else None}
+
+
+_DYNAMIC_OPS = frozenset({aten("addmm"), aten("mm")})     # ORT's DynamicQuantizeMatMul: a constant 2-d weight
+
+
+def _dynamic_only(graph: Graph, layers: list[tuple[Node, Int8Rule]], kept: dict[str, str]
+                  ) -> list[tuple[Node, Int8Rule]]:
+    """The matrix products with a constant weight (what ORT computes with per-call activation scales)."""
+    out = []
+    for node, rule in layers:
+        if node.op in _DYNAMIC_OPS and plan(graph, node, rule)[1] is not None:
+            out.append((node, rule))
+        else:
+            kept[node.name] = "activations=dynamic quantizes only matrix products with a constant weight"
+    return out
 
 
 def _kept_text(kept: dict[str, str]) -> str:

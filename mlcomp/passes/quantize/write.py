@@ -16,7 +16,7 @@ import torch
 from mlcomp.ir import Graph, Node, Ref
 from mlcomp.ir.builder import new_node, remove_dead
 from mlcomp.ir.ops import PARAM, aten
-from mlcomp.ir.quant import DEQUANTIZE, QUANTIZE
+from mlcomp.ir.quant import DEQUANTIZE, DYNAMIC_QUANTIZE, QUANTIZE
 from mlcomp.passes import patterns as P
 from mlcomp.passes.quantize.observe import int8_weight, uint8_params
 from mlcomp.passes.quantize.policy import Int8Rule
@@ -35,6 +35,7 @@ class Writer:
         self.position = {n.name: i for i, n in enumerate(graph.nodes())}   # the original order, once
         self.pairs: dict[str, tuple[Ref, float, int]] = {}      # value -> (its dequantized ref, scale, zero)
         self.weights: dict[str, tuple[Ref, torch.Tensor]] = {}  # param -> (its dequantized ref, scales)
+        self.dynamic: dict[str, Ref] = {}                       # value -> its per-call quantized ref
 
     def _const(self, name: str, value: torch.Tensor) -> Ref:
         node = self.graph.add_constant(self.graph.fresh_name(name), value)
@@ -99,6 +100,29 @@ class Writer:
             q_name = g.node(dq.name).inputs[0].name
             g.replace_all_uses(out.name, dq, only=lambda u: u.name not in (q_name, dq.name))
             record["output"] = {"value": out.name, "scale": scale, "zero_point": zero}
+        return record
+
+    def dynamic_layer(self, node: Node, rule: Int8Rule, plan: "Plan") -> dict[str, Any]:
+        """Quantize ``node``'s weight as :meth:`layer` does and its activation on each call
+        (``mlcomp.dynamic_quantize_linear``); the bias stays float, the output is not quantized."""
+        g = self.graph
+        acts, (param, transposed) = plan
+        args = list(g.node(node.name).inputs)
+        record: dict[str, Any] = {"node": node.name, "op": str(node.op), "module": node.origin.module_path,
+                                  "inputs": []}
+        for i, value in enumerate(node.inputs):
+            if isinstance(value, Ref) and any(a.name == value.name for a in acts):
+                if value.name not in self.dynamic:
+                    self.dynamic[value.name] = Ref(new_node(g, DYNAMIC_QUANTIZE, (value,), name=f"{value.name}_dyn",
+                                                            before=node.name, origin=node.origin).name)
+                args[i] = self.dynamic[value.name]
+                record["inputs"].append({"value": value.name, "dq": args[i].name, "scale": None, "zero_point": None})
+        axis = (1 - rule.weight_axis) if transposed else rule.weight_axis
+        _, scales = self._weight(param, axis)
+        record["weight"] = {"param": param.name, "axis": axis if self.per_channel else None,
+                            "scale_min": float(scales.min()), "scale_max": float(scales.max())}
+        g.replace(g.node(node.name).with_(inputs=tuple(_merge(args, g.node(node.name).inputs, rule.weight))))
+        remove_dead(g, [param.name])
         return record
 
     def _bias(self, value: Any, scales: torch.Tensor) -> Ref | None:

@@ -312,3 +312,20 @@ def test_a_changed_calibration_file_changes_the_cache_key(tmp_path):
     first = key()[0]
     torch.save([x * 2], path)
     assert key()[0].digest != first.digest
+
+
+def test_dynamic_activations_golden_and_what_keeps_float():
+    _, x, g = small()
+    out, report = run_pipeline(g, "quantize{activations=dynamic}", example_inputs=(x,), verify=True)
+    text = out.format()
+    assert text.endswith("""\
+  %3.weight_dq: f32[5, 144] = mlcomp.dequantize_linear(%3.weight.int8, %3.weight.scale, %3.weight.zero, 0)   # 3
+  %permute: f32[144, 5] = aten.permute.default(%3.weight_dq, [1, 0])   # 3
+  %view_dyn: f32[2, 144] = mlcomp.dynamic_quantize_linear(%view)   # 3
+  %addmm: f32[2, 5] = aten.addmm.default(%3.bias, %view_dyn, %permute)   # 3
+  return (%addmm,)
+}"""), text
+    st = _stats(report)
+    assert st["quantized"] == 1 and "constant weight" in st["kept_float"]["convolution"]
+    assert "%0.weight: f32" in text and "%3.bias: f32[5] = param" in text      # conv and bias stay float
+    assert 0 < st["calibration"]["max_rel"] < st["declared_tolerance"]

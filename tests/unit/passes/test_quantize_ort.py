@@ -143,3 +143,21 @@ def test_third_party_within_the_declared_metric(name):
     assert st["quantized"] >= 8 and st["calibration"]["max_rel"] <= tol
     assert st["held_back"]["samples"] == 1 and st["held_back"]["mean_rel"] < tol
     assert st["sensitivity"] and st["sensitivity"][0]["added"] >= st["sensitivity"][-1]["added"]
+
+
+def test_dynamic_activations_run_orts_dynamic_quantize_matmul(tmp_path):
+    from mlcomp.ir.interpreter import Interpreter
+    from mlcomp.targets.onnx.emit import emit_model
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(2))
+    g = load_model(model, example_inputs=(x,)).capture()
+    out, _ = run_pipeline(g, "quantize{activations=dynamic}", example_inputs=(x,), verify=True)
+    emitted = emit_model(out)
+    assert emitted.declined is None
+    ran = _optimized(emitted.model.SerializeToString(), tmp_path / "dyn.opt.onnx")
+    assert ran["DynamicQuantizeMatMul"] == 2 and not {"Gemm", "MatMul", "MatMulInteger"} & set(ran), ran
+    sess = ort.InferenceSession(emitted.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0])
+    ref = Interpreter(out).run(x)[0]
+    assert float((got - ref).abs().max()) <= 1e-5 * float(ref.abs().max())   # the interpreter computes ORT's numbers
