@@ -99,8 +99,7 @@ class Method(enum.Enum):
 
 @dataclass(frozen=True)
 class Quantize(Pass):
-    """Compute convolutions, matrix products, adds and softmax in int8: quantize/dequantize pairs from calibrated
-    ranges."""
+    """Compute convolutions, matrix products, adds and softmax in int8 (quantize/dequantize pairs)."""
 
     name: ClassVar[str] = "quantize"
     modes: ClassVar[frozenset[Mode]] = frozenset({Mode.INFERENCE})
