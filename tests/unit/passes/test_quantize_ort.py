@@ -161,3 +161,15 @@ def test_dynamic_activations_run_orts_dynamic_quantize_matmul(tmp_path):
     got = torch.from_numpy(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0])
     ref = Interpreter(out).run(x)[0]
     assert float((got - ref).abs().max()) <= 1e-5 * float(ref.abs().max())   # the interpreter computes ORT's numbers
+
+
+def test_compile_refuses_a_missed_declared_tolerance_with_numbers():
+    import mlcomp
+    from mlcomp.base.errors import VerificationError
+    torch.manual_seed(0)
+    model, x = Net().eval(), torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(VerificationError) as err:
+        mlcomp.compile(model, (x,), target="onnxruntime", pipeline="-O2,quantize{tolerance=1e-9 agreement=1}")
+    text = str(err.value)
+    assert "exceeds tolerance=1e-09" in text and "The layers that lose most:" in text
+    assert err.value.exit_code == 4 and "report the model" not in text
