@@ -4,10 +4,11 @@
     .venv/bin/python benchmarks/commits.py --before ../before --after . \\
         --models mlp@1,resnet18@1,transformer@1 --targets eager,cpu,onnxruntime,openvino,tvm
 
-For each model and target, one process per checkout (``benchmarks/tree_worker.py`` run with
-``PYTHONPATH`` set to that checkout, so each imports its own mlcomp) compiles the model with
-``--pipeline`` and checks it against eager; the two processes are then timed in rotated rounds
-(each round one sample of each, the first one alternating), and the table gives each side's
+For each model and target, ``--procs`` processes per checkout (``benchmarks/tree_worker.py`` run
+with ``PYTHONPATH`` set to that checkout, so each imports its own mlcomp) compile the model with
+``--pipeline`` and check it against eager; they are then timed in rotated rounds (each round one
+sample of every process, the first one rotating; a side's figure for the round is the mean of its
+processes, so one process's memory placement does not decide), and the table gives each side's
 median, the per-round ratio before ÷ after with its 95 % interval
 (:func:`mlcomp.hardware.intervals.speedup_of`; above 1: the after checkout is faster) and
 whether the interval includes 1 ("same" within noise).  ``eager`` is a control: the same torch
@@ -83,12 +84,17 @@ def measure(before: Path, after: Path, row: str, target: str, args: argparse.Nam
     pair = Pair(row, target)
     workers: list[Worker] = []
     try:
-        for tree in (before, after):
-            workers.append(Worker(tree, model, int(batch), target, args.pipeline, args.threads))
+        for _ in range(args.procs):
+            for tree in (before, after):
+                workers.append(Worker(tree, model, int(batch), target, args.pipeline, args.threads))
         samples: list[list[float]] = [[], []]
+        n = len(workers)
         for r in range(args.rounds):
-            for i in ((0, 1) if r % 2 == 0 else (1, 0)):
-                samples[i].append(workers[i].sample(args.block))
+            got = [0.0] * n
+            for i in [*range(r % n, n), *range(r % n)]:
+                got[i] = workers[i].sample(args.block)
+            for side in (0, 1):
+                samples[side].append(statistics.mean(got[side::2]))
     except Exception as exc:  # noqa: BLE001 - one failed cell is reported, the run goes on
         pair.error = " ".join(str(exc).split())[:200]
         return pair
@@ -125,6 +131,7 @@ def main() -> int:
     ap.add_argument("--pipeline", default="-O2")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--procs", type=int, default=2, help="worker processes per checkout")
     ap.add_argument("--block", type=float, default=0.05, help="seconds of calls per sample")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -136,7 +143,8 @@ def main() -> int:
     names = [subprocess.run(["git", "-C", str(t), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or str(t) for t in (args.before, args.after)]
     print(table(pairs, *names))
-    print(f"\nthreads {args.threads}, {args.rounds} rounds x {args.block:g} s per process; "
+    print(f"\nthreads {args.threads}, {args.procs} processes per checkout, {args.rounds} rounds x {args.block:g} s "
+          "per process; "
           f"load average {os.getloadavg()[0]:.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(p) for p in pairs], indent=1))

@@ -250,6 +250,11 @@ def _say_compiled(result: Any, request: Any, hit: bool, facts: dict[str, Any], s
                            "tasks_reused": len(stats.get("tasks_reused", []))}
         say(f"tvm tuning: {stats.get('trials_run', 0)} trials run, tasks reused: "
             f"{len(stats.get('tasks_reused', []))} (database {stats.get('work_dir')})")
+    int8 = getattr(art.runtime, "int8", None)        # a quantized graph: what the runtime ran in int8
+    if int8 is not None:
+        facts["int8"] = int8.to_json()
+        if not request.explain:                        # --explain prints it among the runtime's lines
+            say(f"{art.target}: {int8.line()}")
     if request.explain and hasattr(art.runtime, "explain_lines"):   # e.g. tvm: which ops run in which kernel
         for line in art.runtime.explain_lines():
             say(f"{art.target}: {line}")

@@ -56,6 +56,7 @@ class BenchRow:
     rounds: int | None = None             # rounds of the comparison this cell was timed in
     unreliable: tuple[str, ...] = ()      # why the figure cannot be trusted (empty: it can)
     crosscheck: float | None = None       # whole-process speedup (mlcomp.measure.crosscheck), when asked for
+    dtype: str = "fp32"                   # the precision the target computed in (mlcomp.measure.variants)
     process_medians: tuple[float, ...] = ()   # with --procs N: each worker process's median s per call
 
     def process_gap(self) -> float | None:
@@ -79,11 +80,13 @@ class BenchRow:
 
     @property
     def label(self) -> str:
-        return self.target if self.device == "cpu" or self.target != EAGER else f"{EAGER} ({self.device})"
+        if self.target == EAGER:
+            return EAGER if self.device == "cpu" else f"{EAGER} ({self.device})"
+        return self.target if self.dtype == "fp32" else f"{self.target} {self.dtype}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"model": self.model, "target": self.target, "batch": self.batch, "device": self.device,
-                "status": self.status, "reason": self.reason or None,
+        return {"model": self.model, "target": self.target, "dtype": self.dtype, "batch": self.batch,
+                "device": self.device, "status": self.status, "reason": self.reason or None,
                 "timing": self.timing.to_json() if self.timing else None, "compile_s": self.compile_s,
                 "first_call_s": self.first_call_s,
                 "memory": self.memory.to_json() if self.memory else None, "max_abs_err": self.max_abs_err,
@@ -94,7 +97,7 @@ class BenchRow:
 
 
 CSV_FIELDS = ("model", "target", "device", "batch", "status", "median_s", "p90_s", "repeats", "speedup",
-              "speedup_lo", "speedup_hi", "unreliable", "crosscheck_speedup", "compile_s", "first_call_s", "peak_mem_bytes", "max_abs_err", "max_rel_err", "reason")
+              "speedup_lo", "speedup_hi", "unreliable", "crosscheck_speedup", "compile_s", "first_call_s", "peak_mem_bytes", "max_abs_err", "max_rel_err", "reason", "dtype")
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,8 @@ class BenchResult:
                              "—") + extra + (why,))
                 continue
             t, spread = r.timing, r.spread()
-            note = "; ".join(r.unreliable) if r.unreliable else r.reason
+            note = "; ".join(filter(None, (r.reason if r.dtype != "fp32" else "", *r.unreliable))) \
+                if r.unreliable else r.reason         # a low-precision row keeps what ran in it
             rows.append((r.label, str(r.batch), fmt_seconds(t.median), fmt_seconds(t.p90), r.speedup_text(),
                          str(r.rounds or t.repeats), "—" if spread is None else f"{spread:.0%}",
                          fmt_seconds(r.compile_s), fmt_seconds(r.first_call_s),
@@ -157,7 +161,7 @@ class BenchResult:
         out = []
         for r in self.rows:
             t = r.timing
-            out.append({"model": r.model, "target": r.target, "device": r.device, "batch": r.batch,
+            out.append({"model": r.model, "target": r.target, "dtype": r.dtype, "device": r.device, "batch": r.batch,
                         "status": r.status, "median_s": t.median if t else "", "p90_s": t.p90 if t else "",
                         "repeats": t.repeats if t else "", "speedup": r.speedup or "",
                         "speedup_lo": r.interval.lo if r.interval else "",

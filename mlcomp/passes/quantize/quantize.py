@@ -47,8 +47,8 @@ weight scale range, its output's relative error and the error it adds itself; th
 metric on the calibration and held-back sets, the layers that lose most, ``exclude``
 suggestions and why each other candidate kept float (:mod:`~mlcomp.passes.quantize.accuracy`);
 and the declared tolerance verification uses (:func:`mlcomp.analysis.ranges.declared_tolerance`).
-Only the ``onnxruntime`` target lowers the pairs to int8 kernels; the pass refuses
-every other target before anything is loaded; its emitter must take the whole graph
+The ``onnxruntime`` and ``openvino`` targets lower the pairs to int8 kernels; the pass
+refuses every other target before anything is loaded; its emitter must take the whole graph
 (``fold-constants`` first removes constant index arithmetic it has no rule for).  O(n)
 rewriting plus the calibration runs.
 """
@@ -78,7 +78,14 @@ from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
 __all__ = ["Quantize", "Activations", "Granularity", "Method", "INT8_TARGETS"]
 
-INT8_TARGETS = frozenset({"onnxruntime"})       # targets that lower the Q/DQ pairs to int8 kernels
+INT8_TARGETS = frozenset({"onnxruntime", "openvino"})       # targets that lower the Q/DQ pairs to int8 kernels
+# why the others do not (docs/decisions/0019-int8-lowering.md)
+NO_INT8_WHY = {
+    "cpu": "torch's int8 CPU kernels need quantized tensor types torch deprecates, or private oneDNN ops whose "
+           "prepacked weights TorchScript cannot save",
+    "tvm": "its Relax build has no integer lowering of the pairs",
+    "cuda": "it has no int8 lowering of the pairs",
+}
 
 
 class Granularity(enum.Enum):
@@ -119,13 +126,26 @@ class Quantize(Pass):
                                                              "activations": Activations}
 
     def check_target(self, target: str) -> None:
-        """Only ONNX Runtime turns the pairs into int8 kernels; elsewhere they would run as float math."""
+        """Only ONNX Runtime and OpenVINO turn the pairs into int8 kernels; elsewhere they would run as float math."""
+        if target in INT8_TARGETS:
+            self.check_dynamic_target(target)
         if target not in INT8_TARGETS:
             raise PipelineSpecError(
-                f"quantize writes quantize/dequantize pairs that only the onnxruntime target lowers to int8 "
-                f"kernels (QLinearConv, QLinearMatMul); target {target} would run them as float arithmetic, "
-                f"slower than the float model and no smaller",
-                hint="compile with --target onnxruntime, or drop quantize from the pipeline for this target")
+                f"quantize writes quantize/dequantize pairs that only the onnxruntime and openvino targets lower "
+                f"to int8 kernels (QLinearConv/QGemm; u8 Convolution/FullyConnected); target {target} would run "
+                f"them as float arithmetic, slower than the float model and no smaller "
+                f"({NO_INT8_WHY.get(target, 'it has no int8 lowering of the pairs')}; "
+                f"docs/decisions/0019-int8-lowering.md)",
+                hint="compile with --target onnxruntime or --target openvino, or drop quantize from the pipeline "
+                     "for this target")
+
+    def check_dynamic_target(self, target: str) -> None:
+        """Per-call activation scales lower to ORT's DynamicQuantizeMatMul only."""
+        if self.activations is Activations.DYNAMIC and target != "onnxruntime":
+            raise PipelineSpecError(
+                f"quantize{{activations=dynamic}} measures activation scales on each call, which only the "
+                f"onnxruntime target lowers to integer kernels (DynamicQuantizeMatMul); target {target} has no "
+                f"lowering of it", hint="compile with --target onnxruntime, or use activations=static")
 
     def files_read(self) -> tuple[str, ...]:
         return (self.calibration,) if isinstance(self.calibration, str) else ()

@@ -329,3 +329,12 @@ def test_dynamic_activations_golden_and_what_keeps_float():
     assert st["quantized"] == 1 and "constant weight" in st["kept_float"]["convolution"]
     assert "%0.weight: f32" in text and "%3.bias: f32[5] = param" in text      # conv and bias stay float
     assert 0 < st["calibration"]["max_rel"] < st["declared_tolerance"]
+
+
+def test_dynamic_activations_on_openvino_are_refused_up_front():
+    from mlcomp.base.errors import PipelineSpecError
+    from mlcomp.passes.quantize.quantize import Quantize
+    with pytest.raises(PipelineSpecError, match="only the onnxruntime target lowers to integer kernels"):
+        Quantize(activations="dynamic").check_target("openvino")
+    Quantize(activations="dynamic").check_target("onnxruntime")
+    Quantize().check_target("openvino")
