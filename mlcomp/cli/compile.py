@@ -119,7 +119,7 @@ def size_on_disk(path: Path) -> int:
               help='With --train: dynamic, none, a static scale (1024) or "dynamic{init=65536 growth_interval=2000}" '
                    "(default: dynamic when the graph computes in fp16, else none).")
 def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
-                dynamic_batch: bool, trust_pickle: bool, target: str | None, candidates: str | None,
+                dynamic: str | None, trust_pickle: bool, target: str | None, candidates: str | None,
                 output: Path | None, pipeline: str | None, opt_level: str | None, dump_after: str | None,
                 dump_dir: str, verify_passes: bool, explain: bool, tolerance: float | None, fallback: str,
                 threads: int | None, device: str | None, tune_trials: int, tuning_dir: str | None,
@@ -165,7 +165,7 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     facts: dict[str, Any] = {"model": model}
     if deterministic:
         seed_everything(DETERMINISTIC_SEED)         # before the model is built
-    source, graph, capture_seconds = _capture(model, (input_shapes, batch, capture_method, dynamic_batch,
+    source, graph, capture_seconds = _capture(model, (input_shapes, batch, capture_method, dynamic,
                                                      trust_pickle), progress, say, facts)
     names = _check_names(names, len(graph.output_refs), graph.name)
     output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{canonical}", Kind.DIR, force=force,
