@@ -28,7 +28,7 @@ from mlcomp.base.errors import InputSpecError
 from mlcomp.ir import Graph, TensorMeta
 from mlcomp.ir.symbols import SizeRange, rename_symbols
 
-__all__ = ["AXES", "DynamicDim", "parse_dynamic", "export_dims", "widen_examples", "name_symbols", "note_symbol"]
+__all__ = ["AXES", "DynamicDim", "parse_dynamic", "export_dims", "graph_dims", "widen_examples", "name_symbols", "note_symbol"]
 
 AXES = {"batch": 0, "seq": 1, "sequence": 1, "tokens": 1, "length": 1}    # a name's default dimension
 _ENTRY = re.compile(r"(?P<name>[A-Za-z_]\w*)(?:@(?P<dim>\d+))?(?:=(?P<range>[^,]*))?")
@@ -107,6 +107,21 @@ def export_dims(dims: Sequence[DynamicDim], inputs: Sequence[Any], name: str) ->
         raise InputSpecError(f"--dynamic {', '.join(unused)}: no input of {name} has that dimension "
                              f"(ranks {[t.dim() for t in inputs if isinstance(t, torch.Tensor)]})", hint=_HINT)
     return tuple(out)
+
+
+def graph_dims(graph: Graph) -> tuple[dict[int, Any], ...] | None:
+    """``dynamic_shapes`` that export code generated from ``graph`` with its symbols (None: all static).
+
+    One ``Dim`` per symbol, named and ranged as in the graph; an input size that is an expression
+    of symbols is ``Dim.AUTO`` (torch finds the relation again).
+    """
+    if not any(n.tensor_meta.is_dynamic for n in graph.input_nodes):
+        return None
+    made: dict[str, Any] = {}
+    for name, r in graph.ranges.items():
+        made[name] = torch.export.Dim(name, min=r.lo, **({"max": r.hi} if r.hi is not None else {}))
+    return tuple({axis: made.get(d, torch.export.Dim.AUTO) for axis, d in enumerate(n.tensor_meta.shape)
+                  if isinstance(d, str)} for n in graph.input_nodes)
 
 
 def note_symbol(graph: Graph, size: torch.SymInt) -> str:

@@ -101,6 +101,8 @@ class ModelSource:
         if self.kind == "exported" and self.exported is not None and method == "export":
             if dims:
                 ep = dynamic_batch_program(self.exported, self.inputs(), name=self.name, path=self.path, dims=dims)
+                if ep is not self.exported:     # the reference at other sizes: the re-exported program
+                    self.eager = ep.module()
             else:
                 ep = static_program(self.exported, self.inputs(), name=self.name, path=self.path)
             return name_symbols(capture_exported(ep, name=self.name, training=training,

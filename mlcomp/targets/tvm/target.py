@@ -55,6 +55,7 @@ from mlcomp.targets.capabilities import (
     mismatches,
 )
 from mlcomp.runtime.codegen import to_fx
+from mlcomp.frontend.dynamic import graph_dims
 from mlcomp.targets.tvm.offload.placement import Placements
 from mlcomp.base.quiet import quiet_native
 
@@ -237,7 +238,7 @@ class TvmTarget(Target):
                    "tvm{kernels=off}, every op is TVM code; MetaSchedule tuning with --tune-trials, --tuning-dir")
     # from_exported_program converts every real dtype of the table; the VM runs static shapes
     rewrites = frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING})   # fuses on its own: presets skip mlcomp's fusion
-    capabilities = Capabilities(devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}), dynamic_shapes=False,
+    capabilities = Capabilities(devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}), dynamic_shapes=True,
                                 low_precision=LOW_PRECISION)
 
     def available(self) -> str | None:
@@ -323,7 +324,7 @@ class TvmTarget(Target):
         try:
             config = BuildConfig.from_options(options, device, work_dir).replace(
                 kernels=_KERNELS[self.settings.kernels])
-            built = tvm_backend.build(module, inputs, config,
+            built = tvm_backend.build(module, inputs, config, dynamic_shapes=graph_dims(graph),
                                       **({"progress": progress} if progress is not None else {}))
         except MlcompError:
             raise

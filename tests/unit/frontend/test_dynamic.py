@@ -64,3 +64,12 @@ def test_manifest_records_ranges_and_a_call_outside_them_is_refused():
     assert art(torch.randn(3, 31, 8)).shape == (3, 31, 8)
     with pytest.raises(InputSpecError, match="dim 0 of input x is 5, outside the range 1..4 of the symbolic size batch"):
         art(torch.randn(5, 7, 8))
+
+
+def test_verification_runs_at_each_ranges_ends_and_middle():
+    art = mlcomp.compile(Tokens().eval(), torch.randn(2, 5, 8), dynamic="batch=1..6,seq=3..9", pipeline="-O1")
+    shapes = art.verification["shapes"]
+    assert [s["sizes"] for s in shapes] == [{"batch": 2, "seq": 5}, {"batch": 1, "seq": 3},
+                                            {"batch": 3, "seq": 6}, {"batch": 6, "seq": 9}]
+    assert [s["shapes"] for s in shapes[1:]] == [["1x3x8"], ["3x6x8"], ["6x9x8"]]
+    assert all(s["passed"] for s in shapes) and art.verification["passed"]
