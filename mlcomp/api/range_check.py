@@ -20,7 +20,7 @@ import torch
 from mlcomp.ir import TensorMeta
 from mlcomp.ir.symbols import sample_points
 
-__all__ = ["MAX_ELEMENTS", "resized", "verify_ranges"]
+__all__ = ["MAX_ELEMENTS", "resized", "sizes_line", "verify_ranges"]
 
 MAX_ELEMENTS = 1 << 25       # inputs of one verification point, all together
 
@@ -70,3 +70,18 @@ def verify_ranges(artifact: Any, source: Any, graph: Any, report: Any, first: An
             outcome = replace(result, note=f"at {where} (inside the symbolic ranges): {result.summary()}")
     artifact.manifest["verification"] = dict(outcome.to_json(), shapes=shapes)
     return outcome
+
+
+def sizes_line(verification: dict[str, Any] | None) -> str | None:
+    """The sizes a verification ran at, for the CLI (None when it ran at the example's sizes only).
+
+    >>> sizes_line({"shapes": [{"sizes": {"batch": 1}, "passed": True}, {"sizes": {"batch": 8}, "skipped": "big"}]})
+    'verified at sizes batch=1 (passed), batch=8 (skipped: big)'
+    """
+    shapes = (verification or {}).get("shapes")
+    if not shapes:
+        return None
+    parts = [" ".join(f"{k}={v}" for k, v in s["sizes"].items())
+             + (f" (skipped: {s['skipped']})" if "skipped" in s else f" ({'passed' if s['passed'] else 'FAILED'})")
+             for s in shapes]
+    return "verified at sizes " + ", ".join(parts)

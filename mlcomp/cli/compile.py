@@ -257,6 +257,7 @@ def _say_compiled(result: Any, request: Any, hit: bool, facts: dict[str, Any], s
 def _verify_and_save(result: Any, model: str, output: Path, *, force: bool, fresh_check: bool,
                      progress: Progress, facts: dict[str, Any], say: _Say) -> None:
     """The verification against eager (raises if it failed), then save, reload and verify the reloaded copy."""
+    from mlcomp.api.range_check import sizes_line
     from mlcomp.runtime.artifact import Artifact
 
     art = result.artifact
@@ -266,6 +267,8 @@ def _verify_and_save(result: Any, model: str, output: Path, *, force: bool, fres
         say("not verified against eager (--no-verify)")
     else:
         say(f"verified against {against}: {check.summary()}")
+        if sizes_line(art.verification):
+            say(sizes_line(art.verification))
         check.raise_if_failed(where=f"target {art.target}, model {model}")
     with progress.stage(f"save {output}"):
         art.save(output, force=force)

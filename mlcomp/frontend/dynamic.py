@@ -64,7 +64,11 @@ def parse_dynamic(spec: Any) -> tuple[DynamicDim, ...]:
         dim = int(m["dim"]) if m["dim"] is not None else AXES[name]
         if any(d.name == name for d in out) or any(d.dim == dim for d in out):
             raise InputSpecError(f"--dynamic names {name!r} or dimension {dim} twice", hint=_HINT)
-        out.append(DynamicDim(name, dim, SizeRange.parse(m["range"]) if m["range"] else SizeRange(1)))
+        try:
+            size_range = SizeRange.parse(m["range"]) if m["range"] else SizeRange(1)
+        except InputSpecError as exc:
+            raise InputSpecError(f"--dynamic {text}: {exc.what}", hint=exc.hint) from None
+        out.append(DynamicDim(name, dim, size_range))
     return tuple(out)
 
 
