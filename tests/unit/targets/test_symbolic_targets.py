@@ -106,3 +106,12 @@ def test_tvm_relax_signature_has_symbolic_vars_and_one_build_serves_three_sizes(
         for b, s in SIZES:
             x = torch.randn(b, s, 8)
             torch.testing.assert_close(art(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.tvm
+def test_tvm_tuning_symbolic_sizes_is_refused_before_the_build():
+    from mlcomp.base.errors import MlcompError
+
+    with pytest.raises(MlcompError) as info:
+        mlcomp.compile(Tokens().eval(), torch.randn(2, 5, 8), target="tvm", dynamic="batch", tune_trials=2)
+    assert "its sizes batch are symbolic and MetaSchedule tunes each task for fixed sizes" in str(info.value)
