@@ -2,6 +2,7 @@
 
     mlcomp bench mlp resnet18 --targets eager,cpu,onnxruntime,tvm --batch 1,32 --plot bench.png
     mlcomp bench --zoo --batch 1,32 --csv results.csv
+    mlcomp bench resnet18 --targets eager,onnxruntime,openvino --dtypes fp32,bf16,int8 --batch 1,32
 """
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ __all__ = ["ProgressLine", "bench_cmd"]
 @click.option("--zoo", "all_zoo", is_flag=True, help="Benchmark every zoo model.")
 @click.option("--targets", default="eager,cpu,onnxruntime,tvm", show_default=True, callback=name_list,
               help="Comma-separated targets; eager always runs as the reference. Add cuda on a GPU machine.")
+@click.option("--dtypes", default="fp32", show_default=True, callback=name_list,
+              help="Comma-separated compute precisions, each target's side by side: fp32, bf16, int8 (int8 runs "
+                   "quantize; a target without an int8 lowering is skipped with why).")
 @click.option("--batch", "batches", default="1", show_default=True, callback=int_list,
               help="Comma-separated batch sizes, e.g. 1,32.")
 @preset_options
@@ -53,14 +57,15 @@ __all__ = ["ProgressLine", "bench_cmd"]
 @click.option("--remat-sweep", is_flag=True, help="With --train: remat budgets 1.0/0.5/0.25/0.1/sqrt (mincut) vs "
               "peak memory and step time; --plot draws memory vs step time.")
 @force_option
-def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], batches: tuple[int, ...],
+def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], dtypes: tuple[str, ...],
+              batches: tuple[int, ...],
               pipeline: str | None, opt_level: str | None, input_shapes: tuple[str, ...], trust_pickle: bool,
               budget: float, warmup: int,
               min_repeats: int, max_repeats: int, threads: int | None, show_progress: bool, no_memory: bool,
               json_out: str | None, csv_out: str | None, plot_file: str | None, train: bool = False,
               loss: str = "cross_entropy", optimizer: str = "sgd", remat_sweep: bool = False,
               loss_scale: str | None = None, force: bool = False, keep_going: bool = False,
-              in_process: bool = False, precision: float = 0.03, settle_s: float = 0.0) -> None:
+              in_process: bool = False, precision: float = 0.03, settle_s: float = 0.0, procs: int = 1) -> None:
     """Time MODEL(s) eager vs compiled targets: median and p90 latency, speedup, cold compile time,
     peak memory, max error vs eager. One table per model."""
     from mlcomp.hardware.timing import TimingPolicy
@@ -105,8 +110,8 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
                                  json_out=json_out, loss_scale=loss_scale))
         return
     config = BenchConfig(targets, batches, pipeline, TimingPolicy(warmup, budget, min_repeats, max_repeats),
-                         memory=not no_memory, threads=threads,
-                         **comparison_config(in_process, precision, settle_s))
+                         memory=not no_memory, threads=threads, dtypes=dtypes,
+                         **comparison_config(in_process, precision, settle_s, procs))
     progress = command_progress(show_progress, machine_output="-" in (json_out, csv_out))
     results = []
     for model in models:

@@ -69,7 +69,8 @@ def size_on_disk(path: Path) -> int:
               help=f"{target_list()}, or auto: compile for every target available here, verify "
                    "and time each, keep the fastest that verified (default: the pipeline file's target, else cpu).")
 @click.option("--candidates", default=None, metavar="T,T...",
-              help="With --target auto: the targets to try (default: every target available here but distributed).")
+              help="With --target auto: the targets to try, names or specs with options, e.g. "
+                   "'cpu,tvm{kernels=off}' (default: every target available here but distributed).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Artifact folder to write (default mlcomp-out/MODEL-TARGET).")
 @pipeline_options
@@ -249,6 +250,11 @@ def _say_compiled(result: Any, request: Any, hit: bool, facts: dict[str, Any], s
                            "tasks_reused": len(stats.get("tasks_reused", []))}
         say(f"tvm tuning: {stats.get('trials_run', 0)} trials run, tasks reused: "
             f"{len(stats.get('tasks_reused', []))} (database {stats.get('work_dir')})")
+    int8 = getattr(art.runtime, "int8", None)        # a quantized graph: what the runtime ran in int8
+    if int8 is not None:
+        facts["int8"] = int8.to_json()
+        if not request.explain:                        # --explain prints it among the runtime's lines
+            say(f"{art.target}: {int8.line()}")
     if request.explain and hasattr(art.runtime, "explain_lines"):   # e.g. tvm: which ops run in which kernel
         for line in art.runtime.explain_lines():
             say(f"{art.target}: {line}")
@@ -288,19 +294,20 @@ def _verify_and_save(result: Any, model: str, output: Path, *, force: bool, fres
 
 
 def _candidates(text: str | None, target: str) -> list[str] | None:
-    """--candidates checked before any capture: only with --target auto, known target names."""
+    """--candidates checked before any capture: only with --target auto, known targets (specs with options allowed)."""
     from mlcomp.targets import get_target
+    from mlcomp.targets.registry import split_targets
 
     if text is None:
         return None
     if target != "auto":
         raise OptionError(f"--candidates applies to --target auto only, not to {target}",
                           hint="drop --candidates, or compile with --target auto")
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names or "auto" in names:
+    names = [] if "auto" in text.lower().replace(" ", "").split(",") else split_targets(text)
+    if not names:
         raise OptionError(f"--candidates {text!r} must name one or more targets other than auto",
-                          hint="e.g. --candidates cpu,onnxruntime")
-    return [get_target(n).name for n in names]
+                          hint="e.g. --candidates cpu,onnxruntime or --candidates 'cpu,tvm{kernels=off}'")
+    return [get_target(n).spec for n in names]
 
 
 class _Say:
