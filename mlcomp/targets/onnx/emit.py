@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mlcomp.ir import Graph, Mode, Node, Ref, TensorMeta, tensor_metas
+from mlcomp.ir import Graph, Mode, Node, Ref, TensorMeta
 from mlcomp.ir.dtypes import dtype_name, onnx_elem_type
 from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM, Namespace, Op
 from mlcomp.runtime.codegen import attribute_name
