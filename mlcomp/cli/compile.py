@@ -118,6 +118,13 @@ def size_on_disk(path: Path) -> int:
 @click.option("--loss-scale", default=None, metavar="SPEC",
               help='With --train: dynamic, none, a static scale (1024) or "dynamic{init=65536 growth_interval=2000}" '
                    "(default: dynamic when the graph computes in fp16, else none).")
+@click.option("--fused-update", is_flag=True,
+              help="With --train: update each parameter inside the backward as soon as its gradient is complete, "
+                   "and free the gradient there (a lower peak; the same parameters).")
+@click.option("--host-memory", type=click.Choice(["auto", "return", "keep"]), default="auto", show_default=True,
+              help="With --train: whether tensors the step frees go back to the OS (return: the RSS follows the "
+                   "predicted peak, a page fault per 4 KiB allocated; keep: glibc's reuse; auto: return for a step "
+                   "with remat, schedule or --fused-update).")
 def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                 dynamic_batch: bool, trust_pickle: bool, target: str | None, candidates: str | None,
                 output: Path | None, pipeline: str | None, opt_level: str | None, dump_after: str | None,
@@ -127,7 +134,8 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                 cache_max_size: int | None = None, no_verify: bool = False, tf32: bool = False,
                 output_names: str | None = None, as_json: bool = False, force: bool = False,
                 train: bool = False, loss: str = "cross_entropy", optimizer: str = "sgd", steps: int = 5,
-                loss_scale: str | None = None, deterministic: bool = False) -> None:
+                loss_scale: str | None = None, deterministic: bool = False, fused_update: bool = False,
+                host_memory: str = "auto") -> None:
     """Capture MODEL, run a pipeline (default -O2), lower it to a target (or the fastest of several: --target
     auto), verify against eager and save it.  A second compile of the same model reuses the cached artifact."""
     from mlcomp.api import compile_model, is_auto
@@ -145,7 +153,8 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
         return compile_train(model, input_shapes, batch, trust_pickle, target=target, output=output, loss=loss,
                              optimizer=optimizer, steps=steps, tolerance=tolerance, device=device,
                              pipeline=resolve_pipeline(pipeline, opt_level, default=None),
-                             instruments=request.instruments(), force=force, loss_scale=loss_scale)
+                             instruments=request.instruments(), force=force, loss_scale=loss_scale,
+                             fused=fused_update, host_memory=host_memory)
 
     if output is not None:
         check_destination(output, Kind.DIR, force=force, inputs=(model,))
