@@ -118,6 +118,7 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
     from mlcomp.frontend.joint import loss_function
     from mlcomp.targets.base import CompileOptions
     from mlcomp.training.step import (
+        FUSED_FILE,
         SAVED_FILES,
         compare_steps,
         compile_training,
@@ -166,6 +167,9 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
                         copy.deepcopy(reference), loss_fn, args, steps=steps)
     if art.loss_scaler is not None:
         click.echo(f"loss scaling: {art.loss_scaler.spec.text()}")
+    if art.host_memory and art.host_memory["policy"] != "keep":
+        click.echo(f"host memory: {art.host_memory['policy']} ({art.host_memory['effect']}; applied "
+                   f"{art.host_memory['applied']})")
     mixed = cmp.get("reference") is not None   # a mixed-precision graph: compiled, eager autocast and fp32
     if mixed:
         click.echo(f"{steps} steps compiled vs eager ({spec.text()}): {describe_steps(cmp)}")
@@ -181,7 +185,8 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
                                    f"tolerance {tol:.0e}"), hint="raise --tolerance, or run with --verify")
     art.verification = dict(check, loss_fn=_loss_name(chosen), steps=cmp)   # "loss" keeps the value
     art.save(output, force=True)
-    click.echo(f"saved {output} ({', '.join(SAVED_FILES)}, manifest.json)")
+    files = [*SAVED_FILES, *([FUSED_FILE] if art.fused is not None else []), "manifest.json"]
+    click.echo(f"saved {output} ({', '.join(files)})")
 
 
 def inspect_train(model: str, input_shapes: tuple[str, ...], batch: int | None, trust_pickle: bool, *,
