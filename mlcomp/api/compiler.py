@@ -278,7 +278,7 @@ def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline
     args = tuple(inputs) + ((y,) if y is not None and loss_function(loss) is not None else ())
     if pipeline is not None and pipeline != "":   # Verify runs the joint graph: forward and backward
         graph, _ = run_pipeline(graph, Pipeline.coerce(pipeline), example_inputs=args, instruments=instruments,
-                                verify=pipeline_verify)
+                                verify=pipeline_verify, optimizer=spec)
     art = compile_training(graph, target=target or "cpu", optimizer=spec, options=opts,
                            state_keys=list(state),
                            extra_state={k: v for k, v in state.items() if k not in graph.constants},

@@ -146,7 +146,8 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
     loss_fn = loss_function(chosen)
     args = tuple(inputs) + ((y,) if loss_fn is not None else ())
     if pipe is not None:
-        graph, report = run_pipeline(graph, pipe, example_inputs=args, instruments=instruments, target=facts)
+        graph, report = run_pipeline(graph, pipe, example_inputs=args, instruments=instruments, target=facts,
+                                     optimizer=spec)
         click.echo(report.format())
     output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{target}-train", Kind.DIR, force=force,
                                inputs=(model,))

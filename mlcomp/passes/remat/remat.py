@@ -232,17 +232,19 @@ class Remat(Pass):
     keep: tuple[str, ...] = option((), "node names (fnmatch patterns) never recomputed")
     fused: bool = option(False, "predict the step with the optimizer in the backward (update_in_backward)")
     optimizer: str = option("", 'the step\'s optimizer (sgd, "adam{lr=1e-3}"): its update\'s temporaries join the '
-                                "predicted peak; default: an update without temporaries (SGD)")
+                                "predicted peak; default: the step's own when the CLI or the API runs the pipeline")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.limits()
         self.scratch()
 
-    def scratch(self) -> float:
-        """Temporary bytes the optimizer's update allocates per parameter byte (0 without ``optimizer``)."""
+    def scratch(self, ctx: PassContext | None = None) -> float:
+        """Temporary bytes the optimizer's update allocates per parameter byte: the ``optimizer`` option's,
+        else the step's (``ctx.optimizer``, which the CLI and the API set), else 0."""
         if not self.optimizer:
-            return 0.0
+            known = ctx.optimizer if ctx is not None else None
+            return known.scratch() if known is not None else 0.0
         try:
             return OptimizerSpec.parse(self.optimizer).scratch()
         except MlcompError as exc:
@@ -272,7 +274,7 @@ class Remat(Pass):
         ws_cache = ctx.cache.setdefault("remat.workspace", {})
         workspace = None if ctx.deterministic else (lambda g: op_workspaces(g, cache=ws_cache))
         before, *scored = score(graph, problem, [problem.keep_all(), *plans], rewrite, workspace=workspace,
-                                scratch=self.scratch(), fused=self.fused)
+                                scratch=self.scratch(ctx), fused=self.fused)
         best = choose(scored, limit)
         if best is None:
             raise _peak_unmet(graph, self.peak, limit or 0, min(scored, key=lambda s: s.peak))

@@ -124,3 +124,14 @@ def test_remat_told_the_optimizer_predicts_the_allocator_peak(wide, spec, fused)
 def test_an_unknown_optimizer_is_a_spec_error(wide):
     with pytest.raises(PipelineSpecError, match="option 'optimizer' of pass 'remat' got 'rmsprop'"):
         run_pipeline(wide[0], 'remat{optimizer="rmsprop"}')
+
+
+def test_remat_reads_the_steps_optimizer_from_the_pipeline_run(wide):
+    from mlcomp.runtime.optim import OptimizerSpec
+
+    graph, _ = wide
+    _, told = run_pipeline(graph, 'remat{budget=0.5 optimizer="adam{lr=1e-3}"}')
+    _, given = run_pipeline(graph, "remat{budget=0.5}", optimizer=OptimizerSpec.parse("adam{lr=1e-3}"))
+    _, blind = run_pipeline(graph, "remat{budget=0.5}")
+    peaks = [r.records[0].stats["peak_after_bytes"] for r in (told, given, blind)]
+    assert peaks[0] == peaks[1] > peaks[2]
