@@ -199,6 +199,7 @@ class TrainingArtifact:
         copies its attributes outside ``memo``, so they are bound back to the copied parameters."""
         new = self.__class__.__new__(self.__class__)
         memo[id(self)] = new
+        memo[id(self._updates)] = ()       # not copied: the copy's updates are bound to its own tensors below
         for key, value in self.__dict__.items():
             setattr(new, key, copy.deepcopy(value, memo))
         for attr, dotted in new._names.items():
