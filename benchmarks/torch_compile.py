@@ -15,6 +15,16 @@ empty).  Per model and batch, under ``torch.no_grad()``:
 * recompiles: graphs compiled over a sweep of 20 batch sizes (1..20) or, for the BERT
   model, 20 sequence lengths (8..160) after the first call (``counters["stats"]["unique_graphs"]``);
 * max error: the largest absolute difference from eager over the first call and the sweep.
+
+``--generate N`` instead times greedy generation of N tokens after an 8-token prompt for the
+decoders (``--models llama,gpt2,qwen2``, tiny random-weight configs) with
+:func:`mlcomp.measure.generation_bench.bench_generation`: eager over the same static cache,
+eager as ``model.generate`` runs it (``eager-dynamic``: transformers' DynamicCache),
+``torch.compile()`` (inductor) of the static-cache steps and mlcomp's generators for each of
+``--gen-targets``: decode tokens/s and time to first token, every variant's tokens compared with
+eager's (one process per model)::
+
+    .venv/bin/python benchmarks/torch_compile.py --generate 32 --budget 1
 """
 from __future__ import annotations
 
@@ -89,14 +99,55 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def run(model: str, batch: int, budget: float, pipeline: str, target: str, threads: int) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, model, str(batch), str(budget), pipeline, target, str(threads)],
-                          capture_output=True, text=True, cwd=REPO, timeout=3600,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+GEN_CHILD = r"""
+import json, sys, warnings
+warnings.filterwarnings("ignore")
+import torch
+from mlcomp.hardware.timing import TimingPolicy
+from mlcomp.measure.generation_bench import bench_generation
+name, tokens, budget, pipeline, targets, threads = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], \
+    tuple(sys.argv[5].split(",")), int(sys.argv[6])
+torch.set_num_threads(threads)
+res = bench_generation(name, tokens, targets=("eager", "eager-dynamic", "inductor", *targets), pipeline=pipeline,
+                       threads=threads,
+                       policy=TimingPolicy(warmup=2, budget_s=budget, min_repeats=5))
+print("RESULT " + json.dumps(res.to_json()))
+"""
+
+
+def child(code: str, *args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=3600, env=dict(os.environ, PYTHONPATH=str(REPO)))
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
-    raise SystemExit(f"{model} batch {batch} failed:\n{proc.stderr[-3000:]}")
+    raise SystemExit(f"{' '.join(args[:2])} failed:\n{proc.stderr[-3000:]}")
+
+
+def generation_table(models: list[str], tokens: int, budget: float, pipeline: str, targets: str, threads: int
+                     ) -> None:
+    """One row per decoder: tokens/s and time to first token of eager, inductor and each mlcomp target."""
+    variants = ["eager", "eager-dynamic", "inductor", *targets.split(",")]
+    columns = ["model", *(f"{v} tok/s" for v in variants), *(f"{v} TTFT ms" for v in variants),
+               *(f"{v} build s" for v in variants[2:]), "tokens = eager"]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for model in models:
+        res = child(GEN_CHILD, model, str(tokens), str(budget), pipeline, targets, str(threads))
+        rows = {r["variant"]: r for r in res["rows"]}
+
+        def cell(v: str, key: str, fmt: str) -> str:
+            value = rows.get(v, {}).get(key)
+            return rows.get(v, {}).get("note") or "-" if value is None else format(value, fmt)
+        equal = all(r["tokens_equal"] for r in res["rows"] if r["tokens_equal"] is not None)
+        print("| " + " | ".join([model, *(cell(v, "tokens_per_s", ".1f") for v in variants),
+                                 *(cell(v, "ttft_ms", ".2f") for v in variants),
+                                 *(cell(v, "compile_s", ".1f") for v in variants[2:]),
+                                 "yes" if equal else "NO"]) + " |", flush=True)
+
+
+def run(model: str, batch: int, budget: float, pipeline: str, target: str, threads: int) -> dict:
+    return child(CHILD, model, str(batch), str(budget), pipeline, target, str(threads))
 
 
 def host() -> str:
@@ -122,15 +173,27 @@ def row(r: dict) -> list[str]:
             f"{r['inductor_err']:.1e}/{r['mlcomp_err']:.1e}"]
 
 
+DEFAULT_MODELS = "mlp,lenet,resnet18,transformer,bert"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default="mlp,lenet,resnet18,transformer,bert")
+    parser.add_argument("--models", default=DEFAULT_MODELS)
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--budget", type=float, default=1.0, help="seconds of timing per variant")
     parser.add_argument("--pipeline", default="-O2")
     parser.add_argument("--target", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads, every variant")
+    parser.add_argument("--generate", type=int, default=None, metavar="N",
+                        help="time greedy generation of N tokens instead (decoders: --models llama,gpt2,qwen2)")
+    parser.add_argument("--gen-targets", default="cpu,onnxruntime,openvino", help="with --generate: mlcomp targets")
     args = parser.parse_args()
+    if args.generate:
+        models = args.models.split(",") if args.models != DEFAULT_MODELS else ["llama", "gpt2", "qwen2"]
+        print(f"host: {host()}; greedy generation of {args.generate} tokens after an 8-token prompt; pipeline "
+              f"{args.pipeline}, {args.threads} thread(s)\n")
+        generation_table(models, args.generate, args.budget, args.pipeline, args.gen_targets, args.threads)
+        return
     print(f"host: {host()}; pipeline {args.pipeline}, target {args.target}, {args.threads} thread(s)\n")
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS))

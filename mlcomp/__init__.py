@@ -19,7 +19,8 @@ from typing import Any
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.version import __version__
 
-__all__ = ["MlcompError", "capture", "compile", "load", "export", "__version__"]
+__all__ = ["MlcompError", "capture", "compile", "compile_generator", "load", "load_generator", "export",
+           "__version__"]
 
 
 def capture(model: Any, example_inputs: Any = None, **kwargs: Any):
@@ -36,4 +37,8 @@ def __getattr__(name: str) -> Any:
         from mlcomp import api
 
         return getattr(api, name)
+    if name in ("compile_generator", "load_generator"):     # decoder LMs: mlcomp.api.generate
+        from mlcomp.api import generate
+
+        return getattr(generate, name)
     raise AttributeError(name)

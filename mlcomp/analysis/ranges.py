@@ -42,7 +42,7 @@ from mlcomp.ir import Graph, Node, TensorMeta, map_refs
 from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, Category, category
 from mlcomp.ir.quant import DEQUANTIZE, QUANTIZE
 
-__all__ = ["ValueRange", "calibrate", "Tolerance", "declared_tolerance", "UNIT_ROUNDOFF", "SAFETY",
+__all__ = ["ValueRange", "calibrate", "Tolerance", "declared_tolerance", "declared_at", "UNIT_ROUNDOFF", "SAFETY",
            "ErrorGrowth", "error_growth", "LOW_DTYPES"]
 
 LOW_DTYPES = (torch.bfloat16, torch.float16)
@@ -158,8 +158,8 @@ def _rounds(node: Node) -> torch.dtype | None:
     return None
 
 
-def declared_tolerance(graph: Graph) -> Tolerance | None:
-    """The tolerance the graph's low-precision nodes imply (None: everything computes in fp32). O(n)."""
+def _depths(graph: Graph) -> tuple[dict[str, int], torch.dtype | None]:
+    """Low-precision roundings on the longest path to each node, and the lowest dtype rounded to."""
     depth: dict[str, int] = {}
     lowest: torch.dtype | None = None
     for node in graph.nodes():
@@ -168,11 +168,30 @@ def declared_tolerance(graph: Graph) -> Tolerance | None:
         if dtype is not None and (lowest is None or UNIT_ROUNDOFF[dtype] > UNIT_ROUNDOFF[lowest]):
             lowest = dtype
         depth[node.name] = before + (dtype is not None)
-    if lowest is None:
-        return None
-    k = max(1, max((depth.get(r.name, 0) for r in graph.output_refs), default=1))
+    return depth, lowest
+
+
+def _tolerance(lowest: torch.dtype, k: int) -> Tolerance:
+    k = max(1, k)
     rtol = max(FP32_FLOOR, SAFETY * UNIT_ROUNDOFF[lowest] * math.sqrt(k))
     return Tolerance(float(f"{rtol:.2g}"), lowest, k)
+
+
+def declared_tolerance(graph: Graph) -> Tolerance | None:
+    """The tolerance the graph's low-precision nodes imply (None: everything computes in fp32). O(n)."""
+    depth, lowest = _depths(graph)
+    if lowest is None:
+        return None
+    return _tolerance(lowest, max((depth.get(r.name, 0) for r in graph.output_refs), default=1))
+
+
+def declared_at(graph: Graph, names: Iterable[str]) -> dict[str, Tolerance]:
+    """The tolerance declared for each named node's value, from the roundings on the longest path to
+    it; a value no rounding reaches is left out (it is exact). One pass: O(n)."""
+    depth, lowest = _depths(graph)
+    if lowest is None:
+        return {}
+    return {name: _tolerance(lowest, depth[name]) for name in names if depth.get(name, 0) > 0}
 
 
 # ---------------------------------------------------------------------------

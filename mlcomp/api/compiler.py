@@ -43,6 +43,7 @@ from mlcomp.base.errors import MlcompError, OptionError
 from mlcomp.base.files import Kind, check_destination
 from mlcomp.frontend.joint import capture_joint, example_target, loss_function, resolve_loss
 from mlcomp.frontend.loading import kept_modes
+from mlcomp.frontend.stochastic import randomness_off
 from mlcomp.hardware.timing import TimingPolicy
 from mlcomp.pipeline import Pipeline, run_pipeline
 from mlcomp.pipeline.presets import preset_key
@@ -248,8 +249,8 @@ def _compile(model_or_path: Any, example_inputs: Any, target: Any, pipeline: Any
 def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline: Any = None,
                             verify: bool = True, loss: Any = None, optimizer: Any = "sgd",
                             y: torch.Tensor | None = None, instruments: Sequence[Any] | None = None,
-                            pipeline_verify: bool = False, loss_scale: Any = None, update_in_backward: bool = False,
-                            host_memory: str = "auto", **options: Any):
+                            pipeline_verify: bool = False, loss_scale: Any = None, randomness: str = "refuse",
+                            update_in_backward: bool = False, host_memory: str = "auto", **options: Any):
     """``mode="train"``: joint capture, pipeline, a :class:`~mlcomp.training.step.TrainingArtifact`.
 
     Checks the target and the optimizer spec before capturing; with ``verify`` the
@@ -257,6 +258,9 @@ def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline
     ``pipeline_verify`` checks every pass on the joint graph (first diverging node).
     ``loss_scale``: ``dynamic``, ``none``, a number, ``dynamic{init=… interval=…}``
     (:mod:`mlcomp.training.loss_scaling`); ``None``: dynamic when the graph computes in fp16.
+    ``randomness``: ``"refuse"`` a model whose training mode draws randomness outside the graph (LayerDrop,
+    SpecAugment: :mod:`mlcomp.frontend.stochastic`), or ``"off"``: capture and verify the step with those
+    settings at 0 for the compile only (listed in ``art.verification["randomness_off"]``).
     ``update_in_backward``: the optimizer in the backward (:mod:`mlcomp.training.fused`);
     ``host_memory``: the allocator policy, applied before capture (:mod:`mlcomp.training.host_memory`).
     """
@@ -270,21 +274,25 @@ def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline
     if not isinstance(model, torch.nn.Module):
         raise MlcompError(f"{source.name} is a {type(model).__name__}; training needs an nn.Module with "
                           "parameters", hint="give the Python module or a factory file.py:fn")
-    if y is None:
-        y = example_target(model, inputs, loss)
-    state = model.state_dict()
-    before_capture(host_memory, pipeline, fused=update_in_backward)
-    graph = capture_joint(model, inputs, y, loss=loss, name=source.name)
-    args = tuple(inputs) + ((y,) if y is not None and loss_function(loss) is not None else ())
-    if pipeline is not None and pipeline != "":   # Verify runs the joint graph: forward and backward
-        graph, _ = run_pipeline(graph, Pipeline.coerce(pipeline), example_inputs=args, instruments=instruments,
-                                verify=pipeline_verify, optimizer=spec)
-    art = compile_training(graph, target=target or "cpu", optimizer=spec, options=opts,
-                           state_keys=list(state),
-                           extra_state={k: v for k, v in state.items() if k not in graph.constants},
-                           loss_scale=loss_scale, update_in_backward=update_in_backward, host_memory=host_memory)
-    if verify:
-        verify_gradients(art, model, loss_function(loss), args, tolerance=opts.tolerance or 1e-5)
+    with randomness_off(model, source.name, randomness) as off:
+        if y is None:
+            y = example_target(model, inputs, loss)
+        state = model.state_dict()
+        before_capture(host_memory, pipeline, fused=update_in_backward)
+        graph = capture_joint(model, inputs, y, loss=loss, name=source.name)
+        args = tuple(inputs) + ((y,) if y is not None and loss_function(loss) is not None else ())
+        if pipeline is not None and pipeline != "":   # Verify runs the joint graph: forward and backward
+            graph, _ = run_pipeline(graph, Pipeline.coerce(pipeline), example_inputs=args, instruments=instruments,
+                                    verify=pipeline_verify, optimizer=spec)
+        art = compile_training(graph, target=target or "cpu", optimizer=spec, options=opts,
+                               state_keys=list(state),
+                               extra_state={k: v for k, v in state.items() if k not in graph.constants},
+                               loss_scale=loss_scale, update_in_backward=update_in_backward,
+                               host_memory=host_memory)
+        if verify:
+            verify_gradients(art, model, loss_function(loss), args, tolerance=opts.tolerance or 1e-5)
+    if off and art.verification is not None:
+        art.verification["randomness_off"] = off
     return art
 
 

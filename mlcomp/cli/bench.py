@@ -2,6 +2,7 @@
 
     mlcomp bench mlp resnet18 --targets eager,cpu,onnxruntime,tvm --batch 1,32 --plot bench.png
     mlcomp bench --zoo --batch 1,32 --csv results.csv
+    mlcomp bench resnet18 --targets eager,onnxruntime,openvino --dtypes fp32,bf16,int8 --batch 1,32
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from mlcomp.cli.measuring import (
     comparison_options, force_option, int_list, name_list, set_threads, timing_options, write_output,
 )
 from mlcomp.cli.passes import preset_options
-from mlcomp.hardware.timing import BenchConfigError
+from mlcomp.hardware.timing import BenchConfigError, TimingPolicy
 
 __all__ = ["ProgressLine", "bench_cmd"]
 
@@ -27,6 +28,9 @@ __all__ = ["ProgressLine", "bench_cmd"]
 @click.option("--zoo", "all_zoo", is_flag=True, help="Benchmark every zoo model.")
 @click.option("--targets", default="eager,cpu,onnxruntime,tvm", show_default=True, callback=name_list,
               help="Comma-separated targets; eager always runs as the reference. Add cuda on a GPU machine.")
+@click.option("--dtypes", default="fp32", show_default=True, callback=name_list,
+              help="Comma-separated compute precisions, each target's side by side: fp32, bf16, int8 (int8 runs "
+                   "quantize; a target without an int8 lowering is skipped with why).")
 @click.option("--batch", "batches", default="1", show_default=True, callback=int_list,
               help="Comma-separated batch sizes, e.g. 1,32.")
 @preset_options
@@ -52,18 +56,23 @@ __all__ = ["ProgressLine", "bench_cmd"]
               "bench exits 4 after writing every result).")
 @click.option("--remat-sweep", is_flag=True, help="With --train: remat budgets 1.0/0.5/0.25/0.1/sqrt (mincut) vs "
               "peak memory and step time; --plot draws memory vs step time.")
+@click.option("--generate", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Decoder LMs: time to first token and tokens/s of greedy generation of N tokens, eager vs "
+                   "inductor vs compiled generators (targets: eager, inductor, cpu, onnxruntime, openvino).")
+@click.option("--prompt-len", type=click.IntRange(min=1), default=8, show_default=True, help="With --generate.")
 @force_option
-def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], batches: tuple[int, ...],
+def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], dtypes: tuple[str, ...],
+              batches: tuple[int, ...],
               pipeline: str | None, opt_level: str | None, input_shapes: tuple[str, ...], trust_pickle: bool,
               budget: float, warmup: int,
               min_repeats: int, max_repeats: int, threads: int | None, show_progress: bool, no_memory: bool,
               json_out: str | None, csv_out: str | None, plot_file: str | None, train: bool = False,
               loss: str = "cross_entropy", optimizer: str = "sgd", remat_sweep: bool = False,
               loss_scale: str | None = None, force: bool = False, keep_going: bool = False,
-              in_process: bool = False, precision: float = 0.03, settle_s: float = 0.0) -> None:
+              in_process: bool = False, precision: float = 0.03, settle_s: float = 0.0, procs: int = 1,
+              generate: int | None = None, prompt_len: int = 8) -> None:
     """Time MODEL(s) eager vs compiled targets: median and p90 latency, speedup, cold compile time,
     peak memory, max error vs eager. One table per model."""
-    from mlcomp.hardware.timing import TimingPolicy
     from mlcomp.measure.bench import BenchConfig, plot_bench, run_bench
     from mlcomp.measure.bench_results import to_csv
 
@@ -75,6 +84,9 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
         raise BenchConfigError("no model given", hint="name one or more models, or pass --zoo")
     check_outputs(force, models, json=json_out, csv=csv_out, plot=plot_file)
     pipeline = checked_pipeline(pipeline, opt_level)
+    if generate is not None:      # greedy generation: mlcomp.measure.generation_bench
+        return _bench_generate(models, generate, targets, pipeline, batches, prompt_len, threads, json_out,
+                               TimingPolicy(warmup, budget, min_repeats, max_repeats))
     check_targets(targets)
     from mlcomp.api import check_model_inputs
 
@@ -105,8 +117,8 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
                                  json_out=json_out, loss_scale=loss_scale))
         return
     config = BenchConfig(targets, batches, pipeline, TimingPolicy(warmup, budget, min_repeats, max_repeats),
-                         memory=not no_memory, threads=threads,
-                         **comparison_config(in_process, precision, settle_s))
+                         memory=not no_memory, threads=threads, dtypes=dtypes,
+                         **comparison_config(in_process, precision, settle_s, procs))
     progress = command_progress(show_progress, machine_output="-" in (json_out, csv_out))
     results = []
     for model in models:
@@ -123,6 +135,31 @@ def bench_cmd(models: tuple[str, ...], all_zoo: bool, targets: tuple[str, ...], 
         click.echo(f"wrote {plot_file}", err=True)
     if not keep_going:
         _fail_unverified(results)
+
+
+def _bench_generate(models: tuple[str, ...], tokens: int, targets: tuple[str, ...], pipeline: Any,
+                    batches: tuple[int, ...], prompt_len: int, threads: int | None, json_out: str | None,
+                    policy: Any) -> None:
+    from mlcomp.measure.generation_bench import DEFAULT_VARIANTS, bench_generation
+
+    given = click.get_current_context().get_parameter_source("targets") is not click.core.ParameterSource.DEFAULT
+    set_threads(threads)
+    results = []
+    for model in models:
+        for batch in batches:
+            res = bench_generation(model, tokens, targets=targets if given else DEFAULT_VARIANTS,
+                                   pipeline=pipeline or "-O2", policy=policy, prompt_len=prompt_len, batch=batch,
+                                   threads=threads, note=lambda text: click.echo(text, err=True))
+            results.append(res)
+            if json_out != "-":
+                click.echo(res.table().format())
+                click.echo()
+    write_output(json_out, "json", json.dumps([r.to_json() for r in results], indent=2))
+    bad = [(r.model, row.variant) for r in results for row in r.rows if row.tokens_equal is False]
+    if bad:
+        raise VerificationError(f"{len(bad)} generator(s) generate other tokens than eager, the first {bad[0][1]} "
+                                f"on {bad[0][0]}", hint="the table has every row; compile that model with "
+                                                        "`mlcomp compile MODEL --generate N` to see where")
 
 
 def _fail_unverified(results: list[Any]) -> None:

@@ -69,7 +69,8 @@ def size_on_disk(path: Path) -> int:
               help=f"{target_list()}, or auto: compile for every target available here, verify "
                    "and time each, keep the fastest that verified (default: the pipeline file's target, else cpu).")
 @click.option("--candidates", default=None, metavar="T,T...",
-              help="With --target auto: the targets to try (default: every target available here but distributed).")
+              help="With --target auto: the targets to try, names or specs with options, e.g. "
+                   "'cpu,tvm{kernels=off}' (default: every target available here but distributed).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Artifact folder to write (default mlcomp-out/MODEL-TARGET).")
 @pipeline_options
@@ -125,6 +126,13 @@ def size_on_disk(path: Path) -> int:
               help="With --train: whether tensors the step frees go back to the OS (return: the RSS follows the "
                    "predicted peak, a page fault per 4 KiB allocated; keep: glibc's reuse; auto: return for a step "
                    "with remat, schedule or --fused-update).")
+@click.option("--generate", "generate", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Compile a decoder LM for generation (prefill + one-token decode over a static KV cache) and "
+                   "check N greedy tokens against eager (mlcomp.cli.generation).")
+@click.option("--prompt-len", type=click.IntRange(min=1), default=8, show_default=True,
+              help="With --generate and a named decoder: the prompt's length in tokens.")
+@click.option("--max-len", type=click.IntRange(min=1), default=None,
+              help="With --generate: cache positions (default: prompt + N rounded up to 16).")
 def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
                 dynamic_batch: bool, trust_pickle: bool, target: str | None, candidates: str | None,
                 output: Path | None, pipeline: str | None, opt_level: str | None, dump_after: str | None,
@@ -134,7 +142,8 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                 cache_max_size: int | None = None, no_verify: bool = False, tf32: bool = False,
                 output_names: str | None = None, as_json: bool = False, force: bool = False,
                 train: bool = False, loss: str = "cross_entropy", optimizer: str = "sgd", steps: int = 5,
-                loss_scale: str | None = None, deterministic: bool = False, fused_update: bool = False,
+                loss_scale: str | None = None, deterministic: bool = False, generate: int | None = None,
+                prompt_len: int = 8, max_len: int | None = None, fused_update: bool = False,
                 host_memory: str = "auto") -> None:
     """Capture MODEL, run a pipeline (default -O2), lower it to a target (or the fastest of several: --target
     auto), verify against eager and save it.  A second compile of the same model reuses the cached artifact."""
@@ -156,6 +165,12 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                              instruments=request.instruments(), force=force, loss_scale=loss_scale,
                              fused=fused_update, host_memory=host_memory)
 
+    if generate is not None:   # the generation path: mlcomp.cli.generation
+        from mlcomp.cli.generation import compile_generate
+
+        return compile_generate(model, generate, target=target, pipeline=request.text, output=output, batch=batch,
+                                prompt_len=prompt_len, max_len=max_len, tolerance=tolerance, threads=threads,
+                                trust_pickle=trust_pickle, force=force, as_json=as_json, verify=not no_verify)
     if output is not None:
         check_destination(output, Kind.DIR, force=force, inputs=(model,))
     target = target or request.pipeline.target or "cpu"      # a TOML file may name the target
@@ -258,6 +273,11 @@ def _say_compiled(result: Any, request: Any, hit: bool, facts: dict[str, Any], s
                            "tasks_reused": len(stats.get("tasks_reused", []))}
         say(f"tvm tuning: {stats.get('trials_run', 0)} trials run, tasks reused: "
             f"{len(stats.get('tasks_reused', []))} (database {stats.get('work_dir')})")
+    int8 = getattr(art.runtime, "int8", None)        # a quantized graph: what the runtime ran in int8
+    if int8 is not None:
+        facts["int8"] = int8.to_json()
+        if not request.explain:                        # --explain prints it among the runtime's lines
+            say(f"{art.target}: {int8.line()}")
     if request.explain and hasattr(art.runtime, "explain_lines"):   # e.g. tvm: which ops run in which kernel
         for line in art.runtime.explain_lines():
             say(f"{art.target}: {line}")
@@ -294,19 +314,20 @@ def _verify_and_save(result: Any, model: str, output: Path, *, force: bool, fres
 
 
 def _candidates(text: str | None, target: str) -> list[str] | None:
-    """--candidates checked before any capture: only with --target auto, known target names."""
+    """--candidates checked before any capture: only with --target auto, known targets (specs with options allowed)."""
     from mlcomp.targets import get_target
+    from mlcomp.targets.registry import split_targets
 
     if text is None:
         return None
     if target != "auto":
         raise OptionError(f"--candidates applies to --target auto only, not to {target}",
                           hint="drop --candidates, or compile with --target auto")
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names or "auto" in names:
+    names = [] if "auto" in text.lower().replace(" ", "").split(",") else split_targets(text)
+    if not names:
         raise OptionError(f"--candidates {text!r} must name one or more targets other than auto",
-                          hint="e.g. --candidates cpu,onnxruntime")
-    return [get_target(n).name for n in names]
+                          hint="e.g. --candidates cpu,onnxruntime or --candidates 'cpu,tvm{kernels=off}'")
+    return [get_target(n).spec for n in names]
 
 
 class _Say:

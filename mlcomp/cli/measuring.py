@@ -171,12 +171,16 @@ def comparison_options(fn: Any) -> Any:
         click.option("--settle", "settle_s", type=click.FloatRange(min=0), default=0.0, show_default=True,
                      metavar="SECONDS", help="Before each comparison wait up to SECONDS for the machine to be "
                                              "quiet (no other load on the cores this run needs, no steal)."),
+        click.option("--procs", type=click.IntRange(1, 4), default=1, show_default=True, metavar="N",
+                     help="Worker processes per variant (1-4): each runtime timed in N processes, every round "
+                          "taking a sample of each; the table adds each process's median and their gap (one "
+                          "runtime can differ between two processes by tens of per cent on a VM)."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
 
 
-def comparison_config(in_process: bool, precision: float, settle_s: float) -> dict[str, Any]:
+def comparison_config(in_process: bool, precision: float, settle_s: float, procs: int = 1) -> dict[str, Any]:
     """The :class:`~mlcomp.measure.bench.BenchConfig` fields of :func:`comparison_options`."""
-    return {"isolate": not in_process, "precision": precision or None, "settle_s": settle_s}
+    return {"isolate": not in_process, "precision": precision or None, "settle_s": settle_s, "procs": procs}

@@ -27,6 +27,9 @@ __all__ = ["report_cmd"]
 @preset_options
 @click.option("--targets", default="eager,cpu,onnxruntime,tvm", show_default=True, callback=name_list,
               help="Comma-separated targets for the benchmark section; eager always runs as the reference.")
+@click.option("--dtypes", default="fp32", show_default=True, callback=name_list,
+              help="Comma-separated compute precisions, each target's side by side: fp32, bf16, int8 (int8 runs "
+                   "quantize; a target without an int8 lowering is skipped with why).")
 @click.option("--batch", "bench_batches", default=None, callback=int_list, metavar="1,32",
               help="Comma-separated batch sizes for the benchmark section (default 1,32); inspect and the "
                    "pipeline use the model's own batch.")
@@ -42,11 +45,11 @@ __all__ = ["report_cmd"]
               "separate processes (start-up subtracted), a check on the in-process speedups from outside.")
 def report_cmd(model: str, input_shapes: tuple[str, ...], capture_method: str,
                dynamic_batch: bool, trust_pickle: bool, output: str, pipeline: str | None, opt_level: str | None,
-               targets: tuple[str, ...], bench_batches: tuple[int, ...] | None,
+               targets: tuple[str, ...], dtypes: tuple[str, ...], bench_batches: tuple[int, ...] | None,
                old_bench_batches: tuple[int, ...] | None, roofline: bool, quick: bool, train: bool,
                budget: float, warmup: int, min_repeats: int, max_repeats: int, threads: int | None,
                show_progress: bool, force: bool, in_process: bool = False, precision: float = 0.03,
-               settle_s: float = 0.0, crosscheck: bool = False) -> None:
+               settle_s: float = 0.0, crosscheck: bool = False, procs: int = 1) -> None:
     """One HTML page for MODEL: inspect, the pipeline's per-pass stats (default -O2), the bench table
     and plots."""
     from mlcomp.api import check_model_inputs
@@ -67,7 +70,8 @@ def report_cmd(model: str, input_shapes: tuple[str, ...], capture_method: str,
         source, graph = load_and_capture(model, input_shapes, None, capture_method, dynamic_batch, trust_pickle)
     config = ReportConfig(BenchConfig(targets, bench_batches, pipeline,
                                       TimingPolicy(warmup, budget, min_repeats, max_repeats), threads=threads,
-                                      **comparison_config(in_process, precision, settle_s)),
+                                      dtypes=dtypes,
+                                      **comparison_config(in_process, precision, settle_s, procs)),
                           capture_method=capture_method, roofline=roofline, quick=quick, training=train,
                           crosscheck=crosscheck)
     rep = build_report(model, output, config, input_shapes=input_shapes, trust_pickle=trust_pickle,

@@ -16,9 +16,12 @@ __all__ = ["targets_cmd"]
 
 @click.command("targets")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print the same facts (name, availability and why not, description, capabilities) as JSON.")
+              help="Print the same facts (name, availability and why not, description, capabilities, the "
+                   "target's own spec options) as JSON.")
 def targets_cmd(as_json: bool = False) -> None:
-    """List the targets, what each compiles (modes, dtypes, devices) and whether it can run here."""
+    """List the targets, what each compiles (modes, dtypes, devices), their own options
+    (``--target "tvm{kernels=off}"``) and whether each can run here."""
+    from mlcomp.base.spec_options import options_of
     from mlcomp.targets import TargetName, get_target
 
     rows = []
@@ -27,7 +30,9 @@ def targets_cmd(as_json: bool = False) -> None:
         reason = target.available()
         rows.append({"name": name.value, "available": reason is None, "reason": reason,
                      "description": target.description, "compiles": target.capabilities.describe(),
-                     "capabilities": target.capabilities.to_json()})
+                     "capabilities": target.capabilities.to_json(),
+                     "options": [{"name": o.name, "type": o.type_text(), "default": o.default, "help": o.help}
+                                 for o in options_of(target.Options)]})
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
         return
@@ -37,3 +42,6 @@ def targets_cmd(as_json: bool = False) -> None:
         click.echo(f"{row['name']:<{width}}  {state}")
         click.echo(f"{'':<{width}}  {row['description']}")
         click.echo(f"{'':<{width}}  compiles: {row['compiles']}")
+        for opt in row["options"]:
+            click.echo(f"{'':<{width}}  option {row['name']}{{{opt['name']}=...}}: {opt['type']}, "
+                       f"default {opt['default']}: {opt['help']}")

@@ -77,7 +77,7 @@ from torch.export.experimental import (
 from mlcomp.base.errors import CaptureError, MlcompError
 from mlcomp.base.quiet import quiet_torch
 from mlcomp.frontend.capture import from_fx
-from mlcomp.frontend.joint_kernels import restore_backward_kernels
+from mlcomp.frontend.joint_kernels import eager_autograd, restore_backward_kernels
 from mlcomp.frontend.joint_origins import joint_origins, module_sequence
 from mlcomp.frontend.losses import (
     LossKind,
@@ -171,9 +171,10 @@ def _capture(model: nn.Module, inputs: tuple[torch.Tensor, ...], target: torch.T
         try:
             for p in flipped:
                 p.requires_grad_(False)
-            ep = torch.export.export(wrapper, args)
-            modules = module_sequence(ep, _strip)
-            ep = _forward_backward(merge_tied(ep, {"model." + a: "model." + c for a, c in aliases.items()}))
+            with eager_autograd():
+                ep = torch.export.export(wrapper, args)
+                modules = module_sequence(ep, _strip)
+                ep = _forward_backward(merge_tied(ep, {"model." + a: "model." + c for a, c in aliases.items()}))
         except MlcompError:
             raise
         except Exception as exc:  # noqa: BLE001 - converted to a user error
@@ -191,7 +192,7 @@ _KEPT = ("_log_softmax", "_log_softmax_backward_data", "_softmax", "_softmax_bac
          "native_group_norm_backward", "nll_loss_forward", "nll_loss_backward", "mse_loss", "mse_loss_backward",
          "embedding_dense_backward", "gelu", "gelu_backward", "tanh_backward", "sigmoid_backward",
          "threshold_backward", "max_pool2d_with_indices_backward", "_scaled_dot_product_flash_attention_for_cpu",
-         "silu", "silu_backward")
+         "silu", "silu_backward", "upsample_bilinear2d", "upsample_bilinear2d_backward")
 
 
 def joint_decompositions() -> dict[Any, Callable[..., Any]]:

@@ -15,15 +15,36 @@ forward                 composite the trace records                            k
 
 A match needs the exact node shape: anything else is left as traced (still correct,
 only not bit for bit eager's).
+
+Other ops are decomposed before autograd sees them: ``torch._decomp`` registers Python
+kernels for them at the ``Autograd`` (and ``CompositeImplicitAutograd``) dispatch keys, which
+only the tracer's Python dispatcher runs, so the trace differentiates the decomposition
+(gathers, weights, ``index_put`` accumulations) where eager calls the op's kernel and its
+backward kernel.  :func:`eager_autograd` lifts those Python kernels for the ops of
+:data:`EAGER_AUTOGRAD` while the joint graph is traced (restored after, whatever happens),
+so the trace records the kernels eager calls:
+
+==================================  ==========================================================
+op                                  what the trace then records
+==================================  ==========================================================
+``upsample_bilinear2d.vec``         ``upsample_bilinear2d`` (torch's own size computation)
+``upsample_bilinear2d.default``     itself, differentiated by ``upsample_bilinear2d_backward``
+==================================  ==========================================================
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch._C import DispatchKey
 
-__all__ = ["COMPOSITES", "restore_backward_kernels"]
+__all__ = ["COMPOSITES", "EAGER_AUTOGRAD", "eager_autograd", "restore_backward_kernels"]
+
+# ops whose tracing-only Python kernels are lifted during the joint trace (module doc)
+EAGER_AUTOGRAD = ("upsample_bilinear2d.vec", "upsample_bilinear2d.default")
+_LIFTED_KEYS = (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd)
 
 _aten = torch.ops.aten
 
@@ -81,3 +102,25 @@ def restore_backward_kernels(gm: torch.fx.GraphModule) -> int:
     if count:
         gm.recompile()
     return count
+
+
+def _overload(name: str) -> Any:
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), overload)
+
+
+@contextlib.contextmanager
+def eager_autograd() -> Iterator[None]:
+    """While inside, the ops of :data:`EAGER_AUTOGRAD` dispatch to their C++ kernels under the Python
+    dispatcher too (their ``Autograd`` / ``CompositeImplicitAutograd`` Python kernels lifted)."""
+    lifted: list[tuple[Any, DispatchKey, Any]] = []
+    try:
+        for name in EAGER_AUTOGRAD:
+            op = _overload(name)
+            lifted += [(op, key, op.py_kernels.pop(key)) for key in _LIFTED_KEYS if key in op.py_kernels]
+            op._dispatch_cache.clear()
+        yield
+    finally:
+        for op, key, kernel in lifted:
+            op.py_kernels[key] = kernel
+            op._dispatch_cache.clear()

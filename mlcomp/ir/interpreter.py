@@ -14,6 +14,13 @@ graphs run forward and backward through it::
     >>> env = Interpreter(graph).run_all(x)      # every node's value, by name
     >>> env["neg"]
     tensor([-1.,  2., -3.])
+
+``after`` maps node names to ``fn(args, value) -> value``, called with the node's evaluated
+positional arguments once it has run; what it returns is the node's value from then on (a
+verifier observes or replaces one node's result this way)::
+
+    >>> Interpreter(graph, after={"neg": lambda args, v: v.abs()}).run(x)
+    (tensor([1., 2., 3.]),)
 """
 from __future__ import annotations
 
@@ -27,9 +34,11 @@ from mlcomp.ir.ops import INPUT, OUTPUT, PARAM
 
 
 class Interpreter:
-    def __init__(self, graph: Graph, *, check_inputs: bool = True) -> None:
+    def __init__(self, graph: Graph, *, check_inputs: bool = True,
+                 after: dict[str, Callable[[tuple[Any, ...], Any], Any]] | None = None) -> None:
         self.graph = graph
         self.check_inputs = check_inputs
+        self.after = dict(after or {})
         self._plan: list[tuple[Node, Callable[..., Any] | None]] = []
         for node in graph.nodes():
             fn = None if node.op in (INPUT, PARAM, OUTPUT) else node.op.resolve()
@@ -69,6 +78,8 @@ class Interpreter:
                 args = map_refs(node.inputs, lambda r: env[r.name])
                 kwargs = map_refs(dict(node.attrs), lambda r: env[r.name])
                 env[node.name] = fn(*args, **kwargs)
+                if node.name in self.after:
+                    env[node.name] = self.after[node.name](args, env[node.name])
                 if not keep_all:
                     for src in node.input_names():
                         remaining[src] -= 1

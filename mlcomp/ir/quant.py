@@ -25,7 +25,7 @@ import torch
 
 from mlcomp.ir.ops import Category, Op, composite
 
-__all__ = ["QUANTIZE", "DEQUANTIZE", "is_qdq", "QDQ_ARGUMENTS", "QUANT_RANGES"]
+__all__ = ["QUANTIZE", "DEQUANTIZE", "quantize_linear", "dequantize_linear", "is_qdq", "QDQ_ARGUMENTS", "QUANT_RANGES"]
 
 QDQ_ARGUMENTS = ("x", "scale", "zero_point", "axis")      # both ops, in this order
 QUANT_RANGES = {torch.int8: (-128, 127), torch.uint8: (0, 255), torch.int32: (-2 ** 31, 2 ** 31 - 1)}
@@ -40,29 +40,28 @@ def _along(t: torch.Tensor, axis: int, rank: int) -> torch.Tensor:
     return t.reshape(shape)
 
 
-class _Quantize:
-    category = Category.ELEMWISE
-    arguments = QDQ_ARGUMENTS
-
-    def __call__(self, x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int = 1) -> Any:
-        lo, hi = QUANT_RANGES[zero_point.dtype]
-        s = _along(scale, axis, x.dim()).to(torch.float32)
-        z = _along(zero_point, axis, x.dim()).to(torch.float32)
-        return torch.clamp(torch.round(x.to(torch.float32) / s) + z, lo, hi).to(zero_point.dtype)
+def quantize_linear(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int = 1) -> Any:
+    """``saturate(round_half_even(x / scale) + zero_point)`` in ``zero_point``'s dtype."""
+    lo, hi = QUANT_RANGES[zero_point.dtype]
+    s = _along(scale, axis, x.dim()).to(torch.float32)
+    z = _along(zero_point, axis, x.dim()).to(torch.float32)
+    return torch.clamp(torch.round(x.to(torch.float32) / s) + z, lo, hi).to(zero_point.dtype)
 
 
-class _Dequantize:
-    category = Category.ELEMWISE
-    arguments = QDQ_ARGUMENTS
-
-    def __call__(self, q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int = 1) -> Any:
-        s = _along(scale, axis, q.dim()).to(torch.float32)
-        z = _along(zero_point, axis, q.dim())
-        return (q.to(torch.int32) - z.to(torch.int32)).to(torch.float32) * s
+def dequantize_linear(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int = 1) -> Any:
+    """``(q - zero_point) * scale`` in float32."""
+    s = _along(scale, axis, q.dim()).to(torch.float32)
+    z = _along(zero_point, axis, q.dim())
+    return (q.to(torch.int32) - z.to(torch.int32)).to(torch.float32) * s
 
 
-QUANTIZE = composite("quantize_linear", _Quantize())
-DEQUANTIZE = composite("dequantize_linear", _Dequantize())
+# plain functions (code generators name them by module and qualified name) with the composite attributes
+for _fn in (quantize_linear, dequantize_linear):
+    _fn.category = Category.ELEMWISE            # type: ignore[attr-defined]
+    _fn.arguments = QDQ_ARGUMENTS               # type: ignore[attr-defined]
+
+QUANTIZE = composite("quantize_linear", quantize_linear)
+DEQUANTIZE = composite("dequantize_linear", dequantize_linear)
 
 
 def is_qdq(op: Op) -> bool:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from mlcomp.base.errors import MlcompError, VerificationError
+from mlcomp.base.errors import MlcompError, PipelineSpecError, VerificationError
 from mlcomp.base.registry import did_you_mean
 from mlcomp.ir.dtypes import dtype_name
 from mlcomp.hardware.peak_memory import PeakMemory
@@ -44,9 +44,11 @@ from mlcomp.hardware.timing import BenchConfigError, Clock, Sync, TimingPolicy, 
 from mlcomp.measure.bench_results import BenchResult, BenchRow
 from mlcomp.measure.bench_timing import Cell, WatchFactory, time_group
 from mlcomp.measure.plots import EAGER, bench_plot
+from mlcomp.measure.variants import Variant, check_dtypes, variants
 
 DESIGN_TARGETS = ("cpu", "cuda", "onnxruntime", "tvm")   # the targets DESIGN.md names
 # compiler(model, example_inputs, target, pipeline, options) -> callable artifact
+MAX_PROCS = 4          # worker processes per variant at most
 Compiler = Callable[[Any, tuple, str, "str | None", Mapping[str, Any]], Callable[..., Any]]
 Progress = Callable[[int, int, str], None]
 
@@ -65,6 +67,8 @@ class BenchConfig:
     precision: float | None = 0.03    # stop timing once every speedup's interval is within +-this
     settle_s: float = 0.0             # wait up to this long for a quiet machine before each comparison
     crosscheck: bool = False          # also time eager and each artifact as whole processes
+    dtypes: tuple[str, ...] = ("fp32",)   # compute precisions per target (mlcomp.measure.variants)
+    procs: int = 1                    # worker processes per variant (2: each runtime in two, both reported)
 
     def compile_options(self) -> dict[str, Any]:
         """Options passed to ``mlcomp.compile`` so every target runs with the same thread count."""
@@ -79,6 +83,10 @@ class BenchConfig:
         if self.precision is not None and not 0 < self.precision < 1:
             raise BenchConfigError(f"precision {self.precision} is not between 0 and 1",
                                    hint="e.g. --precision 0.03 (stop once intervals are within +-3%)")
+        if not 1 <= self.procs <= MAX_PROCS:
+            raise BenchConfigError(f"--procs {self.procs} is not between 1 and {MAX_PROCS}",
+                                   hint="--procs 2 times each runtime in two worker processes and reports both")
+        check_dtypes(self.dtypes)
         if self.settle_s < 0:
             raise BenchConfigError(f"--settle {self.settle_s} is negative", hint="give seconds to wait, e.g. 30")
 
@@ -150,6 +158,7 @@ def compile_for(model: Any, inputs: tuple, target: str, *, pipeline: str | None 
 
 
 def target_device(target: str) -> str:
+    """Where ``target`` (or a variant of it, ``"cuda bf16"``) runs."""
     return "cuda" if target == "cuda" or target.startswith("cuda:") else "cpu"
 
 
@@ -173,7 +182,7 @@ def run_bench(model: Any, config: BenchConfig = BenchConfig(), *, input_shapes: 
     targets = [t for t in dict.fromkeys(config.targets) if t != EAGER]
     avail = dict(availability())
     _check_known(targets, avail)
-    groups = _groups(config.batches, targets, avail)
+    groups = _groups(config.batches, [v.key for v in variants(targets, config.dtypes)], avail)
     rows: list[BenchRow] = []
     notes: list[str] = []
     label = getattr(source, "name", str(model))
@@ -209,7 +218,8 @@ def run_bench(model: Any, config: BenchConfig = BenchConfig(), *, input_shapes: 
             progress(total, total, f"{label} done")
     shapes = ", ".join(f"{dtype_name(t.dtype)}[B, {', '.join(map(str, t.shape[1:]))}]"
                        for t in base_inputs)
-    return BenchResult(label, shapes, config.pipeline, machine_line(), config.policy, tuple(rows), tuple(notes))
+    return BenchResult(label, shapes, config.pipeline, machine_line(), config.policy, tuple(rows), tuple(notes),
+                       crosscheck=config.crosscheck)
 
 
 def _groups(batches: Sequence[int], targets: Sequence[str],
@@ -226,8 +236,9 @@ def _groups(batches: Sequence[int], targets: Sequence[str],
     return out
 
 
-def _reason(target: str, avail: Mapping[str, str | None]) -> str | None:
-    return None if target == EAGER else avail.get(target)
+def _reason(key: str, avail: Mapping[str, str | None]) -> str | None:
+    """Why the target of variant ``key`` is unavailable here (None: it is available, or is eager)."""
+    return None if key == EAGER else avail.get(Variant.parse(key).target)
 
 
 def _check_known(targets: Sequence[str], avail: Mapping[str, str | None]) -> None:
@@ -258,7 +269,8 @@ def _prepare(cell: "Cell", target: str, unavailable: str | None, config: BenchCo
              compiler: Compiler) -> tuple[BenchRow, Callable[..., Any] | None]:
     """Compile ``target`` (eager: the model itself), call it once and check it against eager; the row so
     far and the runnable (None when skipped or failed)."""
-    row = BenchRow(cell.label, target, cell.batch, cell.device)
+    variant = Variant.parse(target)
+    row = BenchRow(cell.label, variant.target, cell.batch, cell.device, dtype=variant.dtype)
     if unavailable:
         return replace(row, status="skipped", reason=unavailable), None
     probe = PeakMemory(cell.device) if config.memory else None
@@ -269,13 +281,15 @@ def _prepare(cell: "Cell", target: str, unavailable: str | None, config: BenchCo
                 fn = src.eager if cell.device == "cpu" else copy.deepcopy(src.eager).to(cell.device)
             else:
                 t0 = clock()
-                fn = compiler(_compile_input(cell.source), tuple(t.cpu() for t in cell.inputs), target,
-                              config.pipeline, config.compile_options())
+                fn = compiler(_compile_input(cell.source), tuple(t.cpu() for t in cell.inputs), variant.target,
+                              variant.pipeline(config.pipeline), config.compile_options())
                 row = replace(row, compile_s=clock() - t0)
             t1 = clock()
             out = fn(*cell.inputs)                   # the first call: checked against eager, and warm-up 1
             sync()
             row = replace(row, first_call_s=clock() - t1)
+    except PipelineSpecError as err:    # the target refuses this precision up front (no int8 lowering)
+        return replace(row, status="skipped", reason=err.message), None
     except MlcompError as err:      # a compile whose own verification failed is a verification failure
         return replace(row, status="failed", reason=err.message,
                        verified=False if isinstance(err, VerificationError) else None), None
@@ -286,11 +300,25 @@ def _prepare(cell: "Cell", target: str, unavailable: str | None, config: BenchCo
         return replace(row, reason=_eager_ref_note(row)), fn
     from mlcomp.analysis.verify import compare
 
-    check = compare(cell.expected, out)
+    manifest = getattr(fn, "manifest", None) or {}
+    check = compare(cell.expected, out, manifest.get("declared_tolerance"))   # int8's looser one, if declared
     if check.note:
         return replace(row, status="failed", verified=False, reason=f"outputs do not match eager: {check.note}"), None
+    ran = _ran_in(getattr(fn, "runtime", None), variant.dtype)
     return replace(row, max_abs_err=check.max_abs, max_rel_err=check.max_rel, verified=check.passed,
-                   reason="" if check.passed else f"differs from eager: {check.summary()}"), fn
+                   reason=ran if check.passed else f"differs from eager: {check.summary()}"), fn
+
+
+def _ran_in(runtime: Any, dtype: str) -> str:
+    """What a low-precision variant's runtime says it ran: its int8 compute ops, or the precision its
+    runtime settled on (OpenVINO's hint falls back to f32 on a CPU without bf16 instructions)."""
+    int8 = getattr(runtime, "int8", None)
+    if int8 is not None:
+        return int8.line().split(";")[0]                     # "int8: 20 of 21 compute ops (…)"
+    precision = getattr(runtime, "precision", None)
+    if dtype != "fp32" and isinstance(precision, dict) and precision.get("effective"):
+        return f"ran {precision['effective']}: {precision.get('reason', '')}"
+    return ""
 
 
 def _eager_ref_note(row: BenchRow) -> str:

@@ -56,6 +56,14 @@ class BenchRow:
     rounds: int | None = None             # rounds of the comparison this cell was timed in
     unreliable: tuple[str, ...] = ()      # why the figure cannot be trusted (empty: it can)
     crosscheck: float | None = None       # whole-process speedup (mlcomp.measure.crosscheck), when asked for
+    dtype: str = "fp32"                   # the precision the target computed in (mlcomp.measure.variants)
+    process_medians: tuple[float, ...] = ()   # with --procs N: each worker process's median s per call
+
+    def process_gap(self) -> float | None:
+        """How far apart this variant's processes were: (slowest - fastest) / fastest median."""
+        if len(self.process_medians) < 2 or min(self.process_medians) <= 0:
+            return None
+        return max(self.process_medians) / min(self.process_medians) - 1.0
 
     def speedup_text(self) -> str:
         """``1.52x [1.47-1.58]``, ``reference``, or ``—``; ``UNRELIABLE`` appended when the cell is."""
@@ -72,21 +80,24 @@ class BenchRow:
 
     @property
     def label(self) -> str:
-        return self.target if self.device == "cpu" or self.target != EAGER else f"{EAGER} ({self.device})"
+        if self.target == EAGER:
+            return EAGER if self.device == "cpu" else f"{EAGER} ({self.device})"
+        return self.target if self.dtype == "fp32" else f"{self.target} {self.dtype}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"model": self.model, "target": self.target, "batch": self.batch, "device": self.device,
-                "status": self.status, "reason": self.reason or None,
+        return {"model": self.model, "target": self.target, "dtype": self.dtype, "batch": self.batch,
+                "device": self.device, "status": self.status, "reason": self.reason or None,
                 "timing": self.timing.to_json() if self.timing else None, "compile_s": self.compile_s,
                 "first_call_s": self.first_call_s,
                 "memory": self.memory.to_json() if self.memory else None, "max_abs_err": self.max_abs_err,
                 "max_rel_err": self.max_rel_err, "verified": self.verified, "speedup": self.speedup,
                 "speedup_interval": self.interval.to_json() if self.interval else None, "rounds": self.rounds,
-                "unreliable": list(self.unreliable), "crosscheck_speedup": self.crosscheck}
+                "unreliable": list(self.unreliable), "crosscheck_speedup": self.crosscheck,
+                "process_medians_s": list(self.process_medians) or None}
 
 
 CSV_FIELDS = ("model", "target", "device", "batch", "status", "median_s", "p90_s", "repeats", "speedup",
-              "speedup_lo", "speedup_hi", "unreliable", "crosscheck_speedup", "compile_s", "first_call_s", "peak_mem_bytes", "max_abs_err", "max_rel_err", "reason")
+              "speedup_lo", "speedup_hi", "unreliable", "crosscheck_speedup", "compile_s", "first_call_s", "peak_mem_bytes", "max_abs_err", "max_rel_err", "reason", "dtype")
 
 
 @dataclass(frozen=True)
@@ -100,25 +111,30 @@ class BenchResult:
     policy: TimingPolicy
     rows: tuple[BenchRow, ...]
     notes: tuple[str, ...] = ()       # per comparison: where and how long it was timed, the load meanwhile
+    crosscheck: bool = False          # a whole-process column was asked for: shown even where it gave no figure
 
     def table(self) -> Table:
-        cross = any(r.crosscheck is not None for r in self.rows)
+        cross = self.crosscheck or any(r.crosscheck is not None for r in self.rows)
+        procs = any(r.process_medians for r in self.rows)
         cols = ("target", "batch", "median", "p90", f"speedup [{CONFIDENCE:.0%} CI]", "rounds", "spread",
-                "compile", "1st call", "peak mem", "max abs err") + (("whole-process",) if cross else ()) + ("note",)
+                "compile", "1st call", "peak mem", "max abs err") + (("whole-process",) if cross else ()) \
+            + (("per process (gap)",) if procs else ()) + ("note",)
         rows = []
         for r in self.rows:
-            xc = ((f"{r.crosscheck:.2f}x" if r.crosscheck else "—"),) if cross else ()
+            extra = ((f"{r.crosscheck:.2f}x" if r.crosscheck else "—"),) if cross else ()
+            extra += (_per_process_cell(r),) if procs else ()
             if r.status != "ok" or r.timing is None:
                 why = f"{r.status}: {_short(r.reason)}" if r.status != "ok" else _short(r.reason)
                 rows.append((r.label, str(r.batch), "—", "—", "—", "—", "—", fmt_seconds(r.compile_s), "—", "—",
-                             "—") + xc + (why,))
+                             "—") + extra + (why,))
                 continue
             t, spread = r.timing, r.spread()
-            note = "; ".join(r.unreliable) if r.unreliable else r.reason
+            note = "; ".join(filter(None, (r.reason if r.dtype != "fp32" else "", *r.unreliable))) \
+                if r.unreliable else r.reason         # a low-precision row keeps what ran in it
             rows.append((r.label, str(r.batch), fmt_seconds(t.median), fmt_seconds(t.p90), r.speedup_text(),
                          str(r.rounds or t.repeats), "—" if spread is None else f"{spread:.0%}",
                          fmt_seconds(r.compile_s), fmt_seconds(r.first_call_s),
-                         fmt_bytes(r.memory.growth, sign=True) if r.memory else "—", _err_cell(r)) + xc + (note,))
+                         fmt_bytes(r.memory.growth, sign=True) if r.memory else "—", _err_cell(r)) + extra + (note,))
         title = (f"{self.model}  input {self.inputs}  pipeline {self.pipeline or '(none)'}  "
                  f"budget {self.policy.budget_s:g} s/variant")
         return Table(title, cols, tuple(rows), frozenset(range(1, len(cols) - 1)))
@@ -145,7 +161,7 @@ class BenchResult:
         out = []
         for r in self.rows:
             t = r.timing
-            out.append({"model": r.model, "target": r.target, "device": r.device, "batch": r.batch,
+            out.append({"model": r.model, "target": r.target, "dtype": r.dtype, "device": r.device, "batch": r.batch,
                         "status": r.status, "median_s": t.median if t else "", "p90_s": t.p90 if t else "",
                         "repeats": t.repeats if t else "", "speedup": r.speedup or "",
                         "speedup_lo": r.interval.lo if r.interval else "",
@@ -166,6 +182,14 @@ def to_csv(results: Sequence[BenchResult]) -> str:
     for res in results:
         w.writerows(res.csv_rows())
     return buf.getvalue()
+
+
+def _per_process_cell(row: BenchRow) -> str:
+    """``41.3 µs / 43.0 µs (4%)``: each worker process's median and how far apart they were."""
+    gap = row.process_gap()
+    if gap is None:
+        return "—"
+    return " / ".join(fmt_seconds(m) for m in row.process_medians) + f" ({gap:.0%})"
 
 
 def _err_cell(r: BenchRow) -> str:

@@ -9,8 +9,9 @@ the rounds, and the reasons it cannot be trusted.  It returns one line saying ho
 """
 from __future__ import annotations
 
+import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,9 +20,9 @@ from mlcomp.hardware.timing import Clock, Sync
 from mlcomp.measure.bench_results import BenchRow
 from mlcomp.measure.plots import EAGER
 from mlcomp.measure.rounds import MIN_ROUNDS, Comparison, compare
-from mlcomp.measure.samplers import Samplers, can_isolate, local_samplers, process_samplers
+from mlcomp.measure.samplers import ProcessGroup, Samplers, can_isolate, local_samplers, process_samplers
 
-__all__ = ["Cell", "WatchFactory", "time_group"]
+__all__ = ["Cell", "WatchFactory", "process_medians", "time_group"]
 
 # pids of this run's workers -> the watch of the machine's load (the factory None: the load is not read)
 WatchFactory = Callable[[Callable[[], Sequence[int]]], LoadWatch]
@@ -49,14 +50,15 @@ def time_group(model: Any, cell: Cell, built: dict[str, Callable[..., Any]], row
     waited = ""
     if config.settle_s > 0 and watch is not None:
         waited = f"; {settle(config.settle_s, threads, watch=lambda: watch(tuple))}"
-    comparison, fallback = None, ""
+    comparison, fallback, per_process = None, "", {}
     if config.isolate and cell.device == "cpu" and len(built) > 1 and can_isolate(built, model):
         eager = {"spec": model, "input_shapes": list(input_shapes), "trust_pickle": trust_pickle,
                  "batch": cell.batch}
         try:
             with process_samplers({n: f for n, f in built.items() if n != EAGER}, eager, cell.inputs,
-                                  threads=threads, warmup=config.policy.warmup) as samplers:
+                                  threads=threads, warmup=config.policy.warmup, procs=config.procs) as samplers:
                 comparison, where = _compare(samplers, config, threads, clock, watch), samplers.where
+                per_process = process_medians(samplers.groups, comparison.kept)
         except Exception as exc:  # noqa: BLE001 - a worker that cannot start: time them here instead
             fallback = f" (worker processes failed: {' '.join(str(exc).split())[:160]})"
     if comparison is None:
@@ -64,7 +66,7 @@ def time_group(model: Any, cell: Cell, built: dict[str, Callable[..., Any]], row
         samplers = local_samplers(calls, warmup=config.policy.warmup, budget_s=config.policy.budget_s, clock=clock,
                                   syncs={n: sync for n in calls})
         comparison, where = _compare(samplers, config, threads, clock, watch), samplers.where + fallback
-    rows = _filled(rows, comparison)
+    rows = {n: replace(r, process_medians=per_process.get(n, ())) for n, r in _filled(rows, comparison).items()}
     if config.crosscheck:
         rows, checked = _crosscheck(model, cell, built, rows, threads, input_shapes, trust_pickle)
         waited += checked
@@ -94,6 +96,12 @@ def _crosscheck(model: Any, cell: Cell, built: dict[str, Callable[..., Any]], ro
     note = ("; whole-process cross-check done" if not missing else
             f"; whole-process cross-check: no figure for {', '.join(missing)} (start-up varied more than the calls took)")
     return {n: replace(r, crosscheck=ratios.get(n)) for n, r in rows.items()}, note
+
+
+def process_medians(groups: Mapping[str, ProcessGroup], kept: Sequence[int]) -> dict[str, tuple[float, ...]]:
+    """Per variant timed in several processes: each process's median seconds per call over the kept rounds."""
+    return {name: tuple(statistics.median([samples[i] for i in kept] or samples) for samples in group.per_process)
+            for name, group in groups.items()}
 
 
 def _compare(samplers: Samplers, config: Any, threads: int, clock: Clock, watch: WatchFactory | None) -> Comparison:

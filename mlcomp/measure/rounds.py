@@ -53,6 +53,7 @@ class Comparison:
     load: Load | None                       # the mean load of those rounds
     reasons: dict[str, tuple[str, ...]]     # per variant (the reference too: load reasons only)
     stopped: str                            # why the rounds ended
+    kept: tuple[int, ...] = ()              # indexes of the rounds the figures come from
 
     def to_json(self) -> dict[str, Any]:
         return {"reference": self.reference, "rounds": self.rounds, "stopped": self.stopped,
@@ -139,4 +140,4 @@ def _result(r: _Rounds, reference: str, budget_s: float, fewest: int, stopped: s
     reasons = {n: tuple(noise_reasons(load, r.threads, speedups.get(n))) for n in r.names}
     timings = {n: Timing(tuple(r.samples[n][i] for i in kept), warm.get(n, (0.0, 0))[0], budget_s,
                          warm.get(n, (0.0, 0))[1]) for n in r.names}
-    return Comparison(reference, timings, speedups, len(kept), load, reasons, stopped)
+    return Comparison(reference, timings, speedups, len(kept), load, reasons, stopped, tuple(kept))

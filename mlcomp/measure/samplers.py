@@ -9,7 +9,10 @@ not charged to this one.
 * :func:`process_samplers`: every variant in a fresh worker process of its own
   (:class:`~mlcomp.runtime.timing_worker.ProcessSampler`): compiled artifacts saved to a
   temporary folder and loaded there, eager torch by loading the model spec there.  No two
-  runtimes' thread pools share a process, as when each is deployed.
+  runtimes' thread pools share a process, as when each is deployed.  With ``procs=2`` each
+  variant runs in two processes (:class:`~mlcomp.runtime.timing_worker.ProcessGroup`): one runtime in two processes can
+  differ by tens of per cent on a VM (where its memory landed), and one process per variant
+  would report that as a difference between variants.
 """
 from __future__ import annotations
 
@@ -23,8 +26,9 @@ from typing import Any
 
 from mlcomp.hardware.decide import call_samplers
 from mlcomp.hardware.timing import Clock, Sync, calls_per_block, no_sync
+from mlcomp.runtime.timing_worker import ProcessGroup
 
-__all__ = ["BLOCK_S", "Samplers", "can_isolate", "local_samplers", "process_samplers", "saved"]
+__all__ = ["BLOCK_S", "ProcessGroup", "Samplers", "can_isolate", "local_samplers", "process_samplers", "saved"]
 
 BLOCK_S = 0.02            # seconds of calls per sample
 READY_TIMEOUT_S = 600.0   # a worker loads, checks and warms up its variant within this
@@ -32,12 +36,14 @@ READY_TIMEOUT_S = 600.0   # a worker loads, checks and warms up its variant with
 
 @dataclass
 class Samplers:
-    """Samplers by variant, where they run, their worker pids, and warm-up (seconds, calls) per variant."""
+    """Samplers by variant, where they run, their worker pids, and warm-up (seconds, calls) per variant;
+    ``groups``: the variants timed in several processes each."""
 
     fns: dict[str, Callable[[], float]]
     where: str
     pids: list[int] = field(default_factory=list)
     warmup: dict[str, tuple[float, int]] = field(default_factory=dict)
+    groups: dict[str, ProcessGroup] = field(default_factory=dict)
 
 
 def local_samplers(fns: Mapping[str, Callable[[], Any]], *, warmup: int, budget_s: float,
@@ -80,9 +86,10 @@ def can_isolate(fns: Mapping[str, Any], model: Any) -> bool:
 
 @contextlib.contextmanager
 def process_samplers(artifacts: Mapping[str, Any], eager: Mapping[str, Any] | None, inputs: Sequence[Any], *,
-                     threads: int, warmup: int) -> Iterator[Samplers]:
-    """A warm worker process per variant: ``artifacts`` (name -> Artifact) and, when ``eager`` is given
-    (``load_model`` arguments: ``spec``, ``input_shapes``, ``trust_pickle``, ``batch``), ``"eager"``."""
+                     threads: int, warmup: int, procs: int = 1) -> Iterator[Samplers]:
+    """``procs`` warm worker processes per variant: ``artifacts`` (name -> Artifact) and, when ``eager``
+    is given (``load_model`` arguments: ``spec``, ``input_shapes``, ``trust_pickle``, ``batch``), ``"eager"``.
+    With ``procs`` > 1 each variant's sampler is a :class:`ProcessGroup` of its processes."""
     from mlcomp.runtime.timing_worker import ProcessSampler, save_inputs
 
     with tempfile.TemporaryDirectory(prefix="mlcomp-bench-") as tmp, contextlib.ExitStack() as stack:
@@ -91,11 +98,18 @@ def process_samplers(artifacts: Mapping[str, Any], eager: Mapping[str, Any] | No
         folders: dict[str, Path | None] = {"eager": None} if eager is not None else {}
         folders.update({name: saved(art, root / name) for name, art in artifacts.items()})
         start = time.perf_counter()
-        workers = {name: stack.enter_context(ProcessSampler.start(
-                       folder, feed, threads=threads, warmup=warmup, block_s=BLOCK_S, label=name,
-                       model=dict(eager) if folder is None else None)) for name, folder in folders.items()}
+        workers = {(name, i): stack.enter_context(ProcessSampler.start(
+                       folder, feed, threads=threads, warmup=warmup, block_s=BLOCK_S,
+                       label=name if procs == 1 else f"{name}#{i}", model=dict(eager) if folder is None else None))
+                   for name, folder in folders.items() for i in range(procs)}
         for worker in workers.values():
             worker.wait_ready(READY_TIMEOUT_S)
         spent = time.perf_counter() - start
-        yield Samplers({n: w.sample for n, w in workers.items()}, f"{len(workers)} worker processes",
-                       [w.pid for w in workers.values()], {n: (spent, warmup) for n in workers})
+        if procs == 1:
+            fns: dict[str, Callable[[], float]] = {name: w.sample for (name, _), w in workers.items()}
+            groups: dict[str, ProcessGroup] = {}
+        else:
+            groups = {name: ProcessGroup([workers[name, i].sample for i in range(procs)]) for name in folders}
+            fns = dict(groups)
+        where = f"{len(workers)} worker processes" + (f" ({procs} per variant)" if procs > 1 else "")
+        yield Samplers(fns, where, [w.pid for w in workers.values()], {n: (spent, warmup) for n in folders}, groups)

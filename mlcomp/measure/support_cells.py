@@ -8,8 +8,9 @@ A cell is a kind of run on one architecture (:mod:`mlcomp.models.architectures`)
               eager (on a copy of the session's captured graph)
 ``bf16``      the same with ``-O2`` as it runs for T (:func:`pipeline_for`), then
               ``mixed-precision{dtype=bf16}`` (``fp16`` likewise)
-``train``     ``mlcomp.compile(model, inputs, mode="train", loss="mse", optimizer="sgd")`` on cpu,
-              gradients verified against eager autograd
+``train``     ``mlcomp.compile(model, inputs, mode="train", loss="mse", optimizer="sgd",
+              randomness="off")`` on cpu, gradients verified against eager autograd (LayerDrop and
+              SpecAugment, drawn outside the graph, off for the step and named in the detail)
 ============  ===========================================================================
 
 Outcomes (:class:`Status`): ``verified`` (ran and matched eager), ``refused`` (mlcomp
@@ -165,20 +166,23 @@ def _infer(session: Session, cell: Cell) -> str:
     result = compile_model(source, graph.copy(), target=cell.target, pipeline=pipeline, capture_seconds=seconds,
                            threads=1)
     result.check.raise_if_failed(where=f"target {cell.target}, model {graph.name}")
-    worst = (result.artifact.verification or {}).get("max_abs")
-    return f"max |diff| {worst:.3g}" if isinstance(worst, float) else ""
+    record = result.artifact.verification or {}
+    worst, ties = record.get("max_abs"), record.get("near_tie_selections")
+    note = f"; against the reference taking the artifact's order at {ties} near-tie selection row(s)" if ties else ""
+    return (f"max |diff| {worst:.3g}" if isinstance(worst, float) else "") + note
 
 
 def _train(session: Session, cell: Cell) -> str:
     import mlcomp
 
     art = mlcomp.compile(session.model, session.inputs, mode="train", target="cpu", loss="mse", optimizer="sgd",
-                         threads=1)
+                         threads=1, randomness="off")
     check = art.verification or {}
     if not check.get("passed"):
         raise AssertionError(f"gradients differ from eager: worst {check.get('worst')} "
                              f"rel {check.get('worst_rel')}")
-    return f"worst gradient rel {check.get('worst_rel', 0.0):.3g}"
+    off = check.get("randomness_off") or []
+    return f"worst gradient rel {check.get('worst_rel', 0.0):.3g}" + (f"; without {'; '.join(off)}" if off else "")
 
 
 _RUNNERS = {"capture": _capture, "O2": _infer, "bf16": _infer, "fp16": _infer, "train": _train}

@@ -146,6 +146,13 @@ def _notes(data: dict[str, Any]) -> list[str]:
     return lines or ["- none: every cell verified"]
 
 
+def _verified_notes(data: dict[str, Any]) -> list[str]:
+    """Verified cells whose detail carries a note after the figure (``max |diff| 0.003; …``)."""
+    return [f"- **{row['architecture']}** `{key}`: {cell['detail'].split('; ', 1)[1]}"
+            for row in data["rows"] for key, cell in row["cells"].items()
+            if cell["status"] == Status.VERIFIED.value and "; " in cell["detail"]] or ["- none"]
+
+
 def _update_lines(data: dict[str, Any]) -> list[str]:
     lines = []
     for u in data.get("updates", []):
@@ -185,10 +192,12 @@ def render_markdown(data: dict[str, Any], command: str = "python benchmarks/supp
         "- columns: `capture` (torch.export capture + IR verifier); `O2:T` (`-O2` inference on target T); "
         "`bf16:T` / `fp16:T` (`-O2` as it runs for T, then `mixed-precision{dtype=…}`: on cpu "
         "`cleanup,fuse,cleanup,mixed-precision{…}`, elsewhere `cleanup,mixed-precision{…}`); `train` (one SGD step with an mse loss "
-        "on cpu, gradients against eager autograd)", "",
+        "on cpu, gradients against eager autograd; training-mode randomness drawn outside the graph — LayerDrop, "
+        "SpecAugment — is off for the step, `randomness=\"off\"`, and the cell says so)", "",
         "## Table", "", *table, "",
         "## Totals", "", *_totals(data), "",
         "## Cells not verified", "", *_notes(data), "",
+        "## Cells verified with a note", "", *_verified_notes(data), "",
         "## Left out of this run", "", *left, "",
     ]
     return "\n".join(parts)

@@ -35,7 +35,9 @@ OTHER_FORMATS: dict[str, tuple[str, str]] = {
 }
 
 # .mlcomp marker kind → what a folder without manifest.json is (any other kind: not an artifact)
-OTHER_OUTPUTS: dict[str, str] = {"report": "an mlcomp report (`mlcomp report`)"}
+OTHER_OUTPUTS: dict[str, str] = {"report": "an mlcomp report (`mlcomp report`)",
+                                 "generator": "a generator (`mlcomp compile MODEL --generate N`; its prefill/ and "
+                                              "decode/ subfolders are artifacts; mlcomp.load_generator loads the whole)"}
 ARTIFACT_KINDS = ("artifact", "training artifact")     # markers atomic_dir writes into artifact folders
 
 # files only an artifact holds: one of them without manifest.json means the manifest was lost

@@ -42,6 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 from statistics import median
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 import torch
@@ -50,7 +51,7 @@ from mlcomp.base.errors import MlcompError
 from mlcomp.hardware.timing import Sync, calls_per_block, synchronizer
 from mlcomp.runtime.artifact import Artifact
 
-__all__ = ["ProcessSampler", "WorkerError", "load_runner", "save_inputs"]
+__all__ = ["ProcessGroup", "ProcessSampler", "WorkerError", "load_runner", "save_inputs"]
 
 MAX_CALLS = 1000          # a block never has more calls than this
 # untimed calls before each sample: the previous worker's thread pools spin on after its sample,
@@ -190,6 +191,28 @@ class ProcessSampler:
 
 # ---------------------------------------------------------------------------
 # child side
+
+
+class ProcessGroup:
+    """One variant's samplers in several processes, taken together: each call takes one sample of
+    every process (the first one a process later than in the call before) and returns their mean;
+    ``per_process[i]`` keeps process ``i``'s samples, one per call.
+
+        >>> group = ProcessGroup([lambda: 1.0, lambda: 3.0])
+        >>> group(), group(), group.per_process
+        (2.0, 2.0, [[1.0, 1.0], [3.0, 3.0]])
+    """
+
+    def __init__(self, samplers: Sequence[Callable[[], float]]) -> None:
+        self.samplers = list(samplers)
+        self.per_process: list[list[float]] = [[] for _ in self.samplers]
+
+    def __call__(self) -> float:
+        n = len(self.samplers)
+        k = len(self.per_process[0]) % n
+        for i in [*range(k, n), *range(k)]:
+            self.per_process[i].append(self.samplers[i]())
+        return sum(samples[-1] for samples in self.per_process) / n
 
 
 def load_runner(config: dict[str, Any]) -> tuple[Any, str]:

@@ -46,7 +46,8 @@ from mlcomp.targets.options import OptionsError
 if TYPE_CHECKING:   # annotations only: nothing from base runs when this module is imported
     from mlcomp.targets.base import Target
 
-__all__ = ["TargetName", "TARGETS", "TARGET_GRAMMAR", "target_list", "target_name", "get_target", "available_targets"]
+__all__ = ["TargetName", "TARGETS", "TARGET_GRAMMAR", "target_list", "target_name", "get_target", "split_targets",
+           "available_targets"]
 
 
 class TargetName(enum.Enum):
@@ -110,6 +111,15 @@ def get_target(name: str | TargetName) -> Target:
         item = TARGET_GRAMMAR.one(name, TARGET_GRAMMAR.parse(name.strip(), _spec_entry))
         return _configured(item) if item.options else _instance(TargetName(item.name))
     return _instance(target_name(name))
+
+
+def split_targets(text: str) -> list[str]:
+    """A comma-separated list of targets, each a name or a spec with options (commas inside braces kept)::
+
+        >>> split_targets("cpu, tvm{kernels=off}, ort")
+        ['cpu', 'tvm{kernels=off}', 'onnxruntime']
+    """
+    return [item.text for item in TARGET_GRAMMAR.parse(text.strip(), _spec_entry)]
 
 
 def _spec_entry(name: str) -> SpecEntry:

@@ -271,6 +271,8 @@ def test_writers_refuse_user_folders_themselves(user_folder):
      "must name one or more targets other than auto"),
     (["compile", "no/such/model.pt", "--target", "auto", "--candidates", "cpu,onnxruntim"],
      "did you mean 'onnxruntime'"),
+    (["compile", "no/such/model.pt", "--target", "auto", "--candidates", "cpu,tvm{kernel=off}"],
+     "target 'tvm' has no option 'kernel'; did you mean 'kernels'?"),
     (["cache", "info", "ffff", "--cache-dir", "cachedir"], "no cache entry in cachedir starts with 'ffff'"),
     # compile-cache size cap (no function-local cycle dodges + cache cap): a size that is not one, checked
     # before the model is loaded and before the cache folder is created

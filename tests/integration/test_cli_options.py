@@ -175,6 +175,9 @@ def test_targets_and_models_list_json():
     assert cpu["available"] and cpu["reason"] is None and "inference" in cpu["capabilities"]["modes"]
     text = invoke("targets").output
     assert all(r["compiles"] in text for r in rows)
+    tvm = next(r for r in rows if r["name"] == "tvm")
+    assert [(o["name"], o["default"]) for o in tvm["options"]] == [("kernels", "auto")] and not cpu["options"]
+    assert "option tvm{kernels=...}: one of auto|on|off, default auto" in text
 
 
 def test_bench_takes_o_and_reports_stages_as_log_lines():

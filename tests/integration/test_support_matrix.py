@@ -32,7 +32,7 @@ FAST = ["mlp", "albert", "gpt2", "resnet", "wav2vec2"]      # zoo, encoder, deco
 SLOW = ["bart", "qwen2"]                                     # an encoder-decoder, a second decoder LM
 CELLS = [Cell.parse(c) for c in ("capture", "O2:cpu", "O2:onnxruntime", "train")]
 # failures known and open elsewhere: such a cell may fail only with this message, and passes the test once it is
-# verified or refused with a reason (wav2vec2's train cell is refused: LayerDrop and SpecAugment draw at random)
+# verified or refused with a reason
 KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 HOST = {"cpu": "test host", "flags": {"avx2": True}, "cores": 2, "python": "3", "versions": {"torch": "2"},
         "date": "today"}
@@ -78,7 +78,7 @@ def test_record_and_document_hold_every_cell(matrix):
     assert data["columns"] == [c.key for c in CELLS]
     counts = summary(data)
     assert counts["O2:cpu"]["verified"] == len(FAST)
-    assert counts["train"] == {"verified": len(FAST) - 1, "refused": 1, "failed": 0}
+    assert counts["train"] == {"verified": len(FAST), "refused": 0, "failed": 0}
     assert sum(counts["target onnxruntime"].values()) == len(FAST)
     doc = render_markdown(data)
     for name in FAST:
@@ -86,10 +86,10 @@ def test_record_and_document_hold_every_cell(matrix):
     assert f"| O2:cpu | {len(FAST)} | 0 | 0 | 100% |" in doc
 
 
-def test_training_verifies_tied_embedding_models_and_refuses_random_structure(matrix):
-    """gpt2 ties its output projection to the embedding (bart too: the slow test); wav2vec2 trains with
-    LayerDrop and SpecAugment."""
+def test_training_verifies_tied_embedding_models_and_random_structure_switched_off(matrix):
+    """gpt2 ties its output projection to the embedding (bart too: the slow test); wav2vec2's LayerDrop and
+    SpecAugment draw outside the graph: the cell trains and verifies with them off and says so."""
     assert matrix.rows["gpt2"]["train"].status is Status.VERIFIED, matrix.rows["gpt2"]["train"].detail
     w2v = matrix.rows["wav2vec2"]["train"]
-    assert w2v.status is Status.REFUSED and w2v.detail.startswith("TrainingError:")
-    assert "config.layerdrop=0.1" in w2v.detail and "config.mask_time_prob=0.05" in w2v.detail
+    assert w2v.status is Status.VERIFIED, w2v.detail
+    assert "without config.layerdrop=0.1" in w2v.detail and "config.mask_time_prob=0.05" in w2v.detail

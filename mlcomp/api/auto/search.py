@@ -38,6 +38,7 @@ Distributed (a multi-process pipeline, not a single-process artifact) is never a
 """
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -70,6 +71,7 @@ __all__ = ["AUTO", "AutoTargetError", "Candidate", "AutoReport", "Ranking", "aut
 
 AUTO = "auto"
 IN_PROCESSES = "a fresh process per candidate"
+AUTO_PROCS = 2        # timing processes per candidate: one runtime can differ between two by tens of per cent
 NOT_TIMED = "not timed (deterministic compile)"
 AUTO_QUESTION = "auto: which verified target is fastest?"
 # a deterministic compile times nothing: the preference order is the candidate order
@@ -95,6 +97,7 @@ class Candidate:
     picked: bool = False
     ratio: float | None = None                # median of its paired ratios to the pick's samples (the pick: 1)
     p_value: float | None = None              # sign test of those ratios against 1
+    process_medians: tuple[float, ...] = ()   # each timing process's median per call, when timed in several
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target,
@@ -102,7 +105,8 @@ class Candidate:
                 "median_ms": None if self.median_s is None else round(self.median_s * 1e3, 6),
                 "verified": self.verified, "reason": self.reason, "picked": self.picked,
                 "ratio_to_picked": None if self.ratio is None else round(self.ratio, 4),
-                "sign_p": None if self.p_value is None else round(self.p_value, 4)}
+                "sign_p": None if self.p_value is None else round(self.p_value, 4),
+                "process_medians_ms": [round(m * 1e3, 6) for m in self.process_medians] or None}
 
     @property
     def versus(self) -> str:
@@ -174,7 +178,7 @@ def auto_candidates(names: Sequence[str | Target] | None = None) -> list[Target]
         if target.name == AUTO:
             raise MlcompError("auto cannot be one of its own candidates",
                               hint="list real targets, e.g. cpu,onnxruntime")
-        if all(t.name != target.name for t in out):
+        if all(t.spec != target.spec for t in out):
             out.append(target)
     return out
 
@@ -206,12 +210,13 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
                  pipeline: Any = None, capture_seconds: float = 0.0, instruments: Sequence[Any] | None = None,
                  policy: TimingPolicy = DEFAULT_AUTO_TIMING, clock: Clock = time.perf_counter,
                  note: Note | None = None, isolate: bool = True, records: RecordStore | None = None,
-                 **options: Any) -> CompileResult:
+                 procs: int = AUTO_PROCS, **options: Any) -> CompileResult:
     """Compile ``graph`` for each candidate, verify, time the verified ones, return the fastest.
 
     ``instruments`` are built per candidate (a callable taking the target name) or shared;
     ``isolate=False`` times every candidate in this process, with ``clock`` (injectable for
-    tests; a fresh process each uses its own clock).  ``records``: where earlier measurements are
+    tests; fresh processes use their own clock); else each candidate runs in ``procs`` timing
+    processes, every round taking a sample of each, so one process's luck decides nothing.  ``records``: where earlier measurements are
     kept (:mod:`~mlcomp.api.auto.record`); with a record for this host, model and shape class the
     candidates are built best-recorded first, the first that verifies is the pick and nothing is
     timed; without one, the measured ranking is recorded.  The winner's manifest carries ``auto``
@@ -222,26 +227,26 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     targets = auto_candidates(candidates)
     key = record = None
     if records is not None and not opts.deterministic:
-        key = record_key(graph, source.inputs(), [t.name for t in targets], pipeline, opts)
+        key = record_key(graph, source.inputs(), [t.spec for t in targets], pipeline, opts)
         record = records.load(key)
-    ranked = [t.name for t in targets] if record is None else record.order([t.name for t in targets])
-    order = sorted(targets, key=lambda t: ranked.index(t.name))
+    ranked = [t.spec for t in targets] if record is None else record.order([t.spec for t in targets])
+    order = sorted(targets, key=lambda t: ranked.index(t.spec))
     rows: dict[str, Candidate] = {}
     built: dict[str, CompileResult] = {}
-    pool = WorkerPool(source.inputs(), warmup=policy.warmup, block_s=BLOCK_S, describe=_first_line,
+    pool = WorkerPool(source.inputs(), warmup=policy.warmup, block_s=BLOCK_S, describe=_first_line, procs=procs,
                       enabled=isolate and record is None and not opts.deterministic and len(targets) > 1)
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
     with pool:
         for target in order:
             if record is not None and built:
-                rows[target.name] = _from_record(target.name, record)
+                rows[target.spec] = _from_record(target.spec, record)
                 continue
             pool.spare()               # a worker imports torch and mlcomp while this candidate compiles
-            rows[target.name] = _compile_one(source, graph, target, pipeline, capture_seconds, instruments,
+            rows[target.spec] = _compile_one(source, graph, target, pipeline, capture_seconds, instruments,
                                              say, built, options, opts)
-            if target.name in built:
-                pool.add(target.name, built[target.name].artifact)
+            if target.spec in built:
+                pool.add(target.spec, built[target.spec].artifact)
         phases["compile"] = time.perf_counter() - t0
         if not built:
             raise AutoTargetError(
@@ -251,7 +256,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
         if opts.deterministic or record is not None:
             best = next(iter(built))
             rule = AUTO_RULE if record is None else f"the best-recorded candidate that verified ({records.path(key)})"
-            decision = Decision.fixed(AUTO_QUESTION, [t.name for t in order if t.name in built], best, rule,
+            decision = Decision.fixed(AUTO_QUESTION, [t.spec for t in order if t.spec in built], best, rule,
                                       deterministic=record is None)
             rounds, tie_break, timed_in, eliminated = 0, 0, NOT_TIMED if record is None else FROM_RECORD, {}
         else:
@@ -262,7 +267,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
             if key is not None and len(built) > 1:
                 records.save(AutoRecord(key, {n: ranking.medians[n] for n in built}, best))
     rows[best] = replace(rows[best], picked=True)
-    report = AutoReport(tuple(rows[t.name] for t in targets), policy, rounds, tie_break, timed_in, eliminated,
+    report = AutoReport(tuple(rows[t.spec] for t in targets), policy, rounds, tie_break, timed_in, eliminated,
                         phases)
     result = built[best]
     result.auto = report
@@ -277,22 +282,22 @@ def _compile_one(source: Any, graph: Any, target: Target, pipeline: Any, capture
     """Check, compile and verify ``graph`` for ``target``: its row (a verified build goes into ``built``)."""
     problem = precheck(target, graph, opts, pipeline)
     if problem:
-        return Candidate(target.name, reason=problem)
-    say(f"auto: compile for {target.name}")
+        return Candidate(target.spec, reason=problem)
+    say(f"auto: compile for {target.spec}")
     t0 = time.perf_counter()
     try:
         result = compile_source(source, graph.copy(), target=target, pipeline=pipeline, verify=True,
                                 capture_seconds=capture_seconds, raise_on_failure=False,
-                                instruments=_instruments(instruments, target.name), **options)
+                                instruments=_instruments(instruments, target.spec), **options)
     except MlcompError as exc:
-        return Candidate(target.name, time.perf_counter() - t0, reason=_first_line(exc))
+        return Candidate(target.spec, time.perf_counter() - t0, reason=_first_line(exc))
     except Exception as exc:  # noqa: BLE001 - a backend's crash disqualifies that candidate only
-        return Candidate(target.name, time.perf_counter() - t0, reason=f"compile failed: {_first_line(exc)}")
+        return Candidate(target.spec, time.perf_counter() - t0, reason=f"compile failed: {_first_line(exc)}")
     seconds = time.perf_counter() - t0
     if not result.check.passed:
-        return Candidate(target.name, seconds, reason=f"verification failed: {result.check.summary()}")
-    built[target.name] = result
-    return Candidate(target.name, seconds, verified=True)
+        return Candidate(target.spec, seconds, reason=f"verification failed: {result.check.summary()}")
+    built[target.spec] = result
+    return Candidate(target.spec, seconds, verified=True)
 
 
 def _from_record(name: str, record: AutoRecord) -> Candidate:
@@ -334,14 +339,16 @@ def _time(built: dict[str, CompileResult], inputs: Sequence[Any], policy: Timing
             phases["workers_ready"] = time.perf_counter() - t0
             ranking = rank_samplers(samplers, policy, on_eliminate=pool.stop)
             phases["rank"] = time.perf_counter() - t0 - phases["workers_ready"]
-            timed_in = IN_PROCESSES
+            timed_in = IN_PROCESSES if pool.procs == 1 else f"{pool.procs} fresh processes per candidate"
         except WorkerError as exc:
             timed_in = f"this process ({_first_line(exc)})"
     if ranking is None:
         ranking = rank_samplers(_local_samplers(built, inputs, policy, clock), policy, clock=clock)
     for name in built:
+        group = pool.groups.get(name)
         rows[name] = replace(rows[name], median_s=ranking.medians[name], ratio=ranking.ratios.get(name),
-                             p_value=ranking.p_values.get(name))
+                             p_value=ranking.p_values.get(name),
+                             process_medians=tuple(statistics.median(s) for s in group.per_process) if group else ())
     return ranking, timed_in
 
 

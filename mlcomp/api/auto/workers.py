@@ -4,7 +4,9 @@ A worker (:class:`~mlcomp.runtime.timing_worker.ProcessSampler`) spends most of 
 importing torch and its backend and loading the artifact.  One spare worker is spawned ahead
 (:meth:`WorkerPool.spare`: it imports torch and mlcomp while a candidate compiles) and loads the
 next candidate that verifies, and a new spare is spawned while more are to come; so the start-up
-overlaps the compiles instead of following them all::
+overlaps the compiles instead of following them all (with ``procs=2`` a candidate's second
+process starts fresh beside it, and the candidate's sampler is a
+:class:`~mlcomp.runtime.timing_worker.ProcessGroup` of both)::
 
     compile cpu | compile onnxruntime | compile tvm ...........| rank
                   start worker cpu ---> ready                  |
@@ -23,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from mlcomp.runtime.timing_worker import ProcessSampler, WorkerError, save_for_worker, save_inputs
+from mlcomp.runtime.timing_worker import ProcessGroup, ProcessSampler, WorkerError, save_for_worker, save_inputs
 
 __all__ = ["READY_TIMEOUT_S", "WorkerPool"]
 
@@ -34,14 +36,16 @@ class WorkerPool:
     """Timing processes of the built candidates (``enabled=False``: none is started)."""
 
     def __init__(self, inputs: Sequence[Any], *, warmup: int, block_s: float, enabled: bool = True,
-                 describe: Callable[[BaseException], str] = str) -> None:
+                 describe: Callable[[BaseException], str] = str, procs: int = 1) -> None:
         self.inputs, self.warmup, self.block_s, self.enabled = inputs, warmup, block_s, enabled
+        self.procs = procs
         self.problem: str | None = None
         self._describe = describe
         self._stack = contextlib.ExitStack()
         self._root: Path | None = None
         self._feed: Path | None = None
-        self._started: dict[str, ProcessSampler] = {}
+        self._started: dict[str, list[ProcessSampler]] = {}
+        self.groups: dict[str, ProcessGroup] = {}     # the names timed in several processes, after samplers()
         self._spare: ProcessSampler | None = None
 
     def __enter__(self) -> "WorkerPool":
@@ -74,13 +78,15 @@ class WorkerPool:
             self.problem = f"saving the candidates for their timing processes failed: {self._describe(exc)}"
             return
         try:
+            workers = []
             if self._spare is not None:
-                self._started[name], self._spare = self._spare, None
-                self._started[name].load(folder, self._feed, name)
-            else:
-                self._started[name] = self._stack.enter_context(ProcessSampler.start(
+                self._spare.load(folder, self._feed, name)
+                workers, self._spare = [self._spare], None
+            while len(workers) < self.procs:
+                workers.append(self._stack.enter_context(ProcessSampler.start(
                     folder, self._feed, threads=torch.get_num_threads(), warmup=self.warmup,
-                    block_s=self.block_s, label=name))
+                    block_s=self.block_s, label=name if self.procs == 1 else f"{name}#{len(workers)}")))
+            self._started[name] = workers
         except WorkerError as exc:
             self.problem = self._describe(exc)
 
@@ -100,12 +106,15 @@ class WorkerPool:
             self._spare.close()
             self._spare = None
         for name in names:
-            self._started[name].wait_ready(READY_TIMEOUT_S)
-        return {name: self._started[name].sample for name in names}
+            for worker in self._started[name]:
+                worker.wait_ready(READY_TIMEOUT_S)
+        if self.procs == 1:
+            return {name: self._started[name][0].sample for name in names}
+        self.groups = {name: ProcessGroup([w.sample for w in self._started[name]]) for name in names}
+        return dict(self.groups)
 
     def stop(self, name: str) -> None:
         """Stop ``name``'s worker (a clear loser, or a candidate no longer timed); its cores are free again."""
-        sampler = self._started.pop(name, None)
-        if sampler is not None:
+        for sampler in self._started.pop(name, []):
             sampler.close()
 

@@ -33,8 +33,8 @@ Stats: per quantized layer its module path, op, input/output scale and zero poin
 weight scale range and the relative error of its output against float on the first
 calibration sample; the top-1 agreement of the outputs over all samples; and the
 declared tolerance verification uses (:func:`mlcomp.analysis.ranges.declared_tolerance`).
-Only the ``onnxruntime`` target lowers the pairs to int8 kernels; the pass refuses
-every other target before anything is loaded; its emitter must take the whole graph
+The ``onnxruntime`` and ``openvino`` targets lower the pairs to int8 kernels; the pass
+refuses every other target before anything is loaded; its emitter must take the whole graph
 (``fold-constants`` first removes constant index arithmetic it has no rule for).  O(n)
 rewriting plus the calibration runs.
 """
@@ -57,7 +57,14 @@ from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
 __all__ = ["Quantize", "Granularity", "Method", "INT8_TARGETS"]
 
-INT8_TARGETS = frozenset({"onnxruntime"})       # targets that lower the Q/DQ pairs to int8 kernels
+INT8_TARGETS = frozenset({"onnxruntime", "openvino"})       # targets that lower the Q/DQ pairs to int8 kernels
+# why the others do not (docs/decisions/0019-int8-lowering.md)
+NO_INT8_WHY = {
+    "cpu": "torch's int8 CPU kernels need quantized tensor types torch deprecates, or private oneDNN ops whose "
+           "prepacked weights TorchScript cannot save",
+    "tvm": "its Relax build has no integer lowering of the pairs",
+    "cuda": "it has no int8 lowering of the pairs",
+}
 
 
 class Granularity(enum.Enum):
@@ -83,13 +90,16 @@ class Quantize(Pass):
     enum_options: ClassVar[Mapping[str, type[enum.Enum]]] = {"granularity": Granularity, "method": Method}
 
     def check_target(self, target: str) -> None:
-        """Only ONNX Runtime turns the pairs into int8 kernels; elsewhere they would run as float math."""
+        """Only ONNX Runtime and OpenVINO turn the pairs into int8 kernels; elsewhere they would run as float math."""
         if target not in INT8_TARGETS:
             raise PipelineSpecError(
-                f"quantize writes quantize/dequantize pairs that only the onnxruntime target lowers to int8 "
-                f"kernels (QLinearConv, QLinearMatMul); target {target} would run them as float arithmetic, "
-                f"slower than the float model and no smaller",
-                hint="compile with --target onnxruntime, or drop quantize from the pipeline for this target")
+                f"quantize writes quantize/dequantize pairs that only the onnxruntime and openvino targets lower "
+                f"to int8 kernels (QLinearConv/QGemm; u8 Convolution/FullyConnected); target {target} would run "
+                f"them as float arithmetic, slower than the float model and no smaller "
+                f"({NO_INT8_WHY.get(target, 'it has no int8 lowering of the pairs')}; "
+                f"docs/decisions/0019-int8-lowering.md)",
+                hint="compile with --target onnxruntime or --target openvino, or drop quantize from the pipeline "
+                     "for this target")
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         layers = [(n, r) for n in graph.call_nodes() if (r := _rule(n)) is not None]

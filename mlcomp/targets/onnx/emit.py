@@ -17,8 +17,10 @@ placeholders, which is what torch.onnx called them), parameters become initializ
 IR names, literal shapes and scalars become initializers named after the node that reads
 them.  Nodes no graph output needs (a ``permute`` folded into ``Gemm``) are dropped.  Where the
 emitter does not match ATen exactly it declines with a reason instead of emitting: an op
-outside the table, a symbolic size, a bf16/fp16 value (``onnx.precision`` handles those on the
-torch.onnx path), an argument a rule does not cover (a ``ceil_mode`` pool).  The caller then
+outside the table, a symbolic size, an argument a rule does not cover (a ``ceil_mode`` pool).
+bf16/fp16 values are written in their own precision like any other dtype (bf16 constants as
+``ml_dtypes.bfloat16``); which of those nodes ONNX Runtime runs in fp32 is ``onnx.precision``'s
+choice, made on the emitted model.  The caller then
 exports as before.  One pass over the nodes: O(n).
 """
 from __future__ import annotations
@@ -38,11 +40,10 @@ from mlcomp.targets.onnx.emit_nn import NN_RULES
 from mlcomp.targets.onnx.emit_ops import OPS_RULES, Decline
 from mlcomp.targets.onnx.emit_shapes import SHAPE_RULES
 
-__all__ = ["MIN_OPSET", "RULES", "Decline", "Emitted", "Emitter", "emit_model", "emittable"]
+__all__ = ["MIN_OPSET", "RULES", "Decline", "Emitted", "Emitter", "as_numpy", "emit_model", "emittable"]
 
 MIN_OPSET = 18          # ReduceMean/ReduceMax take their axes as an input from 18 on
 IR_VERSION = 10         # what onnxruntime ≥ 1.18 reads; opset 20 needs ≥ 9
-_LOW = (torch.bfloat16, torch.float16)
 RULES = {**OPS_RULES, **SHAPE_RULES, **NN_RULES}     # IR op -> rule(emitter, node, bound arguments)
 
 
@@ -52,6 +53,21 @@ class Emitted:
 
     model: Any = None          # onnx.ModelProto
     declined: str | None = None
+
+
+def as_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """``tensor`` as a numpy array ONNX's ``numpy_helper`` writes; bf16, which numpy lacks, as
+    ``ml_dtypes.bfloat16`` (the bits unchanged)::
+
+        >>> as_numpy(torch.tensor([1.5], dtype=torch.bfloat16)).dtype.name
+        'bfloat16'
+    """
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return tensor.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
 
 
 def emittable(op: Op) -> bool:
@@ -136,8 +152,7 @@ class Emitter:
         node = self.node_of(v)
         if node.op == PARAM and v.name not in self.names:
             name = self.claim(v.name)
-            tensor = self.graph.constants[v.name].detach().cpu()
-            self.inits[name] = self.numpy_helper.from_array(tensor.numpy(), name)
+            self.inits[name] = self.numpy_helper.from_array(as_numpy(self.graph.constants[v.name]), name)
         name = self.names.get(v.name)
         if name is None:
             raise Decline(f"%{v.name} is read before it is computed")
@@ -153,7 +168,7 @@ class Emitter:
 
     def const(self, array: Any, dtype: torch.dtype, hint: str) -> str:
         """An initializer holding ``array`` as ``dtype``; equal constants are one initializer."""
-        data = np.asarray(torch.as_tensor(np.asarray(array)).to(dtype).numpy())
+        data = as_numpy(torch.as_tensor(np.asarray(array)).to(dtype))
         key = (dtype, data.shape, data.tobytes())
         if key not in self._consts:
             name = self.fresh(hint)
@@ -198,9 +213,6 @@ def _check(graph: Graph, opset: int) -> str | None:
         metas = tensor_metas(node.meta)
         if any(m.is_dynamic for m in metas):
             return f"%{node.name} has a symbolic size ({node.meta})"
-        low = [m for m in metas if m.dtype in _LOW]
-        if low:
-            return f"%{node.name} computes in {dtype_name(low[0].dtype)} (low precision goes through torch.onnx)"
         if node.op not in (INPUT, PARAM, OUTPUT) and not emittable(node.op):
             missing.setdefault(str(node.op), None)
     if missing:

@@ -53,6 +53,7 @@ from ORT's kernel registry and cached in the target), and the runtime's
 """
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -64,6 +65,7 @@ from mlcomp.pipeline.target_facts import LowPrecision
 from mlcomp.targets.capabilities import REAL_DTYPES, Capabilities, DeviceKind
 from mlcomp.runtime.codegen import to_fx
 from mlcomp.ir.quant import is_qdq
+from mlcomp.targets.int8 import Int8Record
 from mlcomp.targets.onnx.emit import emit_model, emittable
 from mlcomp.targets.onnx.export import DEFAULT_OPSET, MLCOMP, ExportRecord, export_model
 from mlcomp.targets.onnx.torchlib import translatable
@@ -120,12 +122,17 @@ def checked(proto: Any, name: str) -> bytes:
     return model
 
 
-def make_session(model: bytes | str, *, threads: int | None = None, device: str = "cpu"):
-    """An ``InferenceSession`` with ``ORT_ENABLE_ALL`` (CUDA EP first for ``device="cuda"``)."""
+def make_session(model: bytes | str, *, threads: int | None = None, device: str = "cpu",
+                 optimized: Path | None = None):
+    """An ``InferenceSession`` with ``ORT_ENABLE_ALL`` (CUDA EP first for ``device="cuda"``); ``optimized``:
+    where the session writes the model it runs after its graph optimisations."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if optimized is not None:
+        so.optimized_model_filepath = str(optimized)
+        so.log_severity_level = 3           # its warning that the file is specific to this CPU: we only read it
     if threads:
         so.intra_op_num_threads = threads
     providers = ["CPUExecutionProvider"]
@@ -145,8 +152,9 @@ class OrtRuntime:
 
     def __init__(self, model: bytes, *, threads: int | None = None, device: str = "cpu",
                  precision: dict[str, Any] | None = None, rewritten: dict[str, Any] | None = None,
-                 stats: dict[str, Any] | None = None) -> None:
+                 stats: dict[str, Any] | None = None, int8: dict[str, Any] | None = None) -> None:
         self.model = model
+        self.int8 = Int8Record.from_json(int8) if int8 else None   # what ran in int8 (a quantized graph)
         self.stats = dict(stats or {})  # onnx_export: "mlcomp" | "direct" | "torch.onnx"; why
         self.precision = precision      # nodes kept fp32 for lack of a low-precision kernel
         self.rewritten = rewritten      # what onnx_patterns.ort_friendly rewrote before export
@@ -172,25 +180,33 @@ class OrtRuntime:
         feed = {n: _as_numpy(t) for n, t in zip(self.input_names, inputs)}
         return tuple(map(torch.from_numpy, self._run(self.output_names, feed, None)))
 
+    def with_state(self, state: dict[int, int], outputs: list[tuple[tuple[int, ...], Any]]) -> Any:
+        """A call that writes each state output into the input it updates (``output index -> input index``;
+        :class:`~mlcomp.targets.onnx.binding.StateBinding`), or None where this session cannot."""
+        from mlcomp.targets.onnx.binding import StateBinding
+
+        ok = StateBinding.supports(self, [dtype for _, dtype in outputs])
+        return StateBinding(self, state, outputs) if ok else None
+
     def save(self, directory: Path) -> dict[str, Any]:
         (directory / PAYLOAD).write_bytes(self.model)
         return {"file": PAYLOAD, "threads": self.threads, "device": self.device,
                 "onnx_inputs": self.input_names, "onnx_outputs": self.output_names, "precision": self.precision,
-                "rewritten": self.rewritten, "stats": self.stats}
+                "rewritten": self.rewritten, "stats": self.stats, "int8": self.int8.to_json() if self.int8 else None}
 
     def explain_lines(self) -> list[str]:
         """Which exporter made the model and why (``--explain``)."""
         path = self.stats.get("onnx_export")
-        if path is None:
-            return []
-        return [ExportRecord(path, self.stats.get("onnx_export_reason"),
-                             self.stats.get("onnx_emitter_declined")).line()]
+        lines = [] if path is None else [ExportRecord(path, self.stats.get("onnx_export_reason"),
+                                                      self.stats.get("onnx_emitter_declined")).line()]
+        return lines + ([self.int8.line()] if self.int8 else [])
 
     @classmethod
     def load(cls, directory: Path, info: dict[str, Any]) -> "OrtRuntime":
         model = (directory / info.get("file", PAYLOAD)).read_bytes()
         return cls(model, threads=info.get("threads"), device=info.get("device", "cpu"),
-                   precision=info.get("precision"), rewritten=info.get("rewritten"), stats=info.get("stats"))
+                   precision=info.get("precision"), rewritten=info.get("rewritten"), stats=info.get("stats"),
+                   int8=info.get("int8"))
 
 
 def _as_numpy(t: torch.Tensor) -> Any:
@@ -256,8 +272,24 @@ class OnnxRuntimeTarget(Target):
         precision = None
         if _has_low_precision(graph):
             model, precision = self.lower_precision(model, self.device(options))
-        return OrtRuntime(model, threads=options.threads, device=self.device(options), precision=precision,
-                          rewritten=rewritten.to_json(), stats=record.to_stats())
+        device = self.device(options)
+        int8 = executed_int8(model, threads=options.threads, device=device).to_json() \
+            if any(is_qdq(n.op) for n in graph.call_nodes()) else None
+        return OrtRuntime(model, threads=options.threads, device=device, precision=precision,
+                          rewritten=rewritten.to_json(), stats=record.to_stats(), int8=int8)
+
+
+def executed_int8(model: bytes, *, threads: int | None = None, device: str = "cpu") -> Int8Record:
+    """Which compute ops ORT runs in int8: the op types of the model a session writes after optimising."""
+    import tempfile
+
+    import onnx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "optimized.onnx"
+        make_session(model, threads=threads, device=device, optimized=path)
+        proto = onnx.load(str(path), load_external_data=False)
+    return Int8Record.from_op_types(Counter(n.op_type for n in proto.graph.node))
 
 
 def graph_to_onnx(graph: Graph, inputs: tuple[torch.Tensor, ...], *, opset: int | None = None,

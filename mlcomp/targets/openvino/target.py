@@ -49,6 +49,7 @@ from mlcomp.runtime.artifact import RuntimeKind
 from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
 from mlcomp.targets.capabilities import Capabilities, DeviceKind
 from mlcomp.runtime.codegen import to_fx
+from mlcomp.targets.openvino.int8 import int8_layers, qdq_for_frontend
 from mlcomp.targets.openvino.lower import (decomposition, frontend_name, lower_for_frontend,
                                            shared_weights_as_linear, translated)
 
@@ -59,6 +60,7 @@ from mlcomp.ir import Graph, Node, TensorMeta, tensor_metas
 from mlcomp.ir.builder import remove_dead
 from mlcomp.ir.dtypes import dtype_name, parse_dtype
 from mlcomp.ir.ops import Namespace, Op
+from mlcomp.ir.quant import is_qdq
 from mlcomp.pipeline.presets import Rewrite
 from mlcomp.pipeline.target_facts import LowMode, LowPrecision
 
@@ -131,6 +133,8 @@ class OpenVinoRuntime:
         effective = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         self.precision = {"requested": dtype_name(requested), "hint": _OV_NAME[hint],
                           "effective": effective, "reason": why}
+        quantized = any(op.get_type_name() == "FakeQuantize" for op in model.get_ops())
+        self.int8 = int8_layers(self.compiled) if quantized else None
         self.request = self.compiled.create_infer_request()
         self._n_out = len(self.compiled.outputs)
 
@@ -141,13 +145,26 @@ class OpenVinoRuntime:
         # the request reuses its output buffers on the next call: hand out copies
         return tuple(torch.from_numpy(self.request.get_output_tensor(i).data.copy()) for i in range(self._n_out))
 
+    def with_state(self, state: dict[int, int], outputs: list[tuple[tuple[int, ...], Any]]) -> Any:
+        """A call that copies each state output into the input it updates (``output index -> input index``;
+        :class:`~mlcomp.targets.openvino.state.StateCopy`): no allocation per call."""
+        from mlcomp.targets.openvino.state import StateCopy
+
+        return StateCopy(self, state, outputs)
+
     def save(self, directory: Path) -> dict[str, Any]:
         import openvino as ov
 
         # compress_to_fp16 defaults to True: weights would silently become fp16 on disk
         ov.save_model(self.model, str(directory / XML), compress_to_fp16=False)
         return {"xml": XML, "bin": BIN, "threads": self.threads, "requested": dtype_name(self.requested),
-                "precision": self.precision}
+                "precision": self.precision, "int8": self.int8.to_json() if self.int8 else None}
+
+    def explain_lines(self) -> list[str]:
+        """The precision the plugin was told, and which layers ran in int8 (``--explain``)."""
+        lines = [f"precision hint {self.precision['hint']} (effective {self.precision['effective']}): "
+                 f"{self.precision['reason']}"]
+        return lines + ([self.int8.line()] if self.int8 else [])
 
     @classmethod
     def load(cls, directory: Path, info: dict[str, Any]) -> "OpenVinoRuntime":
@@ -249,14 +266,14 @@ def convert(graph: Graph, inputs: tuple[torch.Tensor, ...]) -> Any:
     from torch.fx.passes.shape_prop import ShapeProp
 
     graph = shared_weights_as_linear(without_legacy_empties(graph))
-    module = to_fx(graph).eval()
+    module = qdq_for_frontend(to_fx(graph).eval())     # int8 pairs → the ops OpenVINO makes FakeQuantize of
     with torch.no_grad(), quiet_converter():
         table = translated()
         # ops OpenVINO lacks → torch's decomposition, node by node; composite impls → the ATen ops they run
         lowered = {n.op.resolve(): decomposition(n.op) for n in graph.call_nodes()
                    if n.op.namespace in (Namespace.ATEN, Namespace.PRIMS) and frontend_name(n.op) not in table}
         module = lower_for_frontend(module, inputs, lowered,
-                                    whole=any(n.op.is_composite for n in graph.call_nodes()))
+                                    whole=any(n.op.is_composite and not is_qdq(n.op) for n in graph.call_nodes()))
         ShapeProp(module).propagate(*inputs)        # the decoder reads shapes and dtypes from node meta
         try:
             return ov.convert_model(TorchFXPythonDecoder(module))

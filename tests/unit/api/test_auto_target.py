@@ -171,7 +171,8 @@ def test_real_auto_on_the_zoo_mlp_with_cpu_and_onnxruntime(mlp):
     rows = {c["target"]: c for c in art.manifest["auto"]["candidates"]}
     assert set(rows) == {"cpu", "onnxruntime"} and all(r["verified"] for r in rows.values())
     assert art.target == min(rows, key=lambda t: rows[t]["median_ms"]) and rows[art.target]["picked"]
-    assert art.manifest["auto"]["timing"]["timed_in"] == auto.IN_PROCESSES      # each in a fresh process
+    assert art.manifest["auto"]["timing"]["timed_in"] == f"{auto.AUTO_PROCS} fresh processes per candidate"
+    assert all(len(r["process_medians_ms"]) == auto.AUTO_PROCS for r in rows.values())  # each timed in both
     assert result.check.passed
     x = source.inputs()
     torch.testing.assert_close(art(*x), source.eager(*x), rtol=1e-4, atol=1e-5)
@@ -260,3 +261,13 @@ def test_a_contender_decided_slower_leaves_the_tie_break():
     assert ranking.p_values["close"] < auto_mod.ALPHA and ranking.ratios["close"] == pytest.approx(1.03, abs=0.02)
     assert ranking.ratios["far"] == pytest.approx(2.0, abs=0.05) and ranking.p_values["far"] < auto_mod.ALPHA
     assert ranking.medians["fast"] == pytest.approx(0.020, rel=0.03)
+
+
+def test_candidates_may_be_target_specs_and_one_target_with_two_specs_is_two_candidates():
+    from mlcomp.api.auto.search import auto_candidates
+    from mlcomp.cli.compile import _candidates
+
+    assert _candidates("cpu, tvm{kernels=off}, ort", "auto") == ["cpu", "tvm{kernels=off}", "onnxruntime"]
+    picked = auto_candidates(["tvm", "tvm{kernels=off}", "tvm"])
+    assert [t.spec for t in picked] == ["tvm", "tvm{kernels=off}"]
+    assert [t.settings.kernels for t in picked] == ["auto", "off"]

@@ -49,3 +49,29 @@ def test_gradients_laid_out_otherwise_than_traced_are_reshaped():
     art = mlcomp.compile(model, (x,), mode="train", target="cpu", loss="mse", optimizer="sgd")
     assert aten("view") not in _ops(art) and _ops(art)[aten("reshape")] > 0
     assert art.verification["passed"] and art.verification["worst_rel"] == 0.0
+
+
+class _Upsample(nn.Module):
+    """A conv and a bilinear resize (MobileViT's and SegFormer's decoders resize this way)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.interpolate(self.conv(x), size=(9, 7), mode="bilinear", align_corners=False)
+
+
+def test_bilinear_upsample_backward_is_eagers_kernel_and_the_override_comes_back():
+    from torch._C import DispatchKey
+
+    op = torch.ops.aten.upsample_bilinear2d.default
+    before = dict(op.py_kernels)
+    assert DispatchKey.Autograd in before             # torch._decomp's tracing-only decomposition
+    torch.manual_seed(0)
+    x, y = torch.randn(2, 3, 5, 6), torch.randn(2, 4, 9, 7)
+    art = mlcomp.compile(_Upsample(), (x,), mode="train", target="cpu", loss="mse", optimizer="sgd", y=y)
+    ops = _ops(art)
+    assert ops[aten("upsample_bilinear2d_backward")] == 1 and ops[aten("index_put")] == 0
+    assert art.verification["worst_rel"] == 0.0 and art.verification["loss_rel"] == 0.0
+    assert op.py_kernels == before                      # lifted only while the joint graph was traced

@@ -43,3 +43,29 @@ def test_settings_that_are_off_do_not_refuse():
     model = _Encoder(layerdrop=0.0)
     graph = capture_joint(model, (torch.randn(2, 4),), torch.randn(2, 4), loss=LossKind.MSE)
     assert sum(1 for n in graph.output_node.attrs["names"] if n.startswith("grad:")) == 4
+
+
+def test_randomness_off_trains_the_step_without_it_and_restores_the_settings():
+    import mlcomp
+
+    torch.manual_seed(0)
+    model = _Encoder(layerdrop=0.1, mask_time_prob=0.05, apply_spec_augment=True)
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    art = mlcomp.compile(model, (x,), mode="train", target="cpu", loss="mse", optimizer="sgd", y=y,
+                         randomness="off")
+    assert art.verification["passed"] and art.verification["worst_rel"] == 0.0
+    assert art.verification["randomness_off"] == [
+        "config.layerdrop=0.1 skips whole layers at random, decided in Python (LayerDrop)",
+        "config.mask_time_prob=0.05 masks random time steps drawn with NumPy (SpecAugment)"]
+    assert model.config.layerdrop == 0.1 and model.config.mask_time_prob == 0.05     # the user's model as it was
+    assert sum(1 for n in art.graph.output_node.attrs["names"] if n.startswith("grad:")) == 4   # both layers run
+    with pytest.raises(TrainingError):                                             # the default still refuses
+        mlcomp.compile(model, (x,), mode="train", target="cpu", loss="mse", optimizer="sgd", y=y)
+
+
+def test_an_unknown_randomness_choice_is_refused():
+    import mlcomp
+    from mlcomp.base.errors import OptionError
+
+    with pytest.raises(OptionError, match="randomness='sometimes' is not one of refuse, off"):
+        mlcomp.compile(_Encoder(), (torch.randn(2, 4),), mode="train", loss="mse", randomness="sometimes")

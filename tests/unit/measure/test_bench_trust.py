@@ -118,3 +118,50 @@ def test_real_targets_are_timed_in_worker_processes() -> None:
     assert "2 variants timed in 2 worker processes, 8 rounds" in res.notes[0]
     cpu = res.rows[1]
     assert cpu.status == "ok" and cpu.interval is not None and cpu.interval.lo <= cpu.speedup <= cpu.interval.hi
+
+
+def test_an_asked_for_crosscheck_keeps_its_column_where_it_gave_no_figure() -> None:
+    cfg = BenchConfig(targets=("traced",), batches=(1,), policy=FAST, memory=False, threads=2, crosscheck=True)
+    res = run_bench("mlp", cfg, compiler=_traced, availability=lambda: {"traced": None}, watch=busy_watch(0))
+    table = res.table()
+    assert "whole-process" in table.columns and all(row[table.columns.index("whole-process")] == "—"
+                                                    for row in table.rows)
+    assert "whole-process cross-check: needs a model spec and saved artifacts on cpu" in res.notes[0]
+    plain = run_bench("mlp", BenchConfig(targets=("traced",), batches=(1,), policy=FAST, memory=False, threads=2),
+                      compiler=_traced, availability=lambda: {"traced": None}, watch=busy_watch(0))
+    assert "whole-process" not in plain.table().columns
+
+
+def test_two_processes_per_variant_are_reported_with_their_gap() -> None:
+    from mlcomp.measure.bench_results import BenchRow
+    from mlcomp.measure.bench_timing import process_medians
+    from mlcomp.measure.samplers import ProcessGroup
+
+    order = []
+    first, second = iter([1.0, 1.2, 0.8]), iter([2.0, 2.2, 50.0])   # the third round busy for process 1
+    group = ProcessGroup([lambda: order.append(0) or next(first), lambda: order.append(1) or next(second)])
+    assert [group() for _ in range(3)] == pytest.approx([1.5, 1.7, 25.4])
+    assert order == [0, 1, 1, 0, 0, 1] and group.per_process == [[1.0, 1.2, 0.8], [2.0, 2.2, 50.0]]
+    assert process_medians({"cpu": group}, kept=[0, 1]) == {"cpu": (1.1, 2.1)}
+    res = _bench(busy_watch(0))
+    row = BenchRow("mlp", "cpu", 1, process_medians=(1.0e-3, 1.5e-3))
+    assert row.process_gap() == pytest.approx(0.5) and BenchRow("mlp", "cpu", 1).process_gap() is None
+    from dataclasses import replace
+
+    table = replace(res, rows=(*res.rows, replace(res.rows[1], target="cpu", process_medians=(1.0e-3, 1.5e-3)))
+                    ).table()
+    col = table.columns.index("per process (gap)")
+    assert table.rows[-1][col] == "1 ms / 1.5 ms (50%)" and table.rows[0][col] == "—"
+    assert "per process (gap)" not in res.table().columns
+    with pytest.raises(Exception, match="--procs 5 is not between 1 and 4"):
+        BenchConfig(procs=5)
+
+
+@pytest.mark.slow
+def test_bench_procs_2_times_each_runtime_in_two_worker_processes() -> None:
+    cfg = BenchConfig(targets=("cpu",), batches=(2,), memory=False, threads=1, procs=2,
+                      policy=TimingPolicy(warmup=1, budget_s=0.05, min_repeats=8, max_repeats=8))
+    res = run_bench("mlp", cfg)
+    assert "2 variants timed in 4 worker processes (2 per variant), 8 rounds" in res.notes[0]
+    assert all(len(r.process_medians) == 2 and r.process_gap() is not None for r in res.rows)
+    assert json.loads(json.dumps(res.to_json()))["rows"][1]["process_medians_s"] == list(res.rows[1].process_medians)

@@ -101,3 +101,14 @@ def test_update_replaces_only_the_cells_rerun(tmp_path):
     bad.write_text('{"rows": []}')
     with pytest.raises(OptionError, match="not a support matrix mlcomp wrote"):
         _earlier(bad)
+
+
+def test_verified_cells_with_a_note_are_listed_with_it():
+    m = _matrix()
+    m.rows["mlp"]["O2:cpu"] = CellResult(Status.VERIFIED, "max |diff| 0.003; against the reference taking the "
+                                                          "artifact's order at 1 near-tie selection row(s)")
+    doc = render_markdown(matrix_json(m, HOST))
+    notes = doc.split("## Cells verified with a note")[1].split("##")[0]
+    assert "- **mlp** `O2:cpu`: against the reference taking the artifact's order at 1 near-tie" in notes
+    assert "capture" not in notes                                  # "8 nodes": verified without a note
+    assert "## Cells verified with a note\n\n- none" in render_markdown(matrix_json(_matrix(), HOST))

@@ -345,19 +345,12 @@ def test_zero_biases_are_left_off_as_torchlib_does():
     torch.testing.assert_close(_run(model, inputs)[0], Interpreter(graph).run(*inputs)[0], rtol=1e-5, atol=1e-6)
 
 
-def _low(graph: Graph) -> Graph:
-    b = GraphBuilder("low")
-    x = b.input("x", (2, 3), torch.float16)
-    return b.output(b.call(A("relu"), x))
-
-
 DECLINED = {
     "op": (lambda: _build(([((2, 3), F)], lambda b, x: b.call(A("cumsum"), x, 1)))[0],
            "no emitter rule for aten.cumsum.default"),
     "ceil_mode": (lambda: _build(([((1, 1, 5, 5), F)], lambda b, x: b.call(A("avg_pool2d"), x, [2, 2], [2, 2], [0, 0],
                                                                            True)))[0],
                   "%avg_pool2d (aten.avg_pool2d.default): ceil_mode=True"),
-    "fp16": (lambda: _low(None), "%x computes in f16 (low precision goes through torch.onnx)"),
     "training": (lambda: GraphBuilder("t", mode=Mode.TRAINING).output(), "the graph is a training graph"),
     "opset": (lambda: _conv_net()[0], "opset 17 is below 18"),
 }
@@ -368,6 +361,21 @@ def test_what_the_emitter_declines_and_why(case):
     make, reason = DECLINED[case]
     emitted = emit_model(make(), opset=17 if case == "opset" else 20)
     assert emitted.model is None and emitted.declined.startswith(reason)
+
+
+def test_low_precision_values_and_constants_are_emitted_in_their_dtype():
+    """bf16 weights become BFLOAT16 initializers with the same bits; the values keep bf16 (and f16)."""
+    import onnx
+
+    for dtype, elem in ((torch.bfloat16, onnx.TensorProto.BFLOAT16), (torch.float16, onnx.TensorProto.FLOAT16)):
+        b = GraphBuilder("low")
+        x = b.input("x", (2, 3), dtype)
+        w = torch.tensor([1.0078125, -2.5, 3.0], dtype=dtype)
+        graph = b.output(b.call(A("mul.Tensor"), b.call(A("relu"), x), b.param("w", w)))
+        model = emit_model(graph).model
+        init = {t.name: t for t in model.graph.initializer}["w"]
+        assert init.data_type == elem and model.graph.output[0].type.tensor_type.elem_type == elem
+        assert torch.equal(torch.frombuffer(bytearray(init.raw_data), dtype=dtype), w)
 
 
 def test_a_declined_graph_takes_the_torchlib_path_and_says_why():

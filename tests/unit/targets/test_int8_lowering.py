@@ -1,0 +1,152 @@
+"""int8 lowering per target: what the runtime's executed graph runs in int8, numbers against fp32, refusals."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import mlcomp
+from mlcomp.base.errors import PipelineSpecError
+from mlcomp.frontend.loading import load_model
+from mlcomp.ir.interpreter import Interpreter
+from mlcomp.pipeline import run_pipeline
+from mlcomp.runtime.artifact import Artifact
+from mlcomp.targets.int8 import Int8Record
+
+
+def small():
+    """conv → relu → flatten → linear, captured, with its example input."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5)).eval()
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    return model, x, load_model(model, example_inputs=(x,)).capture()
+
+
+def _rel(got, ref):
+    got = got[0] if isinstance(got, tuple) else got
+    return float((got - ref).abs().max() / ref.abs().max())
+
+
+@pytest.mark.openvino
+def test_qdq_for_frontend_rewrites_pairs_and_keeps_the_numbers():
+    from mlcomp.runtime.codegen import to_fx
+    from mlcomp.targets.openvino.int8 import qdq_for_frontend
+    _, x, g = small()
+    out, _ = run_pipeline(g, "quantize", example_inputs=(x,))
+    module = qdq_for_frontend(to_fx(out).eval())
+    targets = [str(n.target) for n in module.graph.nodes if n.op == "call_function"]
+    assert targets.count("quantized_decomposed.quantize_per_tensor.default") == 4     # input, relu, view, addmm
+    assert targets.count("quantized_decomposed.quantize_per_channel.default") == 2    # the two weights
+    assert targets.count("quantized_decomposed.dequantize_per_channel.default") == 2
+    assert not any("quant.quantize_linear" in t or "dequantize_linear" in t for t in targets)
+    assert module.p_0_bias_dq_f32.dtype == torch.float32                   # the int32 bias folded to float
+    assert torch.equal(module(x)[0], Interpreter(out).run(x)[0])           # same arithmetic, op for op
+
+
+@pytest.mark.openvino
+def test_openvino_runs_convolution_and_fully_connected_in_int8(tmp_path):
+    model, x, _ = small()
+    art = mlcomp.compile(model, (x,), target="openvino", pipeline="quantize")
+    rt = art.runtime.compiled.get_runtime_model()
+    ran = {(op.get_rt_info()["layerType"].astype(str), op.get_rt_info()["runtimePrecision"].astype(str))
+           for op in rt.get_ops()}
+    assert ("Convolution", "u8") in ran and ("FullyConnected", "u8") in ran, ran
+    assert art.runtime.int8.int8 == {"Convolution": 1, "FullyConnected": 1} and art.runtime.int8.floating == {}
+    ver = art.manifest["verification"]
+    assert ver["passed"] and ver["max_rel"] <= art.manifest["declared_tolerance"]
+    with torch.no_grad():
+        assert _rel(art(x), model(x)) <= art.manifest["declared_tolerance"]
+    art.save(tmp_path / "ov", force=True)
+    again = Artifact.load(tmp_path / "ov")
+    assert again.manifest["runtime_info"]["int8"]["fraction"] == 1.0
+    assert torch.equal(again(x), art(x))
+    assert any(line.startswith("int8: 2 of 2 compute ops") for line in art.runtime.explain_lines())
+
+
+@pytest.mark.ort
+def test_onnxruntime_records_its_int8_kernels():
+    model, x, _ = small()
+    art = mlcomp.compile(model, (x,), target="onnxruntime", pipeline="quantize")
+    assert art.runtime.int8.int8 == {"QGemm": 1, "QLinearConv": 1}, art.runtime.int8
+    assert art.runtime.int8.floating == {} and art.runtime.int8.to_json()["fraction"] == 1.0
+    fp32 = mlcomp.compile(model, (x,), target="onnxruntime")
+    assert fp32.runtime.int8 is None and "int8" not in " ".join(fp32.runtime.explain_lines())
+
+
+def test_int8_record_counts_float_compute_left_over():
+    rec = Int8Record.from_op_types({"com.microsoft.QLinearConv": 3, "Conv": 1, "Relu": 4, "MaxPool": 1})
+    assert rec.int8 == {"QLinearConv": 3} and rec.floating == {"Conv": 1}
+    assert rec.fraction() == 0.75 and "float: Conv 1" in rec.line()
+    assert Int8Record.from_json(rec.to_json()) == rec
+    assert Int8Record.from_op_types({"Relu": 1}).fraction() is None
+
+
+@pytest.mark.parametrize("target", ["cpu", "tvm"])
+def test_cpu_and_tvm_refuse_naming_the_int8_targets(target):
+    model, x, _ = small()
+    with pytest.raises(PipelineSpecError) as err:
+        mlcomp.compile(model, (x,), target=target, pipeline="quantize")
+    text = str(err.value)
+    assert f"target {target} would run them as float arithmetic" in text
+    assert "--target onnxruntime or --target openvino" in text and "int8-lowering" in text
+
+
+@pytest.mark.openvino
+def test_a_pair_whose_scale_is_not_a_constant_is_refused_by_node():
+    from torch import fx
+    from mlcomp.ir.quant import quantize_linear
+    from mlcomp.targets.base import TargetCompileError
+    from mlcomp.targets.openvino.int8 import qdq_for_frontend
+    root = nn.Module()
+    root.register_buffer("zero", torch.tensor(0, dtype=torch.uint8))
+    g = fx.Graph()
+    x, s = g.placeholder("x"), g.placeholder("s")
+    g.output(g.call_function(quantize_linear, (x, s, g.get_attr("zero"), 1), name="x_q"))
+    with pytest.raises(TargetCompileError, match="x_q: the scale and zero point") as err:
+        qdq_for_frontend(fx.GraphModule(root, g))
+    assert "node x_q" in str(err.value.where)
+
+
+@pytest.mark.slow
+@pytest.mark.openvino
+def test_zoo_resnet18_runs_every_convolution_in_int8_on_openvino(zoo):
+    model = zoo["resnet18"].build().eval()
+    xs = [torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in range(3)]
+    art = mlcomp.compile(model, (xs[0],), target="openvino", pipeline="fold-batchnorm,fold-constants,cleanup,quantize")
+    assert art.runtime.int8.int8 == {"Convolution": 20, "FullyConnected": 1} and art.runtime.int8.floating == {}
+    with torch.no_grad():
+        ref, got = model(xs[2]), art(xs[2])          # a held-back input, not the calibration one
+    assert got.argmax(-1).tolist() == ref.argmax(-1).tolist()
+    assert _rel(got, ref) <= art.manifest["declared_tolerance"]
+
+
+@pytest.mark.slow
+@pytest.mark.openvino
+def test_third_party_vit_on_openvino_within_its_declared_tolerance():
+    pytest.importorskip("transformers")
+    from mlcomp.models.third_party import build_third_party
+    model, inputs = build_third_party("vit", batch=2)
+    art = mlcomp.compile(model, inputs, target="openvino", pipeline="fold-constants,quantize")
+    ver = art.manifest["verification"]
+    assert ver["passed"] and 0 < ver["max_rel"] <= art.manifest["declared_tolerance"]
+    rec = art.runtime.int8
+    assert rec.int8.get("FullyConnected", 0) >= 8 and rec.int8.get("Convolution") == 1   # patch embedding
+
+
+def test_the_cpu_refusal_says_why_torchs_kernels_are_not_used():
+    from mlcomp.passes.quantize.quantize import Quantize
+    with pytest.raises(PipelineSpecError, match="quantized tensor types torch deprecates") as err:
+        Quantize().check_target("cpu")
+    assert "docs/decisions/0019-int8-lowering.md" in str(err.value)
+
+
+@pytest.mark.openvino
+def test_cli_compile_says_what_ran_in_int8(tmp_path):
+    import json
+    from click.testing import CliRunner
+    from mlcomp.cli.main import main
+    out = CliRunner().invoke(main, ["compile", "lenet", "-t", "openvino", "-p", "fold-constants,cleanup,quantize",
+                                    "--no-cache", "-o", str(tmp_path / "art"), "--json"])
+    assert out.exit_code == 0, out.output
+    facts = json.loads(out.stdout)
+    assert facts["int8"]["int8"] == {"Convolution": 2, "FullyConnected": 3} and facts["int8"]["fraction"] == 1.0
