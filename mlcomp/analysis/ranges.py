@@ -40,7 +40,7 @@ import torch
 
 from mlcomp.ir import Graph, Node, TensorMeta, map_refs
 from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, Category, category
-from mlcomp.ir.quant import DEQUANTIZE, QUANTIZE
+from mlcomp.ir.quant import DEQUANTIZE, DYNAMIC_QUANTIZE, QUANTIZE
 
 __all__ = ["ValueRange", "calibrate", "Tolerance", "declared_tolerance", "declared_at", "UNIT_ROUNDOFF", "SAFETY",
            "ErrorGrowth", "error_growth", "LOW_DTYPES"]
@@ -150,6 +150,8 @@ def _rounds(node: Node) -> torch.dtype | None:
         return None
     if node.op == QUANTIZE:         # rounding to an int8 grid; its dequantize is exact
         return node.tensor_meta.dtype
+    if node.op == DYNAMIC_QUANTIZE:    # rounding to a uint8 grid measured on the call
+        return torch.uint8
     if node.op == DEQUANTIZE:
         return None
     for meta in node.meta if isinstance(node.meta, tuple) else (node.meta,):

@@ -25,6 +25,7 @@ consults an optional :class:`~mlcomp.api.cache.CompileCache` first (opt-in here:
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 import warnings
@@ -94,10 +95,19 @@ def _key(graph: Any, target: Any, candidates: Any, pipeline: Any, options: Compi
                                                                          policy.min_repeats]}), None
         chosen = resolve_target(target, pipeline)
         pipe, _ = adapted_pipeline(pipeline, chosen)
+        files = [f for p in (pipe.build() if pipe is not None else ()) for f in p.files_read()]
         return cache_key(graph, pipeline=pipe.spec if pipe is not None else "", target=chosen.spec,
-                         options=options, device=chosen.device(options)), None
+                         options=options, device=chosen.device(options),
+                         extra={"files": {f: file_digest(f) for f in files}} if files else None), None
     except UncacheableGraph as exc:
         return None, f"the graph cannot be hashed ({exc})"
+    except OSError as exc:
+        return None, f"a file the pipeline reads cannot be hashed ({exc.strerror or exc})"
+
+
+def file_digest(path: str) -> str:
+    """The sha256 of a file a pass reads (what makes a changed calibration dataset a cache miss)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _reuse(source: Any, art: Any, *, verify: bool, tolerance: float | None, capture_seconds: float) -> CompileResult:
@@ -129,24 +139,30 @@ def compile_model(source: Any, graph: Any, *, target: str | Target | None = None
                   candidates: Sequence[str | Target] | None = None, pipeline: Any = None, verify: bool = True,
                   cache: CompileCache | None = None, capture_seconds: float = 0.0,
                   instruments: Any = None, auto_timing: TimingPolicy = DEFAULT_AUTO_TIMING,
-                  note: Note | None = None, **options: Any) -> CompileResult:
+                  note: Note | None = None, calibration_data: Any = None, **options: Any) -> CompileResult:
     """Cache lookup, then the auto target or one target, verification, and storing a verified miss.
 
     Nothing raises on a verification failure: ``result.check`` says (the CLI prints it first).
     ``result.cache`` is the :class:`CacheOutcome` when ``cache`` is given.  ``instruments``:
     a list, or for ``target="auto"`` a callable giving one list per candidate name.
+    ``calibration_data``: batches for the passes that calibrate (quantize, mixed-precision); a compile
+    given them bypasses the cache (the batches are not part of its key).
     """
     say = note or (lambda text: None)
     auto = is_auto(target)
     if candidates is not None and not auto:
         raise OptionError(f"candidate targets were given for target {target!r}",
                           hint="candidates apply to target='auto' (--target auto) only")
+    if calibration_data is not None and auto:
+        raise OptionError("calibration_data was given for target='auto'", hint="name the target (for quantize: "
+                          "target='onnxruntime'); calibration data goes to one target's pipeline")
     opts = CompileOptions.make(**options)
     if opts.deterministic:
         seed_everything(DETERMINISTIC_SEED)
     key, outcome, removed = None, None, []
     if cache is not None:
-        key, why = _key(graph, target, candidates, pipeline, opts, auto_timing)
+        key, why = _key(graph, target, candidates, pipeline, opts, auto_timing) if calibration_data is None else \
+            (None, "calibration data was given (it is not part of the cache key)")
         if key is None:
             outcome = CacheOutcome(CacheStatus.BYPASSED, reason=why)
         else:
@@ -172,7 +188,7 @@ def compile_model(source: Any, graph: Any, *, target: str | Target | None = None
     else:
         result = compile_source(source, graph, target=target, pipeline=pipeline, verify=verify,
                                 capture_seconds=capture_seconds, instruments=instruments,
-                                raise_on_failure=False, **options)
+                                raise_on_failure=False, calibration_data=calibration_data, **options)
     if key is not None and cache is not None:
         if not verify:
             outcome = CacheOutcome(CacheStatus.NOT_STORED, key, "it was not verified (--no-verify)")
@@ -196,7 +212,8 @@ def compile(model_or_path: Any, example_inputs: Sequence[torch.Tensor] | torch.T
 
     ``target`` None: the pipeline file's ``target = "..."`` if it names one, else ``cpu``;
     ``"auto"``: the fastest of ``candidates`` (default: every target available here) that
-    verifies (:mod:`mlcomp.api.auto.search`).  ``cache``: None (default, no cache), True (the user's
+    verifies (:mod:`mlcomp.api.auto.search`).  ``calibration_data=``: an iterable of example
+    batches for the passes that calibrate (``quantize``'s ranges).  ``cache``: None (default, no cache), True (the user's
     cache folder), a folder, or a :class:`~mlcomp.api.cache.CompileCache`; the outcome is in
     ``art.manifest["cache"]``.
 

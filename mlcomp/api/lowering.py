@@ -124,7 +124,7 @@ def verify_near_ties(artifact: Any, captured: Any, lowered: Any, inputs: Sequenc
 def compile_source(source: Any, graph: Any, *, target: str | Target | None = None, pipeline: Any = None,
                    verify: bool = True, capture_seconds: float = 0.0,
                    instruments: Sequence[Any] | None = None, raise_on_failure: bool = True,
-                   **options: Any) -> CompileResult:
+                   calibration_data: Any = None, **options: Any) -> CompileResult:
     """Pipeline + lowering + verification for an already captured model.
 
     ``target`` None: the pipeline file's ``target``, else ``cpu``.  ``instruments`` go to
@@ -140,7 +140,8 @@ def compile_source(source: Any, graph: Any, *, target: str | Target | None = Non
     if pipe is not None:
         t0 = time.perf_counter()
         graph, report = run_pipeline(graph, pipe, example_inputs=inputs, instruments=instruments,
-                                     target=chosen.facts(opts), deterministic=opts.deterministic)
+                                     target=chosen.facts(opts), deterministic=opts.deterministic,
+                                     calibration_data=calibration_data)
         if adapted is not None and report is not None:
             report.target = report.target or adapted.target
             report.dropped = [str(d) for d in adapted.dropped]

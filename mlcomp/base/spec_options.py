@@ -19,6 +19,8 @@ is parsed (:mod:`mlcomp.base.spec`) and when the dataclass is built in Python
     '>= 1'
     >>> format_value((0.9, 0.999)), format_value(True), format_value("a b")
     ('[0.9,0.999]', 'true', '"a b"')
+    >>> convert_value(int | str, "8"), convert_value(int | str, "batches.pt"), type_text(int | str)
+    (8, 'batches.pt', 'int or string')
 """
 from __future__ import annotations
 
@@ -192,10 +194,19 @@ def _tuple_items(tp: Any) -> tuple[Any, int | None]:
     return args[0], len(args)
 
 
+def _union(tp: Any) -> tuple[Any, ...]:
+    """The members of ``int | str`` (an option that takes either, tried in order); ``()`` for other types."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and _optional_inner(tp) is None:
+        return typing.get_args(tp)
+    return ()
+
+
 def type_text(tp: Any) -> str:
     inner = _optional_inner(tp)
     if inner is not None:
         return f"{type_text(inner)} or none"
+    if _union(tp):
+        return " or ".join(type_text(t) for t in _union(tp))
     if typing.get_origin(tp) is typing.Literal:
         return "one of " + "|".join(str(a) for a in typing.get_args(tp))
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
@@ -251,6 +262,13 @@ def convert_value(tp: Any, value: Any) -> Any:
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             return None
         return convert_value(inner, value)
+    for member in _union(tp):
+        try:
+            return convert_value(member, value)
+        except (TypeError, ValueError):
+            continue
+    if _union(tp):
+        raise ValueError("")
     if typing.get_origin(tp) is typing.Literal or isinstance(tp, type) and issubclass(tp, enum.Enum):
         return _choice(tp, value)
     if typing.get_origin(tp) is tuple:

@@ -19,6 +19,7 @@ constants and sets below and the helpers that read a node's arguments::
 from __future__ import annotations
 
 import math
+from fnmatch import fnmatchcase
 from typing import Any, Iterable, Sequence
 
 from mlcomp.ir import Graph, Node, Ref, TensorMeta
@@ -219,3 +220,25 @@ def last_dims(dims: Any, rank: int) -> int | None:
 
 def is_structural(node: Node) -> bool:
     return node.op in (INPUT, PARAM, OUTPUT)
+
+
+def names_op_or_module(pattern: str, node: Node) -> bool:
+    """``pattern`` names the node's op (``exp``, ``aten.exp``, ``aten.exp.default``) or globs its module path
+    (``encoder.layers.3.*``; a path also matches its submodules)."""
+    op = node.op
+    if pattern in (op.name, op.qualname, f"{op.namespace.value}.{op.name}"):
+        return True
+    path = node.origin.module_path
+    return bool(path) and (fnmatchcase(path, pattern) or fnmatchcase(path, pattern + ".*"))
+
+
+def row_guard(graph: Graph, cond: Any, scores: Any) -> list[str] | None:
+    """The node names of ``logical_not(any(logical_not(eq(scores, -inf)), -1, True))`` (a safe softmax's test
+    for rows that are all ``-inf``) when ``cond`` is that test of ``scores``, else ``None``."""
+    n1 = producer(graph, cond, LOGICAL_NOT)
+    n2 = n1 and producer(graph, n1.inputs[0], ANY_DIM)
+    n3 = n2 and producer(graph, n2.inputs[0], LOGICAL_NOT)
+    n4 = n3 and producer(graph, n3.inputs[0], EQ_SCALAR)
+    if not n4 or n4.inputs[0] != scores or scalar(n4.inputs[1]) != -math.inf:
+        return None
+    return [n1.name, n2.name, n3.name, n4.name]

@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterator, Union
 
-from mlcomp.base.errors import MlcompError, PassFailure
+from mlcomp.base.errors import InputSpecError, MlcompError, PassFailure, VerificationError
 from mlcomp.base.spec_options import format_value as _format_value
 from mlcomp.ir import Graph
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult
@@ -172,9 +172,9 @@ def execute(p: Pass, graph: Graph, ctx: PassContext, at: Position, observer: Obs
     else:
         try:
             result = p.run(graph, ctx)
-        except PassFailure:
-            raise
-        except Exception as exc:  # noqa: BLE001 - every failure is reported the same way
+        except (PassFailure, InputSpecError, VerificationError):
+            raise       # already says whose fault it is: the user's data, or a declared accuracy target missed
+        except Exception as exc:  # noqa: BLE001 - every other failure is reported the same way
             raise observer.failure(p, at, exc) from exc
     observer.leave(p, result, at)
     return result

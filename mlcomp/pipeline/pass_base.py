@@ -168,6 +168,11 @@ class Pass:
     def check_target_facts(self, facts: "TargetFacts") -> None:
         """Like :meth:`check_target`, from what the target declares it builds (its low precisions)."""
 
+    def files_read(self) -> tuple[str, ...]:
+        """Files the pass reads besides the graph (a calibration dataset): their bytes belong in a compile's
+        cache key, since the pipeline's text names them but not their contents."""
+        return ()
+
     @classmethod
     def summary(cls) -> str:
         doc = (cls.__doc__ or "").strip()

@@ -25,7 +25,9 @@ from mlcomp.base.units import fmt_bytes
 from mlcomp.ir import Graph
 from mlcomp.pipeline.composite import Position
 
-__all__ = ["PassDiff", "PassRecord", "PipelineReport", "Snapshot", "snapshot"]
+__all__ = ["PassDiff", "PassRecord", "PipelineReport", "Snapshot", "snapshot", "EXPLAIN"]
+
+EXPLAIN = "explain"     # a stats key whose lines (a list of str) `--explain` prints under the pass's row
 
 
 # ---------------------------------------------------------------------------
@@ -224,6 +226,8 @@ class PipelineReport:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4])
             if rec is not None and rec.diff is not None:
                 lines.extend("       " + "  " * rec.depth + text for text in rec.diff.format())
+            if rec is not None and nested:          # a pass's own explanation (quantize: per-layer accuracy)
+                lines.extend("       " + "  " * rec.depth + text for text in rec.stats.get(EXPLAIN, ()))
         lines.extend(f"  dropped for target {self.target or '?'}: {d}" for d in self.dropped)
         if self.dumps:
             lines.append(f"  dumped {len(self.dumps)} file(s) into {Path(self.dumps[0]).parent}")
@@ -239,7 +243,7 @@ class PipelineReport:
 def _stats_text(r: PassRecord) -> str:
     if r.skipped:
         return f"skipped ({r.skipped})"
-    text = ", ".join(f"{k}={_fmt(v, k)}" for k, v in r.stats.items()) or ("changed" if r.changed else "-")
+    text = ", ".join(f"{k}={_fmt(v, k)}" for k, v in r.stats.items() if k != EXPLAIN) or ("changed" if r.changed else "-")
     if r.max_error is not None:
         text += f"; max rel err {r.max_error:.1e}"
     if r.peak_bytes_before is not None and r.peak_bytes_after is not None:

@@ -23,7 +23,15 @@ attentions (OpenVINO) wants :attr:`Rewrite.RECOMPOSE`: a preset's ``fuse`` becom
 
 Two equal passes left next to each other by a drop run once (both run to a
 fixed point).  Only presets adapt: a pipeline the user wrote out (inline text, TOML) runs as
-written, whatever the target.
+written, whatever the target.  A preset inside a pass list adapts as it would alone, and the
+passes written next to it run as written; when ``quantize`` follows it, the preset's dropped
+fusion leaves its batch-norm folding in place (an int8 convolution needs its batch norm in its
+weights: the runtime would fold it only after quantization, in float)::
+
+    >>> adapt_preset("-O2,quantize", "onnxruntime", frozenset({Rewrite.CLEANUP})).text
+    'cleanup{fold_params=false},fold-batchnorm,cleanup{fold_params=false},quantize'
+    >>> adapt_preset("-O1,prune{amount=0.5}", "onnxruntime", frozenset({Rewrite.CLEANUP})).text
+    'cleanup{fold_params=false},prune{amount=0.5}'
 """
 from __future__ import annotations
 
@@ -37,6 +45,7 @@ __all__ = [
     "Dropped",
     "Rewrite",
     "adapt_preset",
+    "split_items",
     "preset_key",
     "preset_text",
 ]
@@ -121,10 +130,64 @@ def preset_text(name: str) -> str:
 
 
 def adapt_preset(pipeline: object, target: str, wanted: frozenset[Rewrite]) -> AdaptedPreset | None:
-    """The preset ``pipeline`` names, without the passes ``target`` does not want; None if not a preset."""
+    """The preset ``pipeline`` names (alone or in a pass list), without the passes ``target`` does not want;
+    None if it names no preset."""
     key = preset_key(pipeline)
     if key is None:
+        return _adapt_list(pipeline, target, wanted)
+    return _adapt_one(key, target, wanted, keep_batchnorm=False)
+
+
+# what a preset's dropped fusion leaves when quantize follows it, and the pass that asks for it
+_BEFORE_QUANTIZE, _QUANTIZE = "fold-batchnorm", "quantize"
+
+
+def _adapt_list(pipeline: object, target: str, wanted: frozenset[Rewrite]) -> AdaptedPreset | None:
+    items = split_items(pipeline) if isinstance(pipeline, str) and not pipeline.strip().endswith(".toml") else []
+    keys = [preset_key(i) for i in items]
+    if not any(keys):
         return None
+    texts: list[str] = []
+    dropped: list[Dropped] = []
+    for i, (item, key) in enumerate(zip(items, keys)):
+        if key is None:
+            texts.append(item.strip())
+            continue
+        later = any(_item_name(x) == _QUANTIZE for x in items[i + 1:])
+        one = _adapt_one(key, target, wanted, keep_batchnorm=later)
+        texts += [one.text] if one.text else []
+        dropped += one.dropped
+    first = next(k for k in keys if k)
+    return AdaptedPreset(f"-{first}", target, ",".join(texts), tuple(dropped))
+
+
+def _item_name(item: str) -> str:
+    return item.strip().split("{", 1)[0].strip()
+
+
+def split_items(text: str) -> list[str]:
+    """``text`` split at the commas outside braces, brackets and quotes (one pass spec per item)::
+
+        >>> split_items('-O2, quantize{exclude=[fc,"a,b"]}')
+        ['-O2', ' quantize{exclude=[fc,"a,b"]}']
+    """
+    items, depth, quote, start = [], 0, "", 0
+    for i, c in enumerate(text):
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "\"'":
+            quote = c
+        elif c in "{[(":
+            depth += 1
+        elif c in "}])":
+            depth -= 1
+        elif c == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    return items + [text[start:]]
+
+
+def _adapt_one(key: str, target: str, wanted: frozenset[Rewrite], *, keep_batchnorm: bool) -> AdaptedPreset:
     kept: list[str] = []
     dropped: list[Dropped] = []
     no_folding = False
@@ -139,6 +202,8 @@ def adapt_preset(pipeline: object, target: str, wanted: frozenset[Rewrite]) -> A
         dropped.append(Dropped(spec, rewrite, rewrite.unwanted_reason(target)))
         if rewrite is Rewrite.FUSION and Rewrite.RECOMPOSE in wanted:
             kept.append(_RECOMPOSE_ONLY)
+        if rewrite is Rewrite.FUSION and keep_batchnorm:
+            kept.append(_BEFORE_QUANTIZE)
     if no_folding:
         dropped.append(Dropped(_with_option("cleanup", "fold_params=true"), Rewrite.WEIGHT_FOLDING,
                                Rewrite.WEIGHT_FOLDING.unwanted_reason(target)))

@@ -72,7 +72,7 @@ def _softmax_of(graph: Graph, value: Any, matched: list[str]) -> Any:
         z = P.producer(graph, zero, P.FULL_LIKE)
         if sm is None or z is None or P.scalar(z.inputs[1]) != 0.0:
             return None
-        guard = _row_guard(graph, cond, sm.inputs[0])
+        guard = P.row_guard(graph, cond, sm.inputs[0])
         if guard is None:
             return None
         matched += [n.name, z.name, *guard]
@@ -82,19 +82,6 @@ def _softmax_of(graph: Graph, value: Any, matched: list[str]) -> Any:
         return None
     matched.append(n.name)
     return n.inputs[0]
-
-
-def _row_guard(graph: Graph, cond: Any, scores: Any) -> list[str] | None:
-    """logical_not(any(logical_not(eq(scores, -inf)), -1, True)) → its node names."""
-    chain = []
-    n1 = P.producer(graph, cond, P.LOGICAL_NOT)
-    n2 = n1 and P.producer(graph, n1.inputs[0], P.ANY_DIM)
-    n3 = n2 and P.producer(graph, n2.inputs[0], P.LOGICAL_NOT)
-    n4 = n3 and P.producer(graph, n3.inputs[0], P.EQ_SCALAR)
-    if not n4 or n4.inputs[0] != scores or P.scalar(n4.inputs[1]) != -math.inf:
-        return None
-    chain += [n1.name, n2.name, n3.name, n4.name]
-    return chain
 
 
 def _scaled_bmm(graph: Graph, value: Any) -> tuple[Node, float, list[str]] | None:

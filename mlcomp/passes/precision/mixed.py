@@ -44,7 +44,6 @@ from __future__ import annotations
 import enum
 import warnings
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import Any, ClassVar, Mapping
 
 import torch
@@ -225,11 +224,7 @@ def _is_op_name(pattern: str) -> bool:
 
 def _matches(pattern: str, node: Node) -> bool:
     """``pattern`` names the node's op (``exp``, ``aten.exp``, ``aten.exp.default``) or globs its module path."""
-    op = node.op
-    if pattern in (op.name, op.qualname, f"{op.namespace.value}.{op.name}"):
-        return True
-    path = node.origin.module_path
-    return bool(path) and (fnmatchcase(path, pattern) or fnmatchcase(path, pattern + ".*"))
+    return P.names_op_or_module(pattern, node)
 
 
 def _float_meta(meta: Any) -> TensorMeta | None:

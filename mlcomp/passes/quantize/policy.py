@@ -1,17 +1,35 @@
 """Which ops ``quantize`` computes in int8, and what each of their inputs is.
 
-One row per op that int8 runtimes have kernels for (ONNX Runtime fuses
-``DequantizeLinear → Conv/Gemm/MatMul → QuantizeLinear`` into ``QLinearConv``,
-``QGemm``, ``QLinearMatMul``): which arguments are activations (quantized per
-tensor, uint8, range observed on calibration data), which one is the weight
-(int8, symmetric, one scale per output channel) and which is the bias (int32 with
-scale ``input scale × weight scale``, what the integer kernels accumulate in).
-Every other op keeps float::
+One row per op that ONNX Runtime has an int8 kernel for, the ops its own
+``quantize_static`` (QDQ format) puts pairs around; ORT fuses
+``DequantizeLinear → op → QuantizeLinear`` into the kernel named in the row:
+
+========================  ============================  =================================
+op                        ORT kernel                    inputs quantized
+========================  ============================  =================================
+convolution               QLinearConv                   input; weight per channel; bias int32
+addmm / mm                QGemm / QLinearMatMul         input; weight per channel; bias int32
+bmm                       QLinearMatMul                 both operands (attention's products)
+add.Tensor                QLinearAdd                    both operands (residual connections)
+mul.Tensor                QLinearMul                    both operands, when both are tensors
+_softmax                  QLinearSoftmax                input; output on the fixed grid [0, 1]
+mean.dim (over H, W)      QLinearGlobalAveragePool      input (a global average pool, kept 4-d)
+========================  ============================  =================================
+
+Each row says which arguments are activations (quantized per tensor, uint8, range
+observed on calibration data), which one is the weight (int8, symmetric, one scale
+per output channel) and which is the bias (int32 with scale ``input scale × weight
+scale``, what the integer kernels accumulate in), and a fixed output range when the
+op's is known without observing (softmax's ``[0, 1]``, as ORT's quantizer uses).
+Layer norm, GELU, reductions and everything else keep float (ORT has no int8 kernel
+for them)::
 
     >>> rule = int8_rule(aten("convolution"))
     >>> rule.activations, rule.weight, rule.weight_axis, rule.bias
     ((0,), 1, 0, 2)
-    >>> int8_rule(aten("_softmax")) is None
+    >>> int8_rule(aten("_softmax")).fixed_output
+    (0.0, 1.0)
+    >>> int8_rule(aten("native_layer_norm")) is None
     True
 """
 from __future__ import annotations
@@ -31,6 +49,7 @@ class Int8Rule:
     weight: int | None = None        # argument position of the weight (int8 per channel) when it is a constant
     weight_axis: int = 0             # the output-channel axis of the weight as the op reads it
     bias: int | None = None          # argument position of the bias (int32), when a constant
+    fixed_output: tuple[float, float] | None = None   # the output's range when known without observing
 
 
 INT8_POLICY: Mapping[Op, Int8Rule] = MappingProxyType({
@@ -38,6 +57,10 @@ INT8_POLICY: Mapping[Op, Int8Rule] = MappingProxyType({
     aten("addmm"): Int8Rule(activations=(1,), weight=2, weight_axis=1, bias=0),
     aten("mm"): Int8Rule(activations=(0,), weight=1, weight_axis=1),
     aten("bmm"): Int8Rule(activations=(0, 1)),
+    aten("add.Tensor"): Int8Rule(activations=(0, 1)),
+    aten("mul.Tensor"): Int8Rule(activations=(0, 1)),
+    aten("_softmax"): Int8Rule(activations=(0,), fixed_output=(0.0, 1.0)),
+    aten("mean.dim"): Int8Rule(activations=(0,)),
 })
 
 

@@ -29,10 +29,24 @@ scale``.  Everything else keeps float.  Before/after on ``conv → relu → flat
     %addmm = addmm(%3.bias_dq, %view_dq, permute(%3.weight_dq, [1, 0]))
     %addmm_q, %addmm_dq;  return (%addmm_dq,)
 
+With ``activations=dynamic`` only matrix products with a constant weight are quantized: the
+weight to int8 as above, the activation on each call (``mlcomp.dynamic_quantize_linear``, ORT's
+``DynamicQuantizeMatMul``), the bias and output left float; no range is observed.
+
+Options: ``calibration`` (how many samples, or a ``.pt`` file of batches:
+:mod:`~mlcomp.passes.quantize.data`), ``granularity`` of the weight scales, ``method`` of the
+activation ranges (``minmax``, ``percentile``, ``entropy``: :mod:`~mlcomp.passes.quantize.observe`),
+``exclude`` (node names, ops, module-path globs kept in float:
+:mod:`~mlcomp.passes.quantize.selection`), ``held_back`` (samples kept out of the ranges and
+measured only), and a declared accuracy target, ``tolerance`` (max relative error of the
+outputs) and ``agreement`` (top-1), refused with the numbers when missed.  A fused graph
+(``-O2,quantize``) is first put back as its ops (:mod:`~mlcomp.passes.quantize.unfuse`).
+
 Stats: per quantized layer its module path, op, input/output scale and zero point,
-weight scale range and the relative error of its output against float on the first
-calibration sample; the top-1 agreement of the outputs over all samples; and the
-declared tolerance verification uses (:func:`mlcomp.analysis.ranges.declared_tolerance`).
+weight scale range, its output's relative error and the error it adds itself; the
+metric on the calibration and held-back sets, the layers that lose most, ``exclude``
+suggestions and why each other candidate kept float (:mod:`~mlcomp.passes.quantize.accuracy`);
+and the declared tolerance verification uses (:func:`mlcomp.analysis.ranges.declared_tolerance`).
 The ``onnxruntime`` and ``openvino`` targets lower the pairs to int8 kernels; the pass
 refuses every other target before anything is loaded; its emitter must take the whole graph
 (``fold-constants`` first removes constant index arithmetic it has no rule for).  O(n)
@@ -41,21 +55,28 @@ rewriting plus the calibration runs.
 from __future__ import annotations
 
 import enum
+import warnings
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import Any, ClassVar, Mapping
 
 import torch
 
+from mlcomp.analysis.ranges import declared_tolerance
 from mlcomp.base.errors import PassFailure, PipelineSpecError
 from mlcomp.frontend.loading import graph_random_inputs
 from mlcomp.ir import Graph, Mode, Node
 from mlcomp.ir.ops import aten
+from mlcomp.ir.interpreter import Interpreter
+from mlcomp.passes.quantize import accuracy, data
+from mlcomp.passes.quantize.absorb import absorb_scalar_muls
 from mlcomp.passes.quantize.observe import observe
-from mlcomp.passes.quantize.write import Writer, output_value, plan, stats
-from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule, int8_rule
+from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule
+from mlcomp.passes.quantize.selection import choose, finite, unmatched
+from mlcomp.passes.quantize.unfuse import inline_fused
+from mlcomp.passes.quantize.write import Writer, drop_softmax_guard, output_value, plan
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
-__all__ = ["Quantize", "Granularity", "Method", "INT8_TARGETS"]
+__all__ = ["Quantize", "Activations", "Granularity", "Method", "INT8_TARGETS"]
 
 INT8_TARGETS = frozenset({"onnxruntime", "openvino"})       # targets that lower the Q/DQ pairs to int8 kernels
 # why the others do not (docs/decisions/0019-int8-lowering.md)
@@ -72,25 +93,42 @@ class Granularity(enum.Enum):
     PER_TENSOR = "per-tensor"
 
 
+class Activations(enum.Enum):
+    STATIC = "static"
+    DYNAMIC = "dynamic"
+
+
 class Method(enum.Enum):
     MINMAX = "minmax"
     PERCENTILE = "percentile"
+    ENTROPY = "entropy"
 
 
 @dataclass(frozen=True)
 class Quantize(Pass):
-    """Compute convolutions and matrix products in int8: quantize/dequantize pairs from calibrated ranges."""
+    """Compute convolutions, matrix products, adds and softmax in int8 (quantize/dequantize pairs)."""
 
     name: ClassVar[str] = "quantize"
     modes: ClassVar[frozenset[Mode]] = frozenset({Mode.INFERENCE})
-    calibration: int = option(8, "calibration samples to observe ranges on (at most those given)", ge=1)
+    calibration: int | str = option(8, "calibration samples to observe (at most those given), or a .pt file of "
+                                       "example batches", ge=1)
+    activations: Activations = option(Activations.STATIC, "static (calibrated ranges) or dynamic (measured on "
+                                      "each call; matrix products with a constant weight only)")
     granularity: Granularity = option(Granularity.PER_CHANNEL, "weight scales: per-channel or per-tensor")
-    method: Method = option(Method.MINMAX, "activation ranges: minmax or percentile (0.01%..99.99%)")
+    method: Method = option(Method.MINMAX, "activation ranges: minmax, percentile (0.01%..99.99%) or entropy (KL)")
+    exclude: tuple[str, ...] = option((), "node names, ops (add, aten.bmm) or module-path globs kept in float")
+    held_back: int = option(0, "calibration samples kept out of the ranges, only measured", ge=0)
+    tolerance: float | None = option(None, "largest max relative error of the outputs accepted", gt=0)
+    agreement: float | None = option(None, "smallest top-1 agreement with fp32 accepted", gt=0, le=1)
+    fold_scalars: bool = option(True, "turn scalar multiplies of dequantized values into dequantize scales")
 
-    enum_options: ClassVar[Mapping[str, type[enum.Enum]]] = {"granularity": Granularity, "method": Method}
+    enum_options: ClassVar[Mapping[str, type[enum.Enum]]] = {"granularity": Granularity, "method": Method,
+                                                             "activations": Activations}
 
     def check_target(self, target: str) -> None:
         """Only ONNX Runtime and OpenVINO turn the pairs into int8 kernels; elsewhere they would run as float math."""
+        if target in INT8_TARGETS:
+            self.check_dynamic_target(target)
         if target not in INT8_TARGETS:
             raise PipelineSpecError(
                 f"quantize writes quantize/dequantize pairs that only the onnxruntime and openvino targets lower "
@@ -101,31 +139,113 @@ class Quantize(Pass):
                 hint="compile with --target onnxruntime or --target openvino, or drop quantize from the pipeline "
                      "for this target")
 
+    def check_dynamic_target(self, target: str) -> None:
+        """Per-call activation scales lower to ORT's DynamicQuantizeMatMul only."""
+        if self.activations is Activations.DYNAMIC and target != "onnxruntime":
+            raise PipelineSpecError(
+                f"quantize{{activations=dynamic}} measures activation scales on each call, which only the "
+                f"onnxruntime target lowers to integer kernels (DynamicQuantizeMatMul); target {target} has no "
+                f"lowering of it", hint="compile with --target onnxruntime, or use activations=static")
+
+    def files_read(self) -> tuple[str, ...]:
+        return (self.calibration,) if isinstance(self.calibration, str) else ()
+
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
-        layers = [(n, r) for n in graph.call_nodes() if (r := _rule(n)) is not None]
+        unfused = inline_fused(graph)
+        layers, kept = choose(graph, self.exclude)
+        if self.activations is Activations.DYNAMIC:
+            layers = _dynamic_only(graph, layers, kept)
         if not layers:
             raise PassFailure(
                 f"quantize found no op it computes in int8 in graph {graph.name} (it quantizes "
-                f"{', '.join(str(op) for op in INT8_POLICY)}; convolutions must not be transposed)",
+                f"{', '.join(str(op) for op in INT8_POLICY)}; {_kept_text(kept)})",
                 where=f"graph {graph.name}", hint="drop quantize from the pipeline for this model")
-        samples = _samples(graph, ctx, self.calibration)
-        plans = [plan(graph, n, rule) for n, rule in layers]
-        acts = list(dict.fromkeys(
-            [r.name for p in plans for r in p[0]] + [output_value(graph, n) for n, _ in layers]))
-        seen = observe(graph, samples, acts, self.method.value, keep=[n.name for n, _ in layers])
+        samples, held = data.held_back(self._samples(graph, ctx), self.held_back)
+        plans = {n.name: plan(graph, n, rule) for n, rule in layers}
+        acts = list(dict.fromkeys([r.name for n, _ in layers for r in plans[n.name][0]]
+                                  + [output_value(graph, n) for n, _ in layers]))
+        dynamic = self.activations is Activations.DYNAMIC
+        seen = observe(graph, samples, [] if dynamic else acts, self.method.value,
+                       keep=[n.name for n, _ in layers] + (acts if dynamic else []))
+        held_ref = [Interpreter(graph).run(*s) for s in held]
+        layers = self._finite(graph, layers, plans, seen.ranges, kept)
+        for node, rule in layers:
+            if rule.fixed_output is not None:
+                seen.ranges[output_value(graph, node)] = rule.fixed_output
+                drop_softmax_guard(graph, node)
         writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL)
-        records = [writer.layer(n, rule, p) for (n, rule), p in zip(layers, plans)]
-        return PassResult(graph, True, stats(graph, samples, seen, records))
+        write = writer.dynamic_layer if dynamic else writer.layer
+        records = [write(n, rule, plans[n.name]) for n, rule in layers]
+        absorbed = absorb_scalar_muls(graph) if self.fold_scalars else 0
+        stats = self._measure(graph, samples, held, seen, held_ref, records)
+        stats.update(kept_float=kept, unfused_groups=unfused, scalar_muls_absorbed=absorbed)
+        stats["warnings"] = [f"exclude pattern {p!r} matched no node" for p in unmatched(graph, self.exclude)]
+        for text in stats["warnings"]:
+            warnings.warn(f"quantize: {text}", UserWarning, stacklevel=2)
+        stats["explain"] = accuracy.explain_lines(stats)
+        accuracy.check_targets(stats, self.tolerance, self.agreement)
+        return PassResult(graph, True, stats)
+
+    def _finite(self, graph: Graph, layers: list[tuple[Node, Int8Rule]], plans: dict[str, Any],
+                ranges: dict[str, tuple[float, float]], kept: dict[str, str]) -> list[tuple[Node, Int8Rule]]:
+        """``layers`` without those whose activations had a non-finite range (recorded in ``kept``)."""
+        out = []
+        for node, rule in layers:
+            if finite(ranges, [*plans[node.name][0], output_value(graph, node)]):
+                out.append((node, rule))
+            else:
+                kept[node.name] = "an activation with a non-finite range (an -inf mask)"
+        return out
+
+    def _samples(self, graph: Graph, ctx: PassContext) -> list[tuple[torch.Tensor, ...]]:
+        """The calibration samples: the file's, else the API's, else the example inputs, else random ones."""
+        specs = data.input_specs(graph)
+        if isinstance(self.calibration, str):
+            found = data.as_samples(data.load_file(self.calibration), specs, f"calibration={self.calibration}")
+            return found
+        if ctx.calibration_data is not None:
+            found = data.as_samples(ctx.calibration_data, specs, "calibration_data=")
+        else:
+            given = ctx.example_inputs if ctx.example_inputs is not None else graph_random_inputs(graph)
+            found = data.as_samples([tuple(given)], specs, "the example inputs")
+        return found[:self.calibration + self.held_back]
+
+    def _measure(self, graph: Graph, samples: list[Any], held: list[Any], seen: Any, held_ref: list[Any],
+                 records: list[dict[str, Any]]) -> dict[str, Any]:
+        interp = Interpreter(graph)
+        with torch.no_grad():
+            env = interp.run_all(*samples[0])
+            got = [env["__output__"]] + [interp.run(*s) for s in samples[1:]]
+            held_got = [interp.run(*s) for s in held]
+        accuracy.layer_errors(records, seen.first, env)
+        ranked = accuracy.sensitivity(records)
+        cal = accuracy.metric(seen.outputs, got)
+        tol = declared_tolerance(graph)
+        return {"layers": records, "quantized": len(records), "calibration_samples": len(samples),
+                "held_back_samples": len(held), "calibration": cal,
+                "held_back": accuracy.metric(held_ref, held_got) if held else None,
+                "output_rel_error": cal["max_rel"], "top1_agreement": cal["top1"],
+                "sensitivity": ranked, "suggest_exclude": accuracy.suggest(ranked),
+                "declared_tolerance": tol.rtol if tol else None,
+                "tolerance_why": tol.explain() if tol else None}
 
 
-def _rule(node: Node) -> Int8Rule | None:
-    rule = int8_rule(node.op)
-    if rule is None or (node.op == aten("convolution") and node.inputs[6]):   # transposed: another weight axis
-        return None
-    return rule
+_DYNAMIC_OPS = frozenset({aten("addmm"), aten("mm")})     # ORT's DynamicQuantizeMatMul: a constant 2-d weight
 
 
-def _samples(graph: Graph, ctx: PassContext, count: int) -> list[tuple[torch.Tensor, ...]]:
-    given = ctx.calibration_data or ((ctx.example_inputs,) if ctx.example_inputs is not None
-                                     else (graph_random_inputs(graph),))
-    return [(s,) if isinstance(s, torch.Tensor) else tuple(s) for s in list(given)[:count]]
+def _dynamic_only(graph: Graph, layers: list[tuple[Node, Int8Rule]], kept: dict[str, str]
+                  ) -> list[tuple[Node, Int8Rule]]:
+    """The matrix products with a constant weight (what ORT computes with per-call activation scales)."""
+    out = []
+    for node, rule in layers:
+        if node.op in _DYNAMIC_OPS and plan(graph, node, rule)[1] is not None:
+            out.append((node, rule))
+        else:
+            kept[node.name] = "activations=dynamic quantizes only matrix products with a constant weight"
+    return out
+
+
+def _kept_text(kept: dict[str, str]) -> str:
+    if not kept:
+        return "convolutions must not be transposed"
+    return "kept float: " + "; ".join(f"%{n}: {why}" for n, why in list(kept.items())[:4])

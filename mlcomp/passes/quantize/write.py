@@ -1,10 +1,11 @@
-"""Writing ``quantize``'s pairs into the graph, and its stats.
+"""Writing ``quantize``'s pairs into the graph.
 
 :class:`Writer` gives each quantized value one shared pair (a value read by two
 int8 ops is quantized once), folds weights and biases into integer constants with
 their scale and zero-point constants, and records per layer what it chose.
-:func:`stats` runs the rewritten graph on the calibration samples and measures each
-layer's error against the float values and the outputs' top-1 agreement.
+:func:`drop_softmax_guard` removes a safe softmax's all-``-inf``-row guard once the
+softmax reads a dequantized (hence finite) input, leaving the plain ``Softmax`` that
+ORT fuses into ``QLinearSoftmax``.
 """
 from __future__ import annotations
 
@@ -12,16 +13,15 @@ from typing import Any, Sequence
 
 import torch
 
-from mlcomp.analysis.ranges import declared_tolerance
 from mlcomp.ir import Graph, Node, Ref
 from mlcomp.ir.builder import new_node, remove_dead
 from mlcomp.ir.ops import PARAM, aten
-from mlcomp.ir.interpreter import Interpreter
-from mlcomp.ir.quant import DEQUANTIZE, QUANTIZE
-from mlcomp.passes.quantize.observe import Observed, int8_weight, uint8_params
+from mlcomp.ir.quant import DEQUANTIZE, DYNAMIC_QUANTIZE, QUANTIZE
+from mlcomp.passes import patterns as P
+from mlcomp.passes.quantize.observe import int8_weight, uint8_params
 from mlcomp.passes.quantize.policy import Int8Rule
 
-__all__ = ["Writer", "Plan", "plan", "stats", "weight_param", "activations", "output_value"]
+__all__ = ["Writer", "Plan", "plan", "weight_param", "activations", "output_value", "drop_softmax_guard"]
 
 _TRANSPOSES = (aten("permute"), aten("t"), aten("transpose.int"))
 _RELU = aten("relu")
@@ -35,6 +35,7 @@ class Writer:
         self.position = {n.name: i for i, n in enumerate(graph.nodes())}   # the original order, once
         self.pairs: dict[str, tuple[Ref, float, int]] = {}      # value -> (its dequantized ref, scale, zero)
         self.weights: dict[str, tuple[Ref, torch.Tensor]] = {}  # param -> (its dequantized ref, scales)
+        self.dynamic: dict[str, Ref] = {}                       # value -> its per-call quantized ref
 
     def _const(self, name: str, value: torch.Tensor) -> Ref:
         node = self.graph.add_constant(self.graph.fresh_name(name), value)
@@ -79,7 +80,8 @@ class Writer:
         for i, value in enumerate(args):
             if isinstance(value, Ref) and any(a.name == value.name for a in acts):
                 args[i], in_scale, zero = self._pair(value, node.name, node.origin)
-                record.setdefault("inputs", []).append({"value": value.name, "scale": in_scale, "zero_point": zero})
+                record.setdefault("inputs", []).append({"value": value.name, "dq": args[i].name, "scale": in_scale,
+                                                        "zero_point": zero})
         if found is not None:
             param, transposed = found
             axis = (1 - rule.weight_axis) if transposed else rule.weight_axis
@@ -98,6 +100,29 @@ class Writer:
             q_name = g.node(dq.name).inputs[0].name
             g.replace_all_uses(out.name, dq, only=lambda u: u.name not in (q_name, dq.name))
             record["output"] = {"value": out.name, "scale": scale, "zero_point": zero}
+        return record
+
+    def dynamic_layer(self, node: Node, rule: Int8Rule, plan: "Plan") -> dict[str, Any]:
+        """Quantize ``node``'s weight as :meth:`layer` does and its activation on each call
+        (``mlcomp.dynamic_quantize_linear``); the bias stays float, the output is not quantized."""
+        g = self.graph
+        acts, (param, transposed) = plan
+        args = list(g.node(node.name).inputs)
+        record: dict[str, Any] = {"node": node.name, "op": str(node.op), "module": node.origin.module_path,
+                                  "inputs": []}
+        for i, value in enumerate(node.inputs):
+            if isinstance(value, Ref) and any(a.name == value.name for a in acts):
+                if value.name not in self.dynamic:
+                    self.dynamic[value.name] = Ref(new_node(g, DYNAMIC_QUANTIZE, (value,), name=f"{value.name}_dyn",
+                                                            before=node.name, origin=node.origin).name)
+                args[i] = self.dynamic[value.name]
+                record["inputs"].append({"value": value.name, "dq": args[i].name, "scale": None, "zero_point": None})
+        axis = (1 - rule.weight_axis) if transposed else rule.weight_axis
+        _, scales = self._weight(param, axis)
+        record["weight"] = {"param": param.name, "axis": axis if self.per_channel else None,
+                            "scale_min": float(scales.min()), "scale_max": float(scales.max())}
+        g.replace(g.node(node.name).with_(inputs=tuple(_merge(args, g.node(node.name).inputs, rule.weight))))
+        remove_dead(g, [param.name])
         return record
 
     def _bias(self, value: Any, scales: torch.Tensor) -> Ref | None:
@@ -122,37 +147,6 @@ def _merge(args: list[Any], current: Sequence[Any], weight: int) -> list[Any]:
     out = list(args)
     out[weight] = current[weight]
     return out
-
-
-def _rel(ref: Any, got: Any) -> float | None:
-    if not (isinstance(ref, torch.Tensor) and ref.is_floating_point() and isinstance(got, torch.Tensor)):
-        return None
-    top = float(ref.abs().max())
-    return float((ref.double() - got.double()).abs().max()) / top if top > 0 else 0.0
-
-
-def stats(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]], seen: Observed,
-          records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-layer error on sample 0, top-1 agreement of the first output over all samples, the tolerance."""
-    interp = Interpreter(graph)
-    agree = total = 0
-    worst = 0.0
-    with torch.no_grad():
-        for i, sample in enumerate(samples):
-            env = interp.run_all(*sample) if i == 0 else {"__output__": interp.run(*sample)}
-            if i == 0:
-                for rec in records:
-                    rec["rel_error"] = _rel(seen.first.get(rec["node"]), env.get(rec["node"]))
-            ref, got = seen.outputs[i][0], env["__output__"][0]
-            worst = max(worst, _rel(ref, got) or 0.0)
-            if isinstance(ref, torch.Tensor) and ref.is_floating_point() and ref.dim() >= 1:
-                agree += int((ref.argmax(-1) == got.argmax(-1)).sum())
-                total += ref.argmax(-1).numel()
-    tol = declared_tolerance(graph)
-    return {"layers": records, "quantized": len(records), "calibration_samples": len(samples),
-            "output_rel_error": worst, "top1_agreement": agree / total if total else None,
-            "declared_tolerance": tol.rtol if tol else None,
-            "tolerance_why": tol.explain() if tol else None}
 
 
 Plan = tuple[list[Ref], "tuple[Node, bool] | None"]
@@ -193,3 +187,19 @@ def output_value(graph: Graph, node: Node) -> str:
     the ReLU: quantizing to a grid whose zero point is 0 clips negatives exactly as ReLU does), else the op."""
     users = graph.users(node.name)
     return users[0].name if len(users) == 1 and users[0].op == _RELU else node.name
+
+
+def drop_softmax_guard(graph: Graph, softmax: Node) -> int:
+    """``where(row all -inf, 0, softmax(x))`` → ``softmax(x)`` for the guards of ``softmax`` (whose input will
+    be read through a quantize/dequantize pair: finite, so no row is all ``-inf``); the guards removed."""
+    done = 0
+    for where in [u for u in graph.users(softmax.name) if u.op == P.WHERE]:
+        cond, zeros, soft = where.inputs
+        full = P.producer(graph, zeros, P.FULL_LIKE)
+        chain = P.row_guard(graph, cond, softmax.inputs[0])
+        if soft != Ref(softmax.name) or full is None or P.scalar(full.inputs[1]) != 0.0 or chain is None:
+            continue
+        graph.replace_all_uses(where.name, Ref(softmax.name))
+        remove_dead(graph, [where.name, full.name, *chain])
+        done += 1
+    return done

@@ -33,7 +33,7 @@ import torch
 
 from mlcomp.ir import Node, Ref
 from mlcomp.ir.ops import aten
-from mlcomp.ir.quant import DEQUANTIZE, QUANTIZE
+from mlcomp.targets.onnx.emit_quant import QUANT_RULES, dynamic_gemm
 from mlcomp.targets.onnx.emit_ops import Decline, Rule, out_dtype
 
 if TYPE_CHECKING:
@@ -68,6 +68,8 @@ def _gemm(em: Emitter, node: Node, a: dict[str, Any], bias: Any) -> None:
     mat1, mat2 = a["mat1"] if "mat1" in a else a["self"], a["mat2"]
     folded = _transposed_2d(em, mat2)
     beta, alpha = a.get("beta", 1), a.get("alpha", 1)
+    if alpha == 1 and beta == 1 and dynamic_gemm(em, node, mat1, folded, bias):
+        return
     if bias is None and folded is None and alpha == 1:
         em.add("MatMul", [em.value(mat1, dtype), em.value(mat2, dtype)], out=node.name)
         return
@@ -272,17 +274,8 @@ def _gru(em: Emitter, node: Node, a: dict[str, Any]) -> None:
     em.add_multi("Concat" if len(finals) > 1 else "Identity", finals, [h_n], **({"axis": 0} if len(finals) > 1 else {}))
 
 
-def _qdq(op_type: str) -> Rule:
-    """QuantizeLinear/DequantizeLinear: one scale per tensor (0-d) or per slice along ``axis``."""
-    def rule(em: Emitter, node: Node, a: dict[str, Any]) -> None:
-        inputs = [em.value(a["x"]), em.value(a["scale"]), em.value(a["zero_point"])]
-        per_axis = em.meta(a["scale"]).shape != ()
-        em.add(op_type, inputs, out=node.name, **({"axis": a["axis"]} if per_axis else {}))
-    return rule
-
-
 NN_RULES: dict[Any, Rule] = {
-    QUANTIZE: _qdq("QuantizeLinear"), DEQUANTIZE: _qdq("DequantizeLinear"),
+    **QUANT_RULES,
     aten("addmm"): _addmm, aten("mm"): _mm, aten("bmm"): _bmm,
     aten("convolution"): _convolution,
     aten("_native_batch_norm_legit_no_training"): _batch_norm,

@@ -205,7 +205,9 @@ def _softmax(op_type: str) -> Rule:
 
 
 def _reduce(op_type: str, cast: bool = True) -> Rule:
-    """``ReduceX(x, axes, keepdims)``; no dims (None or ``[]``) reduces every axis, as ATen does."""
+    """``ReduceX(x, axes, keepdims)``; no dims (None or ``[]``) reduces every axis, as ATen does.  A mean over
+    both spatial axes of an NCHW tensor, kept 4-d, is written ``GlobalAveragePool`` (ORT's
+    ``QLinearGlobalAveragePool`` when it reads and feeds quantize/dequantize pairs)."""
     def rule(em: Emitter, node: Node, a: dict[str, Any]) -> None:
         rank = len(em.meta(a["self"]).shape)
         dims = a.get("dim")
@@ -214,6 +216,10 @@ def _reduce(op_type: str, cast: bool = True) -> Rule:
         if a.get("dtype") is not None and a["dtype"] != out_dtype(node):
             raise Decline(f"dtype={a['dtype']}")
         x = em.value(a["self"], out_dtype(node) if cast else None)
+        axes = sorted({normalize_dim(d, rank) for d in dims}) if dims else None
+        if op_type == "ReduceMean" and rank == 4 and axes == [2, 3] and a.get("keepdim", False):
+            em.add("GlobalAveragePool", [x], out=node.name)    # the same mean; ORT has an int8 kernel for it
+            return
         inputs = [x]
         if dims:
             inputs.append(em.ints(sorted({normalize_dim(d, rank) for d in dims}), f"{node.name}/axes"))

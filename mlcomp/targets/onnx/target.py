@@ -304,8 +304,8 @@ def graph_to_onnx(graph: Graph, inputs: tuple[torch.Tensor, ...], *, opset: int 
             f"graph {graph.name} carries int8 quantize/dequantize pairs, which only mlcomp's ONNX emitter "
             f"writes (torch.onnx does not know them), and the emitter declined the graph: {emitted.declined}",
             where=f"graph {graph.name}",
-            hint="run quantize on an unfused graph, with fold-constants before it for constant index "
-                 "arithmetic (-p \"fold-batchnorm,fold-constants,cleanup,quantize\"), or compile without quantize")
+            hint="compile with -p \"-O2,quantize\" (for onnxruntime its cleanup folds constant index "
+                 "arithmetic and batch norm before quantize), or without quantize")
     dynamic = None
     if any(n.tensor_meta.is_dynamic for n in graph.input_nodes):
         dynamic = tuple({i: torch.export.Dim.DYNAMIC for i, d in enumerate(n.tensor_meta.shape)

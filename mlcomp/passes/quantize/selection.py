@@ -1,0 +1,134 @@
+"""Which nodes ``quantize`` computes in int8: the policy row, the user's ``exclude``, and the cases that keep float.
+
+A node is quantized when its op has a row in :data:`~mlcomp.passes.quantize.policy.INT8_POLICY`
+and no row of :data:`KEEP_FLOAT` holds for it (checked in order, the first reason recorded):
+
+* it matches an ``exclude`` pattern: its node name, its op (``add``, ``aten.add.Tensor``,
+  ``convolution``) or a module-path glob (``layer4.*``, ``fc``; a path also matches its
+  submodules);
+* an activation argument is not a computed float tensor (a literal, an integer index, a
+  parameter: ORT's integer kernels take both operands from quantize/dequantize pairs);
+* it is a transposed convolution (its weight's output channels lie on another axis);
+* an ``add`` scaled by ``alpha`` (no int8 kernel scales an operand);
+* a ``mean`` that is not a global average pool (over both spatial axes of a 4-d tensor, kept 4-d);
+* an ``add`` whose only reader is a layer norm (ONNX Runtime fuses the two into
+  ``SkipLayerNormalization``, faster in float than ``QLinearAdd`` then a float layer norm).
+
+After observing, a node whose activation range is not finite (a ``-inf`` mask) keeps float too
+(:func:`finite`).  Each keep-float reason is recorded per node in the pass's stats::
+
+    >>> from mlcomp.ir.builder import GraphBuilder
+    >>> from mlcomp.ir.ops import aten
+    >>> b = GraphBuilder("g")
+    >>> x = b.input("x", (2, 3))
+    >>> g = b.output(b.call(aten("add.Tensor"), b.call(aten("relu"), x), x))
+    >>> [n.name for n, _ in choose(g, ())[0]], choose(g, ("add",))[1]
+    (['add'], {'add': 'excluded by add'})
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+from mlcomp.ir import Graph, Node, Ref, TensorMeta
+from mlcomp.ir.ops import PARAM, aten
+from mlcomp.passes import patterns as P
+from mlcomp.passes.quantize.policy import Int8Rule, int8_rule
+
+__all__ = ["choose", "finite", "KEEP_FLOAT", "excluded_by", "unmatched"]
+
+_LAYER_NORMS = frozenset({aten("native_layer_norm"), aten("layer_norm")})
+_ADD, _MEAN = aten("add.Tensor"), aten("mean.dim")
+
+
+def excluded_by(node: Node, patterns: Sequence[str]) -> str | None:
+    """The first ``exclude`` pattern naming ``node`` (its name, its op, or a glob of its module path)."""
+    return next((p for p in patterns if p == node.name or P.names_op_or_module(p, node)), None)
+
+
+def _not_tensor_operand(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
+    for i in rule.activations:
+        value = node.inputs[i] if i < len(node.inputs) else None
+        src = graph.node(value.name) if isinstance(value, Ref) else None
+        meta = src.meta if src is not None else None
+        if src is not None and src.op == PARAM:
+            return f"argument {i} is a constant, not an activation (its row folds no weight there)"
+        if src is None or not isinstance(meta, TensorMeta) or not meta.dtype.is_floating_point:
+            return f"argument {i} is not a computed float tensor"
+        if _param_through_views(graph, src):
+            return f"argument {i} is a parameter read through views (a batched linear's weight, not folded to int8)"
+    return None
+
+
+def _param_through_views(graph: Graph, node: Node, depth: int = 6) -> bool:
+    """Whether ``node`` is a PARAM reshaped, permuted or expanded (at most ``depth`` such ops)."""
+    for _ in range(depth):
+        if node.op not in P.VIEW_LIKE or not isinstance(node.inputs[0], Ref):
+            return False
+        node = graph.node(node.inputs[0].name)
+        if node.op == PARAM:
+            return True
+    return False
+
+
+def _transposed(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
+    conv = node.op == aten("convolution") and len(node.inputs) > 6 and node.inputs[6]
+    return "a transposed convolution" if conv else None
+
+
+def _scaled_add(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
+    alpha = node.attrs.get("alpha", node.inputs[2] if len(node.inputs) > 2 else 1)
+    return f"an add scaled by alpha={alpha}" if node.op == _ADD and alpha != 1 else None
+
+
+def _not_global_pool(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
+    if node.op != _MEAN:
+        return None
+    meta = P.meta_of(graph, node.inputs[0])
+    rank = len(meta.shape) if meta is not None else 0
+    dims = node.inputs[1] if len(node.inputs) > 1 else None
+    keep = node.inputs[2] if len(node.inputs) > 2 else node.attrs.get("keepdim", False)
+    axes = sorted(d % rank for d in dims) if rank and isinstance(dims, (list, tuple)) else None
+    return None if rank == 4 and axes == [2, 3] and keep else "a mean other than a 4-d global average pool"
+
+
+def _add_before_layer_norm(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
+    users = graph.users(node.name)
+    if node.op == _ADD and len(users) == 1 and users[0].op in _LAYER_NORMS:
+        return "an add read only by a layer norm (ONNX Runtime fuses them: SkipLayerNormalization)"
+    return None
+
+
+KEEP_FLOAT: tuple[Callable[[Graph, Node, Int8Rule], str | None], ...] = (
+    _not_tensor_operand, _transposed, _scaled_add, _not_global_pool, _add_before_layer_norm)
+"""Why a node with a policy row keeps float (``None``: it does not), in the order they are checked."""
+
+
+def choose(graph: Graph, exclude: Sequence[str]) -> tuple[list[tuple[Node, Int8Rule]], dict[str, str]]:
+    """The nodes to quantize with their rows, and each other node with a row: why it keeps float. O(n)."""
+    picked: list[tuple[Node, Int8Rule]] = []
+    kept: dict[str, str] = {}
+    for node in graph.call_nodes():
+        rule = int8_rule(node.op)
+        if rule is None:
+            continue
+        pattern = excluded_by(node, exclude)
+        reason = f"excluded by {pattern}" if pattern is not None else next(
+            (r for check in KEEP_FLOAT if (r := check(graph, node, rule)) is not None), None)
+        if reason is None:
+            picked.append((node, rule))
+        else:
+            kept[node.name] = reason
+    return picked, kept
+
+
+def unmatched(graph: Graph, exclude: Sequence[str]) -> list[str]:
+    """The ``exclude`` patterns that name no node (a typo, or a module the model does not have)."""
+    hit = {p for n in graph.call_nodes() for p in exclude if p == n.name or P.names_op_or_module(p, n)}
+    return [p for p in exclude if p not in hit]
+
+
+def finite(ranges: dict[str, tuple[float, float]], values: Sequence[Any]) -> bool:
+    """Whether every observed range of ``values`` (refs or names) is finite."""
+    names = [v.name if isinstance(v, Ref) else v for v in values]
+    return all(math.isfinite(ranges[n][0]) and math.isfinite(ranges[n][1]) for n in names if n in ranges)

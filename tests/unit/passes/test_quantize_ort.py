@@ -1,0 +1,175 @@
+"""quantize on ONNX Runtime: the kernels ORT's optimizer picks for mlcomp's Q/DQ graph, against the kernels it
+picks for its own ``quantize_static`` (QDQ) model of the same module.  Asserted on op types, never on time."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from torch import nn
+
+from mlcomp.frontend.loading import load_model
+from mlcomp.pipeline import run_pipeline
+
+ort = pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+
+pytestmark = pytest.mark.ort
+
+INT8 = ("QLinearConv", "QLinearMatMul", "QGemm", "QLinearAdd", "QLinearMul", "QLinearSoftmax",
+        "QLinearGlobalAveragePool", "MatMulInteger")
+
+
+def _optimized(model_bytes: bytes, path) -> Counter:
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(path)
+    ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+    return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+
+
+def ours(module, x, pipeline, tmp_path) -> Counter:
+    """The op types of ORT's optimized model of mlcomp's graph (a preset adapted to onnxruntime, as compile does)."""
+    from mlcomp.pipeline.presets import adapt_preset
+    from mlcomp.targets.onnx.emit import emit_model
+    from mlcomp.targets.registry import get_target
+    adapted = adapt_preset(pipeline, "onnxruntime", get_target("onnxruntime").rewrites)
+    g = load_model(module, example_inputs=(x,)).capture()
+    out, _ = run_pipeline(g, adapted.text if adapted else pipeline, example_inputs=(x,))
+    emitted = emit_model(out)
+    assert emitted.declined is None, emitted.declined
+    return _optimized(emitted.model.SerializeToString(), tmp_path / "ours.opt.onnx")
+
+
+def theirs(module, x, tmp_path) -> Counter:
+    """ORT's own int8: torch.onnx export, quantize_static (QDQ, per-channel, uint8 activations)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    fp32, int8 = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
+    torch.onnx.export(module, (x,), str(fp32), input_names=["x"], dynamo=False)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter([{"x": x.numpy()}])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    quantize_static(str(fp32), str(int8), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return _optimized(int8.read_bytes(), tmp_path / "theirs.opt.onnx")
+
+
+def _int8(ops: Counter) -> dict[str, int]:
+    return {k: v for k, v in ops.items() if k in INT8}
+
+
+class Net(nn.Module):
+    """conv/BN/relu, a residual block, global average pool, linear: resnet's int8 ops in small."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.conv1, self.conv2 = nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.pool, self.fc = nn.AdaptiveAvgPool2d(1), nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = torch.relu(self.conv2(torch.relu(self.conv1(x))) + x)
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+def test_residual_net_runs_the_same_int8_kernels_as_orts_own_quantizer(tmp_path):
+    torch.manual_seed(0)
+    model, x = Net().eval(), torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    mine = ours(model, x, "-O2,quantize", tmp_path)
+    own = theirs(model, x, tmp_path)
+    assert _int8(mine) == _int8(own) == {"QLinearConv": 3, "QLinearAdd": 1, "QLinearGlobalAveragePool": 1,
+                                         "QGemm": 1}, (mine, own)
+    assert not {"Conv", "Add", "Relu", "ReduceMean", "GlobalAveragePool"} & set(mine), mine
+    assert mine["QuantizeLinear"] <= own["QuantizeLinear"] + 1 and mine["DequantizeLinear"] <= own["DequantizeLinear"] + 1
+
+
+def test_attention_softmax_and_products_run_in_int8(tmp_path):
+    torch.manual_seed(0)
+    model = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(7))
+    mine = ours(model, x, "fold-constants,quantize", tmp_path)
+    assert mine["QLinearSoftmax"] == 1 and mine["QLinearMatMul"] == 2, mine      # scores and the weighted sum
+    assert mine["QGemm"] == 3, mine                  # the out projection and both feed-forward linears
+    assert not {"Softmax", "IsNaN", "Where", "MatMul", "Gemm"} & set(mine), mine
+    assert "SkipLayerNormalization" in mine          # the residual adds stay float, fused with the layer norm
+
+
+def test_sequence_first_attention_projections_and_scalings_in_int8(tmp_path):
+    """Sequence-first attention: the input projection is an addmm (QGemm), and q and k's scalar multiplies
+    become dequantize scales (no float Mul left)."""
+    torch.manual_seed(0)
+    model = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0).eval()
+    x = torch.randn(6, 2, 16, generator=torch.Generator().manual_seed(7))
+    mine = ours(model, x, "-O2,quantize", tmp_path)
+    assert mine["QGemm"] == 4 and mine["QLinearMatMul"] == 2 and mine["QLinearSoftmax"] == 1, mine
+    assert not {"Mul", "Softmax", "MatMul", "Gemm"} & set(mine), mine
+    with_mul = ours(model, x, "-O2,quantize{fold_scalars=false}", tmp_path)
+    assert with_mul["Mul"] == 2, with_mul
+
+
+def test_compile_o2_quantize_with_calibration_iterable():
+    import mlcomp
+    torch.manual_seed(0)
+    model, x = Net().eval(), torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    batches = (torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(s)) for s in range(4))
+    art = mlcomp.compile(model, (x,), target="onnxruntime", pipeline="-O2,quantize{held_back=1}",
+                         calibration_data=batches)
+    ver = art.manifest["verification"]
+    assert ver["passed"] and ver["max_rel"] <= art.manifest["declared_tolerance"]
+    st = next(p for p in art.manifest["pipeline_report"]["passes"] if p["name"] == "quantize")["stats"]
+    assert st["calibration_samples"] == 3 and st["held_back"]["samples"] == 1 and st["quantized"] == 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bert", "vit"])
+def test_third_party_within_the_declared_metric(name):
+    pytest.importorskip("transformers")
+    import mlcomp
+    from mlcomp.models.third_party import build_third_party, token_ids
+    model, inputs = build_third_party(name, batch=2)
+    batches = [token_ids(2, seed=s) if name == "bert" else
+               (torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(s)),) for s in (5, 6, 7)]
+    art = mlcomp.compile(model, inputs, target="onnxruntime", pipeline="-O2,quantize{held_back=1}",
+                         calibration_data=batches)
+    ver = art.manifest["verification"]
+    tol = art.manifest["declared_tolerance"]
+    assert ver["passed"] and 0 < ver["max_rel"] <= tol
+    st = next(p for p in art.manifest["pipeline_report"]["passes"] if p["name"] == "quantize")["stats"]
+    assert st["quantized"] >= 8 and st["calibration"]["max_rel"] <= tol
+    assert st["held_back"]["samples"] == 1 and st["held_back"]["mean_rel"] < tol
+    assert st["sensitivity"] and st["sensitivity"][0]["added"] >= st["sensitivity"][-1]["added"]
+
+
+def test_dynamic_activations_run_orts_dynamic_quantize_matmul(tmp_path):
+    from mlcomp.ir.interpreter import Interpreter
+    from mlcomp.targets.onnx.emit import emit_model
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(2))
+    g = load_model(model, example_inputs=(x,)).capture()
+    out, _ = run_pipeline(g, "quantize{activations=dynamic}", example_inputs=(x,), verify=True)
+    emitted = emit_model(out)
+    assert emitted.declined is None
+    ran = _optimized(emitted.model.SerializeToString(), tmp_path / "dyn.opt.onnx")
+    assert ran["DynamicQuantizeMatMul"] == 2 and not {"Gemm", "MatMul", "MatMulInteger"} & set(ran), ran
+    sess = ort.InferenceSession(emitted.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0])
+    ref = Interpreter(out).run(x)[0]
+    assert float((got - ref).abs().max()) <= 1e-5 * float(ref.abs().max())   # the interpreter computes ORT's numbers
+
+
+def test_compile_refuses_a_missed_declared_tolerance_with_numbers():
+    import mlcomp
+    from mlcomp.base.errors import VerificationError
+    torch.manual_seed(0)
+    model, x = Net().eval(), torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(VerificationError) as err:
+        mlcomp.compile(model, (x,), target="onnxruntime", pipeline="-O2,quantize{tolerance=1e-9 agreement=1}")
+    text = str(err.value)
+    assert "exceeds tolerance=1e-09" in text and "The layers that lose most:" in text
+    assert err.value.exit_code == 4 and "report the model" not in text
