@@ -31,6 +31,7 @@ from mlcomp.base.units import fmt_bytes
 from mlcomp.cli.cache import cache_for_compile, cache_max_size_option, eviction_lines
 from mlcomp.cli.main import checked_threads, load_and_capture, model_options
 from mlcomp.cli.passes import pipeline_from_cli, pipeline_options, resolve_pipeline
+from mlcomp.cli.train_options import train_step_options
 from mlcomp.pipeline.instruments import Instrument
 from mlcomp.targets.registry import target_list
 
@@ -114,18 +115,7 @@ def size_on_disk(path: Path) -> int:
 @click.option("--loss", default="cross_entropy", show_default=True, help="With --train: cross_entropy, mse or model.")
 @click.option("--optimizer", default="sgd{lr=0.01 momentum=0.9}", show_default=True,
               help='With --train: e.g. "sgd{lr=0.05 momentum=0.9}" or "adam{lr=1e-3}".')
-@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True,
-              help="With --train: compiled steps compared with as many eager steps.")
-@click.option("--loss-scale", default=None, metavar="SPEC",
-              help='With --train: dynamic, none, a static scale (1024) or "dynamic{init=65536 growth_interval=2000}" '
-                   "(default: dynamic when the graph computes in fp16, else none).")
-@click.option("--fused-update", is_flag=True,
-              help="With --train: update each parameter inside the backward as soon as its gradient is complete, "
-                   "and free the gradient there (a lower peak; the same parameters).")
-@click.option("--host-memory", type=click.Choice(["auto", "return", "keep"]), default="auto", show_default=True,
-              help="With --train: whether tensors the step frees go back to the OS (return: the RSS follows the "
-                   "predicted peak, a page fault per 4 KiB allocated; keep: glibc's reuse; auto: return for a step "
-                   "with remat, schedule or --fused-update).")
+@train_step_options
 @click.option("--generate", "generate", type=click.IntRange(min=1), default=None, metavar="N",
               help="Compile a decoder LM for generation (prefill + one-token decode over a static KV cache) and "
                    "check N greedy tokens against eager (mlcomp.cli.generation).")
