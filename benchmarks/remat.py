@@ -9,8 +9,8 @@ then measured in the same process:
 
 * ``none`` -- mlcomp's joint graph, the optimizer after the graph (the reference);
 * ``fused`` -- the same step with the optimizer in the backward (``update_in_backward``);
-* ``remat@B`` -- ``remat{budget=B fused=true},schedule{fused=true}``, compiled fused: the plan with
-  the lowest predicted step peak among the knapsack solver's candidates (the cheapest within 10%);
+* ``remat@B`` -- ``remat{budget=B fused=true optimizer="..."},schedule{fused=true}``, compiled fused: the
+  plan with the lowest predicted step peak among the knapsack solver's candidates (the cheapest within 10%);
 * ``mincut@0.25`` -- ``remat{budget=0.25 solver=mincut}``, unfused (the setting the issue measured);
 * ``torch ckpt`` -- eager autograd with ``torch.utils.checkpoint`` around every block (each module of a
   ModuleList/Sequential of two or more repeated blocks), the same optimizer after ``backward``;
