@@ -16,7 +16,7 @@
 ``file.py:fn``).  Remaining keyword arguments are
 :class:`~mlcomp.targets.base.CompileOptions` (``threads``, ``tune_trials``,
 ``work_dir``, ``device``, ``tolerance``…) or loading options (``input_shapes``,
-``batch``, ``capture``, ``dynamic_batch``, ``trust_pickle``).
+``batch``, ``capture``, ``dynamic`` (``"batch,seq=8..512"``), ``dynamic_batch``, ``trust_pickle``).
 
 :func:`compile_model` (what both ``mlcomp.compile`` and ``mlcomp compile`` run)
 consults an optional :class:`~mlcomp.api.cache.CompileCache` first (opt-in here:
@@ -254,7 +254,7 @@ def _compile(model_or_path: Any, example_inputs: Any, target: Any, pipeline: Any
         warnings.warn(note, stacklevel=2)
     t0 = time.perf_counter()
     graph = source.capture(method=load_opts.get("capture", "export"),
-                           dynamic_batch=bool(load_opts.get("dynamic_batch")))
+                           dynamic=load_opts.get("dynamic"), dynamic_batch=bool(load_opts.get("dynamic_batch")))
     seconds = time.perf_counter() - t0
     result = compile_model(source, graph, target=target, candidates=candidates, pipeline=pipeline, verify=verify,
                            cache=store, capture_seconds=seconds, fallback=fallback, **options)
@@ -369,7 +369,7 @@ def _export(model_or_path: Any, path: str | Path, format: str, example_inputs: A
     check_options(model_or_path, load_opts, tolerance)
     source = load_source(model_or_path, example_inputs, load_opts)
     graph = source.capture(method=load_opts.get("capture", "export"),
-                           dynamic_batch=bool(load_opts.get("dynamic_batch")))
+                           dynamic=load_opts.get("dynamic"), dynamic_batch=bool(load_opts.get("dynamic_batch")))
     inputs = source.inputs()
     if pipeline:
         graph, _ = run_pipeline(graph, Pipeline.coerce(pipeline), example_inputs=inputs)

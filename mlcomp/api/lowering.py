@@ -22,6 +22,7 @@ import torch
 from mlcomp.analysis.ranges import declared_tolerance
 from mlcomp.analysis.selections import near_tie_reference, selection_nodes
 from mlcomp.analysis.verify import flatten_outputs
+from mlcomp.api.range_check import verify_ranges
 from mlcomp.frontend.model_faults import eager_fault
 from mlcomp.ir.interpreter import evaluate
 from mlcomp.pipeline import Pipeline, run_pipeline
@@ -129,7 +130,8 @@ def compile_source(source: Any, graph: Any, *, target: str | Target | None = Non
 
     ``target`` None: the pipeline file's ``target``, else ``cpu``.  ``instruments`` go to
     :func:`mlcomp.pipeline.run_pipeline` (None: its defaults, IR check and timing).  With
-    ``verify`` the artifact is compared with eager on the example inputs (``result.check``);
+    ``verify`` the artifact is compared with eager on the example inputs (``result.check``), and
+    for a graph with symbolic sizes at each range's ends and middle (:mod:`mlcomp.api.range_check`);
     a mismatch raises unless ``raise_on_failure`` is False.
     """
     chosen = resolve_target(target, pipeline)
@@ -166,6 +168,9 @@ def compile_source(source: Any, graph: Any, *, target: str | Target | None = Non
         check = artifact.verify(tolerance=opts.tolerance, raise_on_failure=False)
         if not check.passed and graph is not captured and not against:
             check = verify_near_ties(artifact, captured, graph, inputs, opts.tolerance) or check
+        if graph.ranges:          # symbolic sizes: also at each range's ends and middle
+            check = verify_ranges(artifact, source, graph, report, check, tolerance=opts.tolerance,
+                                  reference=eager_reference)
         if raise_on_failure:
             check.raise_if_failed(where=f"target {artifact.target}, model {artifact.manifest['model']}")
     return CompileResult(artifact, report, capture_seconds, pipeline_seconds, check=check)

@@ -124,7 +124,7 @@ def size_on_disk(path: Path) -> int:
 @click.option("--max-len", type=click.IntRange(min=1), default=None,
               help="With --generate: cache positions (default: prompt + N rounded up to 16).")
 def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
-                dynamic_batch: bool, trust_pickle: bool, target: str | None, candidates: str | None,
+                dynamic: str | None, trust_pickle: bool, target: str | None, candidates: str | None,
                 output: Path | None, pipeline: str | None, opt_level: str | None, dump_after: str | None,
                 dump_dir: str, verify_passes: bool, explain: bool, tolerance: float | None, fallback: str,
                 threads: int | None, device: str | None, tune_trials: int, tuning_dir: str | None,
@@ -179,7 +179,7 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     facts: dict[str, Any] = {"model": model}
     if deterministic:
         seed_everything(DETERMINISTIC_SEED)         # before the model is built
-    source, graph, capture_seconds = _capture(model, (input_shapes, batch, capture_method, dynamic_batch,
+    source, graph, capture_seconds = _capture(model, (input_shapes, batch, capture_method, dynamic,
                                                      trust_pickle), progress, say, facts)
     names = _check_names(names, len(graph.output_refs), graph.name)
     output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{canonical}", Kind.DIR, force=force,
@@ -276,6 +276,7 @@ def _say_compiled(result: Any, request: Any, hit: bool, facts: dict[str, Any], s
 def _verify_and_save(result: Any, model: str, output: Path, *, force: bool, fresh_check: bool,
                      progress: Progress, facts: dict[str, Any], say: _Say) -> None:
     """The verification against eager (raises if it failed), then save, reload and verify the reloaded copy."""
+    from mlcomp.api.range_check import sizes_line
     from mlcomp.runtime.artifact import Artifact
 
     art = result.artifact
@@ -285,6 +286,8 @@ def _verify_and_save(result: Any, model: str, output: Path, *, force: bool, fres
         say("not verified against eager (--no-verify)")
     else:
         say(f"verified against {against}: {check.summary()}")
+        if sizes_line(art.verification):
+            say(sizes_line(art.verification))
         check.raise_if_failed(where=f"target {art.target}, model {model}")
     with progress.stage(f"save {output}"):
         art.save(output, force=force)

@@ -31,7 +31,7 @@ __all__ = ["export_cmd"]
               help="Relative tolerance for verification.")
 @force_option
 def export_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
-               dynamic_batch: bool, trust_pickle: bool, fmt: str, output: Path, pipeline: str | None,
+               dynamic: str | None, trust_pickle: bool, fmt: str, output: Path, pipeline: str | None,
                opt_level: str | None, tolerance: float | None, force: bool) -> None:
     """Write MODEL as a standalone file, reload it with the plain tool and verify it.
 
@@ -49,7 +49,7 @@ def export_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, cap
     pipe, adapted = export_pipeline(fmt_, resolve_pipeline(pipeline, opt_level))    # parsed before capture
     progress = Progress.for_command()
     with progress.stage(f"capture {model}"):
-        source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
+        source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic, trust_pickle)
     inputs = source.inputs()
     if pipe.passes:
         with progress.stage(f"pipeline {pipe.spec}"):

@@ -150,9 +150,12 @@ def model_options(fn: Any = None, *, batch: bool = True) -> Any:
                         help="Batch size for zoo models (default 1).")] if batch else []),
         click.option("--capture", "capture_method", type=click.Choice(["export", "fx"]), default="export",
                      show_default=True, help="torch.export (ATen) or torch.fx.symbolic_trace then make_fx."),
-        click.option("--dynamic-batch", is_flag=True,
-                     help="Mark the batch dimension dynamic (without it, a .pt2 saved with a dynamic batch is "
-                          "compiled at the batch of its example inputs)."),
+        click.option("--dynamic-batch", "dynamic", flag_value="batch",
+                     help="Mark the batch dimension dynamic: --dynamic batch (without either, a .pt2 saved with a "
+                          "dynamic batch is compiled at the batch of its example inputs)."),
+        click.option("--dynamic", "dynamic", default=None, metavar="NAME[@DIM][=MIN..MAX],...",
+                     help="Keep these sizes symbolic, e.g. batch,seq=8..512 (batch is dim 0, seq dim 1 of every "
+                          "input; other names need @DIM); one artifact serves every size in the ranges."),
         click.option("--trust-pickle", is_flag=True,
                      help="Allow loading a pickled module (torch.save(model)); this executes code from the file."),
     ]
@@ -177,7 +180,7 @@ def checked_threads(ctx: click.Context, param: click.Parameter, value: int | Non
 
 
 def load_and_capture(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
-                     dynamic_batch: bool, trust_pickle: bool):
+                     dynamic: str | None, trust_pickle: bool):
     from mlcomp.api import check_model_inputs
     from mlcomp.frontend.loading import load_model
 
@@ -185,7 +188,7 @@ def load_and_capture(model: str, input_shapes: tuple[str, ...], batch: int | Non
     source = load_model(model, input_shapes=input_shapes, trust_pickle=trust_pickle, batch=batch)
     for note in source.notes:
         click.echo(f"note: {note}", err=True)
-    graph = source.capture(method=capture_method, dynamic_batch=dynamic_batch)
+    graph = source.capture(method=capture_method, dynamic=dynamic)
     return source, graph
 
 
@@ -202,7 +205,7 @@ def load_and_capture(model: str, input_shapes: tuple[str, ...], batch: int | Non
 @click.option("--loss", default="cross_entropy", show_default=True, help="With --train: cross_entropy, mse or model.")
 @click.option("--force", is_flag=True, help="Replace an earlier mlcomp output at --dot (never a user's file).")
 def inspect_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
-                dynamic_batch: bool, trust_pickle: bool, as_json: bool, show_ir: bool,
+                dynamic: str | None, trust_pickle: bool, as_json: bool, show_ir: bool,
                 dot_file: str | None, top: int, train: bool = False, loss: str = "cross_entropy",
                 force: bool = False) -> None:
     """Op histogram, parameters, FLOPs, bytes, intensity and the parallelism profile of MODEL."""
@@ -217,7 +220,7 @@ def inspect_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
 
     if dot_file is not None:
         check_destination(dot_file, Kind.FILE, option="--dot", fmt="dot", force=force, inputs=(model,))
-    _, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
+    _, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic, trust_pickle)
     report = inspect_graph(graph)
     if dot_file:
         write_text_atomic(dot_file, to_dot(graph), fmt="dot")

@@ -61,7 +61,7 @@ def _read_times(path: str | None) -> dict[str, float] | None:
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--force", is_flag=True, help="Replace an earlier mlcomp output at --plot (never a user's file).")
 def partition_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
-                  dynamic_batch: bool, trust_pickle: bool, stages: int, objective: str, microbatches: int,
+                  dynamic: str | None, trust_pickle: bool, stages: int, objective: str, microbatches: int,
                   schedule: str, memory_limit: str | None, training: bool, times_file: str | None,
                   plot_file: str | None, probe: bool, as_json: bool, force: bool = False) -> None:
     """Cut MODEL into pipeline stages (exact DP) and simulate the schedule; nothing is compiled."""
@@ -69,7 +69,7 @@ def partition_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, 
         check_destination(plot_file, Kind.FILE, option="--plot", fmt="png", force=force,
                           inputs=(model, *([times_file] if times_file else [])))
     times = _read_times(times_file)
-    _, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
+    _, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic, trust_pickle)
     prof = LinkProbe().result if probe else None
     pc = PlacementCost.of(graph, times=times, link=prof.link if prof else None)
     kind = Schedule(schedule)

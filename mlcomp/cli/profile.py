@@ -22,10 +22,10 @@ __all__ = ["profile_cmd"]
               help="Timed runs per node (the median is kept).")
 @click.option("--force", is_flag=True, help="Replace an earlier mlcomp output at -o (never a user's file).")
 def profile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
-                dynamic_batch: bool, trust_pickle: bool, output: str, repeats: int, force: bool = False) -> None:
+                dynamic: str | None, trust_pickle: bool, output: str, repeats: int, force: bool = False) -> None:
     """Measure every node's time on this machine (for `mlcomp partition --times`)."""
     check_destination(output, Kind.FILE, fmt="json", force=force, inputs=(model,))
-    source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
+    source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic, trust_pickle)
     seconds = measure_node_times(graph, source.inputs(), repeats=repeats)
     write_text_atomic(output, json.dumps({"model": graph.name, "repeats": repeats, "seconds": seconds}, indent=1),
                       "json")

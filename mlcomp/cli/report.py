@@ -44,7 +44,7 @@ __all__ = ["report_cmd"]
 @click.option("--crosscheck", is_flag=True, help="Add a whole-process column: each artifact and eager timed as "
               "separate processes (start-up subtracted), a check on the in-process speedups from outside.")
 def report_cmd(model: str, input_shapes: tuple[str, ...], capture_method: str,
-               dynamic_batch: bool, trust_pickle: bool, output: str, pipeline: str | None, opt_level: str | None,
+               dynamic: str | None, trust_pickle: bool, output: str, pipeline: str | None, opt_level: str | None,
                targets: tuple[str, ...], dtypes: tuple[str, ...], bench_batches: tuple[int, ...] | None,
                old_bench_batches: tuple[int, ...] | None, roofline: bool, quick: bool, train: bool,
                budget: float, warmup: int, min_repeats: int, max_repeats: int, threads: int | None,
@@ -67,7 +67,7 @@ def report_cmd(model: str, input_shapes: tuple[str, ...], capture_method: str,
     set_threads(threads)
     progress = command_progress(show_progress)
     with progress.stage(f"capture {model}"):
-        source, graph = load_and_capture(model, input_shapes, None, capture_method, dynamic_batch, trust_pickle)
+        source, graph = load_and_capture(model, input_shapes, None, capture_method, dynamic, trust_pickle)
     config = ReportConfig(BenchConfig(targets, bench_batches, pipeline,
                                       TimingPolicy(warmup, budget, min_repeats, max_repeats), threads=threads,
                                       dtypes=dtypes,

@@ -72,7 +72,7 @@ def check_tuning_db(db: str | Path, option: str, model: str) -> None:
               help="Seconds one candidate may take to run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the tuning summary as one JSON object on stdout.")
 def tune_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
-             dynamic_batch: bool, trust_pickle: bool, trials: int, db: Path, pipeline: str | None,
+             dynamic: str | None, trust_pickle: bool, trials: int, db: Path, pipeline: str | None,
              opt_level: str | None, device: str | None, build_timeout: float, run_timeout: float,
              as_json: bool = False, db_alias: Path | None = None) -> None:
     """Tune MODEL's TVM kernels with MetaSchedule into a database shared across models."""
@@ -92,7 +92,7 @@ def tune_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, captu
     progress = Progress.for_command(machine_output=as_json)
     t0 = time.perf_counter()
     with progress.stage(f"capture {model}"):
-        source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic_batch, trust_pickle)
+        source, graph = load_and_capture(model, input_shapes, batch, capture_method, dynamic, trust_pickle)
     pipe, _ = adapted_pipeline(resolve_pipeline(pipeline, opt_level), target)
     if pipe is not None:
         with progress.stage(f"pipeline {pipe.spec} for tvm"):

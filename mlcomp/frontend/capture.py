@@ -40,6 +40,7 @@ from mlcomp.base.errors import CaptureError, InputSpecError
 from mlcomp.base.quiet import quiet_torch
 from mlcomp.frontend.cache_outputs import flat_caches
 from mlcomp.frontend.decompose import DecompositionFailed, decompose
+from mlcomp.frontend.dynamic import export_dims, name_symbols, note_symbol, parse_dynamic, widen_examples
 from mlcomp.frontend.model_faults import (
     check_arguments,
     check_graph_mutation,
@@ -67,10 +68,14 @@ class CaptureMethod(enum.Enum):
 
 
 def capture_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], *,
-                   method: CaptureMethod = CaptureMethod.EXPORT, dynamic_batch: bool = False,
+                   method: CaptureMethod = CaptureMethod.EXPORT, dynamic: Any = None,
                    training: bool = False, name: str | None = None,
                    decompositions: Mapping[Any, Callable[..., Any]] | None = None) -> Graph:
-    """Capture an ``nn.Module`` called on ``example_inputs`` (``decompositions``: see :func:`capture_exported`)."""
+    """Capture an ``nn.Module`` called on ``example_inputs`` (``decompositions``: see :func:`capture_exported`).
+
+    ``dynamic``: which sizes stay symbolic (:func:`mlcomp.frontend.dynamic.parse_dynamic`: ``"batch,seq"``,
+    ``"batch=1..64"``, ``True`` for the batch); the graph's symbols take the names given there.
+    """
     example_inputs = tuple(example_inputs)
     name = name or type(module).__name__
     module = module.train(training)
@@ -78,18 +83,19 @@ def capture_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], *,
     check_arguments(module, example_inputs, name)
     if method is CaptureMethod.FX:
         return _capture_fx(module, example_inputs, name=name, training=training)
-    if dynamic_batch:                   # export specialises a size-1 dimension: a dynamic batch is traced at 2
-        example_inputs = tuple(torch.cat([t, t]) if t.dim() and t.shape[0] == 1 else t for t in example_inputs)
-    dynamic_shapes = _batch_dynamic(example_inputs) if dynamic_batch else None
+    dims = parse_dynamic(dynamic)
+    example_inputs = widen_examples(dims, example_inputs)    # export fixes a size-1 dimension: traced at 2
+    dynamic_shapes = export_dims(dims, example_inputs, name) if dims else None
     with flat_caches():     # a returned transformers cache flattens to its tensors (scoped registration)
         ep = _export(module, example_inputs, dynamic_shapes, name)
         if not training:
             check_outputs(ep.graph, module, name)
             check_no_mutation(ep, name)
         try:
-            return capture_exported(ep, name=name, training=training, decompositions=decompositions)
+            return name_symbols(capture_exported(ep, name=name, training=training,
+                                                 decompositions=decompositions), dims)
         except CaptureError as first:
-            if training or dynamic_batch:
+            if training or dims:
                 raise
             # run_decompositions has gaps; tracing the exported module at the dispatcher level
             # decomposes the same ops another way
@@ -168,11 +174,6 @@ def _check_runs(module: nn.Module, inputs: tuple[torch.Tensor, ...], name: str) 
             f"{name} fails on example inputs of shape {shapes}: {type(exc).__name__}: {first_line(exc)}",
             where=user_frame(exc),
             hint="check --input-shape (one per model input, e.g. --input-shape 1x3x32x32:f32)") from None
-
-
-def _batch_dynamic(inputs: Sequence[torch.Tensor]) -> tuple[dict[int, Any], ...]:
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    return tuple({0: batch} if isinstance(t, torch.Tensor) and t.dim() > 0 else {} for t in inputs)
 
 
 def _capture_fx(module: nn.Module, inputs: tuple[torch.Tensor, ...], *, name: str, training: bool) -> Graph:
@@ -359,24 +360,12 @@ def _meta_of(fx_node: torch.fx.Node, graph: Graph) -> Any:
 
     def conv(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
-            shape = []
-            for d in v.shape:
-                if isinstance(d, torch.SymInt):
-                    sym = str(d)
-                    hint = d.node.hint if d.node.has_hint() else None
-                    if hint is not None and re.fullmatch(r"[A-Za-z_]\w*", sym):
-                        graph.symbols.setdefault(sym, int(hint))
-                    shape.append(sym)
-                else:
-                    shape.append(int(d))
-            return TensorMeta(tuple(shape), v.dtype, "cpu" if v.device.type in ("cpu", "meta") else str(v.device))
+            shape = tuple(note_symbol(graph, d) if isinstance(d, torch.SymInt) else int(d) for d in v.shape)
+            return TensorMeta(shape, v.dtype, "cpu" if v.device.type in ("cpu", "meta") else str(v.device))
         if isinstance(v, (list, tuple)):
             return tuple(conv(x) for x in v)
         if isinstance(v, torch.SymInt):
-            sym = str(v)
-            if v.node.has_hint() and re.fullmatch(r"[A-Za-z_]\w*", sym):
-                graph.symbols.setdefault(sym, int(v.node.hint))
-            return None
+            note_symbol(graph, v)
         return None
 
     return conv(val)

@@ -311,7 +311,7 @@ def _rebuild(raw: Graph, rename: dict[str, str], model_end: str | None, marker: 
     grad_of = {r.name: rename[r.name][len(GRAD):] for r in out_refs if rename.get(r.name, "").startswith(GRAD)}
     origins = joint_origins(raw, phases, modules, grad_of)
     graph = Graph(raw.name, mode=Mode.TRAINING)
-    graph.symbols = dict(raw.symbols)
+    graph.symbols, graph.ranges = dict(raw.symbols), dict(raw.ranges)
     new = lambda r: Ref(rename.get(r.name, r.name))
     for node in raw.nodes():
         if node.name == marker or node.op == OUTPUT:

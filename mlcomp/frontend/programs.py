@@ -36,6 +36,7 @@ from torch import nn
 
 from mlcomp.base.errors import CaptureError, InputSpecError
 from mlcomp.base.quiet import quiet_torch
+from mlcomp.frontend.dynamic import export_dims, parse_dynamic
 
 __all__ = ["batch_is_dynamic", "dynamic_batch_program", "eval_mode_ops", "program_module",
            "static_program", "trainable_torchscript"]
@@ -71,12 +72,13 @@ def batch_is_dynamic(ep: "torch.export.ExportedProgram") -> bool:
 
 
 def dynamic_batch_program(ep: "torch.export.ExportedProgram", inputs: Sequence[torch.Tensor], *,
-                          name: str, path: str | None) -> "torch.export.ExportedProgram":
-    """``ep`` with a symbolic batch: itself if it has one, else its module re-exported with dim 0 dynamic."""
-    if batch_is_dynamic(ep):
+                          name: str, path: str | None, dims: Any = True) -> "torch.export.ExportedProgram":
+    """``ep`` with symbolic sizes (``dims``: :func:`~mlcomp.frontend.dynamic.parse_dynamic`, default the
+    batch): itself if it has a symbolic batch and only that is asked, else its module re-exported with them."""
+    dims = parse_dynamic(dims)
+    if batch_is_dynamic(ep) and [d.dim for d in dims] == [0]:
         return ep
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    shapes = tuple({0: batch} if isinstance(t, torch.Tensor) and t.dim() > 0 else {} for t in inputs)
+    shapes = export_dims(dims, inputs, name)
     with quiet_torch():
         try:
             return torch.export.export(program_module(ep), tuple(inputs), dynamic_shapes=shapes)

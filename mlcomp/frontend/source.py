@@ -16,6 +16,7 @@ from mlcomp.base.errors import CaptureError, InputSpecError
 from mlcomp.base.quiet import quiet_torch
 from mlcomp.frontend.cache_outputs import PlainCacheOutputs, flat_caches
 from mlcomp.frontend.capture import CaptureMethod, capture_exported, capture_module, capture_traced
+from mlcomp.frontend.dynamic import name_symbols, parse_dynamic
 from mlcomp.frontend.programs import dynamic_batch_program, static_program, trainable_torchscript
 from mlcomp.frontend.script_inputs import check_script_inputs
 from mlcomp.ir import Graph, dtype_name, parse_dtype
@@ -89,18 +90,28 @@ class ModelSource:
                                  hint="pass --input-shape, e.g. --input-shape 1x3x32x32 (repeat per input)")
         return self.example_inputs
 
-    def capture(self, *, method: str = "export", dynamic_batch: bool = False,
+    def capture(self, *, method: str = "export", dynamic: Any = None, dynamic_batch: bool = False,
                 training: bool = False, decompositions: Mapping[Any, Callable[..., Any]] | None = None) -> Graph:
-        """The IR; ``decompositions`` (op overload → function) go over torch's default table (export only)."""
+        """The IR; ``decompositions`` (op overload → function) go over torch's default table (export only).
+
+        ``dynamic``: the sizes kept symbolic (:func:`~mlcomp.frontend.dynamic.parse_dynamic`);
+        ``dynamic_batch`` is ``dynamic="batch"``.
+        """
+        dims = parse_dynamic(dynamic or dynamic_batch)
         if self.kind == "exported" and self.exported is not None and method == "export":
-            reexport = dynamic_batch_program if dynamic_batch else static_program
-            ep = reexport(self.exported, self.inputs(), name=self.name, path=self.path)
-            return capture_exported(ep, name=self.name, training=training, decompositions=decompositions)
+            if dims:
+                ep = dynamic_batch_program(self.exported, self.inputs(), name=self.name, path=self.path, dims=dims)
+                if ep is not self.exported:     # the reference at other sizes: the re-exported program
+                    self.eager = ep.module()
+            else:
+                ep = static_program(self.exported, self.inputs(), name=self.name, path=self.path)
+            return name_symbols(capture_exported(ep, name=self.name, training=training,
+                                                 decompositions=decompositions), dims)
         if self.kind == "torchscript":
             return _capture_torchscript(self)
         with flat_caches() as caches:   # transformers cache outputs: their tensors become outputs
             graph = capture_module(PlainCacheOutputs.unwrap(self.eager), self.inputs(),
-                                   method=CaptureMethod(method), dynamic_batch=dynamic_batch,
+                                   method=CaptureMethod(method), dynamic=dims,
                                    training=training, name=self.name, decompositions=decompositions)
         note = caches.note()
         if note is not None and not isinstance(self.eager, PlainCacheOutputs):

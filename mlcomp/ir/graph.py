@@ -46,6 +46,7 @@ from mlcomp.ir.node import (
 from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, Op
 from mlcomp.ir.order import NodeOrder, topo_repair
 from mlcomp.ir.verifier import MetaChecks, verify
+from mlcomp.ir.symbols import SizeRange
 
 __all__ = ["Graph"]
 
@@ -77,6 +78,7 @@ class Graph:
         self.mode = mode
         self.constants: Constants = Constants()   # copy-on-write between Graph.copy() siblings
         self.symbols: dict[str, int] = {}      # example values of symbolic sizes
+        self.ranges: dict[str, SizeRange] = {}   # the sizes each symbol may take (mlcomp.ir.symbols)
         self._nodes: dict[str, Node] = {}       # in insertion order (edge order of to_dot)
         self._reads: dict[str, tuple[str, ...]] = {}     # name -> input names (Node.input_names)
         self._users: dict[str, dict[str, None]] = {}     # name -> readers, in edge insertion order
@@ -347,7 +349,7 @@ class Graph:
         """A new graph with the same nodes; constant tensors are shared until either graph writes one."""
         g = Graph(self.name, mode=self.mode)
         g.constants = self.constants.copy()
-        g.symbols = dict(self.symbols)
+        g.symbols, g.ranges = dict(self.symbols), dict(self.ranges)
         g._nodes, g._reads = dict(self._nodes), dict(self._reads)
         g._users = {n: dict(u) for n, u in self._users.items()}
         g._by_op = {op: dict(names) for op, names in self._by_op.items()}
@@ -369,7 +371,7 @@ class Graph:
         """
         keep = set(names)
         sub = Graph(name or f"{self.name}_sub", mode=self.mode)
-        sub.symbols = dict(self.symbols)
+        sub.symbols, sub.ranges = dict(self.symbols), dict(self.ranges)
         outer_outputs = {r.name for r in self.output_refs}
         produced: list[str] = []
         for node in self.nodes():

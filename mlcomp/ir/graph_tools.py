@@ -130,6 +130,8 @@ def format_graph(graph: Graph) -> str:
     """The text form (``str(graph)``): inputs in the header, one line per node, ``return``."""
     ins = ", ".join(f"%{n.name}: {n.meta}" for n in graph.input_nodes)
     lines = [f"graph {graph.name}({ins}) {{"]
+    if graph.ranges:
+        lines.append("  # sizes: " + ", ".join(f"{n} in {r}" for n, r in sorted(graph.ranges.items())))
     for node in graph.nodes():
         if node.op == INPUT:
             continue

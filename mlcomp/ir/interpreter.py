@@ -104,7 +104,7 @@ def check_input(node: Node, value: Any) -> None:
         raise InputSpecError(
             f"input {node.name} has shape {list(value.shape)} but the model was captured for {meta}",
             hint="pass a tensor of that shape, or capture again with --input-shape "
-                 "(and --dynamic-batch for a variable batch size)")
+                 "(and --dynamic batch,seq for variable sizes)")
     if value.dtype != meta.dtype:
         raise InputSpecError(f"input {node.name} has dtype {value.dtype} but the model expects {meta}",
                              hint=f"convert it with .to({meta.dtype})")

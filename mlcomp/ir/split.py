@@ -121,7 +121,7 @@ def split_stages(graph: Graph, placement: Mapping[str, int] | None = None, *,
 def _stage_graph(graph: Graph, s: int, count: int, stage: Mapping[str, int], receives: tuple[str, ...],
                  sends: tuple[str, ...]) -> Graph:
     sub = Graph(f"{graph.name}_stage{s}", mode=graph.mode)
-    sub.symbols = dict(graph.symbols)
+    sub.symbols, sub.ranges = dict(graph.symbols), dict(graph.ranges)
     for name in receives:
         outer = graph.node(name)
         sub.add(Node(name, INPUT, meta=outer.meta, origin=outer.origin))

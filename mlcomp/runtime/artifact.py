@@ -51,6 +51,7 @@ from mlcomp.runtime.manifest import (FORMAT, FORMAT_VERSION, check_payload_file,
                                      runtime_decisions, stable_manifest)
 from mlcomp.models import random_tensor
 from mlcomp.ir import Dim, Graph, Node, TensorMeta, dtype_name, parse_dtype
+from mlcomp.ir.symbols import check_sizes, ranges_from_json, ranges_json
 
 __all__ = ["Artifact", "TensorSpec", "Runtime", "RuntimeKind", "FORMAT", "FORMAT_VERSION"]
 
@@ -187,6 +188,7 @@ class Artifact:
         # (shape, dtype) per input for the fast check; shape None = has symbolic sizes
         self._expect = [(None if any(isinstance(d, str) for d in s.shape) else torch.Size(s.shape), s.dtype)
                         for s in self.inputs]
+        self._ranges = ranges_from_json(manifest.get("ranges"))
 
     @classmethod
     def new(cls, runtime: "Runtime", *, target: str, device: str, graph: Graph, inputs: Sequence[TensorSpec],
@@ -197,7 +199,7 @@ class Artifact:
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions(),
             "model": graph.name, "target": target, "device": device, "runtime": runtime.kind.value,
             "inputs": [s.to_json() for s in inputs], "outputs": [s.to_json() for s in outputs],
-            "symbols": dict(graph.symbols), "pipeline": pipeline, "options": options,
+            "symbols": dict(graph.symbols), "ranges": ranges_json(graph.ranges), "pipeline": pipeline, "options": options,
             "fallback_regions": regions or [], "compile_seconds": round(compile_seconds, 4),
             "verification": None,
             # what the graph's bf16/fp16 nodes imply (mlcomp.analysis.ranges), or the runtime's own
@@ -253,6 +255,8 @@ class Artifact:
                 f"but got {len(inputs)}", hint="pass one tensor per model input")
         if self._runtime_checks:
             # the runtime (ONNX Runtime) rejects wrong shapes/dtypes itself: check only on failure
+            if self._ranges:             # but not sizes outside the ranges the artifact was verified for
+                self._check_ranges(inputs)
             try:
                 out = self._invoke(*inputs)
             except Exception:
@@ -281,7 +285,13 @@ class Artifact:
                     f"input {spec.name} {problem} but the artifact was compiled for {spec}",
                     where=f"{self.target} artifact of {self.manifest['model']}",
                     hint="pass a tensor of that shape and dtype, or compile again for this shape "
-                         "(--batch / --input-shape, --dynamic-batch for a variable batch)")
+                         "(--batch / --input-shape, --dynamic batch,seq for variable sizes)")
+        self._check_ranges(inputs)
+
+    def _check_ranges(self, inputs: Sequence[torch.Tensor]) -> None:
+        """Each symbolic size inside its range, and the same size wherever one symbol appears."""
+        check_sizes(self._ranges, [s.shape for s in self.inputs], [tuple(t.shape) for t in inputs],
+                    [s.name for s in self.inputs], where=f"{self.target} artifact of {self.manifest['model']}")
 
     def random_inputs(self, seed: int = 0) -> tuple[torch.Tensor, ...]:
         gen = torch.Generator().manual_seed(seed)

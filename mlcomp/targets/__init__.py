@@ -16,7 +16,7 @@
     True
     >>> get_target("tvm").capabilities.describe()
     'modes inference; dtypes f32, f16, bf16, f64, i64, i32, i16, i8, u8, bool; devices cpu, cuda; single device;
-     static shapes only; mixed precision bf16 (casts in the graph, ...), f16 (casts in the graph, ...)'
+     symbolic sizes; mixed precision bf16 (casts in the graph, ...), f16 (casts in the graph, ...)'
 
 ``art.save("out/model")`` writes the artifact folder and ``Artifact.load("out/model")`` reads it back.
 One subpackage per backend (``torch/``: cpu, cuda; ``onnx/``: onnxruntime; ``tvm/``;

@@ -262,7 +262,7 @@ HINTS: Mapping[MismatchKind, str] = {
     MismatchKind.IO_DTYPE: "keep model inputs and outputs float32; mixed precision casts inside the graph",
     MismatchKind.DEVICE: "pass --device with one of the listed devices, or choose another target",
     MismatchKind.MULTI_DEVICE: "compile without the placement pass, or for a target that honours placement",
-    MismatchKind.DYNAMIC_SHAPES: "capture without --dynamic-batch",
+    MismatchKind.DYNAMIC_SHAPES: "capture without --dynamic / --dynamic-batch",
     MismatchKind.OPS: "run those regions in torch with --fallback eager",
 }
 

@@ -21,7 +21,8 @@ from typing import Any, Protocol
 import torch
 
 from mlcomp.ir import Graph
-from mlcomp.ir.ops import GETITEM, PARAM
+from mlcomp.ir.ops import GETITEM, PARAM, Namespace
+from mlcomp.ir.opsets import SYM_SIZE
 from mlcomp.runtime.artifact import Runtime
 from mlcomp.runtime.eager import EagerRuntime, PartitionedRuntime
 from mlcomp.targets.options import CompileOptions
@@ -103,6 +104,25 @@ def _sink_constants(graph: Graph, regions: list[tuple[bool, list[str]]],
     return merged
 
 
+def _is_size(node: Any) -> bool:
+    """A symbolic size computation (``aten.sym_size.int``, ``operator.mul``…): an int, not a tensor."""
+    return node.meta is None and (node.op == SYM_SIZE or node.op.namespace is Namespace.OPERATOR)
+
+
+def _with_sizes(graph: Graph, names: list[str], sizes: set[str]) -> list[str]:
+    """``names`` and the size computations they read, recomputed in the region rather than passed into it
+    (a region's inputs are tensors; a size is read from a tensor it has)."""
+    have = set(names)
+    stack = [s for n in names for s in graph.node(n).input_names() if s in sizes]
+    while stack:
+        name = stack.pop()
+        if name not in have:
+            have.add(name)
+            names.append(name)
+            stack.extend(s for s in graph.node(name).input_names() if s in sizes)
+    return names
+
+
 class RegionBuilder(Protocol):
     """What :func:`build_partitioned` needs of a target (:class:`mlcomp.targets.base.Target` is one).
 
@@ -123,7 +143,11 @@ def build_partitioned(target: RegionBuilder, graph: Graph, options: CompileOptio
         if graph.node(ref.name).op == PARAM:
             env[ref.name] = graph.constants[ref.name]
     parts, described = [], []
+    sizes = {n.name for n in graph.call_nodes() if _is_size(n)} - {r.name for r in graph.output_refs}
     for i, (supported, names) in enumerate(split_regions(graph, unsupported)):
+        names = _with_sizes(graph, [n for n in names if n not in sizes], sizes)
+        if not names:
+            continue
         sub = graph.subgraph(names, name=f"{graph.name}_part{i}")
         outs = [r.name for r in sub.output_refs]
         if not outs:

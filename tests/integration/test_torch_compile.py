@@ -136,6 +136,41 @@ def test_batch_sweep_compiles_at_most_twice(target):
     assert [p.ran_on for p in report.partitions] == [f"mlcomp:{target}"] * 2
 
 
+class TinyTransformer(nn.Module):
+    """Attention over the sequence (heads split by reshape), layer norm, feed-forward: sizes batch and seq."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.qkv, self.proj = nn.Linear(16, 32), nn.Linear(32, 96), nn.Linear(32, 32)
+        self.norm, self.ffn, self.head = nn.LayerNorm(32), nn.Sequential(nn.Linear(32, 64), nn.GELU(),
+                                                                         nn.Linear(64, 32)), nn.Linear(32, 4)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        h = self.embed(x)
+        q, k, v = self.qkv(h).reshape(b, t, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        a = nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, 32)
+        h = self.norm(h + self.proj(a))
+        return self.head(h + self.ffn(h)).softmax(-1)
+
+
+SWEEP = list(zip([1, 2, 3, 4, 5, 6, 7, 8, 2, 3, 4, 5, 6, 7, 3, 2, 5, 4, 8, 6], range(3, 43, 2)))   # 20 distinct
+
+
+@pytest.mark.parametrize("target", ["cpu", pytest.param("onnxruntime", marks=pytest.mark.ort)])
+def test_batch_and_sequence_sweep_of_a_transformer_compiles_twice(target):
+    torch.manual_seed(0)
+    model = TinyTransformer().eval()
+    fast, report = compiled(model, target=target)
+    with torch.no_grad():
+        for batch, seq in SWEEP:
+            x = torch.randn(batch, seq, 16)
+            torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
+    # the first call's sizes, then one graph with batch and seq symbolic serves the other 19
+    assert report.graphs == 2, report.table()
+    assert [p.ran_on for p in report.partitions] == [f"mlcomp:{target}"] * 2, report.table()
+
+
 def test_weight_edited_after_compile_is_seen():
     model = nn.Sequential(nn.Linear(4, 4)).eval()
     fast, _ = compiled(model)

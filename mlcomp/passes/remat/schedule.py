@@ -35,7 +35,7 @@ def reordered(graph: Graph, order: list[str]) -> Graph:
     """A copy of ``graph`` whose nodes run in ``order`` (every node once, dependencies first)."""
     out = Graph(graph.name, mode=graph.mode)
     out.constants = graph.constants.copy()
-    out.symbols = dict(graph.symbols)
+    out.symbols, out.ranges = dict(graph.symbols), dict(graph.ranges)
     out.kept_ops = dict(graph.kept_ops)
     out.meta_cache = graph.meta_cache
     for name in order:

@@ -17,10 +17,10 @@ placeholders, which is what torch.onnx called them), parameters become initializ
 IR names, literal shapes and scalars become initializers named after the node that reads
 them.  Nodes no graph output needs (a ``permute`` folded into ``Gemm``) are dropped.  Where the
 emitter does not match ATen exactly it declines with a reason instead of emitting: an op
-outside the table, a symbolic size, an argument a rule does not cover (a ``ceil_mode`` pool).
-bf16/fp16 values are written in their own precision like any other dtype (bf16 constants as
-``ml_dtypes.bfloat16``); which of those nodes ONNX Runtime runs in fp32 is ``onnx.precision``'s
-choice, made on the emitted model.  The caller then
+outside the table, a symbolic size it cannot compute (``onnx.emit_sizes``), an argument a rule does
+not cover (a ``ceil_mode`` pool).  bf16/fp16 values are written in their own precision like any other
+dtype (bf16 constants as ``ml_dtypes.bfloat16``); which of those nodes ONNX Runtime runs in fp32 is
+``onnx.precision``'s choice, made on the emitted model.  The caller then
 exports as before.  One pass over the nodes: O(n).
 """
 from __future__ import annotations
@@ -32,19 +32,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from mlcomp.ir import Graph, Mode, Node, Ref, TensorMeta, tensor_metas
+from mlcomp.ir import Graph, Mode, Node, Ref, TensorMeta
 from mlcomp.ir.dtypes import dtype_name, onnx_elem_type
 from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM, Namespace, Op
 from mlcomp.runtime.codegen import attribute_name
 from mlcomp.targets.onnx.emit_nn import NN_RULES
 from mlcomp.targets.onnx.emit_ops import OPS_RULES, Decline
 from mlcomp.targets.onnx.emit_shapes import SHAPE_RULES
+from mlcomp.targets.onnx.emit_sizes import SIZE_RULES, dim_params, size_args
 
 __all__ = ["MIN_OPSET", "RULES", "Decline", "Emitted", "Emitter", "as_numpy", "emit_model", "emittable"]
 
 MIN_OPSET = 18          # ReduceMean/ReduceMax take their axes as an input from 18 on
 IR_VERSION = 10         # what onnxruntime ≥ 1.18 reads; opset 20 needs ≥ 9
-RULES = {**OPS_RULES, **SHAPE_RULES, **NN_RULES}     # IR op -> rule(emitter, node, bound arguments)
+RULES = {**OPS_RULES, **SHAPE_RULES, **NN_RULES, **SIZE_RULES}     # IR op -> rule(emitter, node, bound arguments)
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class Emitter:
         self._items: dict[tuple[str, int], str] = {}  # (tuple producer, index) -> its getitem's name
         self.produced: dict[str, tuple[str, list[str], dict[str, Any]]] = {}   # value -> (op type, inputs, attrs)
         self._shapes: dict[str, tuple[int, ...]] = {}  # ONNX value -> static shape, where the IR gives one
+        self._sizes: dict[str, str] = {}          # symbolic size expression -> its 1-element int64 tensor
 
     # -- names -------------------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -179,6 +181,12 @@ class Emitter:
     def ints(self, values: Any, hint: str) -> str:
         return self.const(np.asarray(list(values), dtype=np.int64), torch.int64, hint)
 
+    def size_cache(self, expr: str, build: Any) -> str:
+        """The tensor of the symbolic size ``expr``, built once (``build()``) per model."""
+        if expr not in self._sizes:
+            self._sizes[expr] = build()
+        return self._sizes[expr]
+
     # -- nodes -------------------------------------------------------------------------------
     def add(self, op_type: str, inputs: list[str], *, out: str | None = None, hint: str | None = None,
             **attrs: Any) -> str:
@@ -210,9 +218,6 @@ def _check(graph: Graph, opset: int) -> str | None:
         return f"opset {opset} is below {MIN_OPSET}, the emitter's lowest"
     missing: dict[str, None] = {}
     for node in graph.nodes():
-        metas = tensor_metas(node.meta)
-        if any(m.is_dynamic for m in metas):
-            return f"%{node.name} has a symbolic size ({node.meta})"
         if node.op not in (INPUT, PARAM, OUTPUT) and not emittable(node.op):
             missing.setdefault(str(node.op), None)
     if missing:
@@ -244,7 +249,7 @@ def _emit(em: Emitter, graph: Graph) -> Any:
         em.names[node.name] = name
         meta = node.tensor_meta
         em._shapes[name] = tuple(meta.shape)
-        inputs.append(helper.make_tensor_value_info(name, onnx_elem_type(meta.dtype), list(meta.shape)))
+        inputs.append(helper.make_tensor_value_info(name, onnx_elem_type(meta.dtype), dim_params(meta.shape)))
     for node in graph.nodes(GETITEM):
         producer, index = node.inputs
         em._items.setdefault((producer.name, index), node.name)
@@ -261,7 +266,7 @@ def _emit(em: Emitter, graph: Graph) -> Any:
             continue
         rule = RULES[node.op]
         try:
-            rule(em, node, bind(node))
+            rule(em, node, size_args(node) if node.op.namespace is Namespace.OPERATOR else bind(node))
         except Decline as exc:
             raise Decline(f"%{node.name} ({node.op}): {exc}") from None
         if isinstance(node.meta, TensorMeta) and node.name not in em.names:
@@ -278,7 +283,7 @@ def _emit(em: Emitter, graph: Graph) -> Any:
             renames[name] = name = ref.name      # an alias (a no-op view): the output keeps the IR's name
         meta = em.meta(ref)
         out_names.append(name)
-        outputs.append(helper.make_tensor_value_info(name, onnx_elem_type(meta.dtype), list(meta.shape)))
+        outputs.append(helper.make_tensor_value_info(name, onnx_elem_type(meta.dtype), dim_params(meta.shape)))
     _rename(em.nodes, renames)
     nodes, inits = _live(em.nodes, em.inits, out_names)
     body = helper.make_graph(nodes, graph.name or "main_graph", inputs, outputs, initializer=inits)

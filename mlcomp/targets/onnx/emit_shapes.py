@@ -20,6 +20,7 @@ import torch
 from mlcomp.ir import Node, Ref
 from mlcomp.ir.ops import aten
 from mlcomp.targets.onnx.emit_ops import Decline, Rule, normalize_dim, out_dtype
+from mlcomp.targets.onnx.emit_sizes import shape_tensor
 
 if TYPE_CHECKING:
     from mlcomp.targets.onnx.emit import Emitter
@@ -42,7 +43,7 @@ def _reshape(em: Emitter, node: Node, a: dict[str, Any]) -> None:
     if _batched_matmul(em, node, source, shape):
         return
     attrs = {"allowzero": 1} if 0 in shape else {}
-    em.add("Reshape", [source, em.ints(shape, f"{node.name}/shape")], out=node.name, **attrs)
+    em.add("Reshape", [source, shape_tensor(em, shape, f"{node.name}/shape")], out=node.name, **attrs)
 
 
 def _batched_matmul(em: Emitter, node: Node, source: str, shape: tuple[int, ...]) -> bool:
@@ -72,7 +73,7 @@ def _expand(em: Emitter, node: Node, a: dict[str, Any]) -> None:
     if tuple(em.meta(a["self"]).shape) == shape:      # to its own shape: nothing to do
         em.alias(node, em.value(a["self"]))
         return
-    em.add("Expand", [em.value(a["self"]), em.ints(shape, f"{node.name}/shape")], out=node.name)
+    em.add("Expand", [em.value(a["self"]), shape_tensor(em, shape, f"{node.name}/shape")], out=node.name)
 
 
 def _permute(em: Emitter, node: Node, a: dict[str, Any]) -> None:

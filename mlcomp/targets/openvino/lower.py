@@ -124,17 +124,19 @@ def _sdpa_positional(module: fx.GraphModule) -> None:
 
 
 def lower_for_frontend(module: fx.GraphModule, inputs: tuple[torch.Tensor, ...], lowered: dict[Any, Any],
-                       *, whole: bool) -> fx.GraphModule:
+                       *, whole: bool, symbolic: bool = False) -> fx.GraphModule:
     """``module`` with the ops in ``lowered`` (overload → decomposition) replaced by what torch decomposes
-    them into: node by node, or by tracing the whole module when ``whole`` (mlcomp composites)."""
+    them into: node by node, or by tracing the whole module when ``whole`` (mlcomp composites) or the
+    sizes are ``symbolic`` (traced symbolically, so they stay computed from the inputs)."""
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.passes.shape_prop import ShapeProp
 
     table = {k: v for k, v in lowered.items() if callable(v)}
     _sdpa_positional(module)
     module.recompile()
-    if whole:
-        return make_fx(module, decomposition_table=table)(*inputs)
+    if whole or (symbolic and lowered):         # node by node would fix the sizes at the examples'
+        return make_fx(module, decomposition_table=table, tracing_mode="symbolic" if symbolic else "real",
+                       _allow_non_fake_inputs=symbolic)(*inputs)
     if not lowered:
         return module
     ShapeProp(module).propagate(*inputs)         # operand shapes and strides for the examples

@@ -224,7 +224,7 @@ class OpenVinoTarget(Target):
                           torch.uint8, torch.bool}),
         io_dtypes=frozenset({torch.float32, torch.float16, torch.int64, torch.int32, torch.int8, torch.uint8,
                              torch.bool}),
-        devices=frozenset({DeviceKind.CPU}), dynamic_shapes=False,
+        devices=frozenset({DeviceKind.CPU}), dynamic_shapes=True,
         # the CPU plugin lowers an fp32 graph itself (INFERENCE_PRECISION_HINT); bf16/f16 casts in the
         # graph stop its converter on transformers (OpConversionFailure), so the graph stays fp32
         low_precision=tuple(LowPrecision(dtype, LowMode.HINT, needs=needs) for dtype, needs in _NEEDS.items()))
@@ -259,8 +259,24 @@ class OpenVinoTarget(Target):
         return OpenVinoRuntime(model, requested=requested_precision(graph), threads=options.threads)
 
 
+def input_shapes(graph: Graph) -> list[Any] | None:
+    """The inputs' ``openvino.PartialShape`` s when some size is symbolic (else None): each symbol an
+    ``ov.Dimension(min, max)`` of its range (``max`` -1: unbounded), an expression an unknown size."""
+    if not any(n.tensor_meta.is_dynamic for n in graph.input_nodes):
+        return None
+    import openvino as ov
+
+    def dim(d: Any) -> Any:
+        if isinstance(d, int):
+            return ov.Dimension(d)
+        r = graph.ranges.get(d)
+        return ov.Dimension(r.lo, -1 if r.hi is None else r.hi) if r is not None else ov.Dimension()
+    return [ov.PartialShape([dim(d) for d in n.tensor_meta.shape]) for n in graph.input_nodes]
+
+
 def convert(graph: Graph, inputs: tuple[torch.Tensor, ...]) -> Any:
-    """``graph`` as an ``openvino.Model`` (static shapes of ``inputs``); TargetCompileError on failure."""
+    """``graph`` as an ``openvino.Model``: static shapes of ``inputs``, or dynamic dimensions where the graph's
+    inputs have symbolic sizes (:func:`input_shapes`); TargetCompileError on failure."""
     import openvino as ov
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
     from torch.fx.passes.shape_prop import ShapeProp
@@ -272,10 +288,13 @@ def convert(graph: Graph, inputs: tuple[torch.Tensor, ...]) -> Any:
         # ops OpenVINO lacks → torch's decomposition, node by node; composite impls → the ATen ops they run
         lowered = {n.op.resolve(): decomposition(n.op) for n in graph.call_nodes()
                    if n.op.namespace in (Namespace.ATEN, Namespace.PRIMS) and frontend_name(n.op) not in table}
-        module = lower_for_frontend(module, inputs, lowered,
+        dynamic = input_shapes(graph)
+        module = lower_for_frontend(module, inputs, lowered, symbolic=dynamic is not None,
                                     whole=any(n.op.is_composite and not is_qdq(n.op) for n in graph.call_nodes()))
         ShapeProp(module).propagate(*inputs)        # the decoder reads shapes and dtypes from node meta
         try:
+            if dynamic is not None:     # sizes stay ShapeOf arithmetic in the model, inputs take the ranges
+                return ov.convert_model(TorchFXPythonDecoder(module, input_shapes=dynamic, dynamic_shapes=True))
             return ov.convert_model(TorchFXPythonDecoder(module))
         except Exception as exc:  # noqa: BLE001 - turned into a user-facing error
             raise TargetCompileError(

@@ -109,7 +109,7 @@ def trace_module(graph: Graph, inputs: tuple[torch.Tensor, ...], device: str = "
                 raise TargetCompileError(
                     f"TorchScript cannot compile the dynamic-shape graph {graph.name}: "
                     f"{str(exc).strip().splitlines()[0]}", where="torch.jit.script of the generated module",
-                    hint="capture without --dynamic-batch (static shapes are traced), or use "
+                    hint="capture without --dynamic (static shapes are traced), or use "
                          "--target onnxruntime, which keeps dynamic sizes") from None
         else:
             scripted = torch.jit.trace(gm, inputs, check_trace=False)

@@ -68,10 +68,11 @@ from mlcomp.targets.tvm.tuning import tune
 __all__ = ["BuildConfig", "TvmModule", "build", "faster", "host_llvm_target"]
 
 
-def build(module, example_inputs, config: BuildConfig | None = None, *,
+def build(module, example_inputs, config: BuildConfig | None = None, *, dynamic_shapes=None,
           progress: Callable[[int, int, str], None] | None = None,
           clock: Callable[[], float] = time.perf_counter) -> TvmModule:
-    """Compile ``module`` for the exact shapes/dtypes of ``example_inputs`` as ``config`` says.
+    """Compile ``module`` for the exact shapes/dtypes of ``example_inputs`` as ``config`` says (or, with
+    ``dynamic_shapes``, for every size of their ranges: see :func:`~mlcomp.targets.tvm.lowering.to_relax`).
 
     ``progress(done, total, message)``: called after every tuning batch.  ``clock``: the timer of
     the tuned-vs-untuned comparison.
@@ -83,7 +84,7 @@ def build(module, example_inputs, config: BuildConfig | None = None, *,
         stats: dict = {"device": config.device, "target": str(target), "tune_trials": config.tune_trials,
                        "trial_budget": "total per build, an even share per task; tasks tuned before are reused",
                        "db_reused": False}
-        mod, n_out = to_relax(module, example_inputs)
+        mod, n_out = to_relax(module, example_inputs, dynamic_shapes)
         stats["export_seconds"] = round(time.perf_counter() - t_start, 2)
         base = prepare(mod, target)
         host = HostFacts.probe(config.device, config.kernels_for(config.device))

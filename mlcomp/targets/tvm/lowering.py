@@ -97,8 +97,12 @@ def default_schedules(mod, target, stats: dict, *, parallel: bool = True):
     return mod
 
 
-def to_relax(module, example_inputs) -> tuple[Any, int]:
-    """``module`` through torch.export (in eval mode, its training flag restored) to Relax; (module, outputs)."""
+def to_relax(module, example_inputs, dynamic_shapes=None) -> tuple[Any, int]:
+    """``module`` through torch.export (in eval mode, its training flag restored) to Relax; (module, outputs).
+
+    With ``dynamic_shapes`` (``torch.export`` Dims) each symbolic size is a ``tir.Var`` of the Relax
+    function's signature (``R.Tensor((batch, seq, 8))``) and its arithmetic stays in the module.
+    """
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
@@ -108,7 +112,7 @@ def to_relax(module, example_inputs) -> tuple[Any, int]:
     module.eval()
     try:
         with torch.no_grad():
-            ep = torch.export.export(module, tuple(example_inputs))
+            ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
     finally:
         module.train(was_training)
     skip_empty_cat_inputs(ep)

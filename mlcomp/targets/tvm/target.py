@@ -16,7 +16,9 @@ where it ran and the rule.  On CUDA, and as ``tvm{kernels=off}`` (``BuildConfig(
 is TVM code.
 The build is :func:`mlcomp.targets.tvm.build.build`; with ``tune_trials`` MetaSchedule tunes what TVM
 runs (:meth:`TvmTarget.tune`, ``mlcomp tune``), ``work_dir`` holding the database, shared across models
-by task workload.  Shapes are static: another batch size needs another compile.
+by task workload.  Shapes are the example's, except symbolic sizes (``--dynamic``): those are ``tir``
+variables of the Relax signature bounded by their ranges, and one build serves every size; the kernel
+offload leaves ops with a symbolic size to TVM's code (``--explain`` says "symbolic shape").
 
 ``supports(node)`` asks TVM's ExportedProgram importer whether it has a
 converter for the op.
@@ -55,6 +57,7 @@ from mlcomp.targets.capabilities import (
     mismatches,
 )
 from mlcomp.runtime.codegen import to_fx
+from mlcomp.frontend.dynamic import graph_dims
 from mlcomp.targets.tvm.offload.placement import Placements
 from mlcomp.base.quiet import quiet_native
 
@@ -235,9 +238,9 @@ class TvmTarget(Target):
                    "norm) run in torch's oneDNN/MKL kernels called from inside the TVM-built module, TVM's own "
                    "code runs the rest (--explain: per op, where and why); on CUDA, and as "
                    "tvm{kernels=off}, every op is TVM code; MetaSchedule tuning with --tune-trials, --tuning-dir")
-    # from_exported_program converts every real dtype of the table; the VM runs static shapes
+    # from_exported_program converts every real dtype of the table; symbolic sizes become tir vars
     rewrites = frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING})   # fuses on its own: presets skip mlcomp's fusion
-    capabilities = Capabilities(devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}), dynamic_shapes=False,
+    capabilities = Capabilities(devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}), dynamic_shapes=True,
                                 low_precision=LOW_PRECISION)
 
     def available(self) -> str | None:
@@ -315,15 +318,21 @@ class TvmTarget(Target):
         from mlcomp.targets.tvm import build as tvm_backend
         from mlcomp.targets.tvm.config import BuildConfig
 
-        # mode, dtypes, device and static shapes were checked by compile(); TVM takes the device kind
+        # mode, dtypes and device were checked by compile(); TVM takes the device kind
         kind = DeviceKind.of(self.device(options))
         device = kind.value if kind is not None else self.device(options)
         work_dir = os.path.abspath(options.work_dir) if options.work_dir else None
+        dynamic = graph_dims(graph)
+        if dynamic is not None and options.tune_trials:
+            raise TargetCompileError(
+                f"tvm cannot tune {graph.name}: its sizes {', '.join(sorted(graph.ranges))} are symbolic and "
+                "MetaSchedule tunes each task for fixed sizes", where="tvm build options (tune_trials)",
+                hint="compile with --dynamic and without --tune-trials (untuned), or tune at fixed sizes")
         module = to_fx(lower_low_precision(graph)).eval()
         try:
             config = BuildConfig.from_options(options, device, work_dir).replace(
                 kernels=_KERNELS[self.settings.kernels])
-            built = tvm_backend.build(module, inputs, config,
+            built = tvm_backend.build(module, inputs, config, dynamic_shapes=dynamic,
                                       **({"progress": progress} if progress is not None else {}))
         except MlcompError:
             raise

@@ -108,14 +108,14 @@ def test_onnxruntime_refuses_bf16_at_the_boundary_only(ready, unreachable_backen
         target.compile(graph)
 
 
-def test_tvm_refuses_symbolic_sizes_and_cuda_target_refuses_cpu(ready, unreachable_backend):
+def test_distributed_refuses_symbolic_sizes_and_cuda_target_refuses_cpu(ready, unreachable_backend):
     b = GraphBuilder("dyn")
     graph = b.output(b.call(aten("relu"), b.input("x", (2, 8))))
     graph.replace(graph.node("x").with_(meta=dataclasses.replace(graph.node("x").tensor_meta,
                                                                   shape=("batch", 8))))
     graph.symbols["batch"] = 2
     with pytest.raises(CapabilityError) as err:
-        ready("tvm").compile(graph)
+        ready("distributed").compile(graph)
     assert [(p.kind, p.nodes) for p in err.value.problems] == [(MismatchKind.DYNAMIC_SHAPES, ("x",))]
     with pytest.raises(CapabilityError, match="device 'cpu' is not one target cuda runs on"):
         ready("cuda").compile(_plain_graph(), CompileOptions(device="cpu"))
@@ -176,7 +176,8 @@ def test_declared_capabilities():
             c.multi_device = True
     assert caps["cpu"].devices == {DeviceKind.CPU} and caps["cuda"].devices == {DeviceKind.CUDA}
     assert caps["tvm"].devices == caps["onnxruntime"].devices == {DeviceKind.CPU, DeviceKind.CUDA}
-    assert not caps["tvm"].dynamic_shapes and caps["onnxruntime"].dynamic_shapes
+    assert caps["tvm"].dynamic_shapes and caps["onnxruntime"].dynamic_shapes and caps["openvino"].dynamic_shapes
+    assert not caps["distributed"].dynamic_shapes          # one static graph per pipeline stage
     assert caps["onnxruntime"].boundary_dtypes == REAL_DTYPES - {torch.bfloat16}
     assert caps["tvm"].to_json()["devices"] == ["cpu", "cuda"]
     assert caps["onnxruntime"].describe().startswith("modes inference; dtypes f32, f16, bf16, f64")
