@@ -112,9 +112,6 @@ def size_on_disk(path: Path) -> int:
                    "that verifies) and save nothing time- or path-dependent: two compiles write identical folders.")
 @force_option
 @click.option("--train", is_flag=True, help="Compile a training step (forward, loss, backward, optimizer).")
-@click.option("--loss", default="cross_entropy", show_default=True, help="With --train: cross_entropy, mse or model.")
-@click.option("--optimizer", default="sgd{lr=0.01 momentum=0.9}", show_default=True,
-              help='With --train: e.g. "sgd{lr=0.05 momentum=0.9}" or "adam{lr=1e-3}".')
 @train_step_options
 @click.option("--generate", "generate", type=click.IntRange(min=1), default=None, metavar="N",
               help="Compile a decoder LM for generation (prefill + one-token decode over a static KV cache) and "

@@ -9,7 +9,8 @@ __all__ = ["train_step_options"]
 
 
 def train_step_options(fn: Any) -> Any:
-    """``--steps``, ``--loss-scale``, ``--fused-update`` and ``--host-memory`` of ``mlcomp compile --train``."""
+    """``--loss``, ``--optimizer``, ``--steps``, ``--loss-scale``, ``--fused-update`` and ``--host-memory`` of
+    ``mlcomp compile --train``."""
     fn = click.option("--host-memory", type=click.Choice(["auto", "return", "keep"]), default="auto",
                       show_default=True,
                       help="With --train: whether tensors the step frees go back to the OS (return: the RSS follows "
@@ -22,5 +23,9 @@ def train_step_options(fn: Any) -> Any:
                       help='With --train: dynamic, none, a static scale (1024) or '
                            '"dynamic{init=65536 growth_interval=2000}" (default: dynamic when the graph computes in '
                            "fp16, else none).")(fn)
-    return click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True,
-                        help="With --train: compiled steps compared with as many eager steps.")(fn)
+    fn = click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True,
+                      help="With --train: compiled steps compared with as many eager steps.")(fn)
+    fn = click.option("--optimizer", default="sgd{lr=0.01 momentum=0.9}", show_default=True,
+                      help='With --train: e.g. "sgd{lr=0.05 momentum=0.9}" or "adam{lr=1e-3}".')(fn)
+    return click.option("--loss", default="cross_entropy", show_default=True,
+                        help="With --train: cross_entropy, mse or model.")(fn)
