@@ -1,18 +1,16 @@
 """Training memory: the peak a user measures, mlcomp's remat/schedule/fused optimizer against torch's tools.
 
-    MALLOC_MMAP_THRESHOLD_=65536 .venv/bin/python benchmarks/remat.py             # resnet18, transformer, bert
+    .venv/bin/python benchmarks/remat.py             # resnet18, transformer, bert at batch 32
     .venv/bin/python benchmarks/remat.py --models resnet18 --repeats 3 --json out.json
-
-(the script re-runs itself with ``MALLOC_MMAP_THRESHOLD_=65536`` when it is not set, so that freed tensors
-go back to the OS and the RSS high-water mark follows the live bytes.)
+    .venv/bin/python benchmarks/remat.py --models resnet18 --rss-policy return   # every RSS with freed memory returned
 
 Per model (batch 32, dropout off, SGD with momentum) every setting's training step is built once,
 then measured in the same process:
 
 * ``none`` -- mlcomp's joint graph, the optimizer after the graph (the reference);
 * ``fused`` -- the same step with the optimizer in the backward (``update_in_backward``);
-* ``remat@B`` -- ``remat{budget=B fused=true},schedule{fused=true}``, compiled fused: the plan with
-  the lowest predicted step peak among the knapsack solver's candidates (the cheapest within 10%);
+* ``remat@B`` -- ``remat{budget=B fused=true optimizer="..."},schedule{fused=true}``, compiled fused: the
+  plan with the lowest predicted step peak among the knapsack solver's candidates (the cheapest within 10%);
 * ``mincut@0.25`` -- ``remat{budget=0.25 solver=mincut}``, unfused (the setting the issue measured);
 * ``torch ckpt`` -- eager autograd with ``torch.utils.checkpoint`` around every block (each module of a
   ModuleList/Sequential of two or more repeated blocks), the same optimizer after ``backward``;
@@ -20,16 +18,21 @@ then measured in the same process:
   ``activation_memory_budget = B`` (fx modules, no inductor).
 
 Columns: predicted peak of the whole step (:func:`mlcomp.analysis.step_peak.step_memory` with kernels'
-scratch and the optimizer's), allocator peak and RSS high-water mark of one step above the state before
-it (:func:`mlcomp.measure.training_bench.step_peak`), median step time of interleaved repeats and its
-overhead against ``none``, and the worst parameter's gradient error against ``none`` on the same batch.
+scratch and the optimizer's), allocator peak of one step above the state before it
+(:func:`mlcomp.measure.training_bench.step_peak`), the RSS high-water mark's growth over one step in a fresh
+process that captured and built only that setting under its host allocator policy (``--rss-policy``;
+``auto``: what ``compile_training`` applies -- ``return`` for the remat and fused settings, glibc's own
+``keep`` for ``none`` and torch's anchors; :mod:`mlcomp.hardware.allocator`), median step time of
+interleaved repeats and its overhead against ``none``, and the worst parameter's gradient error against
+``none`` on the same batch.
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import json
-import os
+import resource
+import subprocess
 import sys
 import time
 from typing import Any
@@ -46,19 +49,21 @@ from mlcomp.analysis.workspace import op_workspaces
 from mlcomp.base.table import Table
 from mlcomp.base.units import fmt_bytes
 from mlcomp.frontend.joint import loss_function, model_output
+from mlcomp.hardware import allocator
 from mlcomp.hardware.peak_memory import MemorySource
 from mlcomp.hardware.timing import TimingPolicy, fmt_seconds, measure_interleaved
 from mlcomp.measure.remat_sweep import grad_error
 from mlcomp.measure.training_bench import TrainingCase, step_peak, training_case
 from mlcomp.pipeline.manager import run_pipeline
 from mlcomp.runtime.optim import OptimizerSpec
+from mlcomp.training.host_memory import asks_for_memory
 from mlcomp.training.step import compile_training
 
 OPTIMIZER = "sgd{lr=0.01 momentum=0.9}"
-MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
-SETTINGS = (("fused", "", True), ("remat@0.5", "remat{budget=0.5 fused=true},schedule{fused=true}", True),
-            ("remat@0.25", "remat{budget=0.25 fused=true},schedule{fused=true}", True),
-            ("mincut@0.25", "remat{budget=0.25 solver=mincut}", False))
+SETTINGS = (("fused", "", True),
+            ("remat@0.5", f'remat{{budget=0.5 fused=true optimizer="{OPTIMIZER}"}},schedule{{fused=true}}', True),
+            ("remat@0.25", f'remat{{budget=0.25 fused=true optimizer="{OPTIMIZER}"}},schedule{{fused=true}}', True),
+            ("mincut@0.25", f'remat{{budget=0.25 solver=mincut optimizer="{OPTIMIZER}"}}', False))
 TORCH_BUDGETS = ("0.25",)
 
 
@@ -200,47 +205,95 @@ def torch_partitioned(case: TrainingCase, budget: float) -> tuple[nn.Module, dic
 # one model
 
 
+def mlcomp_setting(case: TrainingCase, spec: OptimizerSpec, label: str, text: str, fused: bool,
+                   scratch: dict | None = None, host_memory: str = "keep") -> tuple[dict, Any, Any]:
+    """(row, step, artifact) of one mlcomp setting; ``scratch``: measure the kernels' scratch (the predicted
+    peak) with this cache, ``None``: no prediction; ``host_memory``: the allocator policy compile_training
+    applies (the timing process keeps glibc's own, so that every setting is timed under one allocator)."""
+    keys, args = list(case.model.state_dict()), case.args("cpu")
+    t0 = time.perf_counter()
+    graph, stats = case.graph, {}
+    if text:
+        graph, report = run_pipeline(case.graph, text, example_inputs=args)
+        stats = next((r.stats for r in report.records if r.name == "remat"), {})
+    art = compile_training(graph, optimizer=spec, state_keys=keys, update_in_backward=fused, host_memory=host_memory)
+    row = {"variant": label, "spec": text + (" + update_in_backward" if fused else ""),
+           "recompute_flops": stats.get("recompute_flops", 0), "host_memory": art.host_memory["policy"]}
+    if scratch is not None:
+        mem = step_memory(graph, workspace=op_workspaces(graph, cache=scratch), scratch=spec.scratch(), fused=fused)
+        row.update(predicted=mem.peak_bytes, at=mem.at, by_kind=mem.by_kind())
+    row["pass_s"] = time.perf_counter() - t0
+    return row, (lambda: art.step(*args)), art
+
+
 def mlcomp_settings(case: TrainingCase, spec: OptimizerSpec, log: Any) -> tuple[dict, dict, dict]:
     """(rows, steps, grads) of ``none`` and every mlcomp setting."""
-    keys, args, scratch = list(case.model.state_dict()), case.args("cpu"), {}
+    args, scratch = case.args("cpu"), {}
     rows: dict[str, dict[str, Any]] = {}
     steps: dict[str, Any] = {}
     grads: dict[str, dict[str, torch.Tensor]] = {}
     for label, text, fused in (("none", "", False), *SETTINGS):
-        t0 = time.perf_counter()
-        graph, stats = case.graph, {}
-        if text:
-            graph, report = run_pipeline(case.graph, text, example_inputs=args)
-            stats = next((r.stats for r in report.records if r.name == "remat"), {})
-        art = compile_training(graph, optimizer=spec, state_keys=keys, update_in_backward=fused)
-        mem = step_memory(graph, workspace=op_workspaces(graph, cache=scratch), scratch=spec.scratch(), fused=fused)
-        rows[label] = {"variant": label, "spec": text + (" + update_in_backward" if fused else ""),
-                       "predicted": mem.peak_bytes, "at": mem.at, "by_kind": mem.by_kind(),
-                       "recompute_flops": stats.get("recompute_flops", 0), "pass_s": time.perf_counter() - t0}
+        rows[label], steps[label], art = mlcomp_setting(case, spec, label, text, fused, scratch)
         grads[label] = {k: v.detach().clone() for k, v in art.gradients(*args)[1].items()}
-        steps[label] = lambda a=art: a.step(*args)
-        log(f"  {label}: predicted {fmt_bytes(mem.peak_bytes)} at {mem.at} ({time.perf_counter() - t0:.1f} s)")
+        log(f"  {label}: predicted {fmt_bytes(rows[label]['predicted'])} at {rows[label]['at']} "
+            f"({rows[label]['pass_s']:.1f} s)")
     return rows, steps, grads
+
+
+def torch_setting(case: TrainingCase, spec: OptimizerSpec, label: str) -> tuple[dict, Any, dict]:
+    """(row, step, grads) of ``torch ckpt`` (checkpoint per block) or ``torch@B`` (the min-cut partitioner)."""
+    args = case.args("cpu")
+    if label == "torch ckpt":
+        model = copy.deepcopy(case.model)
+        blocks = checkpoint_blocks(model)
+        step, grads = _eager_step(_WithLoss(model, case.loss).train(), args, spec)
+        return {"variant": label, "spec": f"torch.utils.checkpoint on {blocks} blocks"}, step, grads
+    budget = label.split("@", 1)[1]
+    module, _ = torch_partitioned(case, float(budget))
+    step, grads = _eager_step(module, args, spec)
+    return {"variant": label, "spec": f"min_cut_rematerialization_partition, budget {budget}"}, step, grads
 
 
 def torch_settings(case: TrainingCase, spec: OptimizerSpec, log: Any) -> tuple[dict, dict, dict]:
     """(rows, steps, grads) of checkpoint-per-block and the min-cut partitioner at each budget."""
-    args = case.args("cpu")
     rows, steps, grads = {}, {}, {}
-    model = copy.deepcopy(case.model)
-    blocks = checkpoint_blocks(model)
-    steps["torch ckpt"], grads["torch ckpt"] = _eager_step(_WithLoss(model, case.loss).train(), args, spec)
-    rows["torch ckpt"] = {"variant": "torch ckpt", "spec": f"torch.utils.checkpoint on {blocks} blocks"}
-    for b in TORCH_BUDGETS:
-        label = f"torch@{b}"
-        module, _ = torch_partitioned(case, float(b))
-        steps[label], grads[label] = _eager_step(module, args, spec)
-        rows[label] = {"variant": label, "spec": f"min_cut_rematerialization_partition, budget {b}"}
-    log(f"  torch anchors built ({blocks} checkpointed blocks)")
+    for label in ("torch ckpt", *(f"torch@{b}" for b in TORCH_BUDGETS)):
+        rows[label], steps[label], grads[label] = torch_setting(case, spec, label)
+    log(f"  torch anchors built ({rows['torch ckpt']['spec']})")
     return rows, steps, grads
 
 
-def bench_model(case: TrainingCase, policy: TimingPolicy, log: Any) -> list[dict[str, Any]]:
+def setting_policy(label: str, choice: str) -> str:
+    """The host allocator policy a setting runs under (``auto``: what ``compile_training`` applies)."""
+    text, fused = next(((t, f) for lab, t, f in (("none", "", False), *SETTINGS) if lab == label), ("", False))
+    return allocator.resolve(choice, wants_memory=asks_for_memory(text, fused=fused))
+
+
+def rss_child(model: str, label: str, batch: int, choice: str) -> dict[str, Any]:
+    """In this (fresh) process: the policy, then capture and build ``label`` alone, one step's RSS growth."""
+    state = allocator.apply(setting_policy(label, choice), where="before capture")
+    case, spec = make_case(model, batch), OptimizerSpec.parse(OPTIMIZER)
+    known = {lab: (t, f) for lab, t, f in (("none", "", False), *SETTINGS)}
+    if label in known:
+        _, step, _ = mlcomp_setting(case, spec, label, *known[label], host_memory=state["policy"])
+    else:
+        _, step, _ = torch_setting(case, spec, label)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    rss = step_peak(step, "cpu", MemorySource.RSS).growth          # two steps: a warm one, the measured one
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) // 2
+    return {"rss": rss, "host_memory": state["policy"], "faults_per_step": faults}
+
+
+def fresh_rss(model: str, label: str, batch: int, choice: str, threads: int | None) -> dict[str, Any]:
+    """:func:`rss_child` in a new interpreter (its heap holds nothing another setting freed)."""
+    cmd = [sys.executable, __file__, "--child", f"{model}:{label}", "--batch", str(batch), "--rss-policy", choice]
+    cmd += ["--threads", str(threads)] if threads else []
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bench_model(model: str, opts: argparse.Namespace, policy: TimingPolicy, log: Any) -> list[dict[str, Any]]:
+    case = make_case(model, opts.batch)
     spec = OptimizerSpec.parse(OPTIMIZER)
     rows, steps, grads = mlcomp_settings(case, spec, log)
     more = torch_settings(case, spec, log)
@@ -250,7 +303,9 @@ def bench_model(case: TrainingCase, policy: TimingPolicy, log: Any) -> list[dict
     for label, step in steps.items():
         rows[label]["grad_rel"], _ = grad_error({k: grads[label][k] for k in ref}, ref)
         rows[label]["allocator"] = step_peak(step, "cpu").growth
-        rows[label]["rss"] = step_peak(step, "cpu", MemorySource.RSS).growth
+        rows[label].update(fresh_rss(model, label, opts.batch, opts.rss_policy, opts.threads))
+        log(f"  {label}: allocator {fmt_bytes(rows[label]['allocator'])}, RSS {fmt_bytes(rows[label]['rss'])} "
+            f"in a fresh process ({rows[label]['host_memory']})")
     log(f"  timing {len(steps)} settings interleaved")
     for label, t in measure_interleaved(steps, policy).items():
         rows[label]["step"], rows[label]["step_samples"] = t.median, list(t.samples)
@@ -259,33 +314,40 @@ def bench_model(case: TrainingCase, policy: TimingPolicy, log: Any) -> list[dict
 
 def table(model: str, batch: int, rows: list[dict[str, Any]]) -> Table:
     ref = next(r for r in rows if r["variant"] == "none")
-    columns = ("setting", "predicted", "allocator", "pred/alloc", "RSS", "vs none", "step", "overhead", "grad err")
+    columns = ("setting", "predicted", "allocator", "pred/alloc", "RSS", "host memory", "faults/step", "vs none",
+               "step", "overhead", "grad err")
     cells = tuple((r["variant"], fmt_bytes(r["predicted"]) if r.get("predicted") else "—", fmt_bytes(r["allocator"]),
                    f"{r['predicted'] / r['allocator']:.3f}" if r.get("predicted") and r["allocator"] else "—",
-                   fmt_bytes(r["rss"]), f"{100 * (r['allocator'] / ref['allocator'] - 1):+.0f}%",
+                   fmt_bytes(r["rss"]), r["host_memory"], f"{r['faults_per_step']:,}",
+                   f"{100 * (r['allocator'] / ref['allocator'] - 1):+.0f}%",
                    fmt_seconds(r["step"]), f"{100 * (r['step'] / ref['step'] - 1):+.0f}%", f"{r['grad_rel']:.1e}")
                   for r in rows)
-    return Table(f"{model}, batch {batch}, cpu, {OPTIMIZER}", columns, cells, right=frozenset(range(1, 9)))
+    return Table(f"{model}, batch {batch}, cpu, {OPTIMIZER}", columns, cells, right=frozenset(range(1, 11)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    if os.environ.get(MMAP_ENV) is None:       # freed tensors back to the OS: RSS follows the live bytes
-        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, **{MMAP_ENV: "65536"}))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="resnet18,transformer,bert")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds (median reported)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--rss-policy", choices=allocator.CHOICES, default="auto",
+                    help="host allocator policy of the fresh process measuring each setting's RSS")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)      # MODEL:SETTING, one RSS measurement
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.child:
+        model, label = args.child.split(":", 1)
+        print(json.dumps(rss_child(model, label, args.batch, args.rss_policy)))
+        return 0
     log = lambda m: print(m, file=sys.stderr, flush=True)   # noqa: E731
     policy = TimingPolicy(warmup=1, budget_s=1e-3, min_repeats=args.repeats, max_repeats=args.repeats)
     out: dict[str, Any] = {}
     for model in [m for m in args.models.split(",") if m]:
         log(f"{model}:")
-        out[model] = bench_model(make_case(model, args.batch), policy, log)
+        out[model] = bench_model(model, args, policy, log)
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump(out, fh, indent=2, default=str)

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from mlcomp.analysis.liveness import buffers
 from mlcomp.ir import Graph
 from mlcomp.ir.ops import INPUT, OUTPUT, PARAM
 
-__all__ = ["memory_order"]
+__all__ = ["memory_order", "reverse_memory_order"]
 
 
 def _readers(graph: Graph, storage: dict[str, str], tuple_of: dict[str, str]) -> dict[str, set[str]]:
@@ -53,12 +54,23 @@ def _readers(graph: Graph, storage: dict[str, str], tuple_of: dict[str, str]) ->
     return readers
 
 
-def memory_order(graph: Graph, *, fused: bool = False, grads: Iterable[tuple[str, str]] = ()) -> list[str]:
-    """Every node of ``graph`` in a topological order that greedily keeps the live bytes low (module doc).
+@dataclass
+class _Problem:
+    """What both orders need: buffers, each node's inputs and users, each buffer's readers."""
 
-    ``fused`` with ``grads`` (``(parameter, gradient node)`` pairs) models each gradient dying at its
-    parameter's update.
-    """
+    storage: dict[str, str]
+    tuple_of: dict[str, str]
+    readers: dict[str, set[str]]
+    held: set[str]                       # buffers the graph never frees (its outputs)
+    deps: dict[str, set[str]]
+    users: dict[str, list[str]]
+    size: dict[str, int]
+    allocates: dict[str, list[str]]
+    pos: dict[str, int]                  # graph position (virtual update nodes after every node)
+    skip: set[str]                       # inputs, parameters and the output: allocate nothing
+
+
+def _problem(graph: Graph, fused: bool, grads: Iterable[tuple[str, str]]) -> _Problem:
     bufs = buffers(graph)
     storage, tuple_of = dict(bufs.storage), dict(bufs.tuple_of)
     readers = _readers(graph, storage, tuple_of)
@@ -70,7 +82,6 @@ def memory_order(graph: Graph, *, fused: bool = False, grads: Iterable[tuple[str
             deps[update] = {grad} | set(readers.get(storage[param], ()))
             readers.setdefault(storage[grad], set()).add(update)
             held.discard(storage[grad])
-    size = dict(bufs.size)
     allocates: dict[str, list[str]] = {}
     for r, by in bufs.allocator.items():
         allocates.setdefault(by, []).append(r)
@@ -81,6 +92,18 @@ def memory_order(graph: Graph, *, fused: bool = False, grads: Iterable[tuple[str
     pos = {n: i for i, n in enumerate(graph.order())}
     pos.update({n: len(pos) + i for i, n in enumerate(n for n in deps if n not in pos)})
     skip = {n.name for n in graph.nodes() if n.op in (INPUT, PARAM, OUTPUT)}
+    return _Problem(storage, tuple_of, readers, held, deps, users, dict(bufs.size), allocates, pos, skip)
+
+
+def memory_order(graph: Graph, *, fused: bool = False, grads: Iterable[tuple[str, str]] = ()) -> list[str]:
+    """Every node of ``graph`` in a topological order that greedily keeps the live bytes low (module doc).
+
+    ``fused`` with ``grads`` (``(parameter, gradient node)`` pairs) models each gradient dying at its
+    parameter's update.
+    """
+    pb = _problem(graph, fused, grads)
+    storage, tuple_of, readers, held = pb.storage, pb.tuple_of, pb.readers, pb.held
+    deps, users, size, allocates, pos, skip = pb.deps, pb.users, pb.size, pb.allocates, pb.pos, pb.skip
     elements: dict[str, list[str]] = {}
     for e, t in tuple_of.items():
         elements.setdefault(t, []).append(e)
@@ -124,3 +147,56 @@ def memory_order(graph: Graph, *, fused: bool = False, grads: Iterable[tuple[str
             if indeg[u] == 0:
                 heapq.heappush(heap, (*delta(u), pos[u], u, version[u]))
     return [n for n in order if n in graph]
+
+
+def reverse_memory_order(graph: Graph, *, fused: bool = False, grads: Iterable[tuple[str, str]] = ()) -> list[str]:
+    """Every node of ``graph`` in a topological order built from the end backwards: of the nodes whose
+    readers are all placed, the next placed (the one running just before them) is the one that adds the
+    fewest bytes to what is live there -- its inputs that become live, less its outputs, which die
+    before it.  Where :func:`memory_order` runs memory-freeing nodes early, this one runs allocating
+    nodes late (a recomputation sinks to its first reader, a gradient's producer to just before its
+    update).  Ties go to the node placed later in the graph; O(n log n) as :func:`memory_order`.
+    """
+    pb = _problem(graph, fused, grads)
+    elements: dict[str, list[str]] = {}
+    for e, t in pb.tuple_of.items():
+        elements.setdefault(t, []).append(e)
+    outside = {pb.storage[n] for n in pb.skip if n in pb.storage}     # inputs and parameters: never counted
+    live = set(pb.held) - outside
+    last = graph.output_node.name
+
+    def reads(v: str) -> set[str]:
+        roots = {pb.storage[s] for s in pb.deps[v] if s in pb.storage}
+        return roots.union(*(elements.get(r, ()) for r in list(roots))) - outside
+
+    def key(v: str) -> tuple[int, int, int]:
+        if v == last or v in pb.skip:
+            return (0 if v == last else 2, 0, -pb.pos[v])
+        added = sum(pb.size.get(r, 0) for r in reads(v) if r not in live)
+        freed = sum(pb.size.get(r, 0) for r in pb.allocates.get(v, ()) if r in live)
+        return (1, added - freed, -pb.pos[v])
+
+    waiting = {n: len(us) for n, us in pb.users.items()}
+    version = dict.fromkeys(pb.deps, 0)
+    heap = [(*key(n), n, 0) for n, k in waiting.items() if k == 0]
+    heapq.heapify(heap)
+    placed: list[str] = []
+    while heap:
+        *_, v, ver = heapq.heappop(heap)
+        if ver != version[v] or waiting[v] < 0:
+            continue
+        waiting[v] = -1
+        placed.append(v)
+        fresh = reads(v) - live
+        live.update(fresh)
+        live.difference_update(pb.allocates.get(v, ()))
+        for r in fresh:                     # a ready reader of a buffer now live adds less
+            for u in pb.readers.get(r, ()):
+                if waiting.get(u) == 0:
+                    version[u] += 1
+                    heapq.heappush(heap, (*key(u), u, version[u]))
+        for d in pb.deps[v]:
+            waiting[d] -= 1
+            if waiting[d] == 0:
+                heapq.heappush(heap, (*key(d), d, version[d]))
+    return [n for n in reversed(placed) if n in graph]

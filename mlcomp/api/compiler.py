@@ -50,6 +50,7 @@ from mlcomp.pipeline import Pipeline, run_pipeline
 from mlcomp.pipeline.presets import preset_key
 from mlcomp.targets import CompileOptions, Target
 from mlcomp.runtime.artifact import Artifact
+from mlcomp.training.host_memory import before_capture
 from mlcomp.training.loss_scaling import LossScaleSpec
 from mlcomp.runtime.optim import OptimizerSpec
 from mlcomp.training.step import (
@@ -266,7 +267,7 @@ def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline
                             verify: bool = True, loss: Any = None, optimizer: Any = "sgd",
                             y: torch.Tensor | None = None, instruments: Sequence[Any] | None = None,
                             pipeline_verify: bool = False, loss_scale: Any = None, randomness: str = "refuse",
-                            **options: Any):
+                            update_in_backward: bool = False, host_memory: str = "auto", **options: Any):
     """``mode="train"``: joint capture, pipeline, a :class:`~mlcomp.training.step.TrainingArtifact`.
 
     Checks the target and the optimizer spec before capturing; with ``verify`` the
@@ -277,6 +278,8 @@ def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline
     ``randomness``: ``"refuse"`` a model whose training mode draws randomness outside the graph (LayerDrop,
     SpecAugment: :mod:`mlcomp.frontend.stochastic`), or ``"off"``: capture and verify the step with those
     settings at 0 for the compile only (listed in ``art.verification["randomness_off"]``).
+    ``update_in_backward``: the optimizer in the backward (:mod:`mlcomp.training.fused`);
+    ``host_memory``: the allocator policy, applied before capture (:mod:`mlcomp.training.host_memory`).
     """
     spec = OptimizerSpec.parse(optimizer)
     loss = resolve_loss(source, loss)
@@ -292,15 +295,17 @@ def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline
         if y is None:
             y = example_target(model, inputs, loss)
         state = model.state_dict()
+        before_capture(host_memory, pipeline, fused=update_in_backward)
         graph = capture_joint(model, inputs, y, loss=loss, name=source.name)
         args = tuple(inputs) + ((y,) if y is not None and loss_function(loss) is not None else ())
         if pipeline is not None and pipeline != "":   # Verify runs the joint graph: forward and backward
             graph, _ = run_pipeline(graph, Pipeline.coerce(pipeline), example_inputs=args, instruments=instruments,
-                                    verify=pipeline_verify)
+                                    verify=pipeline_verify, optimizer=spec)
         art = compile_training(graph, target=target or "cpu", optimizer=spec, options=opts,
                                state_keys=list(state),
                                extra_state={k: v for k, v in state.items() if k not in graph.constants},
-                               loss_scale=loss_scale)
+                               loss_scale=loss_scale, update_in_backward=update_in_backward,
+                               host_memory=host_memory)
         if verify:
             verify_gradients(art, model, loss_function(loss), args, tolerance=opts.tolerance or 1e-5)
     if off and art.verification is not None:

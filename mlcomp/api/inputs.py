@@ -25,7 +25,8 @@ from mlcomp.ir.dtypes import parse_dtype
 __all__ = ["check_model_inputs", "check_options", "load_source", "LOAD_KEYS", "TRAIN_KEYS"]
 
 LOAD_KEYS = ("input_shapes", "batch", "capture", "dynamic", "dynamic_batch", "trust_pickle")
-TRAIN_KEYS = ("loss", "optimizer", "y", "instruments", "pipeline_verify", "loss_scale", "randomness")   # mode="train" only
+TRAIN_KEYS = ("loss", "optimizer", "y", "instruments", "pipeline_verify", "loss_scale", "randomness",   # mode="train"
+              "update_in_backward", "host_memory")
 
 
 def load_source(model_or_path: Any, example_inputs: Sequence[torch.Tensor] | torch.Tensor | None,

@@ -31,6 +31,7 @@ from mlcomp.base.units import fmt_bytes
 from mlcomp.cli.cache import cache_for_compile, cache_max_size_option, eviction_lines
 from mlcomp.cli.main import checked_threads, load_and_capture, model_options
 from mlcomp.cli.passes import pipeline_from_cli, pipeline_options, resolve_pipeline
+from mlcomp.cli.train_options import train_step_options
 from mlcomp.pipeline.instruments import Instrument
 from mlcomp.targets.registry import target_list
 
@@ -111,14 +112,7 @@ def size_on_disk(path: Path) -> int:
                    "that verifies) and save nothing time- or path-dependent: two compiles write identical folders.")
 @force_option
 @click.option("--train", is_flag=True, help="Compile a training step (forward, loss, backward, optimizer).")
-@click.option("--loss", default="cross_entropy", show_default=True, help="With --train: cross_entropy, mse or model.")
-@click.option("--optimizer", default="sgd{lr=0.01 momentum=0.9}", show_default=True,
-              help='With --train: e.g. "sgd{lr=0.05 momentum=0.9}" or "adam{lr=1e-3}".')
-@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True,
-              help="With --train: compiled steps compared with as many eager steps.")
-@click.option("--loss-scale", default=None, metavar="SPEC",
-              help='With --train: dynamic, none, a static scale (1024) or "dynamic{init=65536 growth_interval=2000}" '
-                   "(default: dynamic when the graph computes in fp16, else none).")
+@train_step_options
 @click.option("--generate", "generate", type=click.IntRange(min=1), default=None, metavar="N",
               help="Compile a decoder LM for generation (prefill + one-token decode over a static KV cache) and "
                    "check N greedy tokens against eager (mlcomp.cli.generation).")
@@ -136,7 +130,8 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                 output_names: str | None = None, as_json: bool = False, force: bool = False,
                 train: bool = False, loss: str = "cross_entropy", optimizer: str = "sgd", steps: int = 5,
                 loss_scale: str | None = None, deterministic: bool = False, generate: int | None = None,
-                prompt_len: int = 8, max_len: int | None = None) -> None:
+                prompt_len: int = 8, max_len: int | None = None, fused_update: bool = False,
+                host_memory: str = "auto") -> None:
     """Capture MODEL, run a pipeline (default -O2), lower it to a target (or the fastest of several: --target
     auto), verify against eager and save it.  A second compile of the same model reuses the cached artifact."""
     from mlcomp.api import compile_model, is_auto
@@ -154,7 +149,8 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
         return compile_train(model, input_shapes, batch, trust_pickle, target=target, output=output, loss=loss,
                              optimizer=optimizer, steps=steps, tolerance=tolerance, device=device,
                              pipeline=resolve_pipeline(pipeline, opt_level, default=None),
-                             instruments=request.instruments(), force=force, loss_scale=loss_scale)
+                             instruments=request.instruments(), force=force, loss_scale=loss_scale,
+                             fused=fused_update, host_memory=host_memory)
 
     if generate is not None:   # the generation path: mlcomp.cli.generation
         from mlcomp.cli.generation import compile_generate

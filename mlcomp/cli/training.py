@@ -112,18 +112,20 @@ def _loss_name(loss: Any) -> str:
 def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, trust_pickle: bool, *,
                   target: str | None, output: Path | None, loss: str, optimizer: str, steps: int,
                   tolerance: float | None, device: str | None, pipeline: str | None, instruments: Any,
-                  force: bool, loss_scale: str | None = None) -> None:
+                  force: bool, loss_scale: str | None = None, fused: bool = False, host_memory: str = "auto") -> None:
     """``mlcomp compile MODEL --train``: capture, compile, verify, compare N steps, save the artifact folder."""
     from mlcomp.base.files import Kind, check_destination
     from mlcomp.frontend.joint import loss_function
     from mlcomp.targets.base import CompileOptions
     from mlcomp.training.step import (
+        FUSED_FILE,
         SAVED_FILES,
         compare_steps,
         compile_training,
         verify_gradients,
     )
     from mlcomp.training.check import describe_gradients, describe_steps
+    from mlcomp.training.host_memory import before_capture
 
     spec, _ = check_train_flags(target, loss, optimizer, loss_scale)
     target = target or "cpu"
@@ -139,19 +141,22 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
         pipe.check_target(target, facts=facts)
     source = _load(model, input_shapes, batch, trust_pickle)
     chosen = _loss_of(source, loss)
+    before_capture(host_memory, pipe, fused=fused)
     reference, inputs, y, graph = _capture(source, chosen)
     loss_fn = loss_function(chosen)
     args = tuple(inputs) + ((y,) if loss_fn is not None else ())
     if pipe is not None:
-        graph, report = run_pipeline(graph, pipe, example_inputs=args, instruments=instruments, target=facts)
+        graph, report = run_pipeline(graph, pipe, example_inputs=args, instruments=instruments, target=facts,
+                                     optimizer=spec)
         click.echo(report.format())
     output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{target}-train", Kind.DIR, force=force,
                                inputs=(model,))
     keys = list(reference.state_dict())
     options = CompileOptions.make(device=device, tolerance=tolerance)
     tol = tolerance or 1e-5
+    memory = {"update_in_backward": fused, "host_memory": host_memory}
     art = compile_training(graph, target=target, optimizer=spec, options=options, state_keys=keys,
-                           loss_scale=loss_scale)
+                           loss_scale=loss_scale, **memory)
     check = verify_gradients(art, reference, loss_fn, args, tolerance=tol)
     if check["reference"] == "fp32":
         click.echo(f"gradients vs eager autograd: worst {check['worst_rel']:.1e} relative ({check['worst']}), "
@@ -159,10 +164,13 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
     else:   # a mixed-precision graph: the three-way check (compiled, eager autocast, fp32) and its bound
         click.echo(f"gradients vs eager autograd: {describe_gradients(check)}: passed")
     cmp = compare_steps(compile_training(graph, target=target, optimizer=spec, options=options, state_keys=keys,
-                                         loss_scale=loss_scale),
+                                         loss_scale=loss_scale, **memory),
                         copy.deepcopy(reference), loss_fn, args, steps=steps)
     if art.loss_scaler is not None:
         click.echo(f"loss scaling: {art.loss_scaler.spec.text()}")
+    if art.host_memory and art.host_memory["policy"] != "keep":
+        click.echo(f"host memory: {art.host_memory['policy']} ({art.host_memory['effect']}; applied "
+                   f"{art.host_memory['applied']})")
     mixed = cmp.get("reference") is not None   # a mixed-precision graph: compiled, eager autocast and fp32
     if mixed:
         click.echo(f"{steps} steps compiled vs eager ({spec.text()}): {describe_steps(cmp)}")
@@ -178,7 +186,8 @@ def compile_train(model: str, input_shapes: tuple[str, ...], batch: int | None, 
                                    f"tolerance {tol:.0e}"), hint="raise --tolerance, or run with --verify")
     art.verification = dict(check, loss_fn=_loss_name(chosen), steps=cmp)   # "loss" keeps the value
     art.save(output, force=True)
-    click.echo(f"saved {output} ({', '.join(SAVED_FILES)}, manifest.json)")
+    files = [*SAVED_FILES, *([FUSED_FILE] if art.fused is not None else []), "manifest.json"]
+    click.echo(f"saved {output} ({', '.join(files)})")
 
 
 def inspect_train(model: str, input_shapes: tuple[str, ...], batch: int | None, trust_pickle: bool, *,

@@ -186,7 +186,8 @@ def run_pipeline(graph: Graph, pipeline: "Pipeline | str | os.PathLike[str] | No
                  instruments: Sequence[Instrument] | None = None, hardware: Any = None,
                  calibration_data: Sequence[Any] | None = None, registry: PassRegistry | None = None,
                  verify: bool = False, target: TargetFacts | None = None,
-                 host_precision: Any = None, deterministic: bool = False) -> tuple[Graph, PipelineReport]:
+                 host_precision: Any = None, deterministic: bool = False,
+                 optimizer: Any = None) -> tuple[Graph, PipelineReport]:
     """Run ``pipeline`` on a copy of ``graph``: the new graph and its :class:`PipelineReport`.
 
     ``instruments`` default to ``standard_instruments()`` (IR check and timing);
@@ -197,6 +198,7 @@ def run_pipeline(graph: Graph, pipeline: "Pipeline | str | os.PathLike[str] | No
     here (once per process) when a pass uses them and none is given.
     ``deterministic``: passes that would decide by measuring take their fixed rules
     (``PassContext.deterministic``); the host's speeds are then not measured.
+    ``optimizer``: the training step's optimizer spec (``PassContext.optimizer``: remat counts its update).
     """
     chosen = list(standard_instruments() if instruments is None else instruments)
     if verify and not any(isinstance(i, Verify) for i in chosen):
@@ -209,7 +211,7 @@ def run_pipeline(graph: Graph, pipeline: "Pipeline | str | os.PathLike[str] | No
         host_precision = host_precision_speeds()
     ctx = PassContext(hardware=hardware, example_inputs=inputs, deterministic=deterministic,
                       calibration_data=tuple(calibration_data) if calibration_data is not None else None,
-                      target=target, host_precision=host_precision)
+                      target=target, host_precision=host_precision, optimizer=optimizer)
     return manager.run(graph, ctx)
 
 

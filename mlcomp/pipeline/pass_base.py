@@ -96,6 +96,7 @@ class PassContext:
     cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)   # per-run memo (remat's profile)
     # True: every choice a pass would make by measuring takes its fixed rule (recorded as a Decision)
     deterministic: bool = False
+    optimizer: Any = None      # a training step's optimizer (mlcomp.runtime.optim.OptimizerSpec): its update's scratch
 
     @property
     def hw(self) -> "HardwareSpec":

@@ -86,7 +86,7 @@ def param_names(gm: nn.Module) -> dict[str, str]:
 
 def to_fx(graph: Graph, *, device: str | torch.device | None = None,
           honour_placement: bool = True, scriptable: bool = False,
-          after: Mapping[str, Sequence[tuple[Callable[..., None], str]]] | None = None,
+          after: Mapping[str, Sequence[tuple[Callable[..., None], str | Sequence[str]]]] | None = None,
           drop_outputs: Collection[int] = ()) -> fx.GraphModule:
     """Generate a ``GraphModule`` computing ``graph``; its ``forward`` returns a tuple.
 
@@ -98,8 +98,8 @@ def to_fx(graph: Graph, *, device: str | torch.device | None = None,
     overloads, ``x.size(d)`` for symbolic sizes): the way to keep dynamic sizes
     in TorchScript, where tracing would bake them in.
 
-    ``after`` (IR node → ``(fn, value)`` pairs) emits ``fn(value)`` right after that
-    node, for effects such as a parameter's update; ``drop_outputs`` returns ``None``
+    ``after`` (IR node → ``(fn, value)`` pairs, ``value`` one IR value or several) emits
+    ``fn(value, ...)`` right after that node, for effects such as a parameter's update; ``drop_outputs`` returns ``None``
     at those output positions, so the value dies at its last reader (the call)
     instead of living to the end of the graph.
     """
@@ -157,8 +157,8 @@ def to_fx(graph: Graph, *, device: str | torch.device | None = None,
                 env[node.name].meta["mlcomp_origin"] = node.origin
             # sizes and other scalars live nowhere in particular: never copied between devices
             where[node.name] = want if isinstance(node.meta, (TensorMeta, tuple)) else None
-        for fn, value in (after or {}).get(node.name, ()):
-            fxg.call_function(fn, (env[value],))
+        for fn, values in (after or {}).get(node.name, ()):
+            fxg.call_function(fn, tuple(env[v] for v in ((values,) if isinstance(values, str) else values)))
     fxg.lint()
     gm = fx.GraphModule(root, fxg, class_name=f"{graph.name}_module")
     setattr(gm, _NAMES_ATTR, names)

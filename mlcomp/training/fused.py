@@ -3,27 +3,31 @@
 The unfused step returns every gradient from the generated code and then runs
 the optimizer, so all gradients coexist at the end of the backward, on top of
 whatever the backward still holds.  The fused step generates the same code with
-one call per parameter after its update point
-(:func:`mlcomp.analysis.step_peak.update_points`: the later of the node
-completing its gradient and the parameter's last reader), and returns ``None``
-in the gradient's output slot, so the gradient dies right after its update::
+one call of the op ``mlcomp::param_update(param, grad)`` per parameter after its
+update point (:func:`mlcomp.analysis.step_peak.update_points`: the later of the
+node completing its gradient and the parameter's last reader), and returns
+``None`` in the gradient's output slot, so the gradient dies right after its
+update::
 
-    mm_5 = torch.ops.aten.mm.default(permute_7, relu_1)
-    permute_9 = torch.ops.aten.permute.default(mm_5, [1, 0])
-    update_layer2_weight(permute_9)        # p.grad = g; optimizer step on p alone; p.grad = None
+    mm_5 = torch.ops.aten.mm(permute_7, relu_1)
+    permute_9 = torch.ops.aten.permute(mm_5, [1, 0])
+    layer2_weight = self.layer2_weight
+    ops.mlcomp.param_update(layer2_weight, permute_9)   # one optimizer step on that parameter alone
     ...
     return (loss, None, None, ..., new_running_mean)
 
-Each update is the artifact's own ``torch.optim`` optimizer class over that one
-parameter (foreach, as the unfused step), sharing the main optimizer's state
-dict, so the main optimizer's ``state_dict`` is the step's and every update does
-exactly the arithmetic of the unfused step: parameters stay bit-identical.
-Optimizers that need all gradients before any update (a loss scaler's inf/NaN
-check, gradient clipping) cannot be fused.
+The op is registered with torch's dispatcher when this module is imported, so the
+fused step is TorchScript: it is saved as such and reloads fused, with nothing in
+the folder running Python code.  The op looks up the :class:`ParamUpdate` bound to
+its parameter (by the tensor's identity): the artifact's own ``torch.optim``
+optimizer class over that one parameter (foreach, as the unfused step), sharing the
+main optimizer's state dict, so every update does exactly the arithmetic of the
+unfused step and parameters stay bit-identical.  Optimizers that need all gradients
+before any update (a loss scaler's inf/NaN check, gradient clipping) cannot be fused.
 """
 from __future__ import annotations
 
-import re
+import weakref
 from collections.abc import Mapping
 
 import torch
@@ -33,27 +37,33 @@ from mlcomp.analysis.step_peak import grad_params, update_points
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.quiet import quiet_torch
 from mlcomp.ir import Graph
-from mlcomp.runtime.codegen import to_fx
+from mlcomp.runtime.codegen import param_names, to_fx
 from mlcomp.runtime.optim import OptimizerSpec
 
-__all__ = ["ParamUpdate", "bind_updates", "fused_module", "fused_step", "scripted"]
+__all__ = ["ParamUpdate", "bind_updates", "fused_module", "fused_step", "param_update", "scripted"]
+
+_BOUND: weakref.WeakValueDictionary[int, ParamUpdate] = weakref.WeakValueDictionary()
+
+
+@torch.library.custom_op("mlcomp::param_update", mutates_args=("param",))
+def param_update(param: torch.Tensor, grad: torch.Tensor) -> None:
+    """One optimizer step of ``param`` with ``grad`` as its gradient (the update bound to ``param``)."""
+    update = _BOUND.get(param._cdata)
+    if update is None:
+        raise MlcompError("a fused training step updated a parameter no optimizer is bound to",
+                          hint="run the step through its TrainingArtifact (mlcomp.load), not the bare module")
+    update(grad)
 
 
 class ParamUpdate:
     """``update(grad)``: one optimizer step of one parameter with ``grad`` as its gradient."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.__name__ = self.__qualname__ = "update_" + re.sub(r"\W", "_", name)   # fx names the call after it
-        self.param: torch.Tensor | None = None
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.main: torch.optim.Optimizer | None = None
-
-    def bind(self, param: torch.Tensor, spec: OptimizerSpec, main: torch.optim.Optimizer) -> None:
-        self.param, self.optimizer, self.main = param, spec.build([param]), main
+    def __init__(self, name: str, param: torch.Tensor, spec: OptimizerSpec, main: torch.optim.Optimizer) -> None:
+        self.name, self.param, self.main = name, param, main
+        self.optimizer = spec.build([param])
+        _BOUND[param._cdata] = self
 
     def __call__(self, grad: torch.Tensor) -> None:
-        assert self.param is not None and self.optimizer is not None and self.main is not None
         self.optimizer.state = self.main.state      # shared (load_state_dict replaces the main one's dict)
         self.param.grad = grad
         self.optimizer.step()
@@ -63,42 +73,48 @@ class ParamUpdate:
         return f"update({self.name})"
 
 
-def fused_module(graph: Graph, *, device: str, grad_slots: Mapping[str, int]) -> tuple[fx.GraphModule,
-                                                                                        dict[str, ParamUpdate]]:
+def fused_module(graph: Graph, *, device: str, grad_slots: Mapping[str, int], scriptable: bool = False
+                 ) -> fx.GraphModule:
     """The step's code with each parameter's update at its update point and its gradient slot ``None``
-    (``grad_slots``: parameter → its output position); the updates are bound later (:func:`bind_updates`)."""
+    (``grad_slots``: parameter → its output position)."""
     grads = grad_params(graph)
-    updates = {p: ParamUpdate(p) for p in grads}
     after: dict[str, list] = {}
     for param, point in update_points(graph).items():
-        after.setdefault(point, []).append((updates[param], grads[param]))
-    gm = to_fx(graph, device=device, honour_placement=False, after=after, drop_outputs=set(grad_slots.values()))
-    return gm, updates
+        after.setdefault(point, []).append((torch.ops.mlcomp.param_update, (param, grads[param])))
+    return to_fx(graph, device=device, honour_placement=False, scriptable=scriptable, after=after,
+                 drop_outputs=set(grad_slots.values()))
 
 
-def bind_updates(gm: fx.GraphModule, updates: Mapping[str, ParamUpdate], attrs: Mapping[str, str],
-                 tensors: Mapping[str, torch.Tensor], spec: OptimizerSpec, main: torch.optim.Optimizer) -> None:
-    """Make ``gm`` read the artifact's own tensors (``attrs``: attribute → dotted name) and bind each update
-    to its parameter and a one-parameter optimizer sharing ``main``'s state."""
+def bind_updates(module: torch.nn.Module, attrs: Mapping[str, str], tensors: Mapping[str, torch.Tensor],
+                 params: Mapping[str, torch.Tensor], spec: OptimizerSpec,
+                 main: torch.optim.Optimizer) -> list[ParamUpdate]:
+    """Make ``module`` (fx code or TorchScript) read the artifact's own tensors (``attrs``: attribute →
+    dotted name) and bind an update to each parameter of ``params``: a one-parameter optimizer sharing
+    ``main``'s state.  The caller keeps the updates (they are bound while it holds them)."""
     for attr, dotted in attrs.items():
-        table = gm._parameters if attr in gm._parameters else gm._buffers
-        table[attr] = tensors[dotted]
-    for name, update in updates.items():
-        update.bind(tensors[name], spec, main)
+        if isinstance(module, torch.jit.ScriptModule):
+            setattr(module, attr, tensors[dotted])
+        else:
+            table = module._parameters if attr in module._parameters else module._buffers
+            table[attr] = tensors[dotted]
+    return [ParamUpdate(name, param, spec, main) for name, param in params.items()]
 
 
-def fused_step(graph: Graph, device: str, grad_slots: Mapping[str, int], attrs: Mapping[str, str],
-               tensors: Mapping[str, torch.Tensor], spec: OptimizerSpec, main: torch.optim.Optimizer, *,
-               scaled: bool) -> fx.GraphModule:
-    """The fused step of a training artifact (:func:`fused_module`, then :func:`bind_updates`); a loss-scaled
-    step is refused: its scaler checks every gradient for inf/NaN before any update."""
+def fused_step(graph: Graph, device: str, grad_slots: Mapping[str, int], tensors: Mapping[str, torch.Tensor],
+               spec: OptimizerSpec, main: torch.optim.Optimizer, *, scaled: bool, script: bool = True
+               ) -> tuple[torch.nn.Module, dict[str, str], list[ParamUpdate]]:
+    """``(module, attrs, updates)``: the fused step of a training artifact (TorchScript when it compiles,
+    else fx code) over the artifact's ``tensors``; a loss-scaled step is refused: its scaler checks every
+    gradient for inf/NaN before any update."""
     if scaled:
         raise MlcompError(f"the training step of {graph.name} cannot update parameters inside the backward with "
                           "loss scaling: the scaler checks every gradient for inf/NaN before any update",
                           hint="drop update_in_backward or the loss scale")
-    gm, updates = fused_module(graph, device=device, grad_slots=grad_slots)
-    bind_updates(gm, updates, attrs, tensors, spec, main)
-    return gm
+    gm = fused_module(graph, device=device, grad_slots=grad_slots, scriptable=script)
+    attrs = param_names(gm)
+    module = (scripted(gm) if script else None) or fused_module(graph, device=device, grad_slots=grad_slots)
+    params = {p: tensors[p] for p in grad_slots}
+    return module, attrs, bind_updates(module, attrs, tensors, params, spec, main)
 
 
 def scripted(module: torch.nn.Module) -> torch.jit.ScriptModule | None:

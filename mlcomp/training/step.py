@@ -25,7 +25,6 @@ capability message before anything is built.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -37,23 +36,24 @@ import torch
 from mlcomp.base.errors import (
     ArtifactError,
     MlcompError,
-    TargetUnavailableError,
-    UnsupportedOpError,
 )
 from mlcomp.base.files import Kind, atomic_dir, check_destination
 from mlcomp.base.version import __version__
 from mlcomp.ir import Graph, Mode
-from mlcomp.targets.base import TARGETS, CompileOptions, get_target, target_name
-from mlcomp.targets.capabilities import (
-    Capabilities,
-    CapabilityError,
-    hint_for,
-    mismatches,
+from mlcomp.targets.base import CompileOptions
+from mlcomp.targets.capabilities import CapabilityError, hint_for, mismatches
+from mlcomp.training.capability import (
+    TrainingCapabilityError,
+    check_training_target,
+    training_capabilities,
+    training_targets,
 )
 from mlcomp.runtime.codegen import param_names, to_fx
 from mlcomp.passes.precision.loss_scale import LossScale, find_backward_seed, is_loss_scaled
 from mlcomp.pipeline import run_pipeline
-from mlcomp.training.fused import fused_step, scripted
+from mlcomp.hardware import allocator
+from mlcomp.training.fused import bind_updates, fused_step, scripted
+from mlcomp.training.host_memory import at_compile
 from mlcomp.training.loss_scaling import LossScaleError, LossScaler, LossScaleSpec
 from mlcomp.runtime.optim import OptimizerSpec
 from mlcomp.training.check import (
@@ -79,6 +79,7 @@ TRAINING_FORMAT = "mlcomp-training"
 SAVED_FILES = {"joint.ir.txt": "the joint IR, as text", "step.pt": "the step (TorchScript) with parameters and buffers",
                "state.pt": "parameters and buffers under the model's keys", "optimizer.pt": "the optimizer's state",
                "reference.pt": "a batch and the loss and state one step later, checked on load"}
+FUSED_FILE = "fused.pt"   # the step with the optimizer in the backward (TorchScript), when compiled so
 
 
 def output_names(graph: Graph) -> list[str]:
@@ -86,48 +87,14 @@ def output_names(graph: Graph) -> list[str]:
     return list(names) if names is not None else [r.name for r in graph.output_refs]
 
 
-class TrainingCapabilityError(UnsupportedOpError):
-    """The chosen target cannot run training graphs."""
-
-
-def training_capabilities(target: Any) -> Capabilities | None:
-    """The target's capabilities when they include training graphs (cpu, cuda: ``TORCH_CPU`` /
-    ``TORCH_CUDA`` in :mod:`mlcomp.targets.capabilities`); ``None``: it cannot train."""
-    caps = getattr(target, "capabilities", None)
-    if caps is None or Mode.TRAINING not in caps.modes:
-        return None
-    return dataclasses.replace(caps, multi_device=False, placement_devices=None)  # the step ignores placement
-
-
-def training_targets() -> list[str]:
-    """Names of the registered targets whose capabilities include training graphs."""
-    return [n for n in TARGETS.names() if training_capabilities(get_target(n)) is not None]
-
-
-def check_training_target(name: str) -> Any:
-    """The target object for ``name``; :class:`TrainingCapabilityError` if it cannot train (checked
-    before anything is captured or written)."""
-    target = get_target(target_name(name))
-    if training_capabilities(target) is None:
-        caps = getattr(target, "capabilities", None)
-        declared = f" (it declares: {caps.describe()})" if caps is not None else ""
-        raise TrainingCapabilityError(
-            f"target {target.name} cannot compile training graphs: it compiles inference graphs only, "
-            f"with no backward pass or parameter update{declared}",
-            hint=f"compile with --train for one of: {', '.join(training_targets())}; then export the trained "
-                 f"weights and compile for {target.name} without --train")
-    reason = target.available()
-    if reason:
-        raise TargetUnavailableError(f"target {target.name} is not available: {reason}",
-                                     hint="see `mlcomp targets` for the targets this machine can use")
-    return target
-
-
 class TrainingArtifact:
     """``step(*inputs, y) -> loss`` (``y`` positional or ``y=``) over its own parameters;
     ``state_dict``/``load_state_dict``."""
 
     fused: torch.nn.Module | None = None    # the step with the optimizer in the backward (mlcomp.training.fused)
+    host_memory: dict[str, Any] | None = None   # the process's allocator policy (mlcomp.hardware.allocator)
+    _fused_attrs: dict[str, str] | None = None  # the fused module's attribute → dotted name
+    _updates: Sequence[Any] = ()                # the fused step's bound updates (kept: they are weakly bound)
 
     def __init__(self, graph: Graph, optimizer: OptimizerSpec, *, device: str,
                  state_keys: Sequence[str] | None = None,
@@ -149,8 +116,9 @@ class TrainingArtifact:
         self.loss_scaler = loss_scaler   # graph has a %loss_scale input (mlcomp.training.loss_scaling)
         self.verification: dict[str, Any] | None = None
         if update_in_backward:
-            self.fused = fused_step(own, device, self._grad_index, names, self._tensors, optimizer, self.optimizer,
-                                    scaled=loss_scaler is not None)
+            self.fused, self._fused_attrs, self._updates = fused_step(
+                own, device, self._grad_index, self._tensors, optimizer, self.optimizer,
+                scaled=loss_scaler is not None, script=script)
 
     def _bind(self, module: Any, names: Mapping[str, str], outs: Sequence[str], *, name: str, target: str,
               device: str, optimizer: OptimizerSpec, state_keys: Sequence[str] | None,
@@ -231,14 +199,15 @@ class TrainingArtifact:
         copies its attributes outside ``memo``, so they are bound back to the copied parameters."""
         new = self.__class__.__new__(self.__class__)
         memo[id(self)] = new
+        memo[id(self._updates)] = ()       # not copied: the copy's updates are bound to its own tensors below
         for key, value in self.__dict__.items():
             setattr(new, key, copy.deepcopy(value, memo))
         for attr, dotted in new._names.items():
             if getattr(new.module, attr).data_ptr() != new._tensors[dotted].data_ptr():
                 setattr(new.module, attr, new._tensors[dotted])
         if new.fused is not None:       # its updates must step the copy's parameters and optimizer
-            new.fused = fused_step(new.graph, new.device, new._grad_index, new._names, new._tensors,
-                                   new.optimizer_spec, new.optimizer, scaled=False)
+            new._updates = bind_updates(new.fused, new._fused_attrs, new._tensors, new.params, new.optimizer_spec,
+                                        new.optimizer)
         return new
 
     def stats(self) -> dict[str, Any]:
@@ -285,19 +254,24 @@ class TrainingArtifact:
         trial = copy.deepcopy(self)
         loss = trial.step(*args).detach().cpu()
         after = {k: v.detach().cpu().clone() for k, v in trial.state_dict().items()}
-        if not isinstance(self.module, torch.jit.ScriptModule):
+        if not all(isinstance(m, torch.jit.ScriptModule) for m in (self.module, self.fused) if m is not None):
             raise ArtifactError(f"TorchScript cannot compile the training step of {self.name}, so it cannot be "
                                 "saved as a folder", hint="keep the artifact in memory and save its state_dict()")
         manifest = {"format": TRAINING_FORMAT, "format_version": 1, "mlcomp_version": __version__,
                     "torch_version": torch.__version__, "model": self.name, "target": self.target,
                     "device": self.device, "optimizer": self.optimizer_spec.text(), "steps": self.steps,
                     "state_keys": self._state_keys, "extra_keys": list(self._extra), "outputs": self._outs,
-                    "attributes": self._names, "tied": self._tied, "verification": self.verification, "files": list(SAVED_FILES),
+                    "attributes": self._names, "tied": self._tied, "verification": self.verification,
+                    "files": list(SAVED_FILES) + ([FUSED_FILE] if self.fused is not None else []),
+                    "update_in_backward": self.fused is not None, "host_memory": self.host_memory,
+                    "fused_attributes": self._fused_attrs if self.fused is not None else None,
                     # the scaler's spec, running scale and history: the reloaded step scales as the next one would
                     "loss_scaling": self.loss_scaler.state_dict() if self.loss_scaler is not None else None}
         with atomic_dir(directory, label="training artifact") as tmp:
             (tmp / "joint.ir.txt").write_text((self.graph.format() if self.graph is not None else "") + "\n")
             torch.jit.save(self.module, str(tmp / "step.pt"))
+            if self.fused is not None:
+                torch.jit.save(self.fused, str(tmp / FUSED_FILE))
             torch.save({k: v.detach().cpu() for k, v in self.state_dict().items()}, tmp / "state.pt")
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save({"inputs": [t.cpu() for t in args], "loss": loss, "after": after}, tmp / "reference.pt")
@@ -321,6 +295,8 @@ class TrainingArtifact:
         device = device or manifest["device"]
         try:
             module = torch.jit.load(str(directory / "step.pt"), map_location=device)
+            fused = (torch.jit.load(str(directory / FUSED_FILE), map_location=device)
+                     if manifest.get("update_in_backward") else None)
             state = torch.load(directory / "state.pt", map_location=device, weights_only=True)
             opt_state = torch.load(directory / "optimizer.pt", map_location=device, weights_only=True)
             ref = torch.load(directory / "reference.pt", map_location=device, weights_only=True)
@@ -336,6 +312,12 @@ class TrainingArtifact:
         art._bind(module, manifest["attributes"], manifest["outputs"], name=manifest["model"],
                   target=manifest["target"], device=device, optimizer=OptimizerSpec.parse(manifest["optimizer"]),
                   state_keys=manifest["state_keys"], extra_state=extra, tied=manifest.get("tied"))
+        recorded = (manifest.get("host_memory") or {}).get("policy", "keep")
+        art.host_memory = allocator.apply(recorded if recorded in allocator.POLICIES else "keep", where="at load")
+        if fused is not None:         # the optimizer in the backward, bound to the loaded tensors
+            art.fused, art._fused_attrs = fused, manifest["fused_attributes"]
+            art._updates = bind_updates(fused, art._fused_attrs, art._tensors, art.params, art.optimizer_spec,
+                                        art.optimizer)
         art.load_state_dict(state)
         art.optimizer.load_state_dict(opt_state)
         art.steps = int(manifest["steps"])
@@ -353,13 +335,15 @@ def compile_training(graph: Graph, *, target: str = "cpu", optimizer: str | Opti
                      options: CompileOptions | None = None, state_keys: Sequence[str] | None = None,
                      extra_state: Mapping[str, torch.Tensor] | None = None,
                      loss_scale: str | float | LossScaleSpec | None = None,
-                     update_in_backward: bool = False) -> TrainingArtifact:
+                     update_in_backward: bool = False, host_memory: str = "auto") -> TrainingArtifact:
     """Lower a joint training graph on ``target`` (``cpu`` or ``cuda``) with ``optimizer``.
 
     ``loss_scale``: ``dynamic``, ``none``, a number or ``dynamic{init=… interval=…}``
     (:mod:`mlcomp.training.loss_scaling`); ``None`` is dynamic when the graph computes in fp16, or
     when a pipeline already ran the ``loss-scale`` pass on it.  ``update_in_backward`` updates each
     parameter as soon as its gradient is complete and frees the gradient (:mod:`mlcomp.training.fused`).
+    ``host_memory`` (``auto``, ``return``, ``keep``): whether freed tensors go back to the OS
+    (:mod:`mlcomp.training.host_memory`; ``auto``: for a rematerialised or fused step).
     """
     spec = OptimizerSpec.parse(optimizer)
     scaling = _loss_scaling(graph, loss_scale)
@@ -373,8 +357,11 @@ def compile_training(graph: Graph, *, target: str = "cpu", optimizer: str | Opti
     scaler = LossScaler(scaling) if scaling.active else None
     if scaler is not None and not is_loss_scaled(graph):
         graph, _ = run_pipeline(graph, LossScale.name)
-    return TrainingArtifact(graph, spec, device=device, state_keys=state_keys, extra_state=extra_state,
-                            target=t.name, loss_scaler=scaler, update_in_backward=update_in_backward)
+    memory = at_compile(host_memory, graph, fused=update_in_backward)
+    art = TrainingArtifact(graph, spec, device=device, state_keys=state_keys, extra_state=extra_state,
+                           target=t.name, loss_scaler=scaler, update_in_backward=update_in_backward)
+    art.host_memory = memory
+    return art
 
 
 def _loss_scaling(graph: Graph, loss_scale: str | float | LossScaleSpec | None) -> LossScaleSpec:

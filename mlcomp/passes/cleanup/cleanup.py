@@ -7,7 +7,8 @@
     %p1 = aten.permute(%x, [1, 0])                    (both gone: the permutes cancel)
     %p2 = aten.permute(%p1, [1, 0])
     %c = aten._to_copy(%x, dtype=f32)                 (gone: %x already is f32)
-    %d = aten.clone(%y)                               (gone in inference graphs)
+    %d = aten.clone(%y)                               (gone in inference graphs; in training graphs
+                                                      when it gives back the same tensor: copies.py)
     %r = aten.relu(%d)                                %r = aten.relu(%y)
 
 ``cse`` merges nodes that compute the same pure op on the same arguments,
@@ -22,6 +23,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 from mlcomp.passes import patterns as P
+from mlcomp.passes.cleanup.copies import training_copy
 from mlcomp.passes.cleanup.folding import FoldConstants
 
 from mlcomp.ir import Graph, Mode, Node, Ref, TensorMeta
@@ -157,6 +159,8 @@ def _rules(mode: Mode) -> list[tuple[str, Rule]]:
     ]
     if mode is Mode.INFERENCE:
         rules += [("copies_removed", _inference_copy), ("dropouts_removed", _dropout)]
+    else:                   # a clone giving back the same tensor (a p=0 dropout's): mlcomp.passes.cleanup.copies
+        rules.append(("copies_removed", training_copy))
     return rules
 
 

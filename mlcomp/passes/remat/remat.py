@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 from mlcomp.analysis.liveness import is_view, liveness, storage_roots, value_bytes
 from mlcomp.analysis.training_graph import saved_activations
 from mlcomp.analysis.workspace import op_workspaces
-from mlcomp.base.errors import PassFailure, PipelineSpecError
+from mlcomp.base.errors import MlcompError, PassFailure, PipelineSpecError
 from mlcomp.base.units import SizeError, parse_size, size_unit
 from mlcomp.hardware.decide import Decision
 from mlcomp.ir import Graph, Mode, Node, Ref, map_refs
@@ -58,6 +58,7 @@ from mlcomp.ir.opsets import is_pure
 from mlcomp.passes.remat.choose import Scored, choose, score
 from mlcomp.passes.remat.costs import CostModel, cost_model, flops, profile
 from mlcomp.passes.remat.problem import Candidate, RematPlan, RematProblem
+from mlcomp.runtime.optim import OptimizerSpec
 from mlcomp.passes.remat.solvers import Solver, candidates, minimum, solve
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
@@ -230,10 +231,25 @@ class Remat(Pass):
     cost: CostModel = option(CostModel.FLOPS, "recompute cost: flops (cost model) or profile (measured)")
     keep: tuple[str, ...] = option((), "node names (fnmatch patterns) never recomputed")
     fused: bool = option(False, "predict the step with the optimizer in the backward (update_in_backward)")
+    optimizer: str = option("", 'the step\'s optimizer (sgd, "adam{lr=1e-3}"): its update\'s temporaries join the '
+                                "predicted peak; default: the step's own when the CLI or the API runs the pipeline")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.limits()
+        self.scratch()
+
+    def scratch(self, ctx: PassContext | None = None) -> float:
+        """Temporary bytes the optimizer's update allocates per parameter byte: the ``optimizer`` option's,
+        else the step's (``ctx.optimizer``, which the CLI and the API set), else 0."""
+        if not self.optimizer:
+            known = ctx.optimizer if ctx is not None else None
+            return known.scratch() if known is not None else 0.0
+        try:
+            return OptimizerSpec.parse(self.optimizer).scratch()
+        except MlcompError as exc:
+            raise PipelineSpecError(f"option 'optimizer' of pass 'remat' got {self.optimizer!r}: {exc.what}",
+                                    hint='give the step\'s optimizer, e.g. remat{optimizer="adam{lr=1e-3}"}') from None
 
     def limits(self) -> tuple[Budget, int | None]:
         """The saved-activation budget and the peak limit in bytes (``None``: minimise the peak)."""
@@ -258,7 +274,7 @@ class Remat(Pass):
         ws_cache = ctx.cache.setdefault("remat.workspace", {})
         workspace = None if ctx.deterministic else (lambda g: op_workspaces(g, cache=ws_cache))
         before, *scored = score(graph, problem, [problem.keep_all(), *plans], rewrite, workspace=workspace,
-                                fused=self.fused)
+                                scratch=self.scratch(ctx), fused=self.fused)
         best = choose(scored, limit)
         if best is None:
             raise _peak_unmet(graph, self.peak, limit or 0, min(scored, key=lambda s: s.peak))

@@ -92,3 +92,46 @@ def test_gradients_unchanged_by_the_chosen_plan(joint):
     (_, g0), (_, g1) = plain.gradients(*args), remat.gradients(*args)
     assert g0.keys() == g1.keys() and all(torch.equal(g0[k], g1[k]) for k in g0)
     assert 0 < PEAK_SLACK < 0.5
+
+
+@pytest.fixture(scope="module")
+def wide():
+    """An MLP whose weights outweigh its activations: the optimizer's update is the step's peak."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 10, (4,), generator=torch.Generator().manual_seed(2))
+    return capture_joint(model, (x,), y, loss=LossKind.CROSS_ENTROPY), (x, y)
+
+
+@pytest.mark.parametrize(("spec", "fused"), [("adam{lr=1e-3}", False), ("adamw{lr=1e-3 weight_decay=0.1}", True),
+                                             ("sgd{lr=0.1 weight_decay=1e-3}", False)])
+def test_remat_told_the_optimizer_predicts_the_allocator_peak(wide, spec, fused):
+    graph, args = wide
+    flag = str(fused).lower()
+    after, report = run_pipeline(graph, f'remat{{budget=0.5 fused={flag} optimizer="{spec}"}}')
+    predicted = report.records[0].stats["peak_after_bytes"]
+    art = compile_training(after, optimizer=spec, update_in_backward=fused)
+    art.step(*args)                              # the optimizer's state exists before the measured step
+    with PeakMemory("cpu", source=MemorySource.ALLOCATOR) as mem:
+        art.step(*args)
+    got = mem.reading.growth
+    assert abs(got - predicted) <= 0.01 * got, (got, predicted)       # a few bytes: the optimizer's scalars
+    _, blind = run_pipeline(graph, f"remat{{budget=0.5 fused={flag}}}")     # the update's temporaries unseen
+    assert blind.records[0].stats["peak_after_bytes"] < 0.9 * got
+
+
+def test_an_unknown_optimizer_is_a_spec_error(wide):
+    with pytest.raises(PipelineSpecError, match="option 'optimizer' of pass 'remat' got 'rmsprop'"):
+        run_pipeline(wide[0], 'remat{optimizer="rmsprop"}')
+
+
+def test_remat_reads_the_steps_optimizer_from_the_pipeline_run(wide):
+    from mlcomp.runtime.optim import OptimizerSpec
+
+    graph, _ = wide
+    _, told = run_pipeline(graph, 'remat{budget=0.5 optimizer="adam{lr=1e-3}"}')
+    _, given = run_pipeline(graph, "remat{budget=0.5}", optimizer=OptimizerSpec.parse("adam{lr=1e-3}"))
+    _, blind = run_pipeline(graph, "remat{budget=0.5}")
+    peaks = [r.records[0].stats["peak_after_bytes"] for r in (told, given, blind)]
+    assert peaks[0] == peaks[1] > peaks[2]

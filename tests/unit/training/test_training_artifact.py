@@ -171,3 +171,22 @@ def test_report_training_section_reads_the_joint_graph():
     assert set(data["saved_bytes_by_module"]) >= {"<input>", "1", "2"}   # BatchNorm1d, ReLU by origin
     assert data["saved_bytes"] == sum(data["saved_bytes_by_module"].values())
     assert "saved activations" in text and "by module" in text
+
+
+def test_cli_fused_update_saves_a_step_that_reloads_fused(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from mlcomp.cli.main import main
+
+    (tmp_path / "fac.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["compile", "fac.py:with_loss", "--train", "--fused-update", "--optimizer",
+                                       "adam{lr=1e-2}", "-o", "out"])
+    assert result.exit_code == 0, result.output
+    assert "parameters within 0.0e+00 relative" in result.output      # fused steps equal eager's
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["update_in_backward"] and manifest["host_memory"]["policy"] in ("return", "keep")
+    again = mlcomp.load(tmp_path / "out")
+    assert isinstance(again.fused, torch.jit.ScriptModule) and again.verification["reload"]["passed"]
+    bad = CliRunner().invoke(main, ["compile", "fac.py:with_loss", "--train", "--host-memory", "arena", "-o", "x"])
+    assert bad.exit_code != 0 and "'arena' is not one of" in bad.output and not (tmp_path / "x").exists()
