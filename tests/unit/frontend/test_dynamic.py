@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 import mlcomp
 from mlcomp.base.errors import InputSpecError
@@ -11,19 +10,7 @@ from mlcomp.frontend.dynamic import parse_dynamic
 from mlcomp.frontend.loading import load_model
 from mlcomp.ir.symbols import SizeRange
 from mlcomp.pipeline import run_pipeline
-
-
-class Tokens(nn.Module):
-    """A transformer-like block: per-token linear, a reshape over batch*seq, softmax over the sequence."""
-
-    def __init__(self):
-        super().__init__()
-        self.proj, self.out = nn.Linear(8, 8), nn.Linear(8, 8)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        h = self.proj(x).reshape(b * t, c).relu()
-        return self.out(h.reshape(b, t, c)).softmax(1) + 1.0
+from tests.helpers.modules import Tokens
 
 
 def test_parse_names_dims_and_ranges():

@@ -6,24 +6,11 @@ import re
 import onnx
 import pytest
 import torch
-from torch import nn
 
 import mlcomp
 from mlcomp.frontend.loading import load_model
 from mlcomp.targets.onnx.emit import emit_model
-
-
-class Tokens(nn.Module):
-    """Per-token linears around a reshape over batch*seq, softmax over the sequence."""
-
-    def __init__(self):
-        super().__init__()
-        self.proj, self.out = nn.Linear(8, 8), nn.Linear(8, 8)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        h = self.proj(x).reshape(b * t, c).relu()
-        return self.out(h.reshape(b, t, c)).softmax(1) + 1.0
+from tests.helpers.modules import Tokens
 
 
 SIZES = ((1, 1), (3, 7), (6, 16))
