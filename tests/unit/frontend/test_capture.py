@@ -189,6 +189,7 @@ def test_a_working_decomposition_is_used():
                                                       for o in KEPT_OPS]
 
 
+@pytest.mark.slow
 def test_bisection_finds_every_culprit_in_log_runs():
     ep = torch.export.export(WithTwice().eval(), (X8,))
     table = {TWICE: _broken, torch.ops.aten.gelu.default: _broken}

@@ -88,6 +88,7 @@ def test_residual_net_runs_the_same_int8_kernels_as_orts_own_quantizer(tmp_path)
     assert mine["QuantizeLinear"] <= own["QuantizeLinear"] + 1 and mine["DequantizeLinear"] <= own["DequantizeLinear"] + 1
 
 
+@pytest.mark.slow
 def test_attention_softmax_and_products_run_in_int8(tmp_path):
     torch.manual_seed(0)
     model = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
@@ -99,6 +100,7 @@ def test_attention_softmax_and_products_run_in_int8(tmp_path):
     assert "SkipLayerNormalization" in mine          # the residual adds stay float, fused with the layer norm
 
 
+@pytest.mark.slow
 def test_sequence_first_attention_projections_and_scalings_in_int8(tmp_path):
     """Sequence-first attention: the input projection is an addmm (QGemm), and q and k's scalar multiplies
     become dequantize scales (no float Mul left)."""

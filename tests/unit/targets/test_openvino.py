@@ -81,6 +81,7 @@ def test_outputs_are_kept_and_wrong_inputs_refused(built):
             b.artifact(bad)
 
 
+@pytest.mark.slow
 def test_precision_follows_the_pipeline_and_never_goes_below_it(captured):
     assert precision_hint(torch.float32, ("avx512_bf16", "amx_bf16"))[0] == torch.float32
     assert precision_hint(torch.bfloat16, ("avx512_bf16",))[0] == torch.bfloat16
@@ -114,6 +115,7 @@ class EmptyCat(nn.Module):
         return torch.cat([self.past, x * 2], dim=-2) + 1
 
 
+@pytest.mark.slow
 def test_unsupported_ops_are_explained_per_node_and_fall_back():
     module, x = KthValueNet().eval(), torch.randn(4, 16)
     graph = load_model(module, example_inputs=(x,)).capture()

@@ -197,6 +197,7 @@ def gpt2_build():
     return model, inputs, tvm_backend.build(model, inputs, tvm_backend.BuildConfig(threads=1))
 
 
+@pytest.mark.slow
 def test_gpt2_build_numbers_and_stats(gpt2_build):
     model, inputs, built = gpt2_build
     with torch.no_grad():
