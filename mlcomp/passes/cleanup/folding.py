@@ -13,6 +13,13 @@ Three kinds of values fold:
     %permute = aten.permute.default(%0.weight, [1, 0])
     %addmm = aten.addmm.default(%0.bias, %x, %permute)       %addmm = aten.addmm.default(%0.bias, %x, %permute)
 
+A broadcast (``expand``) to more elements than it reads never folds: it is a view
+at run time (a runtime folds it when it loads the model, in memory), and folded it
+would store its constant once per batch row, and a linear's weight broadcast over a
+batch (``bmm`` against ``expand(permute(w))``) would no longer be a weight that
+``quantize`` folds to int8 or an exporter writes as a ``Gemm``.  What reads it stays
+too (a token-type embedding looked up with ids broadcast over the batch).
+
 A folded value keeps the name of the node that computed it.  In training graphs
 parameters are what is being learnt, so nothing that reads one is folded.
 """
@@ -104,6 +111,8 @@ class FoldConstants(Pass):
             return _NO
         if isinstance(node.meta, TensorMeta) and node.meta.is_dynamic:
             return _NO
+        if node.op == P.EXPAND and _grows(graph, node):
+            return _NO                          # a broadcast: a view at run time, B copies once folded
         if not refs and node.op.namespace is not Namespace.OPERATOR and node.op != GETITEM:
             meta = node.meta
             if not isinstance(meta, TensorMeta) or meta.nbytes(graph.symbols) > self.max_bytes:
@@ -127,6 +136,14 @@ _NO = _Missing()
 
 def _outputs(graph: Graph) -> set[str]:
     return {r.name for r in refs_in(graph.output_node.inputs)}
+
+
+def _grows(graph: Graph, node: Node) -> bool:
+    """Whether ``node``'s output has more elements than its first input (unknown sizes: it does)."""
+    src = P.meta_of(graph, node.inputs[0])
+    if not isinstance(node.meta, TensorMeta) or src is None:
+        return True
+    return src.is_dynamic or node.meta.numel() > src.numel()
 
 
 def _literal(value: Any) -> bool:

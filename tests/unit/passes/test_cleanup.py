@@ -231,12 +231,25 @@ def test_fold_constants_leaves_trainable_params_alone():
 def test_fold_constants_size_guard():
     b = GraphBuilder("big")
     x = b.input("x", (512, 1024))
-    e = b.call(aten("expand"), b.param("w", torch.randn(1024)), [512, 1024])
+    e = b.call(aten("repeat"), b.param("w", torch.randn(1, 1024)), [512, 1])
     graph = b.output(b.call(aten("add.Tensor"), x, e))
     out, stats = run(graph, "fold-constants{max_bytes=1024}")
-    assert "expand" in out and stats["nodes_folded"] == 0      # 2 MiB from 4 KiB: not materialised
+    assert "repeat" in out and stats["nodes_folded"] == 0      # 2 MiB from 4 KiB: not materialised
     out, stats = run(graph, "fold-constants{max_bytes=4194304}")
-    assert "expand" in out.constants and stats["constants_created"] == 1
+    assert "repeat" in out.constants and stats["constants_created"] == 1
+
+
+def test_fold_constants_keeps_broadcasts_as_views():
+    """An expand to more elements never folds, whatever max_bytes; what reads it stays; a same-size one folds."""
+    b = GraphBuilder("bcast")
+    x = b.input("x", (4, 3, 8))
+    w = b.call(aten("permute"), b.param("w", torch.randn(5, 8)), [1, 0])
+    wide = b.call(aten("expand"), w, [4, 8, 5])
+    same = b.call(aten("expand"), b.param("b", torch.randn(1, 5)), [1, 5])
+    graph = b.output(b.call(aten("add.Tensor"), b.call(aten("bmm"), x, wide), same))
+    out, stats = run(graph, "fold-constants{max_bytes=4194304}")
+    assert out.node("expand").op == aten("expand") and tuple(out.constants["permute"].shape) == (8, 5)
+    assert "expand_1" in out.constants and stats["constants_created"] == 2
 
 
 # ---------------------------------------------------------------------------
