@@ -17,7 +17,8 @@ mean.dim (over H, W)      QLinearGlobalAveragePool      input (a global average 
 ========================  ============================  =================================
 
 Each row says which arguments are activations (quantized per tensor, uint8, range
-observed on calibration data), which one is the weight (int8, symmetric, one scale
+observed on calibration data; the two operands of a product of activations on the
+grids the target needs: :mod:`~mlcomp.passes.quantize.grids`), which one is the weight (int8, symmetric, one scale
 per output channel) and which is the bias (int32 with scale ``input scale × weight
 scale``, what the integer kernels accumulate in), and a fixed output range when the
 op's is known without observing (softmax's ``[0, 1]``, as ORT's quantizer uses).
@@ -50,13 +51,14 @@ class Int8Rule:
     weight_axis: int = 0             # the output-channel axis of the weight as the op reads it
     bias: int | None = None          # argument position of the bias (int32), when a constant
     fixed_output: tuple[float, float] | None = None   # the output's range when known without observing
+    product: bool = False            # a matrix product: two activation operands take the target's product grids
 
 
 INT8_POLICY: Mapping[Op, Int8Rule] = MappingProxyType({
     aten("convolution"): Int8Rule(activations=(0,), weight=1, weight_axis=0, bias=2),
-    aten("addmm"): Int8Rule(activations=(1,), weight=2, weight_axis=1, bias=0),
-    aten("mm"): Int8Rule(activations=(0,), weight=1, weight_axis=1),
-    aten("bmm"): Int8Rule(activations=(0, 1)),
+    aten("addmm"): Int8Rule(activations=(1,), weight=2, weight_axis=1, bias=0, product=True),
+    aten("mm"): Int8Rule(activations=(0,), weight=1, weight_axis=1, product=True),
+    aten("bmm"): Int8Rule(activations=(0, 1), product=True),
     aten("add.Tensor"): Int8Rule(activations=(0, 1)),
     aten("mul.Tensor"): Int8Rule(activations=(0, 1)),
     aten("_softmax"): Int8Rule(activations=(0,), fixed_output=(0.0, 1.0)),

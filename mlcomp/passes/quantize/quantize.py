@@ -40,7 +40,10 @@ activation ranges (``minmax``, ``percentile``, ``entropy``: :mod:`~mlcomp.passes
 :mod:`~mlcomp.passes.quantize.selection`), ``held_back`` (samples kept out of the ranges and
 measured only), and a declared accuracy target, ``tolerance`` (max relative error of the
 outputs) and ``agreement`` (top-1), refused with the numbers when missed.  A fused graph
-(``-O2,quantize``) is first put back as its ops (:mod:`~mlcomp.passes.quantize.unfuse`).
+(``-O2,quantize``) is first put back as its ops (:mod:`~mlcomp.passes.quantize.unfuse`), and a linear
+read as ``bmm`` against its weight broadcast over the batch (attention's input projection on a
+permuted input) is written as one ``addmm`` again (:mod:`mlcomp.ir.linearize`), so its weight
+folds to int8 like any linear's.
 
 Stats: per quantized layer its module path, op, input/output scale and zero point,
 weight scale range, its output's relative error and the error it adds itself; the
@@ -67,8 +70,10 @@ from mlcomp.frontend.loading import graph_random_inputs
 from mlcomp.ir import Graph, Mode, Node
 from mlcomp.ir.ops import aten
 from mlcomp.ir.interpreter import Interpreter
+from mlcomp.ir.linearize import linearize_batched_matmuls
 from mlcomp.passes.quantize import accuracy, data
 from mlcomp.passes.quantize.absorb import absorb_scalar_muls
+from mlcomp.passes.quantize.grids import operand_grids
 from mlcomp.passes.quantize.observe import observe
 from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule
 from mlcomp.passes.quantize.selection import choose, finite, unmatched
@@ -152,6 +157,7 @@ class Quantize(Pass):
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         unfused = inline_fused(graph)
+        linearized = linearize_batched_matmuls(graph)
         layers, kept = choose(graph, self.exclude)
         if self.activations is Activations.DYNAMIC:
             layers = _dynamic_only(graph, layers, kept)
@@ -173,12 +179,13 @@ class Quantize(Pass):
             if rule.fixed_output is not None:
                 seen.ranges[output_value(graph, node)] = rule.fixed_output
                 drop_softmax_guard(graph, node)
-        writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL)
+        target = ctx.target.name if ctx.target is not None else None
+        writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL, operand_grids(target))
         write = writer.dynamic_layer if dynamic else writer.layer
         records = [write(n, rule, plans[n.name]) for n, rule in layers]
         absorbed = absorb_scalar_muls(graph) if self.fold_scalars else 0
         stats = self._measure(graph, samples, held, seen, held_ref, records)
-        stats.update(kept_float=kept, unfused_groups=unfused, scalar_muls_absorbed=absorbed)
+        stats.update(kept_float=kept, unfused_groups=unfused, batched_linears=linearized, scalar_muls_absorbed=absorbed)
         stats["warnings"] = [f"exclude pattern {p!r} matched no node" for p in unmatched(graph, self.exclude)]
         for text in stats["warnings"]:
             warnings.warn(f"quantize: {text}", UserWarning, stacklevel=2)

@@ -18,7 +18,8 @@ from mlcomp.ir.builder import new_node, remove_dead
 from mlcomp.ir.ops import PARAM, aten
 from mlcomp.ir.quant import DEQUANTIZE, DYNAMIC_QUANTIZE, QUANTIZE
 from mlcomp.passes import patterns as P
-from mlcomp.passes.quantize.observe import int8_weight, uint8_params
+from mlcomp.passes.quantize.grids import Grid, grid_params
+from mlcomp.passes.quantize.observe import int8_weight
 from mlcomp.passes.quantize.policy import Int8Rule
 
 __all__ = ["Writer", "Plan", "plan", "weight_param", "activations", "output_value", "drop_softmax_guard"]
@@ -30,10 +31,12 @@ _RELU = aten("relu")
 class Writer:
     """Inserts the pairs of one graph; ``layer`` does one int8 op and returns its record."""
 
-    def __init__(self, graph: Graph, ranges: dict[str, tuple[float, float]], per_channel: bool) -> None:
-        self.graph, self.ranges, self.per_channel = graph, ranges, per_channel
+    def __init__(self, graph: Graph, ranges: dict[str, tuple[float, float]], per_channel: bool,
+                 products: tuple[Grid, Grid] = (Grid.MINMAX, Grid.MINMAX)) -> None:
+        self.graph, self.ranges, self.per_channel, self.products = graph, ranges, per_channel, products
         self.position = {n.name: i for i, n in enumerate(graph.nodes())}   # the original order, once
-        self.pairs: dict[str, tuple[Ref, float, int]] = {}      # value -> (its dequantized ref, scale, zero)
+        # (value, grid) -> (its dequantized ref, scale, zero)
+        self.pairs: dict[tuple[str, Grid], tuple[Ref, float, int]] = {}
         self.weights: dict[str, tuple[Ref, torch.Tensor]] = {}  # param -> (its dequantized ref, scales)
         self.dynamic: dict[str, Ref] = {}                       # value -> its per-call quantized ref
 
@@ -41,16 +44,17 @@ class Writer:
         node = self.graph.add_constant(self.graph.fresh_name(name), value)
         return Ref(node.name)
 
-    def _pair(self, value: Ref, before: str, origin: Any) -> tuple[Ref, float, int]:
-        if value.name not in self.pairs:
-            scale, zero = uint8_params(*self.ranges[value.name])
+    def _pair(self, value: Ref, before: str, origin: Any, grid: Grid = Grid.MINMAX) -> tuple[Ref, float, int]:
+        if (value.name, grid) not in self.pairs:
+            scale, zero, dtype = grid_params(*self.ranges[value.name], grid)
             s = self._const(f"{value.name}.scale", torch.tensor(scale, dtype=torch.float32))
-            z = self._const(f"{value.name}.zero", torch.tensor(zero, dtype=torch.uint8))
-            q = new_node(self.graph, QUANTIZE, (value, s, z, 1), name=f"{value.name}_q", before=before, origin=origin)
-            dq = new_node(self.graph, DEQUANTIZE, (Ref(q.name), s, z, 1), name=f"{value.name}_dq",
-                          before=before, origin=origin)
-            self.pairs[value.name] = (Ref(dq.name), scale, zero)
-        return self.pairs[value.name]
+            z = self._const(f"{value.name}.zero", torch.tensor(zero, dtype=dtype))
+            q = new_node(self.graph, QUANTIZE, (value, s, z, 1), name=self.graph.fresh_name(f"{value.name}_q"),
+                         before=before, origin=origin)
+            dq = new_node(self.graph, DEQUANTIZE, (Ref(q.name), s, z, 1),
+                          name=self.graph.fresh_name(f"{value.name}_dq"), before=before, origin=origin)
+            self.pairs[value.name, grid] = (Ref(dq.name), scale, zero)
+        return self.pairs[value.name, grid]
 
     def _weight(self, param: Node, axis: int) -> tuple[Ref, torch.Tensor]:
         if param.name not in self.weights:
@@ -77,11 +81,13 @@ class Writer:
         acts, found = plan
         record: dict[str, Any] = {"node": node.name, "op": str(node.op), "module": node.origin.module_path}
         in_scale = 1.0
+        grids = self.products if rule.product and found is None else (Grid.MINMAX, Grid.MINMAX)
         for i, value in enumerate(args):
             if isinstance(value, Ref) and any(a.name == value.name for a in acts):
-                args[i], in_scale, zero = self._pair(value, node.name, node.origin)
+                grid = grids[min(i, 1)]
+                args[i], in_scale, zero = self._pair(value, node.name, node.origin, grid)
                 record.setdefault("inputs", []).append({"value": value.name, "dq": args[i].name, "scale": in_scale,
-                                                        "zero_point": zero})
+                                                        "zero_point": zero, "grid": grid.value})
         if found is not None:
             param, transposed = found
             axis = (1 - rule.weight_axis) if transposed else rule.weight_axis

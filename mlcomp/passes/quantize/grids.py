@@ -1,0 +1,76 @@
+"""The 8-bit grid each quantized activation goes on, per target: where a zero point is allowed.
+
+Most activations go on ONNX's asymmetric uint8 grid over their observed ``[min, max]``
+(with 0 in it): its zero point places 0.0 exactly, every level is used.  A product of
+two activations (attention's ``Q·Kᵀ`` and ``P·V``: ``bmm``, or ``mm`` whose weight is not
+a constant) is where runtimes differ:
+
+==============  ======================  ======================  =========================================
+target          first operand           second operand          why
+==============  ======================  ======================  =========================================
+openvino        zero point 0            int8, zero point 0      its CPU plugin runs a ``MatMul`` of two
+                                                                activations in u8/i8 × i8 only when
+                                                                neither operand has a zero point; else f32
+onnxruntime     uint8 min-max           uint8 min-max           ``QLinearMatMul`` takes zero points on
+                                                                both operands (``quantize_static``'s u8×u8)
+==============  ======================  ======================  =========================================
+
+``zero point 0`` is uint8 over ``[0, max]`` when the operand is never negative (a softmax's
+probabilities: no level lost), else int8 over ``[-a, a]``, ``a = max(|min|, |max|)``;
+``int8, zero point 0`` is always the latter (the plugin's second operand is signed).
+A target without a row takes the min-max grid::
+
+    >>> operand_grids("openvino")
+    (<Grid.ZERO_FREE: 'zero-free'>, <Grid.SIGNED: 'signed'>)
+    >>> grid_params(-1.0, 3.0, Grid.MINMAX)        # 255 steps over [-1, 3]; 0.0 is level 64
+    (0.01568627543747425, 64, torch.uint8)
+    >>> grid_params(0.0, 0.5, Grid.ZERO_FREE)      # never negative: uint8 from 0
+    (0.0019607844296842813, 0, torch.uint8)
+    >>> grid_params(-1.0, 3.0, Grid.ZERO_FREE)     # int8 over [-3, 3]
+    (0.023622047156095505, 0, torch.int8)
+"""
+from __future__ import annotations
+
+import enum
+from types import MappingProxyType
+from typing import Mapping
+
+import torch
+
+from mlcomp.passes.quantize.observe import uint8_params
+
+__all__ = ["Grid", "PRODUCT_OPERANDS", "operand_grids", "grid_params"]
+
+
+class Grid(enum.Enum):
+    """How an activation's range becomes an 8-bit grid."""
+
+    MINMAX = "minmax"         # uint8 over [min(lo, 0), max(hi, 0)]: a zero point unless lo >= 0
+    ZERO_FREE = "zero-free"   # zero point 0: uint8 over [0, hi] when lo >= 0, else int8 over [-a, a]
+    SIGNED = "signed"         # int8 over [-a, a], zero point 0
+
+
+PRODUCT_OPERANDS: Mapping[str, tuple[Grid, Grid]] = MappingProxyType({
+    "openvino": (Grid.ZERO_FREE, Grid.SIGNED),
+    "onnxruntime": (Grid.MINMAX, Grid.MINMAX),
+})
+"""Target -> the grids of the two operands of an activation × activation product (see the table above)."""
+
+_DEFAULT = (Grid.MINMAX, Grid.MINMAX)
+
+
+def operand_grids(target: str | None) -> tuple[Grid, Grid]:
+    """The grids of an activation × activation product's operands on ``target`` (min-max when it has no row)."""
+    return PRODUCT_OPERANDS.get(target or "", _DEFAULT)
+
+
+def grid_params(lo: float, hi: float, grid: Grid) -> tuple[float, int, torch.dtype]:
+    """Scale, zero point and integer dtype of ``grid`` over the observed range ``[lo, hi]``."""
+    if grid is Grid.MINMAX or (grid is Grid.ZERO_FREE and lo >= 0.0):
+        scale, zero = uint8_params(max(lo, 0.0) if grid is Grid.ZERO_FREE else lo, hi)
+        return scale, zero, torch.uint8
+    a = max(abs(lo), abs(hi))
+    scale = float(torch.tensor(a / 127.0, dtype=torch.float32))
+    if scale == 0.0 or not torch.isfinite(torch.tensor(scale)):
+        return 1.0, 0, torch.int8
+    return scale, 0, torch.int8
