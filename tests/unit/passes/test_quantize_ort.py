@@ -175,3 +175,36 @@ def test_compile_refuses_a_missed_declared_tolerance_with_numbers():
     text = str(err.value)
     assert "exceeds tolerance=1e-09" in text and "The layers that lose most:" in text
     assert err.value.exit_code == 4 and "report the model" not in text
+
+
+def _initializer_bytes(path) -> int:
+    from onnx import numpy_helper
+    return sum(numpy_helper.to_array(i).nbytes for i in onnx.load(str(path)).graph.initializer)
+
+
+@pytest.mark.slow
+def test_zoo_transformer_int8_file_is_as_small_as_orts_own(zoo, tmp_path):
+    """Every weight int8 once, no float copy beside it, no weight broadcast over the batch: the initializers
+    weigh what ORT's own quantize_static makes of mlcomp's fp32 model of the same module (within 10%)."""
+    import mlcomp
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    model = zoo["transformer"].build().eval()
+    x = torch.randn(2, 128, 256, generator=torch.Generator().manual_seed(0))
+    mlcomp.compile(model, (x,), target="onnxruntime").save(tmp_path / "fp32")
+    mlcomp.compile(model, (x,), target="onnxruntime",
+                   pipeline="fold-batchnorm,fold-constants,cleanup,quantize").save(tmp_path / "int8")
+    fp32 = tmp_path / "fp32" / "model.onnx"
+    name = onnx.load(str(fp32)).graph.input[0].name
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter([{name: x.numpy()}])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    quantize_static(str(fp32), str(tmp_path / "theirs.onnx"), Reader(), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    mine, theirs = _initializer_bytes(tmp_path / "int8" / "model.onnx"), _initializer_bytes(tmp_path / "theirs.onnx")
+    assert mine <= 1.1 * theirs, (mine, theirs)
+    assert mine < _initializer_bytes(fp32) / 3.5

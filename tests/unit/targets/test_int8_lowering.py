@@ -150,3 +150,42 @@ def test_cli_compile_says_what_ran_in_int8(tmp_path):
     assert out.exit_code == 0, out.output
     facts = json.loads(out.stdout)
     assert facts["int8"]["int8"] == {"Convolution": 2, "FullyConnected": 3} and facts["int8"]["fraction"] == 1.0
+
+
+def _ran(art) -> set[tuple[str, str]]:
+    """(layer type, runtime precision) of every matrix product in OpenVINO's executed graph."""
+    rt = art.runtime.compiled.get_runtime_model()
+    infos = [op.get_rt_info() for op in rt.get_ops()]
+    return {(i["layerType"].astype(str), i["runtimePrecision"].astype(str)) for i in infos
+            if i["layerType"].astype(str) in ("MatMul", "FullyConnected")}
+
+
+@pytest.mark.openvino
+def test_openvino_runs_attention_products_in_int8():
+    """q·kᵀ and p·v (two activations) run in int8: their operands carry no zero point on openvino."""
+    torch.manual_seed(0)
+    model = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(7))
+    art = mlcomp.compile(model, (x,), target="openvino", pipeline="fold-constants,cleanup,quantize")
+    ran = _ran(art)
+    assert {p for t, p in ran if t == "MatMul"} <= {"u8", "i8"} and any(t == "MatMul" for t, _ in ran), ran
+    assert art.runtime.int8.int8.get("MatMul") == 2 and art.runtime.int8.floating == {}, art.runtime.int8
+    ver = art.manifest["verification"]
+    assert ver["passed"] and ver["max_rel"] <= art.manifest["declared_tolerance"]
+
+
+@pytest.mark.slow
+@pytest.mark.openvino
+def test_zoo_transformer_runs_every_product_in_int8_on_openvino(zoo):
+    """All 25 products: 17 linears (the input projections too, once read as linears again) and 8 attention
+    products; on a held-back batch within quantize's declared tolerance."""
+    model = zoo["transformer"].build().eval()
+    xs = [torch.randn(2, 128, 256, generator=torch.Generator().manual_seed(s)) for s in range(5)]
+    art = mlcomp.compile(model, (xs[0],), target="openvino", calibration_data=xs,
+                         pipeline="fold-batchnorm,fold-constants,cleanup,quantize{held_back=1}")
+    assert art.runtime.int8.int8 == {"FullyConnected": 17, "MatMul": 8} and art.runtime.int8.floating == {}
+    assert {p for _, p in _ran(art)} <= {"u8", "i8"}
+    st = next(p for p in art.manifest["pipeline_report"]["passes"] if p["name"] == "quantize")["stats"]
+    assert st["held_back"]["samples"] == 1 and st["held_back"]["max_rel"] <= st["declared_tolerance"], st["held_back"]
+    with torch.no_grad():
+        assert _rel(art(xs[4]), model(xs[4])) <= art.manifest["declared_tolerance"]

@@ -1,0 +1,122 @@
+"""quantize's grids for products of two activations per target, and batched linears folded to int8."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from mlcomp.frontend.loading import load_model
+from mlcomp.ir import Ref
+from mlcomp.ir.builder import GraphBuilder
+from mlcomp.ir.interpreter import Interpreter
+from mlcomp.ir.linearize import linearize_batched_matmuls
+from mlcomp.ir.ops import PARAM, aten
+from mlcomp.ir.quant import QUANTIZE
+from mlcomp.passes.quantize.grids import PRODUCT_OPERANDS, Grid, grid_params, operand_grids
+from mlcomp.pipeline import run_pipeline
+from mlcomp.pipeline.target_facts import TargetFacts
+
+
+class Scores(nn.Module):
+    """softmax(q kᵀ) v of three linear projections: two activation × activation products."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        p = torch.softmax(torch.bmm(self.q(x), self.k(x).transpose(1, 2)), -1)
+        return torch.bmm(p, self.v(x))
+
+
+def _quantized(target: str | None):
+    torch.manual_seed(0)
+    model = Scores().eval()
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(3))
+    g = load_model(model, example_inputs=(x,)).capture()
+    facts = TargetFacts(target) if target else None
+    out, report = run_pipeline(g, "fold-constants,quantize", example_inputs=(x,), target=facts)
+    return model, x, out, report.records[-1].stats
+
+
+def _operand_zero_points(graph) -> list[list[tuple[torch.dtype, int]]]:
+    """For each bmm, its operands' quantize zero points (dtype, value), in argument order."""
+    found = []
+    for bmm in graph.nodes(aten("bmm")):
+        zeros = []
+        for operand in bmm.inputs:
+            q = graph.node(graph.node(operand.name).inputs[0].name)
+            assert q.op == QUANTIZE
+            z = graph.constants[q.inputs[2].name]
+            zeros.append((z.dtype, int(z)))
+        found.append(zeros)
+    return found
+
+
+def test_openvino_products_have_no_zero_points_and_the_second_operand_is_signed():
+    model, x, out, stats = _quantized("openvino")
+    zeros = _operand_zero_points(out)
+    assert len(zeros) == 2
+    scores, weighted = zeros
+    assert all(z == 0 for _, z in scores + weighted), zeros
+    assert scores[1][0] == weighted[1][0] == torch.int8              # kᵀ and v: int8
+    assert weighted[0] == (torch.uint8, 0)                         # softmax's probabilities: uint8 from 0
+    grids = [i["grid"] for r in stats["layers"] if r["op"] == "aten.bmm.default" for i in r["inputs"]]
+    assert grids == ["zero-free", "signed"] * 2
+    with torch.no_grad():
+        ref = model(x)
+    got = Interpreter(out).run(x)[0]
+    assert float((got - ref).abs().max() / ref.abs().max()) <= stats["declared_tolerance"]
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", None])
+def test_other_targets_keep_minmax_uint8_operands(target):
+    _, _, out, stats = _quantized(target)
+    zeros = _operand_zero_points(out)
+    assert {dtype for pair in zeros for dtype, _ in pair} == {torch.uint8}
+    assert any(z != 0 for pair in zeros for _, z in pair), zeros   # q kᵀ's operands straddle 0: a zero point
+    assert {i["grid"] for r in stats["layers"] for i in r.get("inputs", [])} == {"minmax"}
+
+
+def test_grid_table_rows_and_ranges():
+    assert operand_grids("openvino") == PRODUCT_OPERANDS["openvino"] == (Grid.ZERO_FREE, Grid.SIGNED)
+    assert operand_grids("tvm") == (Grid.MINMAX, Grid.MINMAX)
+    assert grid_params(-2.0, 1.0, Grid.SIGNED) == (pytest.approx(2.0 / 127), 0, torch.int8)
+    assert grid_params(0.5, 2.0, Grid.SIGNED)[2] == torch.int8           # signed even when never negative
+    assert grid_params(0.5, 2.0, Grid.ZERO_FREE) == (pytest.approx(2.0 / 255), 0, torch.uint8)
+    assert grid_params(0.0, 0.0, Grid.SIGNED) == (1.0, 0, torch.int8)   # an all-zero tensor
+
+
+def _batched_linear(folded: bool):
+    """bmm(x, expand(w [K, N], [B, K, N])) + bias: a linear on a 3-D input read as a batched product."""
+    b = GraphBuilder("bl")
+    x = b.input("x", (4, 3, 8))
+    w = torch.randn(5, 8, generator=torch.Generator().manual_seed(2))
+    weight = b.param("w_t", w.t().contiguous()) if folded else b.call(aten("permute"), b.param("w", w), [1, 0])
+    prod = b.call(aten("bmm"), x, b.call(aten("expand"), weight, [4, 8, 5]))
+    return b.output(b.call(aten("add.Tensor"), prod, b.param("bias", torch.randn(5)))), w
+
+
+@pytest.mark.parametrize("folded", [False, True])
+def test_linearize_takes_the_weight_as_written_or_folded(folded):
+    graph, _ = _batched_linear(folded)
+    x = torch.randn(4, 3, 8)
+    ref = Interpreter(graph).run(x)
+    out = graph.copy()
+    assert linearize_batched_matmuls(out) == 1
+    ops = [n.op for n in out.call_nodes()]
+    assert aten("bmm") not in ops and aten("expand") not in ops and aten("addmm") in ops
+    assert torch.allclose(Interpreter(out).run(x)[0], ref[0], atol=1e-6)
+
+
+def test_quantize_folds_a_batched_linears_weight_to_int8():
+    graph, _ = _batched_linear(folded=False)
+    x = torch.randn(4, 3, 8, generator=torch.Generator().manual_seed(5))
+    out, report = run_pipeline(graph, "fold-constants,cleanup,quantize", example_inputs=(x,))
+    stats = report.records[-1].stats
+    assert stats["batched_linears"] == 1 and stats["quantized"] == 1
+    floats = {n: t.shape for n, t in out.constants.items() if t.dtype == torch.float32 and t.dim() == 2}
+    assert floats == {}, floats                              # no float weight left beside the int8 one
+    assert [t.dtype for n, t in out.constants.items() if n.endswith(".int8")] == [torch.int8]
+    addmm = out.nodes(aten("addmm"))[0]
+    assert all(isinstance(a, Ref) and out.node(a.name).op != PARAM for a in addmm.inputs)
