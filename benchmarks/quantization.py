@@ -1,11 +1,14 @@
 """int8 per target: mlcomp fp32 vs mlcomp ``quantize`` on onnxruntime / openvino / cpu, and the anchors.
 
     .venv/bin/python benchmarks/quantization.py          # resnet18, transformer, bert, vit at batch 1 and 32
+    .venv/bin/python benchmarks/quantization.py --models bert-base --batches 32,1   # BERT-base-sized, 4 layers
     .venv/bin/python benchmarks/quantization.py --models resnet18 --batches 1 --budget 0.05 --targets openvino
 
 For each (model, batch), with the example inputs as the calibration data (zoo models from
 ``mlcomp.models.ZOO``; ``bert`` and ``vit`` are ``transformers`` models with random weights from
-``mlcomp.models.third_party``):
+``mlcomp.models.third_party``; ``bert-base`` is ``transformers``' ``BertModel`` at BERT-base's widths,
+hidden 768, 12 heads, intermediate 3072, vocabulary 30522, with ``--bert-layers`` layers (4) and
+``--seq`` tokens (128), random weights from its config class, nothing downloaded):
 
 * ``eager``: the module under ``torch.no_grad()`` (fp32): the reference for speedup, agreement and error;
 * ``<target>:fp32``: ``mlcomp.compile(..., target=<target>)`` with its default pipeline (mlcomp's fp32 best);
@@ -49,12 +52,25 @@ from mlcomp.models import ZOO  # noqa: E402
 from mlcomp.targets.int8 import Int8Record  # noqa: E402
 
 THIRD_PARTY = ("bert", "vit")
-TRANSFORMERS = frozenset({"transformer", "bert", "vit"})
+TRANSFORMERS = frozenset({"transformer", "bert", "vit", "bert-base"})
+BERT_BASE = {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072, "vocab_size": 30522}
 # name -> (callable, bytes on disk, note); a variant that could not be built is a printed line instead
 Built = tuple[Callable[[], Any], int, str]
 
 
-def build(name: str, batch: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+def bert_base(batch: int, seq: int, layers: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """``BertModel`` at BERT-base's widths with ``layers`` layers, random weights; token ids ``[batch, seq]``."""
+    import transformers as tf
+    from mlcomp.models.third_party import LastHidden
+    torch.manual_seed(0)
+    model = LastHidden(tf.BertModel(tf.BertConfig(num_hidden_layers=layers, **BERT_BASE))).eval()
+    ids = torch.randint(0, BERT_BASE["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(1))
+    return model, (ids,)
+
+
+def build(name: str, batch: int, seq: int = 128, layers: int = 4) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    if name == "bert-base":
+        return bert_base(batch, seq, layers)
     if name in THIRD_PARTY:
         from mlcomp.models.third_party import build_third_party
         module, inputs = build_third_party(name, batch=batch)
@@ -159,8 +175,9 @@ def variants_for(name: str, module, inputs, targets: list[str], anchors: list[st
     return built
 
 
-def row(name: str, batch: int, targets: list[str], anchors: list[str], budget: float, threads: int) -> None:
-    module, inputs = build(name, batch)
+def row(name: str, batch: int, targets: list[str], anchors: list[str], budget: float, threads: int,
+        seq: int = 128, layers: int = 4) -> None:
+    module, inputs = build(name, batch, seq, layers)
     with torch.no_grad():
         ref = _first(module(*inputs))
         with tempfile.TemporaryDirectory() as work:
@@ -192,12 +209,15 @@ def main(argv=None) -> None:
     ap.add_argument("--anchors", default="ort:quantize_static,ov:nncf")
     ap.add_argument("--budget", type=float, default=1.0, help="seconds of timing per variant")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads of every variant")
+    ap.add_argument("--seq", type=int, default=128, help="bert-base: tokens per sequence")
+    ap.add_argument("--bert-layers", type=int, default=4, help="bert-base: encoder layers")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     split = (lambda s: [x for x in s.split(",") if x])  # noqa: E731
     for name in split(args.models):
         for batch in (int(b) for b in split(args.batches)):
-            row(name, batch, split(args.targets), split(args.anchors), args.budget, args.threads)
+            row(name, batch, split(args.targets), split(args.anchors), args.budget, args.threads, args.seq,
+                args.bert_layers)
 
 
 if __name__ == "__main__":
