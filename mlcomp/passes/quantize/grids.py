@@ -18,7 +18,8 @@ onnxruntime     uint8 min-max           uint8 min-max           ``QLinearMatMul`
 ``zero point 0`` is uint8 over ``[0, max]`` when the operand is never negative (a softmax's
 probabilities: no level lost), else int8 over ``[-a, a]``, ``a = max(|min|, |max|)``;
 ``int8, zero point 0`` is always the latter (the plugin's second operand is signed).
-A target without a row takes the min-max grid::
+The two rows are the schemes :data:`PRODUCT_SCHEMES` names (``quantize{products=...}`` picks one
+whatever the target); a target without a row takes ``minmax``::
 
     >>> operand_grids("openvino")
     (<Grid.ZERO_FREE: 'zero-free'>, <Grid.SIGNED: 'signed'>)
@@ -39,7 +40,7 @@ import torch
 
 from mlcomp.passes.quantize.observe import uint8_params
 
-__all__ = ["Grid", "PRODUCT_OPERANDS", "operand_grids", "grid_params"]
+__all__ = ["Grid", "PRODUCT_SCHEMES", "PRODUCT_OPERANDS", "operand_grids", "grid_params"]
 
 
 class Grid(enum.Enum):
@@ -50,18 +51,19 @@ class Grid(enum.Enum):
     SIGNED = "signed"         # int8 over [-a, a], zero point 0
 
 
-PRODUCT_OPERANDS: Mapping[str, tuple[Grid, Grid]] = MappingProxyType({
-    "openvino": (Grid.ZERO_FREE, Grid.SIGNED),
-    "onnxruntime": (Grid.MINMAX, Grid.MINMAX),
+PRODUCT_SCHEMES: Mapping[str, tuple[Grid, Grid]] = MappingProxyType({
+    "minmax": (Grid.MINMAX, Grid.MINMAX),
+    "zero-free": (Grid.ZERO_FREE, Grid.SIGNED),
 })
-"""Target -> the grids of the two operands of an activation × activation product (see the table above)."""
+"""Scheme name -> the grids of the two operands of an activation × activation product."""
 
-_DEFAULT = (Grid.MINMAX, Grid.MINMAX)
+PRODUCT_OPERANDS: Mapping[str, str] = MappingProxyType({"openvino": "zero-free", "onnxruntime": "minmax"})
+"""Target -> its scheme for products of two activations (see the table above)."""
 
 
 def operand_grids(target: str | None) -> tuple[Grid, Grid]:
-    """The grids of an activation × activation product's operands on ``target`` (min-max when it has no row)."""
-    return PRODUCT_OPERANDS.get(target or "", _DEFAULT)
+    """The grids of an activation × activation product's operands on ``target`` (``minmax`` when it has no row)."""
+    return PRODUCT_SCHEMES[PRODUCT_OPERANDS.get(target or "", "minmax")]
 
 
 def grid_params(lo: float, hi: float, grid: Grid) -> tuple[float, int, torch.dtype]:

@@ -73,7 +73,7 @@ from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.linearize import linearize_batched_matmuls
 from mlcomp.passes.quantize import accuracy, data
 from mlcomp.passes.quantize.absorb import absorb_scalar_muls
-from mlcomp.passes.quantize.grids import operand_grids
+from mlcomp.passes.quantize.grids import PRODUCT_SCHEMES, Grid, operand_grids
 from mlcomp.passes.quantize.observe import observe
 from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule
 from mlcomp.passes.quantize.selection import choose, finite, unmatched
@@ -103,6 +103,12 @@ class Activations(enum.Enum):
     DYNAMIC = "dynamic"
 
 
+class Products(enum.Enum):
+    AUTO = "auto"
+    MINMAX = "minmax"
+    ZERO_FREE = "zero-free"
+
+
 class Method(enum.Enum):
     MINMAX = "minmax"
     PERCENTILE = "percentile"
@@ -126,9 +132,12 @@ class Quantize(Pass):
     tolerance: float | None = option(None, "largest max relative error of the outputs accepted", gt=0)
     agreement: float | None = option(None, "smallest top-1 agreement with fp32 accepted", gt=0, le=1)
     fold_scalars: bool = option(True, "turn scalar multiplies of dequantized values into dequantize scales")
+    products: Products = option(Products.AUTO, "grids of the operands of a product of two activations: auto "
+                                "(the target's row in quantize.grids), minmax (uint8 with zero points) or "
+                                "zero-free (zero point 0, the second operand int8)")
 
     enum_options: ClassVar[Mapping[str, type[enum.Enum]]] = {"granularity": Granularity, "method": Method,
-                                                             "activations": Activations}
+                                                             "activations": Activations, "products": Products}
 
     def check_target(self, target: str) -> None:
         """Only ONNX Runtime and OpenVINO turn the pairs into int8 kernels; elsewhere they would run as float math."""
@@ -179,8 +188,7 @@ class Quantize(Pass):
             if rule.fixed_output is not None:
                 seen.ranges[output_value(graph, node)] = rule.fixed_output
                 drop_softmax_guard(graph, node)
-        target = ctx.target.name if ctx.target is not None else None
-        writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL, operand_grids(target))
+        writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL, self._grids(ctx))
         write = writer.dynamic_layer if dynamic else writer.layer
         records = [write(n, rule, plans[n.name]) for n, rule in layers]
         absorbed = absorb_scalar_muls(graph) if self.fold_scalars else 0
@@ -192,6 +200,12 @@ class Quantize(Pass):
         stats["explain"] = accuracy.explain_lines(stats)
         accuracy.check_targets(stats, self.tolerance, self.agreement)
         return PassResult(graph, True, stats)
+
+    def _grids(self, ctx: PassContext) -> tuple[Grid, Grid]:
+        """The grids of a product of two activations' operands: the option's, else the target's row."""
+        if self.products is Products.AUTO:
+            return operand_grids(ctx.target.name if ctx.target is not None else None)
+        return PRODUCT_SCHEMES[self.products.value]
 
     def _finite(self, graph: Graph, layers: list[tuple[Node, Int8Rule]], plans: dict[str, Any],
                 ranges: dict[str, tuple[float, float]], kept: dict[str, str]) -> list[tuple[Node, Int8Rule]]:

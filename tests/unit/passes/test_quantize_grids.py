@@ -12,7 +12,7 @@ from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.linearize import linearize_batched_matmuls
 from mlcomp.ir.ops import PARAM, aten
 from mlcomp.ir.quant import QUANTIZE
-from mlcomp.passes.quantize.grids import PRODUCT_OPERANDS, Grid, grid_params, operand_grids
+from mlcomp.passes.quantize.grids import PRODUCT_OPERANDS, PRODUCT_SCHEMES, Grid, grid_params, operand_grids
 from mlcomp.pipeline import run_pipeline
 from mlcomp.pipeline.target_facts import TargetFacts
 
@@ -29,13 +29,13 @@ class Scores(nn.Module):
         return torch.bmm(p, self.v(x))
 
 
-def _quantized(target: str | None):
+def _quantized(target: str | None, spec: str = "quantize"):
     torch.manual_seed(0)
     model = Scores().eval()
     x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(3))
     g = load_model(model, example_inputs=(x,)).capture()
     facts = TargetFacts(target) if target else None
-    out, report = run_pipeline(g, "fold-constants,quantize", example_inputs=(x,), target=facts)
+    out, report = run_pipeline(g, f"fold-constants,{spec}", example_inputs=(x,), target=facts)
     return model, x, out, report.records[-1].stats
 
 
@@ -78,8 +78,15 @@ def test_other_targets_keep_minmax_uint8_operands(target):
     assert {i["grid"] for r in stats["layers"] for i in r.get("inputs", [])} == {"minmax"}
 
 
+def test_the_products_option_overrides_the_targets_row():
+    _, _, out, _ = _quantized("onnxruntime", "quantize{products=zero-free}")
+    assert all(z == 0 for pair in _operand_zero_points(out) for _, z in pair)
+    _, _, out, _ = _quantized("openvino", "quantize{products=minmax}")
+    assert {d for pair in _operand_zero_points(out) for d, _ in pair} == {torch.uint8}
+
+
 def test_grid_table_rows_and_ranges():
-    assert operand_grids("openvino") == PRODUCT_OPERANDS["openvino"] == (Grid.ZERO_FREE, Grid.SIGNED)
+    assert operand_grids("openvino") == PRODUCT_SCHEMES[PRODUCT_OPERANDS["openvino"]] == (Grid.ZERO_FREE, Grid.SIGNED)
     assert operand_grids("tvm") == (Grid.MINMAX, Grid.MINMAX)
     assert grid_params(-2.0, 1.0, Grid.SIGNED) == (pytest.approx(2.0 / 127), 0, torch.int8)
     assert grid_params(0.5, 2.0, Grid.SIGNED)[2] == torch.int8           # signed even when never negative
