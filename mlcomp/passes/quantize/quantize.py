@@ -3,12 +3,12 @@
 The pass observes activation ranges by running the graph on calibration samples
 (:mod:`mlcomp.passes.quantize.observe`; the example inputs by default), then, around
 every op the policy marks int8-capable (:mod:`mlcomp.passes.quantize.policy`), writes
-``mlcomp.quantize_linear``/``mlcomp.dequantize_linear`` (:mod:`mlcomp.ir.quant`):
-activations per tensor in uint8; the op's output too (what lets ONNX Runtime pick its
-``QLinear*`` kernels), after the ReLU when a ReLU is its only reader (ORT then drops the
-ReLU, which a zero point of 0 makes exact); weights folded now into int8 constants with
-one symmetric scale per output channel; the bias into int32 at ``input scale × weight
-scale``.  Everything else keeps float.  Before/after on ``conv → relu → flatten → linear``::
+``mlcomp.quantize_linear``/``mlcomp.dequantize_linear`` (:mod:`mlcomp.ir.quant`): activations per
+tensor in uint8 (a product of two activations: on its target's grids); the op's output too (what
+lets ONNX Runtime pick its ``QLinear*`` kernels), after the ReLU when a ReLU is its only reader (ORT
+then drops the ReLU, which a zero point of 0 makes exact); weights folded now into int8 constants
+with one symmetric scale per output channel; the bias into int32 at ``input scale × weight scale``.
+Everything else keeps float. Before/after on ``conv → relu → flatten → linear``::
 
     %convolution = convolution(%input, %0.weight, %0.bias, ...)
     %relu = relu(%convolution)
@@ -38,12 +38,14 @@ Options: ``calibration`` (how many samples, or a ``.pt`` file of batches:
 activation ranges (``minmax``, ``percentile``, ``entropy``: :mod:`~mlcomp.passes.quantize.observe`),
 ``exclude`` (node names, ops, module-path globs kept in float:
 :mod:`~mlcomp.passes.quantize.selection`), ``held_back`` (samples kept out of the ranges and
-measured only), and a declared accuracy target, ``tolerance`` (max relative error of the
-outputs) and ``agreement`` (top-1), refused with the numbers when missed.  A fused graph
-(``-O2,quantize``) is first put back as its ops (:mod:`~mlcomp.passes.quantize.unfuse`), and a linear
-read as ``bmm`` against its weight broadcast over the batch (attention's input projection on a
-permuted input) is written as one ``addmm`` again (:mod:`mlcomp.ir.linearize`), so its weight
-folds to int8 like any linear's.
+measured only), ``products`` (the grids of a product of two activations' operands, attention's
+``Q·Kᵀ`` and ``P·V``: by default the target's row of :mod:`~mlcomp.passes.quantize.grids`, zero
+points on onnxruntime, none on openvino, which runs such a product in int8 only then), and a
+declared accuracy target, ``tolerance`` (max relative error of the outputs) and ``agreement``
+(top-1), refused with the numbers when missed. A fused graph (``-O2,quantize``) is first put back as
+its ops (:mod:`~mlcomp.passes.quantize.unfuse`), and a linear read as ``bmm`` against its weight
+broadcast over the batch (attention's input projection on a permuted input) is written as one
+``addmm`` again (:mod:`mlcomp.ir.linearize`), so its weight folds to int8 like any linear's.
 
 Stats: per quantized layer its module path, op, input/output scale and zero point,
 weight scale range, its output's relative error and the error it adds itself; the
