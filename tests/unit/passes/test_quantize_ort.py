@@ -95,7 +95,7 @@ def test_attention_softmax_and_products_run_in_int8(tmp_path):
     x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(7))
     mine = ours(model, x, "fold-constants,quantize", tmp_path)
     assert mine["QLinearSoftmax"] == 1 and mine["QLinearMatMul"] == 2, mine      # scores and the weighted sum
-    assert mine["QGemm"] == 3, mine                  # the out projection and both feed-forward linears
+    assert mine["QGemm"] == 4, mine                  # the input and out projections, both feed-forward linears
     assert not {"Softmax", "IsNaN", "Where", "MatMul", "Gemm"} & set(mine), mine
     assert "SkipLayerNormalization" in mine          # the residual adds stay float, fused with the layer norm
 
