@@ -51,7 +51,8 @@ from mlcomp.base.errors import MlcompError
 from mlcomp.hardware.timing import Sync, calls_per_block, synchronizer
 from mlcomp.runtime.artifact import Artifact
 
-__all__ = ["ProcessGroup", "ProcessSampler", "WorkerError", "load_runner", "save_inputs"]
+__all__ = ["ProcessGroup", "ProcessSampler", "WorkerError", "load_runner", "run_child", "save_inputs", "take_sample",
+           "warm_up"]
 
 MAX_CALLS = 1000          # a block never has more calls than this
 # untimed calls before each sample: the previous worker's thread pools spin on after its sample,
@@ -83,6 +84,8 @@ def _child_env() -> dict[str, str]:
 
 class ProcessSampler:
     """The parent's handle on one worker process; :meth:`sample` is a sampler for ``rank``."""
+
+    MODULE = "mlcomp.runtime.timing_worker"      # what the child runs (``python -m``)
 
     def __init__(self, proc: subprocess.Popen, log: IO[bytes], label: str) -> None:
         self._proc, self._log, self.label = proc, log, label
@@ -119,7 +122,7 @@ class ProcessSampler:
     def _popen(cls, config: dict[str, Any], label: str) -> "ProcessSampler":
         log = tempfile.TemporaryFile()
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "mlcomp.runtime.timing_worker", json.dumps(config)],
+            proc = subprocess.Popen([sys.executable, "-m", cls.MODULE, json.dumps(config)],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0,
                                     env=_child_env())
         except OSError as exc:
@@ -201,18 +204,29 @@ class ProcessGroup:
         >>> group = ProcessGroup([lambda: 1.0, lambda: 3.0])
         >>> group(), group(), group.per_process
         (2.0, 2.0, [[1.0, 1.0], [3.0, 3.0]])
+
+    ``alternate=True``: each call takes one sample, of process ``calls % n``.  Groups called in
+    lockstep (once per round each, as a ranking does) then sample one process per round, so a
+    round's paired ratios compare the variants within one process, and every process is used:
+
+        >>> group = ProcessGroup([lambda: 1.0, lambda: 3.0], alternate=True)
+        >>> group(), group(), group(), group.per_process
+        (1.0, 3.0, 1.0, [[1.0, 1.0], [3.0]])
     """
 
-    def __init__(self, samplers: Sequence[Callable[[], float]]) -> None:
+    def __init__(self, samplers: Sequence[Callable[[], float]], *, alternate: bool = False) -> None:
         self.samplers = list(samplers)
+        self.alternate = alternate
+        self.calls = 0
         self.per_process: list[list[float]] = [[] for _ in self.samplers]
 
     def __call__(self) -> float:
-        n = len(self.samplers)
-        k = len(self.per_process[0]) % n
-        for i in [*range(k, n), *range(k)]:
+        n, k = len(self.samplers), self.calls % len(self.samplers)
+        self.calls += 1
+        order = [k] if self.alternate else [*range(k, n), *range(k)]
+        for i in order:
             self.per_process[i].append(self.samplers[i]())
-        return sum(samples[-1] for samples in self.per_process) / n
+        return sum(self.per_process[i][-1] for i in order) / len(order)
 
 
 def load_runner(config: dict[str, Any]) -> tuple[Any, str]:
@@ -248,6 +262,21 @@ def _calls(artifact: Any, inputs: list, calls: int, barrier: Sync, limit_s: floa
     return out
 
 
+def warm_up(artifact: Any, inputs: list, barrier: Sync, warmup: int, block_s: float) -> tuple[float, int]:
+    """Warm ``artifact`` up; (seconds of one call, calls per block of about ``block_s``)."""
+    _calls(artifact, inputs, max(1, int(warmup)), barrier)
+    per_call = min(_calls(artifact, inputs, 3, barrier))      # after warm-up: TorchScript's first runs profile
+    return per_call, calls_per_block(float(block_s), per_call, MAX_CALLS)
+
+
+def take_sample(artifact: Any, inputs: list, barrier: Sync, calls: int, settle_s: float, block_s: float) -> float:
+    """``settle_s`` of untimed calls (the last sample's thread pools spin down), then the median call of a block."""
+    settle = time.perf_counter() + float(settle_s)
+    while time.perf_counter() < settle:
+        _calls(artifact, inputs, 1, barrier)
+    return median(_calls(artifact, inputs, calls, barrier, BLOCK_LIMIT * float(block_s)))
+
+
 def serve(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
     """Load, check, warm up, then answer ``sample`` requests until ``quit`` or end of input.
 
@@ -262,33 +291,33 @@ def serve(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
     artifact, device = load_runner(config)
     inputs = torch.load(config["inputs"], map_location="cpu", weights_only=True)
     barrier = synchronizer(device)
-    _calls(artifact, inputs, max(1, int(config["warmup"])), barrier)
-    per_call = min(_calls(artifact, inputs, 3, barrier))      # after warm-up: TorchScript's first runs profile
-    calls = calls_per_block(float(config["block_s"]), per_call, MAX_CALLS)
+    per_call, calls = warm_up(artifact, inputs, barrier, config["warmup"], config["block_s"])
     channel.write(json.dumps({"ready": per_call, "calls": calls}) + "\n")
     channel.flush()
     for line in commands:
         if line.strip() != "sample":
             break
-        settle = time.perf_counter() + float(config["settle_s"])
-        while time.perf_counter() < settle:                   # lead-in: the last worker's pools spin down
-            _calls(artifact, inputs, 1, barrier)
-        block = _calls(artifact, inputs, calls, barrier, BLOCK_LIMIT * float(config["block_s"]))
-        channel.write(json.dumps({"sample": median(block)}) + "\n")
+        sample = take_sample(artifact, inputs, barrier, calls, config["settle_s"], config["block_s"])
+        channel.write(json.dumps({"sample": sample}) + "\n")
         channel.flush()
 
 
-def main(argv: list[str]) -> int:
+def run_child(serve_fn: Callable[[dict[str, Any], IO[str], IO[str]], None], argv: list[str]) -> int:
+    """A worker's ``main``: the protocol on a private copy of stdout, stray prints to the log, an error as a message."""
     channel = os.fdopen(os.dup(1), "w", buffering=1)           # the protocol's private stdout
     os.dup2(2, 1)                                              # stray prints go to the log
     try:
-        serve(json.loads(argv[0]), channel, sys.stdin)
+        serve_fn(json.loads(argv[0]), channel, sys.stdin)
     except Exception as exc:  # noqa: BLE001 - reported to the parent as this candidate's failure
         text = exc.message if isinstance(exc, MlcompError) else f"{type(exc).__name__}: {exc}"
         channel.write(json.dumps({"error": " ".join(text.split())[:500]}) + "\n")
         channel.flush()
         return 1
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return run_child(serve, argv)
 
 
 if __name__ == "__main__":

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-from mlcomp.hardware.decide import ALPHA, MIN_ROUNDS, Decision, Verdict, call_samplers, clear_losers, sign_test
+from mlcomp.hardware.decide import ALPHA, ELIMINATE_ABOVE, MIN_ROUNDS, Decision, Verdict, call_samplers, clear_losers, \
+    sign_test
 from mlcomp.hardware.timing import Clock, Sync, TimingPolicy
 
-__all__ = ["ALPHA", "BLOCK_S", "DEFAULT_AUTO_TIMING", "MIN_ROUNDS", "TIE_BREAK", "Ranking", "Sampler",
+__all__ = ["ALPHA", "BLOCK_S", "DEFAULT_AUTO_TIMING", "MIN_ROUNDS", "TIE_BREAK", "Elimination", "Ranking", "Sampler",
            "block_samplers", "rank", "rank_samplers", "sign_test"]
 
 # a short budget per candidate: ranking targets needs a stable median, not bench's precision
@@ -38,6 +39,29 @@ BLOCK_S = 0.02          # seconds of calls per timing sample
 TIE_BREAK = 10.0        # tie-break rounds stop after TIE_BREAK x policy.budget_s seconds
 
 Sampler = Callable[[], float]     # one sample of a candidate: seconds per call
+
+
+@dataclass(frozen=True)
+class Elimination:
+    """Why a clear loser stopped being sampled: after how many rounds, against which leader, the evidence.
+
+        >>> Elimination(6, "onnxruntime", 2.5, 0.03125).why
+        'eliminated after 6 rounds: 2.50x the time of onnxruntime, above 1.5x by sign test p=0.031'
+    """
+
+    after_rounds: int
+    leader: str
+    ratio: float          # median of its paired ratios to the leader then
+    p_value: float        # sign test of those ratios against ELIMINATE_ABOVE
+
+    @property
+    def why(self) -> str:
+        return (f"eliminated after {self.after_rounds} rounds: {self.ratio:.2f}x the time of {self.leader}, "
+                f"above {ELIMINATE_ABOVE}x by sign test p={self.p_value:.2g}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"after_rounds": self.after_rounds, "leader": self.leader, "ratio": round(self.ratio, 4),
+                "p": round(self.p_value, 5), "why": self.why}
 
 
 @dataclass(frozen=True)
@@ -50,7 +74,7 @@ class Ranking:
     p_values: dict[str, float] = field(default_factory=dict)   # two-sided sign test of those ratios against 1
     rounds: int = 0                           # rounds of every candidate still sampled
     tie_break_rounds: int = 0                 # rounds of the close ones only
-    eliminated: dict[str, int] = field(default_factory=dict)   # clear loser -> the round after which it stopped
+    eliminated: dict[str, Elimination] = field(default_factory=dict)   # clear loser -> when and why it stopped
 
     def decision(self, question: str = "auto: which verified target is fastest?") -> Decision:
         """The pick as a :class:`~mlcomp.hardware.decide.Decision` (default: the first candidate tried)."""
@@ -122,9 +146,11 @@ def rank_samplers(samplers: Mapping[str, Sampler], policy: TimingPolicy = DEFAUL
     while len(rounds) < policy.max_repeats:
         one_round(sampled)
         leader = _leader(sampled, samples, rounds)
-        for name in clear_losers({n: _ratios(rounds, n, leader) for n in sampled if n != leader}):
+        paired = {n: _ratios(rounds, n, leader) for n in sampled if n != leader}
+        for name in clear_losers(paired):
             sampled.remove(name)
-            eliminated[name] = len(rounds)
+            eliminated[name] = Elimination(len(rounds), leader, median(paired[name]),
+                                           sign_test(paired[name], ELIMINATE_ABOVE))
             if on_eliminate is not None:
                 on_eliminate(name)
         if len(sampled) == 1 or len(rounds) >= fewest and clock() - begin >= policy.budget_s * len(sampled):
