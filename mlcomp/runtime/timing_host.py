@@ -2,7 +2,7 @@
 
 ::
 
-    with HostWorker.spawn(inputs_file, threads=2, warmup=3, block_s=0.02) as w:   # imports torch now
+    with HostWorker.spawn_host(inputs_file, threads=2, warmup=3, block_s=0.02) as w:   # imports torch now
         w.host("cpu", cpu_dir)              # not waiting: the child loads it while the caller goes on
         w.host("onnxruntime", ort_dir)
         w.wait_hosted(timeout=300)          # every hosted artifact loaded, checked once and warmed up

@@ -11,11 +11,12 @@ The reference of a comparison, the user's model run eagerly, can have a worker t
 with :func:`mlcomp.frontend.loading.load_model` in the child and calls it under
 ``torch.inference_mode``.
 
-Why: a deployed artifact runs alone in its process.  Timed next to other runtimes in one
-process (torch's OpenMP pool, ONNX Runtime's, TVM's, OpenVINO's TBB arena), its thread pool
-competes with theirs for the cores, and not alike for all, which can reverse the order of two
-candidates (``benchmarks/RESULTS.md`` has a case).  Here each candidate gets a process of its own that
-loads it (:meth:`Artifact.load`), so every one is timed as it will run.
+Why: a deployed artifact runs in a process that loaded it (:meth:`Artifact.load`), not in the
+one that compiled it, whose compile-time state (thread pools started by builds and probes,
+allocator state) it would otherwise be timed in; and the thread pools of the runtime sampled
+just before (torch's OpenMP pool, ONNX Runtime's, TVM's, OpenVINO's TBB arena) keep spinning for
+a while, which ``settle_s`` waits out (``benchmarks/RESULTS.md`` has the cases).  A process that
+hosts several artifacts and times one at a time is :mod:`mlcomp.runtime.timing_host`.
 
 Protocol (one JSON line per message on the child's private stdout; its fd 1 is sent to
 stderr so that backends' prints cannot corrupt it)::
@@ -23,7 +24,6 @@ stderr so that backends' prints cannot corrupt it)::
     child:  {"ready": per_call_s, "calls": k}      after load, one checked call, warm-up
     parent: "sample"  ->  child: {"sample": s}      settle_s of untimed calls, then k timed; s = their median
     parent: "quit" or EOF                          the child exits
-    parent: "load {json}" (first, to a spawned spare)  the spare loads that artifact, then as above
     child:  {"error": "..."}                        then exits 1
 
 ``k`` makes a block last about ``block_s``, from the fastest of three calls after warm-up.
@@ -106,17 +106,6 @@ class ProcessSampler:
                            "inputs": str(inputs_file), "threads": threads, "warmup": warmup,
                            "block_s": block_s, "settle_s": settle_s, "model": model},
                           label or str(artifact_dir))
-
-    @classmethod
-    def spawn(cls, *, threads: int, warmup: int, block_s: float, settle_s: float = SETTLE_S,
-              label: str = "a spare worker") -> "ProcessSampler":
-        """A worker that imports torch and mlcomp now and loads an artifact when :meth:`load` says which."""
-        return cls._popen({"threads": threads, "warmup": warmup, "block_s": block_s, "settle_s": settle_s}, label)
-
-    def load(self, artifact_dir: Path, inputs_file: Path, label: str) -> None:
-        """Have a :meth:`spawn`-ed worker load ``artifact_dir`` (then :meth:`wait_ready` as after :meth:`start`)."""
-        self.label = label
-        self._write("load " + json.dumps({"artifact": str(artifact_dir), "inputs": str(inputs_file)}))
 
     @classmethod
     def _popen(cls, config: dict[str, Any], label: str) -> "ProcessSampler":
@@ -278,15 +267,7 @@ def take_sample(artifact: Any, inputs: list, barrier: Sync, calls: int, settle_s
 
 
 def serve(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
-    """Load, check, warm up, then answer ``sample`` requests until ``quit`` or end of input.
-
-    A config without ``artifact`` (a spawned spare) first waits for ``load {"artifact": …, "inputs": …}``.
-    """
-    if "artifact" not in config:
-        line = commands.readline()
-        if not line.startswith("load "):
-            return
-        config = {**config, **json.loads(line[len("load "):])}
+    """Load, check, warm up, then answer ``sample`` requests until ``quit`` or end of input."""
     torch.set_num_threads(int(config["threads"]))
     artifact, device = load_runner(config)
     inputs = torch.load(config["inputs"], map_location="cpu", weights_only=True)
