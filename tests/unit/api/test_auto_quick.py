@@ -8,6 +8,7 @@ an auto compile of fake targets on a fake clock.
 from __future__ import annotations
 
 import itertools
+import random
 from pathlib import Path
 from typing import Any
 
@@ -170,3 +171,21 @@ def test_the_manifest_records_each_eliminated_candidate_with_why(captured):
     assert auto["timing"]["processes"] == 0                  # isolate=False: timed in this process
     table = result.auto.table().format()
     assert "yes; eliminated after 6 rounds: 3.00x the time of fast, above 1.5x by sign test p=0.031" in table
+
+
+def test_equals_within_noise_leave_the_tie_break_and_the_decision_says_so(monkeypatch):
+    """Two candidates equal to 0.5 %: the interval of their ratios lies within 1 +- NEAR_TIE well before
+    the tie-break's bound; with NEAR_TIE 0 they are sampled until the bound."""
+    def pair(seed: int):
+        rng = random.Random(seed)
+        return {"a": lambda: 1e-3 * (1 + rng.uniform(-0.005, 0.005)),
+                "b": lambda: 1e-3 * (1 + rng.uniform(-0.005, 0.005))}
+    policy = TimingPolicy(warmup=0, budget_s=0.05, min_repeats=6, max_repeats=400)
+    quick = auto_rank.rank_samplers(pair(1), policy, clock=_ticks())
+    other = [n for n in "ab" if n != quick.picked][0]
+    lo, hi = quick.near_ties[other]
+    assert 1 / (1 + auto_rank.NEAR_TIE) <= lo <= 1 <= hi <= 1 + auto_rank.NEAR_TIE
+    assert "within 1+-0.02" in quick.decision().why
+    monkeypatch.setattr(auto_rank, "NEAR_TIE", 0.0)
+    slow = auto_rank.rank_samplers(pair(1), policy, clock=_ticks())
+    assert quick.rounds + quick.tie_break_rounds < slow.rounds + slow.tie_break_rounds
