@@ -284,17 +284,21 @@ def serve(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
 
 
 def run_child(serve_fn: Callable[[dict[str, Any], IO[str], IO[str]], None], argv: list[str]) -> int:
-    """A worker's ``main``: the protocol on a private copy of stdout, stray prints to the log, an error as a message."""
+    """A worker's ``main``: the protocol on a private copy of stdout, stray prints to the log, an error
+    as a message.  The process ends here, without tearing torch and the backends down (seconds for
+    some): everything it had to say is written by then."""
     channel = os.fdopen(os.dup(1), "w", buffering=1)           # the protocol's private stdout
     os.dup2(2, 1)                                              # stray prints go to the log
+    status = 0
     try:
         serve_fn(json.loads(argv[0]), channel, sys.stdin)
     except Exception as exc:  # noqa: BLE001 - reported to the parent as this candidate's failure
         text = exc.message if isinstance(exc, MlcompError) else f"{type(exc).__name__}: {exc}"
         channel.write(json.dumps({"error": " ".join(text.split())[:500]}) + "\n")
-        channel.flush()
-        return 1
-    return 0
+        status = 1
+    channel.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def main(argv: list[str]) -> int:

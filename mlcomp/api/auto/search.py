@@ -275,6 +275,9 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
             rounds, tie_break, eliminated = ranking.rounds, ranking.tie_break_rounds, ranking.eliminated
             if key is not None and len(built) > 1:
                 records.save(AutoRecord(key, {n: ranking.medians[n] for n in built}, best))
+        t0 = time.perf_counter()
+    if pool.started:
+        phases["close"] = time.perf_counter() - t0          # the timing processes told to quit and gone
     rows[best] = replace(rows[best], picked=True)
     report = AutoReport(tuple(rows[t.spec] for t in targets), policy, rounds, tie_break, timed_in, eliminated,
                         phases, pool.started)
