@@ -98,11 +98,12 @@ def trace_module(graph: Graph, inputs: tuple[torch.Tensor, ...], device: str = "
     copy, so one trace serves both variants.
     """
     dynamic = any(n.tensor_meta.is_dynamic for n in graph.input_nodes)
+    script = dynamic or any(n.op.name in UNTRACEABLE for n in graph.call_nodes())
     graph = int_fill_values(graph if dynamic else explicit_view_sizes(graph))
-    gm = to_fx(graph, device=device, scriptable=dynamic).eval()
+    gm = to_fx(graph, device=device, scriptable=script).eval()
     inputs = tuple(t.to(device) for t in inputs)
     with torch.no_grad(), quiet_torch():
-        if dynamic:  # tracing would bake the example sizes in; scripting keeps size() calls
+        if script:  # tracing would bake the example sizes in (or cannot record the op); scripting keeps size() calls
             try:
                 scripted = torch.jit.script(gm)
             except Exception as exc:  # noqa: BLE001 - TorchScript's compiler errors are long
@@ -117,6 +118,8 @@ def trace_module(graph: Graph, inputs: tuple[torch.Tensor, ...], device: str = "
 
 
 _VIEWS = frozenset({"view", "reshape", "_unsafe_view"})
+# ops whose schema has an argument type torch.jit.trace cannot record (``SymInt[]?``): such graphs are scripted
+UNTRACEABLE = frozenset({"convolution_backward"})
 
 
 def explicit_view_sizes(graph: Graph) -> Graph:
