@@ -49,7 +49,7 @@ def compile_training_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[An
         with outside_dynamo():
             return compile_joint(gm, example_inputs, opts, report, name)
     except MlcompError as exc:
-        reason = exc.message.split("\n")[0]
+        reason = exc.what.split("\n")[0]
     except Exception as exc:  # noqa: BLE001 - a failure inside mlcomp costs the joint route, not the model
         reason = f"mlcomp failed: {type(exc).__name__}: {first_line(exc)[:200]}"
         warnings.warn(f"mlcomp backend: {name} trains through AOT autograd ({reason})", stacklevel=2)
