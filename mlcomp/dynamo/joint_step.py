@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable, Sequence
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from mlcomp.api.compiler import compile_model, open_cache
 from mlcomp.api.lowering import adapted_pipeline, resolve_target
@@ -135,6 +136,7 @@ class _Function(torch.autograd.Function):
         return results
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         step: JointStep = ctx.step
         tangents = [grads[i].contiguous() for i in step.differentiable]
