@@ -16,6 +16,7 @@ uniform in [-1, 1), integers and booleans zero, so an index is always in range).
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -28,8 +29,10 @@ from mlcomp.dynamo.options import BackendOptions
 from mlcomp.dynamo.partition import compile_regions, outside_dynamo
 from mlcomp.dynamo.report import AOT, BackendReport, Partition
 from mlcomp.frontend.provenance import first_line
+from mlcomp.ir import Mode
+from mlcomp.pipeline import Pipeline
 
-__all__ = ["compile_split", "compile_training_graph", "example_of"]
+__all__ = ["compile_split", "compile_training_graph", "example_of", "for_halves"]
 
 
 def example_of(value: Any, generator: torch.Generator) -> Any:
@@ -53,9 +56,28 @@ def compile_training_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[An
     except Exception as exc:  # noqa: BLE001 - a failure inside mlcomp costs the joint route, not the model
         reason = f"mlcomp failed: {type(exc).__name__}: {first_line(exc)[:200]}"
         warnings.warn(f"mlcomp backend: {name} trains through AOT autograd ({reason})", stacklevel=2)
+    halves, dropped = for_halves(opts)
+    if dropped:
+        reason += f"; {', '.join(dropped)} need the joint graph and do not run on the halves"
     report.add(Partition(name, "joint graph", AOT, nodes=sum(1 for n in gm.graph.nodes if n.op == "call_function"),
                          reason=f"not through mlcomp's joint graph: {reason}"))
-    return compile_split(gm, example_inputs, opts, report, name)
+    return compile_split(gm, example_inputs, halves, report, name)
+
+
+def for_halves(opts: BackendOptions) -> tuple[BackendOptions, list[str]]:
+    """The options with the passes that run on training graphs only (remat) left out, and their names.
+
+    AOT autograd's forward and backward are inference graphs; a pipeline file is kept as written.
+    """
+    spec = opts.pipeline_spec()
+    if not isinstance(spec, str) or spec.endswith(".toml"):
+        return opts, []
+    pipe = Pipeline.parse(spec)
+    kept = tuple(p for p in pipe.passes if Mode.INFERENCE in p.build().modes)
+    if len(kept) == len(pipe.passes):
+        return opts, []
+    dropped = [p.text for p in pipe.passes if p not in kept]
+    return dataclasses.replace(opts, pipeline=Pipeline(kept).spec, precision=None), dropped
 
 
 def compile_split(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: BackendOptions,

@@ -139,3 +139,14 @@ def test_dynamic_shapes_train_through_aot_autograd_and_say_why():
     fast(torch.randn(3, 8)).sum().backward()
     refused = [p for p in report.partitions if p.ran_on == AOT]
     assert len(refused) == 1 and "symbolic sizes" in refused[0].reason
+
+
+def test_remat_is_left_out_of_the_halves_when_the_joint_route_is_refused():
+    model = Normed().train()
+    grads, ref, report = train_once(model, torch.randn(5, 6), pipeline="cleanup,remat{budget=0.5}")
+    for g, r in zip(grads, ref):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+    (refused,) = [p for p in report.partitions if p.ran_on == AOT]
+    assert "remat{budget=0.5} need the joint graph and do not run on the halves" in refused.reason
+    halves = [p for p in report.partitions if p.ran_on != AOT]
+    assert halves and all(p.ran_on == "mlcomp:cpu" and p.pipeline == "cleanup" for p in halves)
