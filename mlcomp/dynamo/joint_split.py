@@ -24,7 +24,7 @@ from mlcomp.dynamo.joint import JointRefused
 from mlcomp.analysis.liveness import buffers
 from mlcomp.ir import Graph, Node, Ref
 from mlcomp.ir.node import Phase, TensorMeta
-from mlcomp.ir.ops import INPUT, OUTPUT, PARAM
+from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM
 
 __all__ = ["Cut", "cut", "split_joint", "Parts"]
 
@@ -63,6 +63,8 @@ def cut(graph: Graph, primals: Sequence[str], outputs: int) -> Cut:
             forward.add(name)
             stack.extend(graph.node(name).input_names())
     forward |= {n.name for n in graph.call_nodes() if n.ann.phase in _FORWARD}
+    # a projection stays with the tuple it picks from (a norm's saved statistics)
+    forward |= {n.name for n in graph.nodes(GETITEM) if n.input_names()[0] in forward}
     given = set(primals)
     saved: dict[str, None] = {}
     for node in graph.call_nodes():

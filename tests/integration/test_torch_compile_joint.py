@@ -150,3 +150,19 @@ def test_remat_is_left_out_of_the_halves_when_the_joint_route_is_refused():
     assert "remat{budget=0.5} need the joint graph and do not run on the halves" in refused.reason
     halves = [p for p in report.partitions if p.ran_on != AOT]
     assert halves and all(p.ran_on == "mlcomp:cpu" and p.pipeline == "cleanup" for p in halves)
+
+
+def test_input_gradients_and_fused_norm_backward_equal_eager():
+    """LayerNorm's and GELU's fused backward kernels (scripted: the JIT tracer takes no bool[3]); x needs a gradient."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))
+    twin = copy.deepcopy(model)
+    report = mb.BackendReport()
+    fast = torch.compile(model, backend="mlcomp", options={"report": report, "pipeline": "-O2"})
+    x = torch.randn(6, 8, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    fast(x).tanh().sum().backward()
+    twin(x2).tanh().sum().backward()
+    assert torch.equal(x.grad, x2.grad)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), twin.parameters()))
+    assert [p.ran_on for p in report.partitions] == ["mlcomp:cpu"] and len(report.joints) == 1
