@@ -166,3 +166,24 @@ def test_input_gradients_and_fused_norm_backward_equal_eager():
     assert torch.equal(x.grad, x2.grad)
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), twin.parameters()))
     assert [p.ran_on for p in report.partitions] == ["mlcomp:cpu"] and len(report.joints) == 1
+
+
+def test_a_compiled_step_with_its_loss_and_class_targets_equals_eager():
+    """The class targets index the log-probabilities: the target builds on them, not on random integers."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    twin = copy.deepcopy(model)
+
+    def step(net, x, y):
+        return nn.functional.cross_entropy(net(x), y)
+
+    report = mb.BackendReport()
+    fast = torch.compile(step, backend="mlcomp", options={"report": report, "pipeline": "-O2"})
+    x, y = torch.randn(6, 8), torch.tensor([0, 1, 2, 3, 0, 1])
+    loss = fast(model, x, y)
+    loss.backward()
+    ref = step(twin, x, y)
+    ref.backward()
+    assert torch.equal(loss, ref)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), twin.parameters()))
+    assert [p.ran_on for p in report.partitions] == ["mlcomp:cpu"]
