@@ -11,7 +11,8 @@ into a forward graph (which also returns what the backward saves) and a backward
 hands each to a compiler; here both compilers are closures over the ``torch.compile``
 call's options and compile their graph region by region (:mod:`mlcomp.dynamo.partition`).
 Parameters are inputs of these graphs, never frozen: the optimizer changes them every
-step.  Each graph is verified on example tensors drawn from its fake inputs (floats
+step.  Passes that run on training graphs only (``remat``) are left out of the halves' pipeline
+(:func:`for_halves`), and the report row names them.  Each graph is verified on example tensors drawn from its fake inputs (floats
 uniform in [-1, 1), integers and booleans zero, so an index is always in range).
 """
 from __future__ import annotations
