@@ -38,6 +38,12 @@ GEMMs :mod:`mlcomp.targets.tvm.offload.gemm` measured faster as TVM code than as
     for i0, j0:  for k:  for i1 in T.unroll(4):  for j1 in T.vectorized(16):  C[i, j] += A[i, k] * B[k, j]
                  for i1:  for j1 in T.vectorized(16):  out[i, j] = C[i, j] + bias[j]
 
+A one-row product (batch 1, where DLight normalises ``i`` away) is the same without the row tile;
+DLight's GEMV would instead reduce each output over a column of the ``[K, N]`` weight, a K-long
+walk with a stride of N floats, scalar::
+
+    for j0:  for k:  for j1 in T.vectorized(32):  C[0, j] += A[0, k] * B[k, j]
+
 With no parallel loop the VM never starts TVM's thread pool, so nothing about it (its size,
 its spinning, the core it pins its workers to) touches the process.  Each rule looks at a
 PrimFunc once: O(blocks × loops).

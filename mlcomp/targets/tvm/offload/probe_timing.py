@@ -6,9 +6,9 @@ busy machine very differently: TVM's kernel runs on the calling thread and loses
 of a core, while torch's kernel at two or more threads ends each call at a barrier that waits for
 every OpenMP worker, so one worker that is not on a core (another process, the compile's own
 spare timing worker, a thread pool still spinning after its last job) costs the call a scheduler
-time slice, milliseconds for a call of 40 µs.  Paired rounds cancel load that hits both sides
-alike; this load hits one side a hundred times harder, so a probe taken on a busy machine saw
-torch at 3.4 ms per call where the same call takes 44 µs in the process that runs the artifact.
+time slice: milliseconds for a call of tens of µs.  Paired rounds cancel load that hits both sides
+alike; this load hits the torch side up to a hundred times harder, so a probe taken while a core
+was taken measures a torch call far slower than the process that runs the artifact will.
 
 So :func:`judge`:
 
