@@ -70,3 +70,29 @@ def test_a_wild_ratio_is_re_measured_after_a_pause_and_the_second_stands():
     # wild the other way (TVM far slower) is re-measured too
     d, clock = _judge(1e-3, 50e-6)
     assert clock.pauses == [SETTLE_S] and d.choice == "torch"
+
+
+def test_a_torch_call_stalled_twice_is_compared_at_one_thread():
+    """Layer norm 1x128x256: TVM 140 us, torch 40 us on a quiet machine (66 us on one thread), 3.4 ms per call
+    while its barrier waits for a worker that has no core; the stall outlasts the pause."""
+    import contextlib
+
+    clock, state = Clock(), {"threads": 2}
+
+    def torch_call() -> None:
+        clock.now += 3.4e-3 if state["threads"] > 1 else 66e-6
+
+    @contextlib.contextmanager
+    def one_thread():
+        state["threads"] = 1
+        yield
+        state["threads"] = 2
+
+    d = judge("q", clock.fn("tvm", 140e-6), torch_call, clock=clock, sleep=clock.sleep, one_thread=one_thread)
+    assert d.choice == "torch" and d.medians["torch"] == approx(66e-6) and state["threads"] == 2
+    assert "torch on one thread" in d.why and "a stalled multi-thread figure" in d.why
+    # without the one-thread fallback the stalled figure would have decided for TVM
+    assert judge("q", clock.fn("tvm", 140e-6), torch_call, clock=clock, sleep=clock.sleep).choice == "tvm"
+    # TVM wildly faster even against torch on one thread (a tiny op): TVM
+    d = judge("q", clock.fn("tvm", 3e-6), torch_call, clock=clock, sleep=clock.sleep, one_thread=one_thread)
+    assert d.choice == "tvm" and "torch on one thread" in d.why

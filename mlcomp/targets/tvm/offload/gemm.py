@@ -29,9 +29,10 @@ torch's thread pool (on busy cores a multi-threaded torch kernel waits for its o
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -374,4 +375,17 @@ def keep_small_gemms(mod: Any, report: Any, stats: dict, threads: int | None,
 def _judge(call: GemmCall, tvm_fn: Callable[[], Any], torch_fn: Callable[[], Any]) -> Decision:
     """Whether one probed GEMM stays a torch call (the default) or becomes TVM code
     (:func:`~mlcomp.targets.tvm.offload.probe_timing.judge`: batched paired rounds, a few ms)."""
-    return judge(f"tvm: {call.describe()} as TVM code or a torch call?", tvm_fn, torch_fn)
+    return judge(f"tvm: {call.describe()} as TVM code or a torch call?", tvm_fn, torch_fn, one_thread=_one_thread)
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """torch's calls on one thread inside (its count put back after)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -20,7 +20,11 @@ So :func:`judge`:
   kernel difference at these sizes, the signature of a stalled barrier — pauses
   :data:`SETTLE_S` (pools go back to sleep, a burst of other work passes), warms up again and
   measures once more; the second decision stands and its ``why`` says that it was re-measured
-  and what the first ratio was.
+  and what the first ratio was,
+* unless torch is still the wildly slow side and the probe can run torch on one thread
+  (``one_thread``): a kernel on a quiet machine is not many times slower with more threads than
+  with one, so torch's stalled multi-thread figure is replaced by its one-thread figure (an upper
+  bound on its quiet time) and that comparison decides; the ``why`` says so.
 
     >>> batch_size(20e-6), batch_size(1e-3), batch_size(0.0)
     (10, 1, 64)
@@ -30,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ContextManager
 
 from mlcomp.hardware.decide import Decision, DecisionPolicy, call_samplers
 from mlcomp.hardware.decide import decide as decide_by_timing
@@ -85,13 +89,24 @@ def wild(decision: Decision) -> float | None:
 
 def judge(question: str, tvm_fn: Callable[[], Any], torch_fn: Callable[[], Any], *,
           clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], Any] = time.sleep,
-          policy: DecisionPolicy = PROBE_TIMING) -> Decision:
-    """Whether one probed call stays a torch call (the default) or becomes TVM code (module doc)."""
+          policy: DecisionPolicy = PROBE_TIMING,
+          one_thread: Callable[[], ContextManager[Any]] | None = None) -> Decision:
+    """Whether one probed call stays a torch call (the default) or becomes TVM code (module doc).
+
+    ``one_thread()``: a context in which torch's calls run on one thread (None: torch already does).
+    """
     first = _measure(question, tvm_fn, torch_fn, clock, policy)
     ratio = wild(first)
     if ratio is None:
         return first
     sleep(SETTLE_S)
     second = _measure(question, tvm_fn, torch_fn, clock, policy)
-    return dataclasses.replace(second, why=f"{second.why} (re-measured after a {SETTLE_S:g} s pause: the first "
-                                           f"measurement's tvm/torch ratio {ratio:.3g} was beyond {WILD:g}x)")
+    why = f"re-measured after a {SETTLE_S:g} s pause: the first measurement's tvm/torch ratio {ratio:.3g} was " \
+          f"beyond {WILD:g}x"
+    again = wild(second)
+    if again is None or again > 1 or one_thread is None:
+        return dataclasses.replace(second, why=f"{second.why} ({why})")
+    with one_thread():
+        third = _measure(question, tvm_fn, torch_fn, clock, policy)
+    return dataclasses.replace(third, why=f"{third.why} (torch on one thread: {why}, and the second's "
+                                          f"{again:.3g} too, a stalled multi-thread figure)")
