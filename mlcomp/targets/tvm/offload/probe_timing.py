@@ -43,8 +43,9 @@ from mlcomp.targets.tvm.offload.policy import rule
 __all__ = ["KEEP_RATIO", "PROBE_TIMING", "SAMPLE_S", "SETTLE_S", "WILD", "batch_size", "judge", "wild"]
 
 KEEP_RATIO = rule("small-gemm").ratio   # TVM must take under this share of the torch call's time (noise margin)
-# per probed call: 20 warm-up calls, then paired batched rounds for up to 0.02 s per variant
-PROBE_TIMING = DecisionPolicy(warmup=20, budget_s=0.02, min_rounds=6, max_rounds=2000, threshold=KEEP_RATIO)
+# per probed call: 20 warm-up calls, then paired batched rounds until the sign test decides (6 rounds when all
+# agree) or 0.05 s per variant is spent (on a busy machine a preempted batch costs a round its agreement)
+PROBE_TIMING = DecisionPolicy(warmup=20, budget_s=0.05, min_rounds=6, max_rounds=2000, threshold=KEEP_RATIO)
 SAMPLE_S = 2e-4      # a sample: back-to-back calls for about this long
 MAX_BATCH = 64       # calls per sample at most
 WILD = 8.0           # medians further apart than this, either way: re-measured after a pause
