@@ -6,12 +6,14 @@ the VM's call (argument conversion, the Python body, the result handed back) and
 dispatch and output allocation.  A register-tiled TVM kernel needs none of that.  Which GEMMs are
 small enough is not assumed: :func:`gemm_calls` lists the offloaded ``linear``/``matmul`` calls of a
 build, the backend compiles each distinct one both ways into one probe module and times them on
-this host with the build's thread count (:func:`measure_gemms`: one
-:func:`mlcomp.hardware.decide.decide` per call, the torch call the default), and :func:`kept_calls` keeps
-in TVM the ones a sign test decided take under :data:`KEEP_RATIO` of the torch call's time.  A
-deterministic build probes nothing: every GEMM stays a torch call.
+this host with the build's thread count (:func:`measure_gemms`: per call
+:func:`~mlcomp.targets.tvm.offload.probe_timing.judge`, batched samples decided by
+:func:`mlcomp.hardware.decide.decide`, the torch call the default, a wild ratio re-measured), and
+:func:`kept_calls` keeps in TVM the ones a sign test decided take under :data:`KEEP_RATIO` of the
+torch call's time.  A deterministic build probes nothing: every GEMM stays a torch call.
 :func:`keep_in_tvm` turns those calls back into Relax, where ``SmallMatmul``
-(:func:`mlcomp.targets.tvm.schedules.small_matmul_rule`) schedules them::
+(:func:`mlcomp.targets.tvm.schedules.small_matmul_rule`) schedules them, in the probe module as in
+the build (both serial: a build that calls torch or kept a probed GEMM adds no parallel loop)::
 
     before:  lv9 = R.call_pure_packed("mlcomp.torch.linear", lv7, <w [64, 64] as [N, K]>, <b [64]>, ty_args=…)
     after:   lv = R.matmul(lv7, <w as [K, N]>);  lv9 = R.add(lv, <b>)        # fused_matmul_add, TVM code
