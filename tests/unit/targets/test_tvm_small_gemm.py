@@ -281,4 +281,6 @@ def test_the_probed_kernel_is_the_kernel_built(fake_hardware, monkeypatch):
     small = built.stats["small_gemms"]
     assert small["kept_in_tvm"] == 2 and built.stats["kernels"]["kernels"] == {}
     assert [d["why"] for d in small["decisions"]] == ["fake: tvm 0.3x"] * 2
+    load = small["probe_load"]         # what other processes did while the probe ran (None: no tick passed)
+    assert load is None or set(load) == {"other_cores", "steal", "cores", "loadavg"}
     assert built.stats["schedules"]["parallel"] is False
