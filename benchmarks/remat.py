@@ -10,8 +10,10 @@ then measured in the same process:
 * ``none`` -- mlcomp's joint graph, the optimizer after the graph (the reference);
 * ``fused`` -- the same step with the optimizer in the backward (``update_in_backward``);
 * ``remat@B`` -- ``remat{budget=B fused=true optimizer="..."},schedule{fused=true}``, compiled fused: the
-  plan with the lowest predicted step peak among the knapsack solver's candidates (the cheapest within 10%);
-* ``mincut@0.25`` -- ``remat{budget=0.25 solver=mincut}``, unfused (the setting the issue measured);
+  cheapest plan whose predicted step peak is within ``lowest + B × (peak without remat − lowest)`` (0: the
+  lowest the pool reaches; a tighter budget never a higher peak);
+* ``mincut saved@0.25`` -- ``remat{saved=0.25 solver=mincut}``, unfused: at most a quarter of the saved
+  activations kept (the setting the issue measured);
 * ``torch ckpt`` -- eager autograd with ``torch.utils.checkpoint`` around every block (each module of a
   ModuleList/Sequential of two or more repeated blocks), the same optimizer after ``backward``;
 * ``torch@B`` -- ``aot_module`` with ``min_cut_rematerialization_partition`` under
@@ -61,9 +63,9 @@ from mlcomp.training.step import compile_training
 
 OPTIMIZER = "sgd{lr=0.01 momentum=0.9}"
 SETTINGS = (("fused", "", True),
-            ("remat@0.5", f'remat{{budget=0.5 fused=true optimizer="{OPTIMIZER}"}},schedule{{fused=true}}', True),
-            ("remat@0.25", f'remat{{budget=0.25 fused=true optimizer="{OPTIMIZER}"}},schedule{{fused=true}}', True),
-            ("mincut@0.25", f'remat{{budget=0.25 solver=mincut optimizer="{OPTIMIZER}"}}', False))
+            *((f"remat@{b}", f'remat{{budget={b} fused=true optimizer="{OPTIMIZER}"}},schedule{{fused=true}}', True)
+              for b in ("0.25", "0.1", "0")),
+            ("mincut saved@0.25", f'remat{{saved=0.25 solver=mincut optimizer="{OPTIMIZER}"}}', False))
 TORCH_BUDGETS = ("0.25",)
 
 

@@ -53,6 +53,7 @@ from mlcomp.ir.builder import remove_dead
 from mlcomp.ir.node import Annotations, Phase
 from mlcomp.ir.ops import GETITEM
 from mlcomp.ir.opsets import is_pure
+from mlcomp.passes.remat.aimed import aim
 from mlcomp.passes.remat.choose import Choice, Scored, choose, score
 from mlcomp.passes.remat.costs import CostModel, cost_model, flops, profile
 from mlcomp.passes.remat.options import (RematError, Saved, infeasible, parse_budget, parse_peak, parse_saved,
@@ -240,20 +241,39 @@ class Remat(Pass):
         ws_cache = ctx.cache.setdefault("remat.workspace", {})
         workspace = None if ctx.deterministic else (lambda g: op_workspaces(g, cache=ws_cache))
         full = problem.keep_all()
-        before, *scored = score(graph, problem, [full, *(p for p in plans if p.keep != full.keep)], rewrite,
-                                workspace=workspace, scratch=self.scratch(ctx), fused=self.fused)
+        rate = lambda ps: score(graph, problem, ps, rewrite, workspace=workspace,   # noqa: E731
+                                scratch=self.scratch(ctx), fused=self.fused)
+        before, *scored = rate([full, *(p for p in plans if p.keep != full.keep)])
         if len(scored) < len(plans):        # the keep-all plan is one of the pool's
             scored.insert(0, before)
+        aimed: list[Scored] = []
+        if self.solver is not Solver.SQRT:  # plans aimed at the peaks of no remat and of the pool's lowest
+            starts = [before, min(scored, key=lambda s: (s.peak, *s.key()))]
+            aimed = _aimed(problem, starts, rate, target, {s.plan.keep for s in scored})
+            scored += aimed
         choice = choose(scored, before.peak, 1.0 if self.solver is Solver.SQRT else budget, limit)
         best = choice.best
         if best is None:
             low = choice.lowest
             raise peak_unmet(graph.name, self.peak, limit or 0, low.peak, low.memory.at, low.memory.by_kind())
         stats = _stats(graph, best.graph, problem, best.plan, saved, self.solver)
-        stats.update(budget=budget, saved_limit_bytes=target, **_peak_stats(before, choice, len(scored), limit))
+        stats.update(budget=budget, saved_limit_bytes=target, **_peak_stats(before, choice, len(scored), limit),
+                     plans_aimed=len(aimed), plan_aimed=any(best is s for s in aimed))
         if decisions:
             stats["decisions"] = [d.to_json() for d in decisions]
         return PassResult(best.graph, best.graph is not graph, stats)
+
+
+def _aimed(problem: RematProblem, starts: list[Scored], rate, cap: int | None,
+           seen: set[frozenset[int]]) -> list[Scored]:
+    """:func:`mlcomp.passes.remat.aimed.aim` from each start: new plans, none keeping more than ``cap``."""
+    out = []
+    for start in starts:
+        for s in aim(problem, start, rate):
+            if s.plan.keep not in seen and (cap is None or s.plan.memory <= cap):
+                seen.add(s.plan.keep)
+                out.append(s)
+    return out
 
 
 def _peak_stats(before: Scored, choice: Choice, compared: int, limit: int | None) -> dict[str, Any]:
