@@ -5,17 +5,19 @@ peak of the step is one moment of the backward (:class:`~mlcomp.analysis.step_pe
 names it and what is live there).  A saved activation live at that moment whose
 first backward reader runs after it holds memory there for nothing: recomputed,
 its copy is placed just before that reader (:func:`mlcomp.passes.remat.remat.rewrite`),
-so it leaves the peak's moment.  :func:`aim` starts from a scored plan and
-repeats, a fixed number of rounds: evict every such value, score the new plan,
-continue from it while the peak falls.  On the zoo transformer (batch 32) the
-lowest plan of the pool peaks in the last layer's feed-forward backward with the
-residual stream of every earlier layer still held; aimed, those are recomputed
-layer by layer::
+so it leaves the peak's moment -- though its recomputation may raise another
+moment.  :func:`aim` is a local search from a scored plan: each round scores the
+plan evicting each of the few largest such values, and continues from the
+lowest while the peak falls.  On the zoo transformer after ``cleanup`` (batch
+32, fused update) the pool's lowest plan peaks at 100.0 MiB in the last layer's
+feed-forward backward, holding that layer's attention probabilities (12 MiB)
+for its attention backward; aimed::
 
-    lowest plan of the pool:  peak at the last layer's FFN backward, saved activation 32 MiB (8 residual sums)
-    aimed:                    the residual sums read after that moment are recomputed at their readers
+    pool's lowest   100.0 MiB   at %relu_3.remat    saved activation 44 MiB
+    evict clone_16   92.0 MiB   at %relu_2.remat    (attention probabilities recomputed at their reader)
+    evict clone      88.0 MiB                       (the input's copy)
 
-Each round is a rewrite and a liveness pass: O(n log n).
+A fixed number of rounds and tries, each a rewrite and a liveness pass: O(n log n).
 """
 from __future__ import annotations
 
@@ -26,9 +28,10 @@ from mlcomp.ir.node import Phase
 from mlcomp.passes.remat.choose import Scored
 from mlcomp.passes.remat.problem import RematPlan, RematProblem
 
-__all__ = ["ROUNDS", "aim", "held_for_later"]
+__all__ = ["ROUNDS", "TRIES", "aim", "held_for_later"]
 
-ROUNDS = 6
+ROUNDS = 6       # rounds of eviction from one start
+TRIES = 4        # values tried per round, largest first
 
 
 def held_for_later(memory: StepMemory) -> set[str]:
@@ -46,23 +49,26 @@ def held_for_later(memory: StepMemory) -> set[str]:
 
 
 def aim(problem: RematProblem, start: Scored, score: Callable[[Sequence[RematPlan]], list[Scored]],
-        rounds: int = ROUNDS) -> list[Scored]:
-    """Plans derived from ``start`` by evicting :func:`held_for_later` values, each scored; stops when the
-    peak stops falling or nothing is left to evict."""
+        rounds: int = ROUNDS, tries: int = TRIES) -> list[Scored]:
+    """Plans derived from ``start``, each scored: per round, the plan evicting one of the ``tries`` largest
+    :func:`held_for_later` values, for each of them; the round's lowest peak is the next start while the
+    peak falls."""
     index = {c.name: i for i, c in enumerate(problem.candidates)}
+    cands = problem.candidates
     out: list[Scored] = []
     current = start
     for _ in range(rounds):
-        evict = {index[n] for n in held_for_later(current.memory) if n in index} & current.plan.keep
-        evict = {i for i in evict if problem.candidates[i].recomputable}
-        if not evict:
+        held = sorted((index[n] for n in held_for_later(current.memory) if n in index),
+                      key=lambda i: (-cands[i].nbytes, i))
+        held = [i for i in held if i in current.plan.keep and cands[i].recomputable][:tries]
+        plans = {p.keep: p for p in (problem.plan(current.plan.keep - {i}) for i in held)}
+        plans.pop(current.plan.keep, None)          # a value another recomputation needs stays kept
+        if not plans:
             break
-        plan = problem.plan(current.plan.keep - evict)
-        if plan.keep == current.plan.keep:      # every evicted value is needed to recompute another
+        scored = score(list(plans.values()))
+        out += scored
+        best = min(scored, key=lambda s: (s.peak, *s.key()))
+        if best.peak >= current.peak:
             break
-        (new,) = score([plan])
-        out.append(new)
-        if new.peak >= current.peak:
-            break
-        current = new
+        current = best
     return out
