@@ -24,14 +24,20 @@ demo: setup
 
 # CI's command: everything except the tests marked `slow` (multi-process runs, TVM tuning, the
 # largest models of a sweep), which `make test-all` adds, and `perf` (tests/perf: wall-clock
-# comparisons, machine-dependent), which `make test-perf` runs; the suite stays under 10 minutes on 2 cores
+# comparisons, machine-dependent), which `make test-perf` runs; the suite stays under 10 minutes on 2 cores.
+# Two pytest-xdist workers, one test file each at a time (--dist loadfile: a file's module-scoped fixtures,
+# the zoo's compiled artifacts, are built once); every worker is its own process, so process-wide settings
+# (the allocator policy, thread counts) stay per worker. TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: setup
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -m "not slow and not perf"
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not perf"
 
 test-all: setup
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -m "not perf"
+	$(BIN)/python -m pytest -q $(XDIST) -m "not perf"
 
 test-perf: setup
 	$(BIN)/python -m pytest -q -m perf tests/perf

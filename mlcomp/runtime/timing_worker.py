@@ -11,11 +11,12 @@ The reference of a comparison, the user's model run eagerly, can have a worker t
 with :func:`mlcomp.frontend.loading.load_model` in the child and calls it under
 ``torch.inference_mode``.
 
-Why: a deployed artifact runs alone in its process.  Timed next to other runtimes in one
-process (torch's OpenMP pool, ONNX Runtime's, TVM's, OpenVINO's TBB arena), its thread pool
-competes with theirs for the cores, and not alike for all, which can reverse the order of two
-candidates (``benchmarks/RESULTS.md`` has a case).  Here each candidate gets a process of its own that
-loads it (:meth:`Artifact.load`), so every one is timed as it will run.
+Why: a deployed artifact runs in a process that loaded it (:meth:`Artifact.load`), not in the
+one that compiled it, whose compile-time state (thread pools started by builds and probes,
+allocator state) it would otherwise be timed in; and the thread pools of the runtime sampled
+just before (torch's OpenMP pool, ONNX Runtime's, TVM's, OpenVINO's TBB arena) keep spinning for
+a while, which ``settle_s`` waits out (``benchmarks/RESULTS.md`` has the cases).  A process that
+hosts several artifacts and times one at a time is :mod:`mlcomp.runtime.timing_host`.
 
 Protocol (one JSON line per message on the child's private stdout; its fd 1 is sent to
 stderr so that backends' prints cannot corrupt it)::
@@ -23,7 +24,6 @@ stderr so that backends' prints cannot corrupt it)::
     child:  {"ready": per_call_s, "calls": k}      after load, one checked call, warm-up
     parent: "sample"  ->  child: {"sample": s}      settle_s of untimed calls, then k timed; s = their median
     parent: "quit" or EOF                          the child exits
-    parent: "load {json}" (first, to a spawned spare)  the spare loads that artifact, then as above
     child:  {"error": "..."}                        then exits 1
 
 ``k`` makes a block last about ``block_s``, from the fastest of three calls after warm-up.
@@ -51,7 +51,8 @@ from mlcomp.base.errors import MlcompError
 from mlcomp.hardware.timing import Sync, calls_per_block, synchronizer
 from mlcomp.runtime.artifact import Artifact
 
-__all__ = ["ProcessGroup", "ProcessSampler", "WorkerError", "load_runner", "save_inputs"]
+__all__ = ["ProcessGroup", "ProcessSampler", "WorkerError", "load_runner", "run_child", "save_inputs", "take_sample",
+           "warm_up"]
 
 MAX_CALLS = 1000          # a block never has more calls than this
 # untimed calls before each sample: the previous worker's thread pools spin on after its sample,
@@ -84,6 +85,8 @@ def _child_env() -> dict[str, str]:
 class ProcessSampler:
     """The parent's handle on one worker process; :meth:`sample` is a sampler for ``rank``."""
 
+    MODULE = "mlcomp.runtime.timing_worker"      # what the child runs (``python -m``)
+
     def __init__(self, proc: subprocess.Popen, log: IO[bytes], label: str) -> None:
         self._proc, self._log, self.label = proc, log, label
         self.per_call_s: float | None = None
@@ -105,21 +108,10 @@ class ProcessSampler:
                           label or str(artifact_dir))
 
     @classmethod
-    def spawn(cls, *, threads: int, warmup: int, block_s: float, settle_s: float = SETTLE_S,
-              label: str = "a spare worker") -> "ProcessSampler":
-        """A worker that imports torch and mlcomp now and loads an artifact when :meth:`load` says which."""
-        return cls._popen({"threads": threads, "warmup": warmup, "block_s": block_s, "settle_s": settle_s}, label)
-
-    def load(self, artifact_dir: Path, inputs_file: Path, label: str) -> None:
-        """Have a :meth:`spawn`-ed worker load ``artifact_dir`` (then :meth:`wait_ready` as after :meth:`start`)."""
-        self.label = label
-        self._write("load " + json.dumps({"artifact": str(artifact_dir), "inputs": str(inputs_file)}))
-
-    @classmethod
     def _popen(cls, config: dict[str, Any], label: str) -> "ProcessSampler":
         log = tempfile.TemporaryFile()
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "mlcomp.runtime.timing_worker", json.dumps(config)],
+            proc = subprocess.Popen([sys.executable, "-m", cls.MODULE, json.dumps(config)],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0,
                                     env=_child_env())
         except OSError as exc:
@@ -201,18 +193,29 @@ class ProcessGroup:
         >>> group = ProcessGroup([lambda: 1.0, lambda: 3.0])
         >>> group(), group(), group.per_process
         (2.0, 2.0, [[1.0, 1.0], [3.0, 3.0]])
+
+    ``alternate=True``: each call takes one sample, of process ``calls % n``.  Groups called in
+    lockstep (once per round each, as a ranking does) then sample one process per round, so a
+    round's paired ratios compare the variants within one process, and every process is used:
+
+        >>> group = ProcessGroup([lambda: 1.0, lambda: 3.0], alternate=True)
+        >>> group(), group(), group(), group.per_process
+        (1.0, 3.0, 1.0, [[1.0, 1.0], [3.0]])
     """
 
-    def __init__(self, samplers: Sequence[Callable[[], float]]) -> None:
+    def __init__(self, samplers: Sequence[Callable[[], float]], *, alternate: bool = False) -> None:
         self.samplers = list(samplers)
+        self.alternate = alternate
+        self.calls = 0
         self.per_process: list[list[float]] = [[] for _ in self.samplers]
 
     def __call__(self) -> float:
-        n = len(self.samplers)
-        k = len(self.per_process[0]) % n
-        for i in [*range(k, n), *range(k)]:
+        n, k = len(self.samplers), self.calls % len(self.samplers)
+        self.calls += 1
+        order = [k] if self.alternate else [*range(k, n), *range(k)]
+        for i in order:
             self.per_process[i].append(self.samplers[i]())
-        return sum(samples[-1] for samples in self.per_process) / n
+        return sum(self.per_process[i][-1] for i in order) / len(order)
 
 
 def load_runner(config: dict[str, Any]) -> tuple[Any, str]:
@@ -248,47 +251,58 @@ def _calls(artifact: Any, inputs: list, calls: int, barrier: Sync, limit_s: floa
     return out
 
 
-def serve(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
-    """Load, check, warm up, then answer ``sample`` requests until ``quit`` or end of input.
+def warm_up(artifact: Any, inputs: list, barrier: Sync, warmup: int, block_s: float) -> tuple[float, int]:
+    """Warm ``artifact`` up; (seconds of one call, calls per block of about ``block_s``)."""
+    _calls(artifact, inputs, max(1, int(warmup)), barrier)
+    per_call = min(_calls(artifact, inputs, 3, barrier))      # after warm-up: TorchScript's first runs profile
+    return per_call, calls_per_block(float(block_s), per_call, MAX_CALLS)
 
-    A config without ``artifact`` (a spawned spare) first waits for ``load {"artifact": …, "inputs": …}``.
-    """
-    if "artifact" not in config:
-        line = commands.readline()
-        if not line.startswith("load "):
-            return
-        config = {**config, **json.loads(line[len("load "):])}
+
+def take_sample(artifact: Any, inputs: list, barrier: Sync, calls: int, settle_s: float, block_s: float) -> float:
+    """``settle_s`` of untimed calls (the last sample's thread pools spin down), then the median call of a block."""
+    settle = time.perf_counter() + float(settle_s)
+    while time.perf_counter() < settle:
+        _calls(artifact, inputs, 1, barrier)
+    return median(_calls(artifact, inputs, calls, barrier, BLOCK_LIMIT * float(block_s)))
+
+
+def serve(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
+    """Load, check, warm up, then answer ``sample`` requests until ``quit`` or end of input."""
     torch.set_num_threads(int(config["threads"]))
     artifact, device = load_runner(config)
     inputs = torch.load(config["inputs"], map_location="cpu", weights_only=True)
     barrier = synchronizer(device)
-    _calls(artifact, inputs, max(1, int(config["warmup"])), barrier)
-    per_call = min(_calls(artifact, inputs, 3, barrier))      # after warm-up: TorchScript's first runs profile
-    calls = calls_per_block(float(config["block_s"]), per_call, MAX_CALLS)
+    per_call, calls = warm_up(artifact, inputs, barrier, config["warmup"], config["block_s"])
     channel.write(json.dumps({"ready": per_call, "calls": calls}) + "\n")
     channel.flush()
     for line in commands:
         if line.strip() != "sample":
             break
-        settle = time.perf_counter() + float(config["settle_s"])
-        while time.perf_counter() < settle:                   # lead-in: the last worker's pools spin down
-            _calls(artifact, inputs, 1, barrier)
-        block = _calls(artifact, inputs, calls, barrier, BLOCK_LIMIT * float(config["block_s"]))
-        channel.write(json.dumps({"sample": median(block)}) + "\n")
+        sample = take_sample(artifact, inputs, barrier, calls, config["settle_s"], config["block_s"])
+        channel.write(json.dumps({"sample": sample}) + "\n")
         channel.flush()
 
 
-def main(argv: list[str]) -> int:
+def run_child(serve_fn: Callable[[dict[str, Any], IO[str], IO[str]], None], argv: list[str]) -> int:
+    """A worker's ``main``: the protocol on a private copy of stdout, stray prints to the log, an error
+    as a message.  The process ends here, without tearing torch and the backends down (seconds for
+    some): everything it had to say is written by then."""
     channel = os.fdopen(os.dup(1), "w", buffering=1)           # the protocol's private stdout
     os.dup2(2, 1)                                              # stray prints go to the log
+    status = 0
     try:
-        serve(json.loads(argv[0]), channel, sys.stdin)
+        serve_fn(json.loads(argv[0]), channel, sys.stdin)
     except Exception as exc:  # noqa: BLE001 - reported to the parent as this candidate's failure
         text = exc.message if isinstance(exc, MlcompError) else f"{type(exc).__name__}: {exc}"
         channel.write(json.dumps({"error": " ".join(text.split())[:500]}) + "\n")
-        channel.flush()
-        return 1
-    return 0
+        status = 1
+    channel.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def main(argv: list[str]) -> int:
+    return run_child(serve, argv)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,13 @@ def test_deterministic_auto_picks_the_first_verified_candidate_untimed():
     auto = [d for d in art.decisions if d["made_by"] == "auto"]
     assert [(d["choice"], d["verdict"]) for d in auto] == [("cpu", "fixed")]
     assert art.manifest["auto"]["timing"]["timed_in"].startswith("not timed")
+    assert art.manifest["auto"]["timing"]["processes"] == 0           # no timing process is started
+
+
+@pytest.mark.ort
+def test_two_deterministic_auto_compiles_are_byte_identical(tmp_path):
+    first, second, folder = _twice("mlp", "auto", tmp_path, candidates=["cpu", "onnxruntime"])
+    _check_folders(first, second, folder, "mlp on auto")
 
 
 def test_cli_deterministic_flag_writes_identical_folders(tmp_path):

@@ -13,8 +13,10 @@ untimed lead-in call, then a timed one, with the device's barrier); the auto tar
 :class:`~mlcomp.runtime.timing_worker.ProcessSampler` instead, a fresh process per candidate.
 
 After the rounds of every candidate, tie-break rounds of the undecided ones go on until a sign
-test (:func:`mlcomp.hardware.decide.sign_test`) decides (p < ``ALPHA``) or ``TIE_BREAK`` × the
-budget is spent.  :meth:`Ranking.decision` is the choice as a
+test (:func:`mlcomp.hardware.decide.sign_test`) decides (p < ``ALPHA``), the interval of the
+paired ratios (:func:`mlcomp.hardware.intervals.median_interval`) shows two equal within
+``NEAR_TIE``, or ``TIE_BREAK`` × the budget is spent.  A clear loser leaves earlier
+(:class:`Elimination`).  :meth:`Ranking.decision` is the choice as a
 :class:`~mlcomp.hardware.decide.Decision` for the manifest.
 """
 from __future__ import annotations
@@ -26,18 +28,44 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-from mlcomp.hardware.decide import ALPHA, MIN_ROUNDS, Decision, Verdict, call_samplers, clear_losers, sign_test
+from mlcomp.hardware.decide import ALPHA, ELIMINATE_ABOVE, MIN_ROUNDS, Decision, Verdict, call_samplers, clear_losers, \
+    sign_test
+from mlcomp.hardware.intervals import CONFIDENCE, median_interval
 from mlcomp.hardware.timing import Clock, Sync, TimingPolicy
 
-__all__ = ["ALPHA", "BLOCK_S", "DEFAULT_AUTO_TIMING", "MIN_ROUNDS", "TIE_BREAK", "Ranking", "Sampler",
+__all__ = ["ALPHA", "BLOCK_S", "DEFAULT_AUTO_TIMING", "MIN_ROUNDS", "NEAR_TIE", "TIE_BREAK", "Elimination", "Ranking", "Sampler",
            "block_samplers", "rank", "rank_samplers", "sign_test"]
 
 # a short budget per candidate: ranking targets needs a stable median, not bench's precision
 DEFAULT_AUTO_TIMING = TimingPolicy(warmup=3, budget_s=0.3, min_repeats=5)
 BLOCK_S = 0.02          # seconds of calls per timing sample
 TIE_BREAK = 10.0        # tie-break rounds stop after TIE_BREAK x policy.budget_s seconds
+NEAR_TIE = 0.02         # a contender whose ratio interval to the leader lies within 1 +- this is its equal
 
 Sampler = Callable[[], float]     # one sample of a candidate: seconds per call
+
+
+@dataclass(frozen=True)
+class Elimination:
+    """Why a clear loser stopped being sampled: after how many rounds, against which leader, the evidence.
+
+        >>> Elimination(6, "onnxruntime", 2.5, 0.03125).why
+        'eliminated after 6 rounds: 2.50x the time of onnxruntime, above 1.5x by sign test p=0.031'
+    """
+
+    after_rounds: int
+    leader: str
+    ratio: float          # median of its paired ratios to the leader then
+    p_value: float        # sign test of those ratios against ELIMINATE_ABOVE
+
+    @property
+    def why(self) -> str:
+        return (f"eliminated after {self.after_rounds} rounds: {self.ratio:.2f}x the time of {self.leader}, "
+                f"above {ELIMINATE_ABOVE}x by sign test p={self.p_value:.2g}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"after_rounds": self.after_rounds, "leader": self.leader, "ratio": round(self.ratio, 4),
+                "p": round(self.p_value, 5), "why": self.why}
 
 
 @dataclass(frozen=True)
@@ -50,7 +78,8 @@ class Ranking:
     p_values: dict[str, float] = field(default_factory=dict)   # two-sided sign test of those ratios against 1
     rounds: int = 0                           # rounds of every candidate still sampled
     tie_break_rounds: int = 0                 # rounds of the close ones only
-    eliminated: dict[str, int] = field(default_factory=dict)   # clear loser -> the round after which it stopped
+    eliminated: dict[str, Elimination] = field(default_factory=dict)   # clear loser -> when and why it stopped
+    near_ties: dict[str, tuple[float, float]] = field(default_factory=dict)  # equal within noise -> ratio interval
 
     def decision(self, question: str = "auto: which verified target is fastest?") -> Decision:
         """The pick as a :class:`~mlcomp.hardware.decide.Decision` (default: the first candidate tried)."""
@@ -63,7 +92,9 @@ class Ranking:
             why = (f"decided by sign test p<={max(others.values(), default=0.0):.2g} after {rounds} rounds: "
                    f"{self.picked} is the fastest")
             return Decision(question, names, names[0], self.picked, Verdict.DECIDED, why, **evidence)
-        close = ", ".join(f"{n} p={p:.2g}" for n, p in others.items() if p >= ALPHA)
+        close = ", ".join(f"{n} p={p:.2g}" + (f" [{self.near_ties[n][0]:.3f}-{self.near_ties[n][1]:.3f}] within "
+                                             f"1+-{NEAR_TIE}" if n in self.near_ties else "")
+                          for n, p in others.items() if p >= ALPHA)
         why = f"undecided after {rounds} rounds ({close}): picked the lowest paired median, {self.picked}"
         return Decision(question, names, names[0], self.picked, Verdict.UNDECIDED, why, **evidence)
 
@@ -98,9 +129,10 @@ def rank_samplers(samplers: Mapping[str, Sampler], policy: TimingPolicy = DEFAUL
     ``policy.max_repeats``) are done.  Then the leader is the lowest median (or a contender
     whose paired ratios to it, its sample / the leader's in the same round, have a median
     below 1); a contender is decided slower when the sign test of those ratios gives
-    p < ``ALPHA``.  Undecided ones and the leader go on in tie-break rounds of their own until
-    every contender is decided or ``TIE_BREAK`` × ``policy.budget_s`` more seconds are spent;
-    the pick is the leader then.  A clear loser (:func:`mlcomp.hardware.decide.clear_losers`: decided
+    p < ``ALPHA``, and the leader's equal when the 95 % interval of those ratios lies within
+    ``1 ± NEAR_TIE`` (``near_ties``: more rounds would only pick between equals).  Undecided ones
+    and the leader go on in tie-break rounds of their own until every contender is decided or
+    ``TIE_BREAK`` × ``policy.budget_s`` more seconds are spent; the pick is the leader then.  A clear loser (:func:`mlcomp.hardware.decide.clear_losers`: decided
     slower than ``ELIMINATE_ABOVE`` x the leader) is sampled no more from the round that decides it
     (``on_eliminate(name)`` is told, e.g. to stop its process).  O(rounds × candidates) per check.
     """
@@ -122,9 +154,11 @@ def rank_samplers(samplers: Mapping[str, Sampler], policy: TimingPolicy = DEFAUL
     while len(rounds) < policy.max_repeats:
         one_round(sampled)
         leader = _leader(sampled, samples, rounds)
-        for name in clear_losers({n: _ratios(rounds, n, leader) for n in sampled if n != leader}):
+        paired = {n: _ratios(rounds, n, leader) for n in sampled if n != leader}
+        for name in clear_losers(paired):
             sampled.remove(name)
-            eliminated[name] = len(rounds)
+            eliminated[name] = Elimination(len(rounds), leader, median(paired[name]),
+                                           sign_test(paired[name], ELIMINATE_ABOVE))
             if on_eliminate is not None:
                 on_eliminate(name)
         if len(sampled) == 1 or len(rounds) >= fewest and clock() - begin >= policy.budget_s * len(sampled):
@@ -136,12 +170,14 @@ def rank_samplers(samplers: Mapping[str, Sampler], policy: TimingPolicy = DEFAUL
         one_round(active)
         active = _undecided(active, samples, rounds)
     picked = _leader(active, samples, rounds)
-    ratios, p_values = {}, {}
+    ratios, p_values, near = {}, {}, {}
     for name in names:
         paired = _ratios(rounds, name, picked)
         ratios[name], p_values[name] = (median(paired), sign_test(paired)) if paired else (math.nan, 1.0)
+        if name != picked and p_values[name] >= ALPHA and (band := _within_noise(paired)) is not None:
+            near[name] = band
     return Ranking(picked, {n: median(samples[n]) for n in names}, ratios, p_values, everyone,
-                   len(rounds) - everyone, eliminated)
+                   len(rounds) - everyone, eliminated, near)
 
 
 def _ratios(rounds: Sequence[Mapping[str, float]], name: str, leader: str) -> list[float]:
@@ -166,7 +202,7 @@ def _leader(active: list[str], samples: Mapping[str, list[float]], rounds: Seque
 def _undecided(active: list[str], samples: Mapping[str, list[float]],
                rounds: Sequence[Mapping[str, float]]) -> list[str]:
     """The leader and every contender not yet decided slower than it (median ratio above 1 and a
-    sign test at p < ALPHA)."""
+    sign test at p < ALPHA) nor decided its equal (:func:`_within_noise`)."""
     leader = _leader(active, samples, rounds)
     keep = [leader]
     for name in active:
@@ -174,6 +210,19 @@ def _undecided(active: list[str], samples: Mapping[str, list[float]],
             continue
         paired = _ratios(rounds, name, leader)
         ratio = median(paired)
-        if not (ratio > 1 and sign_test(paired) < ALPHA):
+        if not (ratio > 1 and sign_test(paired) < ALPHA) and _within_noise(paired) is None:
             keep.append(name)
     return keep
+
+
+def _within_noise(paired: Sequence[float]) -> tuple[float, float] | None:
+    """The 95 % interval of the median of ``paired`` when it lies within ``1 +- NEAR_TIE`` (either of the
+    two is as fast as the other, within noise: more rounds would only pick between equals), else None.
+
+        >>> _within_noise([0.99, 1.01, 1.0, 1.005, 0.995, 1.0]), _within_noise([1.0, 1.03] * 3)
+        ((0.99, 1.01), None)
+    """
+    if len(paired) < MIN_ROUNDS:
+        return None
+    lo, hi, reached = median_interval(paired, CONFIDENCE)
+    return (lo, hi) if reached >= CONFIDENCE and 1 / (1 + NEAR_TIE) <= lo and hi <= 1 + NEAR_TIE else None

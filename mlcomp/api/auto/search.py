@@ -9,13 +9,12 @@
 Each candidate
 target is checked against the captured graph (available here, capabilities, ops),
 compiled with the pipeline adapted to it, verified against eager, then all verified
-artifacts are timed on the example inputs, **each in a fresh process of its own**
-(:mod:`mlcomp.runtime.timing_worker`: the artifact saved, reloaded there and warmed up),
-and ranked (:mod:`mlcomp.api.auto.rank`: rotated rounds of one sample each, a sign test on
+artifacts are timed on the example inputs, **in timing processes of their own**
+(:mod:`mlcomp.runtime.timing_host`: each artifact saved, reloaded there and warmed up), and ranked (:mod:`mlcomp.api.auto.rank`: rotated rounds of one sample each, a sign test on
 paired ratios, tie-break rounds for the close ones)::
 
-    one shared process: each runtime's threads slow the others', unevenly -> the pick is biased
-    a process each:     each candidate runs as when deployed alone        -> the pick is fair
+    the compiling process: every runtime's threads were started there -> the pick is biased
+    timing processes:      each candidate loaded as when deployed       -> the pick is fair
 
 In one process the runtimes' thread pools (torch's OpenMP, ONNX Runtime's, TVM's, OpenVINO's)
 compete for the cores, and not alike for all.  When a process cannot be used (an artifact
@@ -28,10 +27,15 @@ verification is recorded with the reason and never picked; when none verifies,
 :class:`AutoTargetError` lists them all.  The pick is the artifact compiled for that target
 itself (no wrapper: it runs exactly as a direct compile for that target does).
 
-Candidates are compiled one after another (the backends already use every core), but each
-verified one's timing process starts right away (:mod:`~mlcomp.api.auto.workers`), loading while
-the next compiles.  A clear loser (decided slower than ``ELIMINATE_ABOVE`` x the leader) stops
-being timed.  The measured medians are recorded per host kind, model and shape class
+Candidates are compiled one after another (the backends already use every core; the timing
+processes' start-up takes the cores left).  ``procs`` timing processes start once, before the
+first candidate compiles (:mod:`~mlcomp.api.auto.workers`), and every verified candidate is loaded
+into each of them while the next compiles; a round of the ranking samples every candidate in one
+of them, the next round in the next, so each candidate is timed in every process.  A clear loser
+(:func:`mlcomp.hardware.decide.clear_losers`: after ``MIN_ROUNDS`` rounds its paired ratios to the
+leader are decided above ``ELIMINATE_ABOVE`` by the sign test) stops being timed; the manifest says
+after how many rounds and at what ratio.  ``phase_seconds`` in the manifest: the compiles, the wait
+for the timing processes, the ranking.  The measured medians are recorded per host kind, model and shape class
 (:mod:`~mlcomp.api.auto.record`, in the compile cache's folder): the next auto compile with that
 record builds the best-recorded candidate first and, when it verifies, picks it untimed.
 Distributed (a multi-process pipeline, not a single-process artifact) is never a default candidate.
@@ -70,8 +74,8 @@ __all__ = ["AUTO", "AutoTargetError", "Candidate", "AutoReport", "Ranking", "aut
            "rank", "sign_test", "DEFAULT_AUTO_TIMING", "IN_PROCESSES"]
 
 AUTO = "auto"
-IN_PROCESSES = "a fresh process per candidate"
-AUTO_PROCS = 2        # timing processes per candidate: one runtime can differ between two by tens of per cent
+IN_PROCESSES = "timing processes shared by the candidates"
+AUTO_PROCS = 2        # timing processes: one runtime can differ between two by tens of per cent
 NOT_TIMED = "not timed (deterministic compile)"
 AUTO_QUESTION = "auto: which verified target is fastest?"
 # a deterministic compile times nothing: the preference order is the candidate order
@@ -116,7 +120,9 @@ class Candidate:
 
     @property
     def state(self) -> str:
-        return "yes" if self.verified else f"no: {self.reason}"
+        if self.verified:
+            return "yes" if self.reason is None else f"yes; {self.reason}"
+        return f"no: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -128,8 +134,9 @@ class AutoReport:
     rounds: int = 0                 # rounds of every candidate
     tie_break_rounds: int = 0       # further rounds of the close ones only
     timed_in: str = IN_PROCESSES    # or "this process (why not a process each)", or FROM_RECORD
-    eliminated: dict[str, int] = field(default_factory=dict)    # clear loser -> rounds it was sampled
+    eliminated: dict[str, Any] = field(default_factory=dict)    # clear loser -> its Elimination (JSON: a dict)
     phases: dict[str, float] = field(default_factory=dict)      # seconds: compiling, waiting for workers, ranking
+    processes: int = 0                                          # timing processes started
 
     @property
     def picked(self) -> Candidate:
@@ -143,7 +150,9 @@ class AutoReport:
                            "warmup": self.policy.warmup, "budget_s": self.policy.budget_s,
                            "min_repeats": self.policy.min_repeats, "rounds": self.rounds,
                            "tie_break_rounds": self.tie_break_rounds, "timed_in": self.timed_in,
-                           "eliminated": dict(self.eliminated),
+                           "eliminated": {n: e.to_json() if hasattr(e, "to_json") else e
+                                          for n, e in self.eliminated.items()},
+                           "processes": self.processes,
                            "phase_seconds": {k: round(v, 3) for k, v in self.phases.items()}}}
 
     def table(self) -> Table:
@@ -215,8 +224,8 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
 
     ``instruments`` are built per candidate (a callable taking the target name) or shared;
     ``isolate=False`` times every candidate in this process, with ``clock`` (injectable for
-    tests; fresh processes use their own clock); else each candidate runs in ``procs`` timing
-    processes, every round taking a sample of each, so one process's luck decides nothing.  ``records``: where earlier measurements are
+    tests; the timing processes use their own clock); else every candidate is timed in each of ``procs``
+    timing processes (one per round, in turn), so one process's luck decides nothing.  ``records``: where earlier measurements are
     kept (:mod:`~mlcomp.api.auto.record`); with a record for this host, model and shape class the
     candidates are built best-recorded first, the first that verifies is the pick and nothing is
     timed; without one, the measured ranking is recorded.  The winner's manifest carries ``auto``
@@ -238,11 +247,11 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
     with pool:
+        pool.start()                   # the timing processes import torch and mlcomp while the candidates compile
         for target in order:
             if record is not None and built:
                 rows[target.spec] = _from_record(target.spec, record)
                 continue
-            pool.spare()               # a worker imports torch and mlcomp while this candidate compiles
             rows[target.spec] = _compile_one(source, graph, target, pipeline, capture_seconds, instruments,
                                              say, built, options, opts)
             if target.spec in built:
@@ -266,9 +275,12 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
             rounds, tie_break, eliminated = ranking.rounds, ranking.tie_break_rounds, ranking.eliminated
             if key is not None and len(built) > 1:
                 records.save(AutoRecord(key, {n: ranking.medians[n] for n in built}, best))
+        t0 = time.perf_counter()
+    if pool.started:
+        phases["close"] = time.perf_counter() - t0          # the timing processes told to quit and gone
     rows[best] = replace(rows[best], picked=True)
     report = AutoReport(tuple(rows[t.spec] for t in targets), policy, rounds, tie_break, timed_in, eliminated,
-                        phases)
+                        phases, pool.started)
     result = built[best]
     result.auto = report
     result.artifact.manifest["auto"] = report.to_json()
@@ -339,16 +351,18 @@ def _time(built: dict[str, CompileResult], inputs: Sequence[Any], policy: Timing
             phases["workers_ready"] = time.perf_counter() - t0
             ranking = rank_samplers(samplers, policy, on_eliminate=pool.stop)
             phases["rank"] = time.perf_counter() - t0 - phases["workers_ready"]
-            timed_in = IN_PROCESSES if pool.procs == 1 else f"{pool.procs} fresh processes per candidate"
+            timed_in = f"{pool.started} {IN_PROCESSES}"
         except WorkerError as exc:
             timed_in = f"this process ({_first_line(exc)})"
     if ranking is None:
         ranking = rank_samplers(_local_samplers(built, inputs, policy, clock), policy, clock=clock)
     for name in built:
         group = pool.groups.get(name)
+        gone = ranking.eliminated.get(name)
         rows[name] = replace(rows[name], median_s=ranking.medians[name], ratio=ranking.ratios.get(name),
+                             reason=gone.why if gone is not None else rows[name].reason,
                              p_value=ranking.p_values.get(name),
-                             process_medians=tuple(statistics.median(s) for s in group.per_process) if group else ())
+                             process_medians=tuple(statistics.median(s) for s in group.per_process if s) if group else ())
     return ranking, timed_in
 
 

@@ -1,20 +1,21 @@
-"""The auto target's timing processes, started as soon as each candidate is built.
+"""The auto target's timing processes: started once, at the start of a compile, shared by every candidate.
 
-A worker (:class:`~mlcomp.runtime.timing_worker.ProcessSampler`) spends most of its start-up
-importing torch and its backend and loading the artifact.  One spare worker is spawned ahead
-(:meth:`WorkerPool.spare`: it imports torch and mlcomp while a candidate compiles) and loads the
-next candidate that verifies, and a new spare is spawned while more are to come; so the start-up
-overlaps the compiles instead of following them all (with ``procs=2`` a candidate's second
-process starts fresh beside it, and the candidate's sampler is a
-:class:`~mlcomp.runtime.timing_worker.ProcessGroup` of both)::
+``procs`` hosting processes (:class:`~mlcomp.runtime.timing_host.HostWorker`) are spawned by
+:meth:`WorkerPool.start` before the first candidate compiles; they import torch and mlcomp
+while the candidates compile.  Each candidate that verifies is saved once and loaded into every
+one of them (:meth:`WorkerPool.add`, not waiting), so its start-up is only its own load, and the
+number of processes does not grow with the number of candidates::
 
-    compile cpu | compile onnxruntime | compile tvm ...........| rank
-                  start worker cpu ---> ready                  |
-                                        start worker ort -> ready
+    start 2 processes | compile cpu | compile onnxruntime | compile tvm ...... | rank
+    process 0: import torch, mlcomp .... load cpu .. load onnxruntime .. load tvm |
+    process 1: import torch, mlcomp .... load cpu .. load onnxruntime .. load tvm |
 
-:meth:`WorkerPool.samplers` waits for the ones still loading.  When an artifact cannot be saved
-(or a worker cannot start) the pool remembers why and every candidate is timed in the calling
-process instead (the same message as before any was started).
+:meth:`WorkerPool.samplers` waits for the loads still running and gives each candidate a
+:class:`~mlcomp.runtime.timing_worker.ProcessGroup` over the processes, alternating: a ranking's
+round samples every candidate in one process (the paired ratios of a round compare candidates
+within one process), the next round in the next process.  :meth:`WorkerPool.stop` releases a
+clear loser in every process.  When an artifact cannot be saved (or a process cannot start or
+load it) the pool remembers why and every candidate is timed in the calling process instead.
 """
 from __future__ import annotations
 
@@ -25,28 +26,34 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from mlcomp.runtime.timing_worker import ProcessGroup, ProcessSampler, WorkerError, save_for_worker, save_inputs
+from mlcomp.runtime.timing_host import HostWorker
+from mlcomp.runtime.timing_worker import ProcessGroup, WorkerError, save_for_worker, save_inputs
 
 __all__ = ["READY_TIMEOUT_S", "WorkerPool"]
 
-READY_TIMEOUT_S = 600.0     # a worker loads, checks and warms up its artifact within this
+READY_TIMEOUT_S = 600.0     # a process loads, checks and warms up its artifacts within this
 
 
 class WorkerPool:
-    """Timing processes of the built candidates (``enabled=False``: none is started)."""
+    """``procs`` timing processes shared by the built candidates (``enabled=False``: none is started).
+
+    ``spawn`` makes one process (default :meth:`HostWorker.spawn_host`; tests pass a fake);
+    ``started`` counts the processes spawned.
+    """
 
     def __init__(self, inputs: Sequence[Any], *, warmup: int, block_s: float, enabled: bool = True,
-                 describe: Callable[[BaseException], str] = str, procs: int = 1) -> None:
+                 describe: Callable[[BaseException], str] = str, procs: int = 1,
+                 spawn: Callable[..., Any] = HostWorker.spawn_host) -> None:
         self.inputs, self.warmup, self.block_s, self.enabled = inputs, warmup, block_s, enabled
         self.procs = procs
         self.problem: str | None = None
-        self._describe = describe
+        self.started = 0
+        self.groups: dict[str, ProcessGroup] = {}     # the names timed, after samplers()
+        self._describe, self._spawn = describe, spawn
         self._stack = contextlib.ExitStack()
         self._root: Path | None = None
-        self._feed: Path | None = None
-        self._started: dict[str, list[ProcessSampler]] = {}
-        self.groups: dict[str, ProcessGroup] = {}     # the names timed in several processes, after samplers()
-        self._spare: ProcessSampler | None = None
+        self._workers: list[Any] = []
+        self._added: list[str] = []
 
     def __enter__(self) -> "WorkerPool":
         return self
@@ -54,67 +61,57 @@ class WorkerPool:
     def __exit__(self, *exc: Any) -> None:
         self._stack.close()
 
-    def spare(self) -> None:
-        """Start a worker that imports torch and mlcomp now, for the next candidate built (none if one waits)."""
-        if not self.enabled or self.problem is not None or self._spare is not None:
+    def start(self) -> None:
+        """Spawn the ``procs`` processes now (once; they import torch and mlcomp while the caller compiles)."""
+        if not self.enabled or self.problem is not None or self._workers:
             return
         try:
-            self._spare = self._stack.enter_context(ProcessSampler.spawn(
-                threads=torch.get_num_threads(), warmup=self.warmup, block_s=self.block_s))
+            self._root = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="mlcomp-auto-")))
+            feed = save_inputs(self.inputs, self._root / "inputs.pt")
+            for i in range(self.procs):
+                self._workers.append(self._stack.enter_context(self._spawn(
+                    feed, threads=torch.get_num_threads(), warmup=self.warmup, block_s=self.block_s,
+                    label=f"timing process {i}")))
+                self.started += 1
         except WorkerError as exc:
             self.problem = self._describe(exc)
 
     def add(self, name: str, artifact: Any) -> None:
-        """Save ``artifact`` and have a worker load it (the spare if one waits; not waiting for it); a
-        failure disables the pool."""
+        """Save ``artifact`` and have every process load it (not waiting); a failure disables the pool."""
+        self.start()
         if not self.enabled or self.problem is not None:
             return
         try:
-            if self._root is None:
-                self._root = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="mlcomp-auto-")))
-                self._feed = save_inputs(self.inputs, self._root / "inputs.pt")
             folder = save_for_worker(artifact, self._root / name)
         except Exception as exc:  # noqa: BLE001 - any save failure means: time them here instead
             self.problem = f"saving the candidates for their timing processes failed: {self._describe(exc)}"
             return
         try:
-            workers = []
-            if self._spare is not None:
-                self._spare.load(folder, self._feed, name)
-                workers, self._spare = [self._spare], None
-            while len(workers) < self.procs:
-                workers.append(self._stack.enter_context(ProcessSampler.start(
-                    folder, self._feed, threads=torch.get_num_threads(), warmup=self.warmup,
-                    block_s=self.block_s, label=name if self.procs == 1 else f"{name}#{len(workers)}")))
-            self._started[name] = workers
+            for worker in self._workers:
+                worker.host(name, folder)
+            self._added.append(name)
         except WorkerError as exc:
             self.problem = self._describe(exc)
 
     def samplers(self, names: Sequence[str]) -> dict[str, Callable[[], float]]:
-        """A sampler per name once every worker is ready; the workers of other names are stopped.
+        """A sampler per name once every process has loaded it; the other names are released.
 
         Raises :class:`WorkerError` (why) when the pool cannot time them all.
         """
         if self.problem is not None:
             raise WorkerError(self.problem)
-        missing = [n for n in names if n not in self._started]
+        missing = [n for n in names if n not in self._added]
         if missing:
-            raise WorkerError(f"no timing process for {', '.join(missing)}")
-        for name in [n for n in self._started if n not in names]:
+            raise WorkerError(f"no timing process has {', '.join(missing)}")
+        for worker in self._workers:
+            worker.wait_hosted(READY_TIMEOUT_S)
+        for name in [n for n in self._added if n not in names]:
             self.stop(name)
-        if self._spare is not None:
-            self._spare.close()
-            self._spare = None
-        for name in names:
-            for worker in self._started[name]:
-                worker.wait_ready(READY_TIMEOUT_S)
-        if self.procs == 1:
-            return {name: self._started[name][0].sample for name in names}
-        self.groups = {name: ProcessGroup([w.sample for w in self._started[name]]) for name in names}
+        self.groups = {name: ProcessGroup([w.sampler(name) for w in self._workers], alternate=True)
+                       for name in names}
         return dict(self.groups)
 
     def stop(self, name: str) -> None:
-        """Stop ``name``'s worker (a clear loser, or a candidate no longer timed); its cores are free again."""
-        for sampler in self._started.pop(name, []):
-            sampler.close()
-
+        """Release ``name`` in every process (a clear loser, or a candidate no longer timed)."""
+        for worker in self._workers:
+            worker.drop(name)

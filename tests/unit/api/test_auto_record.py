@@ -113,6 +113,8 @@ def test_a_clear_loser_is_dropped_after_the_first_decisive_rounds():
     samplers = {"a": lambda: 1.00e-3, "b": lambda: 1.02e-3, "slow": lambda: 3e-3}
     stopped: list[str] = []
     ranking = auto_rank.rank_samplers(samplers, policy, clock=lambda: next(ticks), on_eliminate=stopped.append)
-    assert ranking.picked == "a" and ranking.eliminated == {"slow": 6} and stopped == ["slow"]
+    assert ranking.picked == "a" and list(ranking.eliminated) == ["slow"] and stopped == ["slow"]
+    gone = ranking.eliminated["slow"]
+    assert (gone.after_rounds, gone.leader, gone.ratio, gone.p_value) == (6, "a", pytest.approx(3.0), 2 / 2 ** 6)
     assert ranking.rounds > 6                                        # the close two went on being sampled
     assert ranking.ratios["slow"] == pytest.approx(3.0)

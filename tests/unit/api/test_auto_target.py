@@ -171,7 +171,9 @@ def test_real_auto_on_the_zoo_mlp_with_cpu_and_onnxruntime(mlp):
     rows = {c["target"]: c for c in art.manifest["auto"]["candidates"]}
     assert set(rows) == {"cpu", "onnxruntime"} and all(r["verified"] for r in rows.values())
     assert art.target == min(rows, key=lambda t: rows[t]["median_ms"]) and rows[art.target]["picked"]
-    assert art.manifest["auto"]["timing"]["timed_in"] == f"{auto.AUTO_PROCS} fresh processes per candidate"
+    timing = art.manifest["auto"]["timing"]
+    assert timing["timed_in"] == f"{auto.AUTO_PROCS} {auto.IN_PROCESSES}"
+    assert timing["processes"] == auto.AUTO_PROCS                       # shared: not one per candidate
     assert all(len(r["process_medians_ms"]) == auto.AUTO_PROCS for r in rows.values())  # each timed in both
     assert result.check.passed
     x = source.inputs()

@@ -1,4 +1,5 @@
-"""The timing worker: a saved artifact timed in a fresh process, and its failures reported.
+"""The timing worker: a saved artifact timed in a fresh process, and its failures reported; a
+process that hosts several artifacts.
 
 These start real Python processes (about 2 s each to import torch), so there are few of them:
 a cpu artifact answers ``ready`` and samples; a folder that is not an artifact, and a child
@@ -16,6 +17,7 @@ import torch
 
 import mlcomp
 from mlcomp.hardware.timing import calls_per_block
+from mlcomp.runtime.timing_host import HostWorker, serve_host
 from mlcomp.runtime.timing_worker import ProcessSampler, WorkerError, save_inputs, serve
 
 
@@ -64,25 +66,31 @@ def test_serve_protocol_in_process(saved):
     assert list(lines[0]) == ["ready", "calls"] and [list(m) for m in lines[1:]] == [["sample"], ["sample"]]
 
 
-def test_a_spare_waits_for_load_then_serves_the_same_protocol(saved):
-    """A spawned spare (config without an artifact) loads the one a ``load`` line names; EOF first: it ends."""
+def test_a_hosting_process_loads_several_samples_each_and_drops_on_request(saved, tmp_path):
+    """The hosting child's loop, run here: a reply per load (a bad folder is an error line, the rest
+    stay hosted), a sample per request of the name asked for, no reply to ``drop``."""
     folder, feed, _ = saved
-    spare = {"threads": torch.get_num_threads(), "warmup": 1, "block_s": 0.001, "settle_s": 0.0}
     out = io.StringIO()
-    load = "load " + json.dumps({"artifact": str(folder), "inputs": str(feed)})
-    serve(spare, out, io.StringIO(load + "\nsample\nquit\n"))
+    commands = ["load " + json.dumps({"name": "a", "artifact": str(folder)}),
+                "load " + json.dumps({"name": "bad", "artifact": str(tmp_path)}),
+                "load " + json.dumps({"name": "b", "artifact": str(folder)}),
+                "sample b", "drop b", "sample a", "quit", "sample a"]
+    serve_host({"inputs": str(feed), "threads": torch.get_num_threads(), "warmup": 1, "block_s": 0.001,
+                "settle_s": 0.0}, out, io.StringIO("\n".join(commands) + "\n"))
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
-    assert list(lines[0]) == ["ready", "calls"] and [list(m) for m in lines[1:]] == [["sample"]]
-    idle = io.StringIO()
-    serve(spare, idle, io.StringIO(""))
-    assert idle.getvalue() == ""
+    assert [m.get("name") for m in lines[:3]] == ["a", None, "b"] and lines[1]["error"].startswith("bad: ")
+    assert [list(m) for m in lines[3:]] == [["sample"], ["sample"]] and all(m["sample"] > 0 for m in lines[3:])
 
 
-def test_a_spawned_process_loads_when_told(saved):
+def test_a_hosting_process_times_two_artifacts_in_one_process(saved):
     folder, feed, _ = saved
-    with ProcessSampler.spawn(threads=1, warmup=1, block_s=0.01) as worker:
-        worker.load(folder, feed, "cpu")
-        assert worker.wait_ready(timeout=300) > 0 and worker.sample() > 0 and worker.label == "cpu"
+    with HostWorker.spawn_host(feed, threads=1, warmup=1, block_s=0.01) as worker:
+        worker.host("a", folder)
+        worker.host("b", folder)
+        ready = worker.wait_hosted(timeout=300)
+        a, b = worker.sampler("a")(), worker.sampler("b")()
+        worker.drop("a")
+        assert sorted(ready) == ["a", "b"] and a > 0 and b > 0 and list(worker.hosted) == ["b"]
 
 
 def test_the_child_imports_this_mlcomp_first(monkeypatch):

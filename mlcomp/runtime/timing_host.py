@@ -1,0 +1,126 @@
+"""A timing process that hosts several saved artifacts and times any of them on request.
+
+::
+
+    with HostWorker.spawn_host(inputs_file, threads=2, warmup=3, block_s=0.02) as w:   # imports torch now
+        w.host("cpu", cpu_dir)              # not waiting: the child loads it while the caller goes on
+        w.host("onnxruntime", ort_dir)
+        w.wait_hosted(timeout=300)          # every hosted artifact loaded, checked once and warmed up
+        w.sampler("cpu")()                  # seconds per call of one block of cpu's artifact
+        w.drop("cpu")                       # a clear loser: released, never sampled again
+
+One such process is started per timing process a ranking wants (two for ``auto``), once, at the
+start of a compile: it imports torch and mlcomp while the candidates compile, and each candidate
+is loaded into every one of them as soon as it verifies.  So the number of processes does not
+grow with the number of candidates, and a candidate's start-up is only its own load.
+
+A sample is the same as :mod:`~mlcomp.runtime.timing_worker`'s (``settle_s`` of untimed calls of
+that artifact, then the median call of a block): the previous sample's runtime, in this process
+or another, spins down during the settle, so a runtime hosted beside others is timed as alone.
+
+Protocol (one JSON line per reply on the child's private stdout)::
+
+    parent: "load {"name": …, "artifact": …}"  ->  child: {"ready": per_call_s, "calls": k, "name": …}
+    parent: "sample NAME"                       ->  child: {"sample": s}
+    parent: "drop NAME"                            (no reply) the artifact is released
+    parent: "quit" or EOF                          the child exits
+    child:  {"error": "..."}                       a load or sample failed; the parent raises WorkerError
+"""
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from mlcomp.base.errors import MlcompError
+from mlcomp.hardware.timing import synchronizer
+from mlcomp.runtime.timing_worker import SETTLE_S, ProcessSampler, load_runner, run_child, take_sample, warm_up
+
+__all__ = ["HostWorker", "serve_host"]
+
+
+class HostWorker(ProcessSampler):
+    """The parent's handle on one hosting process (:meth:`sampler` of a hosted name is a ranking's sampler)."""
+
+    MODULE = "mlcomp.runtime.timing_host"
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._pending: list[str] = []          # names sent to load, their replies not read yet
+        self.hosted: dict[str, float] = {}     # loaded name -> seconds of one call
+
+    @classmethod
+    def spawn_host(cls, inputs_file: Path, *, threads: int, warmup: int, block_s: float,
+                   settle_s: float = SETTLE_S, label: str = "a timing process") -> "HostWorker":
+        """A process that imports torch and mlcomp now and loads ``inputs_file``; artifacts come with :meth:`host`."""
+        return cls._popen({"inputs": str(inputs_file), "threads": threads, "warmup": warmup,
+                           "block_s": block_s, "settle_s": settle_s}, label)
+
+    def host(self, name: str, artifact_dir: Path) -> None:
+        """Have the child load ``artifact_dir`` as ``name`` (the reply is read by :meth:`wait_hosted`)."""
+        self._write("load " + json.dumps({"name": name, "artifact": str(artifact_dir)}))
+        self._pending.append(name)
+
+    def wait_hosted(self, timeout: float) -> dict[str, float]:
+        """Block until every artifact sent is loaded and warm; name -> its estimate of one call in seconds."""
+        while self._pending:
+            name = self._pending[0]
+            message = self._read(timeout)
+            self._pending.pop(0)
+            self.hosted[name] = float(message["ready"])
+        return dict(self.hosted)
+
+    def sampler(self, name: str) -> Callable[[], float]:
+        """One block of ``name``'s artifact timed in the child: seconds per call."""
+        def sample(timeout: float = 600.0) -> float:
+            self._write(f"sample {name}")
+            return float(self._read(timeout)["sample"])
+        return sample
+
+    def drop(self, name: str) -> None:
+        """Release ``name``'s artifact in the child (it is sampled no more)."""
+        if self._proc.poll() is None and name in self.hosted:
+            self._write(f"drop {name}")
+            del self.hosted[name]
+
+
+def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
+    """Answer ``load``, ``sample`` and ``drop`` until ``quit`` or end of input (module doc)."""
+    torch.set_num_threads(int(config["threads"]))
+    inputs = torch.load(config["inputs"], map_location="cpu", weights_only=True)
+    hosted: dict[str, tuple[Any, Any, int]] = {}          # name -> (runner, barrier, calls per block)
+
+    def reply(message: dict[str, Any]) -> None:
+        channel.write(json.dumps(message) + "\n")
+        channel.flush()
+
+    for line in commands:
+        verb, _, rest = line.strip().partition(" ")
+        if verb == "load":
+            spec = json.loads(rest)
+            try:
+                runner, device = load_runner({"artifact": spec["artifact"]})
+                barrier = synchronizer(device)
+                per_call, calls = warm_up(runner, inputs, barrier, config["warmup"], config["block_s"])
+            except Exception as exc:  # noqa: BLE001 - that candidate's failure; the others stay hosted
+                text = exc.message if isinstance(exc, MlcompError) else f"{type(exc).__name__}: {exc}"
+                reply({"error": f"{spec['name']}: " + " ".join(text.split())[:500]})
+                continue
+            hosted[spec["name"]] = (runner, barrier, calls)
+            reply({"ready": per_call, "calls": calls, "name": spec["name"]})
+        elif verb == "sample":
+            runner, barrier, calls = hosted[rest]
+            reply({"sample": take_sample(runner, inputs, barrier, calls, config["settle_s"], config["block_s"])})
+        elif verb == "drop":
+            hosted.pop(rest, None)
+        else:
+            break
+
+
+if __name__ == "__main__":
+    sys.exit(run_child(serve_host, sys.argv[1:]))
+

@@ -1,0 +1,191 @@
+"""The auto target's timing processes are started once and shared; clear losers leave the ranking early.
+
+The pool is driven with fake processes (they record what they were told and answer samples from
+a table), so the number of processes started and the commands each got are asserted without
+starting Python.  Eliminations are checked on fake samples and, end to end, in the manifest of
+an auto compile of fake targets on a fake clock.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlcomp.api import compile_auto
+from mlcomp.api.auto import rank as auto_rank
+from mlcomp.api.auto.workers import WorkerPool
+from mlcomp.hardware.decide import ELIMINATE_ABOVE
+from mlcomp.hardware.timing import TimingPolicy
+from tests.unit.api.test_auto_target import FakeClock, FakeTarget
+
+
+class FakeProcess:
+    """Stands for one HostWorker: records hosts, drops and samples; a sample is ``speed[name] * (1 + index)``."""
+
+    def __init__(self, index: int, speed: dict[str, float], log: list[tuple[int, str, str]]) -> None:
+        self.index, self.speed, self.log = index, speed, log
+        self.hosted: dict[str, float] = {}
+        self.pending: list[str] = []
+        self.closed = False
+
+    def __enter__(self) -> "FakeProcess":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.closed = True
+
+    def host(self, name: str, folder: Path) -> None:
+        assert (folder / "manifest.json").exists()
+        self.pending.append(name)
+        self.log.append((self.index, "host", name))
+
+    def wait_hosted(self, timeout: float) -> dict[str, float]:
+        self.hosted.update({n: self.speed[n] for n in self.pending})
+        self.pending.clear()
+        return dict(self.hosted)
+
+    def sampler(self, name: str):
+        def sample() -> float:
+            self.log.append((self.index, "sample", name))
+            return self.speed[name] * (1 + self.index)
+        return sample
+
+    def drop(self, name: str) -> None:
+        self.hosted.pop(name, None)
+        self.log.append((self.index, "drop", name))
+
+
+class Saveable:
+    """An artifact as the pool sees it: a manifest and ``save``."""
+
+    def __init__(self) -> None:
+        self.manifest: dict[str, Any] = {"target": "fake"}
+
+    def save(self, folder: Path) -> Path:
+        folder.mkdir(parents=True)
+        (folder / "manifest.json").write_text("{}")
+        return folder
+
+
+def fake_pool(speed: dict[str, float], procs: int = 2):
+    log: list[tuple[int, str, str]] = []
+    made: list[FakeProcess] = []
+
+    def spawn(feed: Path, **_: Any) -> FakeProcess:
+        assert feed.exists()
+        made.append(FakeProcess(len(made), speed, log))
+        return made[-1]
+    pool = WorkerPool([], warmup=1, block_s=0.01, procs=procs, spawn=spawn)
+    return pool, made, log
+
+
+def test_the_timing_processes_are_started_once_and_every_candidate_is_loaded_into_each():
+    speed = {"cpu": 2e-3, "onnxruntime": 1e-3, "tvm": 5e-3}
+    pool, made, log = fake_pool(speed)
+    with pool:
+        pool.start()
+        pool.start()                                        # idempotent
+        for name in speed:
+            pool.add(name, Saveable())
+        samplers = pool.samplers(["cpu", "onnxruntime"])    # tvm is no longer timed: released
+        # a round samples every candidate in one process, the next round in the next
+        rounds = [[samplers[n]() for n in samplers] for _ in range(4)]
+        pool.stop("cpu")
+    assert pool.started == 2 and len(made) == 2 and all(p.closed for p in made)
+    assert [e for e in log if e[1] == "host"] == [(i, "host", n) for n in speed for i in (0, 1)]
+    assert rounds == [[2e-3, 1e-3], [4e-3, 2e-3], [2e-3, 1e-3], [4e-3, 2e-3]]
+    assert {(i, n) for i, verb, n in log if verb == "drop"} == {(0, "tvm"), (1, "tvm"), (0, "cpu"), (1, "cpu")}
+    assert pool.groups["cpu"].per_process == [[2e-3, 2e-3], [4e-3, 4e-3]]
+
+
+def test_a_disabled_pool_starts_nothing_and_a_missing_candidate_is_a_worker_error():
+    from mlcomp.runtime.timing_worker import WorkerError
+
+    pool, made, _ = fake_pool({"cpu": 1e-3})
+    pool.enabled = False
+    with pool:
+        pool.start()
+        pool.add("cpu", Saveable())
+    assert pool.started == 0 and made == []
+    pool, made, _ = fake_pool({"cpu": 1e-3, "tvm": 1e-3})
+    with pool:
+        pool.add("cpu", Saveable())                           # add starts the pool when start() was not called
+        with pytest.raises(WorkerError, match="no timing process has tvm"):
+            pool.samplers(["cpu", "tvm"])
+    assert pool.started == 2
+
+
+def _ticks():
+    ticks = itertools.count(step=0.001)
+    return lambda: next(ticks)
+
+
+def test_clear_losers_stop_being_sampled_and_near_ones_do_not():
+    """``slow`` (2-2.6x, noisy) is decided above ELIMINATE_ABOVE after the sixth round; ``near`` (1.3x) never is."""
+    noise = itertools.cycle([1.0, 1.3, 1.1, 0.95, 1.2, 1.05])
+    taken = {"fast": 0, "near": 0, "slow": 0}
+
+    def sampler(name: str, base: float):
+        def sample() -> float:
+            taken[name] += 1
+            return base * (next(noise) if name == "slow" else 1.0)
+        return sample
+    samplers = {"fast": sampler("fast", 1e-3), "near": sampler("near", 1.3e-3), "slow": sampler("slow", 2e-3)}
+    policy = TimingPolicy(warmup=0, budget_s=1.0, min_repeats=3, max_repeats=30)
+    ranking = auto_rank.rank_samplers(samplers, policy, clock=_ticks())
+    assert ranking.picked == "fast" and list(ranking.eliminated) == ["slow"]
+    gone = ranking.eliminated["slow"]
+    assert gone.after_rounds == auto_rank.MIN_ROUNDS and gone.leader == "fast" and gone.ratio > ELIMINATE_ABOVE
+    assert gone.p_value < auto_rank.ALPHA and gone.why.startswith("eliminated after 6 rounds: ")
+    assert taken["slow"] == 6 and taken["near"] > 6 and ranking.p_values["near"] < auto_rank.ALPHA
+
+
+def test_a_loser_that_sometimes_wins_is_not_eliminated_early():
+    """Above 1.5x in 5 of 6 rounds: the sign test against 1.5 cannot decide (p=0.22), so it is sampled on."""
+    seq = itertools.cycle([2.0, 2.0, 2.0, 1.4, 2.0, 2.0])
+    samplers = {"a": lambda: 1e-3, "b": lambda: 1e-3 * next(seq)}
+    policy = TimingPolicy(warmup=0, budget_s=1e-6, min_repeats=6, max_repeats=6)
+    ranking = auto_rank.rank_samplers(samplers, policy, clock=_ticks())
+    assert ranking.eliminated == {} and ranking.rounds == 6 and ranking.picked == "a"
+
+
+def test_the_manifest_records_each_eliminated_candidate_with_why(captured):
+    from mlcomp.frontend.loading import load_model
+
+    module, inputs, graph = captured("mlp", 2)
+    source = load_model(module, example_inputs=inputs)
+    clock = FakeClock()
+    fakes = [FakeTarget("slow", clock, 3e-3), FakeTarget("fast", clock, 1e-3), FakeTarget("near", clock, 1.1e-3)]
+    policy = TimingPolicy(warmup=1, budget_s=0.01, min_repeats=3, max_repeats=12)
+    result = compile_auto(source, graph, candidates=fakes, pipeline="", policy=policy, clock=clock, isolate=False)
+    auto = result.artifact.manifest["auto"]
+    rows = {c["target"]: c for c in auto["candidates"]}
+    assert auto["picked"] == "fast" and list(auto["timing"]["eliminated"]) == ["slow"]
+    slow = auto["timing"]["eliminated"]["slow"]
+    assert (slow["after_rounds"], slow["leader"], slow["ratio"]) == (6, "fast", pytest.approx(3.0))
+    assert slow["why"] == rows["slow"]["reason"] and rows["slow"]["verified"] and not rows["slow"]["picked"]
+    assert rows["near"]["reason"] is None and rows["near"]["ratio_to_picked"] == pytest.approx(1.1)
+    assert auto["timing"]["processes"] == 0                  # isolate=False: timed in this process
+    table = result.auto.table().format()
+    assert "yes; eliminated after 6 rounds: 3.00x the time of fast, above 1.5x by sign test p=0.031" in table
+
+
+def test_equals_within_noise_leave_the_tie_break_and_the_decision_says_so(monkeypatch):
+    """Two candidates equal to 0.5 %: the interval of their ratios lies within 1 +- NEAR_TIE well before
+    the tie-break's bound; with NEAR_TIE 0 they are sampled until the bound."""
+    def pair(seed: int):
+        rng = random.Random(seed)
+        return {"a": lambda: 1e-3 * (1 + rng.uniform(-0.005, 0.005)),
+                "b": lambda: 1e-3 * (1 + rng.uniform(-0.005, 0.005))}
+    policy = TimingPolicy(warmup=0, budget_s=0.05, min_repeats=6, max_repeats=400)
+    quick = auto_rank.rank_samplers(pair(1), policy, clock=_ticks())
+    other = [n for n in "ab" if n != quick.picked][0]
+    lo, hi = quick.near_ties[other]
+    assert 1 / (1 + auto_rank.NEAR_TIE) <= lo <= 1 <= hi <= 1 + auto_rank.NEAR_TIE
+    assert "within 1+-0.02" in quick.decision().why
+    monkeypatch.setattr(auto_rank, "NEAR_TIE", 0.0)
+    slow = auto_rank.rank_samplers(pair(1), policy, clock=_ticks())
+    assert quick.rounds + quick.tie_break_rounds < slow.rounds + slow.tie_break_rounds
