@@ -25,8 +25,9 @@ scratch and the optimizer's), allocator peak of one step above the state before 
 process that captured and built only that setting under its host allocator policy (``--rss-policy``;
 ``auto``: what ``compile_training`` applies -- ``return`` for the remat and fused settings, glibc's own
 ``keep`` for ``none`` and torch's anchors; :mod:`mlcomp.hardware.allocator`), median step time of
-interleaved repeats and its overhead against ``none``, and the worst parameter's gradient error against
-``none`` on the same batch.
+interleaved repeats and its overhead against ``none``, the FLOPs mlcomp's remat recomputes (its stats;
+``torch.utils.checkpoint`` per block recomputes each block's forward), and the worst parameter's gradient
+error against ``none`` on the same batch.
 """
 from __future__ import annotations
 
@@ -317,14 +318,15 @@ def bench_model(model: str, opts: argparse.Namespace, policy: TimingPolicy, log:
 def table(model: str, batch: int, rows: list[dict[str, Any]]) -> Table:
     ref = next(r for r in rows if r["variant"] == "none")
     columns = ("setting", "predicted", "allocator", "pred/alloc", "RSS", "host memory", "faults/step", "vs none",
-               "step", "overhead", "grad err")
+               "step", "overhead", "recomputed FLOPs", "grad err")
     cells = tuple((r["variant"], fmt_bytes(r["predicted"]) if r.get("predicted") else "—", fmt_bytes(r["allocator"]),
                    f"{r['predicted'] / r['allocator']:.3f}" if r.get("predicted") and r["allocator"] else "—",
                    fmt_bytes(r["rss"]), r["host_memory"], f"{r['faults_per_step']:,}",
                    f"{100 * (r['allocator'] / ref['allocator'] - 1):+.0f}%",
-                   fmt_seconds(r["step"]), f"{100 * (r['step'] / ref['step'] - 1):+.0f}%", f"{r['grad_rel']:.1e}")
+                   fmt_seconds(r["step"]), f"{100 * (r['step'] / ref['step'] - 1):+.0f}%",
+                   f"{r['recompute_flops']:.3g}" if "recompute_flops" in r else "—", f"{r['grad_rel']:.1e}")
                   for r in rows)
-    return Table(f"{model}, batch {batch}, cpu, {OPTIMIZER}", columns, cells, right=frozenset(range(1, 11)))
+    return Table(f"{model}, batch {batch}, cpu, {OPTIMIZER}", columns, cells, right=frozenset(range(1, 12)))
 
 
 def main(argv: list[str] | None = None) -> int:
