@@ -29,7 +29,7 @@ from mlcomp.pipeline import Pipeline, run_pipeline
 from mlcomp.pipeline.presets import adapt_preset
 from mlcomp.targets import CompileOptions, Target, get_target
 
-__all__ = ["CompileResult", "compile_source", "verify_near_ties", "pass_decisions", "resolve_target", "adapted_pipeline", "eager_reference"]
+__all__ = ["CompileResult", "compile_source", "index_inputs", "verify_near_ties", "pass_decisions", "resolve_target", "adapted_pipeline", "eager_reference"]
 
 Note = Callable[[str], None]
 
@@ -68,6 +68,17 @@ def adapted_pipeline(pipeline: Any, target: Target) -> tuple[Pipeline | None, An
         return None, None
     adapted = adapt_preset(pipeline, target.name, target.rewrites)
     return (Pipeline.parse(adapted.text) if adapted else Pipeline.coerce(pipeline)), adapted
+
+
+def index_inputs(graph: Any, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...] | None:
+    """The example inputs for the target to build on when the graph takes integers (class targets, token
+    ids: random ones may index out of range) and they fit its inputs exactly; else None (random ones)."""
+    nodes = graph.input_nodes
+    if not any(not n.tensor_meta.dtype.is_floating_point for n in nodes) or len(nodes) != len(inputs):
+        return None
+    fits = all(isinstance(x, torch.Tensor) and x.dtype == n.tensor_meta.dtype and not n.tensor_meta.is_dynamic
+               and tuple(x.shape) == tuple(n.tensor_meta.concrete_shape(graph.symbols)) for n, x in zip(nodes, inputs))
+    return tuple(inputs) if fits else None
 
 
 def eager_reference(source: Any, inputs: Sequence[torch.Tensor], report: Any) -> tuple[tuple[Any, ...], str | None]:
@@ -150,7 +161,7 @@ def compile_source(source: Any, graph: Any, *, target: str | Target | None = Non
         pipeline_seconds = time.perf_counter() - t0
         spec = pipe.spec
     expected, against = eager_reference(source, inputs, report)     # before the build: eager's own faults first
-    artifact = chosen.compile(graph, opts)
+    artifact = chosen.compile(graph, opts, inputs=index_inputs(graph, inputs))
     artifact.manifest["pipeline"] = spec
     to_json = getattr(report, "to_json", None)
     artifact.manifest["pipeline_report"] = to_json() if callable(to_json) else None

@@ -15,12 +15,15 @@
 Inference (grad mode off, or no input needing a gradient): parameters and buffers are frozen
 into the IR as constants, so passes fold them; each call checks that the same tensors come
 back unchanged (``_version``), and runs the Dynamo graph in torch when a weight was edited
-in place since the compile.  Training (an input needs a gradient): torch's AOT autograd splits
-the graph into forward and backward ATen graphs and mlcomp compiles both
-(:mod:`mlcomp.dynamo.training`).
+in place since the compile.  Training (an input needs a gradient): mlcomp traces the joint
+forward and backward graph, runs the pipeline over it (remat, mixed precision), cuts it
+into a forward and a backward, lowers both and runs them in a ``torch.autograd.Function``
+(:mod:`mlcomp.dynamo.joint_step`); a graph that route refuses goes through torch's AOT
+autograd instead, which splits it before mlcomp compiles each half, and the report says
+so (:mod:`mlcomp.dynamo.training`).
 
 Options travel with the ``torch.compile`` call (``options=`` reaches the backend as a keyword
-argument, and the training compilers are closures over it), so nothing is process-wide.
+argument, and everything downstream receives it as an argument or a closure), so nothing is process-wide.
 """
 from __future__ import annotations
 
@@ -63,8 +66,7 @@ def mlcomp_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
 
 
 def _explained(report: BackendReport, name: str) -> str:
-    sub = BackendReport(report.of_graph(name), 1)
-    return f"mlcomp backend, {name}:\n{sub.table()}"
+    return f"mlcomp backend, {name}:\n{report.only(name).table()}"
 
 
 def compile_inference(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: BackendOptions,

@@ -17,9 +17,10 @@ from typing import Any
 
 from mlcomp.targets.fallback import EAGER_LABEL
 
-__all__ = ["BackendReport", "Partition", "TORCH"]
+__all__ = ["AOT", "BackendReport", "JointRecord", "Partition", "TORCH"]
 
 TORCH = "torch"
+AOT = "aot-autograd"   # a graph whose forward and backward torch split before mlcomp compiled them
 
 
 
@@ -39,11 +40,47 @@ class Partition:
 
 
 @dataclass
+class JointRecord:
+    """A Dynamo graph trained through mlcomp's joint graph: what crossed from forward to backward, and why."""
+
+    graph: str
+    saved_before: int = 0          # tensors the forward saves for the backward, as captured
+    saved_before_bytes: int = 0
+    saved: int = 0                 # … after the pipeline (what the compiled forward saves)
+    saved_bytes: int = 0
+    pipeline: str | None = None
+    target: str | None = None
+    recomputed: int = 0            # forward values remat recomputes in the backward
+    nodes_recomputed: int = 0
+    tolerance: float | None = None  # declared by mixed precision (None: fp32)
+    regions: list[dict[str, Any]] = field(default_factory=list)   # the target's own eager regions
+
+    def note_passes(self, pipeline_report: Any) -> None:
+        """Take remat's and mixed precision's figures from a pipeline report."""
+        for rec in pipeline_report.walk():
+            stats = rec.stats or {}
+            self.recomputed += int(stats.get("activations_recomputed", 0) or 0)
+            self.nodes_recomputed += int(stats.get("nodes_recomputed", 0) or 0)
+            if stats.get("declared_tolerance") is not None:
+                self.tolerance = max(self.tolerance or 0.0, float(stats["declared_tolerance"]))
+
+    def line(self) -> str:
+        text = (f"{self.graph} joint graph: forward saves {self.saved} tensors ({self.saved_bytes} bytes) for the "
+                f"backward, {self.saved_before} ({self.saved_before_bytes} bytes) as captured")
+        if self.recomputed:
+            text += f"; remat recomputed {self.recomputed} values ({self.nodes_recomputed} nodes)"
+        if self.tolerance is not None:
+            text += f"; declared tolerance {self.tolerance:g}"
+        return text
+
+
+@dataclass
 class BackendReport:
     """What the backend did, graph by graph; pass it as ``options={"report": r}`` to fill it."""
 
     partitions: list[Partition] = field(default_factory=list)
     graphs: int = 0          # Dynamo graphs the backend was given (a recompile counts again)
+    joints: list[JointRecord] = field(default_factory=list)   # graphs trained through mlcomp's joint graph
 
     def add(self, part: Partition) -> None:
         self.partitions.append(part)
@@ -55,7 +92,12 @@ class BackendReport:
         return out
 
     def of_graph(self, graph: str) -> list[Partition]:
-        return [p for p in self.partitions if p.graph == graph]
+        """The partitions of one Dynamo graph (its forward and backward graphs' included)."""
+        return [p for p in self.partitions if p.graph == graph or p.graph.startswith(graph + ".")]
+
+    def only(self, graph: str) -> "BackendReport":
+        """This report restricted to one Dynamo graph."""
+        return BackendReport(self.of_graph(graph), 1, [j for j in self.joints if j.graph == graph])
 
     def table(self) -> str:
         head = ("graph", "partition", "ran on", "nodes", "compile s", "cache", "why")
@@ -63,8 +105,8 @@ class BackendReport:
                           "" if p.seconds is None else f"{p.seconds:.3f}", p.cache or "",
                           p.reason or _regions_note(p.regions)) for p in self.partitions]
         widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
-        return "\n".join(("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]).rstrip()
-                         for r in rows)
+        lines = [("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]).rstrip() for r in rows]
+        return "\n".join(lines + [j.line() for j in self.joints])
 
 
 def _regions_note(regions: list[dict[str, Any]]) -> str:

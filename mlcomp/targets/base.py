@@ -32,7 +32,7 @@ import abc
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 
@@ -220,8 +220,12 @@ class Target(abc.ABC):
         """What passes are told about this target (``PassContext.target``): its low precisions, its device."""
         return self.capabilities.facts(self.name, self.device(options or CompileOptions()))
 
-    def compile(self, graph: Graph, options: CompileOptions | None = None) -> Artifact:
-        """Lower ``graph`` to an :class:`~mlcomp.runtime.artifact.Artifact` (not yet verified)."""
+    def compile(self, graph: Graph, options: CompileOptions | None = None, *,
+                inputs: Sequence[torch.Tensor] | None = None) -> Artifact:
+        """Lower ``graph`` to an :class:`~mlcomp.runtime.artifact.Artifact` (not yet verified).
+
+        ``inputs``: tensors fitting the graph's inputs to build on (a trace, a timed choice); default
+        seeded random ones (:func:`example_inputs`), whose integers may not be valid indices."""
         options = options or CompileOptions()
         reason = self.available()
         if reason:
@@ -231,7 +235,7 @@ class Target(abc.ABC):
         bad = self.unsupported(graph)
         self.check_capabilities(graph, options, bad)   # before anything is exported or built
         regions: list[dict[str, Any]] = []
-        inputs = example_inputs(graph)
+        inputs = tuple(inputs) if inputs is not None else example_inputs(graph)
         if bad:
             runtime, regions = build_partitioned(self, graph, options, set(bad), inputs)
         else:

@@ -173,8 +173,9 @@ class DistributedTarget(Target):
                 "device": self.device(options)}
         return PipelineRuntime(payloads, info)
 
-    def compile(self, graph: Graph, options: CompileOptions | None = None) -> Artifact:
-        art = super().compile(graph, options)
+    def compile(self, graph: Graph, options: CompileOptions | None = None, *,
+                inputs: Any = None) -> Artifact:
+        art = super().compile(graph, options, inputs=inputs)
         if self.check_launch and art.runtime.info["stages"] > 1:
             with tempfile.TemporaryDirectory(prefix="mlcomp-pp-") as tmp:
                 x = example_inputs(graph)

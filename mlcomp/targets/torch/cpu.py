@@ -52,6 +52,7 @@ from mlcomp.hardware import decide as decide_mod
 from mlcomp.hardware.decide import Decision, DecisionPolicy, Verdict, call_samplers, decide
 from mlcomp.hardware.timing import Clock
 from mlcomp.ir import Graph, Mode, TensorMeta
+from mlcomp.ir.ops import Op
 from mlcomp.runtime.artifact import RuntimeKind
 from mlcomp.targets.torch.archive import canonical_torchscript
 from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
@@ -98,11 +99,12 @@ def trace_module(graph: Graph, inputs: tuple[torch.Tensor, ...], device: str = "
     copy, so one trace serves both variants.
     """
     dynamic = any(n.tensor_meta.is_dynamic for n in graph.input_nodes)
+    script = dynamic or any(untraceable(n.op) for n in graph.call_nodes())
     graph = int_fill_values(graph if dynamic else explicit_view_sizes(graph))
-    gm = to_fx(graph, device=device, scriptable=dynamic).eval()
+    gm = to_fx(graph, device=device, scriptable=script).eval()
     inputs = tuple(t.to(device) for t in inputs)
     with torch.no_grad(), quiet_torch():
-        if dynamic:  # tracing would bake the example sizes in; scripting keeps size() calls
+        if script:  # tracing would bake the example sizes in (or cannot record the op); scripting keeps size() calls
             try:
                 scripted = torch.jit.script(gm)
             except Exception as exc:  # noqa: BLE001 - TorchScript's compiler errors are long
@@ -117,6 +119,20 @@ def trace_module(graph: Graph, inputs: tuple[torch.Tensor, ...], device: str = "
 
 
 _VIEWS = frozenset({"view", "reshape", "_unsafe_view"})
+# argument types torch.jit.trace cannot record ("unsupported argument type in the JIT tracer"): the fused
+# backward kernels' ``bool[3] output_mask`` (convolution_backward, native_layer_norm_backward, …), ``SymInt[]?``
+UNTRACEABLE = frozenset({"List[bool]", "Optional[List[int]]"})
+
+
+def untraceable(op: Op) -> bool:
+    """Whether an argument of ``op``'s schema has a type in :data:`UNTRACEABLE` (a graph holding it is scripted)."""
+    if op.is_structural or op.is_composite:
+        return False
+    try:
+        schema = getattr(op.resolve(), "_schema", None)
+    except Exception:  # noqa: BLE001 - an op torch cannot resolve is not ours to judge here
+        return False
+    return schema is not None and any(str(a.type) in UNTRACEABLE for a in schema.arguments)
 
 
 def explicit_view_sizes(graph: Graph) -> Graph:

@@ -38,6 +38,12 @@ GEMMs :mod:`mlcomp.targets.tvm.offload.gemm` measured faster as TVM code than as
     for i0, j0:  for k:  for i1 in T.unroll(4):  for j1 in T.vectorized(16):  C[i, j] += A[i, k] * B[k, j]
                  for i1:  for j1 in T.vectorized(16):  out[i, j] = C[i, j] + bias[j]
 
+A one-row product (batch 1, where DLight normalises ``i`` away) is the same without the row tile;
+DLight's GEMV would instead reduce each output over a column of the ``[K, N]`` weight, a K-long
+walk with a stride of N floats, scalar::
+
+    for j0:  for k:  for j1 in T.vectorized(32):  C[0, j] += A[0, k] * B[k, j]
+
 With no parallel loop the VM never starts TVM's thread pool, so nothing about it (its size,
 its spinning, the core it pins its workers to) touches the process.  Each rule looks at a
 PrimFunc once: O(blocks × loops).
@@ -239,16 +245,19 @@ def small_matmul_rule(vector_bits: int) -> Any:
             if shape is None or (shape[1] % lanes and shape[1] > 2 * lanes):
                 return None
             m, n = shape
-            loops = sch.get_loops(mm)
-            *_, i, j, k = loops
-            mi = next(f for f in (4, 3, 2, 1) if m % f == 0)
             # a narrow N that the lanes do not divide (a 10-tag head, 17 tokens) is one odd-width vector
             nj = 2 * lanes if n % (2 * lanes) == 0 else lanes if n % lanes == 0 else n
-            io, ii = sch.split(i, [None, mi])
-            jo, ji = sch.split(j, [None, nj])
-            sch.reorder(io, jo, k, ii, ji)
+            if len(sch.get(mm).iter_vars) == 2:      # one row (batch 1): DLight normalised the unit i away
+                j, k = sch.get_loops(mm)[-2:]
+                jo, ji = sch.split(j, [None, nj])
+                sch.reorder(jo, k, ji)
+            else:
+                *_, i, j, k = sch.get_loops(mm)
+                io, ii = sch.split(i, [None, next(f for f in (4, 3, 2, 1) if m % f == 0)])
+                jo, ji = sch.split(j, [None, nj])
+                sch.reorder(io, jo, k, ii, ji)
+                sch.unroll(ii)
             sch.vectorize(ji)
-            sch.unroll(ii)
             for info in infos[1:]:
                 sch.reverse_compute_at(info.block_rv, jo)
                 inner = sch.get_loops(info.block_rv)[-1]
@@ -277,13 +286,16 @@ def _one_matmul(func: Any) -> bool:
 
 def _matmul_extents(block: Any) -> tuple[int, int] | None:
     """``(M, N)`` when ``block`` is ``C[.., i, j] += A[.., i, k] * B[.., k, j]`` in float32 with static
-    extents (B read along ``j``, so the vector loop loads contiguously), else None."""
+    extents (B read along ``j``, so the vector loop loads contiguously), else None.  A one-row product
+    (batch 1) after DLight's normalisation has no ``i``: ``C[0, j] += A[0, k] * B[k, j]`` gives ``(1, N)``."""
     from tvm import tirx
 
     iters = block.iter_vars
-    if len(iters) < 3 or len(block.reads) != 2 or len(block.writes) != 1 \
+    if len(iters) < 2 or len(block.reads) != 2 or len(block.writes) != 1 \
             or str(block.writes[0].source.dtype) != "float32":
         return None
+    if len(iters) == 2 or int(iters[-3].iter_type) != 0:     # no spatial i: the one-row form
+        return _row_extents(block)
     i, j, k = (v.var for v in iters[-3:])
 
     def last(region: Any, count: int) -> list[Any]:
@@ -302,3 +314,24 @@ def _matmul_extents(block: Any) -> tuple[int, int] | None:
     if not (a_ok and b_ok) or not all(isinstance(d, tirx.IntImm) for d in dims):
         return None
     return int(dims[0]), int(dims[1])
+
+
+def _row_extents(block: Any) -> tuple[int, int] | None:
+    """``(1, N)`` when ``block`` is ``C[.., 0, j] += A[.., 0, k] * B[k, j]`` (spatial ``j``, reduction ``k``)."""
+    from tvm import tirx
+
+    (j, jv), (k, kv) = ((v.var, v) for v in block.iter_vars[-2:])
+    if int(jv.iter_type) != 0 or int(kv.iter_type) != 2 or not isinstance(jv.dom.extent, tirx.IntImm):
+        return None
+
+    def ends_with(region: Any, *vars_: Any) -> bool:
+        idx = [r.min for r in region.region]
+        if len(idx) < len(vars_) or any(not (isinstance(e, tirx.Var) and e.same_as(v))
+                                        for e, v in zip(idx[len(idx) - len(vars_):], vars_)):
+            return False
+        return all(isinstance(e, tirx.IntImm) and int(e) == 0 for e in idx[:len(idx) - len(vars_)])
+
+    if not ends_with(block.writes[0], j) or not any(ends_with(r, k) for r in block.reads) \
+            or not any(len(r.region) == 2 and ends_with(r, k, j) for r in block.reads):
+        return None
+    return 1, int(jv.dom.extent)

@@ -215,3 +215,72 @@ def test_gpt2_build_numbers_and_stats(gpt2_build):
     assert built.stats["fast_math"]["tanh"] == 2 and built.stats["fast_math"]["power"] == 2   # gelu_new ×2 layers
     assert built.stats["fast_math"]["softmax"] == 2
     assert tvm_gemm.PROBE_MAX_MACS >= max(r["macs"] for r in rows.values())
+
+
+def _matmul_loops(func) -> list[str]:
+    """The loops around a PrimFunc's ``matmul`` block, as ``kind extent`` (names dropped), outermost first."""
+    import re
+
+    stack: list[tuple[int, str]] = []          # (indent, loop) of the loops enclosing the current line
+    for line in func.script().splitlines():
+        indent = len(line) - len(line.lstrip())
+        stack = [(i, loop) for i, loop in stack if i < indent]
+        if re.search(r'T\.sblock\("matmul(_update)?"\)', line):
+            return [loop for _, loop in stack]
+        found = re.match(r"\s*for [\w, ]+ in (T\.\w+|range)\((.*)\):", line)
+        if found:
+            stack.append((indent, f"{found.group(1)} {re.sub(r'T.int64|[()]', '', found.group(2)).split(',')[0]}"))
+    raise AssertionError("no matmul block")
+
+
+def test_batch1_product_is_small_matmul_not_column_reading_gemv(fake_hardware):
+    """One row (batch 1): DLight's GEMV read the [K, N] weight by columns (a K-long strided walk per output);
+    SmallMatmul runs the columns as vectors, the reduction serial."""
+    from tvm import relax, tirx
+
+    bits = fake_hardware("avx512").vector_bits
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(1, 64, generator=g), torch.randn(64, 48, generator=g), torch.randn(48, generator=g)
+    mod = _func(lambda bb, p: relax.op.nn.relu(relax.op.add(relax.op.matmul(p[0], relax.const(w.numpy())),
+                                                            relax.const(b.numpy()))), (1, 64))
+    got, lowered, _ = _run(mod, x)
+    torch.testing.assert_close(got, torch.relu(x @ w + b), rtol=1e-5, atol=1e-5)
+    func = next(f for f in lowered.functions.values() if isinstance(f, tirx.PrimFunc))
+    assert _matmul_loops(func) == ["range 3", "range 64", f"T.vectorized {_column_tile(48, bits)}"]
+
+
+@pytest.mark.slow
+def test_the_probed_kernel_is_the_kernel_built(fake_hardware, monkeypatch):
+    """A batch-1 MLP whose GEMMs the (faked) probe keeps as TVM code: the loop nest the probe timed is the
+    one the build runs (same rule, same tiles, serial), the decision is recorded, and the numbers match."""
+    import tvm
+    from tvm import tirx
+
+    from mlcomp.hardware.decide import Decision, Verdict
+
+    fake_hardware("avx512")
+    compiled = []
+    real_compile = tvm.compile
+    monkeypatch.setattr(tvm, "compile", lambda mod, **kw: compiled.append(mod) or real_compile(mod, **kw))
+    monkeypatch.setattr(tvm_gemm, "_judge", lambda call, tvm_fn, torch_fn: Decision(
+        f"tvm: {call.describe()}?", ("torch", "tvm"), "torch", "tvm", Verdict.DECIDED, "fake: tvm 0.3x",
+        rounds=6, medians={"torch": 4e-5, "tvm": 1.2e-5}, ratios={"tvm": 0.3}, p_values={"tvm": 0.03}))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16)).eval()
+    x = torch.randn(1, 64)
+    built = tvm_backend.build(model, (x,), tvm_backend.BuildConfig(threads=1))
+    with torch.no_grad():
+        torch.testing.assert_close(built(x)[0], model(x), rtol=1e-5, atol=1e-5)
+    probe, final = compiled[0], compiled[-1]
+    assert [gv.name_hint for gv in probe.functions if gv.name_hint.startswith("tvm_")] == ["tvm_0", "tvm_1"]
+    prims = lambda mod: {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    timed = {tuple(_matmul_loops(f)) for f in prims(probe).values()}
+    ran = {tuple(_matmul_loops(f)) for name, f in prims(final).items() if "matmul" in name}
+    assert ran == timed == {("range 1", "range 64", "T.vectorized 32"), ("range 1", "range 32", "T.vectorized 16")}
+    assert all("T.parallel" not in f.script() for f in (*prims(probe).values(), *prims(final).values()))
+    small = built.stats["small_gemms"]
+    assert small["kept_in_tvm"] == 2 and built.stats["kernels"]["kernels"] == {}
+    assert [d["why"] for d in small["decisions"]] == ["fake: tvm 0.3x"] * 2
+    load = small["probe_load"]         # what other processes did while the probe ran (None: no tick passed)
+    assert load is None or set(load) == {"other_cores", "steal", "cores", "loadavg"}
+    assert built.stats["schedules"]["parallel"] is False

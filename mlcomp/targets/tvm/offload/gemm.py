@@ -6,12 +6,14 @@ the VM's call (argument conversion, the Python body, the result handed back) and
 dispatch and output allocation.  A register-tiled TVM kernel needs none of that.  Which GEMMs are
 small enough is not assumed: :func:`gemm_calls` lists the offloaded ``linear``/``matmul`` calls of a
 build, the backend compiles each distinct one both ways into one probe module and times them on
-this host with the build's thread count (:func:`measure_gemms`: one
-:func:`mlcomp.hardware.decide.decide` per call, the torch call the default), and :func:`kept_calls` keeps
-in TVM the ones a sign test decided take under :data:`KEEP_RATIO` of the torch call's time.  A
-deterministic build probes nothing: every GEMM stays a torch call.
+this host with the build's thread count (:func:`measure_gemms`: per call
+:func:`~mlcomp.targets.tvm.offload.probe_timing.judge`, batched samples decided by
+:func:`mlcomp.hardware.decide.decide`, the torch call the default, a wild ratio re-measured), and
+:func:`kept_calls` keeps in TVM the ones a sign test decided take under :data:`KEEP_RATIO` of the
+torch call's time.  A deterministic build probes nothing: every GEMM stays a torch call.
 :func:`keep_in_tvm` turns those calls back into Relax, where ``SmallMatmul``
-(:func:`mlcomp.targets.tvm.schedules.small_matmul_rule`) schedules them::
+(:func:`mlcomp.targets.tvm.schedules.small_matmul_rule`) schedules them, in the probe module as in
+the build (both serial: a build that calls torch or kept a probed GEMM adds no parallel loop)::
 
     before:  lv9 = R.call_pure_packed("mlcomp.torch.linear", lv7, <w [64, 64] as [N, K]>, <b [64]>, ty_args=…)
     after:   lv = R.matmul(lv7, <w as [K, N]>);  lv9 = R.add(lv, <b>)        # fused_matmul_add, TVM code
@@ -29,15 +31,16 @@ torch's thread pool (on busy cores a multi-threaded torch kernel waits for its o
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from mlcomp.hardware.probe import vector_bits as host_vector_bits
-from mlcomp.hardware.decide import Decision, DecisionPolicy, call_samplers
-from mlcomp.hardware.decide import decide as decide_by_timing
+from mlcomp.hardware.decide import Decision
+from mlcomp.hardware.noise import Load, LoadWatch
 from mlcomp.targets.tvm.offload.chains import (
     bindings_of,
     kernel_name,
@@ -46,10 +49,12 @@ from mlcomp.targets.tvm.offload.chains import (
     ty_of,
 )
 from mlcomp.targets.tvm.offload.policy import rule
+from mlcomp.targets.tvm.offload.probe_timing import KEEP_RATIO, PROBE_TIMING, judge
 
 __all__ = [
     "KEEP_RATIO",
     "PROBE_MAX_MACS",
+    "PROBE_TIMING",
     "GemmCall",
     "SmallGemmReport",
     "gemm_calls",
@@ -69,9 +74,6 @@ _KINDS = {_LINEAR: "linear", _LINEAR_GELU: "linear_gelu", _MATMUL: "matmul"}
 _NORMS = {"mlcomp.torch.layer_norm": "layer_norm", "mlcomp.torch.add_layer_norm": "add_layer_norm",
           "mlcomp.torch.add_layer_norm_reuse": "add_layer_norm"}
 PROBE_MAX_MACS = rule("small-gemm").max_size   # policy row small-gemm: larger products are left to torch unprobed (the probe's compile time)
-KEEP_RATIO = rule("small-gemm").ratio   # TVM must take under this share of the torch call's time (noise margin)
-# per probed call: 20 warm-up calls, then paired single-call rounds for up to 0.02 s per variant
-PROBE_TIMING = DecisionPolicy(warmup=20, budget_s=0.02, min_rounds=6, max_rounds=2000, threshold=KEEP_RATIO)
 DETERMINISTIC_RULE = "deterministic build: nothing probed, every offloaded GEMM stays a torch call"
 
 
@@ -307,6 +309,7 @@ class SmallGemmReport:
     decisions: dict
     chosen: frozenset
     seconds: float
+    load: Load | None = None       # what other processes did while the probe ran
 
     def to_json(self) -> dict[str, Any]:
         rows = [{"call": c.describe(), "macs": c.macs, "tvm_us": round(d.medians.get("tvm", 0.0) * 1e6, 2),
@@ -317,6 +320,7 @@ class SmallGemmReport:
                         f"to {PROBE_MAX_MACS} MACs)",
                 "probe": rows, "kept_in_tvm": sum(1 for c in self.decisions if c in self.chosen),
                 "probe_seconds": round(self.seconds, 2),
+                "probe_load": self.load.to_json() if self.load is not None else None,
                 "decisions": [d.to_json() for _, d in sorted(self.decisions.items())]}
 
 
@@ -345,12 +349,15 @@ def keep_small_gemms(mod: Any, report: Any, stats: dict, threads: int | None,
         return mod
     executable = compile_probe(probe_module(calls))
     before = torch.get_num_threads()
+    watch = LoadWatch()
+    watch.start()
     try:
         if threads:
             torch.set_num_threads(threads)
         decisions = measure_gemms(calls, executable, _judge)
     finally:
         torch.set_num_threads(before)
+    load = watch.stop()
     chosen = kept_calls(decisions)
     for gv, per in found.items():
         bound, _, _ = bindings_of(mod[gv])
@@ -363,13 +370,24 @@ def keep_small_gemms(mod: Any, report: Any, stats: dict, threads: int | None,
                 report.kept[call.kind, "small, measured faster as TVM code (tvm_gemm)"] += 1
         if any(c in chosen for c in per.values()):
             mod[gv] = keep_in_tvm(mod[gv], per, chosen)
-    stats["small_gemms"] = SmallGemmReport(decisions, chosen, time.perf_counter() - t0).to_json()
+    stats["small_gemms"] = SmallGemmReport(decisions, chosen, time.perf_counter() - t0, load).to_json()
     return mod
 
 
 def _judge(call: GemmCall, tvm_fn: Callable[[], Any], torch_fn: Callable[[], Any]) -> Decision:
-    """Whether one probed GEMM stays a torch call (the default) or becomes TVM code: paired rounds, a few ms."""
-    samplers = call_samplers({"torch": torch_fn, "tvm": tvm_fn}, warmup=PROBE_TIMING.warmup,
-                             budget_s=PROBE_TIMING.budget_s)
-    return decide_by_timing(f"tvm: {call.describe()} as TVM code or a torch call?", samplers, default="torch",
-                            policy=PROBE_TIMING)
+    """Whether one probed GEMM stays a torch call (the default) or becomes TVM code
+    (:func:`~mlcomp.targets.tvm.offload.probe_timing.judge`: batched paired rounds, a few ms)."""
+    return judge(f"tvm: {call.describe()} as TVM code or a torch call?", tvm_fn, torch_fn, one_thread=_one_thread)
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """torch's calls on one thread inside (its count put back after)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

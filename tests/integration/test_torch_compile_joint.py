@@ -1,0 +1,189 @@
+"""Training under ``torch.compile(backend="mlcomp")`` through mlcomp's joint graph: remat, mixed precision, fallback."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from mlcomp import models
+from mlcomp.dynamo import backend as mb
+from mlcomp.dynamo.report import AOT
+from mlcomp.training.check import GRAD_FLOOR, K_AUTOCAST
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    mb.register()
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def train_once(model, x, **options):
+    """Gradients of ``sum(out**2)`` through the backend and in eager, on twins of ``model``; and the report."""
+    twin = copy.deepcopy(model)
+    report = mb.BackendReport()
+    fast = torch.compile(model, backend="mlcomp", options={"report": report, "optimize": False, **options})
+    fast(x).pow(2).sum().backward()
+    twin(x).pow(2).sum().backward()
+    return [p.grad for p in model.parameters()], [p.grad for p in twin.parameters()], report
+
+
+def zoo(name, batch):
+    z = models.get(name)
+    return z.build().train(), z.example_inputs(batch)[0]
+
+
+def test_training_runs_mlcomps_joint_graph_and_gradients_equal_eager(capsys):
+    model, x = zoo("mlp", 4)
+    grads, ref, report = train_once(model, x, pipeline="-O2", explain=True)
+    assert all(torch.equal(g, r) for g, r in zip(grads, ref))          # bit-identical on cpu fp32
+    (part,) = report.partitions
+    assert (part.graph, part.name, part.ran_on) == ("graph0", "joint", "mlcomp:cpu")
+    (joint,) = report.joints
+    assert joint.saved == joint.saved_before == 3 and joint.recomputed == 0   # x and two ReLU outputs
+    assert "graph0 joint graph: forward saves 3 tensors" in capsys.readouterr().out
+
+
+def test_remat_recomputes_in_the_joint_graph_and_saves_fewer_tensors(capsys):
+    model, x = zoo("mlp", 4)
+    # the input alone is 0.57 of the saved bytes at this size: budget 0.6 leaves room to recompute both ReLUs
+    grads, ref, report = train_once(model, x, pipeline="remat{budget=0.6}", explain=True)
+    assert all(torch.equal(g, r) for g, r in zip(grads, ref))
+    (joint,) = report.joints
+    assert joint.recomputed == 2 and joint.nodes_recomputed > 0
+    assert joint.saved == 1 < joint.saved_before == 3
+    assert joint.saved_bytes == x.numel() * 4 < joint.saved_before_bytes
+    out = capsys.readouterr().out
+    assert "forward saves 1 tensors (8192 bytes)" in out and "remat recomputed 2 values" in out
+
+
+@pytest.mark.slow
+def test_remat_on_a_conv_net():
+    model, x = zoo("lenet", 4)
+    grads, ref, report = train_once(model, x, pipeline="remat{budget=0.5}")
+    assert all(torch.equal(g, r) for g, r in zip(grads, ref))
+    (joint,) = report.joints
+    assert joint.recomputed > 0
+    assert joint.saved_bytes < joint.saved_before_bytes
+    assert joint.saved_bytes <= 0.75 * joint.saved_before_bytes
+
+
+@pytest.mark.slow
+def test_mixed_precision_in_the_joint_graph_is_within_its_declared_tolerance():
+    """The standard of mlcomp.training.check: norm-wise, per parameter,
+    err(compiled, fp32) <= max(declared tolerance, K_AUTOCAST * err(eager bf16 autocast, fp32))."""
+    model, x = zoo("lenet", 4)
+    autocast = copy.deepcopy(model)
+    grads, ref, report = train_once(model, x, pipeline="mixed-precision{dtype=bf16}")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast(x).float().pow(2).sum().backward()
+    (joint,) = report.joints
+    assert joint.tolerance is not None and joint.tolerance > 0
+    assert any(not torch.equal(g, r) for g, r in zip(grads, ref))      # bf16 did run
+    floor = GRAD_FLOOR * max(r.norm().item() for r in ref)
+    for g, r, a in zip(grads, ref, (p.grad for p in autocast.parameters())):
+        err = (g - r).norm().item() / max(r.norm().item(), floor)
+        err_autocast = (a - r).norm().item() / max(r.norm().item(), floor)
+        assert err <= max(joint.tolerance, K_AUTOCAST * err_autocast)
+
+
+def test_five_sgd_steps_through_the_joint_graph_equal_eager():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    reference = copy.deepcopy(model)
+    report = mb.BackendReport()
+    fast = torch.compile(model, backend="mlcomp", options={"report": report, "pipeline": "remat{budget=1.0}"})
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, reference))
+    for _ in range(5):
+        x, y = torch.randn(4, 8), torch.randn(4, 4)
+        for net, o in ((fast, opt), (reference, ref_opt)):
+            o.zero_grad()
+            nn.functional.mse_loss(net(x), y).backward()
+            o.step()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
+    assert [p.ran_on for p in report.partitions] == ["mlcomp:cpu"] and len(report.joints) == 1
+
+
+class Normed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.bn = nn.Linear(6, 8), nn.BatchNorm1d(8)
+
+    def forward(self, x):
+        return self.bn(self.fc(x)).relu()
+
+
+def test_graph_the_joint_route_refuses_trains_through_aot_autograd_and_says_why(capsys):
+    torch.manual_seed(0)
+    model = Normed().train()
+    x = torch.randn(5, 6)
+    grads, ref, report = train_once(model, x, explain=True)
+    for g, r in zip(grads, ref):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+    refused = [p for p in report.partitions if p.ran_on == AOT]
+    assert len(refused) == 1 and "not through mlcomp's joint graph" in refused[0].reason
+    assert "writes into its input" in refused[0].reason and "bn_buffers" in refused[0].reason
+    assert {p.graph for p in report.partitions} == {"graph0", "graph0.forward", "graph0.backward"}
+    assert not report.joints
+    out = capsys.readouterr().out
+    assert AOT in out and "not through mlcomp's joint graph" in out
+
+
+def test_dynamic_shapes_train_through_aot_autograd_and_say_why():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    report = mb.BackendReport()
+    fast = torch.compile(model, backend="mlcomp", dynamic=True, options={"report": report})
+    fast(torch.randn(3, 8)).sum().backward()
+    refused = [p for p in report.partitions if p.ran_on == AOT]
+    assert len(refused) == 1 and "symbolic sizes" in refused[0].reason
+
+
+def test_remat_is_left_out_of_the_halves_when_the_joint_route_is_refused():
+    model = Normed().train()
+    grads, ref, report = train_once(model, torch.randn(5, 6), pipeline="cleanup,remat{budget=0.5}")
+    for g, r in zip(grads, ref):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+    (refused,) = [p for p in report.partitions if p.ran_on == AOT]
+    assert "remat{budget=0.5} need the joint graph and do not run on the halves" in refused.reason
+    halves = [p for p in report.partitions if p.ran_on != AOT]
+    assert halves and all(p.ran_on == "mlcomp:cpu" and p.pipeline == "cleanup" for p in halves)
+
+
+def test_input_gradients_and_fused_norm_backward_equal_eager():
+    """LayerNorm's and GELU's fused backward kernels (scripted: the JIT tracer takes no bool[3]); x needs a gradient."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))
+    twin = copy.deepcopy(model)
+    report = mb.BackendReport()
+    fast = torch.compile(model, backend="mlcomp", options={"report": report, "pipeline": "-O2"})
+    x = torch.randn(6, 8, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    fast(x).tanh().sum().backward()
+    twin(x2).tanh().sum().backward()
+    assert torch.equal(x.grad, x2.grad)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), twin.parameters()))
+    assert [p.ran_on for p in report.partitions] == ["mlcomp:cpu"] and len(report.joints) == 1
+
+
+def test_a_compiled_step_with_its_loss_and_class_targets_equals_eager():
+    """The class targets index the log-probabilities: the target builds on them, not on random integers."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    twin = copy.deepcopy(model)
+
+    def step(net, x, y):
+        return nn.functional.cross_entropy(net(x), y)
+
+    report = mb.BackendReport()
+    fast = torch.compile(step, backend="mlcomp", options={"report": report, "pipeline": "-O2"})
+    x, y = torch.randn(6, 8), torch.tensor([0, 1, 2, 3, 0, 1])
+    loss = fast(model, x, y)
+    loss.backward()
+    ref = step(twin, x, y)
+    ref.backward()
+    assert torch.equal(loss, ref)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), twin.parameters()))
+    assert [p.ran_on for p in report.partitions] == ["mlcomp:cpu"]
