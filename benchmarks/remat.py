@@ -10,8 +10,10 @@ then measured in the same process:
 * ``none`` -- mlcomp's joint graph, the optimizer after the graph (the reference);
 * ``fused`` -- the same step with the optimizer in the backward (``update_in_backward``);
 * ``remat@B`` -- ``remat{budget=B fused=true optimizer="..."},schedule{fused=true}``, compiled fused: the
-  plan with the lowest predicted step peak among the knapsack solver's candidates (the cheapest within 10%);
-* ``mincut@0.25`` -- ``remat{budget=0.25 solver=mincut}``, unfused (the setting the issue measured);
+  cheapest plan whose predicted step peak is within ``lowest + B × (peak without remat − lowest)`` (0: the
+  lowest the pool reaches; a tighter budget never a higher peak);
+* ``mincut saved@0.25`` -- ``remat{saved=0.25 solver=mincut}``, unfused: at most a quarter of the saved
+  activations kept (the setting the issue measured);
 * ``torch ckpt`` -- eager autograd with ``torch.utils.checkpoint`` around every block (each module of a
   ModuleList/Sequential of two or more repeated blocks), the same optimizer after ``backward``;
 * ``torch@B`` -- ``aot_module`` with ``min_cut_rematerialization_partition`` under
@@ -23,8 +25,9 @@ scratch and the optimizer's), allocator peak of one step above the state before 
 process that captured and built only that setting under its host allocator policy (``--rss-policy``;
 ``auto``: what ``compile_training`` applies -- ``return`` for the remat and fused settings, glibc's own
 ``keep`` for ``none`` and torch's anchors; :mod:`mlcomp.hardware.allocator`), median step time of
-interleaved repeats and its overhead against ``none``, and the worst parameter's gradient error against
-``none`` on the same batch.
+interleaved repeats and its overhead against ``none``, the FLOPs mlcomp's remat recomputes (its stats;
+``torch.utils.checkpoint`` per block recomputes each block's forward), and the worst parameter's gradient
+error against ``none`` on the same batch.
 """
 from __future__ import annotations
 
@@ -61,9 +64,9 @@ from mlcomp.training.step import compile_training
 
 OPTIMIZER = "sgd{lr=0.01 momentum=0.9}"
 SETTINGS = (("fused", "", True),
-            ("remat@0.5", f'remat{{budget=0.5 fused=true optimizer="{OPTIMIZER}"}},schedule{{fused=true}}', True),
-            ("remat@0.25", f'remat{{budget=0.25 fused=true optimizer="{OPTIMIZER}"}},schedule{{fused=true}}', True),
-            ("mincut@0.25", f'remat{{budget=0.25 solver=mincut optimizer="{OPTIMIZER}"}}', False))
+            *((f"remat@{b}", f'remat{{budget={b} fused=true optimizer="{OPTIMIZER}"}},schedule{{fused=true}}', True)
+              for b in ("0.25", "0.1", "0")),
+            ("mincut saved@0.25", f'remat{{saved=0.25 solver=mincut optimizer="{OPTIMIZER}"}}', False))
 TORCH_BUDGETS = ("0.25",)
 
 
@@ -315,14 +318,15 @@ def bench_model(model: str, opts: argparse.Namespace, policy: TimingPolicy, log:
 def table(model: str, batch: int, rows: list[dict[str, Any]]) -> Table:
     ref = next(r for r in rows if r["variant"] == "none")
     columns = ("setting", "predicted", "allocator", "pred/alloc", "RSS", "host memory", "faults/step", "vs none",
-               "step", "overhead", "grad err")
+               "step", "overhead", "recomputed FLOPs", "grad err")
     cells = tuple((r["variant"], fmt_bytes(r["predicted"]) if r.get("predicted") else "—", fmt_bytes(r["allocator"]),
                    f"{r['predicted'] / r['allocator']:.3f}" if r.get("predicted") and r["allocator"] else "—",
                    fmt_bytes(r["rss"]), r["host_memory"], f"{r['faults_per_step']:,}",
                    f"{100 * (r['allocator'] / ref['allocator'] - 1):+.0f}%",
-                   fmt_seconds(r["step"]), f"{100 * (r['step'] / ref['step'] - 1):+.0f}%", f"{r['grad_rel']:.1e}")
+                   fmt_seconds(r["step"]), f"{100 * (r['step'] / ref['step'] - 1):+.0f}%",
+                   f"{r['recompute_flops']:.3g}" if "recompute_flops" in r else "—", f"{r['grad_rel']:.1e}")
                   for r in rows)
-    return Table(f"{model}, batch {batch}, cpu, {OPTIMIZER}", columns, cells, right=frozenset(range(1, 11)))
+    return Table(f"{model}, batch {batch}, cpu, {OPTIMIZER}", columns, cells, right=frozenset(range(1, 12)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,7 +54,7 @@ __all__ = ["ProgressLine", "bench_cmd"]
                    "(default: dynamic when the graph computes in fp16, else none).")
 @click.option("--keep-going", is_flag=True, help="Exit 0 even when a target's outputs differ from eager (by default "
               "bench exits 4 after writing every result).")
-@click.option("--remat-sweep", is_flag=True, help="With --train: remat budgets 1.0/0.5/0.25/0.1/sqrt (mincut) vs "
+@click.option("--remat-sweep", is_flag=True, help="With --train: remat caps on the saved activations (saved=1.0/0.5/0.25/0.1) and sqrt (mincut) vs "
               "peak memory and step time; --plot draws memory vs step time.")
 @click.option("--generate", type=click.IntRange(min=1), default=None, metavar="N",
               help="Decoder LMs: time to first token and tokens/s of greedy generation of N tokens, eager vs "

@@ -1,8 +1,11 @@
-"""``mlcomp bench MODEL --train --remat-sweep``: rematerialisation budgets against memory and step time.
+"""``mlcomp bench MODEL --train --remat-sweep``: caps on the saved activations against memory and step time.
 
 For one model and batch the joint graph is captured once, compiled without
-remat (the reference) and once per budget through the ``remat`` pass
-(``remat{budget=B solver=S}``, plus Chen's ``remat{solver=sqrt}``).  Per point:
+remat (the reference) and once per cap through the ``remat`` pass
+(``remat{saved=B solver=S}``: at most the fraction B of the saved-activation
+bytes kept, then the pass's default budget 0.1: the cheapest plan within a tenth of
+the way from the lowest predicted peak under that cap to the peak without remat; plus Chen's
+``remat{solver=sqrt}``).  Per point:
 
 * **predicted peak** -- :func:`mlcomp.analysis.step_peak.step_memory` of the
   rewritten graph: the whole step (optimizer update included) above parameters, buffers and inputs, with
@@ -17,8 +20,8 @@ remat (the reference) and once per budget through the ``remat`` pass
   against the no-remat step on the same batch (remat recomputes the same ops, so
   it should be 0 or rounding).
 
-A budget the solver cannot meet is a row saying so (with the minimum the pass
-reported), not a failure of the sweep.  A budget is a fraction of the
+A cap the solver cannot meet is a row saying so (with the minimum the pass
+reported), not a failure of the sweep.  A cap is a fraction of the
 saved-activation bytes without remat (graph inputs included, as the pass counts
 them).  The zoo MLP at batch 16 (its input, which cannot be recomputed, is 57%
 of what the backward saves, so 0.5 is below the minimum; columns abridged)::
@@ -28,7 +31,7 @@ of what the backward saves, so 0.5 is below the minimum; columns abridged)::
     remat  predicted   measured  pred/meas  acts kept  acts saved  ...  grad err  recomputed
     none   658.5 KiB  658.5 KiB      1.000   24.1 KiB          0%  ...   0.0e+00           0
     1.0    658.5 KiB  658.5 KiB      1.000   24.1 KiB          0%  ...   0.0e+00           0
-    0.5            —          —          —          —           —  ...         —           —  budget not met
+    0.5            —          —          —          —           —  ...         —           —  cap not met
     sqrt   658.5 KiB  658.5 KiB      1.000    8.0 KiB         67%  ...   0.0e+00           4
 """
 from __future__ import annotations
@@ -84,8 +87,8 @@ NONE = "none"      # the reference point: the joint graph as captured
 
 
 def remat_spec(budget: str, solver: str = "mincut") -> str:
-    """The pipeline text of one sweep point: ``sqrt`` is Chen's plan, anything else a budget."""
-    return "remat{solver=sqrt}" if budget == "sqrt" else f"remat{{budget={budget} solver={solver}}}"
+    """The pipeline text of one sweep point: ``sqrt`` is Chen's plan, anything else a cap on the saved bytes."""
+    return "remat{solver=sqrt}" if budget == "sqrt" else f"remat{{saved={budget} solver={solver}}}"
 
 
 def activation_bytes(graph: Graph) -> int:
@@ -118,7 +121,7 @@ class SweepPoint:
     grad_rel_error: float = 0.0
     grad_abs_error: float = 0.0
     stats: dict[str, Any] | None = None      # the remat pass's stats
-    note: str = ""                           # why there is no measurement (budget not met)
+    note: str = ""                           # why there is no measurement (cap not met)
 
     @property
     def ok(self) -> bool:
@@ -153,7 +156,7 @@ class RematSweep:
         rows = []
         for p in self.points:
             if not p.ok:
-                rows.append((p.label, *(["—"] * (len(columns) - 2)), "budget not met"))
+                rows.append((p.label, *(["—"] * (len(columns) - 2)), "cap not met"))
                 continue
             st = p.stats or {}
             rows.append((p.label, fmt_bytes(p.predicted_peak), fmt_bytes(p.measured_peak),
@@ -185,7 +188,7 @@ class RematSweep:
 
 
 def _rewrite(graph: Graph, spec: str, inputs: Sequence[torch.Tensor]) -> tuple[Graph | None, dict[str, Any], str]:
-    """The graph after ``spec`` and the pass's stats, or ``(None, {}, why)`` when the budget cannot be met."""
+    """The graph after ``spec`` and the pass's stats, or ``(None, {}, why)`` when the cap cannot be met."""
     try:
         out, report = run_pipeline(graph, Pipeline.parse(spec), example_inputs=inputs)
     except PassFailure as exc:

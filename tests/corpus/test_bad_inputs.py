@@ -400,12 +400,12 @@ def test_fp16_op_a_target_cannot_run_is_listed():
 
 
 # ---------------------------------------------------------------------------
-# issue 12 (rematerialisation): bad budgets, remat on an inference graph (a budget below the minimum:
-# tests/unit/passes/test_remat.py::test_budget_below_the_minimum)
+# issue 12 (rematerialisation): bad limits, remat on an inference graph (a saved cap below the minimum:
+# tests/unit/passes/test_remat.py::test_saved_cap_below_the_minimum)
 
 @pytest.mark.parametrize("args, code, expect", [
-    (["compile", "mlp", "-p", "remat{budget=-1}", "-o", "out"], 2, "option 'budget' of pass 'remat' must be above 0"),
-    (["compile", "mlp", "-p", "remat{budget=12XB}", "-o", "out"], 2, "unknown unit 'XB'"),
+    (["compile", "mlp", "-p", "remat{budget=-1}", "-o", "out"], 2, "option 'budget' of pass 'remat' must be between 0 and 1"),
+    (["compile", "mlp", "-p", "remat{saved=12XB}", "-o", "out"], 2, "unknown unit 'XB'"),
     (["compile", "mlp", "-p", "remat", "-o", "out"], 3, "pass 'remat' (pass 1 of 1) runs on training graphs only"),
 ])
 def test_remat_bad_input(user_folder, args, code, expect):

@@ -53,9 +53,9 @@ def _manifest(folder: Path) -> dict:
 def test_train_on_an_exported_program_with_remat(files, tmp_path):
     with unchanged(files["pt2"]):
         result = invoke("compile", files["pt2"], "--train", "--loss", "mse", "--optimizer", "adam{lr=1e-3}",
-                        "-p", "remat{budget=0.8}", "--steps", "2", "-o", tmp_path / "out")
+                        "-p", "remat{saved=0.8}", "--steps", "2", "-o", tmp_path / "out")
     assert result.exit_code == 0, result.output
-    assert "captured mlp for training" in result.output and "pipeline remat{budget=0.8}: 44 -> 49 nodes" in result.output
+    assert "captured mlp for training" in result.output and "pipeline remat{saved=0.8}: 44 -> 49 nodes" in result.output
     assert "gradients vs eager autograd: worst 0.0e+00 relative" in result.output
     assert "2 steps compiled vs eager (adam" in result.output
     assert _manifest(tmp_path / "out")["verification"]["loss_fn"] == "mse"

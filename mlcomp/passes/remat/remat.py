@@ -16,89 +16,58 @@ values die at the end of the forward.  Before and after, on a 3-layer MLP::
     %relu.remat: f32[8, 16] = aten.relu.default(%addmm)      # {phase=backward}
     %mm_1: f32[16, 32] = aten.mm.default(%permute_5, %relu.remat)   # {phase=backward}
 
-``budget`` bounds the saved activations the backward still reads (bytes as
-:func:`mlcomp.analysis.training_graph.saved_activations` counts them: forward values
-and graph inputs read by the backward, views charged to their base): a fraction
-in (0, 1] of those bytes without remat -- the meaning of torch's
-``activation_memory_budget`` -- or a size (``256MB``; K/M/G are powers of 1024).
-The solvers propose plans keeping at most that many bytes; values that cannot
-be recomputed (graph inputs and outputs, random and in-place ops, nodes matching
-``keep``) are always kept, and a budget below what they force is an error naming
-the minimum.  The objective is the peak a user measures: every proposed plan is
-applied to a copy and scored by the predicted peak of the whole step
-(:func:`mlcomp.analysis.step_peak.step_memory`: forward, backward, optimizer
-update, kernels' scratch; ``fused=true`` for a step with the optimizer in the
-backward), and :func:`mlcomp.passes.remat.choose.choose` keeps the lowest (the
-cheapest within a few percent of it).  ``peak=96MiB`` instead asks for the
-cheapest plan whose predicted peak fits, an error naming the lowest reachable
-when none does.  The stats report the peak before and after, its moment and
-what is live there by kind and module.  Views and tuple projections follow the
-value they alias.  Recompute cost is FLOPs or measured node times
-(:mod:`mlcomp.passes.remat.costs`).  ``sqrt`` is Chen's fixed plan and ignores
-the budget.
+Which plan: the solver proposes plans at a fixed grid of allowances of saved
+bytes (:mod:`mlcomp.passes.remat.pool`; values that cannot be recomputed -- graph
+inputs and outputs, random and in-place ops, nodes matching ``keep`` -- are
+always kept); every plan is applied to a copy and scored by the predicted peak
+of the whole step (:func:`mlcomp.analysis.step_peak.step_memory`: forward,
+backward, optimizer update, kernels' scratch; ``fused=true`` for a step with the
+optimizer in the backward).  :func:`mlcomp.passes.remat.choose.choose` takes the
+cheapest plan whose peak is at most ``lowest + budget × (peak without remat −
+lowest)``: ``budget=0`` the lowest peak, ``budget=1`` no remat, and a tighter
+budget never a higher peak.  ``peak=96MiB`` bounds the peak as a size (an error
+naming the lowest reachable when no plan fits); ``saved=0.25`` or ``saved=256MB``
+caps the saved activations the backward still reads
+(:func:`mlcomp.analysis.training_graph.saved_activations`: a fraction of those
+bytes without remat, or a size), leaving plans that keep more out of the pool
+(an error naming the minimum feasible cap).  The stats report the peak before
+and after, the lowest and the allowed, its moment and what is live there by
+kind and module, and the recompute cost as FLOPs and as a share of the forward's.
+Views and tuple projections follow the value they alias.  Recompute cost is
+FLOPs or measured node times (:mod:`mlcomp.passes.remat.costs`).  ``sqrt`` is
+Chen's fixed plan and ignores the limits.
 """
 from __future__ import annotations
 
 import fnmatch
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from mlcomp.analysis.liveness import is_view, liveness, storage_roots, value_bytes
 from mlcomp.analysis.training_graph import saved_activations
 from mlcomp.analysis.workspace import op_workspaces
-from mlcomp.base.errors import MlcompError, PassFailure, PipelineSpecError
-from mlcomp.base.units import SizeError, parse_size, size_unit
+from mlcomp.base.errors import MlcompError, PipelineSpecError
 from mlcomp.hardware.decide import Decision
 from mlcomp.ir import Graph, Mode, Node, Ref, map_refs
 from mlcomp.ir.builder import remove_dead
 from mlcomp.ir.node import Annotations, Phase
 from mlcomp.ir.ops import GETITEM
 from mlcomp.ir.opsets import is_pure
-from mlcomp.passes.remat.choose import Scored, choose, score
+from mlcomp.passes.remat.aimed import aim
+from mlcomp.passes.remat.choose import Choice, Scored, choose, score
 from mlcomp.passes.remat.costs import CostModel, cost_model, flops, profile
+from mlcomp.passes.remat.options import (RematError, Saved, infeasible, parse_budget, parse_peak, parse_saved,
+                                         peak_unmet)
+from mlcomp.passes.remat.pool import pool
 from mlcomp.passes.remat.problem import Candidate, RematPlan, RematProblem
+from mlcomp.passes.remat.solvers import Solver, minimum
 from mlcomp.runtime.optim import OptimizerSpec
-from mlcomp.passes.remat.solvers import Solver, candidates, minimum, solve
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
-__all__ = ["Budget", "CostModel", "Remat", "RematError", "build_problem", "forward_values", "parse_budget",
-           "rewrite", "saved_bytes"]
+__all__ = ["CostModel", "Remat", "RematError", "Saved", "build_problem", "forward_values", "parse_budget",
+           "parse_saved", "rewrite", "saved_bytes"]
 
 _FORWARD = (Phase.FORWARD, Phase.LOSS)
-
-
-class RematError(PassFailure):
-    """Rematerialisation cannot run on this graph or cannot meet the budget."""
-
-
-@dataclass(frozen=True)
-class Budget:
-    fraction: float | None = None   # of the saved-activation bytes without remat
-    nbytes: int | None = None       # absolute
-
-    def resolve(self, saved: int) -> int:
-        """The bytes of saved activations allowed, given ``saved`` bytes without remat."""
-        return int(self.fraction * saved) if self.fraction is not None else int(self.nbytes or 0)
-
-
-def parse_budget(text: str) -> Budget:
-    """``0.5`` (a fraction in (0, 1]) or ``256MB`` / ``1.5GiB`` / ``4096`` B (a size, :mod:`mlcomp.base.units`)."""
-    raw = str(text).strip()
-    hint = ("give a fraction in (0, 1] of the saved activations without remat, e.g. remat{budget=0.5}, "
-            "or a size such as 256MB (KB, MB, GB: powers of 1000; KiB, MiB, GiB: powers of 1024)")
-    try:
-        value, unit = size_unit(raw)
-    except SizeError as exc:
-        raise PipelineSpecError(f"option 'budget' of pass 'remat' got {raw!r}: {exc}", hint=hint) from None
-    if value <= 0:
-        raise PipelineSpecError(f"option 'budget' of pass 'remat' must be above 0, got {raw!r}", hint=hint)
-    if unit == "" and value <= 1.0:
-        return Budget(fraction=value)
-    if unit == "" and value != int(value):
-        raise PipelineSpecError(f"option 'budget' of pass 'remat' got {raw!r}: a fraction must be at most 1 "
-                                "and a size a whole number of bytes", hint=hint)
-    return Budget(nbytes=parse_size(raw))
 
 
 def _banned(node: Node, keep: tuple[str, ...]) -> bool:
@@ -223,12 +192,14 @@ class Remat(Pass):
 
     name: ClassVar[str] = "remat"
     modes: ClassVar[frozenset[Mode]] = frozenset({Mode.TRAINING})
-    budget: str = option("", "saved activations kept: a fraction in (0, 1] of their bytes without remat "
-                             "(like torch's activation_memory_budget) or a size (256MB); default 0.5, or no bound "
-                             "with peak")
+    budget: str = option("", "the predicted peak allowed, in [0, 1] from the lowest any plan reaches (0) to the "
+                             "peak without remat (1); a tighter budget never gives a higher peak; default 0.1, "
+                             "or 1 with peak")
     peak: str = option("", "the whole step's predicted peak to stay under (96MiB): the cheapest plan that fits")
     solver: Solver = option(Solver.KNAPSACK, "how to choose what to keep: sqrt, mincut, knapsack or milp")
     cost: CostModel = option(CostModel.FLOPS, "recompute cost: flops (cost model) or profile (measured)")
+    saved: str = option("", "a cap on the saved activations kept: a fraction in (0, 1] of their bytes without "
+                            "remat or a size (256MB); plans keeping more are not compared")
     keep: tuple[str, ...] = option((), "node names (fnmatch patterns) never recomputed")
     fused: bool = option(False, "predict the step with the optimizer in the backward (update_in_backward)")
     optimizer: str = option("", 'the step\'s optimizer (sgd, "adam{lr=1e-3}"): its update\'s temporaries join the '
@@ -251,11 +222,10 @@ class Remat(Pass):
             raise PipelineSpecError(f"option 'optimizer' of pass 'remat' got {self.optimizer!r}: {exc.what}",
                                     hint='give the step\'s optimizer, e.g. remat{optimizer="adam{lr=1e-3}"}') from None
 
-    def limits(self) -> tuple[Budget, int | None]:
-        """The saved-activation budget and the peak limit in bytes (``None``: minimise the peak)."""
-        if not self.peak:
-            return parse_budget(self.budget or "0.5"), None
-        return parse_budget(self.budget or "1.0"), parse_peak(self.peak)
+    def limits(self) -> tuple[float, int | None, Saved | None]:
+        """The budget, the peak limit in bytes and the cap on the saved activations (``None``: none)."""
+        budget = parse_budget(self.budget or ("1.0" if self.peak else "0.1"))
+        return budget, parse_peak(self.peak) if self.peak else None, parse_saved(self.saved) if self.saved else None
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         _check_joint(graph)
@@ -263,86 +233,62 @@ class Remat(Pass):
         decisions = [decision] if decision is not None else []
         problem = build_problem(graph, cost=cost, keep=self.keep, ctx=ctx, decisions=decisions)
         saved = saved_bytes(graph)
-        budget, limit = self.limits()
-        target = budget.resolve(saved)
-        try:
-            plans = _plans(problem, self.solver, target, saved, limit)
-        except ValueError:          # milp: nothing fits
-            plans = []
+        budget, limit, cap = self.limits()
+        target = cap.resolve(saved) if cap is not None else None
+        plans = pool(problem, self.solver, target)
         if not plans:
-            raise _infeasible(graph, self.budget or "1.0", target, saved, minimum(problem).memory)
+            raise infeasible(graph.name, self.saved, target or 0, saved, minimum(problem).memory)
         ws_cache = ctx.cache.setdefault("remat.workspace", {})
         workspace = None if ctx.deterministic else (lambda g: op_workspaces(g, cache=ws_cache))
-        before, *scored = score(graph, problem, [problem.keep_all(), *plans], rewrite, workspace=workspace,
+        full = problem.keep_all()
+        rate = lambda ps: score(graph, problem, ps, rewrite, workspace=workspace,   # noqa: E731
                                 scratch=self.scratch(ctx), fused=self.fused)
-        best = choose(scored, limit)
+        before, *scored = rate([full, *(p for p in plans if p.keep != full.keep)])
+        if len(scored) < len(plans):        # the keep-all plan is one of the pool's
+            scored.insert(0, before)
+        aimed: list[Scored] = []
+        if self.solver is not Solver.SQRT:  # plans aimed at the peaks of no remat and of the pool's lowest
+            starts = [before, min(scored, key=lambda s: (s.peak, *s.key()))]
+            aimed = _aimed(problem, starts, rate, target, {s.plan.keep for s in scored})
+            scored += aimed
+        choice = choose(scored, before.peak, 1.0 if self.solver is Solver.SQRT else budget, limit)
+        best = choice.best
         if best is None:
-            raise _peak_unmet(graph, self.peak, limit or 0, min(scored, key=lambda s: s.peak))
-        stats = _stats(graph, best.graph, problem, best.plan, saved, target, self.solver)
-        stats.update(_peak_stats(before, best, len(scored), limit))
+            low = choice.lowest
+            raise peak_unmet(graph.name, self.peak, limit or 0, low.peak, low.memory.at, low.memory.by_kind())
+        stats = _stats(graph, best.graph, problem, best.plan, saved, self.solver)
+        stats.update(budget=budget, saved_limit_bytes=target, **_peak_stats(before, choice, len(scored), limit),
+                     plans_aimed=len(aimed), plan_aimed=any(best is s for s in aimed))
         if decisions:
             stats["decisions"] = [d.to_json() for d in decisions]
         return PassResult(best.graph, best.graph is not graph, stats)
 
 
-def parse_peak(text: str) -> int:
-    """``96MiB`` / ``100MB`` / ``4096`` (bytes) → bytes (:mod:`mlcomp.base.units`)."""
-    try:
-        value = parse_size(str(text).strip())
-    except SizeError as exc:
-        raise PipelineSpecError(f"option 'peak' of pass 'remat' got {text!r}: {exc}",
-                                hint="give the step's peak as a size, e.g. remat{peak=96MiB}") from None
-    if value <= 0:
-        raise PipelineSpecError(f"option 'peak' of pass 'remat' must be above 0, got {text!r}",
-                                hint="give the step's peak as a size, e.g. remat{peak=96MiB}")
-    return value
+def _aimed(problem: RematProblem, starts: list[Scored], rate, cap: int | None,
+           seen: set[frozenset[int]]) -> list[Scored]:
+    """:func:`mlcomp.passes.remat.aimed.aim` from each start: new plans, none keeping more than ``cap``."""
+    out = []
+    for start in starts:
+        for s in aim(problem, start, rate):
+            if s.plan.keep not in seen and (cap is None or s.plan.memory <= cap):
+                seen.add(s.plan.keep)
+                out.append(s)
+    return out
 
 
-def _plans(problem: RematProblem, solver: Solver, target: int, saved: int, limit: int | None) -> list[RematPlan]:
-    """The solver's candidates keeping at most ``target`` bytes (``sqrt``: its one plan); with a peak limit
-    also those under tighter budgets, so that the cheapest plan meeting the limit is among them."""
-    if solver is Solver.SQRT:
-        return [solve(problem, solver, target)]
-    plans: dict[frozenset[int], RematPlan] = {}
-    shares = (1.0,) if limit is None or solver is Solver.MILP else (1.0, 0.5, 0.25, 0.1)
-    for share in shares:
-        for plan in candidates(problem, solver, min(target, int(saved * share))):
-            plans.setdefault(plan.keep, plan)
-    return [p for p in plans.values() if p.memory <= target]
-
-
-def _peak_stats(before: Scored, best: Scored, compared: int, limit: int | None) -> dict[str, Any]:
+def _peak_stats(before: Scored, choice: Choice, compared: int, limit: int | None) -> dict[str, Any]:
+    best = choice.best
+    assert best is not None
     mem = best.memory
-    return {"peak_before_bytes": before.peak, "peak_after_bytes": best.peak, "peak_limit_bytes": limit,
-            "peak_at": mem.at, "peak_by_kind": mem.by_kind(), "peak_by_module": dict(list(mem.by_module().items())[:8]),
+    return {"peak_before_bytes": before.peak, "peak_after_bytes": best.peak, "peak_lowest_bytes": choice.lowest.peak,
+            "peak_allowed_bytes": choice.allowed, "peak_limit_bytes": limit, "peak_at": mem.at,
+            "peak_by_kind": mem.by_kind(), "peak_by_module": dict(list(mem.by_module().items())[:8]),
             "plans_compared": compared}
-
-
-def _peak_unmet(graph: Graph, text: str, limit: int, lowest: Scored) -> RematError:
-    return RematError(
-        f"remat cannot bring the predicted peak of the training step of {graph.name} under {text} ({limit} "
-        f"bytes): the lowest any plan reaches is {lowest.peak} bytes, at %{lowest.memory.at} "
-        f"({', '.join(f'{k} {v}' for k, v in lowest.memory.by_kind().items())})",
-        where=f"pass remat, graph {graph.name}",
-        hint=f"raise the limit to at least peak={math.ceil(lowest.peak / 2**20)}MiB, lower the batch, or use "
-             "fused=true with compile_training(update_in_backward=True) so gradients do not coexist")
 
 
 def saved_bytes(graph: Graph) -> int:
     """Bytes of the saved activations of a joint graph (:func:`mlcomp.analysis.training_graph.saved_activations`)."""
     return sum(v.nbytes for v in saved_activations(graph))
-
-
-def _infeasible(graph: Graph, budget: str, target: int, saved: int, least: int) -> RematError:
-    frac = least / max(saved, 1)
-    return RematError(
-        f"remat cannot keep the saved activations of graph {graph.name} within the budget {budget} ({target} "
-        f"bytes, {target / max(saved, 1):.3f} of the {saved} bytes saved without remat): the values that cannot be "
-        f"recomputed (graph inputs and outputs, random or in-place ops, keep patterns) and what recomputing around "
-        f"them needs hold at least {least} bytes, so the minimum feasible budget is {least} bytes "
-        f"({frac:.3f} of the saved activations)", where=f"pass remat, graph {graph.name}",
-        hint=f"raise the budget to at least budget={math.ceil(frac * 1000) / 1000} or {least}B, or drop keep "
-             "patterns")
 
 
 def _check_joint(graph: Graph) -> None:
@@ -356,23 +302,24 @@ def _check_joint(graph: Graph) -> None:
                          hint="capture forward, loss and backward together with capture_joint (--train)")
 
 
-def _stats(graph: Graph, after: Graph, problem: RematProblem, plan: RematPlan, saved: int, target: int,
+def _stats(graph: Graph, after: Graph, problem: RematProblem, plan: RematPlan, saved: int,
            solver: Solver) -> dict[str, Any]:
     cands = problem.candidates
     needed = [i for i in problem.needed if cands[i].nbytes > 0]
     recomputed = [i for i in needed if i not in plan.keep]
     added = [n for n in after.call_nodes() if n.name not in graph]
-    kept = saved_bytes(after) if after is not graph else saved
+    redo = sum(flops(after, n) for n in added)
+    forward = sum(flops(graph, graph.node(n)) for n in forward_values(graph)) if added else 1.0
     return {
         "solver": solver.value,
-        "budget_bytes": target,
-        "budget_met": kept <= target,
         "saved_before_bytes": saved,
-        "saved_after_bytes": kept,
+        "saved_after_bytes": saved_bytes(after) if after is not graph else saved,
         "activations_saved": len(needed) - len(recomputed),
         "activations_saved_bytes": sum(cands[i].nbytes for i in needed if i in plan.keep),
         "activations_recomputed": len(recomputed),
         "activations_recomputed_bytes": sum(cands[i].nbytes for i in recomputed),
         "nodes_recomputed": len(added),
-        "recompute_flops": int(sum(flops(after, n) for n in added)),
+        "recompute_cost": plan.cost,
+        "recompute_flops": int(redo),
+        "recompute_overhead": redo / max(forward, 1.0),     # of the forward's FLOPs
     }

@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable
 
 from mlcomp.passes.remat.problem import RematPlan, RematProblem
 
-__all__ = ["SHARES", "SOLVERS", "Solver", "candidates", "estimate", "knapsack", "milp",
+__all__ = ["SOLVERS", "Solver", "candidates", "estimate", "knapsack", "milp",
            "mincut", "minimum", "pick", "solve", "sqrt", "use_slack"]
 
 
@@ -330,29 +330,24 @@ def solve(problem: RematProblem, solver: Solver, allowance: int) -> RematPlan:
     return SOLVERS[solver](problem, allowance)
 
 
-SHARES = (1.0, 0.6, 0.35)   # of the allowance: tighter plans the peak choice also compares
-
-
 def candidates(problem: RematProblem, solver: Solver, allowance: int) -> list[RematPlan]:
     """Distinct plans keeping at most ``allowance`` bytes, for a choice by the step's peak: the solver's plan
-    at ``allowance`` (``mincut``: every plan of its bisection over ``λ`` that fits), and for ``knapsack`` the
-    greedy plan of every segment cap at the allowance and the tighter :data:`SHARES` of it (smaller caps:
-    smaller recompute segments, lower peaks, more recompute).  ``sqrt`` and
-    ``milp`` give their one plan; the keep-all plan alone when it fits."""
+    (``mincut``: every plan of its bisection over ``λ`` that fits, and each with its slack spent; ``knapsack``:
+    the greedy plan of every segment cap -- smaller caps: smaller recompute segments, lower peaks, more
+    recompute).  ``sqrt`` and ``milp`` give their one plan; the keep-all plan alone when it fits."""
     full = problem.keep_all()
     if full.memory <= allowance:
         return [full]
     if solver in (Solver.SQRT, Solver.MILP):
         return [solve(problem, solver, allowance)]
-    least = minimum(problem).memory
     movable = sum(problem.candidates[i].nbytes for i in problem.needed if i not in problem.forced())
     plans: dict[frozenset[int], RematPlan] = {}
-    if solver is Solver.MINCUT:         # one bisection: the plans of every λ that fit, and their slack spent
+    if solver is Solver.MINCUT:
         tried = [p for p in _bisect(problem, allowance) if p.memory <= allowance]
         found = tried + [use_slack(problem, p, allowance) for p in tried]
     else:
-        found = [use_slack(problem, _greedy(problem, a, max(movable / (1 << k), 1.0), 64), a)
-                 for a in (int(allowance * share) for share in SHARES) if a >= least for k in range(8)]
+        found = [use_slack(problem, _greedy(problem, allowance, max(movable / (1 << k), 1.0), 64), allowance)
+                 for k in range(8)]
     for plan in found:
         if plan.memory <= allowance:
             plans.setdefault(plan.keep, plan)

@@ -53,7 +53,7 @@ def test_points_in_order_with_the_reference_first(sweep):
     assert [p.label for p in sweep.points] == [NONE, "1.0", "0.01", "sqrt"]
     assert [p.spec for p in sweep.points[1:]] == [remat_spec("1.0"), remat_spec("0.01"), remat_spec("sqrt")]
     assert remat_spec("sqrt") == "remat{solver=sqrt}" and remat_spec("0.5", "knapsack") == \
-        "remat{budget=0.5 solver=knapsack}"
+        "remat{saved=0.5 solver=knapsack}"
     assert sweep.solver == "mincut" and sweep.batch == 64 and "allocator" in sweep.memory_method
 
 
@@ -77,9 +77,9 @@ def test_sqrt_keeps_fewer_activations_and_budget_one_keeps_all(sweep):
 def test_a_budget_that_cannot_be_met_is_a_row_with_the_reason(sweep):
     p = sweep.points[2]
     assert not p.ok and p.step is None
-    assert "budget" in p.note and "minimum" in p.note
+    assert "within saved=0.01" in p.note and "minimum" in p.note
     text = sweep.format()
-    assert "remat sweep: chain6, batch 64" in text and "budget not met" in text and f"0.01: {p.note}" in text
+    assert "remat sweep: chain6, batch 64" in text and "cap not met" in text and f"0.01: {p.note}" in text
     data = json.loads(json.dumps(sweep.to_json()))
     assert [q["label"] for q in data["points"]] == [NONE, "1.0", "0.01", "sqrt"]
     assert data["points"][2]["measured_peak_bytes"] == 0 and data["points"][2]["note"] == p.note
