@@ -47,6 +47,17 @@ def _no_compile_cache():
 _ABSENT = object()
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """``backend="mlcomp"`` registered and Dynamo's caches empty before and after the test."""
+    from mlcomp.dynamo import backend as mb
+
+    mb.register()
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 @pytest.fixture(scope="session")
 def zoo():
     from mlcomp.models import ZOO

@@ -17,12 +17,7 @@ from mlcomp.dynamo.report import TORCH
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    mb.register()
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")   # tests/conftest.py
 
 
 def compiled(model, **options):

@@ -13,12 +13,7 @@ from mlcomp.dynamo.report import AOT
 from mlcomp.training.check import GRAD_FLOOR, K_AUTOCAST
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    mb.register()
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")   # tests/conftest.py
 
 
 def train_once(model, x, **options):
