@@ -176,34 +176,6 @@ def test_weight_edited_after_compile_is_seen():
         torch.testing.assert_close(fast(x), model(x))
 
 
-def test_five_training_steps_match_eager():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    reference = copy.deepcopy(model)
-    fast, report = compiled(model)
-    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference))
-    for _ in range(5):
-        x, y = torch.randn(4, 8), torch.randn(4, 4)
-        for net, o in ((fast, opt), (reference, ref_opt)):
-            o.zero_grad()
-            nn.functional.mse_loss(net(x), y).backward()
-            o.step()
-    for a, b in zip(model.parameters(), reference.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    assert [(p.graph, p.name, p.ran_on) for p in report.partitions] == [("graph0", "joint", "mlcomp:cpu")]
-
-
-class CountsCalls(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("calls", torch.zeros(1))
-        self.a = nn.Linear(4, 4)
-
-    def forward(self, x):
-        self.calls.add_(1)
-        return self.a(x) + self.calls
-
-
 def test_graph_that_writes_its_buffer_runs_in_torch():
     model, twin = CountsCalls().eval(), CountsCalls().eval()
     twin.load_state_dict(model.state_dict())

@@ -85,12 +85,14 @@ def test_mixed_precision_in_the_joint_graph_is_within_its_declared_tolerance():
         assert err <= max(joint.tolerance, K_AUTOCAST * err_autocast)
 
 
-def test_five_sgd_steps_through_the_joint_graph_equal_eager():
+@pytest.mark.parametrize("pipeline", [None, "remat{budget=1.0}"])      # the default (-O2), and remat
+def test_five_sgd_steps_through_the_joint_graph_equal_eager(pipeline):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     reference = copy.deepcopy(model)
     report = mb.BackendReport()
-    fast = torch.compile(model, backend="mlcomp", options={"report": report, "pipeline": "remat{budget=1.0}"})
+    options = {"report": report} if pipeline is None else {"report": report, "pipeline": pipeline}
+    fast = torch.compile(model, backend="mlcomp", options=options)
     opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, reference))
     for _ in range(5):
         x, y = torch.randn(4, 8), torch.randn(4, 4)
