@@ -176,6 +176,17 @@ def test_weight_edited_after_compile_is_seen():
         torch.testing.assert_close(fast(x), model(x))
 
 
+class CountsCalls(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(1))
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.a(x) + self.calls
+
+
 def test_graph_that_writes_its_buffer_runs_in_torch():
     model, twin = CountsCalls().eval(), CountsCalls().eval()
     twin.load_state_dict(model.state_dict())

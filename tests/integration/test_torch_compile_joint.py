@@ -44,8 +44,8 @@ def test_training_runs_mlcomps_joint_graph_and_gradients_equal_eager(capsys):
 
 def test_remat_recomputes_in_the_joint_graph_and_saves_fewer_tensors(capsys):
     model, x = zoo("mlp", 4)
-    # the input alone is 0.57 of the saved bytes at this size: budget 0.6 leaves room to recompute both ReLUs
-    grads, ref, report = train_once(model, x, pipeline="remat{budget=0.6}", explain=True)
+    # the input alone is 0.57 of the saved bytes at this size: saved=0.6 leaves room to recompute both ReLUs
+    grads, ref, report = train_once(model, x, pipeline="remat{saved=0.6}", explain=True)
     assert all(torch.equal(g, r) for g, r in zip(grads, ref))
     (joint,) = report.joints
     assert joint.recomputed == 2 and joint.nodes_recomputed > 0
@@ -58,7 +58,7 @@ def test_remat_recomputes_in_the_joint_graph_and_saves_fewer_tensors(capsys):
 @pytest.mark.slow
 def test_remat_on_a_conv_net():
     model, x = zoo("lenet", 4)
-    grads, ref, report = train_once(model, x, pipeline="remat{budget=0.5}")
+    grads, ref, report = train_once(model, x, pipeline="remat{saved=0.5}")
     assert all(torch.equal(g, r) for g, r in zip(grads, ref))
     (joint,) = report.joints
     assert joint.recomputed > 0
