@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import networkx as nx
 
-from mlcomp.ir.node import Node, TensorMeta, format_meta, format_value
+from mlcomp.ir.node import Node, Ref, TensorMeta, format_meta, format_value
 from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM
 
 if TYPE_CHECKING:
     from mlcomp.ir.graph import Graph
 
-__all__ = ["annotate", "critical_path", "dominators", "format_graph", "generations", "graph_inputs_meta",
+__all__ = ["annotate", "critical_path", "dominators", "format_graph", "generations", "graph_inputs_meta", "producer",
            "outputs_meta", "post_dominators", "sequence_of", "to_dot"]
 
 
@@ -44,6 +44,14 @@ def annotate(graph: Graph, field: str, values: Mapping[str, Any]) -> bool:
             graph.replace(node.with_ann(**{field: value}))
             changed = True
     return changed
+
+
+def producer(graph: Graph, value: Any, *ops: Any) -> Node | None:
+    """The node behind ``value`` if it is a :class:`Ref` to a node with one of ``ops`` (any op if none)."""
+    if not isinstance(value, Ref):
+        return None
+    node = graph.node(value.name)
+    return node if not ops or node.op in ops else None
 
 
 def graph_inputs_meta(graph: Graph) -> list[TensorMeta]:

@@ -24,19 +24,12 @@ from typing import Any
 
 from mlcomp.ir import Graph, Node, Ref, TensorMeta
 from mlcomp.ir.builder import new_node, remove_dead, substitute
+from mlcomp.ir.graph_tools import producer
 from mlcomp.ir.ops import PARAM, aten
 
-__all__ = ["linearize_batched_matmuls", "producer"]
+__all__ = ["linearize_batched_matmuls"]
 
 _BMM, _VIEW, _EXPAND, _PERMUTE, _ADD = aten("bmm"), aten("view"), aten("expand"), aten("permute"), aten("add.Tensor")
-
-
-def producer(graph: Graph, value: Any, op: Any) -> Node | None:
-    """The node behind ``value`` if it is a Ref produced by ``op``."""
-    if not isinstance(value, Ref):
-        return None
-    node = graph.node(value.name)
-    return node if node.op == op else None
 
 
 def _batched_operand(graph: Graph, value: Any) -> Ref | None:

@@ -23,6 +23,7 @@ from fnmatch import fnmatchcase
 from typing import Any, Iterable, Sequence
 
 from mlcomp.ir import Graph, Node, Ref, TensorMeta
+from mlcomp.ir.graph_tools import producer  # noqa: F401 - read by passes as P.producer
 from mlcomp.ir.ops import INPUT, OUTPUT, PARAM, Op
 from mlcomp.ir.opsets import (  # noqa: F401 - the op vocabulary passes use as P.NAME
     ADD,
@@ -86,14 +87,6 @@ from mlcomp.ir.opsets import (  # noqa: F401 - the op vocabulary passes use as P
 )
 
 # -- reading nodes ----------------------------------------------------------------
-
-def producer(graph: Graph, value: Any, *ops: Op) -> Node | None:
-    """The node behind ``value`` if it is a :class:`Ref` to a node with one of ``ops`` (any op if none)."""
-    if not isinstance(value, Ref):
-        return None
-    node = graph.node(value.name)
-    return node if not ops or node.op in ops else None
-
 
 def scalar(value: Any) -> float | None:
     """A Python number literal (bool excluded) as float, else None."""

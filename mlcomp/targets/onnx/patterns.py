@@ -34,7 +34,8 @@ import torch
 
 from mlcomp.ir import Graph, Ref
 from mlcomp.ir.builder import new_node, remove_dead, substitute
-from mlcomp.ir.linearize import linearize_batched_matmuls, producer
+from mlcomp.ir.graph_tools import producer
+from mlcomp.ir.linearize import linearize_batched_matmuls
 from mlcomp.ir.ops import aten
 from mlcomp.runtime.codegen import to_fx
 from mlcomp.targets.onnx.recompose import RecomposeStats, recompose_rnns
