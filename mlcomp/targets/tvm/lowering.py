@@ -53,7 +53,8 @@ def make_target(device: str):
 
 
 def prepare(mod, target):
-    """Graph clean-up on Relax: BatchNorm folded into conv weights, ops decomposed, constants folded, then
+    """Graph clean-up on Relax: BatchNorm folded into conv weights, ops decomposed, constants folded
+    (:mod:`~mlcomp.targets.tvm.const_fold` first: numpy, not an LLVM build per op), then
     the per-channel arithmetic left after a conv (a BatchNorm behind a conv's bias) folded into its weight
     (:func:`~mlcomp.targets.tvm.offload.affine.fold_affine`), and products over one term as multiplies
     (:mod:`~mlcomp.targets.tvm.unit_k`)."""
@@ -61,13 +62,15 @@ def prepare(mod, target):
     from tvm import relax
     from tvm.relax.transform.fold_batch_norm_to_conv2d_for_inference import FoldBatchnormToConv2D
 
+    from mlcomp.targets.tvm.const_fold import fold_constants_module
     from mlcomp.targets.tvm.offload.affine import fold_affine_module
     from mlcomp.targets.tvm.unit_k import unit_k_matmuls
 
     seq = [FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference(),
-           relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant()]
+           relax.transform.CanonicalizeBindings()]
     with target:
-        return unit_k_matmuls(fold_affine_module(tvm.transform.Sequential(seq)(mod)))
+        mod, _ = fold_constants_module(tvm.transform.Sequential(seq)(mod))     # the weight arithmetic, in numpy
+        return unit_k_matmuls(fold_affine_module(relax.transform.FoldConstant()(mod)))
 
 
 def lower_to_tir(mod, target):
