@@ -81,3 +81,34 @@ def test_ops_outside_the_table_and_what_reads_them_are_left_to_tvm():
     # sqrt, add, divide and the negated bias fold; exp does not, so the reshape/multiply/permute after it wait for TVM
     assert count == 4
     assert _constant_calls(folded) == ["relax.reshape", "relax.multiply", "relax.permute_dims"]
+
+
+def test_a_core_aten_reexport_is_imported_without_a_second_decomposition():
+    """An mlcomp graph re-exported is core ATen (plus reshape): the importer's decomposition would give the
+    same Relax module, so it is skipped; an op outside core ATen (an in-place add) keeps it."""
+    import torch
+    import tvm
+    from torch import nn
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from mlcomp.targets.tvm.lowering import core_aten_only
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 4, 3), nn.Linear(16, 2)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.conv(x)).reshape(1, 4, 36)[..., :16])
+
+    x = torch.randn(1, 3, 8, 8)
+    core = torch.export.export(Block().eval(), (x,)).run_decompositions()
+    assert core_aten_only(core)
+    tvm.ir.assert_structural_equal(from_exported_program(core, run_ep_decomposition=False),
+                                   from_exported_program(core, run_ep_decomposition=True))
+
+    class InPlace(nn.Module):
+        def forward(self, x):
+            return x.add_(1.0)
+
+    assert not core_aten_only(torch.export.export(InPlace(), (torch.randn(2),)))
