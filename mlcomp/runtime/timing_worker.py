@@ -132,6 +132,12 @@ class ProcessSampler:
         self._write("sample")
         return float(self._read(timeout)["sample"])
 
+    def kill(self) -> None:
+        """End the child now, whatever it is doing (importing, loading): nothing of it is wanted."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
     def close(self) -> None:
         if self._proc.poll() is None:
             try:
