@@ -346,8 +346,10 @@ def _time(built: dict[str, CompileResult], inputs: Sequence[Any], policy: Timing
     """Rank the built artifacts, each in its process from ``pool`` if it can be, else all in this one
     (``phases``: seconds spent waiting for the workers and ranking).
 
-    Every artifact first runs once here: a candidate that fails now is disqualified, not timed.
+    Every artifact first runs once here (after the pool's saves of it): a candidate that fails now is
+    disqualified, not timed.
     """
+    pool.wait_saved()
     for name, result in list(built.items()):
         try:
             result.artifact(*inputs)

@@ -21,6 +21,7 @@ load it) the pool remembers why and every candidate is timed in the calling proc
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import tempfile
 from pathlib import Path
@@ -56,11 +57,16 @@ class WorkerPool:
         self._root: Path | None = None
         self._workers: list[Any] = []
         self._added: list[str] = []
+        self._saver: concurrent.futures.ThreadPoolExecutor | None = None
+        self._saving: list[concurrent.futures.Future[None]] = []
 
     def __enter__(self) -> "WorkerPool":
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.wait_saved()           # the saves write into the folder the stack removes
+        if self._saver is not None:
+            self._saver.shutdown()
         if not self._added:
             self.discard()          # started early and never used: not waited for
         self._stack.close()
@@ -88,9 +94,24 @@ class WorkerPool:
             self.problem = self._describe(exc)
 
     def add(self, name: str, artifact: Any) -> None:
-        """Save ``artifact`` and have every process load it (not waiting); a failure disables the pool."""
+        """Save ``artifact`` and have every process load it, in a thread of the pool's (the caller goes on
+        compiling the next candidate: a TVM module's export is LLVM and the linker, off the GIL); a failure
+        disables the pool.  Adds are done in order; :meth:`wait_saved` waits for them."""
         self.start()
         if not self.enabled or self.problem is not None:
+            return
+        if self._saver is None:
+            self._saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mlcomp-auto-save")
+        self._saving.append(self._saver.submit(self._save_and_host, name, artifact))
+
+    def wait_saved(self) -> None:
+        """Block until every artifact given to :meth:`add` is saved and sent to the processes."""
+        for future in self._saving:
+            future.result()
+        self._saving.clear()
+
+    def _save_and_host(self, name: str, artifact: Any) -> None:
+        if self.problem is not None:
             return
         try:
             folder = save_for_worker(artifact, self._root / name)
@@ -109,6 +130,7 @@ class WorkerPool:
 
         Raises :class:`WorkerError` (why) when the pool cannot time them all.
         """
+        self.wait_saved()
         if self.problem is not None:
             raise WorkerError(self.problem)
         missing = [n for n in names if n not in self._added]
