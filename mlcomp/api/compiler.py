@@ -25,7 +25,6 @@ consults an optional :class:`~mlcomp.api.cache.CompileCache` first (opt-in here:
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import time
@@ -36,7 +35,7 @@ from typing import Any, Sequence
 import torch
 
 from mlcomp.api.auto.record import RECORDS_DIR, RecordStore
-from mlcomp.api.auto.search import AUTO, DEFAULT_AUTO_TIMING, auto_candidates, compile_auto, timing_pool
+from mlcomp.api.auto.search import AUTO, DEFAULT_AUTO_TIMING, auto_candidates, compile_auto
 from mlcomp.api.cache import CacheOutcome, CacheStatus, CompileCache, default_cache_dir
 from mlcomp.api.cache_key import CacheKey, UncacheableGraph, cache_key
 from mlcomp.api.inputs import LOAD_KEYS, TRAIN_KEYS, check_options, load_source
@@ -140,16 +139,14 @@ def compile_model(source: Any, graph: Any, *, target: str | Target | None = None
                   candidates: Sequence[str | Target] | None = None, pipeline: Any = None, verify: bool = True,
                   cache: CompileCache | None = None, capture_seconds: float = 0.0,
                   instruments: Any = None, auto_timing: TimingPolicy = DEFAULT_AUTO_TIMING,
-                  note: Note | None = None, calibration_data: Any = None, pool: Any = None,
-                  **options: Any) -> CompileResult:
+                  note: Note | None = None, calibration_data: Any = None, **options: Any) -> CompileResult:
     """Cache lookup, then the auto target or one target, verification, and storing a verified miss.
 
     Nothing raises on a verification failure: ``result.check`` says (the CLI prints it first).
     ``result.cache`` is the :class:`CacheOutcome` when ``cache`` is given.  ``instruments``:
     a list, or for ``target="auto"`` a callable giving one list per candidate name.
     ``calibration_data``: batches for the passes that calibrate (quantize, mixed-precision); a compile
-    given them bypasses the cache (the batches are not part of its key).  ``pool``: auto's timing processes,
-    started before the capture (:func:`~mlcomp.api.auto.search.timing_pool`).
+    given them bypasses the cache (the batches are not part of its key).
     """
     say = note or (lambda text: None)
     auto = is_auto(target)
@@ -187,7 +184,7 @@ def compile_model(source: Any, graph: Any, *, target: str | Target | None = None
         records = RecordStore(cache.root / RECORDS_DIR) if cache is not None else None
         result = compile_auto(source, graph, candidates=candidates, pipeline=pipeline,
                               capture_seconds=capture_seconds, instruments=instruments, policy=auto_timing,
-                              note=say, records=records, pool=pool, **options)
+                              note=say, records=records, **options)
     else:
         result = compile_source(source, graph, target=target, pipeline=pipeline, verify=verify,
                                 capture_seconds=capture_seconds, instruments=instruments,
@@ -255,17 +252,12 @@ def _compile(model_or_path: Any, example_inputs: Any, target: Any, pipeline: Any
     source = load_source(model_or_path, example_inputs, load_opts)
     for note in source.notes:                  # e.g. a model given in train() mode, compiled in eval() mode
         warnings.warn(note, stacklevel=2)
-    # auto's timing processes import torch on the core the capture leaves idle (killed if not needed)
-    pool = timing_pool(source, options.get("auto_timing", DEFAULT_AUTO_TIMING)) \
-        if is_auto(target) and not options.get("deterministic") else None
-    with pool if pool is not None else contextlib.nullcontext():
-        t0 = time.perf_counter()
-        graph = source.capture(method=load_opts.get("capture", "export"),
-                               dynamic=load_opts.get("dynamic"), dynamic_batch=bool(load_opts.get("dynamic_batch")))
-        seconds = time.perf_counter() - t0
-        result = compile_model(source, graph, target=target, candidates=candidates, pipeline=pipeline,
-                               verify=verify, cache=store, capture_seconds=seconds, fallback=fallback, pool=pool,
-                               **options)
+    t0 = time.perf_counter()
+    graph = source.capture(method=load_opts.get("capture", "export"),
+                           dynamic=load_opts.get("dynamic"), dynamic_batch=bool(load_opts.get("dynamic_batch")))
+    seconds = time.perf_counter() - t0
+    result = compile_model(source, graph, target=target, candidates=candidates, pipeline=pipeline, verify=verify,
+                           cache=store, capture_seconds=seconds, fallback=fallback, **options)
     if result.check is not None:
         result.check.raise_if_failed(where=f"target {result.artifact.target}, model {graph.name}")
     return result.artifact

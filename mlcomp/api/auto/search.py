@@ -71,7 +71,6 @@ from mlcomp.targets import CompileOptions, Target, TargetName, get_target
 from mlcomp.runtime.timing_worker import WorkerError
 
 __all__ = ["AUTO", "AutoTargetError", "Candidate", "AutoReport", "Ranking", "auto_candidates", "compile_auto",
-           "timing_pool",
            "rank", "sign_test", "DEFAULT_AUTO_TIMING", "IN_PROCESSES"]
 
 AUTO = "auto"
@@ -216,21 +215,11 @@ def precheck(target: Target, graph: Any, options: CompileOptions, pipeline: Any 
     return None
 
 
-def timing_pool(source: Any, policy: TimingPolicy = DEFAULT_AUTO_TIMING, procs: int = AUTO_PROCS, *,
-                start: bool = True, enabled: bool = True) -> WorkerPool:
-    """The timing processes of an auto compile of ``source`` (started now unless ``start`` is False)."""
-    pool = WorkerPool(source.inputs(), warmup=policy.warmup, block_s=BLOCK_S, describe=_first_line, procs=procs,
-                      enabled=enabled)
-    if start:
-        pool.start()
-    return pool
-
-
 def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] | None = None,
                  pipeline: Any = None, capture_seconds: float = 0.0, instruments: Sequence[Any] | None = None,
                  policy: TimingPolicy = DEFAULT_AUTO_TIMING, clock: Clock = time.perf_counter,
                  note: Note | None = None, isolate: bool = True, records: RecordStore | None = None,
-                 procs: int = AUTO_PROCS, pool: WorkerPool | None = None, **options: Any) -> CompileResult:
+                 procs: int = AUTO_PROCS, **options: Any) -> CompileResult:
     """Compile ``graph`` for each candidate, verify, time the verified ones, return the fastest.
 
     ``instruments`` are built per candidate (a callable taking the target name) or shared;
@@ -239,8 +228,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     timing processes (one per round, in turn), so one process's luck decides nothing.  ``records``: where earlier measurements are
     kept (:mod:`~mlcomp.api.auto.record`); with a record for this host, model and shape class the
     candidates are built best-recorded first, the first that verifies is the pick and nothing is
-    timed; without one, the measured ranking is recorded.  ``pool``: timing processes started before the
-    capture (:func:`timing_pool`), used when timing is wanted and discarded otherwise.  The winner's manifest carries ``auto``
+    timed; without one, the measured ranking is recorded.  The winner's manifest carries ``auto``
     (every candidate: target, compile seconds, median ms, verified or why not).
     """
     say = note or (lambda text: None)
@@ -254,11 +242,8 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     order = sorted(targets, key=lambda t: ranked.index(t.spec))
     rows: dict[str, Candidate] = {}
     built: dict[str, CompileResult] = {}
-    timed = isolate and record is None and not opts.deterministic and len(targets) > 1
-    if pool is None:
-        pool = timing_pool(source, policy, procs, start=False, enabled=timed)
-    elif not timed:
-        pool.discard()
+    pool = WorkerPool(source.inputs(), warmup=policy.warmup, block_s=BLOCK_S, describe=_first_line, procs=procs,
+                      enabled=isolate and record is None and not opts.deterministic and len(targets) > 1)
     phases: dict[str, float] = {}
     eager = EagerOnce(source)          # every candidate is verified against one eager run
     t0 = time.perf_counter()

@@ -1,10 +1,10 @@
 """The auto target's timing processes: started once, at the start of a compile, shared by every candidate.
 
 ``procs`` hosting processes (:class:`~mlcomp.runtime.timing_host.HostWorker`) are spawned by
-:meth:`WorkerPool.start` before the model is captured (:func:`mlcomp.compile` starts the pool
-then, :func:`~mlcomp.api.auto.search.compile_auto` otherwise); they import torch and mlcomp on the
-core the capture leaves idle, and while the candidates compile.  A pool that turns out not to be
-needed (a record ranks the candidates, a cache hit) is killed, not waited for (:meth:`WorkerPool.discard`).  Each candidate that verifies is saved once and loaded into every
+:meth:`WorkerPool.start` before the first candidate compiles; they import torch and mlcomp
+while the candidates compile (started before the capture instead, they slowed it as much as they
+gained: the capture is not alone on its core).  A pool that hosted nothing (no candidate verified)
+is killed, not waited for (:meth:`WorkerPool.discard`).  Each candidate that verifies is saved once and loaded into every
 one of them (:meth:`WorkerPool.add`, not waiting), so its start-up is only its own load, and the
 number of processes does not grow with the number of candidates::
 
@@ -68,11 +68,11 @@ class WorkerPool:
         if self._saver is not None:
             self._saver.shutdown()
         if not self._added:
-            self.discard()          # started early and never used: not waited for
+            self.discard()          # never used: not waited for (they may still be importing)
         self._stack.close()
 
     def discard(self) -> None:
-        """Kill the processes now (a pool started before it was known to be needed, and not needed)."""
+        """Kill the processes now, whatever they are doing (nothing of them is wanted)."""
         for worker in self._workers:
             worker.kill()
         self._workers.clear()
