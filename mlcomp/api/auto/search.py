@@ -135,7 +135,7 @@ class AutoReport:
     tie_break_rounds: int = 0       # further rounds of the close ones only
     timed_in: str = IN_PROCESSES    # or "this process (why not a process each)", or FROM_RECORD
     eliminated: dict[str, Any] = field(default_factory=dict)    # clear loser -> its Elimination (JSON: a dict)
-    phases: dict[str, float] = field(default_factory=dict)      # seconds: compiling, waiting for workers, ranking
+    phases: dict[str, float] = field(default_factory=dict)      # seconds: compiling, saving, waiting for workers, ranking
     processes: int = 0                                          # timing processes started
 
     @property
@@ -329,12 +329,14 @@ def _instruments(instruments: Any, name: str) -> Sequence[Any] | None:
 def _time(built: dict[str, CompileResult], inputs: Sequence[Any], policy: TimingPolicy, clock: Clock,
           rows: dict[str, Candidate], pool: WorkerPool, phases: dict[str, float]) -> tuple[Ranking, str]:
     """Rank the built artifacts, each in its process from ``pool`` if it can be, else all in this one
-    (``phases``: seconds spent waiting for the workers and ranking).
+    (``phases``: seconds spent waiting for the saves, for the workers and ranking).
 
     Every artifact first runs once here (after the pool's saves of it): a candidate that fails now is
     disqualified, not timed.
     """
+    t0 = time.perf_counter()
     pool.wait_saved()
+    phases["saving"] = time.perf_counter() - t0       # the saves for the timing processes left to finish
     for name, result in list(built.items()):
         try:
             result.artifact(*inputs)
