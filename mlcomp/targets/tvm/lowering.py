@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from mlcomp.hardware.probe import vector_bits
+from mlcomp.targets.tvm.row_reduction import row_reductions
 from mlcomp.targets.tvm.schedules import default_rules, parallel_loops, schedule_counts
 
 __all__ = ["default_schedules", "host_llvm_target", "lower_to_tir", "make_target", "prepare", "to_relax"]
@@ -93,7 +94,7 @@ def default_schedules(mod, target, stats: dict, *, parallel: bool = True):
         mod = dl.ApplyDefaultSchedule(*default_rules(target, bits, parallel=parallel))(mod)
     stats["schedules"] = dict(schedule_counts(mod), vector_bits=bits, parallel=parallel)
     if target.kind.name == "llvm":
-        stats["schedules"]["parallel_loops"] = parallel_loops(mod)
+        stats["schedules"].update(parallel_loops=parallel_loops(mod), row_reductions=row_reductions(mod))
     return mod
 
 

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BLOCK_STEPS", "MIN_LANES", "row_reduction_rule", "row_width"]
+__all__ = ["BLOCK_STEPS", "MARK", "MIN_LANES", "row_reduction_rule", "row_reductions", "row_width"]
 
+MARK = "mlcomp.row_reduction"   # root-block annotation of a PrimFunc this rule scheduled (value: its width)
 MIN_LANES = 4      # narrower than this, a row is not worth the partials: DLight's scalar walk
 
 # block kind (DLight's dom_kind: S spatial, R reduction, leading S are the rows) -> what the rule does to it
@@ -173,6 +174,19 @@ def row_reduction_rule(vector_bits: int, parallel_min: int | None) -> Any:
                 _schedule(sch, infos, *plan, parallel_min)
             except s_tir.ScheduleError:     # a reducer rfactor cannot split, a block compute_at cannot move
                 return None
+            sch.annotate(sch.get_sblock("root"), MARK, plan[1])    # the width, for the build's stats
             return sch
 
     return RowReduction()
+
+
+def row_reductions(mod: Any) -> int:
+    """How many PrimFuncs of ``mod`` :class:`RowReduction` scheduled (their root blocks carry :data:`MARK`)."""
+    from tvm import tirx
+
+    count = 0
+    for func in mod.functions.values():
+        body = func.body if isinstance(func, tirx.PrimFunc) else None
+        block = getattr(body, "block", None)
+        count += bool(block is not None and MARK in block.annotations)
+    return count

@@ -16,6 +16,8 @@ pytestmark = pytest.mark.tvm
 
 tvm = pytest.importorskip("tvm")
 
+from mlcomp.targets.tvm.row_reduction import row_reductions  # noqa: E402
+
 
 def _gamma_beta(n: int):
     g = np.linspace(0.5, 1.5, n, dtype="float32")
@@ -80,6 +82,7 @@ def test_row_reductions_reduce_a_vector_at_a_time(op):
     assert len(re.findall(r'_rf_update"', text)) == reductions                     # each filled by a vector loop
     assert "T.parallel" not in text and "for ax0_ax1_fused in range(T.int64(15)):" in text   # one loop over rows
     assert "pragma_auto_unroll_max_step" not in text                                # DLight's scalar walk
+    assert row_reductions(mod) == 1 and '"mlcomp.row_reduction": 16' in text
     _check_numbers(mod, op, (3, 5, 64))
 
 
@@ -96,7 +99,7 @@ def test_rows_the_registers_do_not_divide_take_the_widest_dividing_width(row, bi
 def test_odd_rows_and_column_reductions_are_left_to_dlight(op, shape):
     """No width ≥ 4 divides 65; a mean down the columns reads across rows: DLight's Reduction schedules both."""
     mod, text = _scheduled(op, shape, vector_bits=512)
-    assert "_rf" not in text, text
+    assert "_rf" not in text and row_reductions(mod) == 0, text
     _check_numbers(mod, op, shape)
 
 
@@ -117,3 +120,26 @@ def test_block_steps_name_every_block_kind_the_rule_schedules():
     assert {_kind("SSR", 2), _kind("SSS", 2), _kind("SS", 2)} == set(BLOCK_STEPS)
     assert _kind("SRR", 1) is None and _kind("SSRS", 2) is None        # two reduction axes, a reduction inside
     assert [row_width(n, 16) for n in (256, 100, 20, 8, 65, 6)] == [16, 4, 4, 8, None, None]
+
+
+def test_a_build_schedules_its_layer_norms_by_the_rule_and_says_so():
+    """A pure TVM build (every op TVM code) of linear → layer norm → softmax: both row reductions are the
+    rule's (``stats["schedules"]["row_reductions"]``), the numbers eager's."""
+    from torch import nn
+
+    from mlcomp.targets.tvm.build import BuildConfig, build
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc, self.norm = nn.Linear(16, 32), nn.LayerNorm(32)
+
+        def forward(self, x):
+            return torch.softmax(self.norm(self.fc(x)), -1)
+
+    torch.manual_seed(0)
+    model, x = Head().eval(), torch.randn(2, 5, 16)
+    built = build(model, (x,), BuildConfig(kernels=False, deterministic=True))
+    assert built.stats["schedules"]["row_reductions"] == 2, built.stats["schedules"]
+    with torch.no_grad():
+        torch.testing.assert_close(built(x)[0], model(x), rtol=1e-5, atol=1e-6)
