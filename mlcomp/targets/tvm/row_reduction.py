@@ -29,9 +29,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BLOCK_STEPS", "MARK", "MIN_LANES", "row_reduction_rule", "row_reductions", "row_width"]
+__all__ = ["BLOCK_STEPS", "MARK", "as_reductions", "MIN_LANES", "row_reduction_rule", "row_reductions", "row_width"]
 
 MARK = "mlcomp.row_reduction"   # root-block annotation of a PrimFunc this rule scheduled (value: its width)
+OUT_ELEMWISE_FUSABLE, COMM_REDUCE = 4, 3    # TVM's OpPatternKind values
 MIN_LANES = 4      # narrower than this, a row is not worth the partials: DLight's scalar walk
 
 # block kind (DLight's dom_kind: S spatial, R reduction, leading S are the rows) -> what the rule does to it
@@ -178,6 +179,36 @@ def row_reduction_rule(vector_bits: int, parallel_min: int | None) -> Any:
             return sch
 
     return RowReduction()
+
+
+def as_reductions(mod: Any, vector_bits: int) -> tuple[Any, int]:
+    """``mod`` (legalized, op patterns annotated) with each PrimFunc this rule would take marked a plain
+    reduction (``op_pattern`` 3, ``kCommReduce``) instead of ``kOutEWiseFusable`` (4), and how many.
+
+    ``AnnotateTIROpPattern`` calls a function with two chained reductions (layer norm, softmax)
+    ``kOutEWiseFusable``, like a convolution, so ``FuseOps`` never folds the elementwise op before it
+    (a residual add) into it: the add writes a tensor the norm reads back.  As a reduction it is folded
+    in, and the rule inlines it into each pass over the row::
+
+        before:  add = R.call_tir(add, (a, b));  y = R.call_tir(layer_norm, (add, gamma, beta))
+        after:   y = R.call_tir(fused_add_layer_norm, (a, b, gamma, beta))
+    """
+    from tvm import s_tir, tirx
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    changed = 0
+    for gv, func in list(mod.functions.items()):
+        if not isinstance(func, tirx.PrimFunc) or func.attrs is None \
+                or int(func.attrs.get("op_pattern", -1)) != OUT_ELEMWISE_FUSABLE:
+            continue
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if not infos or any(str(sch.get(i.block_rv).writes[0].source.dtype) != "float32" for i in infos):
+            continue
+        if _plan(sch, infos, max(2, vector_bits // 32)) is not None:
+            mod[gv] = func.with_attr("op_pattern", COMM_REDUCE)
+            changed += 1
+    return mod, changed
 
 
 def row_reductions(mod: Any) -> int:

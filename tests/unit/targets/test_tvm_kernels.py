@@ -144,7 +144,8 @@ def test_numbers_and_stats_against_eager(built_tiny):
 
     # the module calls torch's kernels: TVM's own code is serial (torch's thread pool owns the cores)
     assert mod.stats["schedules"] == {"scheduled": mod.stats["schedules"]["scheduled"], "unscheduled": 0,
-                                      "vector_bits": vector_bits(), "parallel": False, "parallel_loops": 0}
+                                      "vector_bits": vector_bits(), "parallel": False, "parallel_loops": 0,
+                                      "row_reductions": 0}
     assert mod.stats["schedules"]["scheduled"] >= 2
 
 

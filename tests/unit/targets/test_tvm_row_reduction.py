@@ -143,3 +143,25 @@ def test_a_build_schedules_its_layer_norms_by_the_rule_and_says_so():
     assert built.stats["schedules"]["row_reductions"] == 2, built.stats["schedules"]
     with torch.no_grad():
         torch.testing.assert_close(built(x)[0], model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_the_add_before_a_layer_norm_fuses_into_it_and_a_matmul_stays_a_fusion_root():
+    """``as_reductions``: a layer norm is a plain reduction to FuseOps (the residual add folds into it, one
+    PrimFunc); a matmul keeps its pattern (the add before it stays its own function)."""
+    from tvm import relax
+
+    from mlcomp.targets.tvm.lowering import lower_to_tir
+
+    g, b = _gamma_beta(64)
+    bb = relax.BlockBuilder()
+    x, y = (relax.Var(n, relax.TensorType((8, 64), "float32")) for n in "xy")
+    w = relax.const(np.ones((64, 64), "float32"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            s = bb.emit(relax.op.add(x, y))
+            n = bb.emit(relax.op.nn.layer_norm(s, relax.const(g), relax.const(b), axes=[-1], epsilon=1e-5))
+            out = bb.emit_output(bb.emit(relax.op.matmul(relax.op.add(n, x), w)))
+        bb.emit_func_output(out)
+    mod = lower_to_tir(bb.get(), tvm.target.Target("llvm"))
+    names = sorted(gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc))
+    assert names == ["add", "fused_add_layer_norm", "matmul"], names
