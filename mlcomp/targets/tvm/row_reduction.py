@@ -16,11 +16,13 @@ vector register, then the ``w`` partials into one; the elementwise blocks after 
 
 What it matches is :data:`BLOCK_STEPS`, one row per block kind; a float32 PrimFunc is taken only when every
 block (after inlining what can be inlined) has a row there, at least one is a reduction, the last
-one is elementwise, and each reduction's axis is the contiguous last axis of what it reads (a
-reduction down a column is left to DLight, whose loop order reads it row by row).  The width ``w``
+one is elementwise, and each reduction's axis is the contiguous last axis of what it reads.  A
+reduction down the columns (``x.mean(1)`` of ``[B, T, C]``: the contiguous axis is the output's) is
+the ``"columns"`` row: ``for c0: for t: for c1 in T.vectorized(w): s[c0 * w + c1] += x[t, c0 * w + c1]``
+(DLight's walks each column with a stride of a row).  The width ``w``
 is the widest of ``lanes, lanes/2, …, 4`` (``lanes``: float32 lanes of the host's registers) that
-divides the row, so every vector stays inside the row and no lane needs a bound check; a row that
-no such width divides (an odd row: 65 tokens) is left to DLight's rule.  Reducers ``rfactor``
+divides the row (the columns), so every vector stays inside it and no lane needs a bound check; a row
+that no such width divides (an odd row: 65 tokens) is left to DLight's rule.  Reducers ``rfactor``
 cannot split (anything but sum, max, min, product) make the rule step aside the same way.
 A parallel build gives the loop over rows to the cores when it holds at least ``parallel_min``
 elements.  O(blocks × loops) per PrimFunc.
@@ -40,6 +42,8 @@ BLOCK_STEPS: dict[str, str] = {
     "rows+R": "split the reduction by w, rfactor the lanes: w partials per row (vector), then their sum",
     "rows+S": "split the last axis by w, vectorize (the normalisation, exp, a divide)",
     "rows": "nothing: one value per row (a mean's divide, a row's max), computed at the row",
+    "columns": "a reduction down the columns (a mean over tokens): w columns at a time, a vector of w sums "
+               "walking down them, the epilogue on the same w",
 }
 
 
@@ -113,13 +117,24 @@ def _plan(sch: Any, infos: list[Any], lanes: int) -> tuple[int, int] | None:
     return rows, widths.pop()
 
 
+def _work(sch: Any, infos: list[Any]) -> int:
+    """The largest iteration space among the blocks (the elements a reduction reads)."""
+    most = 0
+    for info in infos:
+        size = 1
+        for loop in sch.get_loops(info.block_rv):
+            size *= _static(sch, loop)
+        most = max(most, size)
+    return most
+
+
 def _schedule(sch: Any, infos: list[Any], rows: int, w: int, parallel_min: int | None) -> None:
     """The steps of :data:`BLOCK_STEPS` (module docstring), in place on ``sch``."""
     last = infos[-1].block_rv
     loops = sch.get_loops(last)
-    count, size = 1, 1
-    for i, loop in enumerate(loops):
-        count, size = count * (_static(sch, loop) if i < rows else 1), size * _static(sch, loop)
+    size, count = _work(sch, infos), 1
+    for loop in loops[:rows]:
+        count *= _static(sch, loop)
     row = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
     partials = {}
     for info in infos[:-1]:
@@ -148,6 +163,51 @@ def _schedule(sch: Any, infos: list[Any], rows: int, w: int, parallel_min: int |
                 sch.vectorize(vec)
 
 
+def _column_plan(sch: Any, infos: list[Any], lanes: int) -> tuple[int, int] | None:
+    """``(rows, w)`` for reductions down columns (``"columns"`` of :data:`BLOCK_STEPS`), or None."""
+    last = infos[-1]
+    rows = len(last.dom_kind())
+    if len(infos) < 2 or not last.is_injective() or all(i.is_injective() for i in infos) \
+            or any(i.dom_kind() not in ("S" * rows, "S" * rows + "R") for i in infos):
+        return None
+    for info in infos:
+        loops = sch.get_loops(info.block_rv)
+        if len(loops) != len(info.dom_kind()) or any(_static(sch, lp) is None for lp in loops):
+            return None
+        block = sch.get(info.block_rv)
+        if info.dom_kind().endswith("R"):
+            red, col = block.iter_vars[-1].var, block.iter_vars[-2].var
+            ends = [r.region[-1].min for r in block.reads if r.region]
+            if any(_mentions(e, red) for e in ends) or not any(_mentions(e, col) for e in ends):
+                return None
+    w = row_width(_static(sch, sch.get_loops(last.block_rv)[-1]), lanes)
+    return None if w is None else (rows, w)
+
+
+def _column_schedule(sch: Any, infos: list[Any], rows: int, w: int, parallel_min: int | None) -> None:
+    """Columns ``w`` at a time: each reduction walks down its column block with a vector of ``w`` sums."""
+    size, loops = _work(sch, infos), sch.get_loops(infos[-1].block_rv)
+    count = _static(sch, loops[-1]) // w
+    for loop in loops[:-1]:
+        count *= _static(sch, loop)
+    col, lane = sch.split(loops[-1], factors=[None, w])
+    sch.vectorize(lane)
+    outer = sch.fuse(*loops[:-1], col) if rows > 1 else col
+    for info in reversed(infos[:-1]):
+        sch.compute_at(info.block_rv, outer, preserve_unit_loops=False)
+    if parallel_min is not None and count >= 2 and size >= parallel_min:
+        sch.parallel(outer)
+    for info in infos[:-1]:
+        inner = sch.get_loops(info.block_rv)
+        if info.dom_kind().endswith("R"):          # loops: outer, lane, k -> outer, k, lane (lane vectorized)
+            sch.reorder(inner[-1], inner[-2])
+            sch.vectorize(inner[-2])
+            init = sch.decompose_reduction(info.block_rv, inner[-1])
+            sch.vectorize(sch.get_loops(init)[-1])
+        elif _static(sch, inner[-1]) == w:
+            sch.vectorize(inner[-1])
+
+
 def row_reduction_rule(vector_bits: int, parallel_min: int | None) -> Any:
     """The :class:`RowReduction` DLight rule for registers of ``vector_bits`` (``parallel_min=None``: serial)."""
     from tvm import s_tir, tirx
@@ -168,11 +228,14 @@ def row_reduction_rule(vector_bits: int, parallel_min: int | None) -> Any:
             infos = try_inline(sch, list(infos))
             if not infos or any(str(sch.get(i.block_rv).writes[0].source.dtype) != "float32" for i in infos):
                 return None
-            plan = _plan(sch, infos, max(2, vector_bits // 32))
+            lanes = max(2, vector_bits // 32)
+            plan, step = _plan(sch, infos, lanes), _schedule
+            if plan is None:
+                plan, step = _column_plan(sch, infos, lanes), _column_schedule
             if plan is None:
                 return None
             try:
-                _schedule(sch, infos, *plan, parallel_min)
+                step(sch, infos, *plan, parallel_min)
             except s_tir.ScheduleError:     # a reducer rfactor cannot split, a block compute_at cannot move
                 return None
             sch.annotate(sch.get_sblock("root"), MARK, plan[1])    # the width, for the build's stats

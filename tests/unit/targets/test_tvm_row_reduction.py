@@ -95,12 +95,23 @@ def test_rows_the_registers_do_not_divide_take_the_widest_dividing_width(row, bi
     _check_numbers(mod, "softmax", (2, row))
 
 
-@pytest.mark.parametrize(("op", "shape"), [("softmax", (2, 65)), ("column_mean", (1, 32, 64))])
-def test_odd_rows_and_column_reductions_are_left_to_dlight(op, shape):
-    """No width ≥ 4 divides 65; a mean down the columns reads across rows: DLight's Reduction schedules both."""
+@pytest.mark.parametrize(("op", "shape"), [("softmax", (2, 65)), ("column_mean", (1, 32, 65))])
+def test_odd_rows_and_columns_are_left_to_dlight(op, shape):
+    """No width ≥ 4 divides 65 (a row, or the columns of a mean over tokens): DLight's Reduction schedules both."""
     mod, text = _scheduled(op, shape, vector_bits=512)
     assert "_rf" not in text and row_reductions(mod) == 0, text
     _check_numbers(mod, op, shape)
+
+
+@pytest.mark.parametrize("shape", [(1, 128, 64), (3, 7, 24)])
+def test_a_mean_down_the_columns_walks_a_vector_of_sums_down_them(shape):
+    """``x.mean(1)``: the sums of w columns in one register, one contiguous w-wide load per token."""
+    mod, text = _scheduled("column_mean", shape, vector_bits=512)
+    w = 16 if shape[-1] % 16 == 0 else 8
+    assert row_reductions(mod) == 1 and "_rf" not in text, text
+    assert re.search(rf"for ax1 in range\(T\.int64\({shape[1]}\)\):\n\s+for \w+ in T\.vectorized\(T\.int64\({w}\)\):",
+                     text), text
+    _check_numbers(mod, "column_mean", shape)
 
 
 def test_a_parallel_build_gives_the_rows_to_the_cores():
@@ -111,13 +122,15 @@ def test_a_parallel_build_gives_the_rows_to_the_cores():
     assert f"for ax0 in T.parallel(T.int64({rows})):" in text and "_rf" in text, text
     _, small = _scheduled("layer_norm", (4, 64), vector_bits=256, parallel=True)
     assert "T.parallel" not in small                                    # under PARALLEL_MIN: not worth the pool
+    mmod, means = _scheduled("column_mean", (4, PARALLEL_MIN // 1024, 256), vector_bits=256, parallel=True)
+    assert "T.parallel(T.int64(128))" in means and row_reductions(mmod) == 1, means    # 4 x 256 / 8 column blocks
     _check_numbers(mod, "layer_norm", (rows, 64))
 
 
 def test_block_steps_name_every_block_kind_the_rule_schedules():
     from mlcomp.targets.tvm.row_reduction import BLOCK_STEPS, _kind, row_width
 
-    assert {_kind("SSR", 2), _kind("SSS", 2), _kind("SS", 2)} == set(BLOCK_STEPS)
+    assert {_kind("SSR", 2), _kind("SSS", 2), _kind("SS", 2), "columns"} == set(BLOCK_STEPS)
     assert _kind("SRR", 1) is None and _kind("SSRS", 2) is None        # two reduction axes, a reduction inside
     assert [row_width(n, 16) for n in (256, 100, 20, 8, 65, 6)] == [16, 4, 4, 8, None, None]
 
