@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from mlcomp.hardware.probe import vector_bits
+from mlcomp.targets.tvm.row_reduction import as_reductions, row_reductions
 from mlcomp.targets.tvm.schedules import default_rules, parallel_loops, schedule_counts
 
 __all__ = ["IMPORTED_AS_IS", "core_aten_only", "default_schedules", "host_llvm_target", "lower_to_tir", "make_target", "prepare",
@@ -75,14 +76,18 @@ def prepare(mod, target):
 
 
 def lower_to_tir(mod, target):
-    """Legalize + fuse to TIR (what ``zero_pipeline`` does before tuning)."""
+    """Legalize + fuse to TIR (what ``zero_pipeline`` does before tuning); on CPU the row reductions
+    :mod:`~mlcomp.targets.tvm.row_reduction` schedules fuse with the elementwise ops before them
+    (:func:`~mlcomp.targets.tvm.row_reduction.as_reductions`)."""
     import tvm
     from tvm import relax
 
-    seq = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-           relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    fuse = [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
     with target:
-        return tvm.transform.Sequential(seq)(mod)
+        mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()])(mod)
+        if target.kind.name == "llvm":
+            mod, _ = as_reductions(mod, vector_bits())
+        return tvm.transform.Sequential(fuse)(mod)
 
 
 def default_schedules(mod, target, stats: dict, *, parallel: bool = True):
@@ -97,7 +102,7 @@ def default_schedules(mod, target, stats: dict, *, parallel: bool = True):
         mod = dl.ApplyDefaultSchedule(*default_rules(target, bits, parallel=parallel))(mod)
     stats["schedules"] = dict(schedule_counts(mod), vector_bits=bits, parallel=parallel)
     if target.kind.name == "llvm":
-        stats["schedules"]["parallel_loops"] = parallel_loops(mod)
+        stats["schedules"].update(parallel_loops=parallel_loops(mod), row_reductions=row_reductions(mod))
     return mod
 
 
