@@ -54,10 +54,12 @@ class JointTrace:
 
     gm: torch.fx.GraphModule
     primals: int                     # how many placeholders are primals
-    outputs: int                     # outputs of the Dynamo graph (the first outputs of ``gm``)
+    outputs: int                     # outputs of the Dynamo graph (the first outputs of ``gm``), new values
+                                     # of the inputs it writes into last
     differentiable: tuple[int, ...]  # indices of the outputs that carry a gradient (one tangent each)
     grad_of: tuple[int, ...]         # primal index of each gradient output, in order
     example: tuple[torch.Tensor, ...]  # primals then tangents: real tensors the trace ran on
+    written: tuple[int, ...] = ()    # primal index of each written input, in the order of the last outputs
 
 
 def trace_joint(low: Lowered, primals: Sequence[torch.Tensor], needs_grad: Sequence[bool],
@@ -75,7 +77,8 @@ def trace_joint(low: Lowered, primals: Sequence[torch.Tensor], needs_grad: Seque
     grad_of = tuple(i for i, g in enumerate(needs_grad) if g)
     with torch.enable_grad():
         probe = low.gm(*[p.requires_grad_(g) if g else p for p, g in zip([p.clone() for p in primals], needs_grad)])
-    differentiable = tuple(i for i, o in enumerate(probe) if o.requires_grad)
+    user = len(outs) - len(low.written)          # a written input's new value carries no gradient
+    differentiable = tuple(i for i, o in enumerate(probe[:user]) if o.requires_grad)
     if not differentiable or not grad_of:
         raise JointRefused("no output of the graph depends on an input that needs a gradient",
                            hint="its forward and backward are compiled separately (AOT autograd)")
@@ -98,7 +101,7 @@ def trace_joint(low: Lowered, primals: Sequence[torch.Tensor], needs_grad: Seque
         raise JointRefused(f"the backward cannot be traced: {type(exc).__name__}: {first_line(exc)[:200]}",
                            hint="its forward and backward are compiled separately (AOT autograd)") from None
     _tidy(gm)
-    return JointTrace(gm, n, len(outs), differentiable, grad_of, (*primals, *tangents))
+    return JointTrace(gm, n, len(outs), differentiable, grad_of, (*primals, *tangents), low.written)
 
 
 def _tidy(gm: torch.fx.GraphModule) -> None:

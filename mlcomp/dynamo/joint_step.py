@@ -51,7 +51,7 @@ def compile_joint(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts:
     if opts.target == "auto":
         raise JointRefused("target 'auto' chooses per graph by timing inference; the joint graph needs a named "
                            "target", hint="give options={'target': 'cpu'} to train through mlcomp's joint graph")
-    low = lower(gm, example_inputs)
+    low = lower(gm, example_inputs, writes=True)
     primals = [concrete(example_inputs[i]) for i in low.tensor_indices]
     needs = [isinstance(p, torch.Tensor) and p.requires_grad for p in primals]
     trace = trace_joint(low, primals, needs, torch.Generator().manual_seed(0))
@@ -120,9 +120,18 @@ class JointStep:
         self.outputs, self.primals = trace.outputs, trace.primals
         self.differentiable, self.grad_of = trace.differentiable, trace.grad_of
         self.constant = tuple(i for i in range(trace.outputs) if i not in set(trace.differentiable))
+        self.written = trace.written
 
     def __call__(self, *primals: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return _Function.apply(self, *primals)
+        """The outputs; each input the Dynamo graph writes into (a running statistic) gets its new value."""
+        out = _Function.apply(self, *primals)
+        if not self.written:
+            return out
+        user = len(out) - len(self.written)
+        with torch.no_grad():
+            for i, new in zip(self.written, out[user:]):
+                primals[i].copy_(new)
+        return out[:user]
 
 
 class _Function(torch.autograd.Function):
@@ -130,7 +139,8 @@ class _Function(torch.autograd.Function):
     def forward(ctx: Any, step: JointStep, *primals: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
         out = _tuple(step.forward(*primals))
         ctx.step = step
-        ctx.save_for_backward(*out[step.outputs:])
+        written = {id(primals[i]) for i in step.written}      # its new value is copied in after this call
+        ctx.save_for_backward(*[t.clone() if id(t) in written else t for t in out[step.outputs:]])
         results = out[:step.outputs]
         ctx.mark_non_differentiable(*[results[i] for i in step.constant])
         return results

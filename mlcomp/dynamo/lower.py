@@ -113,10 +113,16 @@ class Lowered:
     sizes: SizeSlots
     tensor_indices: list[int]      # Dynamo placeholder index of each placeholder of ``gm``
     dynamic: bool                  # some size is symbolic
+    written: tuple[int, ...] = ()  # placeholders of ``gm`` the Dynamo graph writes into; their new values
+                                   # are ``gm``'s last outputs, in this order
 
 
-def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Lowered:
-    """Trace ``gm`` to functional core ATen under Dynamo's fake mode (sizes symbolic where Dynamo's are)."""
+def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, writes: bool = False) -> Lowered:
+    """Trace ``gm`` to functional core ATen under Dynamo's fake mode (sizes symbolic where Dynamo's are).
+
+    ``writes``: an input the graph writes into in place (BatchNorm's running statistics) becomes
+    an extra output holding its new value (:attr:`Lowered.written`); otherwise such a graph is refused.
+    """
     from torch._decomp import core_aten_decompositions
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -132,8 +138,9 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Lowered:
         return gm(*sizes.fill(tensors, count))
 
     args = [fakes[i] for i in indices]
+    written: list[int] = []
     try:
-        traced = make_fx(_functional(run, [placeholders[i].name for i in indices]),
+        traced = make_fx(_functional(run, [placeholders[i].name for i in indices], written if writes else None),
                          decomposition_table=core_aten_decompositions(), tracing_mode="symbolic")(*args)
     except CaptureError:
         raise
@@ -142,15 +149,17 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Lowered:
                            hint="this graph runs in torch") from None
     traced.graph.eliminate_dead_code()
     traced.recompile()
-    return Lowered(traced, sizes, indices, dynamic=bool(sizes.slots))
+    return Lowered(traced, sizes, indices, dynamic=bool(sizes.slots), written=tuple(written))
 
 
-def _functional(fn: Any, names: Sequence[str]) -> Any:
+def _functional(fn: Any, names: Sequence[str], written: list[int] | None = None) -> Any:
     """``fn`` traced through torch's Python functionalization (views and in-place ops become pure ops).
 
     Python-level functionalization keeps sizes symbolic (the C++ ``torch.func.functionalize``
     asks some composite ops for concrete sizes, which pins a dynamic size to its example).
-    A graph that writes into one of its inputs is refused: its writes would be lost.
+    A graph that writes into one of its inputs is refused (its writes would be lost) unless
+    ``written`` is a list: then the written inputs' indices go into it and their new values
+    follow the graph's outputs.
     """
     from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
@@ -159,11 +168,17 @@ def _functional(fn: Any, names: Sequence[str]) -> Any:
         with exclude, FunctionalTensorMode():
             wrapped = [FunctionalTensor.to_functional(a) for a in args]
             out = fn(*wrapped)
+            new: list[Any] = []
             for i, w in enumerate(wrapped):
                 torch._sync(w)
-                if torch._functionalize_has_data_mutation(w.elem):
+                if not torch._functionalize_has_data_mutation(w.elem):
+                    continue
+                if written is None or not isinstance(out, (tuple, list)):
                     raise CaptureError(f"the Dynamo graph writes into its input {names[i]} in place",
                                        hint="this graph runs in torch")
+                written.append(i)
+                new.append(w)
+            out = (*out, *new) if new else out
             return torch.utils._pytree.tree_map_only(FunctionalTensor, _unwrap, out)
     return inner
 
