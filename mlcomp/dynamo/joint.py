@@ -19,9 +19,9 @@ graph: the backward starts from the tangents, so any output structure trains::
     }
 
 Phases: a node is ``forward`` when an output of the Dynamo graph depends on it, else
-``backward`` — what remat and mixed precision read (:mod:`mlcomp.passes.remat`).  Only
-static shapes take this route (a graph with symbolic sizes is refused with
-:class:`JointRefused`, and the backend then uses torch's AOT autograd for it).
+``backward`` — what remat and mixed precision read (:mod:`mlcomp.passes.remat`).  A graph
+with symbolic sizes is traced on Dynamo's own fake inputs (:func:`_symbolic`), so the joint
+keeps each symbol where Dynamo made one and one build serves every size in its range.
 """
 from __future__ import annotations
 
@@ -65,9 +65,6 @@ class JointTrace:
 def trace_joint(low: Lowered, primals: Sequence[torch.Tensor], needs_grad: Sequence[bool],
                 generator: torch.Generator) -> JointTrace:
     """Trace forward and backward of ``low.gm`` on ``primals`` (real tensors); see the module doc."""
-    if low.dynamic:
-        raise JointRefused("the graph has symbolic sizes; mlcomp's joint graph is built for static shapes",
-                           hint="its forward and backward are compiled separately (AOT autograd)")
     primals = [p.detach() for p in primals]
     with torch.no_grad():
         outs = low.gm(*primals)
@@ -95,13 +92,33 @@ def trace_joint(low: Lowered, primals: Sequence[torch.Tensor], needs_grad: Seque
 
     from torch.fx.experimental.proxy_tensor import make_fx
     try:
+        args, mode = _symbolic(low, differentiable) if low.dynamic else ((*primals, *tangents), "real")
         with eager_autograd():
-            gm = make_fx(joint, decomposition_table=joint_decompositions())(*primals, *tangents)
+            gm = make_fx(joint, decomposition_table=joint_decompositions(), tracing_mode=mode)(*args)
     except Exception as exc:  # noqa: BLE001 - a backward the trace cannot spell out goes to AOT autograd
         raise JointRefused(f"the backward cannot be traced: {type(exc).__name__}: {first_line(exc)[:200]}",
                            hint="its forward and backward are compiled separately (AOT autograd)") from None
     _tidy(gm)
     return JointTrace(gm, n, len(outs), differentiable, grad_of, (*primals, *tangents), low.written)
+
+
+def _symbolic(low: Lowered, differentiable: Sequence[int]) -> tuple[tuple[torch.Tensor, ...], str]:
+    """Fake primals and tangents with Dynamo's symbols: the joint keeps each size symbolic where Dynamo's graph does.
+
+    The primals are ``low.gm``'s own fake inputs (Dynamo's fake mode and shape environment);
+    each tangent is a fake tensor of its output's symbolic shape.
+    """
+    from torch._guards import detect_fake_mode
+
+    fakes = [n.meta["val"] for n in low.gm.graph.nodes if n.op == "placeholder"]
+    mode = detect_fake_mode(fakes)
+    if mode is None:
+        raise JointRefused("the graph's symbolic inputs carry no fake mode",
+                           hint="its forward and backward are compiled separately (AOT autograd)")
+    with mode:
+        outs = low.gm(*fakes)
+        tangents = [torch.empty(outs[i].shape, dtype=outs[i].dtype) for i in differentiable]
+    return (*fakes, *tangents), "symbolic"
 
 
 def _tidy(gm: torch.fx.GraphModule) -> None:

@@ -80,7 +80,12 @@ def compile_joint(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts:
     report.add(part)
     report.joints.append(record)
     indices = low.tensor_indices
-    return lambda *args: step(*[args[i] for i in indices])
+
+    def run(*args: Any) -> Any:
+        if not low.holds(args):
+            return gm(*args)           # a scalar baked into the joint (BatchNorm's momentum) changed: torch runs it
+        return step(*[args[i] for i in indices])
+    return run
 
 
 def _lower_parts(parts: Parts, trace: JointTrace, opts: BackendOptions, target: str,

@@ -18,6 +18,7 @@ lowered graph takes tensors only, as mlcomp's IR does::
 """
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -115,6 +116,11 @@ class Lowered:
     dynamic: bool                  # some size is symbolic
     written: tuple[int, ...] = ()  # placeholders of ``gm`` the Dynamo graph writes into; their new values
                                    # are ``gm``'s last outputs, in this order
+    baked: tuple[tuple[int, float], ...] = ()   # (Dynamo placeholder index, value) of each scalar baked in
+
+    def holds(self, args: Sequence[Any]) -> bool:
+        """Whether this call's scalar inputs have the values baked into ``gm`` (else the Dynamo graph must run)."""
+        return all(args[i].item() == value for i, value in self.baked)
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, writes: bool = False) -> Lowered:
@@ -126,6 +132,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, writes: bo
     from torch._decomp import core_aten_decompositions
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    gm, baked = _bake_scalars(gm, example_inputs)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fakes = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
     if len(fakes) != len(example_inputs) or any(f is None for f in fakes):
@@ -149,7 +156,33 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, writes: bo
                            hint="this graph runs in torch") from None
     traced.graph.eliminate_dead_code()
     traced.recompile()
-    return Lowered(traced, sizes, indices, dynamic=bool(sizes.slots), written=tuple(written))
+    return Lowered(traced, sizes, indices, dynamic=bool(sizes.slots), written=tuple(written), baked=baked)
+
+
+def _bake_scalars(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
+                  ) -> tuple[torch.fx.GraphModule, tuple[tuple[int, float], ...]]:
+    """``gm`` with each scalar input that is only read by ``.item()`` replaced by its value in ``example_inputs``.
+
+    Under ``dynamic=True`` Dynamo passes a module's float attributes (BatchNorm's ``momentum``
+    and ``eps``) as 0-d tensors read by ``.item()``, which no trace to ATen can follow; the
+    value is baked in and each call checks it (:meth:`Lowered.holds`).  ``gm`` itself is left as it is.
+    """
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    scalars = [i for i, n in enumerate(placeholders)
+               if isinstance(example_inputs[i], torch.Tensor) and example_inputs[i].dim() == 0 and n.users
+               and all(u.op == "call_method" and u.target == "item" for u in n.users)]
+    if not scalars:
+        return gm, ()
+    graph = copy.deepcopy(gm.graph)
+    nodes = [n for n in graph.nodes if n.op == "placeholder"]
+    baked = []
+    for i in scalars:
+        value = example_inputs[i].item()
+        for user in list(nodes[i].users):
+            user.replace_all_uses_with(value)
+            graph.erase_node(user)
+        baked.append((i, value))
+    return torch.fx.GraphModule(gm, graph), tuple(baked)
 
 
 def _functional(fn: Any, names: Sequence[str], written: list[int] | None = None) -> Any:

@@ -113,11 +113,11 @@ class Normed(nn.Module):
         return self.bn(self.fc(x)).relu()
 
 
-def sgd_steps(model, batches, options, steps=5):
+def sgd_steps(model, batches, options, steps=5, dynamic=None):
     """``steps`` SGD-momentum steps of ``mean(out**2)`` through the backend and in eager on a twin; the report."""
     reference = copy.deepcopy(model)
     report = mb.BackendReport()
-    fast = torch.compile(model, backend="mlcomp", options={"report": report, **options})
+    fast = torch.compile(model, backend="mlcomp", dynamic=dynamic, options={"report": report, **options})
     opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for m in (model, reference))
     for step in range(steps):
         x = batches(step)
@@ -137,6 +137,34 @@ def test_batchnorm_trains_through_the_joint_graph_and_its_running_statistics_equ
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)            # bit-identical, buffers included
     assert model.bn.num_batches_tracked.item() == 5
     assert [p.ran_on for p in report.partitions] == ["mlcomp:cpu"] and len(report.joints) == 1
+
+
+@pytest.mark.parametrize("dynamic, graphs", [(True, 1), (None, 2)])   # None: static first, symbolic at the 2nd size
+def test_a_changing_batch_trains_through_a_symbolic_joint_graph(dynamic, graphs):
+    """Six batch sizes, BatchNorm included: one joint graph keeps the batch symbolic and serves them all."""
+    torch.manual_seed(0)
+    model = Normed().train()
+    sizes = (3, 5, 7, 4, 9, 2)
+    reference, report = sgd_steps(model, lambda step: torch.randn(sizes[step], 6), {}, steps=6, dynamic=dynamic)
+    mine, theirs = model.state_dict(), reference.state_dict()
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    assert report.graphs == graphs and len(report.joints) == graphs
+    assert {p.ran_on for p in report.partitions} == {"mlcomp:cpu"}
+
+
+def test_a_scalar_baked_into_the_joint_graph_takes_its_new_value():
+    """Under dynamic=True BatchNorm's momentum is a graph input read by .item(): baked in, each value its own."""
+    torch.manual_seed(0)
+    model = Normed().train()
+    twin = copy.deepcopy(model)
+    report = mb.BackendReport()
+    fast = torch.compile(model, backend="mlcomp", dynamic=True, options={"report": report})
+    for momentum, batch in ((0.1, 4), (0.5, 6)):
+        model.bn.momentum = twin.bn.momentum = momentum
+        x = torch.randn(batch, 6)
+        torch.testing.assert_close(fast(x), twin(x), rtol=0, atol=0)
+    assert torch.equal(model.bn.running_mean, twin.bn.running_mean)
+    assert {p.ran_on for p in report.partitions} == {"mlcomp:cpu"}
 
 
 @pytest.mark.slow
