@@ -35,6 +35,7 @@ from mlcomp.dynamo.joint_split import Parts, cut, split_joint
 from mlcomp.dynamo.lower import concrete, lower, parameter_slots
 from mlcomp.dynamo.options import BackendOptions
 from mlcomp.dynamo.report import BackendReport, JointRecord, Partition
+from mlcomp.frontend.joint import joint_decompositions
 from mlcomp.frontend.source import ModelSource
 from mlcomp.ir import Graph
 from mlcomp.ir.interpreter import evaluate
@@ -51,7 +52,7 @@ def compile_joint(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts:
     if opts.target == "auto":
         raise JointRefused("target 'auto' chooses per graph by timing inference; the joint graph needs a named "
                            "target", hint="give options={'target': 'cpu'} to train through mlcomp's joint graph")
-    low = lower(gm, example_inputs, writes=True)
+    low = lower(gm, example_inputs, writes=True, table=joint_decompositions())    # eager's fused kernels kept
     primals = [concrete(example_inputs[i]) for i in low.tensor_indices]
     needs = [isinstance(p, torch.Tensor) and p.requires_grad for p in primals]
     trace = trace_joint(low, primals, needs, torch.Generator().manual_seed(0))

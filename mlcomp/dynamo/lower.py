@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -123,9 +123,12 @@ class Lowered:
         return all(args[i].item() == value for i, value in self.baked)
 
 
-def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, writes: bool = False) -> Lowered:
+def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, writes: bool = False,
+          table: Mapping[Any, Any] | None = None) -> Lowered:
     """Trace ``gm`` to functional core ATen under Dynamo's fake mode (sizes symbolic where Dynamo's are).
 
+    ``table``: the decompositions (default torch's core-ATen table; the joint route keeps
+    eager's fused kernels, :func:`mlcomp.frontend.joint.joint_decompositions`).
     ``writes``: an input the graph writes into in place (BatchNorm's running statistics) becomes
     an extra output holding its new value (:attr:`Lowered.written`); otherwise such a graph is refused.
     """
@@ -148,7 +151,8 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, writes: bo
     written: list[int] = []
     try:
         traced = make_fx(_functional(run, [placeholders[i].name for i in indices], written if writes else None),
-                         decomposition_table=core_aten_decompositions(), tracing_mode="symbolic")(*args)
+                         decomposition_table=core_aten_decompositions() if table is None else table,
+                         tracing_mode="symbolic")(*args)
     except CaptureError:
         raise
     except Exception as exc:  # noqa: BLE001 - any tracing failure sends the graph to torch

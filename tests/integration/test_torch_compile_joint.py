@@ -230,3 +230,38 @@ def test_a_compiled_step_with_its_loss_and_class_targets_equals_eager():
     assert torch.equal(loss, ref)
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), twin.parameters()))
     assert [p.ran_on for p in report.partitions] == ["mlcomp:cpu"]
+
+
+class Logits(nn.Module):
+    """A ``transformers`` classifier's logits (its output is a ModelOutput)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x).logits
+
+
+def transformer(kind):
+    """Random-weight BERT or ViT classifiers, 2 layers, hidden 128, dropout off (eager's masks are not the graph's)."""
+    tf = pytest.importorskip("transformers")
+    size = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
+                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    if kind == "bert":
+        model = tf.BertForSequenceClassification(tf.BertConfig(vocab_size=1000, max_position_embeddings=64, **size))
+        return Logits(model.train()), lambda step: torch.randint(0, 1000, (4, 16))
+    model = tf.ViTForImageClassification(tf.ViTConfig(image_size=32, patch_size=8, num_labels=10, **size))
+    return Logits(model.train()), lambda step: torch.randn(4, 3, 32, 32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["bert", "vit"])
+def test_bert_and_vit_train_through_the_joint_graph_five_steps_equal_eager(kind):
+    """SDPA's CPU flash kernel and its backward are kept (not decomposed to math): the state is bit-identical."""
+    model, batches = transformer(kind)
+    reference, report = sgd_steps(model, batches, {})
+    mine, theirs = model.state_dict(), reference.state_dict()
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    assert [p.ran_on for p in report.partitions] == ["mlcomp:cpu"] and len(report.joints) == 1

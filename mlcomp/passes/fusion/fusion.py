@@ -38,6 +38,7 @@ from mlcomp.analysis.cost import fused_bytes_saved
 from mlcomp.analysis.liveness import peak_bytes, value_bytes
 from mlcomp.ir import Graph, Node, Origin, Ref, TensorMeta, map_refs
 from mlcomp.ir.builder import rename
+from mlcomp.ir.node import Phase
 from mlcomp.ir.composites import Tiling, fused_kernel, register_fused
 from mlcomp.ir.graph_tools import post_dominators
 from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, Category, category
@@ -321,9 +322,11 @@ def materialize(graph: Graph, members: list[str], tiling: Tiling | None, gid: in
     metas = [graph.node(o).meta for o in outputs]
     args = tuple(Ref(s) for s in inputs)
     single = len(outputs) == 1
+    phases = {graph.node(n).ann.phase for n in members}     # a joint graph's phase: backward if any member is
+    phase = Phase.BACKWARD if Phase.BACKWARD in phases else graph.node(members[-1]).ann.phase
     fused = graph.add(Node(graph.fresh_name(f"{outputs[0]}__fused" if single else f"fused_{outputs[0]}"), op, args,
-                           meta=metas[0] if single else tuple(metas), origin=master.origin).with_ann(fusion_group=gid),
-                      before=members[-1])
+                           meta=metas[0] if single else tuple(metas), origin=master.origin)
+                      .with_ann(fusion_group=gid, phase=phase), before=members[-1])
     if single:
         temps = [(fused.name, outputs[0])]
     else:
