@@ -67,14 +67,15 @@ def build(name: str, batch: int) -> tuple[Any, Any]:
     torch.manual_seed(0)
     if name != "bert":
         from mlcomp import models
+        from mlcomp.frontend.losses import without_dropout
 
         z = models.get(name)
-        return z.build().train(), z.example_inputs(batch)[0]
+        return without_dropout(z.build()).train(), z.example_inputs(batch)[0]
     import transformers as tf
 
     cfg = tf.BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
                         vocab_size=1000, num_labels=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    model = Logits(tf.BertForSequenceClassification(cfg).train())
+    model = Logits(tf.BertForSequenceClassification(cfg).train())   # dropout 0 in the config
     return model, torch.randint(0, 1000, (batch, 128), generator=torch.Generator().manual_seed(1))
 
 

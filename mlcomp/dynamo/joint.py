@@ -38,6 +38,7 @@ from mlcomp.frontend.joint_kernels import eager_autograd, restore_backward_kerne
 from mlcomp.frontend.provenance import first_line
 from mlcomp.ir import Graph
 from mlcomp.ir.node import Phase
+from mlcomp.ir.ops import GETITEM
 
 __all__ = ["JointRefused", "JointTrace", "trace_joint", "joint_graph"]
 
@@ -158,6 +159,8 @@ def joint_graph(trace: JointTrace, name: str, params: Mapping[int, str]) -> Grap
         if name_ not in forward:
             forward.add(name_)
             stack.extend(graph.node(name_).input_names())
+    # a projection stays with the tuple it picks from (dropout's mask, a norm's saved statistics)
+    forward |= {n.name for n in graph.nodes(GETITEM) if n.input_names()[0] in forward}
     for node in graph.call_nodes():
         graph.replace(node.with_ann(phase=Phase.FORWARD if node.name in forward else Phase.BACKWARD))
     return graph

@@ -265,3 +265,48 @@ def test_bert_and_vit_train_through_the_joint_graph_five_steps_equal_eager(kind)
     mine, theirs = model.state_dict(), reference.state_dict()
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
     assert [p.ran_on for p in report.partitions] == ["mlcomp:cpu"] and len(report.joints) == 1
+
+
+def test_remat_after_O2_lowers_the_measured_peak_of_a_step():
+    """torch's CPU allocator over one step (after a warm one), as benchmarks/remat.py measures it: remat's
+    saved bytes fall, and the step's peak falls with them."""
+    from mlcomp.hardware.peak_memory import MemorySource
+    from mlcomp.measure.training_bench import step_peak
+
+    peaks, joints = {}, {}
+    for pipeline in ("-O2", "-O2,remat{saved=0.6}"):
+        model, x = zoo("mlp", 256)
+        report = mb.BackendReport()
+        fast = torch.compile(model, backend="mlcomp", options={"report": report, "pipeline": pipeline})
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            fast(x).pow(2).mean().backward()
+            opt.step()
+        peaks[pipeline] = step_peak(step, "cpu", MemorySource.ALLOCATOR).growth
+        (joints[pipeline],) = report.joints
+    plain, remat = joints["-O2"], joints["-O2,remat{saved=0.6}"]
+    assert plain.recomputed == 0 and remat.recomputed == 2                    # fused addmm+relu recomputed
+    assert remat.saved_bytes <= 0.6 * remat.saved_before_bytes < plain.saved_bytes
+    assert peaks["-O2"] - peaks["-O2,remat{saved=0.6}"] >= 0.5 * (plain.saved_bytes - remat.saved_bytes)
+
+
+def test_dropout_trains_through_the_joint_graph_and_its_mask_reaches_the_backward():
+    """The forward saves the mask it drew; the gradients are eager's for that mask (read off the output)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5)).train()
+    twin = copy.deepcopy(model[0])
+    report = mb.BackendReport()
+    fast = torch.compile(model, backend="mlcomp", options={"report": report})
+    x, t = torch.randn(32, 8), torch.randn(32, 16)
+    out = fast(x)
+    (out * t).sum().backward()
+    kept = out != 0
+    assert 0.3 < kept.float().mean().item() < 0.7                         # a mask was drawn, p = 0.5
+    expected = twin(x) * kept * 2.0
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=0)
+    (expected * t).sum().backward()
+    torch.testing.assert_close(model[0].weight.grad, twin.weight.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model[0].bias.grad, twin.bias.grad, rtol=1e-5, atol=1e-6)
+    assert [p.ran_on for p in report.partitions] == ["mlcomp:cpu"]

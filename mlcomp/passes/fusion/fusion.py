@@ -38,7 +38,6 @@ from mlcomp.analysis.cost import fused_bytes_saved
 from mlcomp.analysis.liveness import peak_bytes, value_bytes
 from mlcomp.ir import Graph, Node, Origin, Ref, TensorMeta, map_refs
 from mlcomp.ir.builder import rename
-from mlcomp.ir.node import Phase
 from mlcomp.ir.composites import Tiling, fused_kernel, register_fused
 from mlcomp.ir.graph_tools import post_dominators
 from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, Category, category
@@ -191,6 +190,8 @@ def form_groups(graph: Graph, *, max_size: int = 32, compute_only: bool = False)
         path = _between(graph, node.name, sink, pos)
         if path is None or any(p not in groups.parent for p in path):
             continue
+        if any(graph.node(p).ann.phase != node.ann.phase for p in path):
+            continue                # a joint graph's forward and backward stay apart (the cut runs between them)
         sink_cat = _cat(graph.node(sink))
         inner_ok = all(_cat(graph.node(p)) <= limit for p in path if p != sink)
         sink_ok = sink_cat <= limit or (not epilogue and sink_cat is Category.REDUCTION)
@@ -322,8 +323,7 @@ def materialize(graph: Graph, members: list[str], tiling: Tiling | None, gid: in
     metas = [graph.node(o).meta for o in outputs]
     args = tuple(Ref(s) for s in inputs)
     single = len(outputs) == 1
-    phases = {graph.node(n).ann.phase for n in members}     # a joint graph's phase: backward if any member is
-    phase = Phase.BACKWARD if Phase.BACKWARD in phases else graph.node(members[-1]).ann.phase
+    phase = graph.node(members[-1]).ann.phase        # a joint graph's phase: groups never span two (form_groups)
     fused = graph.add(Node(graph.fresh_name(f"{outputs[0]}__fused" if single else f"fused_{outputs[0]}"), op, args,
                            meta=metas[0] if single else tuple(metas), origin=master.origin)
                       .with_ann(fusion_group=gid, phase=phase), before=members[-1])
