@@ -310,3 +310,43 @@ def test_dropout_trains_through_the_joint_graph_and_its_mask_reaches_the_backwar
     torch.testing.assert_close(model[0].weight.grad, twin.weight.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(model[0].bias.grad, twin.bias.grad, rtol=1e-5, atol=1e-6)
     assert [p.ran_on for p in report.partitions] == ["mlcomp:cpu"]
+
+
+class Heads(nn.Module):
+    """Splits the features into heads by the symbolic batch size: the backward needs that size again."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        b = x.shape[0]
+        return self.fc(x).view(b, 2, 4).softmax(-1).reshape(b, 8)
+
+
+def test_a_size_the_backward_reads_is_computed_again_there_not_saved():
+    torch.manual_seed(0)
+    model = Heads()
+    twin = copy.deepcopy(model)
+    report = mb.BackendReport()
+    fast = torch.compile(model, backend="mlcomp", dynamic=True, options={"report": report})
+    for batch in (3, 6, 5):
+        x, t = torch.randn(batch, 8), torch.randn(batch, 8)
+        (fast(x) * t).sum().backward()
+        (twin(x) * t).sum().backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), twin.parameters()))
+    assert report.graphs == 1 and [p.ran_on for p in report.partitions] == ["mlcomp:cpu"]
+
+
+@pytest.mark.slow
+def test_bert_over_changing_batch_and_sequence_compiles_twice_through_the_joint_graph():
+    model, _ = transformer("bert")
+    twin = copy.deepcopy(model)
+    report = mb.BackendReport()
+    fast = torch.compile(model, backend="mlcomp", options={"report": report})
+    for batch, seq in ((4, 16), (2, 24), (3, 32), (5, 8), (4, 40)):
+        x = torch.randint(0, 1000, (batch, seq))
+        fast(x).pow(2).mean().backward()
+        twin(x).pow(2).mean().backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), twin.parameters()))
+    assert report.graphs == 2 and {p.ran_on for p in report.partitions} == {"mlcomp:cpu"}
