@@ -17,9 +17,11 @@ empty).  Per model and batch, under ``torch.no_grad()``:
 * recompiles: graphs compiled over a sweep of 20 batch sizes (1..20) or, for the BERT
   model, 20 sequence lengths (8..160) after the first call (``counters["stats"]["unique_graphs"]``).
   The first call's swept size is made symbolic the same way for inductor and mlcomp (``--dynamic``):
-  ``unbacked`` (default) marks it with ``torch._dynamo.decorators.mark_unbacked`` (one graph for every
-  size, no 0/1 specialisation, no guard from the convolution's backend choice at batch 16), ``mark``
-  with ``torch._dynamo.mark_dynamic``, ``auto`` leaves it to Dynamo's automatic dynamic shapes;
+  ``mark`` (default) marks it with ``torch._dynamo.mark_dynamic`` (batch 1 still gets its own graph,
+  and a convolution's batch gets a guard at 16, where torch's choice of convolution kernel changes);
+  ``unbacked`` with ``torch._dynamo.decorators.mark_unbacked`` (no specialisation at all, but Dynamo
+  breaks the zoo transformer's and BERT's graphs on it, and inductor fails on a convolution at batch 1);
+  ``auto`` leaves it to Dynamo's automatic dynamic shapes;
 * mlcomp's target: ``--target`` names one; by default the backend picks per graph (``ran on``);
 * max error: the largest absolute difference from eager over the first call and the sweep.
 
@@ -231,7 +233,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=1.0, help="seconds of timing per variant")
     parser.add_argument("--pipeline", default="-O2")
     parser.add_argument("--target", default="", help="mlcomp's target (default: the backend's own choice)")
-    parser.add_argument("--dynamic", choices=("unbacked", "mark", "auto"), default="unbacked",
+    parser.add_argument("--dynamic", choices=("mark", "unbacked", "auto"), default="mark",
                         help="how the first call's swept size is made symbolic, for inductor and mlcomp alike: "
                              "torch._dynamo.decorators.mark_unbacked, torch._dynamo.mark_dynamic, or nothing "
                              "(Dynamo's automatic dynamic shapes)")

@@ -83,12 +83,15 @@ class BackendOptions:
         own["dynamic"] = parse_dynamic(own.get("dynamic"))
         return cls(**own, target_given="target" in own, compile_options=compile_options)
 
-    def inference(self) -> dict[str, Any]:
-        """``compile_model``'s target arguments for an inference region: the named target, or the
-        backend's auto choice (:data:`INFERENCE_CANDIDATES` timed in this process, :data:`INFERENCE_TIMING`)."""
-        target = self.target if self.target_given else "auto"
-        if target != "auto":
-            return {"target": target}
+    def for_inference(self) -> "BackendOptions":
+        """These options for an inference graph: the named target, else ``auto``."""
+        return self if self.target_given else dataclasses.replace(self, target="auto")
+
+    def target_args(self) -> dict[str, Any]:
+        """``compile_model``'s target arguments: ``auto`` picks among :data:`INFERENCE_CANDIDATES`,
+        timed in this process (:data:`INFERENCE_TIMING`)."""
+        if self.target != "auto":
+            return {"target": self.target}
         return {"target": "auto", "candidates": INFERENCE_CANDIDATES, "isolate": False,
                 "auto_timing": INFERENCE_TIMING}
 

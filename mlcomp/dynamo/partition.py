@@ -177,7 +177,7 @@ def _compile_one(sub: torch.fx.GraphModule, args: tuple[Any, ...], frozen: Mappi
     graph = name_dimensions(bind_examples(graph, user_args), opts.dynamic)
     source = ModelSource(graph.name, _bound(sub, args, keep), user_args)
     result = compile_model(source, graph, pipeline=opts.pipeline_spec(), verify=opts.verify,
-                           cache=open_cache(opts.cache), **opts.inference(), **opts.compile_options)
+                           cache=open_cache(opts.cache), **opts.target_args(), **opts.compile_options)
     if result.check is not None and not result.check.passed:
         raise MlcompError(f"region {part.name} differs from torch on the example inputs: "
                           f"{result.check.summary()}", hint="it runs in torch")
