@@ -14,11 +14,10 @@ The options are those of :func:`mlcomp.compile` (``target``, ``pipeline``, ``ver
 as ``threads`` and ``tolerance``), plus ``precision`` (a mixed-precision pass appended to the
 pipeline), ``report`` (a :class:`~mlcomp.dynamo.report.BackendReport` the backend fills:
 which partition ran where) and ``explain`` (print that report as each graph compiles).
-An inference graph goes to the ``target`` the call names; with none, the backend compiles it
-for each of :data:`INFERENCE_CANDIDATES` that takes it, verifies each, and keeps the one timed
-fastest on the graph's example inputs in this process (``target="auto"`` with in-process
-timing; a ``cache=`` folder records the pick, so the next compile builds only that one).
-Training compiles for ``cpu`` unless a target is named.
+An inference graph goes to the ``target`` the call names; with none, to the one a rule on the
+graph's FLOPs picks (:mod:`mlcomp.dynamo.target_rule`: one compile).  ``target="auto"`` compiles it
+for each of :data:`INFERENCE_CANDIDATES`, verifies each and keeps the one timed fastest on the
+graph's example inputs in this process.  Training compiles for ``cpu`` unless a target is named.
 ``dynamic`` (``"batch,seq=8..512"``) names the sizes Dynamo made symbolic and bounds their
 ranges (:mod:`mlcomp.dynamo.symbols`); which sizes are symbolic is Dynamo's choice.
 Each ``torch.compile`` call carries its own dict to the backend, so two compiled models in
@@ -35,10 +34,11 @@ from mlcomp.frontend.dynamic import DynamicDim, parse_dynamic
 from mlcomp.hardware.timing import TimingPolicy
 from mlcomp.targets.options import CompileOptions
 
-__all__ = ["BackendOptions", "DEFAULT_PIPELINE", "INFERENCE_CANDIDATES", "INFERENCE_TIMING", "PRECISIONS"]
+__all__ = ["BY_RULE", "BackendOptions", "DEFAULT_PIPELINE", "INFERENCE_CANDIDATES", "INFERENCE_TIMING", "PRECISIONS"]
 
 DEFAULT_PIPELINE = "-O2"
-# an inference graph's targets when the call names none: the one timed fastest on the graph's example wins
+BY_RULE = "by-rule"     # an inference graph's target when the call names none: mlcomp.dynamo.target_rule
+# target="auto" under the backend: these are compiled, and the one timed fastest on the graph's example wins
 INFERENCE_CANDIDATES = ("cpu", "onnxruntime", "openvino")
 INFERENCE_TIMING = TimingPolicy(warmup=3, budget_s=0.2, min_repeats=5)
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
@@ -84,12 +84,12 @@ class BackendOptions:
         return cls(**own, target_given="target" in own, compile_options=compile_options)
 
     def for_inference(self) -> "BackendOptions":
-        """These options for an inference graph: the named target, else ``auto``."""
-        return self if self.target_given else dataclasses.replace(self, target="auto")
+        """These options for an inference graph: the named target, else :data:`BY_RULE`."""
+        return self if self.target_given else dataclasses.replace(self, target=BY_RULE)
 
     def target_args(self) -> dict[str, Any]:
-        """``compile_model``'s target arguments: ``auto`` picks among :data:`INFERENCE_CANDIDATES`,
-        timed in this process (:data:`INFERENCE_TIMING`)."""
+        """``compile_model``'s target arguments for a named target: ``auto`` picks among
+        :data:`INFERENCE_CANDIDATES`, timed in this process (:data:`INFERENCE_TIMING`)."""
         if self.target != "auto":
             return {"target": self.target}
         return {"target": "auto", "candidates": INFERENCE_CANDIDATES, "isolate": False,

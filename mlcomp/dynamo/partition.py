@@ -15,6 +15,7 @@ Tensors listed in ``constants`` (parameters, when inference freezes them) enter 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import operator
 import time
 import warnings
@@ -26,13 +27,15 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from mlcomp.api.compiler import compile_model, open_cache
 from mlcomp.base.errors import MlcompError
-from mlcomp.dynamo.options import BackendOptions
+from mlcomp.dynamo.options import BY_RULE, BackendOptions
 from mlcomp.dynamo.report import TORCH, BackendReport, Partition
 from mlcomp.dynamo.symbols import bind_examples, name_dimensions
+from mlcomp.dynamo.target_rule import pick_target
 from mlcomp.frontend.capture import from_fx
 from mlcomp.frontend.provenance import first_line
 from mlcomp.frontend.source import ModelSource
 from mlcomp.ir.ops import Op
+from mlcomp.targets.registry import get_target
 
 __all__ = ["KEPT_IN_TORCH", "compile_regions", "direct_call", "outside_dynamo", "representable"]
 
@@ -176,6 +179,9 @@ def _compile_one(sub: torch.fx.GraphModule, args: tuple[Any, ...], frozen: Mappi
     user_args = tuple(args[i] for i in keep)
     graph = name_dimensions(bind_examples(graph, user_args), opts.dynamic)
     source = ModelSource(graph.name, _bound(sub, args, keep), user_args)
+    if opts.target == BY_RULE:
+        chosen, part.picked = pick_target(graph, lambda name: get_target(name).available() is None)
+        opts = dataclasses.replace(opts, target=chosen)
     result = compile_model(source, graph, pipeline=opts.pipeline_spec(), verify=opts.verify,
                            cache=open_cache(opts.cache), **opts.target_args(), **opts.compile_options)
     if result.check is not None and not result.check.passed:
@@ -187,7 +193,7 @@ def _compile_one(sub: torch.fx.GraphModule, args: tuple[Any, ...], frozen: Mappi
     part.regions = list(art.manifest.get("fallback_regions") or [])
     part.pipeline = art.manifest.get("pipeline")
     part.sizes = dict(art.manifest.get("ranges") or {})
-    part.picked = _auto_note(art.manifest.get("auto"))
+    part.picked = _auto_note(art.manifest.get("auto")) or part.picked
     outputs = [n for n in sub.graph.nodes if n.op == "output"][0].args[0]
     return CompiledRegion(art, keep, tuple_out=isinstance(outputs, (tuple, list)))
 

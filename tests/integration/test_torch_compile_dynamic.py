@@ -46,7 +46,8 @@ class Encoder(nn.Module):
 
 def test_sizes_are_named_after_their_dimension_in_the_report_and_the_manifest(capsys):
     model = Encoder().eval()
-    fast = torch.compile(model, backend="mlcomp", options={"target": "cpu", "explain": True,
+    report = mb.BackendReport()
+    fast = torch.compile(model, backend="mlcomp", options={"target": "cpu", "explain": True, "report": report,
                                                            "dynamic": "batch=1..64,seq=1..256"})
     first = torch.randn(3, 10, 16)
     torch._dynamo.decorators.mark_unbacked(first, [0, 1])
@@ -57,32 +58,42 @@ def test_sizes_are_named_after_their_dimension_in_the_report_and_the_manifest(ca
             torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5)
     out = capsys.readouterr().out
     assert "batch 1..64, seq 1..256" in out and "u0" not in out and "s0" not in out, out
+    (part,) = report.partitions
+    assert part.sizes == {"batch": [1, 64], "seq": [1, 256]}        # the artifact manifest's ranges
 
 
-def test_without_a_target_the_fastest_verified_candidate_runs_and_the_cache_keeps_it(tmp_path):
+@pytest.mark.slow
+@pytest.mark.ort
+def test_auto_keeps_the_fastest_verified_candidate_and_the_cache_keeps_it(tmp_path):
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
     x = torch.randn(4, 16)
     seen = []
     for _ in range(2):
         torch._dynamo.reset()
         report = mb.BackendReport()
-        fast = torch.compile(model, backend="mlcomp", options={"report": report, "cache": str(tmp_path)})
+        fast = torch.compile(model, backend="mlcomp", options={"report": report, "cache": str(tmp_path),
+                                                               "target": "auto"})
         with torch.no_grad():
             torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5)
         (part,) = report.partitions
-        seen.append((part.ran_on, part.cache))
-    (ran_on, first_cache), (again, second_cache) = seen
-    assert ran_on.split(":")[1] in INFERENCE_CANDIDATES and again == ran_on
+        seen.append((part.ran_on, part.cache, part.picked))
+    (ran_on, first_cache, note), (again, second_cache, _) = seen
+    picked = ran_on.split(":")[1]
+    assert picked in INFERENCE_CANDIDATES and again == ran_on
+    assert note.startswith(f"auto: {picked} ") and all(name in note for name in INFERENCE_CANDIDATES)
     assert (first_cache, second_cache) == ("stored", "hit")
 
 
-def test_without_a_target_the_report_lists_every_candidate():
-    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh()).eval()
-    report = mb.BackendReport()
-    fast = torch.compile(model, backend="mlcomp", options={"report": report})
-    with torch.no_grad():
-        fast(torch.randn(2, 8))
-    (part,) = report.partitions
-    picked = part.ran_on.split(":")[1]
-    assert part.picked.startswith(f"auto: {picked} ") and part.picked in report.table()
-    assert all(name in part.picked for name in INFERENCE_CANDIDATES)
+@pytest.mark.ort
+def test_without_a_target_the_rule_sends_convolutions_to_onnxruntime_and_gemms_to_cpu():
+    convnet, mlp = small_convnet(), nn.Sequential(nn.Linear(8, 8), nn.Tanh()).eval()
+    for model, x, target, family in ((convnet, torch.randn(2, 1, 8, 8), "onnxruntime", "convolution"),
+                                     (mlp, torch.randn(2, 8), "cpu", "matmul")):
+        torch._dynamo.reset()
+        report = mb.BackendReport()
+        fast = torch.compile(model, backend="mlcomp", options={"report": report})
+        with torch.no_grad():
+            torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5)
+        (part,) = report.partitions
+        assert part.ran_on == f"mlcomp:{target}", report.table()
+        assert part.picked.startswith(family) and part.picked.endswith(f": {target} (rule)")

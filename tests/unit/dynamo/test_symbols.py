@@ -8,9 +8,10 @@ import torch
 
 from mlcomp.base.errors import InputSpecError
 from mlcomp.dynamo.lower import drop_bound_asserts
-from mlcomp.dynamo.options import BackendOptions, INFERENCE_CANDIDATES
+from mlcomp.dynamo.options import BY_RULE, INFERENCE_CANDIDATES, INFERENCE_TIMING, BackendOptions
 from mlcomp.dynamo.partition import representable
 from mlcomp.dynamo.symbols import bind_examples, name_dimensions
+from mlcomp.dynamo.target_rule import RULES, pick_target
 from mlcomp.frontend.dynamic import parse_dynamic
 from mlcomp.ir import Graph, Node, TensorMeta
 from mlcomp.ir.ops import INPUT
@@ -81,9 +82,10 @@ def test_bound_asserts_are_dropped_and_relations_kept():
 def test_inference_picks_its_target_unless_one_is_named():
     default = BackendOptions.parse({})
     assert default.target == "cpu"                               # what training compiles for
-    assert default.for_inference().target_args() == {
-        "target": "auto", "candidates": INFERENCE_CANDIDATES, "isolate": False,
-        "auto_timing": default.for_inference().target_args()["auto_timing"]}
+    assert default.for_inference().target == BY_RULE
+    auto = BackendOptions.parse({"target": "auto"}).for_inference().target_args()
+    assert auto == {"target": "auto", "candidates": INFERENCE_CANDIDATES, "isolate": False,
+                    "auto_timing": INFERENCE_TIMING}
     assert BackendOptions.parse({"target": "cpu"}).for_inference().target_args() == {"target": "cpu"}
     assert BackendOptions.parse({"dynamic": "batch,seq=8..64"}).dynamic[1].range == SizeRange(8, 64)
 
@@ -91,3 +93,20 @@ def test_inference_picks_its_target_unless_one_is_named():
 def test_bad_dynamic_option_is_refused_before_any_graph():
     with pytest.raises(InputSpecError, match="heads"):
         BackendOptions.parse({"dynamic": "heads"})
+
+
+def conv_then_linear(channels: int, features: int) -> Graph:
+    from mlcomp.frontend.capture import capture_module
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, channels, 3), torch.nn.Flatten(),
+                                torch.nn.Linear(channels * 6 * 6, features)).eval()
+    return capture_module(model, (torch.randn(2, 3, 8, 8),))
+
+
+def test_rule_follows_the_flop_share_and_skips_a_missing_target():
+    conv_heavy, gemm_heavy = conv_then_linear(16, 4), conv_then_linear(1, 4096)
+    assert RULES[0][:2] == ("convolution", 0.5)
+    assert pick_target(conv_heavy)[0] == "onnxruntime"
+    target, why = pick_target(gemm_heavy)
+    assert target == "cpu" and why.startswith("matmul 99% of heavy FLOPs") and why.endswith(": cpu (rule)")
+    assert pick_target(conv_heavy, available=lambda name: name != "onnxruntime")[0] == "cpu"
