@@ -8,7 +8,8 @@ empty).  Per model and batch, under ``torch.no_grad()``:
 
 * compile s: wall time of the first call of each compiled model (Dynamo tracing and the
   backend's compile, verification against eager included for mlcomp); ``mlcomp.compile`` s
-  is the same model through ``mlcomp.compile`` with the same pipeline and target, timed after
+  is the same model through ``mlcomp.compile`` with the same pipeline and target (and, unless
+  ``--dynamic auto``, ``dynamic=`` the swept size, so it too builds for the whole range), timed after
   the backend's compile (so it finds mlcomp's modules imported and the model's kernels warm); the
   ``first compile`` column times each of the two alone in a fresh process that has imported mlcomp
   and run the model once in eager: the fair comparison of a first compile;
@@ -72,16 +73,18 @@ if name == "bert":
     model = Bert().eval()
     make = lambda b, s=32: (torch.randint(0, 1000, (b, s)),)
     sweep = [make(batch, s) for s in range(8, 168, 8)]
-    swept = 1                                      # the sweep varies the sequence length
+    swept, spec = 1, "seq=1..256"                  # the sweep varies the sequence length (256 positions)
 else:
     from mlcomp import models
     zoo = models.get(name); model = zoo.build().eval()
     make = lambda b: tuple(zoo.example_inputs(b))
     sweep = [make(b) for b in range(1, 21)]
-    swept = 0                                      # the sweep varies the batch
+    swept, spec = 0, "batch"                       # the sweep varies the batch
 x = make(batch)
 mb.register()
 options = {"pipeline": pipeline, "threads": threads, **({"target": target} if target else {})}
+# mlcomp.compile builds what the backend builds: an artifact for the swept size's whole range when it is marked
+direct = {"pipeline": pipeline, "threads": threads, **({"dynamic": spec} if dynamic != "auto" else {})}
 
 
 def first_call(fn):
@@ -100,7 +103,7 @@ if mode != "all":    # one first compile, in a process that has only imported an
         if mode == "backend":
             first_call(torch.compile(model, backend="mlcomp", options=options))
         else:
-            mlcomp.compile(model, x, target=target, pipeline=pipeline, threads=threads)
+            mlcomp.compile(model, x, target=target, **direct)
     print("RESULT " + json.dumps({"first_" + mode: time.perf_counter() - t0}))
     sys.exit(0)
 out = {"model": name, "batch": batch}
@@ -126,7 +129,7 @@ with torch.no_grad():
     print(report.table(), file=sys.stderr)
     torch._dynamo.reset()    # after the backend's compile, so both find the same modules imported
     target = target or out["mlcomp_targets"][0].split(":")[-1]     # the target the backend picked
-    t0 = time.perf_counter(); mlcomp.compile(model, x, target=target, pipeline=pipeline, threads=threads)
+    t0 = time.perf_counter(); mlcomp.compile(model, x, target=target, **direct)
     out["mlcomp.compile"] = time.perf_counter() - t0
     for k, f in list(fns.items()):
         fns[k] = (lambda f: lambda: f(*x))(f)
