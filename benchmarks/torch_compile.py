@@ -8,14 +8,22 @@ empty).  Per model and batch, under ``torch.no_grad()``:
 
 * compile s: wall time of the first call of each compiled model (Dynamo tracing and the
   backend's compile, verification against eager included for mlcomp); ``mlcomp.compile`` s
-  is the same model through ``mlcomp.compile`` with the same pipeline and target, timed after
+  is the same model through ``mlcomp.compile`` with the same pipeline and target (and, unless
+  ``--dynamic auto``, ``dynamic=`` the swept size, so it too builds for the whole range), timed after
   the backend's compile (so it finds mlcomp's modules imported and the model's kernels warm); the
   ``first compile`` column times each of the two alone in a fresh process that has imported mlcomp
   and run the model once in eager: the fair comparison of a first compile;
 * steady-state latency (``--threads``, default 1, for every variant): medians of samples interleaved round by round over eager, inductor
   and mlcomp (``mlcomp.hardware.timing.measure_interleaved``);
 * recompiles: graphs compiled over a sweep of 20 batch sizes (1..20) or, for the BERT
-  model, 20 sequence lengths (8..160) after the first call (``counters["stats"]["unique_graphs"]``);
+  model, 20 sequence lengths (8..160) after the first call (``counters["stats"]["unique_graphs"]``).
+  The first call's swept size is made symbolic the same way for inductor and mlcomp (``--dynamic``):
+  ``mark`` (default) marks it with ``torch._dynamo.mark_dynamic`` (batch 1 still gets its own graph,
+  and a convolution's batch gets a guard at 16, where torch's choice of convolution kernel changes);
+  ``unbacked`` with ``torch._dynamo.decorators.mark_unbacked`` (no specialisation at all, but Dynamo
+  breaks the zoo transformer's and BERT's graphs on it, and inductor fails on a convolution at batch 1);
+  ``auto`` leaves it to Dynamo's automatic dynamic shapes;
+* mlcomp's target: ``--target`` names one; by default the backend picks per graph (``ran on``);
 * max error: the largest absolute difference from eager over the first call and the sweep.
 
 ``--generate N`` instead times greedy generation of N tokens after an 8-token prompt for the
@@ -49,7 +57,7 @@ from mlcomp.hardware.timing import TimingPolicy, measure_interleaved
 from mlcomp.dynamo import backend as mb
 import mlcomp
 name, batch, budget, pipeline, target = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
-threads = int(sys.argv[6])
+threads, dynamic = int(sys.argv[6]), sys.argv[8]
 torch.set_num_threads(threads)
 torch.manual_seed(0)
 if name == "bert":
@@ -65,35 +73,49 @@ if name == "bert":
     model = Bert().eval()
     make = lambda b, s=32: (torch.randint(0, 1000, (b, s)),)
     sweep = [make(batch, s) for s in range(8, 168, 8)]
+    swept, spec = 1, "seq=1..256"                  # the sweep varies the sequence length (256 positions)
 else:
     from mlcomp import models
     zoo = models.get(name); model = zoo.build().eval()
     make = lambda b: tuple(zoo.example_inputs(b))
     sweep = [make(b) for b in range(1, 21)]
+    swept, spec = 0, "batch"                       # the sweep varies the batch
 x = make(batch)
 mb.register()
+options = {"pipeline": pipeline, "threads": threads, **({"target": target} if target else {})}
+# mlcomp.compile builds what the backend builds: an artifact for the swept size's whole range when it is marked
+direct = {"pipeline": pipeline, "threads": threads, **({"dynamic": spec} if dynamic != "auto" else {})}
+
+
+def first_call(fn):
+    # the first call of a compiled model, its swept size marked as a user would (--dynamic)
+    arg = x[0].clone()
+    if dynamic == "unbacked":
+        torch._dynamo.decorators.mark_unbacked(arg, swept, hint_override=arg.shape[swept])
+    elif dynamic == "mark":
+        torch._dynamo.mark_dynamic(arg, swept)
+    return fn(arg, *x[1:])
 mode = sys.argv[7]
 if mode != "all":    # one first compile, in a process that has only imported and run the model in eager
     with torch.no_grad():
         model(*x)
         t0 = time.perf_counter()
         if mode == "backend":
-            torch.compile(model, backend="mlcomp", options={"pipeline": pipeline, "target": target,
-                                                             "threads": threads})(*x)
+            first_call(torch.compile(model, backend="mlcomp", options=options))
         else:
-            mlcomp.compile(model, x, target=target, pipeline=pipeline, threads=threads)
+            mlcomp.compile(model, x, target=target, **direct)
     print("RESULT " + json.dumps({"first_" + mode: time.perf_counter() - t0}))
     sys.exit(0)
 out = {"model": name, "batch": batch}
 with torch.no_grad():
     expected = model(*x)
     fns = {"eager": model}
+    report = mb.BackendReport()
     for label, fn in (("inductor", lambda: torch.compile(model)),
-                      ("mlcomp", lambda: torch.compile(model, backend="mlcomp",
-                                                         options={"pipeline": pipeline, "target": target, "threads": threads}))):
+                      ("mlcomp", lambda: torch.compile(model, backend="mlcomp", options={**options, "report": report}))):
         torch._dynamo.reset(); counters.clear()
         compiled = fn()
-        t0 = time.perf_counter(); y = compiled(*x); out[label + "_compile"] = time.perf_counter() - t0
+        t0 = time.perf_counter(); y = first_call(compiled); out[label + "_compile"] = time.perf_counter() - t0
         err = (y - expected).abs().max().item()
         before = counters["stats"]["unique_graphs"]
         for args in sweep:
@@ -101,8 +123,13 @@ with torch.no_grad():
         out[label + "_recompiles"] = counters["stats"]["unique_graphs"] - before
         out[label + "_err"] = err
         fns[label] = compiled
+    out["mlcomp_targets"] = sorted({p.ran_on for p in report.partitions})
+    out["mlcomp_sizes"] = sorted({f"{k} {v[0]}..{'' if v[1] is None else v[1]}" for p in report.partitions
+                                  for k, v in p.sizes.items()})
+    print(report.table(), file=sys.stderr)
     torch._dynamo.reset()    # after the backend's compile, so both find the same modules imported
-    t0 = time.perf_counter(); mlcomp.compile(model, x, target=target, pipeline=pipeline, threads=threads)
+    target = target or out["mlcomp_targets"][0].split(":")[-1]     # the target the backend picked
+    t0 = time.perf_counter(); mlcomp.compile(model, x, target=target, **direct)
     out["mlcomp.compile"] = time.perf_counter() - t0
     for k, f in list(fns.items()):
         fns[k] = (lambda f: lambda: f(*x))(f)
@@ -160,12 +187,16 @@ def generation_table(models: list[str], tokens: int, budget: float, pipeline: st
                                  "yes" if equal else "NO"]) + " |", flush=True)
 
 
-def run(model: str, batch: int, budget: float, pipeline: str, target: str, threads: int) -> dict:
-    """The timed row, then each first compile (backend, ``mlcomp.compile``) in a fresh process of its own."""
+def run(model: str, batch: int, budget: float, pipeline: str, target: str, threads: int, dynamic: str) -> dict:
+    """The timed row, then each first compile (backend, ``mlcomp.compile``) in a fresh process of its own.
+
+    With no ``target`` the backend picks one per graph; ``mlcomp.compile`` compiles for the one it picked.
+    """
     args = (model, str(batch), str(budget), pipeline, target, str(threads))
-    out = child(CHILD, *args, "all")
-    for mode in ("backend", "compile"):
-        out.update(child(CHILD, *args, mode))
+    out = child(CHILD, *args, "all", dynamic)
+    out.update(child(CHILD, *args, "backend", dynamic))
+    picked = target or out["mlcomp_targets"][0].split(":")[-1]
+    out.update(child(CHILD, *args[:4], picked, args[5], "compile", dynamic))
     return out
 
 
@@ -183,7 +214,7 @@ def host() -> str:
 
 COLUMNS = ("model", "batch", "eager ms", "inductor ms", "mlcomp ms", "inductor compile s", "mlcomp compile s",
            "mlcomp.compile s", "first compile s, own process (backend / mlcomp.compile)", "recompiles (ind/mlc)",
-           "max err (ind/mlc)")
+           "max err (ind/mlc)", "mlcomp ran on", "sizes")
 
 
 def row(r: dict) -> list[str]:
@@ -191,7 +222,8 @@ def row(r: dict) -> list[str]:
             f"{r['inductor_compile']:.1f}", f"{r['mlcomp_compile']:.1f}", f"{r['mlcomp.compile']:.1f}",
             f"{r['first_backend']:.2f} / {r['first_compile']:.2f} ({r['first_backend'] / r['first_compile']:.2f}x)",
             f"{r['inductor_recompiles']}/{r['mlcomp_recompiles']}",
-            f"{r['inductor_err']:.1e}/{r['mlcomp_err']:.1e}"]
+            f"{r['inductor_err']:.1e}/{r['mlcomp_err']:.1e}", ", ".join(r["mlcomp_targets"]),
+            ", ".join(r["mlcomp_sizes"]) or "static"]
 
 
 DEFAULT_MODELS = "mlp,lenet,resnet18,transformer,bert"
@@ -203,7 +235,11 @@ def main() -> None:
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--budget", type=float, default=1.0, help="seconds of timing per variant")
     parser.add_argument("--pipeline", default="-O2")
-    parser.add_argument("--target", default="cpu")
+    parser.add_argument("--target", default="", help="mlcomp's target (default: the backend's own choice)")
+    parser.add_argument("--dynamic", choices=("mark", "unbacked", "auto"), default="mark",
+                        help="how the first call's swept size is made symbolic, for inductor and mlcomp alike: "
+                             "torch._dynamo.decorators.mark_unbacked, torch._dynamo.mark_dynamic, or nothing "
+                             "(Dynamo's automatic dynamic shapes)")
     parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads, every variant")
     parser.add_argument("--generate", type=int, default=None, metavar="N",
                         help="time greedy generation of N tokens instead (decoders: --models llama,gpt2,qwen2)")
@@ -215,12 +251,14 @@ def main() -> None:
               f"{args.pipeline}, {args.threads} thread(s)\n")
         generation_table(models, args.generate, args.budget, args.pipeline, args.gen_targets, args.threads)
         return
-    print(f"host: {host()}; pipeline {args.pipeline}, target {args.target}, {args.threads} thread(s)\n")
+    print(f"host: {host()}; pipeline {args.pipeline}, target {args.target or 'the backend default'}, "
+          f"{args.threads} thread(s), sizes made dynamic by: {args.dynamic}\n")
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS))
     for model in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            print("| " + " | ".join(row(run(model, batch, args.budget, args.pipeline, args.target, args.threads))) + " |",
+            print("| " + " | ".join(row(run(model, batch, args.budget, args.pipeline, args.target, args.threads,
+                                             args.dynamic))) + " |",
                   flush=True)
 
 

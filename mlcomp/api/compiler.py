@@ -139,14 +139,16 @@ def compile_model(source: Any, graph: Any, *, target: str | Target | None = None
                   candidates: Sequence[str | Target] | None = None, pipeline: Any = None, verify: bool = True,
                   cache: CompileCache | None = None, capture_seconds: float = 0.0,
                   instruments: Any = None, auto_timing: TimingPolicy = DEFAULT_AUTO_TIMING,
-                  note: Note | None = None, calibration_data: Any = None, **options: Any) -> CompileResult:
+                  note: Note | None = None, calibration_data: Any = None, isolate: bool = True,
+                  **options: Any) -> CompileResult:
     """Cache lookup, then the auto target or one target, verification, and storing a verified miss.
 
     Nothing raises on a verification failure: ``result.check`` says (the CLI prints it first).
     ``result.cache`` is the :class:`CacheOutcome` when ``cache`` is given.  ``instruments``:
     a list, or for ``target="auto"`` a callable giving one list per candidate name.
     ``calibration_data``: batches for the passes that calibrate (quantize, mixed-precision); a compile
-    given them bypasses the cache (the batches are not part of its key).
+    given them bypasses the cache (the batches are not part of its key).  ``isolate=False``: the auto
+    target times its candidates in this process (:func:`~mlcomp.api.auto.search.compile_auto`).
     """
     say = note or (lambda text: None)
     auto = is_auto(target)
@@ -184,7 +186,7 @@ def compile_model(source: Any, graph: Any, *, target: str | Target | None = None
         records = RecordStore(cache.root / RECORDS_DIR) if cache is not None else None
         result = compile_auto(source, graph, candidates=candidates, pipeline=pipeline,
                               capture_seconds=capture_seconds, instruments=instruments, policy=auto_timing,
-                              note=say, records=records, **options)
+                              note=say, records=records, isolate=isolate, **options)
     else:
         result = compile_source(source, graph, target=target, pipeline=pipeline, verify=verify,
                                 capture_seconds=capture_seconds, instruments=instruments,

@@ -59,7 +59,7 @@ def mlcomp_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
 
         compiled = compile_training_graph(gm, example_inputs, opts, report, name)
     else:
-        compiled = compile_inference(gm, example_inputs, opts, report, name)
+        compiled = compile_inference(gm, example_inputs, opts.for_inference(), report, name)
     if opts.explain:
         print(_explained(report, name))
     return compiled

@@ -19,6 +19,7 @@ lowered graph takes tensors only, as mlcomp's IR does::
 from __future__ import annotations
 
 import copy
+import operator
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -158,9 +159,43 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, writes: bo
     except Exception as exc:  # noqa: BLE001 - any tracing failure sends the graph to torch
         raise CaptureError(f"the Dynamo graph cannot be traced to ATen: {type(exc).__name__}: {first_line(exc)}",
                            hint="this graph runs in torch") from None
+    drop_bound_asserts(traced.graph)
     traced.graph.eliminate_dead_code()
     traced.recompile()
-    return Lowered(traced, sizes, indices, dynamic=bool(sizes.slots), written=tuple(written), baked=baked)
+    return Lowered(traced, sizes, indices, dynamic=bool(sizes.slots) or _has_symbols(args),
+                   written=tuple(written), baked=baked)
+
+
+# a runtime assert that one size is above or below a constant: a bound of that size's range
+BOUNDS = frozenset({operator.ge, operator.gt, operator.le, operator.lt})
+
+
+def drop_bound_asserts(graph: torch.fx.Graph) -> int:
+    """Remove ``_assert_scalar(size >= c)`` and the like from ``graph``; returns how many.
+
+    Unbacked sizes (``mark_unbacked``) come with such asserts of their range; the symbol's
+    range goes into mlcomp's IR (:func:`mlcomp.frontend.dynamic.note_symbol`) and the artifact
+    checks each call's sizes against it, so these asserts are checked there.  Any other assert
+    (a relation between sizes) stays, and runs in torch outside mlcomp's regions.
+    """
+    dropped = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten._assert_scalar.default:
+            continue
+        test = node.args[0]
+        if (isinstance(test, torch.fx.Node) and test.target in BOUNDS and len(test.args) == 2
+                and _is_size(test.args[0]) and isinstance(test.args[1], int)):
+            graph.erase_node(node)
+            dropped += 1
+    return dropped
+
+
+def _is_size(arg: Any) -> bool:
+    return isinstance(arg, torch.fx.Node) and arg.target is torch.ops.aten.sym_size.int
+
+
+def _has_symbols(fakes: Sequence[Any]) -> bool:
+    return any(isinstance(d, torch.SymInt) for t in fakes if isinstance(t, torch.Tensor) for d in t.shape)
 
 
 def _bake_scalars(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]

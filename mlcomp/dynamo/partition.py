@@ -15,6 +15,7 @@ Tensors listed in ``constants`` (parameters, when inference freezes them) enter 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import operator
 import time
 import warnings
@@ -26,19 +27,25 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from mlcomp.api.compiler import compile_model, open_cache
 from mlcomp.base.errors import MlcompError
-from mlcomp.dynamo.options import BackendOptions
+from mlcomp.dynamo.options import BY_RULE, BackendOptions
 from mlcomp.dynamo.report import TORCH, BackendReport, Partition
+from mlcomp.dynamo.symbols import bind_examples, name_dimensions
+from mlcomp.dynamo.target_rule import pick_target
 from mlcomp.frontend.capture import from_fx
 from mlcomp.frontend.provenance import first_line
 from mlcomp.frontend.source import ModelSource
 from mlcomp.ir.ops import Op
+from mlcomp.targets.registry import get_target
 
-__all__ = ["compile_regions", "direct_call", "outside_dynamo", "representable"]
+__all__ = ["KEPT_IN_TORCH", "compile_regions", "direct_call", "outside_dynamo", "representable"]
+
+# ops the IR could name but whose work is torch's: runtime asserts about sizes (no tensor, no meta)
+KEPT_IN_TORCH = frozenset({torch.ops.aten._assert_scalar.default, torch.ops.aten._assert_async.msg})
 
 
 def representable(node: torch.fx.Node) -> bool:
     """Whether mlcomp's IR holds this node's op (a call of an ATen/library op, ``getitem``, size arithmetic)."""
-    if node.op != "call_function":
+    if node.op != "call_function" or node.target in KEPT_IN_TORCH:
         return False
     try:
         Op.from_torch(node.target)
@@ -170,9 +177,13 @@ def _compile_one(sub: torch.fx.GraphModule, args: tuple[Any, ...], frozen: Mappi
     graph = from_fx(sub.graph, name=f"{part.graph}_{part.name}", training=False, constant_of=constant_of,
                     tensors=own)
     user_args = tuple(args[i] for i in keep)
+    graph = name_dimensions(bind_examples(graph, user_args), opts.dynamic)
     source = ModelSource(graph.name, _bound(sub, args, keep), user_args)
-    result = compile_model(source, graph, target=opts.target, pipeline=opts.pipeline_spec(), verify=opts.verify,
-                           cache=open_cache(opts.cache), **opts.compile_options)
+    if opts.target == BY_RULE:
+        chosen, part.picked = pick_target(graph, lambda name: get_target(name).available() is None)
+        opts = dataclasses.replace(opts, target=chosen)
+    result = compile_model(source, graph, pipeline=opts.pipeline_spec(), verify=opts.verify,
+                           cache=open_cache(opts.cache), **opts.target_args(), **opts.compile_options)
     if result.check is not None and not result.check.passed:
         raise MlcompError(f"region {part.name} differs from torch on the example inputs: "
                           f"{result.check.summary()}", hint="it runs in torch")
@@ -181,8 +192,22 @@ def _compile_one(sub: torch.fx.GraphModule, args: tuple[Any, ...], frozen: Mappi
     part.cache = result.cache.status.value if result.cache is not None else None
     part.regions = list(art.manifest.get("fallback_regions") or [])
     part.pipeline = art.manifest.get("pipeline")
+    part.sizes = dict(art.manifest.get("ranges") or {})
+    part.picked = _auto_note(art.manifest.get("auto")) or part.picked
     outputs = [n for n in sub.graph.nodes if n.op == "output"][0].args[0]
     return CompiledRegion(art, keep, tuple_out=isinstance(outputs, (tuple, list)))
+
+
+def _auto_note(auto: Any) -> str | None:
+    """``auto: onnxruntime 0.455 ms, cpu 0.761, openvino 0.893``: the auto target's candidates, picked first."""
+    if not auto:
+        return None
+    rows = sorted(auto.get("candidates", ()), key=lambda c: (not c.get("picked"), c.get("median_ms") is None,
+                                                             c.get("median_ms") or 0.0))
+    cells = [c["target"] + (f" {c['median_ms']:.3g}" if c.get("median_ms") is not None else
+                            " (recorded pick)" if c.get("picked") else " (not timed)" if c.get("verified")
+                            else " (declined)") for c in rows]
+    return "auto: " + ", ".join(cells) + " ms"
 
 
 def _bound(sub: torch.fx.GraphModule, args: tuple[Any, ...], keep: Sequence[int]) -> Callable[..., Any]:

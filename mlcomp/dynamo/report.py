@@ -1,12 +1,13 @@
 """Which partition of which Dynamo graph ran where, and why: the backend's ``explain``.
 
     >>> report = BackendReport()
-    >>> report.add(Partition("graph0", "fused_0", "mlcomp:cpu", nodes=3, seconds=0.5, cache="stored"))
+    >>> report.add(Partition("graph0", "fused_0", "mlcomp:cpu", nodes=3, seconds=0.5, cache="stored",
+    ...                      sizes={"batch": [1, None], "seq": [8, 512]}))
     >>> report.add(Partition("graph0", "cond", "torch", nodes=1, reason="cond is not an op of mlcomp's IR"))
     >>> print(report.table())
-    graph   partition  ran on      nodes  compile s  cache   why
-    graph0  fused_0    mlcomp:cpu  3      0.500      stored
-    graph0  cond       torch       1                         cond is not an op of mlcomp's IR
+    graph   partition  ran on      nodes  compile s  cache   sizes                  why
+    graph0  fused_0    mlcomp:cpu  3      0.500      stored  batch 1.., seq 8..512
+    graph0  cond       torch       1                                                cond is not an op of mlcomp's IR
     >>> report.counts()
     {'mlcomp:cpu': 1, 'torch': 1}
 """
@@ -37,6 +38,8 @@ class Partition:
     reason: str | None = None
     pipeline: str | None = None                                   # the pipeline as it ran (adapted to the target)
     regions: list[dict[str, Any]] = field(default_factory=list)   # the target's own eager regions, if any
+    sizes: dict[str, list[int | None]] = field(default_factory=dict)   # symbolic sizes: name -> [min, max]
+    picked: str | None = None                                     # how the auto target chose, if it did
 
 
 @dataclass
@@ -100,13 +103,18 @@ class BackendReport:
         return BackendReport(self.of_graph(graph), 1, [j for j in self.joints if j.graph == graph])
 
     def table(self) -> str:
-        head = ("graph", "partition", "ran on", "nodes", "compile s", "cache", "why")
+        head = ("graph", "partition", "ran on", "nodes", "compile s", "cache", "sizes", "why")
         rows = [head] + [(p.graph, p.name, p.ran_on, str(p.nodes),
-                          "" if p.seconds is None else f"{p.seconds:.3f}", p.cache or "",
-                          p.reason or _regions_note(p.regions)) for p in self.partitions]
+                          "" if p.seconds is None else f"{p.seconds:.3f}", p.cache or "", _sizes(p.sizes),
+                          p.reason or _regions_note(p.regions) or p.picked or "") for p in self.partitions]
         widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
         lines = [("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]).rstrip() for r in rows]
         return "\n".join(lines + [j.line() for j in self.joints])
+
+
+def _sizes(sizes: dict[str, list[int | None]]) -> str:
+    """``batch 1.., seq 8..512``: each symbolic size and its range."""
+    return ", ".join(f"{name} {lo}..{'' if hi is None else hi}" for name, (lo, hi) in sorted(sizes.items()))
 
 
 def _regions_note(regions: list[dict[str, Any]]) -> str:

@@ -28,7 +28,8 @@ from mlcomp.base.errors import InputSpecError
 from mlcomp.ir import Graph, TensorMeta
 from mlcomp.ir.symbols import SizeRange, rename_symbols
 
-__all__ = ["AXES", "DynamicDim", "parse_dynamic", "export_dims", "graph_dims", "widen_examples", "name_symbols", "note_symbol"]
+__all__ = ["AXES", "DynamicDim", "parse_dynamic", "export_dims", "graph_dims", "widen_examples", "name_symbols", "note_symbol",
+           "rename_graph_symbols"]
 
 AXES = {"batch": 0, "seq": 1, "sequence": 1, "tokens": 1, "length": 1}    # a name's default dimension
 _ENTRY = re.compile(r"(?P<name>[A-Za-z_]\w*)(?:@(?P<dim>\d+))?(?:=(?P<range>[^,]*))?")
@@ -161,6 +162,11 @@ def name_symbols(graph: Graph, dims: Sequence[DynamicDim]) -> Graph:
                 mapping.setdefault(shape[d.dim], d.name)
     for old, new in mapping.items():
         graph.ranges[old] = next(d.range for d in dims if d.name == new)
+    return rename_graph_symbols(graph, mapping)
+
+
+def rename_graph_symbols(graph: Graph, mapping: dict[str, str]) -> Graph:
+    """``graph`` with each symbol of ``mapping`` renamed in every meta, its example values and its ranges."""
     mapping = {old: new for old, new in mapping.items() if old != new}
     if not mapping:
         return graph

@@ -21,7 +21,10 @@ pytestmark = pytest.mark.usefixtures("fresh_dynamo")   # tests/conftest.py
 
 
 def compiled(model, **options):
+    """``model`` through the backend for ``target`` (``cpu`` unless given: these tests are about the backend,
+    not about its choice of target, which tests/integration/test_torch_compile_dynamic.py covers)."""
     report = mb.BackendReport()
+    options.setdefault("target", "cpu")
     return torch.compile(model, backend="mlcomp", options={"report": report, **options}), report
 
 
@@ -201,7 +204,7 @@ def test_graph_that_writes_its_buffer_runs_in_torch():
 
 
 def test_explain_prints_where_each_partition_ran(capsys):
-    fast = torch.compile(Branches().eval(), backend="mlcomp", options={"explain": True})
+    fast = torch.compile(Branches().eval(), backend="mlcomp", options={"explain": True, "target": "cpu"})
     with torch.no_grad():
         fast(torch.randn(2, 8))
     out = capsys.readouterr().out
@@ -215,7 +218,7 @@ def test_dynamic_compile_serves_every_batch_and_hits_the_cache(tmp_path):
             torch._dynamo.reset()
             report = mb.BackendReport()
             fast = torch.compile(model, backend="mlcomp", dynamic=True,
-                                 options={"report": report, "cache": str(tmp_path)})
+                                 options={"report": report, "cache": str(tmp_path), "target": "cpu"})
             for batch in batches:
                 x = torch.randn(batch, 16)
                 torch.testing.assert_close(fast(x), model(x))
@@ -231,7 +234,7 @@ mb.register()
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
 report = mb.BackendReport()
-fast = torch.compile(model, backend="mlcomp", options={"report": report, "cache": sys.argv[1]})
+fast = torch.compile(model, backend="mlcomp", options={"report": report, "cache": sys.argv[1], "target": "cpu"})
 with torch.no_grad():
     for batch in (2, 3, 9):
         x = torch.randn(batch, 16)
