@@ -80,7 +80,7 @@ from mlcomp.passes.quantize.observe import observe
 from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule
 from mlcomp.passes.quantize.selection import choose, finite, unmatched
 from mlcomp.passes.quantize.unfuse import inline_fused
-from mlcomp.passes.quantize.write import Writer, drop_softmax_guard, output_value, plan
+from mlcomp.passes.quantize.write import Writer, drop_softmax_guard, output_value, plan, ranges_through_moves
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
 __all__ = ["Quantize", "Activations", "Granularity", "Method", "INT8_TARGETS"]
@@ -190,12 +190,15 @@ class Quantize(Pass):
             if rule.fixed_output is not None:
                 seen.ranges[output_value(graph, node)] = rule.fixed_output
                 drop_softmax_guard(graph, node)
+        outputs = [output_value(graph, n) for n, _ in layers]
+        shared = 0 if dynamic else ranges_through_moves(graph, acts, outputs, seen.ranges)
         writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL, self._grids(ctx))
         write = writer.dynamic_layer if dynamic else writer.layer
         records = [write(n, rule, plans[n.name]) for n, rule in layers]
         absorbed = absorb_scalar_muls(graph) if self.fold_scalars else 0
         stats = self._measure(graph, samples, held, seen, held_ref, records)
-        stats.update(kept_float=kept, unfused_groups=unfused, batched_linears=linearized, scalar_muls_absorbed=absorbed)
+        stats.update(kept_float=kept, unfused_groups=unfused, batched_linears=linearized, scalar_muls_absorbed=absorbed,
+                     ranges_shared=shared)
         stats["warnings"] = [f"exclude pattern {p!r} matched no node" for p in unmatched(graph, self.exclude)]
         for text in stats["warnings"]:
             warnings.warn(f"quantize: {text}", UserWarning, stacklevel=2)

@@ -22,9 +22,11 @@ from mlcomp.passes.quantize.grids import Grid, grid_params
 from mlcomp.passes.quantize.observe import int8_weight
 from mlcomp.passes.quantize.policy import Int8Rule
 
-__all__ = ["Writer", "Plan", "plan", "weight_param", "activations", "output_value", "drop_softmax_guard"]
+__all__ = ["Writer", "Plan", "plan", "weight_param", "activations", "output_value", "drop_softmax_guard",
+           "ranges_through_moves"]
 
 _TRANSPOSES = (aten("permute"), aten("t"), aten("transpose.int"))
+_MOVES = (P.VIEW_LIKE | P.INFERENCE_IDENTITY_OPS) - {P.AS_STRIDED}
 _RELU = aten("relu")
 
 
@@ -209,3 +211,23 @@ def drop_softmax_guard(graph: Graph, softmax: Node) -> int:
         remove_dead(graph, [where.name, full.name, *chain])
         done += 1
     return done
+
+
+def ranges_through_moves(graph: Graph, values: Sequence[str], outputs: Sequence[str],
+                         ranges: dict[str, tuple[float, float]], longest: int = 8) -> int:
+    """Give each activation in ``values`` that only moves the elements of an int8 op's output (views,
+    permutes: at most ``longest`` of them) that output's range, in place; how many changed.
+
+    Its elements already lie on that output's grid, so its pair then has the same scale and zero point and
+    is an identity ONNX Runtime removes (a softmax's probabilities, on the fixed grid [0, 1], reshaped for
+    ``P·V``: otherwise dequantized, reshaped and quantized again on the observed [0, max], two passes over
+    the largest tensor of an attention layer and a second rounding)."""
+    produced, changed = set(outputs), 0
+    for name in values:
+        node, steps = graph.node(name), 0
+        while node.op in _MOVES and steps < longest and node.inputs and isinstance(node.inputs[0], Ref):
+            node, steps = graph.node(node.inputs[0].name), steps + 1
+        if steps and node.name in produced and node.name in ranges and ranges.get(name) != ranges[node.name]:
+            ranges[name] = ranges[node.name]
+            changed += 1
+    return changed
