@@ -40,10 +40,11 @@ activation ranges (``minmax``, ``percentile``, ``entropy``: :mod:`~mlcomp.passes
 :mod:`~mlcomp.passes.quantize.selection`), ``held_back`` (samples kept out of the ranges and
 measured only), ``products`` (the grids of a product of two activations' operands, attention's
 ``Q·Kᵀ`` and ``P·V``: by default the target's row of :mod:`~mlcomp.passes.quantize.grids`, zero
-points on onnxruntime, none on openvino, which runs such a product in int8 only then), and a
-declared accuracy target, ``tolerance`` (max relative error of the outputs) and ``agreement``
-(top-1), refused with the numbers when missed. A fused graph (``-O2,quantize``) is first put back as
-its ops (:mod:`~mlcomp.passes.quantize.unfuse`), and a linear read as ``bmm`` against its weight
+points on onnxruntime, none on openvino, which runs such a product in int8 only then),
+``embeddings`` (large embedding tables looked up in int8 and scaled per column after the lookup:
+:mod:`~mlcomp.passes.quantize.embeddings`), and a declared accuracy target, ``tolerance`` (max
+relative error of the outputs) and ``agreement`` (top-1), refused with the numbers when missed.
+A fused graph (``-O2,quantize``) is first put back as its ops (:mod:`~mlcomp.passes.quantize.unfuse`), and a linear read as ``bmm`` against its weight
 broadcast over the batch (attention's input projection on a permuted input) is written as one
 ``addmm`` again (:mod:`mlcomp.ir.linearize`), so its weight folds to int8 like any linear's.
 
@@ -75,6 +76,7 @@ from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.linearize import linearize_batched_matmuls
 from mlcomp.passes.quantize import accuracy, data
 from mlcomp.passes.quantize.absorb import absorb_scalar_muls
+from mlcomp.passes.quantize.embeddings import quantize_embeddings
 from mlcomp.passes.quantize.grids import PRODUCT_SCHEMES, Grid, operand_grids
 from mlcomp.passes.quantize.observe import observe
 from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule
@@ -134,6 +136,8 @@ class Quantize(Pass):
     tolerance: float | None = option(None, "largest max relative error of the outputs accepted", gt=0)
     agreement: float | None = option(None, "smallest top-1 agreement with fp32 accepted", gt=0, le=1)
     fold_scalars: bool = option(True, "turn scalar multiplies of dequantized values into dequantize scales")
+    embeddings: bool = option(True, "embedding tables (4096 elements or more) in int8: int8 rows looked up, "
+                              "then scaled per column")
     products: Products = option(Products.AUTO, "grids of the operands of a product of two activations: auto "
                                 "(the target's row in quantize.grids), minmax (uint8 with zero points) or "
                                 "zero-free (zero point 0, the second operand int8)")
@@ -196,9 +200,10 @@ class Quantize(Pass):
         write = writer.dynamic_layer if dynamic else writer.layer
         records = [write(n, rule, plans[n.name]) for n, rule in layers]
         absorbed = absorb_scalar_muls(graph) if self.fold_scalars else 0
+        tables = quantize_embeddings(graph, self.exclude) if self.embeddings else []
         stats = self._measure(graph, samples, held, seen, held_ref, records)
         stats.update(kept_float=kept, unfused_groups=unfused, batched_linears=linearized, scalar_muls_absorbed=absorbed,
-                     ranges_shared=shared)
+                     ranges_shared=shared, embeddings=tables)
         stats["warnings"] = [f"exclude pattern {p!r} matched no node" for p in unmatched(graph, self.exclude)]
         for text in stats["warnings"]:
             warnings.warn(f"quantize: {text}", UserWarning, stacklevel=2)
