@@ -4,9 +4,9 @@ The pass observes activation ranges by running the graph on calibration samples
 (:mod:`mlcomp.passes.quantize.observe`; the example inputs by default), then, around
 every op the policy marks int8-capable (:mod:`mlcomp.passes.quantize.policy`), writes
 ``mlcomp.quantize_linear``/``mlcomp.dequantize_linear`` (:mod:`mlcomp.ir.quant`): activations per
-tensor in uint8 (a product of two activations: on its target's grids); the op's output too (what
-lets ONNX Runtime pick its ``QLinear*`` kernels), after the ReLU when a ReLU is its only reader (ORT
-then drops the ReLU, which a zero point of 0 makes exact); weights folded now into int8 constants
+tensor in uint8 (a product of two activations: on its target's grids); the op's output too when an
+int8 op reads it (what lets ONNX Runtime pick its ``QLinear*`` kernels), after the ReLU when a ReLU
+is its only reader (ORT then drops the ReLU, which a zero point of 0 makes exact); weights folded now into int8 constants
 with one symmetric scale per output channel; the bias into int32 at ``input scale × weight scale``.
 Everything else keeps float. Before/after on ``conv → relu → flatten → linear``::
 
@@ -27,7 +27,7 @@ Everything else keeps float. Before/after on ``conv → relu → flatten → lin
     %relu_dq = mlcomp.dequantize_linear(%relu_q, ...);  %view = view(%relu_dq, [2, 144])
     %view_q, %view_dq (the pair of the linear's input);  %3.weight_dq, %3.bias_dq as above
     %addmm = addmm(%3.bias_dq, %view_dq, permute(%3.weight_dq, [1, 0]))
-    %addmm_q, %addmm_dq;  return (%addmm_dq,)
+    return (%addmm,)          # read in float only: no pair (ORT's QGemm writes float)
 
 With ``activations=dynamic`` only matrix products with a constant weight are quantized: the
 weight to int8 as above, the activation on each call (``mlcomp.dynamic_quantize_linear``, ORT's
