@@ -36,7 +36,7 @@ class Writer:
     def __init__(self, graph: Graph, ranges: dict[str, tuple[float, float]], per_channel: bool,
                  products: tuple[Grid, Grid] = (Grid.MINMAX, Grid.MINMAX), paired: set[str] | None = None) -> None:
         self.graph, self.ranges, self.per_channel, self.products = graph, ranges, per_channel, products
-        self.paired = paired            # the outputs that get a pair (None: every output)
+        self.paired = paired    # outputs read in int8; a float-output op's others get no pair (None: all do)
         self.position = {n.name: i for i, n in enumerate(graph.nodes())}   # the original order, once
         # (value, grid) -> (its dequantized ref, scale, zero)
         self.pairs: dict[tuple[str, Grid], tuple[Ref, float, int]] = {}
@@ -104,7 +104,7 @@ class Writer:
         g.replace(g.node(node.name).with_(inputs=tuple(args)))
         remove_dead(g, old)            # the float weight and bias, now read by nobody
         out = Ref(output_value(g, node))
-        if g.users(out.name) and (self.paired is None or out.name in self.paired):
+        if g.users(out.name) and (self.paired is None or out.name in self.paired or not rule.float_output):
             dq, scale, zero = self._pair(out, self._first_user(out.name), g.node(out.name).origin)
             q_name = g.node(dq.name).inputs[0].name
             g.replace_all_uses(out.name, dq, only=lambda u: u.name not in (q_name, dq.name))
@@ -249,9 +249,9 @@ def ranges_through_moves(graph: Graph, values: Sequence[str], outputs: Sequence[
 
 def outputs_read_in_int8(graph: Graph, values: Sequence[str], outputs: Sequence[str]) -> set[str]:
     """The int8 ops' outputs (``outputs``) that an int8 op reads, directly or through moves (``values``: the
-    int8 ops' activations): the only outputs worth a pair.  An output read only in float (a residual add,
-    a GELU, the graph's output) keeps the op's float result: ONNX Runtime's ``QGemm`` and
-    ``MatMulIntegerToFloat`` and OpenVINO's ``FullyConnected`` write float directly, and a pair there
-    would only round it."""
+    int8 ops' activations).  A linear's output read only in float (a residual add, a GELU, the graph's
+    output) gets no pair: ONNX Runtime's ``QGemm`` and ``MatMulIntegerToFloat`` and OpenVINO's
+    ``FullyConnected`` write float, and a pair there would only round it (ops whose ORT kernel must write
+    int8, ``QLinearConv``, ``QLinearAdd``…, keep theirs: :attr:`Int8Rule.float_output`)."""
     produced = set(outputs)
     return {src for src in (moved_from(graph, v, scaled=True) for v in values) if src in produced}
