@@ -5,7 +5,8 @@
     .venv/bin/python benchmarks/anchors.py --rows mlp --tune-trials 64 --json anchors.json
 
 Rows (model@batch): zoo ``mlp@1``, ``resnet18@1``, ``resnet18@32``, ``transformer@1``; third-party
-(:mod:`mlcomp.models.third_party`, random weights) ``bert@2``, ``vit@2``, ``gru-tagger@2``, ``gpt2@2``.
+(:mod:`mlcomp.models.third_party`, random weights) ``bert@2``, ``vit@2``, ``gru-tagger@2``, ``gpt2@2``; on
+request (``--rows``) the held-out models (:mod:`mlcomp.models.held_out`) ``gru-tagger-2l``, ``mlp-mixer``, ``unet``.
 Tools: ``eager``, ``torchscript`` (trace + freeze), ``torch.compile`` (inductor), ``ort`` (ONNX Runtime
 on ``torch.onnx.export(dynamo=True)``), ``ov-f32`` / ``ov-default`` (OpenVINO on ``ov.convert_model``
 of the module, precision hint f32 / the plugin's default, bf16 where the CPU has it; thread pinning
@@ -73,11 +74,14 @@ def _model(row: str):
     import torch
 
     from mlcomp.models import ZOO
+    from mlcomp.models.held_out import HELD_OUT, build_held_out
     from mlcomp.models.third_party import build_third_party
 
     name, batch = row.split("@")
     if name in ZOO:
         return ZOO[name].build(seed=0).eval(), ZOO[name].example_inputs(int(batch))
+    if name in HELD_OUT:
+        return build_held_out(name, int(batch))
     model, inputs = build_third_party(name, int(batch), seed=0)
     torch.manual_seed(0)
     return model, inputs

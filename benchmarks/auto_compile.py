@@ -54,6 +54,8 @@ def child(model: str, threads: int, seed: int, cache: str | None) -> None:
     print(json.dumps({"seconds": seconds, "picked": art.target,
                       "medians_ms": {c["target"]: c["median_ms"] for c in auto.get("candidates", [])
                                      if c.get("median_ms") is not None},
+                      "compile_s": {c["target"]: c["compile_seconds"] for c in auto.get("candidates", [])
+                                    if c.get("compile_seconds") is not None},
                       "eliminated": sorted(timing.get("eliminated", {})), "timed_in": timing.get("timed_in"),
                       "processes": timing.get("processes"), "phases": timing.get("phase_seconds", {}),
                       "capture_s": art.manifest.get("capture_seconds"),
@@ -81,7 +83,8 @@ def line(label: str, r: dict) -> str:
     phases = ", ".join(f"{k} {v:.1f}" for k, v in {"capture": r.get("capture_s") or 0.0, **r["phases"]}.items())
     return (f"  {label}: {r['seconds']:.1f} s (process {r['process_s']:.1f} s) -> {r['picked']}; ms: {medians or '—'}"
             f"; eliminated: {', '.join(r['eliminated']) or '—'}; processes: {r['processes']}; phases: {phases or '—'}"
-            + (f"; cache {r['cache']}" if r.get("cache") else ""))
+            + (f"; cache {r['cache']}" if r.get("cache") else "")
+            + (f"; compile s: {', '.join(f'{t} {v:.1f}' for t, v in r['compile_s'].items())}" if r.get("compile_s") else ""))
 
 
 def main() -> int:

@@ -29,7 +29,7 @@ from mlcomp.pipeline import Pipeline, run_pipeline
 from mlcomp.pipeline.presets import adapt_preset
 from mlcomp.targets import CompileOptions, Target, get_target
 
-__all__ = ["CompileResult", "compile_source", "index_inputs", "verify_near_ties", "pass_decisions", "resolve_target", "adapted_pipeline", "eager_reference"]
+__all__ = ["CompileResult", "EagerOnce", "compile_source", "index_inputs", "verify_near_ties", "pass_decisions", "resolve_target", "adapted_pipeline", "eager_reference"]
 
 Note = Callable[[str], None]
 
@@ -81,8 +81,31 @@ def index_inputs(graph: Any, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tens
     return tuple(inputs) if fits else None
 
 
-def eager_reference(source: Any, inputs: Sequence[torch.Tensor], report: Any) -> tuple[tuple[Any, ...], str | None]:
-    """What the artifact must compute on ``inputs``: eager, or the reference a pass declared (pruning)."""
+class EagerOnce:
+    """``source``'s eager outputs on its example inputs, computed at the first call and kept for every later
+    one (a failure too): the candidates of one ``auto`` compile share one eager run.  ``runs`` counts them."""
+
+    def __init__(self, source: Any) -> None:
+        self.source, self.runs = source, 0
+        self._outputs: Any = None
+        self._failure: BaseException | None = None
+
+    def __call__(self, *inputs: torch.Tensor) -> Any:
+        if self._outputs is None and self._failure is None:
+            self.runs += 1
+            try:
+                self._outputs = self.source.eager(*inputs)
+            except Exception as exc:  # noqa: BLE001 - raised again, to every caller, as eager_reference reports it
+                self._failure = exc
+        if self._failure is not None:
+            raise self._failure
+        return self._outputs
+
+
+def eager_reference(source: Any, inputs: Sequence[torch.Tensor], report: Any,
+                    eager: Callable[..., Any] | None = None) -> tuple[tuple[Any, ...], str | None]:
+    """What the artifact must compute on ``inputs``: eager (``eager``, default ``source.eager``), or the
+    reference a pass declared (pruning)."""
     with torch.no_grad():
         if report is not None and report.changes_function:
             # a pass changed the function on purpose (pruning) and declared what it must now compute (the masked
@@ -92,7 +115,7 @@ def eager_reference(source: Any, inputs: Sequence[torch.Tensor], report: Any) ->
             return tuple(flatten_outputs(expected)), \
                 f"the reference declared by {changed.name} (it changes the function)"
         try:
-            outputs = source.eager(*inputs)
+            outputs = (eager or source.eager)(*inputs)
         except Exception as exc:  # noqa: BLE001 - eager PyTorch rejects the model on its own inputs
             raise eager_fault(exc, inputs, source.name) from None
         return tuple(flatten_outputs(outputs)), None
@@ -136,14 +159,16 @@ def verify_near_ties(artifact: Any, captured: Any, lowered: Any, inputs: Sequenc
 def compile_source(source: Any, graph: Any, *, target: str | Target | None = None, pipeline: Any = None,
                    verify: bool = True, capture_seconds: float = 0.0,
                    instruments: Sequence[Any] | None = None, raise_on_failure: bool = True,
-                   calibration_data: Any = None, **options: Any) -> CompileResult:
+                   calibration_data: Any = None, eager: Callable[..., Any] | None = None,
+                   **options: Any) -> CompileResult:
     """Pipeline + lowering + verification for an already captured model.
 
     ``target`` None: the pipeline file's ``target``, else ``cpu``.  ``instruments`` go to
     :func:`mlcomp.pipeline.run_pipeline` (None: its defaults, IR check and timing).  With
     ``verify`` the artifact is compared with eager on the example inputs (``result.check``), and
     for a graph with symbolic sizes at each range's ends and middle (:mod:`mlcomp.api.range_check`);
-    a mismatch raises unless ``raise_on_failure`` is False.
+    a mismatch raises unless ``raise_on_failure`` is False.  ``eager``: runs the model eagerly on the example
+    inputs (default ``source.eager``; an :class:`EagerOnce` shares that run between compiles).
     """
     chosen = resolve_target(target, pipeline)
     opts = CompileOptions.make(**options)            # unknown or ill-typed options: refused before any pass
@@ -160,7 +185,7 @@ def compile_source(source: Any, graph: Any, *, target: str | Target | None = Non
             report.dropped = [str(d) for d in adapted.dropped]
         pipeline_seconds = time.perf_counter() - t0
         spec = pipe.spec
-    expected, against = eager_reference(source, inputs, report)     # before the build: eager's own faults first
+    expected, against = eager_reference(source, inputs, report, eager)   # before the build: eager's own faults first
     artifact = chosen.compile(graph, opts, inputs=index_inputs(graph, inputs))
     artifact.manifest["pipeline"] = spec
     to_json = getattr(report, "to_json", None)

@@ -86,6 +86,8 @@ def compile_inference(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], o
     indices = low.tensor_indices
 
     def run(*args: Any) -> Any:
+        if not low.holds(args):
+            return gm(*args)               # a scalar baked into the IR changed: torch computes it
         for i, tensor, version in frozen:
             if args[i] is not tensor or tensor._version != version:
                 return gm(*args)           # a weight changed since the compile: torch computes it

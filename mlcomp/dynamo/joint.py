@@ -19,9 +19,9 @@ graph: the backward starts from the tangents, so any output structure trains::
     }
 
 Phases: a node is ``forward`` when an output of the Dynamo graph depends on it, else
-``backward`` — what remat and mixed precision read (:mod:`mlcomp.passes.remat`).  Only
-static shapes take this route (a graph with symbolic sizes is refused with
-:class:`JointRefused`, and the backend then uses torch's AOT autograd for it).
+``backward`` — what remat and mixed precision read (:mod:`mlcomp.passes.remat`).  A graph
+with symbolic sizes is traced on Dynamo's own fake inputs (:func:`_symbolic`), so the joint
+keeps each symbol where Dynamo made one and one build serves every size in its range.
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ from mlcomp.frontend.joint_kernels import eager_autograd, restore_backward_kerne
 from mlcomp.frontend.provenance import first_line
 from mlcomp.ir import Graph
 from mlcomp.ir.node import Phase
+from mlcomp.ir.ops import GETITEM
 
 __all__ = ["JointRefused", "JointTrace", "trace_joint", "joint_graph"]
 
@@ -54,18 +55,17 @@ class JointTrace:
 
     gm: torch.fx.GraphModule
     primals: int                     # how many placeholders are primals
-    outputs: int                     # outputs of the Dynamo graph (the first outputs of ``gm``)
+    outputs: int                     # outputs of the Dynamo graph (the first outputs of ``gm``), new values
+                                     # of the inputs it writes into last
     differentiable: tuple[int, ...]  # indices of the outputs that carry a gradient (one tangent each)
     grad_of: tuple[int, ...]         # primal index of each gradient output, in order
     example: tuple[torch.Tensor, ...]  # primals then tangents: real tensors the trace ran on
+    written: tuple[int, ...] = ()    # primal index of each written input, in the order of the last outputs
 
 
 def trace_joint(low: Lowered, primals: Sequence[torch.Tensor], needs_grad: Sequence[bool],
                 generator: torch.Generator) -> JointTrace:
     """Trace forward and backward of ``low.gm`` on ``primals`` (real tensors); see the module doc."""
-    if low.dynamic:
-        raise JointRefused("the graph has symbolic sizes; mlcomp's joint graph is built for static shapes",
-                           hint="its forward and backward are compiled separately (AOT autograd)")
     primals = [p.detach() for p in primals]
     with torch.no_grad():
         outs = low.gm(*primals)
@@ -75,7 +75,8 @@ def trace_joint(low: Lowered, primals: Sequence[torch.Tensor], needs_grad: Seque
     grad_of = tuple(i for i, g in enumerate(needs_grad) if g)
     with torch.enable_grad():
         probe = low.gm(*[p.requires_grad_(g) if g else p for p, g in zip([p.clone() for p in primals], needs_grad)])
-    differentiable = tuple(i for i, o in enumerate(probe) if o.requires_grad)
+    user = len(outs) - len(low.written)          # a written input's new value carries no gradient
+    differentiable = tuple(i for i, o in enumerate(probe[:user]) if o.requires_grad)
     if not differentiable or not grad_of:
         raise JointRefused("no output of the graph depends on an input that needs a gradient",
                            hint="its forward and backward are compiled separately (AOT autograd)")
@@ -92,13 +93,33 @@ def trace_joint(low: Lowered, primals: Sequence[torch.Tensor], needs_grad: Seque
 
     from torch.fx.experimental.proxy_tensor import make_fx
     try:
+        args, mode = _symbolic(low, differentiable) if low.dynamic else ((*primals, *tangents), "real")
         with eager_autograd():
-            gm = make_fx(joint, decomposition_table=joint_decompositions())(*primals, *tangents)
+            gm = make_fx(joint, decomposition_table=joint_decompositions(), tracing_mode=mode)(*args)
     except Exception as exc:  # noqa: BLE001 - a backward the trace cannot spell out goes to AOT autograd
         raise JointRefused(f"the backward cannot be traced: {type(exc).__name__}: {first_line(exc)[:200]}",
                            hint="its forward and backward are compiled separately (AOT autograd)") from None
     _tidy(gm)
-    return JointTrace(gm, n, len(outs), differentiable, grad_of, (*primals, *tangents))
+    return JointTrace(gm, n, len(outs), differentiable, grad_of, (*primals, *tangents), low.written)
+
+
+def _symbolic(low: Lowered, differentiable: Sequence[int]) -> tuple[tuple[torch.Tensor, ...], str]:
+    """Fake primals and tangents with Dynamo's symbols: the joint keeps each size symbolic where Dynamo's graph does.
+
+    The primals are ``low.gm``'s own fake inputs (Dynamo's fake mode and shape environment);
+    each tangent is a fake tensor of its output's symbolic shape.
+    """
+    from torch._guards import detect_fake_mode
+
+    fakes = [n.meta["val"] for n in low.gm.graph.nodes if n.op == "placeholder"]
+    mode = detect_fake_mode(fakes)
+    if mode is None:
+        raise JointRefused("the graph's symbolic inputs carry no fake mode",
+                           hint="its forward and backward are compiled separately (AOT autograd)")
+    with mode:
+        outs = low.gm(*fakes)
+        tangents = [torch.empty(outs[i].shape, dtype=outs[i].dtype) for i in differentiable]
+    return (*fakes, *tangents), "symbolic"
 
 
 def _tidy(gm: torch.fx.GraphModule) -> None:
@@ -138,6 +159,8 @@ def joint_graph(trace: JointTrace, name: str, params: Mapping[int, str]) -> Grap
         if name_ not in forward:
             forward.add(name_)
             stack.extend(graph.node(name_).input_names())
+    # a projection stays with the tuple it picks from (dropout's mask, a norm's saved statistics)
+    forward |= {n.name for n in graph.nodes(GETITEM) if n.input_names()[0] in forward}
     for node in graph.call_nodes():
         graph.replace(node.with_ann(phase=Phase.FORWARD if node.name in forward else Phase.BACKWARD))
     return graph

@@ -3,7 +3,9 @@
 The forward takes the primals and returns the Dynamo graph's outputs followed by the
 *saved* values: every forward value (a primal included, a parameter constant excepted)
 that a backward node reads or that is itself a gradient.  The backward takes the saved
-values, then the tangents, and returns the gradients.  Forward means a node an output of
+values, then the tangents, and returns the gradients (a size the backward reads, such as a
+symbolic batch's ``sym_size``, is computed there again from a saved tensor: sizes are no
+tensors to save).  Forward means a node an output of
 the Dynamo graph depends on, or one a pass marked ``forward``; everything else (remat's
 recomputations among them) runs in the backward.  The cut follows what the pipeline left,
 so after ``remat`` fewer, cheaper values cross it::
@@ -40,6 +42,7 @@ class Cut:
     saved: tuple[str, ...]          # every value the backward receives from the forward, primals included
     activations: int                # the tensors they hold besides parameters (views counted as their base)
     activation_bytes: int
+    again: tuple[str, ...] = ()     # forward sizes the backward computes again (from saved tensors)
 
 
 @dataclass(frozen=True)
@@ -66,16 +69,17 @@ def cut(graph: Graph, primals: Sequence[str], outputs: int) -> Cut:
     # a projection stays with the tuple it picks from (a norm's saved statistics)
     forward |= {n.name for n in graph.nodes(GETITEM) if n.input_names()[0] in forward}
     given = set(primals)
+    again = _sizes_again(graph, forward)
     saved: dict[str, None] = {}
     for node in graph.call_nodes():
         reads = [s for s in node.input_names() if s in given or graph.node(s).op != PARAM]
-        if node.name in forward:
+        if node.name in forward and node.name not in again:
             late = [s for s in reads if s not in forward]
             if late:
                 raise JointRefused(f"forward node %{node.name} of {graph.name} reads %{late[0]}, which the forward "
                                    "does not compute", hint=_HINT)
         else:
-            saved.update((s, None) for s in reads if s in forward)
+            saved.update((s, None) for s in reads if s in forward and s not in again)
     saved.update((r.name, None) for r in refs[outputs:] if r.name in forward)
     order = {name: i for i, name in enumerate(graph.order())}
     names = tuple(sorted(saved, key=order.__getitem__))
@@ -86,7 +90,23 @@ def cut(graph: Graph, primals: Sequence[str], outputs: int) -> Cut:
     bufs = buffers(graph)
     bases = {bufs.storage[n] for n in names} - {n for n in given if graph.node(n).op == PARAM}
     acts = [b for b in bases if graph.node(b).op != PARAM]        # views of a parameter cost nothing
-    return Cut(frozenset(forward), names, len(acts), sum(bufs.size[b] for b in acts))
+    return Cut(frozenset(forward), names, len(acts), sum(bufs.size[b] for b in acts),
+               tuple(sorted(again, key=order.__getitem__)))
+
+
+def _sizes_again(graph: Graph, forward: set[str]) -> set[str]:
+    """Forward nodes holding a size (``sym_size``, arithmetic on sizes) that the backward reads: the backward
+    computes them again from the tensors they read instead of receiving them (they are no tensors)."""
+    scalar = {n.name for n in graph.call_nodes() if n.name in forward and not isinstance(n.meta, TensorMeta)
+              and n.op != GETITEM and not isinstance(n.meta, tuple)}
+    stack = [s for n in graph.call_nodes() if n.name not in forward for s in n.input_names() if s in scalar]
+    again: set[str] = set()
+    while stack:
+        name = stack.pop()
+        if name not in again:
+            again.add(name)
+            stack.extend(s for s in graph.node(name).input_names() if s in scalar)
+    return again
 
 
 def split_joint(graph: Graph, primals: Sequence[str], tangents: Sequence[str], outputs: int) -> Parts:
@@ -102,8 +122,10 @@ def split_joint(graph: Graph, primals: Sequence[str], tangents: Sequence[str], o
                [n for n in graph.call_nodes() if n.name in the_cut.forward],
                list(refs[:outputs]) + [Ref(s) for s in the_cut.saved])
     saved_inputs = [_as_input(graph, s) for s in the_cut.saved]
+    again = set(the_cut.again)
     bw = _part(graph, f"{graph.name}_backward", saved_inputs + [graph.node(t) for t in tangents],
-               [n for n in graph.call_nodes() if n.name not in the_cut.forward], list(refs[outputs:]))
+               [n for n in graph.call_nodes() if n.name not in the_cut.forward or n.name in again],
+               list(refs[outputs:]))
     return Parts(fw, bw, the_cut)
 
 

@@ -35,10 +35,12 @@ from mlcomp.dynamo.joint_split import Parts, cut, split_joint
 from mlcomp.dynamo.lower import concrete, lower, parameter_slots
 from mlcomp.dynamo.options import BackendOptions
 from mlcomp.dynamo.report import BackendReport, JointRecord, Partition
+from mlcomp.frontend.joint import joint_decompositions
 from mlcomp.frontend.source import ModelSource
 from mlcomp.ir import Graph
 from mlcomp.ir.interpreter import evaluate
 from mlcomp.pipeline import run_pipeline
+from mlcomp.pipeline.instruments import seeded
 from mlcomp.targets.options import CompileOptions
 
 __all__ = ["compile_joint", "JointStep"]
@@ -51,7 +53,7 @@ def compile_joint(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts:
     if opts.target == "auto":
         raise JointRefused("target 'auto' chooses per graph by timing inference; the joint graph needs a named "
                            "target", hint="give options={'target': 'cpu'} to train through mlcomp's joint graph")
-    low = lower(gm, example_inputs)
+    low = lower(gm, example_inputs, writes=True, table=joint_decompositions())    # eager's fused kernels kept
     primals = [concrete(example_inputs[i]) for i in low.tensor_indices]
     needs = [isinstance(p, torch.Tensor) and p.requires_grad for p in primals]
     trace = trace_joint(low, primals, needs, torch.Generator().manual_seed(0))
@@ -80,7 +82,12 @@ def compile_joint(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts:
     report.add(part)
     report.joints.append(record)
     indices = low.tensor_indices
-    return lambda *args: step(*[args[i] for i in indices])
+
+    def run(*args: Any) -> Any:
+        if not low.holds(args):
+            return gm(*args)           # a scalar baked into the joint (BatchNorm's momentum) changed: torch runs it
+        return step(*[args[i] for i in indices])
+    return run
 
 
 def _lower_parts(parts: Parts, trace: JointTrace, opts: BackendOptions, target: str,
@@ -92,16 +99,25 @@ def _lower_parts(parts: Parts, trace: JointTrace, opts: BackendOptions, target: 
     built = []
     for graph, inputs in ((parts.forward, primals), (parts.backward, (*saved, *tangents))):
         source = ModelSource(graph.name, _reference(graph), tuple(inputs))
-        result = compile_model(source, graph, target=target, pipeline="", verify=opts.verify,
+        result = compile_model(source, graph, target=target, pipeline="", verify=False,
                                cache=open_cache(opts.cache), **opts.compile_options)
-        if result.check is not None and not result.check.passed:
+        check = _verify(result.artifact, graph, inputs) if opts.verify else None
+        if check is not None and not check.passed:
             raise JointRefused(f"{graph.name} as built by {target} differs from its IR on the example: "
-                               f"{result.check.summary()}", hint="its forward and backward are compiled "
-                                                                 "separately (AOT autograd)")
+                               f"{check.summary()}", hint="its forward and backward are compiled "
+                                                          "separately (AOT autograd)")
         record.target = result.artifact.target
         record.regions += list(result.artifact.manifest.get("fallback_regions") or [])
         built.append(result.artifact)
     return built[0], built[1]
+
+
+def _verify(art: Any, graph: Graph, inputs: Sequence[torch.Tensor]) -> Any:
+    """The artifact against its IR on ``inputs``, both from one seed (dropout draws the same masks)."""
+    with torch.no_grad(), seeded():
+        expected = evaluate(graph, *inputs)
+    with torch.no_grad(), seeded():
+        return art.verify(inputs, expected, raise_on_failure=False)
 
 
 def _reference(graph: Graph) -> Callable[..., Any]:
@@ -120,9 +136,18 @@ class JointStep:
         self.outputs, self.primals = trace.outputs, trace.primals
         self.differentiable, self.grad_of = trace.differentiable, trace.grad_of
         self.constant = tuple(i for i in range(trace.outputs) if i not in set(trace.differentiable))
+        self.written = trace.written
 
     def __call__(self, *primals: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return _Function.apply(self, *primals)
+        """The outputs; each input the Dynamo graph writes into (a running statistic) gets its new value."""
+        out = _Function.apply(self, *primals)
+        if not self.written:
+            return out
+        user = len(out) - len(self.written)
+        with torch.no_grad():
+            for i, new in zip(self.written, out[user:]):
+                primals[i].copy_(new)
+        return out[:user]
 
 
 class _Function(torch.autograd.Function):
@@ -130,7 +155,8 @@ class _Function(torch.autograd.Function):
     def forward(ctx: Any, step: JointStep, *primals: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
         out = _tuple(step.forward(*primals))
         ctx.step = step
-        ctx.save_for_backward(*out[step.outputs:])
+        written = {id(primals[i]) for i in step.written}      # its new value is copied in after this call
+        ctx.save_for_backward(*[t.clone() if id(t) in written else t for t in out[step.outputs:]])
         results = out[:step.outputs]
         ctx.mark_non_differentiable(*[results[i] for i in step.constant])
         return results

@@ -18,9 +18,10 @@ lowered graph takes tensors only, as mlcomp's IR does::
 """
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -113,13 +114,28 @@ class Lowered:
     sizes: SizeSlots
     tensor_indices: list[int]      # Dynamo placeholder index of each placeholder of ``gm``
     dynamic: bool                  # some size is symbolic
+    written: tuple[int, ...] = ()  # placeholders of ``gm`` the Dynamo graph writes into; their new values
+                                   # are ``gm``'s last outputs, in this order
+    baked: tuple[tuple[int, float], ...] = ()   # (Dynamo placeholder index, value) of each scalar baked in
+
+    def holds(self, args: Sequence[Any]) -> bool:
+        """Whether this call's scalar inputs have the values baked into ``gm`` (else the Dynamo graph must run)."""
+        return all(args[i].item() == value for i, value in self.baked)
 
 
-def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Lowered:
-    """Trace ``gm`` to functional core ATen under Dynamo's fake mode (sizes symbolic where Dynamo's are)."""
+def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, writes: bool = False,
+          table: Mapping[Any, Any] | None = None) -> Lowered:
+    """Trace ``gm`` to functional core ATen under Dynamo's fake mode (sizes symbolic where Dynamo's are).
+
+    ``table``: the decompositions (default torch's core-ATen table; the joint route keeps
+    eager's fused kernels, :func:`mlcomp.frontend.joint.joint_decompositions`).
+    ``writes``: an input the graph writes into in place (BatchNorm's running statistics) becomes
+    an extra output holding its new value (:attr:`Lowered.written`); otherwise such a graph is refused.
+    """
     from torch._decomp import core_aten_decompositions
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    gm, baked = _bake_scalars(gm, example_inputs)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fakes = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
     if len(fakes) != len(example_inputs) or any(f is None for f in fakes):
@@ -132,9 +148,11 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Lowered:
         return gm(*sizes.fill(tensors, count))
 
     args = [fakes[i] for i in indices]
+    written: list[int] = []
     try:
-        traced = make_fx(_functional(run, [placeholders[i].name for i in indices]),
-                         decomposition_table=core_aten_decompositions(), tracing_mode="symbolic")(*args)
+        traced = make_fx(_functional(run, [placeholders[i].name for i in indices], written if writes else None),
+                         decomposition_table=core_aten_decompositions() if table is None else table,
+                         tracing_mode="symbolic")(*args)
     except CaptureError:
         raise
     except Exception as exc:  # noqa: BLE001 - any tracing failure sends the graph to torch
@@ -142,15 +160,43 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Lowered:
                            hint="this graph runs in torch") from None
     traced.graph.eliminate_dead_code()
     traced.recompile()
-    return Lowered(traced, sizes, indices, dynamic=bool(sizes.slots))
+    return Lowered(traced, sizes, indices, dynamic=bool(sizes.slots), written=tuple(written), baked=baked)
 
 
-def _functional(fn: Any, names: Sequence[str]) -> Any:
+def _bake_scalars(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
+                  ) -> tuple[torch.fx.GraphModule, tuple[tuple[int, float], ...]]:
+    """``gm`` with each scalar input that is only read by ``.item()`` replaced by its value in ``example_inputs``.
+
+    Under ``dynamic=True`` Dynamo passes a module's float attributes (BatchNorm's ``momentum``
+    and ``eps``) as 0-d tensors read by ``.item()``, which no trace to ATen can follow; the
+    value is baked in and each call checks it (:meth:`Lowered.holds`).  ``gm`` itself is left as it is.
+    """
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    scalars = [i for i, n in enumerate(placeholders)
+               if isinstance(example_inputs[i], torch.Tensor) and example_inputs[i].dim() == 0 and n.users
+               and all(u.op == "call_method" and u.target == "item" for u in n.users)]
+    if not scalars:
+        return gm, ()
+    graph = copy.deepcopy(gm.graph)
+    nodes = [n for n in graph.nodes if n.op == "placeholder"]
+    baked = []
+    for i in scalars:
+        value = example_inputs[i].item()
+        for user in list(nodes[i].users):
+            user.replace_all_uses_with(value)
+            graph.erase_node(user)
+        baked.append((i, value))
+    return torch.fx.GraphModule(gm, graph), tuple(baked)
+
+
+def _functional(fn: Any, names: Sequence[str], written: list[int] | None = None) -> Any:
     """``fn`` traced through torch's Python functionalization (views and in-place ops become pure ops).
 
     Python-level functionalization keeps sizes symbolic (the C++ ``torch.func.functionalize``
     asks some composite ops for concrete sizes, which pins a dynamic size to its example).
-    A graph that writes into one of its inputs is refused: its writes would be lost.
+    A graph that writes into one of its inputs is refused (its writes would be lost) unless
+    ``written`` is a list: then the written inputs' indices go into it and their new values
+    follow the graph's outputs.
     """
     from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
@@ -159,11 +205,17 @@ def _functional(fn: Any, names: Sequence[str]) -> Any:
         with exclude, FunctionalTensorMode():
             wrapped = [FunctionalTensor.to_functional(a) for a in args]
             out = fn(*wrapped)
+            new: list[Any] = []
             for i, w in enumerate(wrapped):
                 torch._sync(w)
-                if torch._functionalize_has_data_mutation(w.elem):
+                if not torch._functionalize_has_data_mutation(w.elem):
+                    continue
+                if written is None or not isinstance(out, (tuple, list)):
                     raise CaptureError(f"the Dynamo graph writes into its input {names[i]} in place",
                                        hint="this graph runs in torch")
+                written.append(i)
+                new.append(w)
+            out = (*out, *new) if new else out
             return torch.utils._pytree.tree_map_only(FunctionalTensor, _unwrap, out)
     return inner
 

@@ -2,7 +2,7 @@
 
 :func:`compile_training_graph` first tries mlcomp's own route
 (:func:`mlcomp.dynamo.joint_step.compile_joint`: the joint graph through the pipeline, then
-cut and lowered).  A graph it refuses (symbolic sizes, a backward the trace cannot spell
+cut and lowered).  A graph it refuses (a backward the trace cannot spell
 out, a verification failure …) gets a report row ``joint graph → aot-autograd`` with the
 reason, printed by ``explain``, and goes the second way:
 

@@ -20,10 +20,11 @@ An instrument sees each pass before and after it runs; the manager calls
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -41,7 +42,7 @@ from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult
 from mlcomp.pipeline.pass_records import PassDiff, PassRecord, PipelineReport, snapshot
 
 __all__ = ["Instrument", "Timing", "IRCheck", "Verify", "Dump", "Explain", "Memory", "standard_instruments",
-           "Reference", "dump_graph", "random_inputs", "graph_tolerance"]
+           "Reference", "dump_graph", "random_inputs", "graph_tolerance", "seeded"]
 
 
 # ---------------------------------------------------------------------------
@@ -283,13 +284,13 @@ class Reference:
                  tolerance: float | None = None) -> None:
         self.inputs = inputs if inputs is not None else random_inputs(graph)
         self.tolerance = tolerance
-        with torch.no_grad():
+        with torch.no_grad(), seeded():
             self.values = Interpreter(graph).run_all(*self.inputs)
         self.outputs = self.values["__output__"]
 
     def check(self, graph: Graph, pass_name: str, position: str) -> float:
         """Max relative output error of ``graph``; :class:`VerificationError` past tolerance."""
-        with torch.no_grad():
+        with torch.no_grad(), seeded():
             values = Interpreter(graph).run_all(*self.inputs)
         tol = self.tolerance if self.tolerance is not None else graph_tolerance(graph)
         result = compare(self.outputs, values["__output__"], tol, [r.name for r in graph.output_refs])
@@ -325,6 +326,15 @@ class Reference:
             return (f"The first value that diverges is %{node.name} ({node.op}){phase} from module "
                     f"{node.origin}: {err}{via}")
         return "No value that kept its name diverges; the difference starts in nodes the pass created"
+
+
+@contextlib.contextmanager
+def seeded() -> Iterator[None]:
+    """torch's CPU generator at one seed, restored after: a graph's random ops (dropout) draw the same
+    numbers on every run, so a pass that keeps them in order keeps the outputs."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        yield
 
 
 def graph_tolerance(graph: Graph) -> float | None:

@@ -61,7 +61,7 @@ from mlcomp.api.auto.rank import (
 )
 from mlcomp.api.auto.record import AutoRecord, RecordStore, record_key
 from mlcomp.api.auto.workers import WorkerPool
-from mlcomp.api.lowering import CompileResult, Note, compile_source
+from mlcomp.api.lowering import CompileResult, EagerOnce, Note, compile_source
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.table import Table
 from mlcomp.hardware.decide import Decision
@@ -135,7 +135,7 @@ class AutoReport:
     tie_break_rounds: int = 0       # further rounds of the close ones only
     timed_in: str = IN_PROCESSES    # or "this process (why not a process each)", or FROM_RECORD
     eliminated: dict[str, Any] = field(default_factory=dict)    # clear loser -> its Elimination (JSON: a dict)
-    phases: dict[str, float] = field(default_factory=dict)      # seconds: compiling, waiting for workers, ranking
+    phases: dict[str, float] = field(default_factory=dict)      # seconds: compiling, saving, waiting for workers, ranking
     processes: int = 0                                          # timing processes started
 
     @property
@@ -245,6 +245,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     pool = WorkerPool(source.inputs(), warmup=policy.warmup, block_s=BLOCK_S, describe=_first_line, procs=procs,
                       enabled=isolate and record is None and not opts.deterministic and len(targets) > 1)
     phases: dict[str, float] = {}
+    eager = EagerOnce(source)          # every candidate is verified against one eager run
     t0 = time.perf_counter()
     with pool:
         pool.start()                   # the timing processes import torch and mlcomp while the candidates compile
@@ -253,7 +254,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
                 rows[target.spec] = _from_record(target.spec, record)
                 continue
             rows[target.spec] = _compile_one(source, graph, target, pipeline, capture_seconds, instruments,
-                                             say, built, options, opts)
+                                             say, built, options, opts, eager)
             if target.spec in built:
                 pool.add(target.spec, built[target.spec].artifact)
         phases["compile"] = time.perf_counter() - t0
@@ -290,7 +291,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
 
 def _compile_one(source: Any, graph: Any, target: Target, pipeline: Any, capture_seconds: float,
                  instruments: Any, say: Note, built: dict[str, CompileResult], options: dict[str, Any],
-                 opts: CompileOptions) -> Candidate:
+                 opts: CompileOptions, eager: EagerOnce | None = None) -> Candidate:
     """Check, compile and verify ``graph`` for ``target``: its row (a verified build goes into ``built``)."""
     problem = precheck(target, graph, opts, pipeline)
     if problem:
@@ -300,7 +301,7 @@ def _compile_one(source: Any, graph: Any, target: Target, pipeline: Any, capture
     try:
         result = compile_source(source, graph.copy(), target=target, pipeline=pipeline, verify=True,
                                 capture_seconds=capture_seconds, raise_on_failure=False,
-                                instruments=_instruments(instruments, target.spec), **options)
+                                instruments=_instruments(instruments, target.spec), eager=eager, **options)
     except MlcompError as exc:
         return Candidate(target.spec, time.perf_counter() - t0, reason=_first_line(exc))
     except Exception as exc:  # noqa: BLE001 - a backend's crash disqualifies that candidate only
@@ -328,10 +329,14 @@ def _instruments(instruments: Any, name: str) -> Sequence[Any] | None:
 def _time(built: dict[str, CompileResult], inputs: Sequence[Any], policy: TimingPolicy, clock: Clock,
           rows: dict[str, Candidate], pool: WorkerPool, phases: dict[str, float]) -> tuple[Ranking, str]:
     """Rank the built artifacts, each in its process from ``pool`` if it can be, else all in this one
-    (``phases``: seconds spent waiting for the workers and ranking).
+    (``phases``: seconds spent waiting for the saves, for the workers and ranking).
 
-    Every artifact first runs once here: a candidate that fails now is disqualified, not timed.
+    Every artifact first runs once here (after the pool's saves of it): a candidate that fails now is
+    disqualified, not timed.
     """
+    t0 = time.perf_counter()
+    pool.wait_saved()
+    phases["saving"] = time.perf_counter() - t0       # the saves for the timing processes left to finish
     for name, result in list(built.items()):
         try:
             result.artifact(*inputs)

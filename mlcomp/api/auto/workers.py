@@ -2,7 +2,9 @@
 
 ``procs`` hosting processes (:class:`~mlcomp.runtime.timing_host.HostWorker`) are spawned by
 :meth:`WorkerPool.start` before the first candidate compiles; they import torch and mlcomp
-while the candidates compile.  Each candidate that verifies is saved once and loaded into every
+while the candidates compile (started before the capture instead, they slowed it as much as they
+gained: the capture is not alone on its core).  A pool that hosted nothing (no candidate verified)
+is killed, not waited for (:meth:`WorkerPool.discard`).  Each candidate that verifies is saved once and loaded into every
 one of them (:meth:`WorkerPool.add`, not waiting), so its start-up is only its own load, and the
 number of processes does not grow with the number of candidates::
 
@@ -19,6 +21,7 @@ load it) the pool remembers why and every candidate is timed in the calling proc
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import tempfile
 from pathlib import Path
@@ -54,12 +57,26 @@ class WorkerPool:
         self._root: Path | None = None
         self._workers: list[Any] = []
         self._added: list[str] = []
+        self._saver: concurrent.futures.ThreadPoolExecutor | None = None
+        self._saving: list[concurrent.futures.Future[None]] = []
 
     def __enter__(self) -> "WorkerPool":
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.wait_saved()           # the saves write into the folder the stack removes
+        if self._saver is not None:
+            self._saver.shutdown()
+        if not self._added:
+            self.discard()          # never used: not waited for (they may still be importing)
         self._stack.close()
+
+    def discard(self) -> None:
+        """Kill the processes now, whatever they are doing (nothing of them is wanted)."""
+        for worker in self._workers:
+            worker.kill()
+        self._workers.clear()
+        self.enabled, self.started = False, 0
 
     def start(self) -> None:
         """Spawn the ``procs`` processes now (once; they import torch and mlcomp while the caller compiles)."""
@@ -77,9 +94,24 @@ class WorkerPool:
             self.problem = self._describe(exc)
 
     def add(self, name: str, artifact: Any) -> None:
-        """Save ``artifact`` and have every process load it (not waiting); a failure disables the pool."""
+        """Save ``artifact`` and have every process load it, in a thread of the pool's (the caller goes on
+        compiling the next candidate: a TVM module's export is LLVM and the linker, off the GIL); a failure
+        disables the pool.  Adds are done in order; :meth:`wait_saved` waits for them."""
         self.start()
         if not self.enabled or self.problem is not None:
+            return
+        if self._saver is None:
+            self._saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mlcomp-auto-save")
+        self._saving.append(self._saver.submit(self._save_and_host, name, artifact))
+
+    def wait_saved(self) -> None:
+        """Block until every artifact given to :meth:`add` is saved and sent to the processes."""
+        for future in self._saving:
+            future.result()
+        self._saving.clear()
+
+    def _save_and_host(self, name: str, artifact: Any) -> None:
+        if self.problem is not None:
             return
         try:
             folder = save_for_worker(artifact, self._root / name)
@@ -98,6 +130,7 @@ class WorkerPool:
 
         Raises :class:`WorkerError` (why) when the pool cannot time them all.
         """
+        self.wait_saved()
         if self.problem is not None:
             raise WorkerError(self.problem)
         missing = [n for n in names if n not in self._added]

@@ -190,6 +190,8 @@ def form_groups(graph: Graph, *, max_size: int = 32, compute_only: bool = False)
         path = _between(graph, node.name, sink, pos)
         if path is None or any(p not in groups.parent for p in path):
             continue
+        if any(graph.node(p).ann.phase != node.ann.phase for p in path):
+            continue                # a joint graph's forward and backward stay apart (the cut runs between them)
         sink_cat = _cat(graph.node(sink))
         inner_ok = all(_cat(graph.node(p)) <= limit for p in path if p != sink)
         sink_ok = sink_cat <= limit or (not epilogue and sink_cat is Category.REDUCTION)
@@ -321,9 +323,10 @@ def materialize(graph: Graph, members: list[str], tiling: Tiling | None, gid: in
     metas = [graph.node(o).meta for o in outputs]
     args = tuple(Ref(s) for s in inputs)
     single = len(outputs) == 1
+    phase = graph.node(members[-1]).ann.phase        # a joint graph's phase: groups never span two (form_groups)
     fused = graph.add(Node(graph.fresh_name(f"{outputs[0]}__fused" if single else f"fused_{outputs[0]}"), op, args,
-                           meta=metas[0] if single else tuple(metas), origin=master.origin).with_ann(fusion_group=gid),
-                      before=members[-1])
+                           meta=metas[0] if single else tuple(metas), origin=master.origin)
+                      .with_ann(fusion_group=gid, phase=phase), before=members[-1])
     if single:
         temps = [(fused.name, outputs[0])]
     else:

@@ -15,9 +15,11 @@ import os
 from typing import Any
 
 from mlcomp.hardware.probe import vector_bits
+from mlcomp.targets.tvm.row_reduction import as_reductions, row_reductions
 from mlcomp.targets.tvm.schedules import default_rules, parallel_loops, schedule_counts
 
-__all__ = ["default_schedules", "host_llvm_target", "lower_to_tir", "make_target", "prepare", "to_relax"]
+__all__ = ["IMPORTED_AS_IS", "core_aten_only", "default_schedules", "host_llvm_target", "lower_to_tir", "make_target", "prepare",
+           "to_relax"]
 
 
 def host_llvm_target(num_cores: int | None = None) -> dict:
@@ -53,7 +55,8 @@ def make_target(device: str):
 
 
 def prepare(mod, target):
-    """Graph clean-up on Relax: BatchNorm folded into conv weights, ops decomposed, constants folded, then
+    """Graph clean-up on Relax: BatchNorm folded into conv weights, ops decomposed, constants folded
+    (:mod:`~mlcomp.targets.tvm.const_fold` first: numpy, not an LLVM build per op), then
     the per-channel arithmetic left after a conv (a BatchNorm behind a conv's bias) folded into its weight
     (:func:`~mlcomp.targets.tvm.offload.affine.fold_affine`), and products over one term as multiplies
     (:mod:`~mlcomp.targets.tvm.unit_k`)."""
@@ -61,24 +64,30 @@ def prepare(mod, target):
     from tvm import relax
     from tvm.relax.transform.fold_batch_norm_to_conv2d_for_inference import FoldBatchnormToConv2D
 
+    from mlcomp.targets.tvm.const_fold import fold_constants_module
     from mlcomp.targets.tvm.offload.affine import fold_affine_module
     from mlcomp.targets.tvm.unit_k import unit_k_matmuls
 
     seq = [FoldBatchnormToConv2D(), relax.transform.DecomposeOpsForInference(),
-           relax.transform.CanonicalizeBindings(), relax.transform.FoldConstant()]
+           relax.transform.CanonicalizeBindings()]
     with target:
-        return unit_k_matmuls(fold_affine_module(tvm.transform.Sequential(seq)(mod)))
+        mod, _ = fold_constants_module(tvm.transform.Sequential(seq)(mod))     # the weight arithmetic, in numpy
+        return unit_k_matmuls(fold_affine_module(relax.transform.FoldConstant()(mod)))
 
 
 def lower_to_tir(mod, target):
-    """Legalize + fuse to TIR (what ``zero_pipeline`` does before tuning)."""
+    """Legalize + fuse to TIR (what ``zero_pipeline`` does before tuning); on CPU the row reductions
+    :mod:`~mlcomp.targets.tvm.row_reduction` schedules fuse with the elementwise ops before them
+    (:func:`~mlcomp.targets.tvm.row_reduction.as_reductions`)."""
     import tvm
     from tvm import relax
 
-    seq = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-           relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    fuse = [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
     with target:
-        return tvm.transform.Sequential(seq)(mod)
+        mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()])(mod)
+        if target.kind.name == "llvm":
+            mod, _ = as_reductions(mod, vector_bits())
+        return tvm.transform.Sequential(fuse)(mod)
 
 
 def default_schedules(mod, target, stats: dict, *, parallel: bool = True):
@@ -93,7 +102,7 @@ def default_schedules(mod, target, stats: dict, *, parallel: bool = True):
         mod = dl.ApplyDefaultSchedule(*default_rules(target, bits, parallel=parallel))(mod)
     stats["schedules"] = dict(schedule_counts(mod), vector_bits=bits, parallel=parallel)
     if target.kind.name == "llvm":
-        stats["schedules"]["parallel_loops"] = parallel_loops(mod)
+        stats["schedules"].update(parallel_loops=parallel_loops(mod), row_reductions=row_reductions(mod))
     return mod
 
 
@@ -119,7 +128,32 @@ def to_relax(module, example_inputs, dynamic_shapes=None) -> tuple[Any, int]:
     n_out = len(ep.graph_signature.user_outputs)
     # a single output comes back as a bare tensor: saves unpacking a tvm-ffi Array per call
     return from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=n_out == 1,
-                                 custom_convert_map=CONVERTERS), n_out
+                                 custom_convert_map=CONVERTERS, run_ep_decomposition=not core_aten_only(ep)), n_out
+
+
+def core_aten_only(ep) -> bool:
+    """Whether every op of ``ep``'s graph is a core ATen op (tagged ``core``: functional, nothing to decompose).
+
+    mlcomp's IR is core ATen already, so its re-export usually is: then the importer's own
+    ``run_decompositions`` (a second trace of the whole program) would change nothing and is skipped.
+    Ops of :data:`IMPORTED_AS_IS` count as core too; any other op (an in-place op, a size query of a
+    dynamic shape) keeps the decomposition.
+    """
+    import operator
+
+    import torch
+
+    for node in ep.graph_module.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem or str(node.target) in IMPORTED_AS_IS:
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload) or torch.Tag.core not in node.target.tags:
+            return False
+    return True
+
+
+# non-core ops the importer converts directly to what their decomposition would give it (``reshape`` is
+# ``view`` or a copy then ``view``: the same values, one ``relax.reshape`` either way)
+IMPORTED_AS_IS = frozenset({"aten.reshape.default"})
 
 
 def skip_empty_cat_inputs(ep) -> None:

@@ -47,13 +47,13 @@ class TvmModule:
     def __init__(self, executable, device: str, num_outputs: int, stats: dict):
         import torch
         import tvm
-        from tvm import relax
+        from tvm.runtime.vm import VirtualMachine     # TVM's runtime library is enough (no tvm.relax)
 
         self._ex = executable
         self.device = device
         self.num_outputs = num_outputs
         self.stats = stats
-        self._vm = relax.VirtualMachine(executable, tvm.cpu(0) if device == "cpu" else tvm.cuda(0))
+        self._vm = VirtualMachine(executable, tvm.cpu(0) if device == "cpu" else tvm.cuda(0))
         self._main = self._vm["main"]  # resolve the packed function once
         self._torch = torch
         # the oneDNN-packed conv weights this module's kernels use stay cached while it lives

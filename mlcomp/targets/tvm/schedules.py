@@ -1,7 +1,8 @@
 """Default CPU schedules for what an untuned TVM build compiles itself (no MetaSchedule).
 
 DLight's CPU rules (TVM 0.27) schedule matrix–vector products (``GEMV``) and
-softmax/layer-norm shaped reductions (``Reduction``); every other fused PrimFunc,
+softmax/layer-norm shaped reductions (``Reduction``, a scalar walk per row; mlcomp's
+:mod:`~mlcomp.targets.tvm.row_reduction` goes first and reduces a vector at a time); every other fused PrimFunc,
 the elementwise epilogues after an offloaded convolution or GEMM, residual adds,
 casts, pooling, ``mean``, stays a serial scalar loop nest.  :class:`ParallelVector`
 is the rule for those: inline every injective block it can into its consumer, then
@@ -53,6 +54,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlcomp.targets.tvm.offload.policy import rule
+from mlcomp.targets.tvm.row_reduction import row_reduction_rule
 
 __all__ = ["PARALLEL_MIN", "default_rules", "parallel_loops", "parallel_vector_rule", "schedule_counts",
            "small_matmul_rule", "without_parallel"]
@@ -185,7 +187,9 @@ def without_parallel(rule: Any) -> Any:
 
 
 def default_rules(target: Any, vector_bits: int, *, parallel: bool = True) -> list[Any]:
-    """The rules an untuned build applies, first match wins: DLight GEMV, Reduction, then ParallelVector.
+    """The rules an untuned build applies, first match wins: DLight GEMV, mlcomp's RowReduction
+    (:mod:`~mlcomp.targets.tvm.row_reduction`: layer norm, softmax, row means a vector at a time),
+    DLight's Reduction (what RowReduction leaves: odd rows, column reductions), then ParallelVector.
 
     ``parallel=False``: the same schedules without parallel loops (see the module docstring), after
     :func:`~mlcomp.targets.tvm.offload.gemm.small_matmul_rule` for the small GEMMs the build kept as TVM code.
@@ -196,9 +200,11 @@ def default_rules(target: Any, vector_bits: int, *, parallel: bool = True) -> li
     if target.kind.name == "cuda":
         return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
     if not parallel:   # small GEMMs kept as TVM code (tvm_gemm) only exist in these builds
-        return [small_matmul_rule(vector_bits), without_parallel(dl.cpu.GEMV()), without_parallel(dl.cpu.Reduction()),
+        return [small_matmul_rule(vector_bits), without_parallel(dl.cpu.GEMV()),
+                row_reduction_rule(vector_bits, parallel_min=None), without_parallel(dl.cpu.Reduction()),
                 parallel_vector_rule(vector_bits, parallel_min=None)]
-    return [dl.cpu.GEMV(), dl.cpu.Reduction(), parallel_vector_rule(vector_bits)]
+    return [dl.cpu.GEMV(), row_reduction_rule(vector_bits, PARALLEL_MIN), dl.cpu.Reduction(),
+            parallel_vector_rule(vector_bits)]
 
 
 def schedule_counts(mod: Any) -> dict[str, int]:

@@ -57,6 +57,9 @@ class FakeProcess:
         self.hosted.pop(name, None)
         self.log.append((self.index, "drop", name))
 
+    def kill(self) -> None:
+        self.log.append((self.index, "kill", ""))
+
 
 class Saveable:
     """An artifact as the pool sees it: a manifest and ``save``."""
@@ -189,3 +192,32 @@ def test_equals_within_noise_leave_the_tie_break_and_the_decision_says_so(monkey
     monkeypatch.setattr(auto_rank, "NEAR_TIE", 0.0)
     slow = auto_rank.rank_samplers(pair(1), policy, clock=_ticks())
     assert quick.rounds + quick.tie_break_rounds < slow.rounds + slow.tie_break_rounds
+
+
+def test_every_candidate_is_verified_against_one_eager_run(captured):
+    """Three candidates, one of which fails verification: eager runs once, and each is checked against it."""
+    from mlcomp.frontend.loading import load_model
+
+    module, inputs, graph = captured("mlp", 2)
+    source = load_model(module, example_inputs=inputs)
+    runs = []
+    eager = source.eager
+    source.eager = lambda *xs: runs.append(1) or eager(*xs)
+    clock = FakeClock()
+    fakes = [FakeTarget("a", clock, 2e-3), FakeTarget("wrong", clock, 1e-3, offset=1.0), FakeTarget("b", clock, 1e-3)]
+    policy = TimingPolicy(warmup=1, budget_s=0.01, min_repeats=3, max_repeats=12)
+    result = compile_auto(source, graph, candidates=fakes, pipeline="", policy=policy, clock=clock, isolate=False)
+    rows = {c["target"]: c for c in result.artifact.manifest["auto"]["candidates"]}
+    assert len(runs) == 1 and result.artifact.target == "b"
+    assert rows["a"]["verified"] and not rows["wrong"]["verified"]
+    assert rows["wrong"]["reason"].startswith("verification failed")
+
+
+
+def test_a_pool_that_hosted_nothing_is_killed_not_waited_for():
+    """No candidate verified: the processes (maybe still importing torch) are killed once, not told to quit."""
+    pool, made, log = fake_pool({"cpu": 1e-3})
+    with pool:
+        pool.start()
+    assert [(i, verb) for i, verb, _ in log] == [(0, "kill"), (1, "kill")] and all(p.closed for p in made)
+    assert pool.started == 0 and not pool.enabled

@@ -102,11 +102,14 @@ def to_channels_last(mod: Any) -> Any:
     import tvm
     from tvm import relax
 
+    from mlcomp.targets.tvm.const_fold import fold_constants_module
+
     mod = relax.transform.ConvertLayout({_CONV: ["NHWC", "OHWI"]})(mod)
     out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs) if mod.attrs is not None else mod
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
             out[gv] = _clip_inside(func)
+    out, _ = fold_constants_module(out)          # the weights' transposes, in numpy
     return tvm.transform.Sequential([relax.transform.FoldConstant(),
                                      relax.transform.DeadCodeElimination(["main"])])(out)
 
