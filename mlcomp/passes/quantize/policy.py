@@ -18,7 +18,8 @@ mean.dim (over H, W)      QLinearGlobalAveragePool      input (a global average 
 
 Each row says which arguments are activations (quantized per tensor, uint8, range
 observed on calibration data; the two operands of a product of activations on the
-grids the target needs: :mod:`~mlcomp.passes.quantize.grids`), which one is the weight (int8, symmetric, one scale
+grids the target needs: :mod:`~mlcomp.passes.quantize.grids`), whether its kernel can write float
+(a linear's: its output then gets a pair only when an int8 op reads it), which one is the weight (int8, symmetric, one scale
 per output channel) and which is the bias (int32 with scale ``input scale × weight
 scale``, what the integer kernels accumulate in), and a fixed output range when the
 op's is known without observing (softmax's ``[0, 1]``, as ORT's quantizer uses).
@@ -52,12 +53,13 @@ class Int8Rule:
     bias: int | None = None          # argument position of the bias (int32), when a constant
     fixed_output: tuple[float, float] | None = None   # the output's range when known without observing
     product: bool = False            # a matrix product: two activation operands take the target's product grids
+    float_output: bool = False       # its int8 kernel can write float (QGemm, MatMulIntegerToFloat, FullyConnected)
 
 
 INT8_POLICY: Mapping[Op, Int8Rule] = MappingProxyType({
     aten("convolution"): Int8Rule(activations=(0,), weight=1, weight_axis=0, bias=2),
-    aten("addmm"): Int8Rule(activations=(1,), weight=2, weight_axis=1, bias=0, product=True),
-    aten("mm"): Int8Rule(activations=(0,), weight=1, weight_axis=1, product=True),
+    aten("addmm"): Int8Rule(activations=(1,), weight=2, weight_axis=1, bias=0, product=True, float_output=True),
+    aten("mm"): Int8Rule(activations=(0,), weight=1, weight_axis=1, product=True, float_output=True),
     aten("bmm"): Int8Rule(activations=(0, 1), product=True),
     aten("add.Tensor"): Int8Rule(activations=(0, 1)),
     aten("mul.Tensor"): Int8Rule(activations=(0, 1)),

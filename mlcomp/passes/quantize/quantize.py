@@ -4,9 +4,9 @@ The pass observes activation ranges by running the graph on calibration samples
 (:mod:`mlcomp.passes.quantize.observe`; the example inputs by default), then, around
 every op the policy marks int8-capable (:mod:`mlcomp.passes.quantize.policy`), writes
 ``mlcomp.quantize_linear``/``mlcomp.dequantize_linear`` (:mod:`mlcomp.ir.quant`): activations per
-tensor in uint8 (a product of two activations: on its target's grids); the op's output too (what
-lets ONNX Runtime pick its ``QLinear*`` kernels), after the ReLU when a ReLU is its only reader (ORT
-then drops the ReLU, which a zero point of 0 makes exact); weights folded now into int8 constants
+tensor in uint8 (a product of two activations: on its target's grids); the op's output too when an
+int8 op reads it (what lets ONNX Runtime pick its ``QLinear*`` kernels), after the ReLU when a ReLU
+is its only reader (ORT then drops the ReLU, which a zero point of 0 makes exact); weights folded now into int8 constants
 with one symmetric scale per output channel; the bias into int32 at ``input scale × weight scale``.
 Everything else keeps float. Before/after on ``conv → relu → flatten → linear``::
 
@@ -27,7 +27,7 @@ Everything else keeps float. Before/after on ``conv → relu → flatten → lin
     %relu_dq = mlcomp.dequantize_linear(%relu_q, ...);  %view = view(%relu_dq, [2, 144])
     %view_q, %view_dq (the pair of the linear's input);  %3.weight_dq, %3.bias_dq as above
     %addmm = addmm(%3.bias_dq, %view_dq, permute(%3.weight_dq, [1, 0]))
-    %addmm_q, %addmm_dq;  return (%addmm_dq,)
+    return (%addmm,)          # read in float only: no pair (ORT's QGemm writes float)
 
 With ``activations=dynamic`` only matrix products with a constant weight are quantized: the
 weight to int8 as above, the activation on each call (``mlcomp.dynamic_quantize_linear``, ORT's
@@ -40,10 +40,11 @@ activation ranges (``minmax``, ``percentile``, ``entropy``: :mod:`~mlcomp.passes
 :mod:`~mlcomp.passes.quantize.selection`), ``held_back`` (samples kept out of the ranges and
 measured only), ``products`` (the grids of a product of two activations' operands, attention's
 ``Q·Kᵀ`` and ``P·V``: by default the target's row of :mod:`~mlcomp.passes.quantize.grids`, zero
-points on onnxruntime, none on openvino, which runs such a product in int8 only then), and a
-declared accuracy target, ``tolerance`` (max relative error of the outputs) and ``agreement``
-(top-1), refused with the numbers when missed. A fused graph (``-O2,quantize``) is first put back as
-its ops (:mod:`~mlcomp.passes.quantize.unfuse`), and a linear read as ``bmm`` against its weight
+points on onnxruntime, none on openvino, which runs such a product in int8 only then),
+``embeddings`` (large embedding tables looked up in int8 and scaled per column after the lookup:
+:mod:`~mlcomp.passes.quantize.embeddings`), and a declared accuracy target, ``tolerance`` (max
+relative error of the outputs) and ``agreement`` (top-1), refused with the numbers when missed.
+A fused graph (``-O2,quantize``) is first put back as its ops (:mod:`~mlcomp.passes.quantize.unfuse`), and a linear read as ``bmm`` against its weight
 broadcast over the batch (attention's input projection on a permuted input) is written as one
 ``addmm`` again (:mod:`mlcomp.ir.linearize`), so its weight folds to int8 like any linear's.
 
@@ -75,12 +76,14 @@ from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.linearize import linearize_batched_matmuls
 from mlcomp.passes.quantize import accuracy, data
 from mlcomp.passes.quantize.absorb import absorb_scalar_muls
+from mlcomp.passes.quantize.embeddings import quantize_embeddings
 from mlcomp.passes.quantize.grids import PRODUCT_SCHEMES, Grid, operand_grids
 from mlcomp.passes.quantize.observe import observe
 from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule
 from mlcomp.passes.quantize.selection import choose, finite, unmatched
 from mlcomp.passes.quantize.unfuse import inline_fused
-from mlcomp.passes.quantize.write import Writer, drop_softmax_guard, output_value, plan
+from mlcomp.passes.quantize.write import (Writer, drop_softmax_guard, output_value, outputs_read_in_int8, plan,
+                                          ranges_through_moves)
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
 __all__ = ["Quantize", "Activations", "Granularity", "Method", "INT8_TARGETS"]
@@ -134,6 +137,8 @@ class Quantize(Pass):
     tolerance: float | None = option(None, "largest max relative error of the outputs accepted", gt=0)
     agreement: float | None = option(None, "smallest top-1 agreement with fp32 accepted", gt=0, le=1)
     fold_scalars: bool = option(True, "turn scalar multiplies of dequantized values into dequantize scales")
+    embeddings: bool = option(True, "embedding tables (4096 elements or more) in int8: int8 rows looked up, "
+                              "then scaled per column")
     products: Products = option(Products.AUTO, "grids of the operands of a product of two activations: auto "
                                 "(the target's row in quantize.grids), minmax (uint8 with zero points) or "
                                 "zero-free (zero point 0, the second operand int8)")
@@ -190,12 +195,18 @@ class Quantize(Pass):
             if rule.fixed_output is not None:
                 seen.ranges[output_value(graph, node)] = rule.fixed_output
                 drop_softmax_guard(graph, node)
-        writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL, self._grids(ctx))
+        outputs = [output_value(graph, n) for n, _ in layers]
+        shared = 0 if dynamic else ranges_through_moves(graph, acts, outputs, seen.ranges)
+        writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL, self._grids(ctx),
+                        None if dynamic else outputs_read_in_int8(
+                            graph, [r.name for n, _ in layers for r in plans[n.name][0]], outputs))
         write = writer.dynamic_layer if dynamic else writer.layer
         records = [write(n, rule, plans[n.name]) for n, rule in layers]
         absorbed = absorb_scalar_muls(graph) if self.fold_scalars else 0
+        tables = quantize_embeddings(graph, self.exclude) if self.embeddings else []
         stats = self._measure(graph, samples, held, seen, held_ref, records)
-        stats.update(kept_float=kept, unfused_groups=unfused, batched_linears=linearized, scalar_muls_absorbed=absorbed)
+        stats.update(kept_float=kept, unfused_groups=unfused, batched_linears=linearized, scalar_muls_absorbed=absorbed,
+                     ranges_shared=shared, embeddings=tables)
         stats["warnings"] = [f"exclude pattern {p!r} matched no node" for p in unmatched(graph, self.exclude)]
         for text in stats["warnings"]:
             warnings.warn(f"quantize: {text}", UserWarning, stacklevel=2)

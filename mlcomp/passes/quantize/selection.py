@@ -11,8 +11,14 @@ and no row of :data:`KEEP_FLOAT` holds for it (checked in order, the first reaso
 * it is a transposed convolution (its weight's output channels lie on another axis);
 * an ``add`` scaled by ``alpha`` (no int8 kernel scales an operand);
 * a ``mean`` that is not a global average pool (over both spatial axes of a 4-d tensor, kept 4-d);
-* an ``add`` whose only reader is a layer norm (ONNX Runtime fuses the two into
-  ``SkipLayerNormalization``, faster in float than ``QLinearAdd`` then a float layer norm).
+* an ``add`` or ``mul`` none of whose operands an op with a policy row computed (through element
+  moves and ReLU): the sum of a model's embedding lookups, say; no int8 kernel reads its inputs, so
+  quantizing it adds only rounding (on BERT the one error that matters most: ``Add`` has no int8
+  kernel on OpenVINO either, which NNCF's transformer preset keeps float for the same reason);
+* an ``add`` whose only reader is a layer norm: a transformer's residual stream, whose rounding costs
+  agreement (ORT's own ``quantize_static`` quantizes it: top-1 0.93 against 0.96 on BERT-base) and
+  which the norm reads in float anyway; ORT runs a float ``Add`` and ``LayerNormalization``
+  (:data:`~mlcomp.targets.onnx.target.INT8_SESSION_OFF`).
 
 After observing, a node whose activation range is not finite (a ``-inf`` mask) keeps float too
 (:func:`finite`).  Each keep-float reason is recorded per node in the pass's stats::
@@ -20,10 +26,14 @@ After observing, a node whose activation range is not finite (a ``-inf`` mask) k
     >>> from mlcomp.ir.builder import GraphBuilder
     >>> from mlcomp.ir.ops import aten
     >>> b = GraphBuilder("g")
-    >>> x = b.input("x", (2, 3))
-    >>> g = b.output(b.call(aten("add.Tensor"), b.call(aten("relu"), x), x))
+    >>> x = b.input("x", (3, 3))
+    >>> g = b.output(b.call(aten("add.Tensor"), b.call(aten("mm"), x, x), b.call(aten("relu"), x)))
     >>> [n.name for n, _ in choose(g, ())[0]], choose(g, ("add",))[1]
-    (['add'], {'add': 'excluded by add'})
+    (['mm', 'add'], {'add': 'excluded by add'})
+    >>> b = GraphBuilder("g")
+    >>> x = b.input("x", (3, 3))
+    >>> choose(b.output(b.call(aten("add.Tensor"), b.call(aten("relu"), x), x)), ())[1]["add"][:35]
+    'no operand comes from an int8 op (a'
 """
 from __future__ import annotations
 
@@ -38,7 +48,7 @@ from mlcomp.passes.quantize.policy import Int8Rule, int8_rule
 __all__ = ["choose", "finite", "KEEP_FLOAT", "excluded_by", "unmatched"]
 
 _LAYER_NORMS = frozenset({aten("native_layer_norm"), aten("layer_norm")})
-_ADD, _MEAN = aten("add.Tensor"), aten("mean.dim")
+_ADD, _MUL, _MEAN = aten("add.Tensor"), aten("mul.Tensor"), aten("mean.dim")
 
 
 def excluded_by(node: Node, patterns: Sequence[str]) -> str | None:
@@ -92,15 +102,32 @@ def _not_global_pool(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
     return None if rank == 4 and axes == [2, 3] and keep else "a mean other than a 4-d global average pool"
 
 
+_PASS_THROUGH = (P.VIEW_LIKE | P.INFERENCE_IDENTITY_OPS | {aten("relu")}) - {P.AS_STRIDED}
+
+
+def _from_int8_op(graph: Graph, value: Any, depth: int = 8) -> bool:
+    """Whether ``value`` (through at most ``depth`` element moves and ReLUs) is the output of an op with a row."""
+    node = P.producer(graph, value)
+    while node is not None and depth and node.op in _PASS_THROUGH and node.inputs:
+        node, depth = P.producer(graph, node.inputs[0]), depth - 1
+    return node is not None and int8_rule(node.op) is not None
+
+
+def _no_int8_operand(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
+    if node.op not in (_ADD, _MUL) or any(_from_int8_op(graph, node.inputs[i]) for i in rule.activations):
+        return None
+    return "no operand comes from an int8 op (an embedding sum, a mask): quantizing it would only add rounding"
+
+
 def _add_before_layer_norm(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
     users = graph.users(node.name)
     if node.op == _ADD and len(users) == 1 and users[0].op in _LAYER_NORMS:
-        return "an add read only by a layer norm (ONNX Runtime fuses them: SkipLayerNormalization)"
+        return "an add read only by a layer norm (the residual stream: rounding it costs accuracy; the norm reads float)"
     return None
 
 
 KEEP_FLOAT: tuple[Callable[[Graph, Node, Int8Rule], str | None], ...] = (
-    _not_tensor_operand, _transposed, _scaled_add, _not_global_pool, _add_before_layer_norm)
+    _not_tensor_operand, _transposed, _scaled_add, _not_global_pool, _no_int8_operand, _add_before_layer_norm)
 """Why a node with a policy row keeps float (``None``: it does not), in the order they are checked."""
 
 

@@ -22,9 +22,11 @@ from mlcomp.passes.quantize.grids import Grid, grid_params
 from mlcomp.passes.quantize.observe import int8_weight
 from mlcomp.passes.quantize.policy import Int8Rule
 
-__all__ = ["Writer", "Plan", "plan", "weight_param", "activations", "output_value", "drop_softmax_guard"]
+__all__ = ["Writer", "Plan", "plan", "weight_param", "activations", "output_value", "drop_softmax_guard",
+           "ranges_through_moves", "outputs_read_in_int8", "moved_from"]
 
 _TRANSPOSES = (aten("permute"), aten("t"), aten("transpose.int"))
+_MOVES = (P.VIEW_LIKE | P.INFERENCE_IDENTITY_OPS) - {P.AS_STRIDED}
 _RELU = aten("relu")
 
 
@@ -32,8 +34,9 @@ class Writer:
     """Inserts the pairs of one graph; ``layer`` does one int8 op and returns its record."""
 
     def __init__(self, graph: Graph, ranges: dict[str, tuple[float, float]], per_channel: bool,
-                 products: tuple[Grid, Grid] = (Grid.MINMAX, Grid.MINMAX)) -> None:
+                 products: tuple[Grid, Grid] = (Grid.MINMAX, Grid.MINMAX), paired: set[str] | None = None) -> None:
         self.graph, self.ranges, self.per_channel, self.products = graph, ranges, per_channel, products
+        self.paired = paired    # outputs read in int8; a float-output op's others get no pair (None: all do)
         self.position = {n.name: i for i, n in enumerate(graph.nodes())}   # the original order, once
         # (value, grid) -> (its dequantized ref, scale, zero)
         self.pairs: dict[tuple[str, Grid], tuple[Ref, float, int]] = {}
@@ -101,7 +104,7 @@ class Writer:
         g.replace(g.node(node.name).with_(inputs=tuple(args)))
         remove_dead(g, old)            # the float weight and bias, now read by nobody
         out = Ref(output_value(g, node))
-        if g.users(out.name):
+        if g.users(out.name) and (self.paired is None or out.name in self.paired or not rule.float_output):
             dq, scale, zero = self._pair(out, self._first_user(out.name), g.node(out.name).origin)
             q_name = g.node(dq.name).inputs[0].name
             g.replace_all_uses(out.name, dq, only=lambda u: u.name not in (q_name, dq.name))
@@ -209,3 +212,46 @@ def drop_softmax_guard(graph: Graph, softmax: Node) -> int:
         remove_dead(graph, [where.name, full.name, *chain])
         done += 1
     return done
+
+
+def moved_from(graph: Graph, name: str, longest: int = 8, scaled: bool = False) -> str:
+    """The value ``name`` only moves the elements of (through views and permutes, at most ``longest``; with
+    ``scaled``, multiplies by a positive scalar too, which ``absorb_scalar_muls`` folds into a scale)."""
+    node, steps = graph.node(name), 0
+    while (node.op in _MOVES or scaled and _positive_scaling(node)) and steps < longest and node.inputs \
+            and isinstance(node.inputs[0], Ref):
+        node, steps = graph.node(node.inputs[0].name), steps + 1
+    return node.name
+
+
+def _positive_scaling(node: Node) -> bool:
+    c = P.scalar(node.inputs[1]) if node.op in P.MUL and len(node.inputs) > 1 else None
+    return c is not None and c > 0
+
+
+def ranges_through_moves(graph: Graph, values: Sequence[str], outputs: Sequence[str],
+                         ranges: dict[str, tuple[float, float]]) -> int:
+    """Give each activation in ``values`` that only moves the elements of an int8 op's output (views,
+    permutes) that output's range, in place; how many changed.
+
+    Its elements already lie on that output's grid, so its pair then has the same scale and zero point and
+    is an identity ONNX Runtime removes (a softmax's probabilities, on the fixed grid [0, 1], reshaped for
+    ``P·V``: otherwise dequantized, reshaped and quantized again on the observed [0, max], two passes over
+    the largest tensor of an attention layer and a second rounding)."""
+    produced, changed = set(outputs), 0
+    for name in values:
+        src = moved_from(graph, name)
+        if src != name and src in produced and src in ranges and ranges.get(name) != ranges[src]:
+            ranges[name] = ranges[src]
+            changed += 1
+    return changed
+
+
+def outputs_read_in_int8(graph: Graph, values: Sequence[str], outputs: Sequence[str]) -> set[str]:
+    """The int8 ops' outputs (``outputs``) that an int8 op reads, directly or through moves (``values``: the
+    int8 ops' activations).  A linear's output read only in float (a residual add, a GELU, the graph's
+    output) gets no pair: ONNX Runtime's ``QGemm`` and ``MatMulIntegerToFloat`` and OpenVINO's
+    ``FullyConnected`` write float, and a pair there would only round it (ops whose ORT kernel must write
+    int8, ``QLinearConv``, ``QLinearAdd``…, keep theirs: :attr:`Int8Rule.float_output`)."""
+    produced = set(outputs)
+    return {src for src in (moved_from(graph, v, scaled=True) for v in values) if src in produced}

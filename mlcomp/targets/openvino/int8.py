@@ -66,6 +66,7 @@ class _Rewriter:
     def __init__(self, module: fx.GraphModule) -> None:
         self.module, self.graph, self.qd = module, module.graph, _qd()
         self.zeros: dict[str, fx.Node] = {}
+        self.grids: dict[fx.Node, tuple[torch.Tensor, torch.Tensor]] = {}   # quantize call -> its scale, zero
 
     def node(self, node: fx.Node) -> None:
         """One quantize/dequantize call as the frontend's ops (see the module docstring)."""
@@ -85,8 +86,35 @@ class _Rewriter:
                 return
             with self.graph.inserting_before(node):
                 src = self.graph.call_function(*self.call(True, folded, scale, z, s, axis))
+        if node.target is quantize_linear:
+            self.grids[node] = (s, z)
+        elif src in self.grids and not _same_grid(self.grids[src], (s, z)):
+            self.regrid(node, self.grids[src], (s, z))
+            return
         node.target, node.args = self.call(node.target is quantize_linear, src, scale, z, s, axis)
         node.kwargs = {}
+
+    def regrid(self, node: fx.Node, written: tuple[torch.Tensor, torch.Tensor],
+               read: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """A dequantize on another grid than its quantize's: the frontend's dequantize takes the quantize's
+        scale and zero point, so the change of grid follows it as float arithmetic on the dequantized value:
+        ``(q − z₂)·s₂ = ((q − z₁)·s₁)·(s₂/s₁) + (z₁ − z₂)·s₂``."""
+        (s1, z1), (s2, z2) = written, read
+        if s1.dim() or s2.dim():
+            raise TargetCompileError(
+                f"{node.name}: a per-channel dequantize reads values quantized on another grid, which OpenVINO's "
+                f"FakeQuantize cannot express", where=f"node {node.name}",
+                hint="compile the graph quantize wrote, unedited, or use --target onnxruntime")
+        src = node.args[0]
+        node.target, node.args = self.call(False, src, node.args[1], z1, s1, 1)
+        node.kwargs = {}
+        with self.graph.inserting_after(node):
+            out = self.graph.call_function(torch.ops.aten.mul.Tensor, (node, float(s2) / float(s1)))
+        last = out
+        if int(z1) != int(z2):
+            with self.graph.inserting_after(out):
+                last = self.graph.call_function(torch.ops.aten.add.Tensor, (out, (int(z1) - int(z2)) * float(s2)))
+        node.replace_all_uses_with(last, delete_user_cb=lambda user: user is not out)
 
     def call(self, quantize: bool, src: Any, scale: fx.Node, z: torch.Tensor, s: torch.Tensor,
              axis: int) -> tuple[Any, tuple[Any, ...]]:
@@ -107,6 +135,11 @@ class _Rewriter:
             with self.graph.inserting_after(scale):
                 self.zeros[scale.name] = self.graph.get_attr(name)
         return self.zeros[scale.name]
+
+
+def _same_grid(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> bool:
+    return a[0].shape == b[0].shape and torch.equal(a[0], b[0]) and torch.equal(a[1].to(torch.int64),
+                                                                             b[1].to(torch.int64))
 
 
 def qdq_for_frontend(module: fx.GraphModule) -> fx.GraphModule:

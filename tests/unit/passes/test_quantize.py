@@ -43,9 +43,7 @@ GOLDEN_AFTER = """\
   %view_dq: f32[2, 144] = mlcomp.dequantize_linear(%view_q, %view.scale, %view.zero, 1)   # 3
   %3.bias_dq: f32[5] = mlcomp.dequantize_linear(%3.bias.int32, %3.bias.scale, %3.bias.zero, 0)
   %addmm: f32[2, 5] = aten.addmm.default(%3.bias_dq, %view_dq, %permute)   # 3
-  %addmm_q: u8[2, 5] = mlcomp.quantize_linear(%addmm, %addmm.scale, %addmm.zero, 1)   # 3
-  %addmm_dq: f32[2, 5] = mlcomp.dequantize_linear(%addmm_q, %addmm.scale, %addmm.zero, 1)   # 3
-  return (%addmm_dq,)
+  return (%addmm,)
 }"""
 
 
@@ -150,7 +148,9 @@ def test_onnxruntime_runs_int8_kernels(tmp_path):
     assert "QLinearConv" in ran and ran & {"QGemm", "QLinearMatMul", "MatMulIntegerToFloat"}, ran
     assert "Conv" not in ran
     got = torch.from_numpy(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0])
-    assert torch.equal(got, Interpreter(out).run(x)[0])      # the interpreter computes what ORT's kernels do
+    # the interpreter computes what ORT's kernels do; the last QGemm writes float (its integer sum scaled
+    # once), the interpreter sums dequantized floats: equal to float rounding
+    torch.testing.assert_close(got, Interpreter(out).run(x)[0], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.ort

@@ -147,6 +147,31 @@ def test_third_party_within_the_declared_metric(name):
     assert st["sensitivity"] and st["sensitivity"][0]["added"] >= st["sensitivity"][-1]["added"]
 
 
+def test_bert_int8_runs_orts_int8_kernels_without_skip_layer_norm(tmp_path):
+    """A ``transformers`` BERT (2 layers) in the runtime's own session: per layer six QGemm, two
+    QLinearMatMul and a QLinearSoftmax; the residual adds a float Add and LayerNormalization (the session
+    runs without SkipLayerNormFusion); three quantize per layer and no dequantize (the softmax's
+    probabilities reach P·V on their own grid; linears read in float write float); the embedding sum float."""
+    pytest.importorskip("transformers")
+    import mlcomp
+    from mlcomp.models.third_party import build_third_party
+    from mlcomp.targets.onnx.target import INT8_SESSION_OFF, make_session
+    model, inputs = build_third_party("bert", batch=2)
+    art = mlcomp.compile(model, inputs, target="onnxruntime",
+                         pipeline="fold-batchnorm,fold-constants,cleanup,quantize")
+    assert art.runtime.disabled == INT8_SESSION_OFF
+    make_session(art.runtime.model, optimized=tmp_path / "opt.onnx", disabled=art.runtime.disabled)
+    ops = Counter(n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node)
+    layers = 2
+    assert (ops["QGemm"], ops["QLinearMatMul"], ops["QLinearSoftmax"]) == (6 * layers, 2 * layers, layers), ops
+    assert "SkipLayerNormalization" not in ops and ops["LayerNormalization"] == 2 * layers + 1, ops
+    assert ops["QuantizeLinear"] == 3 * layers and "DequantizeLinear" not in ops, ops    # outputs read in float: float
+    assert not {"MatMul", "Gemm", "Softmax"} & set(ops), ops
+    assert ops["Gather"] == ops["Cast"] == ops["Mul"] == 1, ops      # the int8 word table, scaled after the lookup
+    st = next(p for p in art.manifest["pipeline_report"]["passes"] if p["name"] == "quantize")["stats"]
+    assert st["ranges_shared"] == layers and "add" in st["kept_float"]
+
+
 def test_dynamic_activations_run_orts_dynamic_quantize_matmul(tmp_path):
     from mlcomp.ir.interpreter import Interpreter
     from mlcomp.targets.onnx.emit import emit_model
