@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BLOCK_STEPS", "MARK", "as_reductions", "MIN_LANES", "row_reduction_rule", "row_reductions", "row_width"]
+__all__ = ["BLOCK_STEPS", "MARK", "as_reductions", "inlined", "MIN_LANES", "row_reduction_rule", "row_reductions", "row_width"]
 
 MARK = "mlcomp.row_reduction"   # root-block annotation of a PrimFunc this rule scheduled (value: its width)
 OUT_ELEMWISE_FUSABLE, COMM_REDUCE = 4, 3    # TVM's OpPatternKind values
@@ -208,24 +208,35 @@ def _column_schedule(sch: Any, infos: list[Any], rows: int, w: int, parallel_min
             sch.vectorize(inner[-1])
 
 
-def row_reduction_rule(vector_bits: int, parallel_min: int | None) -> Any:
-    """The :class:`RowReduction` DLight rule for registers of ``vector_bits`` (``parallel_min=None``: serial)."""
+def inlined(rule: Any, func: Any, target: Any) -> tuple[Any, list[Any]] | None:
+    """A schedule of ``func`` with its injective blocks inlined and what blocks remain, or None when
+    ``rule`` does not apply (not a PrimFunc, another target, nothing DLight can normalise)."""
     from tvm import s_tir, tirx
     from tvm.s_tir.dlight.analysis import normalize_prim_func
     from tvm.s_tir.dlight.base.common_schedules import try_inline
+
+    if not isinstance(func, tirx.PrimFunc) or not rule.is_target_available(target):
+        return None
+    sch = s_tir.Schedule(func)
+    infos = normalize_prim_func(sch)
+    if not infos:
+        return None
+    return sch, try_inline(sch, list(infos))
+
+
+def row_reduction_rule(vector_bits: int, parallel_min: int | None) -> Any:
+    """The :class:`RowReduction` DLight rule for registers of ``vector_bits`` (``parallel_min=None``: serial)."""
+    from tvm import s_tir
     from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
     class RowReduction(CPUScheduleRule):
         """Vector partials per row for each reduction, vector epilogues, one loop over rows."""
 
         def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
-            if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            prepared = inlined(self, func, target)
+            if prepared is None:
                 return None
-            sch = s_tir.Schedule(func)
-            infos = normalize_prim_func(sch)
-            if not infos:
-                return None
-            infos = try_inline(sch, list(infos))
+            sch, infos = prepared
             if not infos or any(str(sch.get(i.block_rv).writes[0].source.dtype) != "float32" for i in infos):
                 return None
             lanes = max(2, vector_bits // 32)

@@ -54,7 +54,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlcomp.targets.tvm.offload.policy import rule
-from mlcomp.targets.tvm.row_reduction import row_reduction_rule
+from mlcomp.targets.tvm.row_reduction import inlined, row_reduction_rule
 
 __all__ = ["PARALLEL_MIN", "default_rules", "parallel_loops", "parallel_vector_rule", "schedule_counts",
            "small_matmul_rule", "without_parallel"]
@@ -76,22 +76,6 @@ def _rule_base() -> type:
     return CPUScheduleRule
 
 
-def _inlined(rule: Any, func: Any, target: Any) -> tuple[Any, list[Any]] | None:
-    """A schedule of ``func`` with its injective blocks inlined and what blocks remain, or None when
-    ``rule`` does not apply (not a PrimFunc, another target, nothing DLight can normalise)."""
-    from tvm import s_tir, tirx
-    from tvm.s_tir.dlight.analysis import normalize_prim_func
-    from tvm.s_tir.dlight.base.common_schedules import try_inline
-
-    if not isinstance(func, tirx.PrimFunc) or not rule.is_target_available(target):
-        return None
-    sch = s_tir.Schedule(func)
-    infos = normalize_prim_func(sch)
-    if not infos:
-        return None
-    return sch, try_inline(sch, list(infos))
-
-
 def parallel_vector_rule(vector_bits: int, parallel_min: int | None = PARALLEL_MIN) -> Any:
     """The :class:`ParallelVector` rule (a DLight ``ScheduleRule``) for registers of ``vector_bits``.
 
@@ -102,7 +86,7 @@ def parallel_vector_rule(vector_bits: int, parallel_min: int | None = PARALLEL_M
         """Inline injective blocks; parallel leading spatial loops; vectorize injective inner loops."""
 
         def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
-            prepared = _inlined(self, func, target)
+            prepared = inlined(self, func, target)
             if prepared is None:
                 return None
             sch, infos = prepared
@@ -239,7 +223,7 @@ def small_matmul_rule(vector_bits: int) -> Any:
         def apply(self, func: Any, target: Any, _tunable: bool) -> Any:
             if not isinstance(func, tirx.PrimFunc) or not _one_matmul(func):   # cheap look first
                 return None
-            prepared = _inlined(self, func, target)
+            prepared = inlined(self, func, target)
             if prepared is None:
                 return None
             sch, infos = prepared
