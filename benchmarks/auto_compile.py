@@ -125,7 +125,9 @@ def main() -> int:
             print(f"| {model} | {label} | {_median(cell['cold'])} | {_picks(cell['cold'])} | "
                   f"{_median(cell['record'])} | {_picks(cell['record'])} |")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        from mlcomp.base.files import write_text_atomic
+
+        write_text_atomic(args.json, json.dumps(results, indent=1), fmt="json")
     return 0
 
 

@@ -353,8 +353,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{model}:")
         out[model] = bench_model(model, args, policy, log)
         if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(out, fh, indent=2, default=str)
+            from mlcomp.base.files import write_text_atomic
+
+            write_text_atomic(args.json, json.dumps(out, indent=2, default=str), fmt="json")
         print(table(model, args.batch, out[model]).format() + "\n", flush=True)
     return 0
 

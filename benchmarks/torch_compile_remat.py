@@ -147,8 +147,9 @@ def main() -> None:
                       f"(of {mib(row['saved_before'])}) | {mib(row['peak'])} | {mib(row['rss'])} | "
                       f"{row['recomputed']} | {row['grad_err']:.1e} |", flush=True)
     if opts.json:
-        with open(opts.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+        from mlcomp.base.files import write_text_atomic
+
+        write_text_atomic(opts.json, json.dumps(rows, indent=1), fmt="json")
 
 
 if __name__ == "__main__":
