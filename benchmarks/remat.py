@@ -13,7 +13,7 @@ then measured in the same process:
   cheapest plan whose predicted step peak is within ``lowest + B × (peak without remat − lowest)`` (0: the
   lowest the pool reaches; a tighter budget never a higher peak);
 * ``mincut saved@0.25`` -- ``remat{saved=0.25 solver=mincut}``, unfused: at most a quarter of the saved
-  activations kept (the setting the issue measured);
+  activations kept;
 * ``torch ckpt`` -- eager autograd with ``torch.utils.checkpoint`` around every block (each module of a
   ModuleList/Sequential of two or more repeated blocks), the same optimizer after ``backward``;
 * ``torch@B`` -- ``aot_module`` with ``min_cut_rematerialization_partition`` under

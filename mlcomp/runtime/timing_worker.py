@@ -73,8 +73,7 @@ def save_inputs(inputs: Any, path: Path) -> Path:
 
 def _child_env() -> dict[str, str]:
     """This environment, with the folder holding this ``mlcomp`` first on the child's path, and TVM's
-    runtime library only (``TVM_USE_RUNTIME_LIB``: a timing process loads built modules, it builds none;
-    without the compiler library ``import tvm`` costs about a third less CPU).
+    runtime library only (``TVM_USE_RUNTIME_LIB``: a timing process loads built modules, it builds none).
 
     The child then imports the same mlcomp as the parent, installed or not (a source tree on
     ``sys.path``, a test run from a clone).

@@ -2,8 +2,7 @@
 
 ``procs`` hosting processes (:class:`~mlcomp.runtime.timing_host.HostWorker`) are spawned by
 :meth:`WorkerPool.start` before the first candidate compiles; they import torch and mlcomp
-while the candidates compile (started before the capture instead, they slowed it as much as they
-gained: the capture is not alone on its core).  A pool that hosted nothing (no candidate verified)
+while the candidates compile.  A pool that hosted nothing (no candidate verified)
 is killed, not waited for (:meth:`WorkerPool.discard`).  Each candidate that verifies is saved once and loaded into every
 one of them (:meth:`WorkerPool.add`, not waiting), so its start-up is only its own load, and the
 number of processes does not grow with the number of candidates::

@@ -29,9 +29,11 @@ from mlcomp.ir.builder import new_node, remove_dead
 from mlcomp.ir.quant import DEQUANTIZE, QUANTIZE
 from mlcomp.passes import patterns as P
 
-__all__ = ["absorb_scalar_muls"]
+__all__ = ["ELEMENT_MOVES", "absorb_scalar_muls"]
 
-_MOVES = (P.VIEW_LIKE | P.INFERENCE_IDENTITY_OPS) - {P.AS_STRIDED}
+ELEMENT_MOVES = (P.VIEW_LIKE | P.INFERENCE_IDENTITY_OPS) - {P.AS_STRIDED}
+"""Ops that only move elements (views, permutes, identities): a value's grid passes through them."""
+_MOVES = ELEMENT_MOVES
 _LONGEST = 8
 
 

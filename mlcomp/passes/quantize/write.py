@@ -18,6 +18,7 @@ from mlcomp.ir.builder import new_node, remove_dead
 from mlcomp.ir.ops import PARAM, aten
 from mlcomp.ir.quant import DEQUANTIZE, DYNAMIC_QUANTIZE, QUANTIZE
 from mlcomp.passes import patterns as P
+from mlcomp.passes.quantize.absorb import ELEMENT_MOVES
 from mlcomp.passes.quantize.grids import Grid, grid_params
 from mlcomp.passes.quantize.observe import int8_weight
 from mlcomp.passes.quantize.policy import Int8Rule
@@ -26,7 +27,7 @@ __all__ = ["Writer", "Plan", "plan", "weight_param", "activations", "output_valu
            "ranges_through_moves", "outputs_read_in_int8", "moved_from"]
 
 _TRANSPOSES = (aten("permute"), aten("t"), aten("transpose.int"))
-_MOVES = (P.VIEW_LIKE | P.INFERENCE_IDENTITY_OPS) - {P.AS_STRIDED}
+_MOVES = ELEMENT_MOVES
 _RELU = aten("relu")
 
 

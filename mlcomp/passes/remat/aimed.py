@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from mlcomp.analysis.step_peak import StepMemory
 from mlcomp.ir.node import Phase
-from mlcomp.passes.remat.choose import Scored
+from mlcomp.passes.remat.choose import Scored, lowest_peak
 from mlcomp.passes.remat.problem import RematPlan, RematProblem
 
 __all__ = ["ROUNDS", "TRIES", "aim", "held_for_later"]
@@ -67,7 +67,7 @@ def aim(problem: RematProblem, start: Scored, score: Callable[[Sequence[RematPla
             break
         scored = score(list(plans.values()))
         out += scored
-        best = min(scored, key=lambda s: (s.peak, *s.key()))
+        best = lowest_peak(scored)
         if best.peak >= current.peak:
             break
         current = best

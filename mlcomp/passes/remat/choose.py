@@ -31,7 +31,7 @@ from mlcomp.analysis.step_peak import StepMemory, step_memory
 from mlcomp.ir import Graph
 from mlcomp.passes.remat.problem import RematPlan, RematProblem
 
-__all__ = ["Choice", "Scored", "allowed_peak", "choose", "score"]
+__all__ = ["Choice", "Scored", "allowed_peak", "choose", "lowest_peak", "score"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,11 @@ def score(graph: Graph, problem: RematProblem, plans: Sequence[RematPlan],
     return out
 
 
+def lowest_peak(scored: Sequence[Scored]) -> Scored:
+    """The plan of ``scored`` with the lowest predicted peak (ties: the cheapest, by :meth:`Scored.key`)."""
+    return min(scored, key=lambda s: (s.peak, *s.key()))
+
+
 def allowed_peak(lowest: int, unchanged: int, budget: float, limit: int | None = None) -> int:
     """``lowest + budget × (unchanged − lowest)`` (rounded down), at most ``limit``.
 
@@ -89,7 +94,7 @@ def allowed_peak(lowest: int, unchanged: int, budget: float, limit: int | None =
 def choose(scored: Sequence[Scored], unchanged: int, budget: float, limit: int | None = None) -> Choice:
     """The cheapest plan of ``scored`` whose peak is at most :func:`allowed_peak` (``unchanged``: the peak
     without remat)."""
-    lowest = min(scored, key=lambda s: (s.peak, *s.key()))
+    lowest = lowest_peak(scored)
     allowed = allowed_peak(lowest.peak, unchanged, budget, limit)
     fits = [s for s in scored if s.peak <= allowed]
     return Choice(min(fits, key=Scored.key) if fits else None, lowest, allowed)

@@ -54,7 +54,7 @@ from mlcomp.ir.node import Annotations, Phase
 from mlcomp.ir.ops import GETITEM
 from mlcomp.ir.opsets import is_pure
 from mlcomp.passes.remat.aimed import aim
-from mlcomp.passes.remat.choose import Choice, Scored, choose, score
+from mlcomp.passes.remat.choose import Choice, Scored, choose, lowest_peak, score
 from mlcomp.passes.remat.costs import CostModel, cost_model, flops, profile
 from mlcomp.passes.remat.options import (RematError, Saved, infeasible, parse_budget, parse_peak, parse_saved,
                                          peak_unmet)
@@ -248,7 +248,7 @@ class Remat(Pass):
             scored.insert(0, before)
         aimed: list[Scored] = []
         if self.solver is not Solver.SQRT:  # plans aimed at the peaks of no remat and of the pool's lowest
-            starts = [before, min(scored, key=lambda s: (s.peak, *s.key()))]
+            starts = [before, lowest_peak(scored)]
             aimed = _aimed(problem, starts, rate, target, {s.plan.keep for s in scored})
             scored += aimed
         choice = choose(scored, before.peak, 1.0 if self.solver is Solver.SQRT else budget, limit)

@@ -124,9 +124,8 @@ def checked(proto: Any, name: str) -> bytes:
 
 INT8_SESSION_OFF = ("SkipLayerNormFusion",)
 """ORT graph optimizers a quantized model's session runs without.  A residual add kept float before a
-layer norm would become ``SkipLayerNormalization``, whose CPU kernel took 21 ms per call against 3.6 ms
-for ``LayerNormalization`` on a BERT-base layer's [32, 128, 768] (ORT's profiler, one thread), more than
-the float ``Add`` it absorbs (docs/decisions/0033-int8-bert-parity.md)."""
+layer norm would become ``SkipLayerNormalization``, whose CPU kernel is slower than the float ``Add``
+and ``LayerNormalization`` it replaces (docs/decisions/0033-int8-bert-parity.md)."""
 
 
 def make_session(model: bytes | str, *, threads: int | None = None, device: str = "cpu",

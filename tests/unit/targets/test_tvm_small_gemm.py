@@ -234,7 +234,7 @@ def _matmul_loops(func) -> list[str]:
 
 
 def test_batch1_product_is_small_matmul_not_column_reading_gemv(fake_hardware):
-    """One row (batch 1): DLight's GEMV read the [K, N] weight by columns (a K-long strided walk per output);
+    """One row (batch 1): DLight's GEMV would read the [K, N] weight by columns (a K-long strided walk per output);
     SmallMatmul runs the columns as vectors, the reduction serial."""
     from tvm import relax, tirx
 
