@@ -61,6 +61,7 @@ def bind_examples(graph: Graph, inputs: Sequence[Any]) -> Graph:
 def name_dimensions(graph: Graph, dims: Sequence[DynamicDim]) -> Graph:
     """``graph`` with Dynamo's symbols renamed after the dimension of an input they are (see the module)."""
     chosen: dict[str, str] = {}
+    base: dict[str, str] = {}
     taken: set[str] = set(graph.ranges) | set(graph.symbols)
     for node in graph.input_nodes:
         shape = node.tensor_meta.shape
@@ -73,14 +74,14 @@ def name_dimensions(graph: Graph, dims: Sequence[DynamicDim]) -> Graph:
             name, k = wanted, 2
             while name in taken:
                 name, k = f"{wanted}_{k}", k + 1
-            chosen[size] = name
+            chosen[size], base[size] = name, wanted
             taken.add(name)
     if not chosen:
         return graph
     proved = {old: graph.ranges.get(old, SizeRange(0)) for old in chosen}
     renamed = rename_graph_symbols(graph, chosen)
     for old, new in chosen.items():
-        given = next((d.range for d in dims if d.name == new), None)
+        given = next((d.range for d in dims if d.name == base[old]), None)
         renamed.ranges[new] = _intersect(proved[old], given) if given is not None else proved[old]
     return renamed
 

@@ -54,6 +54,13 @@ def test_the_option_names_and_bounds_the_sizes():
     assert g.ranges == {"rows": SizeRange(2, 64), "steps": SizeRange(8, 512)}   # Dynamo's range ∩ the option's
 
 
+def test_a_suffixed_name_keeps_the_range_the_option_gave():
+    g = graph_of(("u0", 8), ("u1", 8), ranges={"u0": SizeRange(1, 4096), "u1": SizeRange(1, 4096)})
+    g = name_dimensions(g, parse_dynamic("rows@0=2..64"))
+    assert shapes(g) == [("rows", 8), ("rows_2", 8)]
+    assert g.ranges == {"rows": SizeRange(2, 64), "rows_2": SizeRange(2, 64)}
+
+
 def test_unnamed_dimension_keeps_torchs_name():
     g = name_dimensions(graph_of((4, 3, 2, 2, "s7", 5)), ())
     assert shapes(g) == [(4, 3, 2, 2, "s7", 5)]
