@@ -11,7 +11,7 @@ from mlcomp.dynamo.lower import drop_bound_asserts
 from mlcomp.dynamo.options import BY_RULE, INFERENCE_CANDIDATES, INFERENCE_TIMING, BackendOptions
 from mlcomp.dynamo.partition import representable
 from mlcomp.dynamo.symbols import bind_examples, name_dimensions
-from mlcomp.dynamo.target_rule import RULES, pick_target
+from mlcomp.dynamo.target_rule import pick_target
 from mlcomp.frontend.dynamic import parse_dynamic
 from mlcomp.ir import Graph, Node, TensorMeta
 from mlcomp.ir.ops import INPUT
@@ -112,7 +112,6 @@ def conv_then_linear(channels: int, features: int) -> Graph:
 
 def test_rule_follows_the_flop_share_and_skips_a_missing_target():
     conv_heavy, gemm_heavy = conv_then_linear(16, 4), conv_then_linear(1, 4096)
-    assert RULES[0][:2] == ("convolution", 0.5)
     assert pick_target(conv_heavy)[0] == "onnxruntime"
     target, why = pick_target(gemm_heavy)
     assert target == "cpu" and why.startswith("matmul 99% of heavy FLOPs") and why.endswith(": cpu (rule)")
