@@ -76,6 +76,7 @@ from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.linearize import linearize_batched_matmuls
 from mlcomp.passes.quantize import accuracy, data
 from mlcomp.passes.quantize.absorb import absorb_scalar_muls
+from mlcomp.passes.quantize.bias import correct_biases, correctable
 from mlcomp.passes.quantize.embeddings import quantize_embeddings
 from mlcomp.passes.quantize.grids import PRODUCT_SCHEMES, Grid, operand_grids
 from mlcomp.passes.quantize.observe import observe
@@ -139,6 +140,8 @@ class Quantize(Pass):
     fold_scalars: bool = option(True, "turn scalar multiplies of dequantized values into dequantize scales")
     embeddings: bool = option(True, "embedding tables (4096 elements or more) in int8: int8 rows looked up, "
                               "then scaled per column")
+    bias_correction: bool = option(False, "add each quantized layer's mean output shift, measured on the "
+                                   "calibration samples against fp32, to its bias")
     products: Products = option(Products.AUTO, "grids of the operands of a product of two activations: auto "
                                 "(the target's row in quantize.grids), minmax (uint8 with zero points) or "
                                 "zero-free (zero point 0, the second operand int8)")
@@ -187,8 +190,9 @@ class Quantize(Pass):
         acts = list(dict.fromkeys([r.name for n, _ in layers for r in plans[n.name][0]]
                                   + [output_value(graph, n) for n, _ in layers]))
         dynamic = self.activations is Activations.DYNAMIC
+        axes = correctable(graph, [n for n, _ in layers]) if self.bias_correction and not dynamic else {}
         seen = observe(graph, samples, [] if dynamic else acts, self.method.value,
-                       keep=[n.name for n, _ in layers] + (acts if dynamic else []))
+                       keep=[n.name for n, _ in layers] + (acts if dynamic else []), means=axes)
         held_ref = [Interpreter(graph).run(*s) for s in held]
         layers = self._finite(graph, layers, plans, seen.ranges, kept)
         for node, rule in layers:
@@ -204,9 +208,10 @@ class Quantize(Pass):
         records = [write(n, rule, plans[n.name]) for n, rule in layers]
         absorbed = absorb_scalar_muls(graph) if self.fold_scalars else 0
         tables = quantize_embeddings(graph, self.exclude) if self.embeddings else []
+        corrected = correct_biases(graph, samples, seen.means, axes, records) if axes else 0
         stats = self._measure(graph, samples, held, seen, held_ref, records)
         stats.update(kept_float=kept, unfused_groups=unfused, batched_linears=linearized, scalar_muls_absorbed=absorbed,
-                     ranges_shared=shared, embeddings=tables)
+                     ranges_shared=shared, embeddings=tables, biases_corrected=corrected)
         stats["warnings"] = [f"exclude pattern {p!r} matched no node" for p in unmatched(graph, self.exclude)]
         for text in stats["warnings"]:
             warnings.warn(f"quantize: {text}", UserWarning, stacklevel=2)
