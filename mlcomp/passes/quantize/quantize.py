@@ -140,7 +140,7 @@ class Quantize(Pass):
     fold_scalars: bool = option(True, "turn scalar multiplies of dequantized values into dequantize scales")
     embeddings: bool = option(True, "embedding tables (4096 elements or more) in int8: int8 rows looked up, "
                               "then scaled per column")
-    bias_correction: bool = option(False, "add each quantized layer's mean output shift, measured on the "
+    bias_correction: bool = option(True, "add each quantized layer's mean output shift, measured on the "
                                    "calibration samples against fp32, to its bias")
     products: Products = option(Products.AUTO, "grids of the operands of a product of two activations: auto "
                                 "(the target's row in quantize.grids), minmax (uint8 with zero points) or "
