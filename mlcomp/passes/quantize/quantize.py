@@ -84,7 +84,7 @@ from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule
 from mlcomp.passes.quantize.selection import choose, finite, unmatched
 from mlcomp.passes.quantize.unfuse import inline_fused
 from mlcomp.passes.quantize.write import (Writer, drop_softmax_guard, output_value, outputs_read_in_int8, plan,
-                                          ranges_through_moves)
+                                          ranges_through_moves, reader_grids)
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
 __all__ = ["Quantize", "Activations", "Granularity", "Method", "INT8_TARGETS"]
@@ -201,9 +201,11 @@ class Quantize(Pass):
                 drop_softmax_guard(graph, node)
         outputs = [output_value(graph, n) for n, _ in layers]
         shared = 0 if dynamic else ranges_through_moves(graph, acts, outputs, seen.ranges)
-        writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL, self._grids(ctx),
+        grids = self._grids(ctx)
+        writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL, grids,
                         None if dynamic else outputs_read_in_int8(
-                            graph, [r.name for n, _ in layers for r in plans[n.name][0]], outputs))
+                            graph, [r.name for n, _ in layers for r in plans[n.name][0]], outputs),
+                        reader_grids(graph, [(n, r, plans[n.name]) for n, r in layers], outputs, grids))
         write = writer.dynamic_layer if dynamic else writer.layer
         records = [write(n, rule, plans[n.name]) for n, rule in layers]
         absorbed = absorb_scalar_muls(graph) if self.fold_scalars else 0
