@@ -82,6 +82,7 @@ from mlcomp.passes.quantize.grids import PRODUCT_SCHEMES, Grid, operand_grids
 from mlcomp.passes.quantize.observe import observe
 from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule
 from mlcomp.passes.quantize.selection import choose, finite, unmatched
+from mlcomp.passes.quantize.smooth import smooth, smoothing_for
 from mlcomp.passes.quantize.unfuse import inline_fused
 from mlcomp.passes.quantize.write import (Writer, drop_softmax_guard, output_value, outputs_read_in_int8, plan,
                                           ranges_through_moves, reader_grids)
@@ -142,6 +143,9 @@ class Quantize(Pass):
                               "then scaled per column")
     bias_correction: bool = option(True, "add each quantized layer's mean output shift, measured on the "
                                    "calibration samples against fp32, to its bias")
+    smooth: float | None = option(None, "move activation spread into the weights before quantizing linears "
+                                  "(SmoothQuant's alpha, 0 off; default: the target's row in quantize.smooth)",
+                                  ge=0, le=1)
     products: Products = option(Products.AUTO, "grids of the operands of a product of two activations: auto "
                                 "(the target's row in quantize.grids), minmax (uint8 with zero points) or "
                                 "zero-free (zero point 0, the second operand int8)")
@@ -186,6 +190,10 @@ class Quantize(Pass):
                 f"{', '.join(str(op) for op in INT8_POLICY)}; {_kept_text(kept)})",
                 where=f"graph {graph.name}", hint="drop quantize from the pipeline for this model")
         samples, held = data.held_back(self._samples(graph, ctx), self.held_back)
+        alpha = smoothing_for(ctx.target.name if ctx.target is not None else None) if self.smooth is None \
+            else self.smooth
+        smoothed = [] if self.activations is Activations.DYNAMIC else smooth(graph, layers, samples, alpha)
+        layers = [(graph.node(n.name), rule) for n, rule in layers]
         plans = {n.name: plan(graph, n, rule) for n, rule in layers}
         acts = list(dict.fromkeys([r.name for n, _ in layers for r in plans[n.name][0]]
                                   + [output_value(graph, n) for n, _ in layers]))
@@ -213,7 +221,7 @@ class Quantize(Pass):
         corrected = correct_biases(graph, samples, seen.means, axes, records) if axes else 0
         stats = self._measure(graph, samples, held, seen, held_ref, records)
         stats.update(kept_float=kept, unfused_groups=unfused, batched_linears=linearized, scalar_muls_absorbed=absorbed,
-                     ranges_shared=shared, embeddings=tables, biases_corrected=corrected)
+                     ranges_shared=shared, embeddings=tables, biases_corrected=corrected, smoothed=smoothed)
         stats["warnings"] = [f"exclude pattern {p!r} matched no node" for p in unmatched(graph, self.exclude)]
         for text in stats["warnings"]:
             warnings.warn(f"quantize: {text}", UserWarning, stacklevel=2)

@@ -1,4 +1,4 @@
-"""quantize's bias correction: the int8 layers' mean output shift goes into their biases; the IR is unchanged."""
+"""quantize's bias correction and smoothing: biases take the mean shift; activation spread moves into weights."""
 from __future__ import annotations
 
 import pytest
@@ -7,6 +7,7 @@ from torch import nn
 
 from mlcomp.frontend.loading import load_model
 from mlcomp.ir.interpreter import Interpreter
+from mlcomp.ir.ops import aten
 from mlcomp.passes.quantize.bias import MIN_ROWS
 from mlcomp.pipeline import run_pipeline
 
@@ -64,3 +65,49 @@ def test_too_few_rows_keep_the_bias_with_the_reason():
     st = report.stats("quantize")
     assert st["biases_corrected"] == 0
     assert {r["bias_kept"] for r in st["layers"]} == {f"fewer than {MIN_ROWS} rows per channel to measure a shift on"}
+
+
+# -- smoothing ----------------------------------------------------------------------------------------------
+
+class Shared(nn.Module):
+    """A layer norm read by two linears and, through a slice, by a residual add; then a linear on a GELU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.a, self.b, self.c = nn.LayerNorm(16), nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 8)
+        with torch.no_grad():
+            self.norm.weight.copy_(torch.linspace(0.1, 4.0, 16))      # channels of very different spread
+
+    def forward(self, x):
+        h = self.norm(x)
+        return self.c(torch.nn.functional.gelu(self.a(h) + self.b(h))) + h[:, :8]
+
+
+def test_smoothing_keeps_the_function_and_scales_the_shared_weights():
+    from mlcomp.passes.quantize.selection import choose
+    from mlcomp.passes.quantize.smooth import smooth
+    torch.manual_seed(0)
+    model = Shared().eval()
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(1))
+    g = load_model(model, example_inputs=(x,)).capture()
+    before = g.copy()
+    records = smooth(g, choose(g, ())[0], [(x,)], 0.95)
+    assert [len(r["layers"]) for r in records] == [2, 1]          # the norm's two linears share one factor; c
+    assert records[0]["factor_max"] > 5 * records[0]["factor_min"]
+    muls = [n for n in g.call_nodes() if n.op == aten("mul.Tensor") and n.name.endswith("_s")]
+    assert len(muls) == 2 and {u.op for u in g.users(muls[0].name)} == {aten("addmm")}
+    with torch.no_grad():
+        ref, got = Interpreter(before).run(x)[0], Interpreter(g).run(x)[0]
+    assert float((got - ref).abs().max() / ref.abs().max()) < 1e-5   # the same function in float
+
+
+def test_smoothing_is_the_targets_default_and_an_option():
+    from mlcomp.pipeline.target_facts import TargetFacts
+    torch.manual_seed(0)
+    model = Shared().eval()
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(1))
+    g = load_model(model, example_inputs=(x,)).capture()
+    runs = {(t, s): run_pipeline(g, "quantize" + s, example_inputs=(x,), target=TargetFacts(t))[1].stats("quantize")
+            for t, s in (("openvino", ""), ("onnxruntime", ""), ("openvino", "{smooth=0}"))}
+    assert [len(st["smoothed"]) for st in runs.values()] == [2, 0, 0]
+    assert runs["openvino", ""]["calibration"]["mean_rel"] < runs["openvino", "{smooth=0}"]["calibration"]["mean_rel"]
