@@ -18,10 +18,13 @@ weights)::
 The multiply stays a float op before the activation's quantize (OpenVINO runs it in the
 same pass over the data as the quantize).  Which targets smooth, and how much, is the
 :data:`SMOOTHING` row (``quantize{smooth=α}`` sets it, 0 turns it off).  Float readers of the
-activation (the residual add) keep reading it unscaled.  O(samples × graph + weights).
+activation (the residual add) keep reading it unscaled; an activation with fewer than
+:data:`~mlcomp.passes.quantize.bias.MIN_ROWS` rows over the samples is not smoothed (its
+per-channel maxima are those of a few rows: a classifier's input at batch 2).  O(samples × graph + weights).
 """
 from __future__ import annotations
 
+import math
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
@@ -31,6 +34,7 @@ from mlcomp.ir import Graph, Node, Ref
 from mlcomp.ir.builder import new_node
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.ops import aten
+from mlcomp.passes.quantize.bias import MIN_ROWS
 from mlcomp.passes.quantize.policy import Int8Rule
 from mlcomp.passes.quantize.write import weight_param
 
@@ -80,6 +84,12 @@ def _only_reader(graph: Graph, node: Node, found: tuple[Node, bool]) -> bool:
                                             == [node.name])
 
 
+def _rows(graph: Graph, name: str) -> int:
+    """Rows of one sample's value ``name`` (its elements over its last axis)."""
+    shape = [d if isinstance(d, int) else 1 for d in graph.node(name).tensor_meta.shape]
+    return math.prod(shape[:-1])
+
+
 def _channel_absmax(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]], names: Sequence[str]
                     ) -> dict[str, torch.Tensor]:
     """``max |x|`` per last-axis channel of each value in ``names`` over the samples (float runs)."""
@@ -101,6 +111,8 @@ def smooth(graph: Graph, layers: Sequence[tuple[Node, Int8Rule]], samples: Seque
     groups = _groups(graph, layers)
     if alpha <= 0 or not groups:
         return []
+    rows = {a: _rows(graph, a) * len(samples) for a in groups}
+    groups = {a: g for a, g in groups.items() if rows[a] >= MIN_ROWS}
     amax = _channel_absmax(graph, samples, list(groups))
     position = {n.name: i for i, n in enumerate(graph.nodes())}
     records = []
