@@ -41,8 +41,12 @@ activation ranges (``minmax``, ``percentile``, ``entropy``: :mod:`~mlcomp.passes
 measured only), ``products`` (the grids of a product of two activations' operands, attention's
 ``Q·Kᵀ`` and ``P·V``: by default the target's row of :mod:`~mlcomp.passes.quantize.grids`, zero
 points on onnxruntime, none on openvino, which runs such a product in int8 only then),
-``embeddings`` (large embedding tables looked up in int8 and scaled per column after the lookup:
-:mod:`~mlcomp.passes.quantize.embeddings`), and a declared accuracy target, ``tolerance`` (max
+``embeddings`` (large embedding tables looked up in int8 and scaled per row after the lookup:
+:mod:`~mlcomp.passes.quantize.embeddings`), ``smooth`` (a linear's input spread moved into its
+weight before quantizing, SmoothQuant's ``α``; by default the target's row:
+:mod:`~mlcomp.passes.quantize.smooth`), ``bias_correction`` (each layer's mean output shift,
+measured against fp32 on the calibration samples, added to its bias: :mod:`~mlcomp.passes.quantize.bias`),
+and a declared accuracy target, ``tolerance`` (max
 relative error of the outputs) and ``agreement`` (top-1), refused with the numbers when missed.
 A fused graph (``-O2,quantize``) is first put back as its ops (:mod:`~mlcomp.passes.quantize.unfuse`), and a linear read as ``bmm`` against its weight
 broadcast over the batch (attention's input projection on a permuted input) is written as one
@@ -140,7 +144,7 @@ class Quantize(Pass):
     agreement: float | None = option(None, "smallest top-1 agreement with fp32 accepted", gt=0, le=1)
     fold_scalars: bool = option(True, "turn scalar multiplies of dequantized values into dequantize scales")
     embeddings: bool = option(True, "embedding tables (4096 elements or more) in int8: int8 rows looked up, "
-                              "then scaled per column")
+                              "then scaled per row")
     bias_correction: bool = option(True, "add each quantized layer's mean output shift, measured on the "
                                    "calibration samples against fp32, to its bias")
     smooth: float | None = option(None, "move activation spread into the weights before quantizing linears "
