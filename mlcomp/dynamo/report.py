@@ -57,6 +57,16 @@ class JointRecord:
     nodes_recomputed: int = 0
     tolerance: float | None = None  # declared by mixed precision (None: fp32)
     regions: list[dict[str, Any]] = field(default_factory=list)   # the target's own eager regions
+    cache: list[str | None] = field(default_factory=list)        # the forward's and backward's cache outcomes
+
+    def cache_status(self) -> str | None:
+        """The halves' one cache outcome (``hit``, ``stored``…), ``forward/backward`` when they differ.
+
+        >>> JointRecord("g", cache=["hit", "stored"]).cache_status()
+        'hit/stored'
+        """
+        known = [c or "" for c in self.cache]
+        return None if not any(known) else known[0] if len(set(known)) == 1 else "/".join(known)
 
     def note_passes(self, pipeline_report: Any) -> None:
         """Take remat's and mixed precision's figures from a pipeline report."""
