@@ -10,6 +10,7 @@ from mlcomp.base.errors import InputSpecError
 from mlcomp.dynamo.lower import drop_bound_asserts
 from mlcomp.dynamo.options import BY_RULE, INFERENCE_CANDIDATES, INFERENCE_TIMING, BackendOptions
 from mlcomp.dynamo.partition import representable
+from mlcomp.dynamo.report import size_ranges
 from mlcomp.dynamo.symbols import bind_examples, name_dimensions
 from mlcomp.dynamo.target_rule import FAMILIES, flop_shares, pick_target
 from mlcomp.frontend.capture import capture_module
@@ -126,3 +127,11 @@ def test_the_heavy_families_are_the_irs_compute_ops_batch_norm_aside():
     assert "_native_batch_norm_legit_no_training" not in FAMILIES
     assert set(FAMILIES) <= set(category_names(Category.COMPUTE))
     assert FAMILIES["_scaled_dot_product_flash_attention_for_cpu"] == FAMILIES["bmm"] == "matmul"
+
+
+def test_the_reports_size_ranges_read_back_as_the_ranges_they_came_from():
+    sizes = {"seq": [8, 512], "batch": [1, None]}
+    lines = size_ranges(sizes)
+    assert [line.split()[0] for line in lines] == ["batch", "seq"]
+    assert {name: SizeRange.parse(text) for name, text in (line.split() for line in lines)} == \
+        {"batch": SizeRange(1), "seq": SizeRange(8, 512)}
