@@ -38,7 +38,7 @@ OPS = {
 }
 
 
-def _scheduled(op: str, shape: tuple[int, ...], vector_bits: int, parallel: bool = False):
+def _scheduled(op: str, shape: tuple[int, ...], vector_bits: int, parallel: bool = False, dtype: str = "float32"):
     """(the scheduled IRModule, its one reduction PrimFunc's TVMScript)."""
     from tvm import relax
     from tvm.s_tir import dlight as dl
@@ -47,7 +47,7 @@ def _scheduled(op: str, shape: tuple[int, ...], vector_bits: int, parallel: bool
     from mlcomp.targets.tvm.schedules import default_rules
 
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    x = relax.Var("x", relax.TensorType(shape, dtype))
     with bb.function("main", [x]):
         with bb.dataflow():
             y = bb.emit_output(bb.emit(OPS[op][0](relax, x, shape[-1])))
@@ -125,6 +125,15 @@ def test_a_parallel_build_gives_the_rows_to_the_cores():
     mmod, means = _scheduled("column_mean", (4, PARALLEL_MIN // 1024, 256), vector_bits=256, parallel=True)
     assert "T.parallel(T.int64(128))" in means and row_reductions(mmod) == 1, means    # 4 x 256 / 8 column blocks
     _check_numbers(mod, "layer_norm", (rows, 64))
+
+
+@pytest.mark.parametrize("op", ["softmax", "column_mean"])
+def test_a_float16_reduction_is_left_to_dlight_by_both_plans(op):
+    """The rows and the columns plans take float32 only: the same shapes in float16 stay DLight's."""
+    shape = (4, 64) if op == "softmax" else (2, 8, 64)
+    mod, text = _scheduled(op, shape, vector_bits=512, dtype="float16")
+    assert row_reductions(mod) == 0 and "T.vectorized(16)" not in text
+    assert row_reductions(_scheduled(op, shape, vector_bits=512)[0]) == 1     # float32: the rule's
 
 
 def test_block_steps_name_every_block_kind_the_rule_schedules():
