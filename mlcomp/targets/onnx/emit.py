@@ -289,7 +289,9 @@ def _emit(em: Emitter, graph: Graph) -> Any:
     _rename(em.nodes, renames)
     nodes, inits = _live(em.nodes, em.inits, out_names)
     body = helper.make_graph(nodes, graph.name or "main_graph", inputs, outputs, initializer=inits)
-    return helper.make_model(body, opset_imports=[helper.make_opsetid("", em.opset)],
+    domains = sorted({n.domain for n in nodes if n.domain})        # ORT's contrib ops: com.microsoft, version 1
+    return helper.make_model(body, opset_imports=[helper.make_opsetid("", em.opset)]
+                             + [helper.make_opsetid(d, 1) for d in domains],
                              producer_name="mlcomp", ir_version=IR_VERSION)
 
 

@@ -33,7 +33,7 @@ import torch
 
 from mlcomp.ir import Node, Ref
 from mlcomp.ir.ops import aten
-from mlcomp.targets.onnx.emit_quant import QUANT_RULES, dynamic_gemm
+from mlcomp.targets.onnx.emit_quant import QUANT_RULES, dynamic_gemm, static_gemm
 from mlcomp.targets.onnx.emit_ops import Decline, Rule, out_dtype
 
 if TYPE_CHECKING:
@@ -68,7 +68,8 @@ def _gemm(em: Emitter, node: Node, a: dict[str, Any], bias: Any) -> None:
     mat1, mat2 = a["mat1"] if "mat1" in a else a["self"], a["mat2"]
     folded = _transposed_2d(em, mat2)
     beta, alpha = a.get("beta", 1), a.get("alpha", 1)
-    if alpha == 1 and beta == 1 and dynamic_gemm(em, node, mat1, folded, bias):
+    if alpha == 1 and beta == 1 and (dynamic_gemm(em, node, mat1, folded, bias)
+                                     or static_gemm(em, node, mat1, mat2, folded, bias)):
         return
     if bias is None and folded is None and alpha == 1:
         em.add("MatMul", [em.value(mat1, dtype), em.value(mat2, dtype)], out=node.name)
