@@ -160,8 +160,7 @@ def _layer_norm(em: Emitter, node: Node, a: dict[str, Any]) -> None:
     if a["bias"] is not None:
         inputs.append(em.value(a["bias"], dtype))
     outs = em.outs(node, 3, optional=True)
-    rows = _residual_rows(em, node, a["input"], inputs[0], shape, outs) \
-        if em.quantized and len(normalized) == 1 else None
+    rows = _residual_rows(em, node, a["input"], inputs[0], shape, outs) if len(normalized) == 1 else None
     if rows is None:
         em.add_multi("LayerNormalization", inputs, outs, axis=-len(normalized), epsilon=float(a["eps"]))
         return
