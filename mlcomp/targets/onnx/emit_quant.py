@@ -1,4 +1,4 @@
-"""ONNX rows of the quantization ops, and matrix products with per-call activation scales.
+"""ONNX rows of the quantization ops, the integer matrix products, and the softmax between int8 products.
 
 * ``mlcomp.quantize_linear``/``dequantize_linear`` → ``QuantizeLinear``/``DequantizeLinear``
   (one scale per tensor, 0-d, or per slice along ``axis``); ORT fuses the pairs around an op
@@ -12,18 +12,18 @@
 * ``addmm``/``mm`` reading a statically quantized activation and an int8 weight → ORT's
   ``com.microsoft.MatMulIntegerToFloat(xq, Wᵀ, x scale, w scale, x zero, —, bias)``: float output, the
   bias (the pass's int32 bias, dequantized here) added in the kernel; an int8 reader quantizes it
-  again.  ORT turns the same graph written as ``DequantizeLinear → Gemm`` into ``QGemm``, which on
-  VNNI CPUs runs 5–15 % slower at BERT's widths (it broadcasts the bias into the int32 product buffer
-  and accumulates onto it); written as ``MatMul → Add`` its ``MatMulAddFusion`` makes a float ``Gemm``
-  before its quantization transforms run; no fusion makes ``MatMulIntegerToFloat`` with a bias from
-  standard ops for a static activation, so the emitter writes the kernel by name::
+  again.  ORT turns the same graph written as ``DequantizeLinear → Gemm`` into the slower ``QGemm``
+  (it broadcasts the bias into the int32 product buffer and accumulates onto it); written as
+  ``MatMul → Add``, its ``MatMulAddFusion`` makes a float ``Gemm`` before its quantization transforms
+  run; no fusion makes ``MatMulIntegerToFloat`` with a bias from standard ops for a static activation,
+  so the emitter writes the kernel by name::
 
       %addmm = addmm(dequantize_linear(%bias_i32, s_b), dequantize_linear(%xq, s_x, z_x), permute(%w_dq))
                                           addmm = MatMulIntegerToFloat(xq, w_int8ᵀ, s_x, s_w, z_x, '', bias)
 
 * ``_softmax`` of a per-tensor dequantize whose every reader quantizes it → ``Softmax(Cast(xq) × s)``:
   ORT fuses ``DequantizeLinear → Softmax → QuantizeLinear`` into ``QLinearSoftmax``, whose CPU kernel
-  takes 2.5–3× the time of the float ``Softmax`` with its cast and quantize at BERT's attention sizes.
+  is slower than the float ``Softmax`` with its cast and quantize (docs/decisions/0035-*).
   Softmax does not change when a row is shifted, so the zero point drops out: ``softmax(s·(q − z)) =
   softmax(s·q)``, and no ``DequantizeLinear`` is left for the fusion to take.
 """
