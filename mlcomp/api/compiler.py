@@ -39,7 +39,8 @@ from mlcomp.api.auto.search import AUTO, DEFAULT_AUTO_TIMING, auto_candidates, c
 from mlcomp.api.cache import CacheOutcome, CacheStatus, CompileCache, default_cache_dir
 from mlcomp.api.cache_key import CacheKey, UncacheableGraph, cache_key
 from mlcomp.api.inputs import LOAD_KEYS, TRAIN_KEYS, check_options, load_source
-from mlcomp.api.lowering import CompileResult, Note, adapted_pipeline, compile_source, eager_reference, resolve_target
+from mlcomp.api.lowering import (CompileResult, Note, adapted_pipeline, compile_source, eager_reference,
+                                 resolve_target, verify_seeded)
 from mlcomp.base.errors import MlcompError, OptionError
 from mlcomp.base.files import Kind, check_destination
 from mlcomp.frontend.joint import capture_joint, example_target, loss_function, resolve_loss
@@ -117,7 +118,7 @@ def _reuse(source: Any, art: Any, *, verify: bool, tolerance: float | None, capt
         expected, _ = eager_reference(source, inputs, None)
         art.set_reference(inputs, expected)
     art.manifest["capture_seconds"] = round(capture_seconds, 4)
-    check = art.verify(tolerance=tolerance, raise_on_failure=False) if verify else None
+    check = verify_seeded(art, tolerance=tolerance, raise_on_failure=False) if verify else None
     return CompileResult(art, None, capture_seconds, 0.0, check=check)
 
 
