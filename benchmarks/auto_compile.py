@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -46,9 +47,9 @@ def child(model: str, threads: int, seed: int, cache: str | None) -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(threads)
     module, inputs = ZOO[model].build(seed=seed).eval(), ZOO[model].example_inputs(1)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     art = mlcomp.compile(module, inputs, target="auto", pipeline="-O2", threads=threads, cache=cache)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     auto = art.manifest.get("auto", {})
     timing = auto.get("timing", {})
     print(json.dumps({"seconds": seconds, "picked": art.target,
@@ -58,7 +59,9 @@ def child(model: str, threads: int, seed: int, cache: str | None) -> None:
                                     if c.get("compile_seconds") is not None},
                       "eliminated": sorted(timing.get("eliminated", {})), "timed_in": timing.get("timed_in"),
                       "processes": timing.get("processes"), "phases": timing.get("phase_seconds", {}),
-                      "capture_s": art.manifest.get("capture_seconds"),
+                      "capture_s": art.manifest.get("capture_seconds"), "call_cpu_s": cpu, "before_cpu_s": c0,
+                      "phase_cpu": timing.get("phase_cpu_seconds", {}),
+                      "worker_cpu": timing.get("timing_process_cpu_seconds", []),
                       "cache": (art.manifest.get("cache") or {}).get("status")}))
 
 
@@ -66,14 +69,15 @@ def run(checkout: Path, model: str, threads: int, seed: int, cache: str | None) 
     env = {**os.environ, "PYTHONPATH": str(checkout), "TVM_NUM_THREADS": str(threads)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", model, "--threads", str(threads),
            "--seed", str(seed)] + (["--cache", cache] if cache else [])
-    t0 = time.perf_counter()
+    t0, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
-    wall = time.perf_counter() - t0
+    wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime     # it and the processes it waited for
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
         return {"error": f"exit {proc.returncode}: {tail[:300]}", "process_s": wall}
-    return {**json.loads(lines[-1]), "process_s": wall}
+    return {**json.loads(lines[-1]), "process_s": wall, "process_cpu_s": cpu}
 
 
 def line(label: str, r: dict) -> str:
@@ -84,7 +88,16 @@ def line(label: str, r: dict) -> str:
     return (f"  {label}: {r['seconds']:.1f} s (process {r['process_s']:.1f} s) -> {r['picked']}; ms: {medians or '—'}"
             f"; eliminated: {', '.join(r['eliminated']) or '—'}; processes: {r['processes']}; phases: {phases or '—'}"
             + (f"; cache {r['cache']}" if r.get("cache") else "")
-            + (f"; compile s: {', '.join(f'{t} {v:.1f}' for t, v in r['compile_s'].items())}" if r.get("compile_s") else ""))
+            + (f"; compile s: {', '.join(f'{t} {v:.1f}' for t, v in r['compile_s'].items())}" if r.get("compile_s") else "")
+            + f"\n    CPU s: {_cpu(r)}")
+
+
+def _cpu(r: dict) -> str:
+    """CPU seconds: the compiling process before the call and in it (per phase), each timing process, all."""
+    phases = ", ".join(f"{k} {v:.1f}" for k, v in r.get("phase_cpu", {}).items())
+    workers = "; ".join(", ".join(f"{k} {v:.1f}" for k, v in w.items()) for w in r.get("worker_cpu", []))
+    return (f"before the call {r.get('before_cpu_s', 0):.1f}, the call {r.get('call_cpu_s', 0):.1f} ({phases}); "
+            f"timing processes [{workers}]; all processes {r.get('process_cpu_s', 0):.1f}")
 
 
 def main() -> int:

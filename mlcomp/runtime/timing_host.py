@@ -23,6 +23,7 @@ Protocol (one JSON line per reply on the child's private stdout)::
     parent: "load {"name": …, "artifact": …}"  ->  child: {"ready": per_call_s, "calls": k, "name": …}
     parent: "sample NAME"                       ->  child: {"sample": s}
     parent: "drop NAME"                            (no reply) the artifact is released
+    parent: "stats"                             ->  child: {"stats": {"imports": s, "loads": s, "samples": s, "total": s}}
     parent: "quit" or EOF                          the child exits
     child:  {"error": "..."}                       a load or sample failed; the parent raises WorkerError
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -81,6 +83,12 @@ class HostWorker(ProcessSampler):
             return float(self._read(timeout)["sample"])
         return sample
 
+    def stats(self, timeout: float = 60.0) -> dict[str, float]:
+        """The child's CPU seconds (every thread) by what it did: ``imports`` (everything before it served),
+        ``loads`` (loading, checking, warming up its artifacts), ``samples``, and ``total``."""
+        self._write("stats")
+        return {k: float(v) for k, v in self._read(timeout)["stats"].items()}
+
     def drop(self, name: str) -> None:
         """Release ``name``'s artifact in the child (it is sampled no more)."""
         if self._proc.poll() is None and name in self.hosted:
@@ -90,6 +98,7 @@ class HostWorker(ProcessSampler):
 
 def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
     """Answer ``load``, ``sample`` and ``drop`` until ``quit`` or end of input (module doc)."""
+    cpu = {"imports": time.process_time(), "loads": 0.0, "samples": 0.0}
     torch.set_num_threads(int(config["threads"]))
     inputs = torch.load(config["inputs"], map_location="cpu", weights_only=True)
     hosted: dict[str, tuple[Any, Any, int]] = {}          # name -> (runner, barrier, calls per block)
@@ -100,6 +109,7 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
 
     for line in commands:
         verb, _, rest = line.strip().partition(" ")
+        c0 = time.process_time()
         if verb == "load":
             spec = json.loads(rest)
             try:
@@ -111,10 +121,15 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
                 reply({"error": f"{spec['name']}: " + " ".join(text.split())[:500]})
                 continue
             hosted[spec["name"]] = (runner, barrier, calls)
+            cpu["loads"] += time.process_time() - c0
             reply({"ready": per_call, "calls": calls, "name": spec["name"]})
         elif verb == "sample":
             runner, barrier, calls = hosted[rest]
-            reply({"sample": take_sample(runner, inputs, barrier, calls, config["settle_s"], config["block_s"])})
+            seconds = take_sample(runner, inputs, barrier, calls, config["settle_s"], config["block_s"])
+            cpu["samples"] += time.process_time() - c0
+            reply({"sample": seconds})
+        elif verb == "stats":
+            reply({"stats": dict(cpu, total=time.process_time())})
         elif verb == "drop":
             hosted.pop(rest, None)
         else:

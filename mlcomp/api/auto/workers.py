@@ -143,6 +143,16 @@ class WorkerPool:
                        for name in names}
         return dict(self.groups)
 
+    def cpu_seconds(self) -> list[dict[str, float]]:
+        """Each process's CPU seconds by what it did (:meth:`HostWorker.stats`); none for a pool that hosted
+        nothing or whose processes cannot answer."""
+        if not self._added or self.problem is not None:
+            return []
+        try:
+            return [worker.stats() for worker in self._workers]
+        except WorkerError:
+            return []
+
     def stop(self, name: str) -> None:
         """Release ``name`` in every process (a clear loser, or a candidate no longer timed)."""
         for worker in self._workers:
