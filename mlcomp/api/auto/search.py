@@ -225,7 +225,8 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     rows: dict[str, Candidate] = {}
     built: dict[str, CompileResult] = {}
     pool = WorkerPool(source.inputs(), warmup=policy.warmup, block_s=BLOCK_S, describe=first_line, procs=procs,
-                      enabled=isolate and record is None and not opts.deterministic and len(targets) > 1)
+                      enabled=isolate and record is None and not opts.deterministic and len(targets) > 1,
+                      targets=[t.name for t in targets])
     phases = Phases()
     eager = EagerOnce(source)          # every candidate is verified against one eager run
     with pool:

@@ -31,9 +31,11 @@ import torch
 from mlcomp.runtime.timing_host import HostWorker
 from mlcomp.runtime.timing_worker import ProcessGroup, WorkerError, save_for_worker, save_inputs
 
-__all__ = ["READY_TIMEOUT_S", "WorkerPool"]
+__all__ = ["READY_TIMEOUT_S", "RUNTIME_MODULES", "WorkerPool"]
 
 READY_TIMEOUT_S = 600.0     # a process loads, checks and warms up its artifacts within this
+# what a target's artifacts import when loaded: the zygote imports them once, before it forks
+RUNTIME_MODULES = {"onnxruntime": ("onnxruntime",), "openvino": ("openvino",), "tvm": ("tvm",)}
 
 
 class WorkerPool:
@@ -45,9 +47,10 @@ class WorkerPool:
 
     def __init__(self, inputs: Sequence[Any], *, warmup: int, block_s: float, enabled: bool = True,
                  describe: Callable[[BaseException], str] = str, procs: int = 1,
-                 spawn: Callable[..., Any] = HostWorker.spawn_host) -> None:
+                 spawn: Callable[..., Sequence[Any]] = HostWorker.spawn_group, targets: Sequence[str] = ()) -> None:
         self.inputs, self.warmup, self.block_s, self.enabled = inputs, warmup, block_s, enabled
         self.procs = procs
+        self.preload = sorted({m for t in targets for m in RUNTIME_MODULES.get(t, ())})
         self.problem: str | None = None
         self.started = 0
         self.groups: dict[str, ProcessGroup] = {}     # the names timed, after samplers()
@@ -84,10 +87,9 @@ class WorkerPool:
         try:
             self._root = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="mlcomp-auto-")))
             feed = save_inputs(self.inputs, self._root / "inputs.pt")
-            for i in range(self.procs):
-                self._workers.append(self._stack.enter_context(self._spawn(
-                    feed, threads=torch.get_num_threads(), warmup=self.warmup, block_s=self.block_s,
-                    label=f"timing process {i}")))
+            for worker in self._spawn(feed, self.procs, threads=torch.get_num_threads(), warmup=self.warmup,
+                                      block_s=self.block_s, preload=self.preload):
+                self._workers.append(self._stack.enter_context(worker))
                 self.started += 1
         except WorkerError as exc:
             self.problem = self._describe(exc)
@@ -137,6 +139,8 @@ class WorkerPool:
             raise WorkerError(f"no timing process has {', '.join(missing)}")
         for worker in self._workers:
             worker.wait_hosted(READY_TIMEOUT_S)
+        for worker in self._workers:        # each waits for the others' threads to be quiet before a sample
+            worker.watch([w.pid for w in self._workers if w.pid is not None])
         for name in [n for n in self._added if n not in names]:
             self.stop(name)
         self.groups = {name: ProcessGroup([w.sampler(name) for w in self._workers], alternate=True)
