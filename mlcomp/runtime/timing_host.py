@@ -80,19 +80,18 @@ class HostWorker(ProcessSampler):
                   "settle_s": settle_s, "preload": list(preload),
                   "siblings": [[cmd[0], rep[1]] for cmd, rep in pairs]}
         try:
-            first = cls._popen(config, "timing process 0", pass_fds=child_fds, start_new_session=True)
+            first = cls._popen(config, "timing process 0", pass_fds=child_fds)
         except WorkerError:
             for (cmd, rep) in pairs:
                 for fd in (*cmd, *rep):
                     os.close(fd)
             raise
-        first.group = first._proc
         for fd in child_fds:
             os.close(fd)
         workers = [first]
         for i, (cmd, rep) in enumerate(pairs, 1):
-            worker = cls(Forked(cmd[1], rep[0], first._proc), first._log, f"timing process {i}")
-            worker.group, worker._shared_log = first._proc, True
+            worker = cls(Forked(cmd[1], rep[0]), first._log, f"timing process {i}")
+            worker._shared_log = True
             workers.append(worker)
         return workers
 
@@ -127,7 +126,7 @@ class HostWorker(ProcessSampler):
     def stats(self, timeout: float = 60.0) -> dict[str, float]:
         """The child's CPU seconds (every thread) by what it did: ``imports`` (everything before it served),
         ``loads`` (loading, checking, warming up its artifacts), ``samples``, and ``total``; and
-        ``waited_wall``, the wall seconds its samples waited for quiet."""
+        ``waited_wall``, the wall seconds its samples waited for quiet, and its ``nice`` value."""
         self._write("stats")
         return {k: float(v) for k, v in self._read(timeout)["stats"].items()}
 
@@ -188,7 +187,7 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
         elif verb == "watch":
             quiet = cpu_of_others(json.loads(rest))
         elif verb == "stats":
-            reply({"stats": dict(cpu, total=time.process_time())})
+            reply({"stats": dict(cpu, total=time.process_time(), nice=float(os.nice(0)))})
         elif verb == "drop":
             hosted.pop(rest, None)
         else:

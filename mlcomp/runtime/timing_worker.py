@@ -51,7 +51,6 @@ from mlcomp.base.errors import MlcompError
 from mlcomp.hardware.timing import Sync, calls_per_block, synchronizer
 from mlcomp.runtime.artifact import Artifact
 from mlcomp.runtime.quiet import wait_quiet
-from mlcomp.runtime.zygote import kill_group
 
 __all__ = ["ProcessGroup", "ProcessSampler", "WorkerError", "load_runner", "run_child", "save_inputs", "take_sample",
            "warm_up"]
@@ -92,7 +91,6 @@ class ProcessSampler:
 
     def __init__(self, proc: subprocess.Popen, log: IO[bytes], label: str) -> None:
         self._proc, self._log, self.label = proc, log, label
-        self.group: subprocess.Popen | None = None     # the zygote whose process group it is in, if any
         self._shared_log = False                          # its log is another handle's (closed by that one)
         self.per_call_s: float | None = None
         self.calls: int | None = None
@@ -136,13 +134,9 @@ class ProcessSampler:
         return float(self._read(timeout)["sample"])
 
     def kill(self) -> None:
-        """End the child now, whatever it is doing (importing, loading): nothing of it is wanted (with
-        ``group``, the zygote that started it, every process of that group)."""
+        """End the child now, whatever it is doing (importing, loading): nothing of it is wanted."""
         if self._proc.poll() is None:
-            if self.group is not None:
-                kill_group(self.group)
-            else:
-                self._proc.kill()
+            self._proc.kill()
             self._proc.wait()
 
     def close(self) -> None:

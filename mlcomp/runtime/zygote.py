@@ -6,20 +6,22 @@ cores the candidates compile on.  :meth:`~mlcomp.runtime.timing_host.HostWorker.
 starts one fresh interpreter (the *zygote*, a session of its own) that imports everything its
 candidates' artifacts load (``preload``) and then forks the other timing processes from itself
 (:func:`fork_siblings`), before it has run anything: no model, no kernel, so no runtime's thread
-pool exists in it when it forks (the only threads are the idle helpers some imports leave).
-Each process then serves its own pipes::
+pool exists in it when it forks (the only threads are the idle helpers some imports leave).  They
+stay in the caller's session and process group, with its priority.  Each process then serves its
+own pipes::
 
     parent ── stdin/stdout ───────────── zygote: imports, forks ── serves timing process 0
            ── pipe pair 1 (pass_fds) ──────────────────────────── forked: serves timing process 1
 
 A forked process first says its pid on its pipe (the parent's :class:`Forked` handle learns it
 there: it is not the parent's child).  When ``fork`` fails, that process is started afresh
-instead, on the same pipes (it imports again; nothing else changes).  Killing any of them kills
-the zygote's whole process group, so nothing outlives a pool that is discarded; a process whose
-command pipe closes (the parent gone) exits.
+instead, on the same pipes (it imports again; nothing else changes).  Each is killed by its pid;
+one whose pid is not known yet, like any whose command pipe closes (the parent gone), exits at its
+next read of the commands, so nothing outlives its pool.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -30,36 +32,34 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
-__all__ = ["Forked", "fork_siblings", "kill_group", "spawn_sibling"]
+__all__ = ["Forked", "fork_siblings", "spawn_sibling"]
 
 Serve = Callable[[dict[str, Any], IO[str], IO[str]], None]
 
 
-def kill_group(leader: subprocess.Popen) -> None:
-    """Kill the zygote ``leader`` and every process it forked (its process group), and reap it."""
-    try:
-        os.killpg(leader.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    leader.wait()
-
-
 class Forked:
     """The parent's handle on a timing process the zygote forked: its pipes (as a ``Popen``'s ``stdin`` and
-    ``stdout``), its pid once it said it, ``poll``/``wait`` by its reply pipe, ``kill`` by the zygote's group."""
+    ``stdout``), its pid once it said it, ``poll``/``wait`` by its reply pipe, ``kill`` by its pid."""
 
-    def __init__(self, commands_fd: int, replies_fd: int, leader: subprocess.Popen) -> None:
+    def __init__(self, commands_fd: int, replies_fd: int) -> None:
         self.stdin = os.fdopen(commands_fd, "wb", buffering=0)
         self.stdout = os.fdopen(replies_fd, "rb", buffering=0)
         self.pid: int | None = None
         self.returncode: int | None = None       # -1 once it is gone (its status is its parent's to read)
-        self._leader = leader
 
     def poll(self) -> int | None:
         return self.returncode
 
     def kill(self) -> None:
-        kill_group(self._leader)
+        """Kill it now (a pid it said but nobody read yet is read first).  One not forked yet, or forked and
+        not yet past saying its pid, ends at its first read of the commands, once the parent closes them."""
+        if self.pid is None and select.select([self.stdout], [], [], 0)[0]:
+            line = self.stdout.readline()
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                self.pid = int(json.loads(line)["pid"])
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
         self.returncode = -1
 
     def wait(self, timeout: float | None = None) -> int:

@@ -232,3 +232,15 @@ def test_a_pool_that_hosted_nothing_is_killed_not_waited_for():
         pool.start()
     assert [(i, verb) for i, verb, _ in log] == [(0, "kill"), (1, "kill")] and all(p.closed for p in made)
     assert pool.started == 0 and not pool.enabled
+
+
+def test_the_ranking_stops_once_the_leader_is_decided_against_every_contender():
+    """1.2x slower in every round: decided after MIN_ROUNDS, long before the budget; alternating 0.9x/1.1x
+    (undecided) goes on until the budget is spent."""
+    policy = TimingPolicy(warmup=0, budget_s=1.0, min_repeats=3, max_repeats=400)
+    decided = auto_rank.rank_samplers({"a": lambda: 1e-3, "b": lambda: 1.2e-3}, policy, clock=_ticks())
+    assert decided.picked == "a" and decided.rounds == auto_rank.MIN_ROUNDS and decided.tie_break_rounds == 0
+    assert decided.decision().verdict.value == "decided"
+    seq = itertools.cycle([0.9, 1.1])
+    noisy = auto_rank.rank_samplers({"a": lambda: 1e-3, "b": lambda: 1e-3 * next(seq)}, policy, clock=_ticks())
+    assert noisy.rounds > auto_rank.MIN_ROUNDS and noisy.decision().verdict.value == "undecided"
