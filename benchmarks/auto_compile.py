@@ -55,6 +55,8 @@ def child(model: str, threads: int, seed: int, cache: str | None) -> None:
     print(json.dumps({"seconds": seconds, "picked": art.target,
                       "medians_ms": {c["target"]: c["median_ms"] for c in auto.get("candidates", [])
                                      if c.get("median_ms") is not None},
+                      "process_ms": {c["target"]: c["process_medians_ms"] for c in auto.get("candidates", [])
+                                     if c.get("process_medians_ms")},
                       "compile_s": {c["target"]: c["compile_seconds"] for c in auto.get("candidates", [])
                                     if c.get("compile_seconds") is not None},
                       "eliminated": sorted(timing.get("eliminated", {})), "timed_in": timing.get("timed_in"),
@@ -89,6 +91,8 @@ def line(label: str, r: dict) -> str:
             f"; eliminated: {', '.join(r['eliminated']) or '—'}; processes: {r['processes']}; phases: {phases or '—'}"
             + (f"; cache {r['cache']}" if r.get("cache") else "")
             + (f"; compile s: {', '.join(f'{t} {v:.1f}' for t, v in r['compile_s'].items())}" if r.get("compile_s") else "")
+            + f"\n    per timing process ms: "
+            + "; ".join(f"{t} {', '.join(f'{m:.4g}' for m in ms)}" for t, ms in r.get("process_ms", {}).items())
             + f"\n    CPU s: {_cpu(r)}")
 
 
