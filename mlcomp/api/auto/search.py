@@ -61,7 +61,7 @@ from mlcomp.pipeline import Pipeline
 from mlcomp.targets import CompileOptions, Target, TargetName, get_target
 
 __all__ = ["AUTO", "AutoTargetError", "Candidate", "AutoReport", "Ranking", "auto_candidates", "compile_auto",
-           "rank", "sign_test", "DEFAULT_AUTO_TIMING", "IN_PROCESSES"]
+           "rank", "sign_test", "timing_pool", "DEFAULT_AUTO_TIMING", "IN_PROCESSES"]
 
 AUTO = "auto"
 AUTO_PROCS = 2        # timing processes: one runtime can differ between two by tens of per cent
@@ -197,11 +197,18 @@ def precheck(target: Target, graph: Any, options: CompileOptions, pipeline: Any 
     return None
 
 
+def timing_pool(inputs: Sequence[Any], targets: Sequence[Target], policy: TimingPolicy = DEFAULT_AUTO_TIMING, *,
+                procs: int = AUTO_PROCS, enabled: bool = True) -> WorkerPool:
+    """The timing processes of an auto compile of ``targets`` on ``inputs`` (not started yet)."""
+    return WorkerPool(inputs, warmup=policy.warmup, block_s=BLOCK_S, describe=first_line, procs=procs,
+                      enabled=enabled and len(targets) > 1, targets=[t.name for t in targets])
+
+
 def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] | None = None,
                  pipeline: Any = None, capture_seconds: float = 0.0, instruments: Sequence[Any] | None = None,
                  policy: TimingPolicy = DEFAULT_AUTO_TIMING, clock: Clock = time.perf_counter,
                  note: Note | None = None, isolate: bool = True, records: RecordStore | None = None,
-                 procs: int = AUTO_PROCS, **options: Any) -> CompileResult:
+                 procs: int = AUTO_PROCS, pool: WorkerPool | None = None, **options: Any) -> CompileResult:
     """Compile ``graph`` for each candidate, verify, time the verified ones, return the fastest.
 
     ``instruments`` are built per candidate (a callable taking the target name) or shared;
@@ -210,8 +217,9 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     timing processes (one per round, in turn), so one process's luck decides nothing.  ``records``: where earlier measurements are
     kept (:mod:`~mlcomp.api.auto.record`); with a record for this host, model and shape class the
     candidates are built best-recorded first, the first that verifies is the pick and nothing is
-    timed; without one, the measured ranking is recorded.  The winner's manifest carries ``auto``
-    (every candidate: target, compile seconds, median ms, verified or why not).
+    timed; without one, the measured ranking is recorded.  ``pool``: timing processes started earlier
+    (:func:`timing_pool`, e.g. before the capture), discarded here when no ranking needs them.  The
+    winner's manifest carries ``auto`` (every candidate: target, compile seconds, median ms, verified or why not).
     """
     say = note or (lambda text: None)
     opts = CompileOptions.make(**options)
@@ -224,9 +232,11 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     order = sorted(targets, key=lambda t: ranked.index(t.spec))
     rows: dict[str, Candidate] = {}
     built: dict[str, CompileResult] = {}
-    pool = WorkerPool(source.inputs(), warmup=policy.warmup, block_s=BLOCK_S, describe=first_line, procs=procs,
-                      enabled=isolate and record is None and not opts.deterministic and len(targets) > 1,
-                      targets=[t.name for t in targets])
+    wanted = isolate and record is None and not opts.deterministic and len(targets) > 1
+    if pool is None:
+        pool = timing_pool(source.inputs(), targets, policy, procs=procs, enabled=wanted)
+    elif not wanted:
+        pool.discard()                 # started before the capture, not wanted after all (a record, one candidate)
     phases = Phases()
     eager = EagerOnce(source)          # every candidate is verified against one eager run
     with pool:

@@ -34,8 +34,11 @@ from mlcomp.runtime.timing_worker import ProcessGroup, WorkerError, save_for_wor
 __all__ = ["READY_TIMEOUT_S", "RUNTIME_MODULES", "WorkerPool"]
 
 READY_TIMEOUT_S = 600.0     # a process loads, checks and warms up its artifacts within this
-# what a target's artifacts import when loaded: the zygote imports them once, before it forks
-RUNTIME_MODULES = {"onnxruntime": ("onnxruntime",), "openvino": ("openvino",), "tvm": ("tvm",)}
+# modules a target's artifacts need that the zygote imports before it forks (else each process imports
+# them at its first load of that target).  None: with ONNX Runtime, OpenVINO and TVM imported before the
+# fork (before torch had run anything), single timing processes ran ORT and TVM 1.4-2.4x slower than alone
+# (decision 34); torch and mlcomp, imported by every timing process, are the zygote's whole share.
+RUNTIME_MODULES: dict[str, tuple[str, ...]] = {}
 
 
 class WorkerPool:
