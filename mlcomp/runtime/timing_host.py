@@ -9,10 +9,11 @@
         w.sampler("cpu")()                  # seconds per call of one block of cpu's artifact
         w.drop("cpu")                       # a clear loser: released, never sampled again
 
-One such process is started per timing process a ranking wants (two for ``auto``), once, at the
-start of a compile: it imports torch and mlcomp while the candidates compile, and each candidate
-is loaded into every one of them as soon as it verifies.  So the number of processes does not
-grow with the number of candidates, and a candidate's start-up is only its own load.
+The processes a ranking wants (two for ``auto``) start once, at the start of a compile, from one
+start-up (:meth:`HostWorker.spawn_group`: the first imports torch and mlcomp, then forks the others,
+:mod:`mlcomp.runtime.zygote`), and each candidate is loaded into every one of them as soon as it
+verifies.  So the number of processes does not grow with the number of candidates, and a
+candidate's start-up is only its own load.
 
 A sample waits until every other runtime's threads, in this process and in the other timing
 processes (``watch``), are quiet (:func:`mlcomp.runtime.quiet.wait_quiet`, at most ``settle_s``),

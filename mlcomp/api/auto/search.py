@@ -29,13 +29,14 @@ itself (no wrapper: it runs exactly as a direct compile for that target does).
 
 Candidates are compiled one after another (the backends already use every core; the timing
 processes' start-up takes the cores left).  ``procs`` timing processes start once, before the
-first candidate compiles (:mod:`~mlcomp.api.auto.workers`), and every verified candidate is loaded
+capture or the first compile (:mod:`~mlcomp.api.auto.workers`), and every verified candidate is loaded
 into each of them while the next compiles; a round of the ranking samples every candidate in one
 of them, the next round in the next, so each candidate is timed in every process.  A clear loser
 (:func:`mlcomp.hardware.decide.clear_losers`: after ``MIN_ROUNDS`` rounds its paired ratios to the
 leader are decided above ``ELIMINATE_ABOVE`` by the sign test) stops being timed; the manifest says
-after how many rounds and at what ratio.  ``phase_seconds`` in the manifest: the compiles, the wait
-for the timing processes, the ranking.  The measured medians are recorded per host kind, model and shape class
+after how many rounds and at what ratio.  ``phase_seconds`` and ``phase_cpu_seconds`` in the manifest:
+the compiles, the wait for the timing processes, the ranking (:mod:`~mlcomp.api.auto.phases`), and
+``timing_process_cpu_seconds``: each timing process's imports, loads and samples.  The measured medians are recorded per host kind, model and shape class
 (:mod:`~mlcomp.api.auto.record`, in the compile cache's folder): the next auto compile with that
 record builds the best-recorded candidate first and, when it verifies, picks it untimed.
 Distributed (a multi-process pipeline, not a single-process artifact) is never a default candidate.

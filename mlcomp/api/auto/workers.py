@@ -1,15 +1,18 @@
 """The auto target's timing processes: started once, at the start of a compile, shared by every candidate.
 
-``procs`` hosting processes (:class:`~mlcomp.runtime.timing_host.HostWorker`) are spawned by
-:meth:`WorkerPool.start` before the first candidate compiles; they import torch and mlcomp
-while the candidates compile.  A pool that hosted nothing (no candidate verified)
-is killed, not waited for (:meth:`WorkerPool.discard`).  Each candidate that verifies is saved once and loaded into every
-one of them (:meth:`WorkerPool.add`, not waiting), so its start-up is only its own load, and the
-number of processes does not grow with the number of candidates::
+``procs`` hosting processes (:class:`~mlcomp.runtime.timing_host.HostWorker`) come from one start-up
+(:meth:`~mlcomp.runtime.timing_host.HostWorker.spawn_group`: a zygote imports torch and mlcomp, then
+forks the others) when :meth:`WorkerPool.start` is called: by ``mlcomp.compile`` before the capture,
+else before the first candidate compiles.  A pool that hosted nothing (no candidate verified, a
+record or a cache hit made it unneeded) is killed, not waited for (:meth:`WorkerPool.discard`).
+Each candidate that verifies is saved once and loaded into every one of them (:meth:`WorkerPool.add`,
+not waiting), so its start-up is only its own load, and the number of processes does not grow with
+the number of candidates::
 
-    start 2 processes | compile cpu | compile onnxruntime | compile tvm ...... | rank
-    process 0: import torch, mlcomp .... load cpu .. load onnxruntime .. load tvm |
-    process 1: import torch, mlcomp .... load cpu .. load onnxruntime .. load tvm |
+    start | capture | compile cpu | compile onnxruntime | compile tvm ...... | rank
+    zygote: import torch, mlcomp | fork -> process 1
+    process 0:                     load cpu .. load onnxruntime .. load tvm |
+    process 1:                     load cpu .. load onnxruntime .. load tvm |
 
 :meth:`WorkerPool.samplers` waits for the loads still running and gives each candidate a
 :class:`~mlcomp.runtime.timing_worker.ProcessGroup` over the processes, alternating: a ranking's

@@ -244,3 +244,21 @@ def test_the_ranking_stops_once_the_leader_is_decided_against_every_contender():
     seq = itertools.cycle([0.9, 1.1])
     noisy = auto_rank.rank_samplers({"a": lambda: 1e-3, "b": lambda: 1e-3 * next(seq)}, policy, clock=_ticks())
     assert noisy.rounds > auto_rank.MIN_ROUNDS and noisy.decision().verdict.value == "undecided"
+
+
+def test_timing_processes_started_before_the_capture_are_killed_when_no_ranking_needs_them(captured):
+    """A pool started early (as mlcomp.compile does before capturing) and then not wanted (here: timed in
+    this process) is killed, not waited for, and the compile times its candidates without it."""
+    from mlcomp.frontend.loading import load_model
+
+    module, inputs, graph = captured("mlp", 2)
+    source = load_model(module, example_inputs=inputs)
+    pool, made, log = fake_pool({"a": 1e-3, "b": 2e-3})
+    pool.start()
+    clock = FakeClock()
+    fakes = [FakeTarget("a", clock, 1e-3), FakeTarget("b", clock, 2e-3)]
+    policy = TimingPolicy(warmup=1, budget_s=0.01, min_repeats=3, max_repeats=12)
+    result = compile_auto(source, graph, candidates=fakes, pipeline="", policy=policy, clock=clock, isolate=False,
+                          pool=pool)
+    assert result.artifact.target == "a" and result.artifact.manifest["auto"]["timing"]["processes"] == 0
+    assert [(i, verb) for i, verb, _ in log] == [(0, "kill"), (1, "kill")] and all(p.closed for p in made)
