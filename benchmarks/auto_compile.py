@@ -20,6 +20,7 @@ counted.  Compile seconds depend on the other load: run it alone, at high priori
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -67,8 +68,9 @@ def child(model: str, threads: int, seed: int, cache: str | None) -> None:
                       "cache": (art.manifest.get("cache") or {}).get("status")}))
 
 
-def run(checkout: Path, model: str, threads: int, seed: int, cache: str | None) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(checkout), "TVM_NUM_THREADS": str(threads)}
+def run(checkout: Path, model: str, threads: int, seed: int, cache: str | None, variant: str = "") -> dict:
+    env = {**os.environ, "PYTHONPATH": str(checkout), "TVM_NUM_THREADS": str(threads),
+           **dict(kv.split("=", 1) for kv in variant.split(",") if kv)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", model, "--threads", str(threads),
            "--seed", str(seed)] + (["--cache", cache] if cache else [])
     t0, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -112,6 +114,8 @@ def main() -> int:
     ap.add_argument("--baseline", type=Path, default=None, help="another checkout's root (the previous auto)")
     ap.add_argument("--no-record", action="store_true", help="cold compiles only")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--variants", default="", help="';'-separated environments compared in turn, e.g. "
+                    "'MLCOMP_AUTO_PROCESSES=spawn;MLCOMP_AUTO_SETTLE=fixed' (api/auto/workers.py:VARIANTS)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--cache", default=None, help=argparse.SUPPRESS)
@@ -120,20 +124,22 @@ def main() -> int:
         child(args.child, args.threads, args.seed, args.cache)
         return 0
     checkouts = {"this": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
+    variants = {"": ""} | {v: v for v in args.variants.split(";") if v}
     results: dict[str, dict[str, dict[str, list[dict]]]] = {}
     print(f"# auto compile at batch 1, {args.threads} threads; checkouts: "
           + ", ".join(f"{k} {v}" for k, v in checkouts.items()), flush=True)
     for rep in range(args.repeat):
         for model in args.models.split(","):
-            for label, checkout in checkouts.items():
+            for (name, checkout), variant in itertools.product(checkouts.items(), variants):
+                label = name + (f" {variant}" if variant else "")
                 cell = results.setdefault(model, {}).setdefault(label, {"cold": [], "record": []})
-                cell["cold"].append(run(checkout, model, args.threads, 0, None))
+                cell["cold"].append(run(checkout, model, args.threads, 0, None, variant))
                 print(f"{model} #{rep}", line(f"{label} cold", cell["cold"][-1]), flush=True)
                 if args.no_record:
                     continue
                 with tempfile.TemporaryDirectory(prefix="mlcomp-auto-bench-") as cache:
-                    run(checkout, model, args.threads, 0, cache)              # measures and records
-                    cell["record"].append(run(checkout, model, args.threads, 1, cache))
+                    run(checkout, model, args.threads, 0, cache, variant)              # measures and records
+                    cell["record"].append(run(checkout, model, args.threads, 1, cache, variant))
                 print(f"{model} #{rep}", line(f"{label} record", cell["record"][-1]), flush=True)
     print("\n| model | checkout | cold s (median) | cold picks | record s (median) | record picks |")
     print("|---|---|--:|---|--:|---|")

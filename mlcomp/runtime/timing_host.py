@@ -72,13 +72,19 @@ class HostWorker(ProcessSampler):
 
     @classmethod
     def spawn_group(cls, inputs_file: Path, procs: int, *, threads: int, warmup: int, block_s: float,
-                    settle_s: float = SETTLE_S, preload: Sequence[str] = ()) -> list["HostWorker"]:
+                    settle_s: float = SETTLE_S, preload: Sequence[str] = (), fork: bool = True,
+                    quiet: bool = True) -> list["HostWorker"]:
         """``procs`` hosting processes from one start-up: a zygote that imports torch, mlcomp and the
-        modules ``preload`` names, then forks the others (:mod:`mlcomp.runtime.zygote`)."""
+        modules ``preload`` names, then forks the others (:mod:`mlcomp.runtime.zygote`); ``fork=False``:
+        each started afresh.  ``quiet=False``: a sample settles with ``settle_s`` of calls, not a quiet wait."""
+        if not fork:
+            return [cls._popen({"inputs": str(inputs_file), "threads": threads, "warmup": warmup,
+                                "block_s": block_s, "settle_s": settle_s, "quiet": quiet}, f"timing process {i}")
+                    for i in range(procs)]
         pairs = [(os.pipe(), os.pipe()) for _ in range(procs - 1)]     # (commands r, w), (replies r, w)
         child_fds = [fd for (cmd, rep) in pairs for fd in (cmd[0], rep[1])]
         config = {"inputs": str(inputs_file), "threads": threads, "warmup": warmup, "block_s": block_s,
-                  "settle_s": settle_s, "preload": list(preload),
+                  "settle_s": settle_s, "preload": list(preload), "quiet": quiet,
                   "siblings": [[cmd[0], rep[1]] for cmd, rep in pairs]}
         try:
             first = cls._popen(config, "timing process 0", pass_fds=child_fds)
@@ -154,7 +160,8 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
            "threads_at_fork": float(len(os.listdir("/proc/self/task"))) if config.get("siblings") else 0.0}
     if config.get("siblings"):
         fork_siblings(config, serve_host, HostWorker.MODULE, closing=[channel.fileno()])
-    quiet = cpu_of_others()
+    waits = config.get("quiet", True)
+    quiet = cpu_of_others() if waits else None
     torch.set_num_threads(int(config["threads"]))
     inputs = torch.load(config["inputs"], map_location="cpu", weights_only=True)
     hosted: dict[str, tuple[Any, Any, int]] = {}          # name -> (runner, barrier, calls per block)
@@ -186,7 +193,7 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
             cpu["waited_wall"] += waited       # wall seconds waited for quiet (not CPU: it sleeps meanwhile)
             reply({"sample": seconds})
         elif verb == "watch":
-            quiet = cpu_of_others(json.loads(rest))
+            quiet = cpu_of_others(json.loads(rest)) if waits else None
         elif verb == "stats":
             reply({"stats": dict(cpu, total=time.process_time(), nice=float(os.nice(0)))})
         elif verb == "drop":

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -42,6 +43,19 @@ READY_TIMEOUT_S = 600.0     # a process loads, checks and warms up its artifacts
 # fork (before torch had run anything), single timing processes ran ORT and TVM 1.4-2.4x slower than alone
 # (decision 34); torch and mlcomp, imported by every timing process, are the zygote's whole share.
 RUNTIME_MODULES: dict[str, tuple[str, ...]] = {}
+
+
+# how the timing processes start and settle, for comparing the schemes (benchmarks/auto_compile.py --variant)
+VARIANTS = {"MLCOMP_AUTO_PROCESSES": ("fork", {"fork": True}, "spawn", {"fork": False}),
+            "MLCOMP_AUTO_SETTLE": ("quiet", {"quiet": True}, "fixed", {"quiet": False})}
+
+
+def _variant() -> dict[str, bool]:
+    """The spawn options the environment asks for (default: forked processes, a quiet wait)."""
+    out: dict[str, bool] = {}
+    for name, (default, on, other, off) in VARIANTS.items():
+        out.update(off if os.environ.get(name, default) == other else on)
+    return out
 
 
 class WorkerPool:
@@ -94,7 +108,7 @@ class WorkerPool:
             self._root = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="mlcomp-auto-")))
             feed = save_inputs(self.inputs, self._root / "inputs.pt")
             for worker in self._spawn(feed, self.procs, threads=torch.get_num_threads(), warmup=self.warmup,
-                                      block_s=self.block_s, preload=self.preload):
+                                      block_s=self.block_s, preload=self.preload, **_variant()):
                 self._workers.append(self._stack.enter_context(worker))
                 self.started += 1
         except WorkerError as exc:
