@@ -262,3 +262,18 @@ def test_timing_processes_started_before_the_capture_are_killed_when_no_ranking_
                           pool=pool)
     assert result.artifact.target == "a" and result.artifact.manifest["auto"]["timing"]["processes"] == 0
     assert [(i, verb) for i, verb, _ in log] == [(0, "kill"), (1, "kill")] and all(p.closed for p in made)
+
+
+def test_the_environment_selects_the_previous_timing_schemes(monkeypatch):
+    """Forked processes and a quiet wait by default; MLCOMP_AUTO_PROCESSES=spawn starts each afresh,
+    MLCOMP_AUTO_SETTLE=fixed settles with calls: the pool passes them to its spawner."""
+    from mlcomp.api.auto import workers
+
+    seen = []
+    pool = WorkerPool([], warmup=1, block_s=0.01, procs=2, spawn=lambda feed, n, **kw: seen.append(kw) or [])
+    with pool:
+        pool.start()
+    monkeypatch.setenv("MLCOMP_AUTO_PROCESSES", "spawn")
+    monkeypatch.setenv("MLCOMP_AUTO_SETTLE", "fixed")
+    assert (seen[0]["fork"], seen[0]["quiet"]) == (True, True)
+    assert workers._variant() == {"fork": False, "quiet": False}
