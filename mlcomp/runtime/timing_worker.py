@@ -60,6 +60,9 @@ MAX_CALLS = 1000          # a block never has more calls than this
 # taking a core from this one
 SETTLE_S = 0.1
 BLOCK_LIMIT = 10          # a block stops after this many times block_s, however many calls it has made
+# untimed calls after a quiet wait: with 2-3 (a 20 ms lead-in at 7-10 ms a call) ONNX Runtime and TVM
+# ran up to 3.5x slower than after 0.1 s of calls (decision 34); ~10-15 calls is what 0.1 s gave them
+LEAD_CALLS = 15
 
 
 class WorkerError(MlcompError):
@@ -275,13 +278,15 @@ def take_sample(artifact: Any, inputs: list, barrier: Sync, calls: int, settle_s
     Without ``quiet``: ``settle_s`` of untimed calls first (the last sample's thread pools spin down
     meanwhile).  With ``quiet`` (a reading of the CPU seconds of the threads that could spin,
     :func:`mlcomp.runtime.quiet.cpu_of_others`): wait until they are quiet (at most ``settle_s``), then
-    ``block_s`` of untimed calls (this runtime's pool wakes up, its data comes back into the caches).
+    untimed calls of this runtime (its pool wakes up and reaches its steady state, its data comes back
+    into the caches) for at least ``block_s`` and ``LEAD_CALLS`` calls, or ``settle_s``.
     """
     waited = wait_quiet(quiet, float(settle_s)) if quiet is not None else 0.0
-    settle = time.perf_counter() + (float(block_s) if quiet is not None else float(settle_s))
+    start, made = time.perf_counter(), 0
     while True:
         _calls(artifact, inputs, 1, barrier)
-        if time.perf_counter() >= settle:
+        made, spent = made + 1, time.perf_counter() - start
+        if spent >= float(settle_s) or quiet is not None and spent >= float(block_s) and made >= LEAD_CALLS:
             break
     return median(_calls(artifact, inputs, calls, barrier, BLOCK_LIMIT * float(block_s))), waited
 
