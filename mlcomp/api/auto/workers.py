@@ -39,8 +39,7 @@ __all__ = ["READY_TIMEOUT_S", "RUNTIME_MODULES", "WorkerPool"]
 
 READY_TIMEOUT_S = 600.0     # a process loads, checks and warms up its artifacts within this
 # modules a target's artifacts need that the zygote imports before it forks (else each process imports
-# them at its first load of that target).  None: with ONNX Runtime, OpenVINO and TVM imported before the
-# fork (before torch had run anything), single timing processes ran ORT and TVM 1.4-2.4x slower than alone
+# them at its first load of that target).  None yet: preloading them is not measured on its own
 # (decision 34); torch and mlcomp, imported by every timing process, are the zygote's whole share.
 RUNTIME_MODULES: dict[str, tuple[str, ...]] = {}
 
