@@ -127,6 +127,17 @@ def test_call_samplers_warm_up_then_time_one_call_with_lead_in():
     assert len(calls) == 4
 
 
+def test_the_sign_test_is_twice_the_smaller_binomial_tail_exactly():
+    from fractions import Fraction
+
+    from mlcomp.hardware.decide import binom_half_cdf
+
+    assert sign_test([0.5] + [2.0] * 9) == float(2 * Fraction(1 + 10, 2 ** 10))          # k=1 of n=10
+    assert sign_test([0.5] * 3 + [2.0] * 3) == 1.0                                         # balanced: capped at 1
+    assert binom_half_cdf(2, 5) == 0.5 and binom_half_cdf(9, 9) == 1.0 and binom_half_cdf(0, 64) == 2.0 ** -64
+
+
+@pytest.mark.slow
 def test_the_sign_test_and_the_median_interval_are_scipy_s_exact_binomial():
     """Computed from integer binomial coefficients (no scipy import on the auto path): the same p-values and
     order-statistic ranks as scipy.stats' binomtest and binom (around the smallest decisive counts and beyond)."""
