@@ -8,7 +8,7 @@ build tuned or not, a small GEMM as TVM code or a torch call) asks :func:`decide
 * a contender's ratio in a round is its sample over the default's sample of the same round
   (load that hits both cancels);
 * after ``min_rounds`` the rounds stop as soon as a two-sided sign test
-  (exact binomial tail, :func:`binom_half_cdf`) rejects "the median ratio is ``threshold``" at ``alpha`` for
+  (``scipy.stats.binomtest``) rejects "the median ratio is ``threshold``" at ``alpha`` for
   every contender, or when ``budget_s`` per candidate is spent;
 * a contender wins only when decided below ``threshold`` (the smallest effect worth a
   change); with none, the default stays — also when the budget ran out undecided.
@@ -34,7 +34,7 @@ from typing import Any
 
 from mlcomp.hardware.timing import Clock, Sync, no_sync
 
-__all__ = ["ALPHA", "ELIMINATE_ABOVE", "MIN_ROUNDS", "Decision", "DecisionPolicy", "Sampler", "Verdict", "binom_half_cdf",
+__all__ = ["ALPHA", "ELIMINATE_ABOVE", "MIN_ROUNDS", "Decision", "DecisionPolicy", "Sampler", "Verdict",
            "call_samplers", "clear_losers", "decide", "measure_times", "sign_test"]
 
 ALPHA = 0.05        # a two-sided sign test below this decides
@@ -66,25 +66,10 @@ def clear_losers(ratios: Mapping[str, Sequence[float]], *, factor: float = ELIMI
             if len(r) >= min_rounds and median(r) > factor and sign_test(r, factor) < alpha]
 
 
-def binom_half_cdf(k: int, n: int) -> float:
-    """P(Binomial(n, 1/2) <= k), exact: the binomial coefficients summed as integers, one rounding at the end.
-
-        >>> binom_half_cdf(5, 20), binom_half_cdf(-1, 6), binom_half_cdf(6, 6)
-        (0.020694732666015625, 0.0, 1.0)
-    """
-    if k < 0:
-        return 0.0
-    total, term = 0, 1
-    for i in range(min(k, n) + 1):
-        total += term
-        term = term * (n - i) // (i + 1)          # C(n, i + 1) from C(n, i)
-    return total / (1 << n)
-
-
 def _sign_p(below: int, above: int) -> float:
-    """Two-sided exact binomial test of ``below`` against ``above`` at 1/2 (symmetric: twice the smaller tail)."""
-    n = below + above
-    return 1.0 if n == 0 else min(1.0, 2.0 * binom_half_cdf(min(below, above), n))
+    from scipy.stats import binomtest
+
+    return 1.0 if below + above == 0 else float(binomtest(below, below + above, 0.5).pvalue)
 
 
 class Verdict(enum.Enum):

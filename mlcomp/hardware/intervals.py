@@ -38,19 +38,18 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
         >>> median_interval([1.0, 2.0, 3.0])[:2]          # too few for 95 %: the whole range
         (1.0, 3.0)
     """
+    from scipy.stats import binom
+
     if not values:
         raise ValueError("the median interval of no values")
     s, n = sorted(values), len(values)
     tail = (1.0 - confidence) / 2
-    # k: the smallest rank with P(X <= k) >= tail, X ~ Binomial(n, 1/2); below: P(X <= k - 1), exact
-    k, below, term, total, whole = 0, 0.0, 1, 1, 1 << n
-    while k < n and total / whole < tail:
-        below = total / whole
-        term = term * (n - k) // (k + 1)
-        k, total = k + 1, total + term
-    if k == 0:                                # too few values: the whole range, P(X <= 0) of confidence lost
-        k, below = 1, 1 / whole
-    return s[k - 1], s[n - k], 1.0 - 2.0 * below
+    k = int(binom.ppf(tail, n, 0.5))          # P(X <= k) >= tail; step back while P(X <= k - 1) > tail
+    while k > 0 and binom.cdf(k - 1, n, 0.5) > tail:
+        k -= 1
+    k = max(k, 1)
+    reached = 1.0 - 2.0 * float(binom.cdf(k - 1, n, 0.5))
+    return s[k - 1], s[n - k], reached
 
 
 def relative_iqr(values: Sequence[float]) -> float:
