@@ -43,7 +43,7 @@ measured only), ``products`` (the grids of a product of two activations' operand
 points on onnxruntime, none on openvino, which runs such a product in int8 only then),
 ``embeddings`` (large embedding tables looked up in int8 and scaled per row after the lookup:
 :mod:`~mlcomp.passes.quantize.embeddings`), ``smooth`` (a linear's input spread moved into its
-weight before quantizing, SmoothQuant's ``α``; by default the target's row:
+weight before quantizing, SmoothQuant's ``α``; by default the target's row, none has one:
 :mod:`~mlcomp.passes.quantize.smooth`), ``bias_correction`` (each layer's mean output shift,
 measured against fp32 on the calibration samples, added to its bias: :mod:`~mlcomp.passes.quantize.bias`),
 and a declared accuracy target, ``tolerance`` (max
