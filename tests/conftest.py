@@ -47,6 +47,24 @@ def _no_compile_cache():
 _ABSENT = object()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cores_shared_by_workers():
+    """Under pytest-xdist (``make test``: two workers) each worker's torch gets its share of the cores as
+    intra-op threads, so the workers' OpenMP pools do not oversubscribe the machine (spin-waiting threads of
+    one worker stall the other's); tests that set a thread count restore this one.  Without xdist the
+    process keeps torch's default."""
+    import os
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture
 def fresh_dynamo():
     """``backend="mlcomp"`` registered and Dynamo's caches empty before and after the test."""
