@@ -20,8 +20,10 @@ counted.  Compile seconds depend on the other load: run it alone, at high priori
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -46,34 +48,40 @@ def child(model: str, threads: int, seed: int, cache: str | None) -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(threads)
     module, inputs = ZOO[model].build(seed=seed).eval(), ZOO[model].example_inputs(1)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     art = mlcomp.compile(module, inputs, target="auto", pipeline="-O2", threads=threads, cache=cache)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     auto = art.manifest.get("auto", {})
     timing = auto.get("timing", {})
     print(json.dumps({"seconds": seconds, "picked": art.target,
                       "medians_ms": {c["target"]: c["median_ms"] for c in auto.get("candidates", [])
                                      if c.get("median_ms") is not None},
+                      "process_ms": {c["target"]: c["process_medians_ms"] for c in auto.get("candidates", [])
+                                     if c.get("process_medians_ms")},
                       "compile_s": {c["target"]: c["compile_seconds"] for c in auto.get("candidates", [])
                                     if c.get("compile_seconds") is not None},
                       "eliminated": sorted(timing.get("eliminated", {})), "timed_in": timing.get("timed_in"),
                       "processes": timing.get("processes"), "phases": timing.get("phase_seconds", {}),
-                      "capture_s": art.manifest.get("capture_seconds"),
+                      "capture_s": art.manifest.get("capture_seconds"), "call_cpu_s": cpu, "before_cpu_s": c0,
+                      "phase_cpu": timing.get("phase_cpu_seconds", {}),
+                      "worker_cpu": timing.get("timing_process_cpu_seconds", []),
                       "cache": (art.manifest.get("cache") or {}).get("status")}))
 
 
-def run(checkout: Path, model: str, threads: int, seed: int, cache: str | None) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(checkout), "TVM_NUM_THREADS": str(threads)}
+def run(checkout: Path, model: str, threads: int, seed: int, cache: str | None, variant: str = "") -> dict:
+    env = {**os.environ, "PYTHONPATH": str(checkout), "TVM_NUM_THREADS": str(threads),
+           **dict(kv.split("=", 1) for kv in variant.split(",") if kv)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", model, "--threads", str(threads),
            "--seed", str(seed)] + (["--cache", cache] if cache else [])
-    t0 = time.perf_counter()
+    t0, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
-    wall = time.perf_counter() - t0
+    wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime     # it and the processes it waited for
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
         return {"error": f"exit {proc.returncode}: {tail[:300]}", "process_s": wall}
-    return {**json.loads(lines[-1]), "process_s": wall}
+    return {**json.loads(lines[-1]), "process_s": wall, "process_cpu_s": cpu}
 
 
 def line(label: str, r: dict) -> str:
@@ -84,7 +92,18 @@ def line(label: str, r: dict) -> str:
     return (f"  {label}: {r['seconds']:.1f} s (process {r['process_s']:.1f} s) -> {r['picked']}; ms: {medians or '—'}"
             f"; eliminated: {', '.join(r['eliminated']) or '—'}; processes: {r['processes']}; phases: {phases or '—'}"
             + (f"; cache {r['cache']}" if r.get("cache") else "")
-            + (f"; compile s: {', '.join(f'{t} {v:.1f}' for t, v in r['compile_s'].items())}" if r.get("compile_s") else ""))
+            + (f"; compile s: {', '.join(f'{t} {v:.1f}' for t, v in r['compile_s'].items())}" if r.get("compile_s") else "")
+            + f"\n    per timing process ms: "
+            + "; ".join(f"{t} {', '.join(f'{m:.4g}' for m in ms)}" for t, ms in r.get("process_ms", {}).items())
+            + f"\n    CPU s: {_cpu(r)}")
+
+
+def _cpu(r: dict) -> str:
+    """CPU seconds: the compiling process before the call and in it (per phase), each timing process, all."""
+    phases = ", ".join(f"{k} {v:.1f}" for k, v in r.get("phase_cpu", {}).items())
+    workers = "; ".join(", ".join(f"{k} {v:.1f}" for k, v in w.items()) for w in r.get("worker_cpu", []))
+    return (f"before the call {r.get('before_cpu_s', 0):.1f}, the call {r.get('call_cpu_s', 0):.1f} ({phases}); "
+            f"timing processes [{workers}]; all processes {r.get('process_cpu_s', 0):.1f}")
 
 
 def main() -> int:
@@ -95,6 +114,8 @@ def main() -> int:
     ap.add_argument("--baseline", type=Path, default=None, help="another checkout's root (the previous auto)")
     ap.add_argument("--no-record", action="store_true", help="cold compiles only")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--variants", default="", help="';'-separated environments compared in turn, e.g. "
+                    "'MLCOMP_AUTO_PROCESSES=spawn;MLCOMP_AUTO_SETTLE=fixed' (api/auto/workers.py:VARIANTS)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--cache", default=None, help=argparse.SUPPRESS)
@@ -103,20 +124,22 @@ def main() -> int:
         child(args.child, args.threads, args.seed, args.cache)
         return 0
     checkouts = {"this": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
+    variants = {"": ""} | {v: v for v in args.variants.split(";") if v}
     results: dict[str, dict[str, dict[str, list[dict]]]] = {}
     print(f"# auto compile at batch 1, {args.threads} threads; checkouts: "
           + ", ".join(f"{k} {v}" for k, v in checkouts.items()), flush=True)
     for rep in range(args.repeat):
         for model in args.models.split(","):
-            for label, checkout in checkouts.items():
+            for (name, checkout), variant in itertools.product(checkouts.items(), variants):
+                label = name + (f" {variant}" if variant else "")
                 cell = results.setdefault(model, {}).setdefault(label, {"cold": [], "record": []})
-                cell["cold"].append(run(checkout, model, args.threads, 0, None))
+                cell["cold"].append(run(checkout, model, args.threads, 0, None, variant))
                 print(f"{model} #{rep}", line(f"{label} cold", cell["cold"][-1]), flush=True)
                 if args.no_record:
                     continue
                 with tempfile.TemporaryDirectory(prefix="mlcomp-auto-bench-") as cache:
-                    run(checkout, model, args.threads, 0, cache)              # measures and records
-                    cell["record"].append(run(checkout, model, args.threads, 1, cache))
+                    run(checkout, model, args.threads, 0, cache, variant)              # measures and records
+                    cell["record"].append(run(checkout, model, args.threads, 1, cache, variant))
                 print(f"{model} #{rep}", line(f"{label} record", cell["record"][-1]), flush=True)
     print("\n| model | checkout | cold s (median) | cold picks | record s (median) | record picks |")
     print("|---|---|--:|---|--:|---|")

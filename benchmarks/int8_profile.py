@@ -4,8 +4,8 @@
 
 Both models of the same ``transformers`` ``BertModel`` (BERT-base widths, random weights, built as
 ``benchmarks/quantization.py``'s ``bert-base`` row) run in sessions with ORT's profiler on
-(``SessionOptions.enable_profiling``, one intra-op thread; mlcomp's without the optimizers its runtime
-disables for a quantized model); per op type of the optimised graph: how
+(``SessionOptions.enable_profiling``, one intra-op thread, ORT's default optimizers, as a user's own
+session of the saved file); per op type of the optimised graph: how
 many nodes, milliseconds per run summed over them (the kernels' own time in the profile), the share
 of the run.  The op counts need no clock; the times are this machine's, at its current load.
 """
@@ -24,8 +24,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import torch  # noqa: E402
 
 
-def profile(path: str, feed: dict, runs: int, work: str, disabled: tuple[str, ...] = ()
-            ) -> tuple[Counter, dict[str, float], float]:
+def profile(path: str, feed: dict, runs: int, work: str) -> tuple[Counter, dict[str, float], float]:
     """Op-type counts of the optimised model, kernel ms per run by op type, and the whole run's ms."""
     import onnx
     import onnxruntime as ort
@@ -36,8 +35,7 @@ def profile(path: str, feed: dict, runs: int, work: str, disabled: tuple[str, ..
     so.optimized_model_filepath = path + ".opt"
     so.enable_profiling = True
     so.profile_file_prefix = os.path.join(work, os.path.basename(path))
-    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"],
-                                disabled_optimizers=list(disabled) or None)
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     for _ in range(2 + runs):
         sess.run(None, feed)
     events = json.load(open(sess.end_profiling()))
@@ -69,9 +67,9 @@ def main(argv=None) -> None:
         with open(ours, "wb") as f:
             f.write(art.runtime.model)
         Q.ort_static(module, inputs, work, 1)
-        rows = {"mlcomp": (ours, {art.runtime.input_names[0]: inputs[0].numpy()}, art.runtime.disabled),
-                "quantize_static": (os.path.join(work, "int8.onnx"), {"x0": inputs[0].numpy()}, ())}
-        got = {k: profile(p, feed, args.runs, work, off) for k, (p, feed, off) in rows.items()}
+        rows = {"mlcomp": (ours, {art.runtime.input_names[0]: inputs[0].numpy()}),
+                "quantize_static": (os.path.join(work, "int8.onnx"), {"x0": inputs[0].numpy()})}
+        got = {k: profile(p, feed, args.runs, work) for k, (p, feed) in rows.items()}
     ops = sorted(set().union(*(set(c) | set(t) for c, t, _ in got.values())),
                  key=lambda o: -max(t.get(o, 0.0) for _, t, _ in got.values()))
     print(f"bert-base widths, {args.layers} layers, batch {args.batch}, seq {args.seq}, 1 thread, {args.runs} runs")

@@ -55,6 +55,7 @@ import torch
 from torch._dynamo.utils import counters
 from mlcomp.hardware.timing import TimingPolicy, measure_interleaved
 from mlcomp.dynamo import backend as mb
+from mlcomp.dynamo.report import size_ranges
 import mlcomp
 name, batch, budget, pipeline, target = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
 threads, dynamic = int(sys.argv[6]), sys.argv[8]
@@ -124,8 +125,7 @@ with torch.no_grad():
         out[label + "_err"] = err
         fns[label] = compiled
     out["mlcomp_targets"] = sorted({p.ran_on for p in report.partitions})
-    out["mlcomp_sizes"] = sorted({f"{k} {v[0]}..{'' if v[1] is None else v[1]}" for p in report.partitions
-                                  for k, v in p.sizes.items()})
+    out["mlcomp_sizes"] = sorted({s for p in report.partitions for s in size_ranges(p.sizes)})
     print(report.table(), file=sys.stderr)
     torch._dynamo.reset()    # after the backend's compile, so both find the same modules imported
     target = target or out["mlcomp_targets"][0].split(":")[-1]     # the target the backend picked

@@ -25,6 +25,7 @@ consults an optional :class:`~mlcomp.api.cache.CompileCache` first (opt-in here:
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -35,11 +36,12 @@ from typing import Any, Sequence
 import torch
 
 from mlcomp.api.auto.record import RECORDS_DIR, RecordStore
-from mlcomp.api.auto.search import AUTO, DEFAULT_AUTO_TIMING, auto_candidates, compile_auto
+from mlcomp.api.auto.search import AUTO, DEFAULT_AUTO_TIMING, auto_candidates, compile_auto, timing_pool
 from mlcomp.api.cache import CacheOutcome, CacheStatus, CompileCache, default_cache_dir
 from mlcomp.api.cache_key import CacheKey, UncacheableGraph, cache_key
 from mlcomp.api.inputs import LOAD_KEYS, TRAIN_KEYS, check_options, load_source
-from mlcomp.api.lowering import CompileResult, Note, adapted_pipeline, compile_source, eager_reference, resolve_target
+from mlcomp.api.lowering import (CompileResult, Note, adapted_pipeline, compile_source, eager_reference,
+                                 resolve_target, verify_seeded)
 from mlcomp.base.errors import MlcompError, OptionError
 from mlcomp.base.files import Kind, check_destination
 from mlcomp.frontend.joint import capture_joint, example_target, loss_function, resolve_loss
@@ -117,7 +119,7 @@ def _reuse(source: Any, art: Any, *, verify: bool, tolerance: float | None, capt
         expected, _ = eager_reference(source, inputs, None)
         art.set_reference(inputs, expected)
     art.manifest["capture_seconds"] = round(capture_seconds, 4)
-    check = art.verify(tolerance=tolerance, raise_on_failure=False) if verify else None
+    check = verify_seeded(art, tolerance=tolerance, raise_on_failure=False) if verify else None
     return CompileResult(art, None, capture_seconds, 0.0, check=check)
 
 
@@ -140,7 +142,7 @@ def compile_model(source: Any, graph: Any, *, target: str | Target | None = None
                   cache: CompileCache | None = None, capture_seconds: float = 0.0,
                   instruments: Any = None, auto_timing: TimingPolicy = DEFAULT_AUTO_TIMING,
                   note: Note | None = None, calibration_data: Any = None, isolate: bool = True,
-                  **options: Any) -> CompileResult:
+                  pool: Any = None, **options: Any) -> CompileResult:
     """Cache lookup, then the auto target or one target, verification, and storing a verified miss.
 
     Nothing raises on a verification failure: ``result.check`` says (the CLI prints it first).
@@ -148,7 +150,8 @@ def compile_model(source: Any, graph: Any, *, target: str | Target | None = None
     a list, or for ``target="auto"`` a callable giving one list per candidate name.
     ``calibration_data``: batches for the passes that calibrate (quantize, mixed-precision); a compile
     given them bypasses the cache (the batches are not part of its key).  ``isolate=False``: the auto
-    target times its candidates in this process (:func:`~mlcomp.api.auto.search.compile_auto`).
+    target times its candidates in this process (:func:`~mlcomp.api.auto.search.compile_auto`); ``pool``: its
+    timing processes, started before the capture (:func:`~mlcomp.api.auto.search.timing_pool`).
     """
     say = note or (lambda text: None)
     auto = is_auto(target)
@@ -186,7 +189,7 @@ def compile_model(source: Any, graph: Any, *, target: str | Target | None = None
         records = RecordStore(cache.root / RECORDS_DIR) if cache is not None else None
         result = compile_auto(source, graph, candidates=candidates, pipeline=pipeline,
                               capture_seconds=capture_seconds, instruments=instruments, policy=auto_timing,
-                              note=say, records=records, isolate=isolate, **options)
+                              note=say, records=records, isolate=isolate, pool=pool, **options)
     else:
         result = compile_source(source, graph, target=target, pipeline=pipeline, verify=verify,
                                 capture_seconds=capture_seconds, instruments=instruments,
@@ -254,15 +257,27 @@ def _compile(model_or_path: Any, example_inputs: Any, target: Any, pipeline: Any
     source = load_source(model_or_path, example_inputs, load_opts)
     for note in source.notes:                  # e.g. a model given in train() mode, compiled in eval() mode
         warnings.warn(note, stacklevel=2)
-    t0 = time.perf_counter()
-    graph = source.capture(method=load_opts.get("capture", "export"),
-                           dynamic=load_opts.get("dynamic"), dynamic_batch=bool(load_opts.get("dynamic_batch")))
-    seconds = time.perf_counter() - t0
-    result = compile_model(source, graph, target=target, candidates=candidates, pipeline=pipeline, verify=verify,
-                           cache=store, capture_seconds=seconds, fallback=fallback, **options)
+    with _early_pool(source, target, candidates, options) as pool:
+        t0 = time.perf_counter()
+        graph = source.capture(method=load_opts.get("capture", "export"),
+                               dynamic=load_opts.get("dynamic"), dynamic_batch=bool(load_opts.get("dynamic_batch")))
+        seconds = time.perf_counter() - t0
+        result = compile_model(source, graph, target=target, candidates=candidates, pipeline=pipeline, verify=verify,
+                               cache=store, capture_seconds=seconds, fallback=fallback, pool=pool, **options)
     if result.check is not None:
         result.check.raise_if_failed(where=f"target {result.artifact.target}, model {graph.name}")
     return result.artifact
+
+
+def _early_pool(source: Any, target: Any, candidates: Any, options: dict[str, Any]) -> Any:
+    """For ``target="auto"`` timed in processes: its timing processes, started now, so that their one start-up
+    (a zygote importing torch, mlcomp and the runtimes) runs on the core the capture leaves; else nothing.
+    Unused ones (a cache hit, a record, a failed capture) are killed when the block ends."""
+    if not is_auto(target) or not options.get("isolate", True) or options.get("deterministic"):
+        return contextlib.nullcontext()
+    pool = timing_pool(source.inputs(), auto_candidates(candidates), options.get("auto_timing", DEFAULT_AUTO_TIMING))
+    pool.start()
+    return pool
 
 
 def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline: Any = None,

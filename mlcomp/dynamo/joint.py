@@ -26,7 +26,7 @@ keeps each symbol where Dynamo made one and one build serves every size in its r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -40,7 +40,7 @@ from mlcomp.ir import Graph
 from mlcomp.ir.node import Phase
 from mlcomp.ir.ops import GETITEM
 
-__all__ = ["JointRefused", "JointTrace", "trace_joint", "joint_graph"]
+__all__ = ["JointRefused", "JointTrace", "forward_closure", "trace_joint", "joint_graph"]
 
 _ALIAS = (torch.ops.aten.alias.default, torch.ops.aten.detach.default)
 
@@ -151,16 +151,23 @@ def joint_graph(trace: JointTrace, name: str, params: Mapping[int, str]) -> Grap
     except MlcompError as exc:
         raise JointRefused(f"the joint graph is outside mlcomp's IR: {exc.message.splitlines()[0]}",
                            hint="its forward and backward are compiled separately (AOT autograd)") from None
-    outs = graph.output_refs
-    forward: set[str] = set()
-    stack = [r.name for r in outs[:trace.outputs]]
-    while stack:
-        name_ = stack.pop()
-        if name_ not in forward:
-            forward.add(name_)
-            stack.extend(graph.node(name_).input_names())
-    # a projection stays with the tuple it picks from (dropout's mask, a norm's saved statistics)
-    forward |= {n.name for n in graph.nodes(GETITEM) if n.input_names()[0] in forward}
+    forward = forward_closure(graph, trace.outputs)
     for node in graph.call_nodes():
         graph.replace(node.with_ann(phase=Phase.FORWARD if node.name in forward else Phase.BACKWARD))
     return graph
+
+
+def forward_closure(graph: Graph, outputs: int, extra: Iterable[str] = ()) -> set[str]:
+    """The nodes the first ``outputs`` outputs of ``graph`` depend on, ``extra``, and each projection
+    (``getitem``) of a tuple among them: a projection stays with the tuple it picks from (dropout's
+    mask, a norm's saved statistics).  O(nodes + edges)."""
+    forward: set[str] = set()
+    stack = [r.name for r in graph.output_refs[:outputs]]
+    while stack:
+        name = stack.pop()
+        if name not in forward:
+            forward.add(name)
+            stack.extend(graph.node(name).input_names())
+    forward.update(extra)
+    forward |= {n.name for n in graph.nodes(GETITEM) if n.input_names()[0] in forward}
+    return forward

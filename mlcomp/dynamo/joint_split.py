@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from mlcomp.dynamo.joint import JointRefused
+from mlcomp.dynamo.joint import JointRefused, forward_closure
 from mlcomp.analysis.liveness import buffers
 from mlcomp.ir import Graph, Node, Ref
 from mlcomp.ir.node import Phase, TensorMeta
@@ -58,16 +58,8 @@ def cut(graph: Graph, primals: Sequence[str], outputs: int) -> Cut:
     ``primals``: the names of the forward's inputs (``PARAM`` nodes for parameters, which are
     inputs of the compiled parts all the same; other ``PARAM`` nodes are constants)."""
     refs = graph.output_refs
-    forward: set[str] = set(primals)
-    stack = [r.name for r in refs[:outputs]]
-    while stack:
-        name = stack.pop()
-        if name not in forward:
-            forward.add(name)
-            stack.extend(graph.node(name).input_names())
-    forward |= {n.name for n in graph.call_nodes() if n.ann.phase in _FORWARD}
-    # a projection stays with the tuple it picks from (a norm's saved statistics)
-    forward |= {n.name for n in graph.nodes(GETITEM) if n.input_names()[0] in forward}
+    marked = [n.name for n in graph.call_nodes() if n.ann.phase in _FORWARD]
+    forward = forward_closure(graph, outputs, extra=[*primals, *marked])
     given = set(primals)
     again = _sizes_again(graph, forward)
     saved: dict[str, None] = {}

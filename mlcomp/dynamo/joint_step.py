@@ -4,11 +4,12 @@ For a Dynamo graph that needs gradients, :func:`compile_joint` traces the joint 
 (:mod:`mlcomp.dynamo.joint`), runs the ``torch.compile`` call's pipeline over it (adapted to
 the target as any preset is; ``remat`` and ``mixed-precision`` act on the joint here, as in
 ``compile_training``), verifies each pass on the trace's example, cuts the result into a
-forward and a backward (:mod:`mlcomp.dynamo.joint_split`), and lowers both with the target
-(each verified against its IR).  The callable it returns runs a ``torch.autograd.Function``:
-its forward runs the compiled forward and saves exactly the values of the cut, its backward
-runs the compiled backward, so ``loss.backward()`` and the user's optimizer work as with
-eager::
+forward and a backward (:mod:`mlcomp.dynamo.joint_split`), and compiles both through
+:func:`~mlcomp.api.compiler.compile_model` (the target, the compile cache, verification against
+its IR from one seed, so dropout draws the same masks, and over its symbolic ranges).  The
+callable it returns runs a ``torch.autograd.Function``: its forward runs the compiled forward
+and saves exactly the values of the cut, its backward runs the compiled backward, so
+``loss.backward()`` and the user's optimizer work as with eager::
 
     fast = torch.compile(model, backend="mlcomp", options={"pipeline": "remat{budget=0.5}"})
     loss_fn(fast(x), y).backward()          # gradients from mlcomp's backward
@@ -37,10 +38,8 @@ from mlcomp.dynamo.options import BackendOptions
 from mlcomp.dynamo.report import BackendReport, JointRecord, Partition
 from mlcomp.frontend.joint import joint_decompositions
 from mlcomp.frontend.source import ModelSource
-from mlcomp.ir import Graph
 from mlcomp.ir.interpreter import evaluate
 from mlcomp.pipeline import run_pipeline
-from mlcomp.pipeline.instruments import seeded
 from mlcomp.targets.options import CompileOptions
 
 __all__ = ["compile_joint", "JointStep"]
@@ -78,7 +77,7 @@ def compile_joint(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts:
     record.saved, record.saved_bytes = parts.cut.activations, parts.cut.activation_bytes
     step = JointStep(_lower_parts(parts, trace, opts, chosen.name, record), trace)
     part = Partition(name, "joint", f"mlcomp:{record.target}", nodes=len(graph.call_nodes()),
-                     seconds=time.perf_counter() - start, pipeline=record.pipeline)
+                     seconds=time.perf_counter() - start, pipeline=record.pipeline, cache=record.cache_status())
     report.add(part)
     report.joints.append(record)
     indices = low.tensor_indices
@@ -92,32 +91,25 @@ def compile_joint(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts:
 
 def _lower_parts(parts: Parts, trace: JointTrace, opts: BackendOptions, target: str,
                  record: JointRecord) -> tuple[Any, Any]:
-    """Forward and backward through the target, each verified against its own IR."""
+    """Forward and backward through the target (and the compile cache), each verified against its own IR.
+
+    The backward's example inputs are the forward's saved values from the forward's reference run."""
     primals, tangents = trace.example[:trace.primals], trace.example[trace.primals:]
-    with torch.no_grad():
-        saved = evaluate(parts.forward, *primals)[trace.outputs:]
     built = []
-    for graph, inputs in ((parts.forward, primals), (parts.backward, (*saved, *tangents))):
-        source = ModelSource(graph.name, _reference(graph), tuple(inputs))
-        result = compile_model(source, graph, target=target, pipeline="", verify=False,
+    for graph in (parts.forward, parts.backward):
+        inputs = tuple(primals) if not built else (*built[0].reference[1][trace.outputs:], *tangents)
+        source = ModelSource(graph.name, _reference(graph), inputs)
+        result = compile_model(source, graph, target=target, pipeline="", verify=opts.verify,
                                cache=open_cache(opts.cache), **opts.compile_options)
-        check = _verify(result.artifact, graph, inputs) if opts.verify else None
-        if check is not None and not check.passed:
+        if result.check is not None and not result.check.passed:
             raise JointRefused(f"{graph.name} as built by {target} differs from its IR on the example: "
-                               f"{check.summary()}", hint="its forward and backward are compiled "
-                                                          "separately (AOT autograd)")
+                               f"{result.check.summary()}", hint="its forward and backward are compiled "
+                                                                 "separately (AOT autograd)")
         record.target = result.artifact.target
         record.regions += list(result.artifact.manifest.get("fallback_regions") or [])
+        record.cache.append(result.cache.status.value if result.cache is not None else None)
         built.append(result.artifact)
     return built[0], built[1]
-
-
-def _verify(art: Any, graph: Graph, inputs: Sequence[torch.Tensor]) -> Any:
-    """The artifact against its IR on ``inputs``, both from one seed (dropout draws the same masks)."""
-    with torch.no_grad(), seeded():
-        expected = evaluate(graph, *inputs)
-    with torch.no_grad(), seeded():
-        return art.verify(inputs, expected, raise_on_failure=False)
 
 
 def _reference(graph: Graph) -> Callable[..., Any]:

@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlcomp.ir.symbols import ranges_from_json
 from mlcomp.targets.fallback import EAGER_LABEL
 
-__all__ = ["AOT", "BackendReport", "JointRecord", "Partition", "TORCH"]
+__all__ = ["AOT", "BackendReport", "JointRecord", "Partition", "TORCH", "size_ranges"]
 
 TORCH = "torch"
 AOT = "aot-autograd"   # a graph whose forward and backward torch split before mlcomp compiled them
@@ -57,6 +58,16 @@ class JointRecord:
     nodes_recomputed: int = 0
     tolerance: float | None = None  # declared by mixed precision (None: fp32)
     regions: list[dict[str, Any]] = field(default_factory=list)   # the target's own eager regions
+    cache: list[str | None] = field(default_factory=list)        # the forward's and backward's cache outcomes
+
+    def cache_status(self) -> str | None:
+        """The halves' one cache outcome (``hit``, ``stored``…), ``forward/backward`` when they differ.
+
+        >>> JointRecord("g", cache=["hit", "stored"]).cache_status()
+        'hit/stored'
+        """
+        known = [c or "" for c in self.cache]
+        return None if not any(known) else known[0] if len(set(known)) == 1 else "/".join(known)
 
     def note_passes(self, pipeline_report: Any) -> None:
         """Take remat's and mixed precision's figures from a pipeline report."""
@@ -112,9 +123,18 @@ class BackendReport:
         return "\n".join(lines + [j.line() for j in self.joints])
 
 
+def size_ranges(sizes: dict[str, list[int | None]]) -> list[str]:
+    """Each symbolic size and its range (:class:`~mlcomp.ir.symbols.SizeRange`'s form), by name.
+
+    >>> size_ranges({"seq": [8, 512], "batch": [1, None]})
+    ['batch 1..', 'seq 8..512']
+    """
+    return [f"{name} {r}" for name, r in sorted(ranges_from_json(sizes).items())]
+
+
 def _sizes(sizes: dict[str, list[int | None]]) -> str:
     """``batch 1.., seq 8..512``: each symbolic size and its range."""
-    return ", ".join(f"{name} {lo}..{'' if hi is None else hi}" for name, (lo, hi) in sorted(sizes.items()))
+    return ", ".join(size_ranges(sizes))
 
 
 def _regions_note(regions: list[dict[str, Any]]) -> str:

@@ -2,7 +2,7 @@
 
 Compiling several targets and timing them (``target="auto"``) costs a multiple of one compile, so
 without a named target the backend compiles one, chosen by :data:`RULES`: the share of the graph's
-heavy FLOPs (convolutions, matrix products, attention) in each op family, first rule that holds
+heavy FLOPs (the IR's compute ops: convolutions, matrix products, attention) in each op family, first rule that holds
 wins, else :data:`DEFAULT`.  A rule's target that is not installed here is skipped.
 
 The rules come from measurements of the backend against inductor (``benchmarks/torch_compile.py``):
@@ -20,16 +20,15 @@ from typing import Callable
 
 from mlcomp.analysis.cost import node_flops
 from mlcomp.ir import Graph
+from mlcomp.ir.ops import Category, category_names
 
 __all__ = ["DEFAULT", "FAMILIES", "RULES", "flop_shares", "pick_target"]
 
-# op name -> family of heavy ops
-FAMILIES = {
-    "convolution": "convolution", "_convolution": "convolution", "conv2d": "convolution", "conv1d": "convolution",
-    "mm": "matmul", "addmm": "matmul", "bmm": "matmul", "matmul": "matmul", "linear": "matmul",
-    "baddbmm": "matmul", "_scaled_dot_product_flash_attention_for_cpu": "matmul",
-    "scaled_dot_product_attention": "matmul", "_scaled_dot_product_attention_math": "matmul",
-}
+# the heavy ops are the IR's COMPUTE category (mlcomp.ir.ops); a name's first matching part gives its
+# family, else matmul (mm, addmm, bmm, attention…); batch norm (COMPUTE there: it takes an epilogue) is light
+KINDS = (("conv", "convolution"), ("batch_norm", None))
+FAMILIES = {name: family for name in category_names(Category.COMPUTE)
+            if (family := next((f for part, f in KINDS if part in name), "matmul")) is not None}
 # (family, least share of the heavy FLOPs, target): first that holds wins
 RULES = (("convolution", 0.5, "onnxruntime"),)
 DEFAULT = "cpu"

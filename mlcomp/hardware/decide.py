@@ -34,8 +34,8 @@ from typing import Any
 
 from mlcomp.hardware.timing import Clock, Sync, no_sync
 
-__all__ = ["ALPHA", "ELIMINATE_ABOVE", "MIN_ROUNDS", "Decision", "DecisionPolicy", "Sampler", "Verdict", "call_samplers",
-           "clear_losers", "decide", "measure_times", "sign_test"]
+__all__ = ["ALPHA", "ELIMINATE_ABOVE", "MIN_ROUNDS", "Decision", "DecisionPolicy", "Sampler", "Verdict",
+           "call_samplers", "clear_losers", "decide", "measure_times", "sign_test"]
 
 ALPHA = 0.05        # a two-sided sign test below this decides
 MIN_ROUNDS = 6      # the fewest paired rounds in which a sign test can decide at ALPHA (p = 2 / 2**6)

@@ -39,8 +39,9 @@ def _batched_operand(graph: Graph, value: Any) -> Ref | None:
         return None
     view = producer(graph, value, _VIEW)
     expand = view and producer(graph, view.inputs[0], _EXPAND)
-    if expand is not None and isinstance(expand.inputs[0], Ref):
-        shape = tuple(graph.node(expand.inputs[0].name).tensor_meta.shape)
+    source = expand and producer(graph, expand.inputs[0])
+    if source is not None:
+        shape = tuple(source.tensor_meta.shape)
         if tuple(expand.inputs[1]) == shape and tuple(view.inputs[1]) == shape:
             return expand.inputs[0]
     meta = graph.node(value.name).meta
@@ -49,13 +50,12 @@ def _batched_operand(graph: Graph, value: Any) -> Ref | None:
 
 def _weight_2d(graph: Graph, value: Any) -> Node | None:
     """The ``[K, N]`` weight node: ``permute(w, [1, 0])`` of a 2-D parameter, or a 2-D parameter."""
-    node = graph.node(value.name) if isinstance(value, Ref) else None
+    node = producer(graph, value)
     if node is None or not isinstance(node.meta, TensorMeta) or len(node.meta.shape) != 2:
         return None
     if node.op == PARAM:
         return node
-    if node.op == _PERMUTE and list(node.inputs[1]) == [1, 0] and isinstance(node.inputs[0], Ref) \
-            and graph.node(node.inputs[0].name).op == PARAM:
+    if node.op == _PERMUTE and list(node.inputs[1]) == [1, 0] and producer(graph, node.inputs[0], PARAM) is not None:
         return node
     return None
 
@@ -86,8 +86,8 @@ def _bias_add(graph: Graph, out: Node, n: int) -> tuple[Node | None, Any]:
     if add is None or add.op != _ADD or len(add.inputs) != 2 or add.inputs[0] != Ref(out.name):
         return None, None
     other = add.inputs[1]
-    node = graph.node(other.name) if isinstance(other, Ref) else None
-    if node is not None and node.op == PARAM and tuple(node.tensor_meta.shape) == (n,):
+    node = producer(graph, other, PARAM)
+    if node is not None and tuple(node.tensor_meta.shape) == (n,):
         return add, other
     return None, None
 

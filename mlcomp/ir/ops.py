@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 __all__ = [
-    "Op", "Category", "aten", "category", "composite",
+    "Op", "Category", "aten", "category", "category_names", "composite",
     "INPUT", "PARAM", "OUTPUT", "GETITEM",
 ]
 
@@ -156,6 +156,15 @@ for _names, _cat in ((_ELEMWISE, Category.ELEMWISE), (_BROADCAST, Category.BROAD
                      (_COMPUTE, Category.COMPUTE)):
     for _n in _names:
         _TABLE[_n] = _cat
+
+
+def category_names(cat: Category) -> tuple[str, ...]:
+    """The ATen op names the table puts in ``cat``.
+
+    >>> "convolution" in category_names(Category.COMPUTE)
+    True
+    """
+    return tuple(name for name, c in _TABLE.items() if c is cat)
 
 
 def category(op: Op) -> Category:

@@ -43,7 +43,7 @@ class SizeRange:
 
     def __post_init__(self) -> None:
         if self.lo < 0 or (self.hi is not None and self.hi < self.lo):
-            raise InputSpecError(f"size range {self.lo}..{'' if self.hi is None else self.hi} is empty or negative "
+            raise InputSpecError(f"size range {self} is empty or negative "
                           f"(its minimum must be at least 0 and at most its maximum)",
                           hint="give MIN..MAX with 0 <= MIN <= MAX, e.g. batch=1..64")
 

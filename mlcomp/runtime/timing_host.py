@@ -9,28 +9,36 @@
         w.sampler("cpu")()                  # seconds per call of one block of cpu's artifact
         w.drop("cpu")                       # a clear loser: released, never sampled again
 
-One such process is started per timing process a ranking wants (two for ``auto``), once, at the
-start of a compile: it imports torch and mlcomp while the candidates compile, and each candidate
-is loaded into every one of them as soon as it verifies.  So the number of processes does not
-grow with the number of candidates, and a candidate's start-up is only its own load.
+The processes a ranking wants (two for ``auto``) start once, at the start of a compile, from one
+start-up (:meth:`HostWorker.spawn_group`: the first imports torch and mlcomp, then forks the others,
+:mod:`mlcomp.runtime.zygote`), and each candidate is loaded into every one of them as soon as it
+verifies.  So the number of processes does not grow with the number of candidates, and a
+candidate's start-up is only its own load.
 
-A sample is the same as :mod:`~mlcomp.runtime.timing_worker`'s (``settle_s`` of untimed calls of
-that artifact, then the median call of a block): the previous sample's runtime, in this process
-or another, spins down during the settle, so a runtime hosted beside others is timed as alone.
+A sample waits until every other runtime's threads, in this process and in the other timing
+processes (``watch``), are quiet (:func:`mlcomp.runtime.quiet.wait_quiet`, at most ``settle_s``),
+then runs ``block_s`` of untimed calls of its artifact, then takes the median call of a block
+(:func:`~mlcomp.runtime.timing_worker.take_sample`): a runtime hosted beside others is timed as alone.
 
 Protocol (one JSON line per reply on the child's private stdout)::
 
     parent: "load {"name": …, "artifact": …}"  ->  child: {"ready": per_call_s, "calls": k, "name": …}
     parent: "sample NAME"                       ->  child: {"sample": s}
     parent: "drop NAME"                            (no reply) the artifact is released
+    parent: "watch [PID, ...]"                     (no reply) the other timing processes, watched before a sample
+    parent: "stats"                             ->  child: {"stats": {"imports": s, "loads": s, "samples": s, ...}}
     parent: "quit" or EOF                          the child exits
     child:  {"error": "..."}                       a load or sample failed; the parent raises WorkerError
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
+import os
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -38,6 +46,8 @@ import torch
 
 from mlcomp.base.errors import MlcompError
 from mlcomp.hardware.timing import synchronizer
+from mlcomp.runtime.quiet import cpu_of_others
+from mlcomp.runtime.zygote import Forked, fork_siblings
 from mlcomp.runtime.timing_worker import SETTLE_S, ProcessSampler, load_runner, run_child, take_sample, warm_up
 
 __all__ = ["HostWorker", "serve_host"]
@@ -60,6 +70,45 @@ class HostWorker(ProcessSampler):
         return cls._popen({"inputs": str(inputs_file), "threads": threads, "warmup": warmup,
                            "block_s": block_s, "settle_s": settle_s}, label)
 
+    @classmethod
+    def spawn_group(cls, inputs_file: Path, procs: int, *, threads: int, warmup: int, block_s: float,
+                    settle_s: float = SETTLE_S, preload: Sequence[str] = (), fork: bool = True,
+                    quiet: bool = True) -> list["HostWorker"]:
+        """``procs`` hosting processes from one start-up: a zygote that imports torch, mlcomp and the
+        modules ``preload`` names, then forks the others (:mod:`mlcomp.runtime.zygote`); ``fork=False``:
+        each started afresh.  ``quiet=False``: a sample settles with ``settle_s`` of calls, not a quiet wait."""
+        if not fork:
+            return [cls._popen({"inputs": str(inputs_file), "threads": threads, "warmup": warmup,
+                                "block_s": block_s, "settle_s": settle_s, "quiet": quiet}, f"timing process {i}")
+                    for i in range(procs)]
+        pairs = [(os.pipe(), os.pipe()) for _ in range(procs - 1)]     # (commands r, w), (replies r, w)
+        child_fds = [fd for (cmd, rep) in pairs for fd in (cmd[0], rep[1])]
+        config = {"inputs": str(inputs_file), "threads": threads, "warmup": warmup, "block_s": block_s,
+                  "settle_s": settle_s, "preload": list(preload), "quiet": quiet,
+                  "siblings": [[cmd[0], rep[1]] for cmd, rep in pairs]}
+        try:
+            first = cls._popen(config, "timing process 0", pass_fds=child_fds)
+        except WorkerError:
+            for (cmd, rep) in pairs:
+                for fd in (*cmd, *rep):
+                    os.close(fd)
+            raise
+        for fd in child_fds:
+            os.close(fd)
+        workers = [first]
+        for i, (cmd, rep) in enumerate(pairs, 1):
+            worker = cls(Forked(cmd[1], rep[0]), first._log, f"timing process {i}")
+            worker._shared_log = True
+            workers.append(worker)
+        return workers
+
+    def _read(self, timeout: float) -> dict[str, Any]:
+        message = super()._read(timeout)
+        if "pid" in message and len(message) == 1:         # a forked process says its pid first
+            self._proc.pid = int(message["pid"])
+            message = super()._read(timeout)
+        return message
+
     def host(self, name: str, artifact_dir: Path) -> None:
         """Have the child load ``artifact_dir`` as ``name`` (the reply is read by :meth:`wait_hosted`)."""
         self._write("load " + json.dumps({"name": name, "artifact": str(artifact_dir)}))
@@ -81,6 +130,17 @@ class HostWorker(ProcessSampler):
             return float(self._read(timeout)["sample"])
         return sample
 
+    def stats(self, timeout: float = 60.0) -> dict[str, float]:
+        """The child's CPU seconds (every thread) by what it did: ``imports`` (everything before it served),
+        ``loads`` (loading, checking, warming up its artifacts), ``samples``, and ``total``; and
+        ``waited_wall``, the wall seconds its samples waited for quiet, and its ``nice`` value."""
+        self._write("stats")
+        return {k: float(v) for k, v in self._read(timeout)["stats"].items()}
+
+    def watch(self, pids: list[int]) -> None:
+        """Have the child wait, before each sample, until the threads of processes ``pids`` are quiet too."""
+        self._write("watch " + json.dumps(list(pids)))
+
     def drop(self, name: str) -> None:
         """Release ``name``'s artifact in the child (it is sampled no more)."""
         if self._proc.poll() is None and name in self.hosted:
@@ -90,6 +150,18 @@ class HostWorker(ProcessSampler):
 
 def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
     """Answer ``load``, ``sample`` and ``drop`` until ``quit`` or end of input (module doc)."""
+    if config.get("sibling"):
+        channel.write(json.dumps({"pid": os.getpid()}) + "\n")
+        channel.flush()
+    for module in config.get("preload", ()):
+        with contextlib.suppress(ImportError):      # a runtime that is missing fails its candidate's load
+            importlib.import_module(module)
+    cpu = {"imports": time.process_time(), "loads": 0.0, "samples": 0.0, "waited_wall": 0.0,
+           "threads_at_fork": float(len(os.listdir("/proc/self/task"))) if config.get("siblings") else 0.0}
+    if config.get("siblings"):
+        fork_siblings(config, serve_host, HostWorker.MODULE, closing=[channel.fileno()])
+    waits = config.get("quiet", True)
+    quiet = cpu_of_others() if waits else None
     torch.set_num_threads(int(config["threads"]))
     inputs = torch.load(config["inputs"], map_location="cpu", weights_only=True)
     hosted: dict[str, tuple[Any, Any, int]] = {}          # name -> (runner, barrier, calls per block)
@@ -100,6 +172,7 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
 
     for line in commands:
         verb, _, rest = line.strip().partition(" ")
+        c0 = time.process_time()
         if verb == "load":
             spec = json.loads(rest)
             try:
@@ -111,10 +184,18 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
                 reply({"error": f"{spec['name']}: " + " ".join(text.split())[:500]})
                 continue
             hosted[spec["name"]] = (runner, barrier, calls)
+            cpu["loads"] += time.process_time() - c0
             reply({"ready": per_call, "calls": calls, "name": spec["name"]})
         elif verb == "sample":
             runner, barrier, calls = hosted[rest]
-            reply({"sample": take_sample(runner, inputs, barrier, calls, config["settle_s"], config["block_s"])})
+            seconds, waited = take_sample(runner, inputs, barrier, calls, config["settle_s"], config["block_s"], quiet)
+            cpu["samples"] += time.process_time() - c0
+            cpu["waited_wall"] += waited       # wall seconds waited for quiet (not CPU: it sleeps meanwhile)
+            reply({"sample": seconds})
+        elif verb == "watch":
+            quiet = cpu_of_others(json.loads(rest)) if waits else None
+        elif verb == "stats":
+            reply({"stats": dict(cpu, total=time.process_time(), nice=float(os.nice(0)))})
         elif verb == "drop":
             hosted.pop(rest, None)
         else:

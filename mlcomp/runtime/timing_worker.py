@@ -50,6 +50,7 @@ import torch
 from mlcomp.base.errors import MlcompError
 from mlcomp.hardware.timing import Sync, calls_per_block, synchronizer
 from mlcomp.runtime.artifact import Artifact
+from mlcomp.runtime.quiet import wait_quiet
 
 __all__ = ["ProcessGroup", "ProcessSampler", "WorkerError", "load_runner", "run_child", "save_inputs", "take_sample",
            "warm_up"]
@@ -59,6 +60,9 @@ MAX_CALLS = 1000          # a block never has more calls than this
 # taking a core from this one
 SETTLE_S = 0.1
 BLOCK_LIMIT = 10          # a block stops after this many times block_s, however many calls it has made
+# untimed calls after a quiet wait: with 2-3 (a 20 ms lead-in at 7-10 ms a call) ONNX Runtime and TVM
+# ran up to 3.5x slower than after 0.1 s of calls (decision 34); ~10-15 calls is what 0.1 s gave them
+LEAD_CALLS = 15
 
 
 class WorkerError(MlcompError):
@@ -90,6 +94,7 @@ class ProcessSampler:
 
     def __init__(self, proc: subprocess.Popen, log: IO[bytes], label: str) -> None:
         self._proc, self._log, self.label = proc, log, label
+        self._shared_log = False                          # its log is another handle's (closed by that one)
         self.per_call_s: float | None = None
         self.calls: int | None = None
 
@@ -109,12 +114,12 @@ class ProcessSampler:
                           label or str(artifact_dir))
 
     @classmethod
-    def _popen(cls, config: dict[str, Any], label: str) -> "ProcessSampler":
+    def _popen(cls, config: dict[str, Any], label: str, **popen: Any) -> "ProcessSampler":
         log = tempfile.TemporaryFile()
         try:
             proc = subprocess.Popen([sys.executable, "-m", cls.MODULE, json.dumps(config)],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0,
-                                    env=_child_env())
+                                    env=_child_env(), **popen)
         except OSError as exc:
             log.close()
             raise WorkerError(f"could not start a timing process for {label}: {exc}") from None
@@ -148,7 +153,8 @@ class ProcessSampler:
         for stream in (self._proc.stdin, self._proc.stdout):
             if stream is not None:
                 stream.close()
-        self._log.close()
+        if not self._shared_log:
+            self._log.close()
 
     def __enter__(self) -> "ProcessSampler":
         return self
@@ -265,12 +271,24 @@ def warm_up(artifact: Any, inputs: list, barrier: Sync, warmup: int, block_s: fl
     return per_call, calls_per_block(float(block_s), per_call, MAX_CALLS)
 
 
-def take_sample(artifact: Any, inputs: list, barrier: Sync, calls: int, settle_s: float, block_s: float) -> float:
-    """``settle_s`` of untimed calls (the last sample's thread pools spin down), then the median call of a block."""
-    settle = time.perf_counter() + float(settle_s)
-    while time.perf_counter() < settle:
+def take_sample(artifact: Any, inputs: list, barrier: Sync, calls: int, settle_s: float, block_s: float,
+                quiet: Callable[[], float] | None = None) -> tuple[float, float]:
+    """(the median call of a block, seconds waited before it).
+
+    Without ``quiet``: ``settle_s`` of untimed calls first (the last sample's thread pools spin down
+    meanwhile).  With ``quiet`` (a reading of the CPU seconds of the threads that could spin,
+    :func:`mlcomp.runtime.quiet.cpu_of_others`): wait until they are quiet (at most ``settle_s``), then
+    untimed calls of this runtime (its pool wakes up and reaches its steady state, its data comes back
+    into the caches) for at least ``block_s`` and ``LEAD_CALLS`` calls, or ``settle_s``.
+    """
+    waited = wait_quiet(quiet, float(settle_s)) if quiet is not None else 0.0
+    start, made = time.perf_counter(), 0
+    while True:
         _calls(artifact, inputs, 1, barrier)
-    return median(_calls(artifact, inputs, calls, barrier, BLOCK_LIMIT * float(block_s)))
+        made, spent = made + 1, time.perf_counter() - start
+        if spent >= float(settle_s) or quiet is not None and spent >= float(block_s) and made >= LEAD_CALLS:
+            break
+    return median(_calls(artifact, inputs, calls, barrier, BLOCK_LIMIT * float(block_s))), waited
 
 
 def serve(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
@@ -285,7 +303,7 @@ def serve(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
     for line in commands:
         if line.strip() != "sample":
             break
-        sample = take_sample(artifact, inputs, barrier, calls, config["settle_s"], config["block_s"])
+        sample, _ = take_sample(artifact, inputs, barrier, calls, config["settle_s"], config["block_s"])
         channel.write(json.dumps({"sample": sample}) + "\n")
         channel.flush()
 
@@ -294,11 +312,15 @@ def run_child(serve_fn: Callable[[dict[str, Any], IO[str], IO[str]], None], argv
     """A worker's ``main``: the protocol on a private copy of stdout, stray prints to the log, an error
     as a message.  The process ends here, without tearing torch and the backends down (seconds for
     some): everything it had to say is written by then."""
-    channel = os.fdopen(os.dup(1), "w", buffering=1)           # the protocol's private stdout
+    config = json.loads(argv[0])
+    if config.get("fds"):                                      # a timing process started on given pipes
+        commands, channel = os.fdopen(config["fds"][0], "r"), os.fdopen(config["fds"][1], "w", buffering=1)
+    else:
+        commands, channel = sys.stdin, os.fdopen(os.dup(1), "w", buffering=1)   # the protocol's private stdout
     os.dup2(2, 1)                                              # stray prints go to the log
     status = 0
     try:
-        serve_fn(json.loads(argv[0]), channel, sys.stdin)
+        serve_fn(config, channel, commands)
     except Exception as exc:  # noqa: BLE001 - reported to the parent as this candidate's failure
         text = exc.message if isinstance(exc, MlcompError) else f"{type(exc).__name__}: {exc}"
         channel.write(json.dumps({"error": " ".join(text.split())[:500]}) + "\n")

@@ -22,28 +22,15 @@ CPU stand-in copies each result into a separate buffer on a second thread.
 """
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any
 
+from mlcomp.hardware.threads import threads as torch_threads
 from mlcomp.hardware.timing import measure_interleaved, synchronizer
 from mlcomp.study import chapter
 from mlcomp.study.common import Figure, StudyConfig, StudyResult, machine_line, paired
-
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Set torch's intra-op thread count for the block and restore it afterwards."""
-    import torch
-
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def _chain(x: Any, k: int) -> list[Any]:

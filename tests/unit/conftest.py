@@ -5,6 +5,8 @@ import pytest
 import torch
 from torch import nn
 
+from mlcomp.hardware.threads import threads
+
 
 @pytest.fixture(scope="module")
 def mlp_joint():
@@ -21,7 +23,5 @@ def mlp_joint():
 @pytest.fixture
 def one_thread():
     """One intra-op thread for the test: on a small shared machine OpenMP spin-waits dominate tiny ops otherwise."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+    with threads(1):
+        yield

@@ -126,7 +126,8 @@ def rank_samplers(samplers: Mapping[str, Sampler], policy: TimingPolicy = DEFAUL
     A round takes one sample of each, starting one candidate later than the round before
     (every candidate follows every other equally often).  Rounds go on until
     ``policy.budget_s`` per candidate is spent and at least ``MIN_ROUNDS`` (bounded by
-    ``policy.max_repeats``) are done.  Then the leader is the lowest median (or a contender
+    ``policy.max_repeats``) are done, or, once those are done, as soon as every contender is decided
+    slower than the leader or its equal (more rounds could not change the pick).  Then the leader is the lowest median (or a contender
     whose paired ratios to it, its sample / the leader's in the same round, have a median
     below 1); a contender is decided slower when the sign test of those ratios gives
     p < ``ALPHA``, and the leader's equal when the 95 % interval of those ratios lies within
@@ -161,8 +162,9 @@ def rank_samplers(samplers: Mapping[str, Sampler], policy: TimingPolicy = DEFAUL
                                            sign_test(paired[name], ELIMINATE_ABOVE))
             if on_eliminate is not None:
                 on_eliminate(name)
-        if len(sampled) == 1 or len(rounds) >= fewest and clock() - begin >= policy.budget_s * len(sampled):
-            break
+        if len(sampled) == 1 or len(rounds) >= fewest and (clock() - begin >= policy.budget_s * len(sampled)
+                                                            or len(_undecided(sampled, samples, rounds)) == 1):
+            break                      # the budget is spent, or the leader is decided against every contender
     everyone = len(rounds)
     active = _undecided(sampled, samples, rounds)
     begin = clock()

@@ -29,52 +29,42 @@ itself (no wrapper: it runs exactly as a direct compile for that target does).
 
 Candidates are compiled one after another (the backends already use every core; the timing
 processes' start-up takes the cores left).  ``procs`` timing processes start once, before the
-first candidate compiles (:mod:`~mlcomp.api.auto.workers`), and every verified candidate is loaded
+capture or the first compile (:mod:`~mlcomp.api.auto.workers`), and every verified candidate is loaded
 into each of them while the next compiles; a round of the ranking samples every candidate in one
 of them, the next round in the next, so each candidate is timed in every process.  A clear loser
 (:func:`mlcomp.hardware.decide.clear_losers`: after ``MIN_ROUNDS`` rounds its paired ratios to the
 leader are decided above ``ELIMINATE_ABOVE`` by the sign test) stops being timed; the manifest says
-after how many rounds and at what ratio.  ``phase_seconds`` in the manifest: the compiles, the wait
-for the timing processes, the ranking.  The measured medians are recorded per host kind, model and shape class
+after how many rounds and at what ratio.  ``phase_seconds`` and ``phase_cpu_seconds`` in the manifest:
+the compiles, the wait for the timing processes, the ranking (:mod:`~mlcomp.api.auto.phases`), and
+``timing_process_cpu_seconds``: each timing process's imports, loads and samples.  The measured medians are recorded per host kind, model and shape class
 (:mod:`~mlcomp.api.auto.record`, in the compile cache's folder): the next auto compile with that
 record builds the best-recorded candidate first and, when it verifies, picks it untimed.
 Distributed (a multi-process pipeline, not a single-process artifact) is never a default candidate.
 """
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mlcomp.api.auto.rank import (
-    ALPHA,
-    BLOCK_S,
-    DEFAULT_AUTO_TIMING,
-    Ranking,
-    Sampler,
-    block_samplers,
-    rank,
-    rank_samplers,
-    sign_test,
-)
+from mlcomp.api.auto.phases import Phases
+from mlcomp.api.auto.rank import ALPHA, BLOCK_S, DEFAULT_AUTO_TIMING, Ranking, rank, sign_test
 from mlcomp.api.auto.record import AutoRecord, RecordStore, record_key
+from mlcomp.api.auto.timed import IN_PROCESSES, first_line, time_candidates
 from mlcomp.api.auto.workers import WorkerPool
 from mlcomp.api.lowering import CompileResult, EagerOnce, Note, compile_source
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.table import Table
 from mlcomp.hardware.decide import Decision
-from mlcomp.hardware.timing import Clock, TimingPolicy, calls_per_block, fmt_seconds, synchronizer
+from mlcomp.hardware.timing import Clock, TimingPolicy, fmt_seconds
 from mlcomp.pipeline import Pipeline
 from mlcomp.targets import CompileOptions, Target, TargetName, get_target
-from mlcomp.runtime.timing_worker import WorkerError
 
 __all__ = ["AUTO", "AutoTargetError", "Candidate", "AutoReport", "Ranking", "auto_candidates", "compile_auto",
-           "rank", "sign_test", "DEFAULT_AUTO_TIMING", "IN_PROCESSES"]
+           "rank", "sign_test", "timing_pool", "DEFAULT_AUTO_TIMING", "IN_PROCESSES"]
 
 AUTO = "auto"
-IN_PROCESSES = "timing processes shared by the candidates"
 AUTO_PROCS = 2        # timing processes: one runtime can differ between two by tens of per cent
 NOT_TIMED = "not timed (deterministic compile)"
 AUTO_QUESTION = "auto: which verified target is fastest?"
@@ -135,7 +125,7 @@ class AutoReport:
     tie_break_rounds: int = 0       # further rounds of the close ones only
     timed_in: str = IN_PROCESSES    # or "this process (why not a process each)", or FROM_RECORD
     eliminated: dict[str, Any] = field(default_factory=dict)    # clear loser -> its Elimination (JSON: a dict)
-    phases: dict[str, float] = field(default_factory=dict)      # seconds: compiling, saving, waiting for workers, ranking
+    phases: Phases = field(default_factory=Phases)              # seconds (wall, CPU) per phase, per process
     processes: int = 0                                          # timing processes started
 
     @property
@@ -152,8 +142,7 @@ class AutoReport:
                            "tie_break_rounds": self.tie_break_rounds, "timed_in": self.timed_in,
                            "eliminated": {n: e.to_json() if hasattr(e, "to_json") else e
                                           for n, e in self.eliminated.items()},
-                           "processes": self.processes,
-                           "phase_seconds": {k: round(v, 3) for k, v in self.phases.items()}}}
+                           "processes": self.processes, **self.phases.to_json()}}
 
     def table(self) -> Table:
         rows = tuple((c.target + (" *" if c.picked else ""),
@@ -192,12 +181,6 @@ def auto_candidates(names: Sequence[str | Target] | None = None) -> list[Target]
     return out
 
 
-def _first_line(exc: BaseException) -> str:
-    text = exc.message if isinstance(exc, MlcompError) else f"{type(exc).__name__}: {exc}"
-    line = " ".join(text.split())
-    return line if len(line) <= 300 else line[:300] + " …"
-
-
 def precheck(target: Target, graph: Any, options: CompileOptions, pipeline: Any = None) -> str | None:
     """Why ``target`` cannot take ``graph`` here (unavailable, the pipeline refuses it, capabilities, ops), or None."""
     reason = target.available()
@@ -207,19 +190,26 @@ def precheck(target: Target, graph: Any, options: CompileOptions, pipeline: Any 
         if pipeline is not None and pipeline != "":
             Pipeline.coerce(pipeline).check_target(target.name, facts=target.facts(options))
     except MlcompError as exc:
-        return f"the pipeline refuses it: {_first_line(exc)}"
+        return f"the pipeline refuses it: {first_line(exc)}"
     try:
         target.check_capabilities(graph, options, target.unsupported(graph))
     except MlcompError as exc:
-        return f"cannot take the graph: {_first_line(exc)}"
+        return f"cannot take the graph: {first_line(exc)}"
     return None
+
+
+def timing_pool(inputs: Sequence[Any], targets: Sequence[Target], policy: TimingPolicy = DEFAULT_AUTO_TIMING, *,
+                procs: int = AUTO_PROCS, enabled: bool = True) -> WorkerPool:
+    """The timing processes of an auto compile of ``targets`` on ``inputs`` (not started yet)."""
+    return WorkerPool(inputs, warmup=policy.warmup, block_s=BLOCK_S, describe=first_line, procs=procs,
+                      enabled=enabled and len(targets) > 1, targets=[t.name for t in targets])
 
 
 def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] | None = None,
                  pipeline: Any = None, capture_seconds: float = 0.0, instruments: Sequence[Any] | None = None,
                  policy: TimingPolicy = DEFAULT_AUTO_TIMING, clock: Clock = time.perf_counter,
                  note: Note | None = None, isolate: bool = True, records: RecordStore | None = None,
-                 procs: int = AUTO_PROCS, **options: Any) -> CompileResult:
+                 procs: int = AUTO_PROCS, pool: WorkerPool | None = None, **options: Any) -> CompileResult:
     """Compile ``graph`` for each candidate, verify, time the verified ones, return the fastest.
 
     ``instruments`` are built per candidate (a callable taking the target name) or shared;
@@ -228,8 +218,9 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     timing processes (one per round, in turn), so one process's luck decides nothing.  ``records``: where earlier measurements are
     kept (:mod:`~mlcomp.api.auto.record`); with a record for this host, model and shape class the
     candidates are built best-recorded first, the first that verifies is the pick and nothing is
-    timed; without one, the measured ranking is recorded.  The winner's manifest carries ``auto``
-    (every candidate: target, compile seconds, median ms, verified or why not).
+    timed; without one, the measured ranking is recorded.  ``pool``: timing processes started earlier
+    (:func:`timing_pool`, e.g. before the capture), discarded here when no ranking needs them.  The
+    winner's manifest carries ``auto`` (every candidate: target, compile seconds, median ms, verified or why not).
     """
     say = note or (lambda text: None)
     opts = CompileOptions.make(**options)
@@ -242,22 +233,24 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     order = sorted(targets, key=lambda t: ranked.index(t.spec))
     rows: dict[str, Candidate] = {}
     built: dict[str, CompileResult] = {}
-    pool = WorkerPool(source.inputs(), warmup=policy.warmup, block_s=BLOCK_S, describe=_first_line, procs=procs,
-                      enabled=isolate and record is None and not opts.deterministic and len(targets) > 1)
-    phases: dict[str, float] = {}
+    wanted = isolate and record is None and not opts.deterministic and len(targets) > 1
+    if pool is None:
+        pool = timing_pool(source.inputs(), targets, policy, procs=procs, enabled=wanted)
+    elif not wanted:
+        pool.discard()                 # started before the capture, not wanted after all (a record, one candidate)
+    phases = Phases()
     eager = EagerOnce(source)          # every candidate is verified against one eager run
-    t0 = time.perf_counter()
     with pool:
         pool.start()                   # the timing processes import torch and mlcomp while the candidates compile
-        for target in order:
-            if record is not None and built:
-                rows[target.spec] = _from_record(target.spec, record)
-                continue
-            rows[target.spec] = _compile_one(source, graph, target, pipeline, capture_seconds, instruments,
-                                             say, built, options, opts, eager)
-            if target.spec in built:
-                pool.add(target.spec, built[target.spec].artifact)
-        phases["compile"] = time.perf_counter() - t0
+        with phases("compile"):
+            for target in order:
+                if record is not None and built:
+                    rows[target.spec] = _from_record(target.spec, record)
+                    continue
+                rows[target.spec] = _compile_one(source, graph, target, pipeline, capture_seconds, instruments,
+                                                 say, built, options, opts, eager)
+                if target.spec in built:
+                    pool.add(target.spec, built[target.spec].artifact)
         if not built:
             raise AutoTargetError(
                 f"no candidate target compiled and verified {graph.name}: "
@@ -271,14 +264,19 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
             rounds, tie_break, timed_in, eliminated = 0, 0, NOT_TIMED if record is None else FROM_RECORD, {}
         else:
             say(f"auto: time {', '.join(built)} on the example inputs")
-            ranking, timed_in = _time(built, source.inputs(), policy, clock, rows, pool, phases)
+            ranking, timed_in = time_candidates(built, source.inputs(), policy, clock, rows, pool, phases)
+            if ranking is None:
+                raise AutoTargetError(f"{timed_in}: " + "; ".join(f"{c.target}: {c.reason}" for c in rows.values()),
+                                      hint="name one target with --target and report the failure")
             best, decision = ranking.picked, ranking.decision(AUTO_QUESTION)
             rounds, tie_break, eliminated = ranking.rounds, ranking.tie_break_rounds, ranking.eliminated
             if key is not None and len(built) > 1:
                 records.save(AutoRecord(key, {n: ranking.medians[n] for n in built}, best))
-        t0 = time.perf_counter()
-    if pool.started:
-        phases["close"] = time.perf_counter() - t0          # the timing processes told to quit and gone
+        phases.workers = pool.cpu_seconds()
+        phases.begin("close")          # the timing processes told to quit and gone
+    phases.end("close")
+    if not pool.started:
+        del phases.wall["close"], phases.cpu["close"]
     rows[best] = replace(rows[best], picked=True)
     report = AutoReport(tuple(rows[t.spec] for t in targets), policy, rounds, tie_break, timed_in, eliminated,
                         phases, pool.started)
@@ -303,9 +301,9 @@ def _compile_one(source: Any, graph: Any, target: Target, pipeline: Any, capture
                                 capture_seconds=capture_seconds, raise_on_failure=False,
                                 instruments=_instruments(instruments, target.spec), eager=eager, **options)
     except MlcompError as exc:
-        return Candidate(target.spec, time.perf_counter() - t0, reason=_first_line(exc))
+        return Candidate(target.spec, time.perf_counter() - t0, reason=first_line(exc))
     except Exception as exc:  # noqa: BLE001 - a backend's crash disqualifies that candidate only
-        return Candidate(target.spec, time.perf_counter() - t0, reason=f"compile failed: {_first_line(exc)}")
+        return Candidate(target.spec, time.perf_counter() - t0, reason=f"compile failed: {first_line(exc)}")
     seconds = time.perf_counter() - t0
     if not result.check.passed:
         return Candidate(target.spec, seconds, reason=f"verification failed: {result.check.summary()}")
@@ -324,64 +322,3 @@ def _from_record(name: str, record: AutoRecord) -> Candidate:
 
 def _instruments(instruments: Any, name: str) -> Sequence[Any] | None:
     return instruments(name) if callable(instruments) else instruments
-
-
-def _time(built: dict[str, CompileResult], inputs: Sequence[Any], policy: TimingPolicy, clock: Clock,
-          rows: dict[str, Candidate], pool: WorkerPool, phases: dict[str, float]) -> tuple[Ranking, str]:
-    """Rank the built artifacts, each in its process from ``pool`` if it can be, else all in this one
-    (``phases``: seconds spent waiting for the saves, for the workers and ranking).
-
-    Every artifact first runs once here (after the pool's saves of it): a candidate that fails now is
-    disqualified, not timed.
-    """
-    t0 = time.perf_counter()
-    pool.wait_saved()
-    phases["saving"] = time.perf_counter() - t0       # the saves for the timing processes left to finish
-    for name, result in list(built.items()):
-        try:
-            result.artifact(*inputs)
-        except Exception as exc:  # noqa: BLE001 - reported as the candidate's reason
-            rows[name] = replace(rows[name], verified=False, reason=f"running it failed: {_first_line(exc)}")
-            del built[name]
-    if not built:
-        raise AutoTargetError("every verified candidate failed when run again for timing: "
-                              + "; ".join(f"{c.target}: {c.reason}" for c in rows.values()),
-                              hint="name one target with --target and report the failure")
-    timed_in = "this process (" + ("one candidate" if len(built) == 1 else "asked for") + ")"
-    ranking = None
-    if pool.enabled and len(built) > 1:
-        try:
-            t0 = time.perf_counter()
-            samplers = pool.samplers(list(built))
-            phases["workers_ready"] = time.perf_counter() - t0
-            ranking = rank_samplers(samplers, policy, on_eliminate=pool.stop)
-            phases["rank"] = time.perf_counter() - t0 - phases["workers_ready"]
-            timed_in = f"{pool.started} {IN_PROCESSES}"
-        except WorkerError as exc:
-            timed_in = f"this process ({_first_line(exc)})"
-    if ranking is None:
-        ranking = rank_samplers(_local_samplers(built, inputs, policy, clock), policy, clock=clock)
-    for name in built:
-        group = pool.groups.get(name)
-        gone = ranking.eliminated.get(name)
-        rows[name] = replace(rows[name], median_s=ranking.medians[name], ratio=ranking.ratios.get(name),
-                             reason=gone.why if gone is not None else rows[name].reason,
-                             p_value=ranking.p_values.get(name),
-                             process_medians=tuple(statistics.median(s) for s in group.per_process if s) if group else ())
-    return ranking, timed_in
-
-
-def _local_samplers(built: dict[str, CompileResult], inputs: Sequence[Any], policy: TimingPolicy,
-                    clock: Clock) -> dict[str, Sampler]:
-    """Samplers in this process: a sample is a block of calls lasting about BLOCK_S after an untimed
-    block, so the previous runtime's pool spinning down is not charged to the next one."""
-    fns: dict[str, Callable[[], Any]] = {}
-    calls: dict[str, int] = {}
-    for name, result in built.items():
-        art = result.artifact
-        start = clock()
-        art(*inputs)
-        calls[name] = calls_per_block(BLOCK_S, clock() - start)
-        fns[name] = (lambda a=art, k=calls[name]: [a(*inputs) for _ in range(k)])
-    syncs = {name: synchronizer(built[name].artifact.manifest.get("device") or "cpu") for name in fns}
-    return block_samplers(fns, policy, clock=clock, syncs=syncs, per_call={n: 1 / k for n, k in calls.items()})

@@ -1,15 +1,18 @@
 """The auto target's timing processes: started once, at the start of a compile, shared by every candidate.
 
-``procs`` hosting processes (:class:`~mlcomp.runtime.timing_host.HostWorker`) are spawned by
-:meth:`WorkerPool.start` before the first candidate compiles; they import torch and mlcomp
-while the candidates compile.  A pool that hosted nothing (no candidate verified)
-is killed, not waited for (:meth:`WorkerPool.discard`).  Each candidate that verifies is saved once and loaded into every
-one of them (:meth:`WorkerPool.add`, not waiting), so its start-up is only its own load, and the
-number of processes does not grow with the number of candidates::
+``procs`` hosting processes (:class:`~mlcomp.runtime.timing_host.HostWorker`) come from one start-up
+(:meth:`~mlcomp.runtime.timing_host.HostWorker.spawn_group`: a zygote imports torch and mlcomp, then
+forks the others) when :meth:`WorkerPool.start` is called: by ``mlcomp.compile`` before the capture,
+else before the first candidate compiles.  A pool that hosted nothing (no candidate verified, a
+record or a cache hit made it unneeded) is killed, not waited for (:meth:`WorkerPool.discard`).
+Each candidate that verifies is saved once and loaded into every one of them (:meth:`WorkerPool.add`,
+not waiting), so its start-up is only its own load, and the number of processes does not grow with
+the number of candidates::
 
-    start 2 processes | compile cpu | compile onnxruntime | compile tvm ...... | rank
-    process 0: import torch, mlcomp .... load cpu .. load onnxruntime .. load tvm |
-    process 1: import torch, mlcomp .... load cpu .. load onnxruntime .. load tvm |
+    start | capture | compile cpu | compile onnxruntime | compile tvm ...... | rank
+    zygote: import torch, mlcomp | fork -> process 1
+    process 0:                     load cpu .. load onnxruntime .. load tvm |
+    process 1:                     load cpu .. load onnxruntime .. load tvm |
 
 :meth:`WorkerPool.samplers` waits for the loads still running and gives each candidate a
 :class:`~mlcomp.runtime.timing_worker.ProcessGroup` over the processes, alternating: a ranking's
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -31,9 +35,26 @@ import torch
 from mlcomp.runtime.timing_host import HostWorker
 from mlcomp.runtime.timing_worker import ProcessGroup, WorkerError, save_for_worker, save_inputs
 
-__all__ = ["READY_TIMEOUT_S", "WorkerPool"]
+__all__ = ["READY_TIMEOUT_S", "RUNTIME_MODULES", "WorkerPool"]
 
 READY_TIMEOUT_S = 600.0     # a process loads, checks and warms up its artifacts within this
+# modules a target's artifacts need that the zygote imports before it forks (else each process imports
+# them at its first load of that target).  None yet: preloading them is not measured on its own
+# (decision 34); torch and mlcomp, imported by every timing process, are the zygote's whole share.
+RUNTIME_MODULES: dict[str, tuple[str, ...]] = {}
+
+
+# how the timing processes start and settle, for comparing the schemes (benchmarks/auto_compile.py --variant)
+VARIANTS = {"MLCOMP_AUTO_PROCESSES": ("fork", {"fork": True}, "spawn", {"fork": False}),
+            "MLCOMP_AUTO_SETTLE": ("quiet", {"quiet": True}, "fixed", {"quiet": False})}
+
+
+def _variant() -> dict[str, bool]:
+    """The spawn options the environment asks for (default: forked processes, a quiet wait)."""
+    out: dict[str, bool] = {}
+    for name, (default, on, other, off) in VARIANTS.items():
+        out.update(off if os.environ.get(name, default) == other else on)
+    return out
 
 
 class WorkerPool:
@@ -45,9 +66,10 @@ class WorkerPool:
 
     def __init__(self, inputs: Sequence[Any], *, warmup: int, block_s: float, enabled: bool = True,
                  describe: Callable[[BaseException], str] = str, procs: int = 1,
-                 spawn: Callable[..., Any] = HostWorker.spawn_host) -> None:
+                 spawn: Callable[..., Sequence[Any]] = HostWorker.spawn_group, targets: Sequence[str] = ()) -> None:
         self.inputs, self.warmup, self.block_s, self.enabled = inputs, warmup, block_s, enabled
         self.procs = procs
+        self.preload = sorted({m for t in targets for m in RUNTIME_MODULES.get(t, ())})
         self.problem: str | None = None
         self.started = 0
         self.groups: dict[str, ProcessGroup] = {}     # the names timed, after samplers()
@@ -84,10 +106,9 @@ class WorkerPool:
         try:
             self._root = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="mlcomp-auto-")))
             feed = save_inputs(self.inputs, self._root / "inputs.pt")
-            for i in range(self.procs):
-                self._workers.append(self._stack.enter_context(self._spawn(
-                    feed, threads=torch.get_num_threads(), warmup=self.warmup, block_s=self.block_s,
-                    label=f"timing process {i}")))
+            for worker in self._spawn(feed, self.procs, threads=torch.get_num_threads(), warmup=self.warmup,
+                                      block_s=self.block_s, preload=self.preload, **_variant()):
+                self._workers.append(self._stack.enter_context(worker))
                 self.started += 1
         except WorkerError as exc:
             self.problem = self._describe(exc)
@@ -137,11 +158,23 @@ class WorkerPool:
             raise WorkerError(f"no timing process has {', '.join(missing)}")
         for worker in self._workers:
             worker.wait_hosted(READY_TIMEOUT_S)
+        for worker in self._workers:        # each waits for the others' threads to be quiet before a sample
+            worker.watch([w.pid for w in self._workers if w.pid is not None])
         for name in [n for n in self._added if n not in names]:
             self.stop(name)
         self.groups = {name: ProcessGroup([w.sampler(name) for w in self._workers], alternate=True)
                        for name in names}
         return dict(self.groups)
+
+    def cpu_seconds(self) -> list[dict[str, float]]:
+        """Each process's CPU seconds by what it did (:meth:`HostWorker.stats`); none for a pool that hosted
+        nothing or whose processes cannot answer."""
+        if not self._added or self.problem is not None:
+            return []
+        try:
+            return [worker.stats() for worker in self._workers]
+        except WorkerError:
+            return []
 
     def stop(self, name: str) -> None:
         """Release ``name`` in every process (a clear loser, or a candidate no longer timed)."""

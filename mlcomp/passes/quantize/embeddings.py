@@ -28,6 +28,7 @@ import torch
 
 from mlcomp.ir import Graph, Ref, TensorMeta
 from mlcomp.ir.builder import new_node, remove_dead
+from mlcomp.ir.graph_tools import producer
 from mlcomp.ir.ops import PARAM, aten
 from mlcomp.passes.quantize.observe import int8_weight
 from mlcomp.passes.quantize.selection import excluded_by
@@ -43,7 +44,7 @@ def quantize_embeddings(graph: Graph, exclude: Sequence[str] = ()) -> list[dict[
     one record per table."""
     records = []
     for node in [n for n in graph.call_nodes() if n.op == _EMBEDDING]:
-        table = graph.node(node.inputs[0].name) if isinstance(node.inputs[0], Ref) else None
+        table = producer(graph, node.inputs[0])
         if table is None or table.op != PARAM or excluded_by(node, exclude) is not None \
                 or not isinstance(node.meta, TensorMeta) or len(graph.users(table.name)) != 1:
             continue

@@ -17,8 +17,9 @@ and no row of :data:`KEEP_FLOAT` holds for it (checked in order, the first reaso
   kernel on OpenVINO either, which NNCF's transformer preset keeps float for the same reason);
 * an ``add`` whose only reader is a layer norm: a transformer's residual stream, whose rounding costs
   agreement (ORT's own ``quantize_static`` quantizes it) and
-  which the norm reads in float anyway; ORT runs a float ``Add`` and ``LayerNormalization``
-  (:data:`~mlcomp.targets.onnx.target.INT8_SESSION_OFF`).
+  which the norm reads in float anyway; ORT runs a float ``Add`` and ``LayerNormalization`` (the
+  ``onnxruntime`` target writes both on ``[rows, width]``, where ORT's slower ``SkipLayerNormalization``
+  does not take them).
 
 After observing, a node whose activation range is not finite (a ``-inf`` mask) keeps float too
 (:func:`finite`).  Each keep-float reason is recorded per node in the pass's stats::

@@ -33,7 +33,7 @@ import torch
 
 from mlcomp.ir import Node, Ref
 from mlcomp.ir.ops import aten
-from mlcomp.targets.onnx.emit_quant import QUANT_RULES, dynamic_gemm
+from mlcomp.targets.onnx.emit_quant import QUANT_RULES, dynamic_gemm, static_gemm
 from mlcomp.targets.onnx.emit_ops import Decline, Rule, out_dtype
 
 if TYPE_CHECKING:
@@ -68,7 +68,8 @@ def _gemm(em: Emitter, node: Node, a: dict[str, Any], bias: Any) -> None:
     mat1, mat2 = a["mat1"] if "mat1" in a else a["self"], a["mat2"]
     folded = _transposed_2d(em, mat2)
     beta, alpha = a.get("beta", 1), a.get("alpha", 1)
-    if alpha == 1 and beta == 1 and dynamic_gemm(em, node, mat1, folded, bias):
+    if alpha == 1 and beta == 1 and (dynamic_gemm(em, node, mat1, folded, bias)
+                                     or static_gemm(em, node, mat1, mat2, folded, bias)):
         return
     if bias is None and folded is None and alpha == 1:
         em.add("MatMul", [em.value(mat1, dtype), em.value(mat2, dtype)], out=node.name)
@@ -159,7 +160,39 @@ def _layer_norm(em: Emitter, node: Node, a: dict[str, Any]) -> None:
     if a["bias"] is not None:
         inputs.append(em.value(a["bias"], dtype))
     outs = em.outs(node, 3, optional=True)
-    em.add_multi("LayerNormalization", inputs, outs, axis=-len(normalized), epsilon=float(a["eps"]))
+    rows = _residual_rows(em, node, a["input"], inputs[0], shape, outs) if len(normalized) == 1 else None
+    if rows is None:
+        em.add_multi("LayerNormalization", inputs, outs, axis=-len(normalized), epsilon=float(a["eps"]))
+        return
+    normed = em.add("LayerNormalization", [rows, *inputs[1:]], hint=f"{node.name}/rows", axis=-1,
+                    epsilon=float(a["eps"]))
+    back = [-1, *shape[1:]] if isinstance(shape[0], str) else list(shape)
+    em.add_multi("Reshape", [normed, em.ints(back, f"{node.name}/shape")], outs)
+
+
+def _residual_rows(em: "Emitter", node: Node, x: Any, value: str, shape: tuple[Any, ...],
+                   outs: list[str]) -> str | None:
+    """The residual sum read by a layer norm, written again as a sum of ``[rows, width]`` matrices, or ``None``.
+
+    ORT's ``SkipLayerNormFusion`` turns a 3-D ``Add`` whose only reader is a ``LayerNormalization``
+    into ``SkipLayerNormalization``, whose float CPU kernel normalises each row in a scalar loop with a
+    division per element: several times the ``Add`` and vectorised ``LayerNormalization`` it replaces.
+    The fusion takes only 3-D operands, so the sum and the norm run on the rows (free ``Reshape`` views)
+    and the norm's output takes the 3-D shape back::
+
+        before: %add = Add(%a, %b)  [B, S, H];  %ln = LayerNormalization(%add)
+        after:  %ln = Reshape(LayerNormalization(Add(Reshape(%a, [-1, H]), Reshape(%b, [-1, H]))), [B, S, H])
+    """
+    made = em.source_of(value, "Add") if isinstance(x, Ref) else None
+    static = len(shape) == 3 and all(isinstance(d, int) for d in shape[1:])
+    if made is None or not static or len(outs) != 1 or em.graph.num_users(x.name) != 1:
+        return None
+    operands = em.node_of(x).inputs[:2]
+    if not all(isinstance(v, Ref) and tuple(em.meta(v).shape) == tuple(shape) for v in operands):
+        return None
+    flat = em.ints([-1, shape[-1]], f"{node.name}/rows_shape")
+    parts = [em.add("Reshape", [v, flat], hint=f"{v}/rows") for v in made[0]]
+    return em.add("Add", parts, hint=f"{x.name}/rows")
 
 
 def _pool_attrs(a: dict[str, Any], spatial: int = 2) -> dict[str, Any]:

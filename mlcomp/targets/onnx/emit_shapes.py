@@ -232,6 +232,17 @@ def _filled(value_key: str | None, fill: Any = None) -> Rule:
     return rule
 
 
+def _arange(em: Emitter, node: Node, a: dict[str, Any]) -> None:
+    """``arange(start, end, step)`` of numbers: the values as one initializer (a size that is a value declines)."""
+    bounds = [a["start"], a["end"], a.get("step", 1)]
+    if not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds):
+        raise Decline(f"arange over computed bounds {bounds}")
+    if a.get("device") is not None and torch.device(a["device"]).type != "cpu":
+        raise Decline(f"a tensor on {a['device']}")
+    meta = node.tensor_meta
+    em.alias(node, em.const(torch.arange(*bounds, dtype=meta.dtype), meta.dtype, node.name))
+
+
 def _constant_pad(em: Emitter, node: Node, a: dict[str, Any]) -> None:
     pad, rank = list(a["pad"]), len(node.tensor_meta.shape)
     if len(pad) % 2 or len(pad) // 2 > rank or any(p < 0 for p in pad):
@@ -251,7 +262,7 @@ SHAPE_RULES: dict[Any, Rule] = {
     aten("unsqueeze"): _unsqueeze, aten("slice.Tensor"): _slice, aten("select.int"): _select,
     aten("split_with_sizes"): _split, aten("split.Tensor"): _split, aten("cat"): _cat,
     aten("gather"): _gather, aten("index_select"): _index_select,
-    aten("scalar_tensor"): _filled("s"), aten("full"): _filled("fill_value"),
+    aten("scalar_tensor"): _filled("s"), aten("full"): _filled("fill_value"), aten("arange.start_step"): _arange,
     aten("full_like"): _filled("fill_value"), aten("zeros_like"): _filled(None, 0), aten("ones_like"): _filled(None, 1),
     aten("constant_pad_nd"): _constant_pad, aten("slice_scatter"): _slice_scatter, aten("copy"): _copy,
 }

@@ -122,17 +122,10 @@ def checked(proto: Any, name: str) -> bytes:
     return model
 
 
-INT8_SESSION_OFF = ("SkipLayerNormFusion",)
-"""ORT graph optimizers a quantized model's session runs without.  A residual add kept float before a
-layer norm would become ``SkipLayerNormalization``, whose CPU kernel is slower than the float ``Add``
-and ``LayerNormalization`` it replaces (docs/decisions/0033-int8-bert-parity.md)."""
-
-
 def make_session(model: bytes | str, *, threads: int | None = None, device: str = "cpu",
-                 optimized: Path | None = None, disabled: tuple[str, ...] = ()):
-    """An ``InferenceSession`` with ``ORT_ENABLE_ALL`` (CUDA EP first for ``device="cuda"``) but the
-    optimizers named in ``disabled``; ``optimized``: where the session writes the model it runs after its
-    graph optimisations."""
+                 optimized: Path | None = None):
+    """An ``InferenceSession`` with ``ORT_ENABLE_ALL`` (CUDA EP first for ``device="cuda"``); ``optimized``:
+    where the session writes the model it runs after its graph optimisations."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -148,7 +141,7 @@ def make_session(model: bytes | str, *, threads: int | None = None, device: str 
             raise MlcompError("onnxruntime here has no CUDA execution provider",
                               hint="install onnxruntime-gpu, or compile with --device cpu")
         providers.insert(0, "CUDAExecutionProvider")
-    return ort.InferenceSession(model, so, providers=providers, disabled_optimizers=list(disabled) or None)
+    return ort.InferenceSession(model, so, providers=providers)
 
 
 class OrtRuntime:
@@ -167,8 +160,7 @@ class OrtRuntime:
         self.rewritten = rewritten      # what onnx_patterns.ort_friendly rewrote before export
         self.threads = threads
         self.device = device
-        self.disabled = INT8_SESSION_OFF if int8 else ()
-        self.session = make_session(model, threads=threads, device=device, disabled=self.disabled)
+        self.session = make_session(model, threads=threads, device=device)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         # the session's C++ run: the Python wrapper re-validates the feed on every call
@@ -288,15 +280,14 @@ class OnnxRuntimeTarget(Target):
 
 
 def executed_int8(model: bytes, *, threads: int | None = None, device: str = "cpu") -> Int8Record:
-    """Which compute ops ORT runs in int8: the op types of the model a session writes after optimising
-    (a quantized model's session: without :data:`INT8_SESSION_OFF`)."""
+    """Which compute ops ORT runs in int8: the op types of the model a session writes after optimising."""
     import tempfile
 
     import onnx
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "optimized.onnx"
-        make_session(model, threads=threads, device=device, optimized=path, disabled=INT8_SESSION_OFF)
+        make_session(model, threads=threads, device=device, optimized=path)
         proto = onnx.load(str(path), load_external_data=False)
     return Int8Record.from_op_types(Counter(n.op_type for n in proto.graph.node))
 

@@ -34,7 +34,6 @@ module is kept untimed.  The choice and why is ``runtime.choice`` (manifest
 """
 from __future__ import annotations
 
-import contextlib
 import enum
 import io
 import time
@@ -42,7 +41,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import torch
 
@@ -50,6 +49,7 @@ from mlcomp.base.errors import MlcompError
 from mlcomp.base.quiet import quiet_torch
 from mlcomp.hardware import decide as decide_mod
 from mlcomp.hardware.decide import Decision, DecisionPolicy, Verdict, call_samplers, decide
+from mlcomp.hardware.threads import threads
 from mlcomp.hardware.timing import Clock
 from mlcomp.ir import Graph, Mode, TensorMeta
 from mlcomp.ir.ops import Op
@@ -63,20 +63,6 @@ __all__ = ["CpuTarget", "OptimizeChoice", "OptimizeReason", "TorchScriptRuntime"
            "trace_frozen", "trace_module", "threads"]
 
 PAYLOAD = "model.pt"
-
-
-@contextlib.contextmanager
-def threads(n: int | None) -> Iterator[None]:
-    """Run with ``n`` intra-op threads, restoring the previous count (no-op for ``None``)."""
-    if not n or n == torch.get_num_threads():
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def require_inference(graph: Graph, target: str) -> None:

@@ -93,11 +93,29 @@ def _mentions(expr: Any, var: Any) -> bool:
     return any(v.same_as(var) for v in undefined_vars(expr))
 
 
+def _candidate(sch: Any, infos: list[Any] | None) -> bool:
+    """What both plans need: float32 blocks, at least one a reduction, the last elementwise, and each
+    block's loops static, one per axis."""
+    if len(infos or ()) < 2 or not infos[-1].is_injective() or all(i.is_injective() for i in infos):
+        return False
+    if any(str(sch.get(i.block_rv).writes[0].source.dtype) != "float32" for i in infos):
+        return False
+    for info in infos:
+        loops = sch.get_loops(info.block_rv)
+        if len(loops) != len(info.dom_kind()) or any(_static(sch, lp) is None for lp in loops):
+            return False
+    return True
+
+
+def _lanes(vector_bits: int) -> int:
+    """float32 lanes of registers of ``vector_bits``."""
+    return max(2, vector_bits // 32)
+
+
 def _plan(sch: Any, infos: list[Any], lanes: int) -> tuple[int, int] | None:
-    """``(rows, w)``: how many leading axes are the rows and the vector width, or None (not a row reduction)."""
+    """``(rows, w)``: how many leading axes are the rows and the vector width, or None (not a row reduction).
+    ``infos`` passed :func:`_candidate`."""
     kinds = [i.dom_kind() for i in infos]
-    if len(infos) < 2 or not infos[-1].is_injective() or all(i.is_injective() for i in infos):
-        return None
     rows = min(len(k) - len(k.lstrip("S")) for k in kinds)
     if rows == 0 or any(k.endswith("R") and len(k) != rows + 1 for k in kinds):
         return None
@@ -105,13 +123,10 @@ def _plan(sch: Any, infos: list[Any], lanes: int) -> tuple[int, int] | None:
         return None
     widths = set()
     for info in infos:
-        loops = sch.get_loops(info.block_rv)
-        if len(loops) != len(info.dom_kind()) or any(_static(sch, lp) is None for lp in loops):
-            return None
         if info.dom_kind().endswith("R"):
             if not _row_axis_contiguous(sch.get(info.block_rv)):
                 return None
-            widths.add(row_width(_static(sch, loops[-1]), lanes))
+            widths.add(row_width(_static(sch, sch.get_loops(info.block_rv)[-1]), lanes))
     if None in widths or len(widths) != 1:
         return None
     return rows, widths.pop()
@@ -164,16 +179,13 @@ def _schedule(sch: Any, infos: list[Any], rows: int, w: int, parallel_min: int |
 
 
 def _column_plan(sch: Any, infos: list[Any], lanes: int) -> tuple[int, int] | None:
-    """``(rows, w)`` for reductions down columns (``"columns"`` of :data:`BLOCK_STEPS`), or None."""
+    """``(rows, w)`` for reductions down columns (``"columns"`` of :data:`BLOCK_STEPS`), or None.
+    ``infos`` passed :func:`_candidate`."""
     last = infos[-1]
     rows = len(last.dom_kind())
-    if len(infos) < 2 or not last.is_injective() or all(i.is_injective() for i in infos) \
-            or any(i.dom_kind() not in ("S" * rows, "S" * rows + "R") for i in infos):
+    if any(i.dom_kind() not in ("S" * rows, "S" * rows + "R") for i in infos):
         return None
     for info in infos:
-        loops = sch.get_loops(info.block_rv)
-        if len(loops) != len(info.dom_kind()) or any(_static(sch, lp) is None for lp in loops):
-            return None
         block = sch.get(info.block_rv)
         if info.dom_kind().endswith("R"):
             red, col = block.iter_vars[-1].var, block.iter_vars[-2].var
@@ -237,9 +249,9 @@ def row_reduction_rule(vector_bits: int, parallel_min: int | None) -> Any:
             if prepared is None:
                 return None
             sch, infos = prepared
-            if not infos or any(str(sch.get(i.block_rv).writes[0].source.dtype) != "float32" for i in infos):
+            if not _candidate(sch, infos):
                 return None
-            lanes = max(2, vector_bits // 32)
+            lanes = _lanes(vector_bits)
             plan, step = _plan(sch, infos, lanes), _schedule
             if plan is None:
                 plan, step = _column_plan(sch, infos, lanes), _column_schedule
@@ -277,9 +289,7 @@ def as_reductions(mod: Any, vector_bits: int) -> tuple[Any, int]:
             continue
         sch = s_tir.Schedule(func)
         infos = normalize_prim_func(sch)
-        if not infos or any(str(sch.get(i.block_rv).writes[0].source.dtype) != "float32" for i in infos):
-            continue
-        if _plan(sch, infos, max(2, vector_bits // 32)) is not None:
+        if _candidate(sch, infos) and _plan(sch, infos, _lanes(vector_bits)) is not None:
             mod[gv] = func.with_attr("op_pattern", COMM_REDUCE)
             changed += 1
     return mod, changed

@@ -27,6 +27,8 @@ class FakeProcess:
 
     def __init__(self, index: int, speed: dict[str, float], log: list[tuple[int, str, str]]) -> None:
         self.index, self.speed, self.log = index, speed, log
+        self.pid = 1000 + index
+        self.watched: list[int] = []
         self.hosted: dict[str, float] = {}
         self.pending: list[str] = []
         self.closed = False
@@ -60,6 +62,12 @@ class FakeProcess:
     def kill(self) -> None:
         self.log.append((self.index, "kill", ""))
 
+    def watch(self, pids: list[int]) -> None:
+        self.watched = list(pids)
+
+    def stats(self) -> dict[str, float]:
+        return {"imports": 2.0 - self.index, "total": 3.0}
+
 
 class Saveable:
     """An artifact as the pool sees it: a manifest and ``save``."""
@@ -77,10 +85,11 @@ def fake_pool(speed: dict[str, float], procs: int = 2):
     log: list[tuple[int, str, str]] = []
     made: list[FakeProcess] = []
 
-    def spawn(feed: Path, **_: Any) -> FakeProcess:
+    def spawn(feed: Path, n: int, **_: Any) -> list[FakeProcess]:
         assert feed.exists()
-        made.append(FakeProcess(len(made), speed, log))
-        return made[-1]
+        base = len(made)
+        made.extend(FakeProcess(base + i, speed, log) for i in range(n))
+        return made[-n:]
     pool = WorkerPool([], warmup=1, block_s=0.01, procs=procs, spawn=spawn)
     return pool, made, log
 
@@ -102,6 +111,8 @@ def test_the_timing_processes_are_started_once_and_every_candidate_is_loaded_int
     assert rounds == [[2e-3, 1e-3], [4e-3, 2e-3], [2e-3, 1e-3], [4e-3, 2e-3]]
     assert {(i, n) for i, verb, n in log if verb == "drop"} == {(0, "tvm"), (1, "tvm"), (0, "cpu"), (1, "cpu")}
     assert pool.groups["cpu"].per_process == [[2e-3, 2e-3], [4e-3, 4e-3]]
+    assert [p.watched for p in made] == [[1000, 1001]] * 2       # each watches every timing process for quiet
+    assert pool.cpu_seconds() == [{"imports": 2.0, "total": 3.0}, {"imports": 1.0, "total": 3.0}]
 
 
 def test_a_disabled_pool_starts_nothing_and_a_missing_candidate_is_a_worker_error():
@@ -143,7 +154,7 @@ def test_clear_losers_stop_being_sampled_and_near_ones_do_not():
     gone = ranking.eliminated["slow"]
     assert gone.after_rounds == auto_rank.MIN_ROUNDS and gone.leader == "fast" and gone.ratio > ELIMINATE_ABOVE
     assert gone.p_value < auto_rank.ALPHA and gone.why.startswith("eliminated after 6 rounds: ")
-    assert taken["slow"] == 6 and taken["near"] > 6 and ranking.p_values["near"] < auto_rank.ALPHA
+    assert taken["slow"] == 6 and taken["near"] >= 6 and ranking.p_values["near"] < auto_rank.ALPHA
 
 
 def test_a_loser_that_sometimes_wins_is_not_eliminated_early():
@@ -221,3 +232,48 @@ def test_a_pool_that_hosted_nothing_is_killed_not_waited_for():
         pool.start()
     assert [(i, verb) for i, verb, _ in log] == [(0, "kill"), (1, "kill")] and all(p.closed for p in made)
     assert pool.started == 0 and not pool.enabled
+
+
+def test_the_ranking_stops_once_the_leader_is_decided_against_every_contender():
+    """1.2x slower in every round: decided after MIN_ROUNDS, long before the budget; alternating 0.9x/1.1x
+    (undecided) goes on until the budget is spent."""
+    policy = TimingPolicy(warmup=0, budget_s=1.0, min_repeats=3, max_repeats=400)
+    decided = auto_rank.rank_samplers({"a": lambda: 1e-3, "b": lambda: 1.2e-3}, policy, clock=_ticks())
+    assert decided.picked == "a" and decided.rounds == auto_rank.MIN_ROUNDS and decided.tie_break_rounds == 0
+    assert decided.decision().verdict.value == "decided"
+    seq = itertools.cycle([0.9, 1.1])
+    noisy = auto_rank.rank_samplers({"a": lambda: 1e-3, "b": lambda: 1e-3 * next(seq)}, policy, clock=_ticks())
+    assert noisy.rounds > auto_rank.MIN_ROUNDS and noisy.decision().verdict.value == "undecided"
+
+
+def test_timing_processes_started_before_the_capture_are_killed_when_no_ranking_needs_them(captured):
+    """A pool started early (as mlcomp.compile does before capturing) and then not wanted (here: timed in
+    this process) is killed, not waited for, and the compile times its candidates without it."""
+    from mlcomp.frontend.loading import load_model
+
+    module, inputs, graph = captured("mlp", 2)
+    source = load_model(module, example_inputs=inputs)
+    pool, made, log = fake_pool({"a": 1e-3, "b": 2e-3})
+    pool.start()
+    clock = FakeClock()
+    fakes = [FakeTarget("a", clock, 1e-3), FakeTarget("b", clock, 2e-3)]
+    policy = TimingPolicy(warmup=1, budget_s=0.01, min_repeats=3, max_repeats=12)
+    result = compile_auto(source, graph, candidates=fakes, pipeline="", policy=policy, clock=clock, isolate=False,
+                          pool=pool)
+    assert result.artifact.target == "a" and result.artifact.manifest["auto"]["timing"]["processes"] == 0
+    assert [(i, verb) for i, verb, _ in log] == [(0, "kill"), (1, "kill")] and all(p.closed for p in made)
+
+
+def test_the_environment_selects_the_previous_timing_schemes(monkeypatch):
+    """Forked processes and a quiet wait by default; MLCOMP_AUTO_PROCESSES=spawn starts each afresh,
+    MLCOMP_AUTO_SETTLE=fixed settles with calls: the pool passes them to its spawner."""
+    from mlcomp.api.auto import workers
+
+    seen = []
+    pool = WorkerPool([], warmup=1, block_s=0.01, procs=2, spawn=lambda feed, n, **kw: seen.append(kw) or [])
+    with pool:
+        pool.start()
+    monkeypatch.setenv("MLCOMP_AUTO_PROCESSES", "spawn")
+    monkeypatch.setenv("MLCOMP_AUTO_SETTLE", "fixed")
+    assert (seen[0]["fork"], seen[0]["quiet"]) == (True, True)
+    assert workers._variant() == {"fork": False, "quiet": False}

@@ -4,13 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlcomp.dynamo.joint import JointRefused
+from mlcomp.dynamo.joint import JointRefused, forward_closure
 from mlcomp.dynamo.joint_split import cut, split_joint
 from mlcomp.ir import Mode
 from mlcomp.ir.builder import GraphBuilder
 from mlcomp.ir.interpreter import evaluate
 from mlcomp.ir.node import Phase
-from mlcomp.ir.ops import aten
+from mlcomp.ir.ops import GETITEM, aten
 
 
 def joint(*, late_forward: bool = False):
@@ -49,6 +49,20 @@ def test_forward_then_backward_compute_what_the_joint_graph_computes():
     backward = evaluate(parts.backward, *forward[1:], t)
     assert torch.equal(forward[0], whole[0])
     assert all(torch.equal(a, b) for a, b in zip(backward, whole[1:]))
+
+
+def test_the_forward_closure_is_what_the_outputs_read_and_the_projections_of_its_tuples():
+    """out = dropout(x)[0]; the mask (projection 1 of the same tuple) only the backward reads."""
+    b = GraphBuilder("d", mode=Mode.TRAINING)
+    x, t = b.input("x", (4, 8)), b.input("t", (4, 8))
+    pair = b.call(aten("native_dropout"), x, 0.5, True, name="pair")
+    out, mask = b.call(GETITEM, pair, 0, name="out"), b.call(GETITEM, pair, 1, name="mask")
+    grad = b.call(aten("native_dropout_backward"), t, mask, 2.0, name="grad")
+    graph = b.output(out, grad)
+    assert forward_closure(graph, 1) == {"x", "pair", "out", "mask"}
+    assert forward_closure(graph, 2) == {"x", "t", "pair", "out", "mask", "grad"}
+    assert forward_closure(graph, 0, extra=["pair"]) == {"pair", "out", "mask"}    # extra's projections too
+    assert forward_closure(joint(), 1) == {"x", "fc.weight", "wt", "mm", "out"}    # g, gt, dw, dx: backward
 
 
 def test_a_forward_node_reading_the_backward_is_refused():

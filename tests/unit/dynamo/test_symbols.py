@@ -10,11 +10,13 @@ from mlcomp.base.errors import InputSpecError
 from mlcomp.dynamo.lower import drop_bound_asserts
 from mlcomp.dynamo.options import BY_RULE, INFERENCE_CANDIDATES, INFERENCE_TIMING, BackendOptions
 from mlcomp.dynamo.partition import representable
+from mlcomp.dynamo.report import size_ranges
 from mlcomp.dynamo.symbols import bind_examples, name_dimensions
-from mlcomp.dynamo.target_rule import pick_target
+from mlcomp.dynamo.target_rule import FAMILIES, flop_shares, pick_target
+from mlcomp.frontend.capture import capture_module
 from mlcomp.frontend.dynamic import parse_dynamic
 from mlcomp.ir import Graph, Node, TensorMeta
-from mlcomp.ir.ops import INPUT
+from mlcomp.ir.ops import INPUT, Category, category_names
 from mlcomp.ir.symbols import SizeRange
 
 
@@ -103,8 +105,6 @@ def test_bad_dynamic_option_is_refused_before_any_graph():
 
 
 def conv_then_linear(channels: int, features: int) -> Graph:
-    from mlcomp.frontend.capture import capture_module
-
     model = torch.nn.Sequential(torch.nn.Conv2d(3, channels, 3), torch.nn.Flatten(),
                                 torch.nn.Linear(channels * 6 * 6, features)).eval()
     return capture_module(model, (torch.randn(2, 3, 8, 8),))
@@ -116,3 +116,22 @@ def test_rule_follows_the_flop_share_and_skips_a_missing_target():
     target, why = pick_target(gemm_heavy)
     assert target == "cpu" and why.startswith("matmul 99% of heavy FLOPs") and why.endswith(": cpu (rule)")
     assert pick_target(conv_heavy, available=lambda name: name != "onnxruntime")[0] == "cpu"
+
+
+def test_the_heavy_families_are_the_irs_compute_ops_batch_norm_aside():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 6 * 6, 8)).eval()
+    conv, linear = 2 * (2 * 4 * 6 * 6) * 3 * 3 * 3, 2 * 2 * (4 * 6 * 6) * 8     # multiply-adds, twice
+    shares = flop_shares(capture_module(model, (torch.randn(2, 3, 8, 8),)))
+    assert shares == pytest.approx({"convolution": conv / (conv + linear), "matmul": linear / (conv + linear)})
+    assert "_native_batch_norm_legit_no_training" not in FAMILIES
+    assert set(FAMILIES) <= set(category_names(Category.COMPUTE))
+    assert FAMILIES["_scaled_dot_product_flash_attention_for_cpu"] == FAMILIES["bmm"] == "matmul"
+
+
+def test_the_reports_size_ranges_read_back_as_the_ranges_they_came_from():
+    sizes = {"seq": [8, 512], "batch": [1, None]}
+    lines = size_ranges(sizes)
+    assert [line.split()[0] for line in lines] == ["batch", "seq"]
+    assert {name: SizeRange.parse(text) for name, text in (line.split() for line in lines)} == \
+        {"batch": SizeRange(1), "seq": SizeRange(8, 512)}

@@ -125,3 +125,10 @@ def test_call_samplers_warm_up_then_time_one_call_with_lead_in():
     assert calls == ["call", "call"]                         # the warm-up
     assert samplers["f"]() == pytest.approx(0.125)            # one lead-in call untimed, one timed, scaled
     assert len(calls) == 4
+
+
+def test_the_sign_test_is_twice_the_smaller_binomial_tail_exactly():
+    from fractions import Fraction
+
+    assert sign_test([0.5] + [2.0] * 9) == pytest.approx(float(2 * Fraction(1 + 10, 2 ** 10)), rel=1e-12)  # k=1, n=10
+    assert sign_test([0.5] * 3 + [2.0] * 3) == 1.0                                         # balanced: capped at 1

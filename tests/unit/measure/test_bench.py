@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.units import fmt_bytes
 from mlcomp.hardware.peak_memory import PeakMemory
+from mlcomp.hardware.threads import threads
 from mlcomp.hardware.timing import (
     BenchConfigError,
     TimingPolicy,
@@ -31,10 +32,8 @@ from mlcomp.measure.bench_results import to_csv
 @pytest.fixture(autouse=True)
 def _one_thread():
     """One intra-op thread: on a small shared machine OpenMP spin-waits dominate tiny ops otherwise."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+    with threads(1):
+        yield
 
 
 class FakeClock:

@@ -148,7 +148,7 @@ def test_onnxruntime_runs_int8_kernels(tmp_path):
     assert "QLinearConv" in ran and ran & {"QGemm", "QLinearMatMul", "MatMulIntegerToFloat"}, ran
     assert "Conv" not in ran
     got = torch.from_numpy(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0])
-    # the interpreter computes what ORT's kernels do; the last QGemm writes float (its integer sum scaled
+    # the interpreter computes what ORT's kernels do; the last linear writes float (its integer sum scaled
     # once), the interpreter sums dequantized floats: equal to float rounding
     torch.testing.assert_close(got, Interpreter(out).run(x)[0], rtol=1e-5, atol=1e-6)
 

@@ -16,7 +16,7 @@ onnx = pytest.importorskip("onnx")
 
 pytestmark = pytest.mark.ort
 
-INT8 = ("QLinearConv", "QLinearMatMul", "QGemm", "QLinearAdd", "QLinearMul", "QLinearSoftmax",
+INT8 = ("QLinearConv", "QLinearMatMul", "QGemm", "MatMulIntegerToFloat", "QLinearAdd", "QLinearMul", "QLinearSoftmax",
         "QLinearGlobalAveragePool", "MatMulInteger")
 
 
@@ -82,8 +82,9 @@ def test_residual_net_runs_the_same_int8_kernels_as_orts_own_quantizer(tmp_path)
     model, x = Net().eval(), torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
     mine = ours(model, x, "-O2,quantize", tmp_path)
     own = theirs(model, x, tmp_path)
-    assert _int8(mine) == _int8(own) == {"QLinearConv": 3, "QLinearAdd": 1, "QLinearGlobalAveragePool": 1,
-                                         "QGemm": 1}, (mine, own)
+    same = {"QLinearConv": 3, "QLinearAdd": 1, "QLinearGlobalAveragePool": 1}
+    # the linear: ORT's QGemm for quantize_static's Gemm, MatMulIntegerToFloat as mlcomp writes it
+    assert _int8(mine) == {**same, "MatMulIntegerToFloat": 1} and _int8(own) == {**same, "QGemm": 1}, (mine, own)
     assert not {"Conv", "Add", "Relu", "ReduceMean", "GlobalAveragePool"} & set(mine), mine
     assert mine["QuantizeLinear"] <= own["QuantizeLinear"] + 1 and mine["DequantizeLinear"] <= own["DequantizeLinear"] + 1
 
@@ -94,24 +95,25 @@ def test_attention_softmax_and_products_run_in_int8(tmp_path):
     model = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
     x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(7))
     mine = ours(model, x, "fold-constants,quantize", tmp_path)
-    assert mine["QLinearSoftmax"] == 1 and mine["QLinearMatMul"] == 2, mine      # scores and the weighted sum
-    assert mine["QGemm"] == 4, mine                  # the input and out projections, both feed-forward linears
-    assert not {"Softmax", "IsNaN", "Where", "MatMul", "Gemm"} & set(mine), mine
-    assert "SkipLayerNormalization" in mine          # the residual adds stay float, fused with the layer norm
+    assert mine["QLinearMatMul"] == 2, mine          # scores and the weighted sum
+    assert mine["Softmax"] == 1 and "QLinearSoftmax" not in mine, mine   # float softmax of the int8 scores
+    assert mine["MatMulIntegerToFloat"] == 4, mine   # the input and out projections, both feed-forward linears
+    assert not {"IsNaN", "Where", "MatMul", "Gemm"} & set(mine), mine
+    assert mine["LayerNormalization"] == 2 and "SkipLayerNormalization" not in mine   # float sums on the rows
 
 
 @pytest.mark.slow
 def test_sequence_first_attention_projections_and_scalings_in_int8(tmp_path):
-    """Sequence-first attention: the input projection is an addmm (QGemm), and q and k's scalar multiplies
-    become dequantize scales (no float Mul left)."""
+    """Sequence-first attention: the input projection is an addmm (MatMulIntegerToFloat), and q and k's scalar
+    multiplies become dequantize scales (the one float Mul left scales the int8 scores into the softmax)."""
     torch.manual_seed(0)
     model = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0).eval()
     x = torch.randn(6, 2, 16, generator=torch.Generator().manual_seed(7))
     mine = ours(model, x, "-O2,quantize", tmp_path)
-    assert mine["QGemm"] == 4 and mine["QLinearMatMul"] == 2 and mine["QLinearSoftmax"] == 1, mine
-    assert not {"Mul", "Softmax", "MatMul", "Gemm"} & set(mine), mine
+    assert mine["MatMulIntegerToFloat"] == 4 and mine["QLinearMatMul"] == 2 and mine["Softmax"] == 1, mine
+    assert mine["Mul"] == 1 and not {"QLinearSoftmax", "MatMul", "Gemm"} & set(mine), mine
     with_mul = ours(model, x, "-O2,quantize{fold_scalars=false}", tmp_path)
-    assert with_mul["Mul"] == 2, with_mul
+    assert with_mul["Mul"] == 3, with_mul
 
 
 def test_compile_o2_quantize_with_calibration_iterable():
@@ -148,26 +150,31 @@ def test_third_party_within_the_declared_metric(name):
 
 
 def test_bert_int8_runs_orts_int8_kernels_without_skip_layer_norm(tmp_path):
-    """A ``transformers`` BERT (2 layers) in the runtime's own session: per layer six QGemm, two
-    QLinearMatMul and a QLinearSoftmax; the residual adds a float Add and LayerNormalization (the session
-    runs without SkipLayerNormFusion); three quantize per layer and no dequantize (the softmax's
-    probabilities reach P·V on their own grid; linears read in float write float); the embedding sum float."""
+    """A ``transformers`` BERT (2 layers) in a plain ``InferenceSession`` of the saved ``model.onnx`` (ORT's
+    defaults: every optimizer on): per layer six MatMulIntegerToFloat (bias inside; no QGemm), two
+    QLinearMatMul and a float Softmax of the int8 scores (``Cast``, ``Mul``: no QLinearSoftmax); the residual
+    adds a float Add and LayerNormalization on ``[rows, width]`` (no SkipLayerNormalization); per layer seven
+    quantize (three inputs of linears; q, k, v and the probabilities for the int8 products) and no
+    dequantize; the embedding sum float."""
     pytest.importorskip("transformers")
     import mlcomp
     from mlcomp.models.third_party import build_third_party
-    from mlcomp.targets.onnx.target import INT8_SESSION_OFF, make_session
     model, inputs = build_third_party("bert", batch=2)
     art = mlcomp.compile(model, inputs, target="onnxruntime",
                          pipeline="fold-batchnorm,fold-constants,cleanup,quantize")
-    assert art.runtime.disabled == INT8_SESSION_OFF
-    make_session(art.runtime.model, optimized=tmp_path / "opt.onnx", disabled=art.runtime.disabled)
+    saved = art.save(tmp_path / "bert-int8") / "model.onnx"
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    plain = ort.InferenceSession(str(saved), so, providers=["CPUExecutionProvider"])
     ops = Counter(n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node)
     layers = 2
-    assert (ops["QGemm"], ops["QLinearMatMul"], ops["QLinearSoftmax"]) == (6 * layers, 2 * layers, layers), ops
-    assert "SkipLayerNormalization" not in ops and ops["LayerNormalization"] == 2 * layers + 1, ops
-    assert ops["QuantizeLinear"] == 3 * layers and "DequantizeLinear" not in ops, ops    # outputs read in float: float
-    assert not {"MatMul", "Gemm", "Softmax"} & set(ops), ops
-    assert ops["Gather"] == ops["Cast"] == ops["Mul"] == 1, ops      # the int8 word table, scaled after the lookup
+    assert (ops["MatMulIntegerToFloat"], ops["QLinearMatMul"], ops["Softmax"]) == (6 * layers, 2 * layers, layers), ops
+    assert not {"QGemm", "QLinearSoftmax", "SkipLayerNormalization", "MatMul", "Gemm"} & set(ops), ops
+    assert ops["LayerNormalization"] == 2 * layers + 1 and ops["Add"] == 2 * layers + 2, ops   # + embeddings
+    assert ops["QuantizeLinear"] == 7 * layers and "DequantizeLinear" not in ops, ops
+    got = plain.run(None, {plain.get_inputs()[0].name: inputs[0].numpy()})[0]
+    assert torch.equal(torch.from_numpy(got), art(*inputs))       # the file is what the artifact runs
+    assert ops["Gather"] == 1 and ops["Cast"] == ops["Mul"] == 1 + layers, ops   # + the int8 word table's lookup
     st = next(p for p in art.manifest["pipeline_report"]["passes"] if p["name"] == "quantize")["stats"]
     assert st["ranges_shared"] == layers and "add" in st["kept_float"]
 

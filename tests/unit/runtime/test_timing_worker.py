@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -82,15 +84,56 @@ def test_a_hosting_process_loads_several_samples_each_and_drops_on_request(saved
     assert [list(m) for m in lines[3:]] == [["sample"], ["sample"]] and all(m["sample"] > 0 for m in lines[3:])
 
 
-def test_a_hosting_process_times_two_artifacts_in_one_process(saved):
+def _gone(pid: int, patience_s: float = 10.0) -> bool:
+    """Whether ``pid`` has exited and been reaped (polled up to ``patience_s``: exits are not instant)."""
+    end = time.monotonic() + patience_s
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_group_of_timing_processes_is_forked_from_one_start_up_and_leaves_nothing_behind(saved):
+    """Two hosting processes from one zygote: the second is the zygote's fork (its parent), both host and
+    sample, a sibling that dies is a WorkerError that says so, and after close no process is left."""
     folder, feed, _ = saved
-    with HostWorker.spawn_host(feed, threads=1, warmup=1, block_s=0.01) as worker:
-        worker.host("a", folder)
-        worker.host("b", folder)
-        ready = worker.wait_hosted(timeout=300)
-        a, b = worker.sampler("a")(), worker.sampler("b")()
-        worker.drop("a")
-        assert sorted(ready) == ["a", "b"] and a > 0 and b > 0 and list(worker.hosted) == ["b"]
+    workers = HostWorker.spawn_group(feed, 2, threads=1, warmup=1, block_s=0.01)
+    zygote, sibling = workers
+    try:
+        for worker in workers:
+            worker.host("a", folder)
+            worker.host("b", folder)
+        ready = [w.wait_hosted(timeout=300) for w in workers]
+        pids = [w.pid for w in workers]
+        ppid = int(Path(f"/proc/{sibling.pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert ppid == zygote.pid and len(set(pids)) == 2
+        for worker in workers:
+            worker.watch(pids)
+        samples = [w.sampler(n)() for w in workers for n in ("a", "b")]
+        stats = [w.stats() for w in workers]
+        assert all(sorted(r) == ["a", "b"] for r in ready) and all(s > 0 for s in samples)
+        assert stats[0]["threads_at_fork"] >= 1 and all(s["samples"] > 0 and s["total"] > 0 for s in stats)
+        os.kill(sibling.pid, signal.SIGKILL)                # a timing process that dies
+        with pytest.raises(WorkerError, match="the timing process for timing process 1 failed: it exited"):
+            sibling.sampler("a")()
+        assert zygote.sampler("b")() > 0                    # the other one still answers
+    finally:
+        for worker in reversed(workers):
+            worker.close()
+    assert _gone(pids[0]) and _gone(pids[1])
+
+
+def test_a_group_killed_while_it_imports_leaves_no_process():
+    workers = HostWorker.spawn_group(Path("no-inputs.pt"), 2, threads=1, warmup=1, block_s=0.01)
+    zygote = workers[0].pid
+    for worker in workers:                                  # as a pool that hosted nothing is discarded
+        worker.kill()
+    for worker in workers:
+        worker.close()
+    assert _gone(zygote)
 
 
 def test_the_child_imports_this_mlcomp_first(monkeypatch):

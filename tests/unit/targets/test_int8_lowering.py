@@ -67,7 +67,7 @@ def test_openvino_runs_convolution_and_fully_connected_in_int8(tmp_path):
 def test_onnxruntime_records_its_int8_kernels():
     model, x, _ = small()
     art = mlcomp.compile(model, (x,), target="onnxruntime", pipeline="quantize")
-    assert art.runtime.int8.int8 == {"QGemm": 1, "QLinearConv": 1}, art.runtime.int8
+    assert art.runtime.int8.int8 == {"MatMulIntegerToFloat": 1, "QLinearConv": 1}, art.runtime.int8
     assert art.runtime.int8.floating == {} and art.runtime.int8.to_json()["fraction"] == 1.0
     fp32 = mlcomp.compile(model, (x,), target="onnxruntime")
     assert fp32.runtime.int8 is None and "int8" not in " ".join(fp32.runtime.explain_lines())

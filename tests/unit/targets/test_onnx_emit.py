@@ -143,6 +143,10 @@ CASES = {
     "index_select": ([((3, 4), F), ((2,), I64)], lambda b, x, i: b.call(A("index_select"), x, -1, i)),
     "embedding": ([((2, 5), I64)], lambda b, i: b.call(A("embedding"), b.param("emb.weight", _w(3, 4)), i)),
     "fills": ([((2, 3), F)], lambda b, x: (b.call(A("full_like"), x, 3.0), b.call(A("zeros_like"), x))),
+    "arange": ([((2, 5), I64)], lambda b, x: b.call(A("add.Tensor"), x, b.call(A("arange.start_step"), 2, 12, 2,
+                                                                                dtype=I64))),
+    "residual_layer_norm_on_rows": ([((2, 3, 4), F), ((2, 3, 4), F)], lambda b, x, y: b.call(GETITEM, b.call(
+        A("native_layer_norm"), b.call(A("add.Tensor"), x, y), [4], b.param("ln.weight", _w(4)), None, 1e-5), 0)),
     "pad": ([((2, 3, 4), F)], lambda b, x: b.call(A("constant_pad_nd"), x, [1, 2, 0, 1], 0.5)),
     "to_copy": ([((2, 3), I64)], lambda b, x: b.call(A("_to_copy"), b.call(A("clone"), x), dtype=F)),
     "addmm_folded": ([((3, 4), F)], _linear),

@@ -31,16 +31,16 @@ torch's thread pool (on busy cores a multi-threaded torch kernel waits for its o
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from mlcomp.hardware.probe import vector_bits as host_vector_bits
 from mlcomp.hardware.decide import Decision
 from mlcomp.hardware.noise import Load, LoadWatch
+from mlcomp.hardware.threads import threads as torch_threads
 from mlcomp.targets.tvm.offload.chains import (
     bindings_of,
     kernel_name,
@@ -334,7 +334,6 @@ def keep_small_gemms(mod: Any, report: Any, stats: dict, threads: int | None,
     ``stats["small_gemms"]`` say what moved.  ``deterministic``: nothing is probed, every GEMM stays
     a torch call (``stats["small_gemms"]`` records that fixed rule).
     """
-    import torch
     from tvm import relax
 
     t0 = time.perf_counter()
@@ -348,15 +347,10 @@ def keep_small_gemms(mod: Any, report: Any, stats: dict, threads: int | None,
             "tvm: small GEMMs as TVM code or torch calls?", ("torch", "tvm"), "torch", DETERMINISTIC_RULE).to_json()]}
         return mod
     executable = compile_probe(probe_module(calls))
-    before = torch.get_num_threads()
     watch = LoadWatch()
     watch.start()
-    try:
-        if threads:
-            torch.set_num_threads(threads)
+    with torch_threads(threads):
         decisions = measure_gemms(calls, executable, _judge)
-    finally:
-        torch.set_num_threads(before)
     load = watch.stop()
     chosen = kept_calls(decisions)
     for gv, per in found.items():
@@ -377,17 +371,5 @@ def keep_small_gemms(mod: Any, report: Any, stats: dict, threads: int | None,
 def _judge(call: GemmCall, tvm_fn: Callable[[], Any], torch_fn: Callable[[], Any]) -> Decision:
     """Whether one probed GEMM stays a torch call (the default) or becomes TVM code
     (:func:`~mlcomp.targets.tvm.offload.probe_timing.judge`: batched paired rounds, a few ms)."""
-    return judge(f"tvm: {call.describe()} as TVM code or a torch call?", tvm_fn, torch_fn, one_thread=_one_thread)
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """torch's calls on one thread inside (its count put back after)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    return judge(f"tvm: {call.describe()} as TVM code or a torch call?", tvm_fn, torch_fn,
+                 one_thread=lambda: torch_threads(1))
