@@ -55,14 +55,11 @@ def _cores_shared_by_workers():
     process keeps torch's default."""
     import os
 
+    from mlcomp.hardware.threads import threads
+
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
-    if workers < 2:
+    with threads(max(1, len(os.sched_getaffinity(0)) // workers) if workers >= 2 else None):
         yield
-        return
-    old = torch.get_num_threads()
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture
