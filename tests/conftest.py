@@ -47,6 +47,21 @@ def _no_compile_cache():
 _ABSENT = object()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cores_shared_by_workers():
+    """Under pytest-xdist (``make test``: two workers) each worker's torch gets its share of the cores as
+    intra-op threads, so the workers' OpenMP pools do not oversubscribe the machine (spin-waiting threads of
+    one worker stall the other's); tests that set a thread count restore this one.  Without xdist the
+    process keeps torch's default."""
+    import os
+
+    from mlcomp.hardware.threads import threads
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    with threads(max(1, len(os.sched_getaffinity(0)) // workers) if workers >= 2 else None):
+        yield
+
+
 @pytest.fixture
 def fresh_dynamo():
     """``backend="mlcomp"`` registered and Dynamo's caches empty before and after the test."""

@@ -141,25 +141,49 @@ def test_dropped_passes_are_recorded_and_explicit_pipelines_run_as_written():
 MODELS = ("bert", "vit", "gpt2", "gru-tagger")
 
 
-def compile_o2(name: str, target: str):
-    torch.manual_seed(0)
-    model, inputs = build_third_party(name, batch=2)
-    art = mlcomp.compile(model.eval(), inputs, target=target, pipeline="-O2", verify=True)
-    with torch.no_grad():
-        got = art(*inputs)
-        torch.testing.assert_close(got[0] if isinstance(got, tuple) else got, model(*inputs), rtol=1e-4, atol=1e-4)
-    return art
+@pytest.fixture(scope="module")
+def compile_o2():
+    """``compile_o2(name, target)``: what ``mlcomp.compile(model, inputs, target=T, pipeline="-O2")`` runs, with
+    each model built and captured once for the module (capture does not depend on the target): the up-front
+    target check, then :func:`~mlcomp.api.compiler.compile_model` on a copy of the captured graph, verified
+    against eager, and the artifact's outputs compared with eager's here too."""
+    from mlcomp.api.compiler import compile_model
+    from mlcomp.api.inputs import load_source
+    from mlcomp.api.lowering import resolve_target
+    from mlcomp.pipeline import Pipeline
+
+    captures: dict[str, tuple] = {}
+
+    def run(name: str, target: str):
+        if name not in captures:
+            torch.manual_seed(0)
+            model, inputs = build_third_party(name, batch=2)
+            source = load_source(model.eval(), inputs, {})
+            captures[name] = (model, inputs, source, source.capture())
+        model, inputs, source, graph = captures[name]
+        Pipeline.coerce("-O2").check_target(resolve_target(target, "-O2").name)
+        result = compile_model(source, graph.copy(), target=target, pipeline="-O2", verify=True)
+        assert result.check is not None      # verified against eager
+        result.check.raise_if_failed(where=f"target {target}, model {name}")
+        art = result.artifact
+        with torch.no_grad():
+            got = art(*inputs)
+            torch.testing.assert_close(got[0] if isinstance(got, tuple) else got, model(*inputs),
+                                       rtol=1e-4, atol=1e-4)
+        return art
+
+    return run
 
 
 @pytest.mark.parametrize("name", sorted(MODELS) + ["t5-encoder"])
-def test_o2_compiles_and_verifies_on_cpu(name):
+def test_o2_compiles_and_verifies_on_cpu(compile_o2, name):
     art = compile_o2(name, "cpu")
     assert "fuse" in art.manifest["pipeline"]
 
 
 @pytest.mark.ort
 @pytest.mark.parametrize("name", sorted(MODELS) + ["t5-encoder"])
-def test_o2_compiles_and_verifies_on_onnxruntime(name):
+def test_o2_compiles_and_verifies_on_onnxruntime(compile_o2, name):
     pytest.importorskip("onnxruntime")
     art = compile_o2(name, "onnxruntime")
     assert art.manifest["pipeline"] == "cleanup{fold_params=false}"
@@ -170,7 +194,7 @@ def test_o2_compiles_and_verifies_on_onnxruntime(name):
 @pytest.mark.tvm
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n == "gru-tagger" else [])
                                   for n in sorted(MODELS)])
-def test_o2_compiles_and_verifies_on_tvm(name):
+def test_o2_compiles_and_verifies_on_tvm(compile_o2, name):
     pytest.importorskip("tvm")
     art = compile_o2(name, "tvm")
     assert art.manifest["pipeline"] == "cleanup"

@@ -119,10 +119,11 @@ def test_split_regions_is_a_valid_order(captured):
 def test_threads_option_does_not_leak(captured):
     _, inputs, graph = captured("mlp")
     before = torch.get_num_threads()
-    art = get_target("cpu").compile(graph, CompileOptions(threads=1, optimize=False))
+    want = 1 if before > 1 else 2          # a count other than the process's, whatever it runs with
+    art = get_target("cpu").compile(graph, CompileOptions(threads=want, optimize=False))
     art(*inputs)
     assert torch.get_num_threads() == before
-    assert art.manifest["options"]["threads"] == 1
+    assert art.manifest["options"]["threads"] == want
 
 
 def test_options_are_checked():

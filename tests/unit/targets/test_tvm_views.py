@@ -184,6 +184,11 @@ def encoder():
     return _offloaded(TinyEncoder, 0)
 
 
+@pytest.fixture(scope="module")
+def heads_batch_first():
+    return _offloaded(HeadsBatchFirst, 0)
+
+
 @pytest.mark.tvm
 def test_sequence_first_attention_golden_ir(encoder):
     """The in-projection runs on x as given (the permute before it commutes through the linear), q/k/v
@@ -205,8 +210,8 @@ def test_sequence_first_attention_golden_ir(encoder):
 
 
 @pytest.mark.tvm
-def test_batch_first_attention_golden_ir():
-    _, _, _, _, after, _ = _offloaded(HeadsBatchFirst, 0)
+def test_batch_first_attention_golden_ir(heads_batch_first):
+    _, _, _, _, after, _ = heads_batch_first
     assert "\n".join(_views_render(after["main"])) == _HEADS_AFTER
 
 
@@ -232,9 +237,9 @@ def test_numbers_and_stats_against_eager(encoder):
 
 
 @pytest.mark.tvm
-def test_batch_first_numbers_against_eager():
+def test_batch_first_numbers_against_eager(heads_batch_first):
     """The HF way (batch-first heads, as BERT/ViT write it; the benchmark verifies those two end to end)."""
-    model, x, module, *_ = _offloaded(HeadsBatchFirst, 0)
+    model, x, module, *_ = heads_batch_first
     built = _build(module, x, view_min_elements=0)
     with torch.no_grad():
         torch.testing.assert_close(built(x)[0], model(x), rtol=1e-5, atol=1e-5)
