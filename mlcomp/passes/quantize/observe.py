@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from mlcomp.ir import Graph
 from mlcomp.ir.interpreter import Interpreter
 
-__all__ = ["Observed", "observe", "uint8_params", "kl_clip", "PERCENTILE", "SAMPLE_CAP", "BINS", "LEVELS"]
+__all__ = ["Observed", "observe", "channel_mean", "uint8_params", "kl_clip", "PERCENTILE", "SAMPLE_CAP", "BINS", "LEVELS"]
 
 PERCENTILE = 0.9999        # method=percentile: the range spans the 0.01% .. 99.99% quantiles
 SAMPLE_CAP = 1 << 20       # elements per value and sample the quantile is taken over (a strided subsample)
@@ -36,6 +36,7 @@ class Observed:
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)   # value -> (lo, hi)
     first: dict[str, torch.Tensor] = field(default_factory=dict)           # value -> float value, sample 0
     outputs: list[tuple[Any, ...]] = field(default_factory=list)           # per sample, the float outputs
+    means: dict[str, list[torch.Tensor]] = field(default_factory=dict)     # value -> per sample, channel means
 
 
 def _range(t: torch.Tensor, method: str) -> tuple[float, float]:
@@ -50,9 +51,11 @@ def _range(t: torch.Tensor, method: str) -> tuple[float, float]:
 
 
 def observe(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]], names: Sequence[str],
-            method: str, keep: Sequence[str] = ()) -> Observed:
-    """Ranges of ``names`` over ``samples``; the first sample's values of ``names`` and ``keep``."""
+            method: str, keep: Sequence[str] = (), means: Mapping[str, int] | None = None) -> Observed:
+    """Ranges of ``names`` over ``samples``; the first sample's values of ``names`` and ``keep``; per sample, the
+    mean over every axis but one of each value in ``means`` (name -> that axis: what bias correction needs)."""
     out = Observed()
+    means = means or {}
     interp = Interpreter(graph)
     wanted = set(names) | set(keep)
     with torch.no_grad():
@@ -63,11 +66,23 @@ def observe(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]], names: Se
                 lo, hi = _range(env[name], method)
                 old = out.ranges.get(name)
                 out.ranges[name] = (lo, hi) if old is None else (min(lo, old[0]), max(hi, old[1]))
+            for name, axis in means.items():
+                out.means.setdefault(name, []).append(channel_mean(env[name], axis))
             if i == 0:
                 out.first = {n: env[n] for n in wanted}
         if method == "entropy":
             out.ranges = _entropy(interp, samples, names, out.ranges)
     return out
+
+
+def channel_mean(value: torch.Tensor, axis: int) -> torch.Tensor:
+    """The mean of ``value`` over every axis but ``axis`` (float64), one per channel.
+
+    >>> channel_mean(torch.tensor([[1.0, 2.0], [3.0, 6.0]]), -1)
+    tensor([2., 4.], dtype=torch.float64)
+    """
+    axis = axis % value.dim()
+    return value.detach().double().movedim(axis, -1).reshape(-1, value.shape[axis]).mean(0)
 
 
 def _entropy(interp: Interpreter, samples: Sequence[tuple[torch.Tensor, ...]], names: Sequence[str],

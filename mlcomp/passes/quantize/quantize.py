@@ -41,8 +41,12 @@ activation ranges (``minmax``, ``percentile``, ``entropy``: :mod:`~mlcomp.passes
 measured only), ``products`` (the grids of a product of two activations' operands, attention's
 ``Q·Kᵀ`` and ``P·V``: by default the target's row of :mod:`~mlcomp.passes.quantize.grids`, zero
 points on onnxruntime, none on openvino, which runs such a product in int8 only then),
-``embeddings`` (large embedding tables looked up in int8 and scaled per column after the lookup:
-:mod:`~mlcomp.passes.quantize.embeddings`), and a declared accuracy target, ``tolerance`` (max
+``embeddings`` (large embedding tables looked up in int8 and scaled per row after the lookup:
+:mod:`~mlcomp.passes.quantize.embeddings`), ``smooth`` (a linear's input spread moved into its
+weight before quantizing, SmoothQuant's ``α``; by default the target's row, none has one:
+:mod:`~mlcomp.passes.quantize.smooth`), ``bias_correction`` (each layer's mean output shift,
+measured against fp32 on the calibration samples, added to its bias: :mod:`~mlcomp.passes.quantize.bias`),
+and a declared accuracy target, ``tolerance`` (max
 relative error of the outputs) and ``agreement`` (top-1), refused with the numbers when missed.
 A fused graph (``-O2,quantize``) is first put back as its ops (:mod:`~mlcomp.passes.quantize.unfuse`), and a linear read as ``bmm`` against its weight
 broadcast over the batch (attention's input projection on a permuted input) is written as one
@@ -76,14 +80,16 @@ from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.linearize import linearize_batched_matmuls
 from mlcomp.passes.quantize import accuracy, data
 from mlcomp.passes.quantize.absorb import absorb_scalar_muls
+from mlcomp.passes.quantize.bias import correct_biases, correctable
 from mlcomp.passes.quantize.embeddings import quantize_embeddings
 from mlcomp.passes.quantize.grids import PRODUCT_SCHEMES, Grid, operand_grids
 from mlcomp.passes.quantize.observe import observe
 from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule
 from mlcomp.passes.quantize.selection import choose, finite, unmatched
+from mlcomp.passes.quantize.smooth import smooth, smoothing_for
 from mlcomp.passes.quantize.unfuse import inline_fused
 from mlcomp.passes.quantize.write import (Writer, drop_softmax_guard, output_value, outputs_read_in_int8, plan,
-                                          ranges_through_moves)
+                                          ranges_through_moves, reader_grids)
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
 __all__ = ["Quantize", "Activations", "Granularity", "Method", "INT8_TARGETS"]
@@ -138,7 +144,12 @@ class Quantize(Pass):
     agreement: float | None = option(None, "smallest top-1 agreement with fp32 accepted", gt=0, le=1)
     fold_scalars: bool = option(True, "turn scalar multiplies of dequantized values into dequantize scales")
     embeddings: bool = option(True, "embedding tables (4096 elements or more) in int8: int8 rows looked up, "
-                              "then scaled per column")
+                              "then scaled per row")
+    bias_correction: bool = option(True, "add each quantized layer's mean output shift, measured on the "
+                                   "calibration samples against fp32, to its bias")
+    smooth: float | None = option(None, "move activation spread into the weights before quantizing linears "
+                                  "(SmoothQuant's alpha, 0 off; default: the target's row in quantize.smooth)",
+                                  ge=0, le=1)
     products: Products = option(Products.AUTO, "grids of the operands of a product of two activations: auto "
                                 "(the target's row in quantize.grids), minmax (uint8 with zero points) or "
                                 "zero-free (zero point 0, the second operand int8)")
@@ -183,12 +194,17 @@ class Quantize(Pass):
                 f"{', '.join(str(op) for op in INT8_POLICY)}; {_kept_text(kept)})",
                 where=f"graph {graph.name}", hint="drop quantize from the pipeline for this model")
         samples, held = data.held_back(self._samples(graph, ctx), self.held_back)
+        alpha = smoothing_for(ctx.target.name if ctx.target is not None else None) if self.smooth is None \
+            else self.smooth
+        smoothed = [] if self.activations is Activations.DYNAMIC else smooth(graph, layers, samples, alpha)
+        layers = [(graph.node(n.name), rule) for n, rule in layers]
         plans = {n.name: plan(graph, n, rule) for n, rule in layers}
         acts = list(dict.fromkeys([r.name for n, _ in layers for r in plans[n.name][0]]
                                   + [output_value(graph, n) for n, _ in layers]))
         dynamic = self.activations is Activations.DYNAMIC
+        axes = correctable(graph, [n for n, _ in layers]) if self.bias_correction and not dynamic else {}
         seen = observe(graph, samples, [] if dynamic else acts, self.method.value,
-                       keep=[n.name for n, _ in layers] + (acts if dynamic else []))
+                       keep=[n.name for n, _ in layers] + (acts if dynamic else []), means=axes)
         held_ref = [Interpreter(graph).run(*s) for s in held]
         layers = self._finite(graph, layers, plans, seen.ranges, kept)
         for node, rule in layers:
@@ -197,16 +213,19 @@ class Quantize(Pass):
                 drop_softmax_guard(graph, node)
         outputs = [output_value(graph, n) for n, _ in layers]
         shared = 0 if dynamic else ranges_through_moves(graph, acts, outputs, seen.ranges)
-        writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL, self._grids(ctx),
+        grids = self._grids(ctx)
+        writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL, grids,
                         None if dynamic else outputs_read_in_int8(
-                            graph, [r.name for n, _ in layers for r in plans[n.name][0]], outputs))
+                            graph, [r.name for n, _ in layers for r in plans[n.name][0]], outputs),
+                        reader_grids(graph, [(n, r, plans[n.name]) for n, r in layers], outputs, grids))
         write = writer.dynamic_layer if dynamic else writer.layer
         records = [write(n, rule, plans[n.name]) for n, rule in layers]
         absorbed = absorb_scalar_muls(graph) if self.fold_scalars else 0
         tables = quantize_embeddings(graph, self.exclude) if self.embeddings else []
+        corrected = correct_biases(graph, samples, seen.means, axes, records) if axes else 0
         stats = self._measure(graph, samples, held, seen, held_ref, records)
         stats.update(kept_float=kept, unfused_groups=unfused, batched_linears=linearized, scalar_muls_absorbed=absorbed,
-                     ranges_shared=shared, embeddings=tables)
+                     ranges_shared=shared, embeddings=tables, biases_corrected=corrected, smoothed=smoothed)
         stats["warnings"] = [f"exclude pattern {p!r} matched no node" for p in unmatched(graph, self.exclude)]
         for text in stats["warnings"]:
             warnings.warn(f"quantize: {text}", UserWarning, stacklevel=2)

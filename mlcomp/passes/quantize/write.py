@@ -24,7 +24,7 @@ from mlcomp.passes.quantize.observe import int8_weight
 from mlcomp.passes.quantize.policy import Int8Rule
 
 __all__ = ["Writer", "Plan", "plan", "weight_param", "activations", "output_value", "drop_softmax_guard",
-           "ranges_through_moves", "outputs_read_in_int8", "moved_from"]
+           "ranges_through_moves", "outputs_read_in_int8", "moved_from", "reader_grids", "operand_grids_of"]
 
 _TRANSPOSES = (aten("permute"), aten("t"), aten("transpose.int"))
 _MOVES = ELEMENT_MOVES
@@ -35,9 +35,11 @@ class Writer:
     """Inserts the pairs of one graph; ``layer`` does one int8 op and returns its record."""
 
     def __init__(self, graph: Graph, ranges: dict[str, tuple[float, float]], per_channel: bool,
-                 products: tuple[Grid, Grid] = (Grid.MINMAX, Grid.MINMAX), paired: set[str] | None = None) -> None:
+                 products: tuple[Grid, Grid] = (Grid.MINMAX, Grid.MINMAX), paired: set[str] | None = None,
+                 out_grids: dict[str, Grid] | None = None) -> None:
         self.graph, self.ranges, self.per_channel, self.products = graph, ranges, per_channel, products
         self.paired = paired    # outputs read in int8; a float-output op's others get no pair (None: all do)
+        self.out_grids = out_grids or {}    # output -> the one grid its int8 readers read it on (reader_grids)
         self.position = {n.name: i for i, n in enumerate(graph.nodes())}   # the original order, once
         # (value, grid) -> (its dequantized ref, scale, zero)
         self.pairs: dict[tuple[str, Grid], tuple[Ref, float, int]] = {}
@@ -85,7 +87,7 @@ class Writer:
         acts, found = plan
         record: dict[str, Any] = {"node": node.name, "op": str(node.op), "module": node.origin.module_path}
         in_scale = 1.0
-        grids = self.products if rule.product and found is None else (Grid.MINMAX, Grid.MINMAX)
+        grids = operand_grids_of(rule, plan, self.products)
         for i, value in enumerate(args):
             if isinstance(value, Ref) and any(a.name == value.name for a in acts):
                 grid = grids[min(i, 1)]
@@ -106,7 +108,8 @@ class Writer:
         remove_dead(g, old)            # the float weight and bias, now read by nobody
         out = Ref(output_value(g, node))
         if g.users(out.name) and (self.paired is None or out.name in self.paired or not rule.float_output):
-            dq, scale, zero = self._pair(out, self._first_user(out.name), g.node(out.name).origin)
+            dq, scale, zero = self._pair(out, self._first_user(out.name), g.node(out.name).origin,
+                                         self.out_grids.get(out.name, Grid.MINMAX))
             q_name = g.node(dq.name).inputs[0].name
             g.replace_all_uses(out.name, dq, only=lambda u: u.name not in (q_name, dq.name))
             record["output"] = {"value": out.name, "scale": scale, "zero_point": zero}
@@ -256,3 +259,27 @@ def outputs_read_in_int8(graph: Graph, values: Sequence[str], outputs: Sequence[
     int8, ``QLinearConv``, ``QLinearAdd``…, keep theirs: :attr:`Int8Rule.float_output`)."""
     produced = set(outputs)
     return {src for src in (moved_from(graph, v, scaled=True) for v in values) if src in produced}
+
+
+def operand_grids_of(rule: Int8Rule, plan: Plan, products: tuple[Grid, Grid]) -> tuple[Grid, Grid]:
+    """The grids of an int8 op's first and further activation arguments: ``products`` for a product of two
+    activations (no constant weight), else min-max."""
+    return products if rule.product and plan[1] is None else (Grid.MINMAX, Grid.MINMAX)
+
+
+def reader_grids(graph: Graph, layers: Sequence[tuple[Node, Int8Rule, Plan]], outputs: Sequence[str],
+                 products: tuple[Grid, Grid]) -> dict[str, Grid]:
+    """Each int8 op's output (``outputs``) that int8 ops read, through moves and positive scalings, on one
+    grid only: that grid.  Its output pair then goes on that grid, and the readers' pairs (same range, same
+    grid) are identities: on openvino the input projection of attention writes ``Q``, ``K`` and ``V``
+    symmetric int8 as its ``MatMul`` operands take them, instead of uint8 quantized a second time to int8
+    (a pass over each, and a second rounding).  A value read on two grids keeps min-max."""
+    produced, wants = set(outputs), {}
+    for node, rule, plan_ in layers:
+        grids, names = operand_grids_of(rule, plan_, products), {a.name for a in plan_[0]}
+        for i, value in enumerate(node.inputs):
+            src = moved_from(graph, value.name, scaled=True) if isinstance(value, Ref) and value.name in names \
+                else None
+            if src in produced:
+                wants.setdefault(src, set()).add(grids[min(i, 1)])
+    return {src: next(iter(g)) for src, g in wants.items() if len(g) == 1}

@@ -32,13 +32,18 @@ def _quantized(pipeline: str):
     return model, ids, out, stats
 
 
-def test_a_large_table_is_looked_up_in_int8_and_scaled_per_column():
+def test_a_large_table_is_looked_up_in_int8_and_scaled_per_row():
     model, ids, out, stats = _quantized("quantize")
     [table] = stats["embeddings"]
     assert table["shape"] == [100, 64] and table["module"] == "words"
     lookups = [n for n in out.call_nodes() if n.op == aten("embedding")]
-    dtypes = sorted(str(out.constants[n.inputs[0].name].dtype) for n in lookups)
-    assert dtypes == ["torch.float32", "torch.int8"], dtypes          # the two-row table stays float
+    tables = sorted((str(out.constants[n.inputs[0].name].dtype), tuple(out.constants[n.inputs[0].name].shape))
+                    for n in lookups)
+    # the int8 rows, their scales looked up with the same ids, and the two-row table kept float
+    assert tables == [("torch.float32", (2, 64)), ("torch.float32", (100, 1)), ("torch.int8", (100, 64))], tables
+    w = model.words.weight.detach()
+    scales = out.constants[next(n.inputs[0].name for n in lookups if n.name.endswith("_s"))]
+    assert torch.allclose(scales[:, 0], w.abs().amax(1) / 127)       # one symmetric scale per row
     assert not any(v.dtype == torch.float32 and tuple(v.shape) == (100, 64) for v in out.constants.values())
     with torch.no_grad():
         ref = model(ids)
@@ -65,6 +70,6 @@ def test_onnxruntime_gathers_the_int8_table(tmp_path):
     gathers = {n.input[0] for n in proto.graph.node if n.op_type == "Gather"}
     tables = {i.name: i for i in proto.graph.initializer if i.name in gathers}
     assert sorted(onnx.helper.tensor_dtype_to_np_dtype(t.data_type).name for t in tables.values()) == \
-        ["float32", "int8"]
+        ["float32", "float32", "int8"]        # the type table, the row scales, the int8 word table
     with torch.no_grad():
         assert float((art(ids) - model(ids)).abs().max() / model(ids).abs().max()) < 0.02

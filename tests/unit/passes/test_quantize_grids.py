@@ -69,6 +69,22 @@ def test_openvino_products_have_no_zero_points_and_the_second_operand_is_signed(
     assert float((got - ref).abs().max() / ref.abs().max()) <= stats["declared_tolerance"]
 
 
+@pytest.mark.parametrize("target, dtype", [("openvino", torch.int8), ("onnxruntime", torch.uint8)])
+def test_a_projection_writes_on_the_grid_its_product_reads(target, dtype):
+    """q, k, v's linears quantize their outputs once, on the grid of the product operand that reads them:
+    the operand's pair has the same scale and zero point (an identity the runtime drops), not a second
+    rounding to another grid."""
+    _, _, out, stats = _quantized(target)
+    outputs = {r["node"]: r["output"] for r in stats["layers"] if r["op"] == "aten.addmm.default"}
+    assert len(outputs) == 3 and {o["zero_point"] == 0 for o in outputs.values()} == {target == "openvino"}
+    reads = [i for r in stats["layers"] if r["op"] == "aten.bmm.default" for i in r["inputs"]]
+    written = {(round(o["scale"], 9), o["zero_point"]) for o in outputs.values()}
+    assert sum((round(i["scale"], 9), i["zero_point"]) in written for i in reads) == 3, (reads, written)
+    kinds = {out.constants[q.inputs[2].name].dtype for q in out.nodes(QUANTIZE)
+             if out.node(q.inputs[0].name).op == aten("addmm")}
+    assert kinds == {dtype}, kinds
+
+
 @pytest.mark.parametrize("target", ["onnxruntime", None])
 def test_other_targets_keep_minmax_uint8_operands(target):
     _, _, out, stats = _quantized(target)

@@ -197,8 +197,9 @@ def _quantize_stats(art):
 
 @pytest.mark.openvino
 def test_openvino_bert_computes_what_quantize_measured():
-    """A ``transformers`` BERT on openvino: every product in int8, and its output the quantized graph's
-    own (the error the pass measured running it), q and k's scalings included: absorbed into dequantize
+    """A ``transformers`` BERT on openvino: every product in int8, the word table looked up in int8, and its
+    output the quantized graph's own (the error the pass measured running it, bias corrections and q and
+    k's scalings included: absorbed into dequantize
     scales, pairs whose dequantize has another scale than its quantize, which the frontend's FakeQuantize
     alone would read with the quantize's (attention scores 8× too large)."""
     pytest.importorskip("transformers")
@@ -208,6 +209,10 @@ def test_openvino_bert_computes_what_quantize_measured():
     assert art.runtime.int8.int8 == {"FullyConnected": 12, "MatMul": 4} and art.runtime.int8.floating == {}
     st = _quantize_stats(art)
     assert st["scalar_muls_absorbed"] == 4 and st["kept_float"]["add"].startswith("no operand comes from an int8")
+    assert st["biases_corrected"] == 12                  # every linear's bias holds its measured shift
+    gathers = {i["runtimePrecision"].astype(str) for i in (op.get_rt_info() for op in
+               art.runtime.compiled.get_runtime_model().get_ops()) if i["layerType"].astype(str) == "Gather"}
+    assert "i8" in gathers, gathers                      # the word table's rows looked up in int8
     with torch.no_grad():
         ref = model(*inputs)
     simulated = st["calibration"]["max_rel"]
