@@ -85,7 +85,7 @@ from mlcomp.passes.quantize.embeddings import quantize_embeddings
 from mlcomp.passes.quantize.grids import PRODUCT_SCHEMES, Grid, operand_grids
 from mlcomp.passes.quantize.observe import observe
 from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule
-from mlcomp.passes.quantize.selection import choose, finite, unmatched
+from mlcomp.passes.quantize.selection import choose, uncarried, unmatched
 from mlcomp.passes.quantize.smooth import smooth, smoothing_for
 from mlcomp.passes.quantize.unfuse import inline_fused
 from mlcomp.passes.quantize.write import (Writer, drop_softmax_guard, output_value, outputs_read_in_int8, plan,
@@ -206,7 +206,7 @@ class Quantize(Pass):
         seen = observe(graph, samples, [] if dynamic else acts, self.method.value,
                        keep=[n.name for n, _ in layers] + (acts if dynamic else []), means=axes)
         held_ref = [Interpreter(graph).run(*s) for s in held]
-        layers = self._finite(graph, layers, plans, seen.ranges, kept)
+        layers = self._carried(graph, layers, plans, seen.ranges, kept)
         for node, rule in layers:
             if rule.fixed_output is not None:
                 seen.ranges[output_value(graph, node)] = rule.fixed_output
@@ -239,15 +239,17 @@ class Quantize(Pass):
             return operand_grids(ctx.target.name if ctx.target is not None else None)
         return PRODUCT_SCHEMES[self.products.value]
 
-    def _finite(self, graph: Graph, layers: list[tuple[Node, Int8Rule]], plans: dict[str, Any],
+    def _carried(self, graph: Graph, layers: list[tuple[Node, Int8Rule]], plans: dict[str, Any],
                 ranges: dict[str, tuple[float, float]], kept: dict[str, str]) -> list[tuple[Node, Int8Rule]]:
-        """``layers`` without those whose activations had a non-finite range (recorded in ``kept``)."""
-        out = []
+        """``layers`` without those one int8 grid cannot carry (:func:`uncarried`; the reason recorded in ``kept``)."""
+        out, wide = [], set()
         for node, rule in layers:
-            if finite(ranges, [*plans[node.name][0], output_value(graph, node)]):
+            reason = uncarried(graph, node, ranges, [*plans[node.name][0], output_value(graph, node)], wide)
+            if reason is None:
                 out.append((node, rule))
             else:
-                kept[node.name] = "an activation with a non-finite range (an -inf mask)"
+                kept[node.name] = reason
+                wide.update([node.name] if node.op == aten("add.Tensor") else [])
         return out
 
     def _samples(self, graph: Graph, ctx: PassContext) -> list[tuple[torch.Tensor, ...]]:

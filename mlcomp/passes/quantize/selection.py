@@ -21,8 +21,10 @@ and no row of :data:`KEEP_FLOAT` holds for it (checked in order, the first reaso
   ``onnxruntime`` target writes both on ``[rows, width]``, where ORT's slower ``SkipLayerNormalization``
   does not take them).
 
-After observing, a node whose activation range is not finite (a ``-inf`` mask) keeps float too
-(:func:`finite`).  Each keep-float reason is recorded per node in the pass's stats::
+After observing, a node whose activation range is not finite (a ``-inf`` mask) keeps float too, and so
+does an ``add`` whose operands' observed spans differ more than :data:`SPAN_RATIO` times (attention scores
+plus a padding mask of ``finfo.min`` or ``-1e4``: one 8-bit grid for the sum would leave the scores less
+than a step) (:func:`uncarried`).  Each keep-float reason is recorded per node in the pass's stats::
 
     >>> from mlcomp.ir.builder import GraphBuilder
     >>> from mlcomp.ir.ops import aten
@@ -47,7 +49,7 @@ from mlcomp.passes import patterns as P
 from mlcomp.passes.quantize.absorb import ELEMENT_MOVES
 from mlcomp.passes.quantize.policy import Int8Rule, int8_rule
 
-__all__ = ["choose", "finite", "KEEP_FLOAT", "excluded_by", "unmatched"]
+__all__ = ["choose", "finite", "uncarried", "KEEP_FLOAT", "SPAN_RATIO", "excluded_by", "unmatched"]
 
 _LAYER_NORMS = frozenset({aten("native_layer_norm"), aten("layer_norm")})
 _ADD, _MUL, _MEAN = aten("add.Tensor"), aten("mul.Tensor"), aten("mean.dim")
@@ -161,3 +163,46 @@ def finite(ranges: dict[str, tuple[float, float]], values: Sequence[Any]) -> boo
     """Whether every observed range of ``values`` (refs or names) is finite."""
     names = [v.name if isinstance(v, Ref) else v for v in values]
     return all(math.isfinite(ranges[n][0]) and math.isfinite(ranges[n][1]) for n in names if n in ranges)
+
+
+SPAN_RATIO = 16.0
+"""An add's operand spans may differ this much: one 256-step grid for the sum then gives the narrower 16 steps."""
+
+
+def uncarried(graph: Graph, node: Node, ranges: dict[str, tuple[float, float]], values: Sequence[Any],
+              wide: frozenset[str] | set[str] = frozenset()) -> str | None:
+    """Why one int8 grid cannot carry ``node``'s observed ``values`` (refs or names), or None; ``wide``: the
+    adds kept float for it before (a node reading one, through element moves, gets its range: kept too).
+
+        >>> from mlcomp.ir.builder import GraphBuilder
+        >>> b = GraphBuilder("g")
+        >>> s, m = b.input("s", (2, 2)), b.input("m", (2, 2))
+        >>> g = b.output(b.call(aten("add.Tensor"), s, m))
+        >>> add = g.node("add")
+        >>> uncarried(g, add, {"s": (-8.0, 8.0), "m": (-3.4e38, 0.0), "add": (-3.4e38, 8.0)}, ["s", "m", "add"])[:44]
+        'operands whose observed spans differ 2.1e+37'
+        >>> uncarried(g, add, {"s": (-8.0, 8.0), "m": (-1.0, 1.0), "add": (-9.0, 9.0)}, ["s", "m", "add"]) is None
+        True
+    """
+    if not finite(ranges, values):
+        return "an activation with a non-finite range (an -inf mask)"
+    for value in node.inputs:
+        source = _through_moves(graph, value)
+        if source is not None and source.name in wide:
+            return f"it reads {source.name}, an add kept float for its operands' spans (a mask): one grid cannot carry it"
+    if node.op != _ADD:
+        return None
+    spans = [ranges[v.name][1] - ranges[v.name][0] for v in node.inputs[:2]
+             if isinstance(v, Ref) and v.name in ranges]
+    if len(spans) == 2 and min(spans) > 0 and max(spans) > SPAN_RATIO * min(spans):
+        return (f"operands whose observed spans differ {max(spans) / min(spans):.2g}x (a mask or an offset): one "
+                f"8-bit grid for the sum would leave the narrower fewer than {256 / SPAN_RATIO:.0f} steps")
+    return None
+
+
+def _through_moves(graph: Graph, value: Any, depth: int = 8) -> Node | None:
+    """The node that computed ``value``'s elements (element moves walked back, at most ``depth``), or None."""
+    node = P.producer(graph, value) if isinstance(value, Ref) else None
+    while node is not None and depth and node.op in ELEMENT_MOVES and node.inputs:
+        node, depth = P.producer(graph, node.inputs[0]), depth - 1
+    return node

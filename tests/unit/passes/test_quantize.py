@@ -231,3 +231,35 @@ def test_compile_for_cpu_is_refused_before_capture():
     model, x, _ = small()
     with pytest.raises(PipelineSpecError, match="target cpu would run them as float arithmetic"):
         mlcomp.compile(model, (x,), target="cpu", pipeline="quantize")
+
+
+class _Masked(nn.Module):
+    """Attention scores plus a padding mask, softmax, the weighted sum, a linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.out = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        scores = self.q(x) @ x.transpose(-1, -2)
+        return self.out(torch.softmax(scores + mask, dim=-1) @ x)
+
+
+@pytest.mark.parametrize("fill", [torch.finfo(torch.float32).min, -1e4])
+def test_a_padding_mask_add_keeps_float_and_the_scores_survive(fill):
+    from mlcomp.frontend.loading import load_model
+    from mlcomp.passes.quantize.selection import SPAN_RATIO
+
+    torch.manual_seed(0)
+    model = _Masked().eval()
+    x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(3))
+    mask = torch.zeros(2, 1, 6)
+    mask[:, :, 4:] = fill                                    # the last two tokens are padding
+    g = load_model(model, example_inputs=(x, mask)).capture()
+    out, report = run_pipeline(g, "quantize", example_inputs=(x, mask))
+    kept = _stats(report)["kept_float"]
+    masked = [n for n, why in kept.items() if "spans differ" in why]
+    assert len(masked) == 1 and f"fewer than {256 / SPAN_RATIO:.0f} steps" in kept[masked[0]]
+    assert masked[0] not in [l["node"] for l in _stats(report)["layers"]]
+    ref, got = model(x, mask), Interpreter(out).run(x, mask)[0]
+    assert ((got - ref).abs().max() / ref.abs().max()).item() < 0.05
