@@ -55,10 +55,11 @@ def _cores_shared_by_workers():
     process keeps torch's default."""
     import os
 
+    from mlcomp.hardware.noise import cores_available
     from mlcomp.hardware.threads import threads
 
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
-    with threads(max(1, len(os.sched_getaffinity(0)) // workers) if workers >= 2 else None):
+    with threads(max(1, cores_available() // workers) if workers >= 2 else None):
         yield
 
 

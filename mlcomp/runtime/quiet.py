@@ -1,8 +1,7 @@
 """Wait until the other runtimes' threads stop spinning: the settle before a timing sample.
 
-A runtime's thread pool keeps spinning for a while after its last call (measured on the zoo mlp
-with per-thread CPU clocks: ONNX Runtime's about 20 ms of CPU, OpenVINO's and TVM's and torch's
-under 1 ms), taking a core from whatever is timed next, in this process or another.  Rather than
+A runtime's thread pool keeps spinning for a while after its last call (ONNX Runtime's longest),
+taking a core from whatever is timed next, in this process or another.  Rather than
 waiting a fixed time longer than any such spin, :func:`wait_quiet` watches the CPU clocks of the
 threads that could spin (every thread of this process but the caller's, every thread of the
 other timing processes: :func:`cpu_of_others`) and returns once they used under ``QUIET_SHARE``
@@ -12,8 +11,8 @@ of a core over the last ``QUIET_WINDOW_S``::
     wait:         |------ waited ------|window|  -> sample
 
 A spinning thread uses a whole core (it never sleeps), so it is never taken for quiet; an idle
-pool's periodic wake-ups (OpenVINO's) are far below the share.  The wait is bounded by a limit
-(the fixed settle it replaces), so a process that never goes quiet costs no more than before.
+pool's periodic wake-ups (OpenVINO's) are far below the share.  The wait is bounded by ``limit_s``,
+so a process that never goes quiet costs at most that.
 
     >>> ticks = iter(i * 0.001 for i in range(1000))          # the clock: 1 ms per reading
     >>> used = iter([0.0, 0.001, 0.002, 0.003, 0.0031] + [0.0031] * 50)   # spins 3 ms, then quiet

@@ -32,8 +32,6 @@ Protocol (one JSON line per reply on the child's private stdout)::
 """
 from __future__ import annotations
 
-import contextlib
-import importlib
 import json
 import os
 import sys
@@ -72,7 +70,7 @@ class HostWorker(ProcessSampler):
 
     @classmethod
     def spawn_group(cls, inputs_file: Path, procs: int, *, threads: int, warmup: int, block_s: float,
-                    settle_s: float = SETTLE_S, preload: Sequence[str] = (), fork: bool = True,
+                    settle_s: float = SETTLE_S, fork: bool = True,
                     quiet: bool = True) -> list["HostWorker"]:
         """``procs`` hosting processes from one start-up: a zygote that imports torch, mlcomp and the
         modules ``preload`` names, then forks the others (:mod:`mlcomp.runtime.zygote`); ``fork=False``:
@@ -84,7 +82,7 @@ class HostWorker(ProcessSampler):
         pairs = [(os.pipe(), os.pipe()) for _ in range(procs - 1)]     # (commands r, w), (replies r, w)
         child_fds = [fd for (cmd, rep) in pairs for fd in (cmd[0], rep[1])]
         config = {"inputs": str(inputs_file), "threads": threads, "warmup": warmup, "block_s": block_s,
-                  "settle_s": settle_s, "preload": list(preload), "quiet": quiet,
+                  "settle_s": settle_s, "quiet": quiet,
                   "siblings": [[cmd[0], rep[1]] for cmd, rep in pairs]}
         try:
             first = cls._popen(config, "timing process 0", pass_fds=child_fds)
@@ -153,9 +151,6 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
     if config.get("sibling"):
         channel.write(json.dumps({"pid": os.getpid()}) + "\n")
         channel.flush()
-    for module in config.get("preload", ()):
-        with contextlib.suppress(ImportError):      # a runtime that is missing fails its candidate's load
-            importlib.import_module(module)
     cpu = {"imports": time.process_time(), "loads": 0.0, "samples": 0.0, "waited_wall": 0.0,
            "threads_at_fork": float(len(os.listdir("/proc/self/task"))) if config.get("siblings") else 0.0}
     if config.get("siblings"):

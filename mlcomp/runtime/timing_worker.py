@@ -60,8 +60,8 @@ MAX_CALLS = 1000          # a block never has more calls than this
 # taking a core from this one
 SETTLE_S = 0.1
 BLOCK_LIMIT = 10          # a block stops after this many times block_s, however many calls it has made
-# untimed calls after a quiet wait: with 2-3 (a 20 ms lead-in at 7-10 ms a call) ONNX Runtime and TVM
-# ran up to 3.5x slower than after 0.1 s of calls (decision 34); ~10-15 calls is what 0.1 s gave them
+# untimed calls after a quiet wait (besides block_s of them): enough for a runtime's pool and caches to
+# reach their steady state before the timed block
 LEAD_CALLS = 15
 
 

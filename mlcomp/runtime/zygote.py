@@ -1,10 +1,9 @@
 """Timing processes that share one start-up: the first imports torch, mlcomp and the runtimes, then forks the others.
 
-A timing process spends most of its start-up importing (torch, mlcomp, ONNX Runtime, OpenVINO,
-TVM's runtime: 2-4 CPU-seconds); two of them importing side by side cost twice that, on the
+A timing process spends most of its start-up importing (torch, mlcomp, then each
+runtime at its first load); two of them importing side by side cost twice that, on the
 cores the candidates compile on.  :meth:`~mlcomp.runtime.timing_host.HostWorker.spawn_group`
-starts one fresh interpreter (the *zygote*, a session of its own) that imports everything its
-candidates' artifacts load (``preload``) and then forks the other timing processes from itself
+starts one fresh interpreter (the *zygote*, a session of its own) that imports torch and mlcomp and then forks the other timing processes from itself
 (:func:`fork_siblings`), before it has run anything: no model, no kernel, so no runtime's thread
 pool exists in it when it forks (the only threads are the idle helpers some imports leave).  They
 stay in the caller's session and process group, with its priority.  Each process then serves its
@@ -88,8 +87,7 @@ def fork_siblings(config: dict[str, Any], serve: Serve, module: str, *, fork: Ca
     forked, or started afresh (``spawn``) when ``fork`` fails; their pids.  A forked one closes
     ``closing`` (the zygote's own pipes) and the other siblings' fds, serves its pair and exits."""
     siblings = [tuple(pair) for pair in config.get("siblings", ())]
-    own = {**{k: v for k, v in config.items() if k not in ("siblings", "preload")}, "sibling": True}
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)       # forked ones are reaped by the system when they exit
+    own = {**{k: v for k, v in config.items() if k != "siblings"}, "sibling": True}
     pids = []
     for i, (commands, replies) in enumerate(siblings):
         try:
@@ -108,11 +106,11 @@ def fork_siblings(config: dict[str, Any], serve: Serve, module: str, *, fork: Ca
 
 def _serve_forked(config: dict[str, Any], serve: Serve, fds: tuple[int, int], closing: Sequence[int]) -> None:
     """The forked child: drop the zygote's pipes, serve its own, exit (never returns)."""
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for fd in closing:
         os.close(fd)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
+    os.close(devnull)
     commands, channel = os.fdopen(fds[0], "r"), os.fdopen(fds[1], "w", buffering=1)
     status = 0
     try:

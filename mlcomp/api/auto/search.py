@@ -202,7 +202,7 @@ def timing_pool(inputs: Sequence[Any], targets: Sequence[Target], policy: Timing
                 procs: int = AUTO_PROCS, enabled: bool = True) -> WorkerPool:
     """The timing processes of an auto compile of ``targets`` on ``inputs`` (not started yet)."""
     return WorkerPool(inputs, warmup=policy.warmup, block_s=BLOCK_S, describe=first_line, procs=procs,
-                      enabled=enabled and len(targets) > 1, targets=[t.name for t in targets])
+                      enabled=enabled and len(targets) > 1)
 
 
 def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] | None = None,

@@ -35,13 +35,9 @@ import torch
 from mlcomp.runtime.timing_host import HostWorker
 from mlcomp.runtime.timing_worker import ProcessGroup, WorkerError, save_for_worker, save_inputs
 
-__all__ = ["READY_TIMEOUT_S", "RUNTIME_MODULES", "WorkerPool"]
+__all__ = ["READY_TIMEOUT_S", "WorkerPool"]
 
 READY_TIMEOUT_S = 600.0     # a process loads, checks and warms up its artifacts within this
-# modules a target's artifacts need that the zygote imports before it forks (else each process imports
-# them at its first load of that target).  None yet: preloading them is not measured on its own
-# (decision 34); torch and mlcomp, imported by every timing process, are the zygote's whole share.
-RUNTIME_MODULES: dict[str, tuple[str, ...]] = {}
 
 
 # how the timing processes start and settle, for comparing the schemes (benchmarks/auto_compile.py --variant)
@@ -66,10 +62,9 @@ class WorkerPool:
 
     def __init__(self, inputs: Sequence[Any], *, warmup: int, block_s: float, enabled: bool = True,
                  describe: Callable[[BaseException], str] = str, procs: int = 1,
-                 spawn: Callable[..., Sequence[Any]] = HostWorker.spawn_group, targets: Sequence[str] = ()) -> None:
+                 spawn: Callable[..., Sequence[Any]] = HostWorker.spawn_group) -> None:
         self.inputs, self.warmup, self.block_s, self.enabled = inputs, warmup, block_s, enabled
         self.procs = procs
-        self.preload = sorted({m for t in targets for m in RUNTIME_MODULES.get(t, ())})
         self.problem: str | None = None
         self.started = 0
         self.groups: dict[str, ProcessGroup] = {}     # the names timed, after samplers()
@@ -107,7 +102,7 @@ class WorkerPool:
             self._root = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="mlcomp-auto-")))
             feed = save_inputs(self.inputs, self._root / "inputs.pt")
             for worker in self._spawn(feed, self.procs, threads=torch.get_num_threads(), warmup=self.warmup,
-                                      block_s=self.block_s, preload=self.preload, **_variant()):
+                                      block_s=self.block_s, **_variant()):
                 self._workers.append(self._stack.enter_context(worker))
                 self.started += 1
         except WorkerError as exc:

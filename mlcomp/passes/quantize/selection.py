@@ -48,6 +48,7 @@ from mlcomp.ir.ops import PARAM, aten
 from mlcomp.passes import patterns as P
 from mlcomp.passes.quantize.absorb import ELEMENT_MOVES
 from mlcomp.passes.quantize.policy import Int8Rule, int8_rule
+from mlcomp.passes.quantize.write import moved_from
 
 __all__ = ["choose", "finite", "uncarried", "KEEP_FLOAT", "SPAN_RATIO", "excluded_by", "unmatched"]
 
@@ -187,9 +188,9 @@ def uncarried(graph: Graph, node: Node, ranges: dict[str, tuple[float, float]], 
     if not finite(ranges, values):
         return "an activation with a non-finite range (an -inf mask)"
     for value in node.inputs:
-        source = _through_moves(graph, value)
-        if source is not None and source.name in wide:
-            return f"it reads {source.name}, an add kept float for its operands' spans (a mask): one grid cannot carry it"
+        source = moved_from(graph, value.name) if isinstance(value, Ref) and value.name in graph else None
+        if source in wide:
+            return f"it reads {source}, an add kept float for its operands' spans (a mask): one grid cannot carry it"
     if node.op != _ADD:
         return None
     spans = [ranges[v.name][1] - ranges[v.name][0] for v in node.inputs[:2]
@@ -199,10 +200,3 @@ def uncarried(graph: Graph, node: Node, ranges: dict[str, tuple[float, float]], 
                 f"8-bit grid for the sum would leave the narrower fewer than {256 / SPAN_RATIO:.0f} steps")
     return None
 
-
-def _through_moves(graph: Graph, value: Any, depth: int = 8) -> Node | None:
-    """The node that computed ``value``'s elements (element moves walked back, at most ``depth``), or None."""
-    node = P.producer(graph, value) if isinstance(value, Ref) else None
-    while node is not None and depth and node.op in ELEMENT_MOVES and node.inputs:
-        node, depth = P.producer(graph, node.inputs[0]), depth - 1
-    return node

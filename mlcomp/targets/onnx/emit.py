@@ -35,7 +35,6 @@ import torch
 from mlcomp.ir import Graph, Mode, Node, Ref, TensorMeta
 from mlcomp.ir.dtypes import dtype_name, onnx_elem_type
 from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM, Namespace, Op
-from mlcomp.ir.quant import is_qdq
 from mlcomp.runtime.codegen import attribute_name
 from mlcomp.targets.onnx.emit_nn import NN_RULES
 from mlcomp.targets.onnx.emit_ops import OPS_RULES, Decline
@@ -96,7 +95,6 @@ class Emitter:
         self.produced: dict[str, tuple[str, list[str], dict[str, Any]]] = {}   # value -> (op type, inputs, attrs)
         self._shapes: dict[str, tuple[int, ...]] = {}  # ONNX value -> static shape, where the IR gives one
         self._sizes: dict[str, str] = {}          # symbolic size expression -> its 1-element int64 tensor
-        self.quantized = any(is_qdq(n.op) for n in graph.call_nodes())   # int8 graph: ORT-specific layouts
 
     # -- names -------------------------------------------------------------------------------
     def fresh(self, hint: str) -> str:

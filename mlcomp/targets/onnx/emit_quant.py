@@ -67,7 +67,7 @@ def _float_softmax(plain: Rule) -> Rule:
     docstring), else ``plain``."""
     def rule(em: "Emitter", node: Node, a: dict[str, Any]) -> None:
         x, readers = a["self"], em.graph.users(node.name)
-        pair = em.node_of(x) if em.quantized and isinstance(x, Ref) and not a["half_to_float"] else None
+        pair = em.node_of(x) if isinstance(x, Ref) and not a["half_to_float"] else None
         made = em.source_of(em.value(x), "DequantizeLinear") if pair is not None and pair.op == DEQUANTIZE else None
         if made is None or em.meta(pair.inputs[1]).shape != () or not readers \
                 or any(r.op != QUANTIZE for r in readers):

@@ -264,7 +264,7 @@ def test_timing_processes_started_before_the_capture_are_killed_when_no_ranking_
     assert [(i, verb) for i, verb, _ in log] == [(0, "kill"), (1, "kill")] and all(p.closed for p in made)
 
 
-def test_the_environment_selects_the_previous_timing_schemes(monkeypatch):
+def test_the_environment_selects_the_timing_scheme(monkeypatch):
     """Forked processes and a quiet wait by default; MLCOMP_AUTO_PROCESSES=spawn starts each afresh,
     MLCOMP_AUTO_SETTLE=fixed settles with calls: the pool passes them to its spawner."""
     from mlcomp.api.auto import workers

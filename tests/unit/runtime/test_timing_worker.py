@@ -115,7 +115,7 @@ def test_a_group_of_timing_processes_is_forked_from_one_start_up_and_leaves_noth
         samples = [w.sampler(n)() for w in workers for n in ("a", "b")]
         stats = [w.stats() for w in workers]
         assert all(sorted(r) == ["a", "b"] for r in ready) and all(s > 0 for s in samples)
-        assert stats[0]["threads_at_fork"] >= 1 and all(s["samples"] > 0 and s["total"] > 0 for s in stats)
+        assert all(s["samples"] > 0 and s["total"] > 0 for s in stats)
         os.kill(sibling.pid, signal.SIGKILL)                # a timing process that dies
         with pytest.raises(WorkerError, match="the timing process for timing process 1 failed: it exited"):
             sibling.sampler("a")()

@@ -31,16 +31,17 @@ def _open(fd: int) -> bool:
 
 @pytest.fixture(autouse=True)
 def _sigchld():
-    """fork_siblings ignores SIGCHLD in the zygote; this process gets its own handler back."""
+    """fork_siblings leaves SIGCHLD as it was (a zygote's subprocesses keep their exit codes; a sibling's pid
+    is not reused while the zygote lives)."""
     before = signal.getsignal(signal.SIGCHLD)
     yield
-    signal.signal(signal.SIGCHLD, before)
+    assert signal.getsignal(signal.SIGCHLD) == before
 
 
 def test_each_sibling_is_forked_and_the_zygote_keeps_none_of_their_pipes():
     pairs = _pairs(2)
     forks = iter([4242, 4243])
-    pids = fork_siblings({"siblings": [list(p) for p in pairs], "preload": ["x"], "threads": 2}, serve=None,
+    pids = fork_siblings({"siblings": [list(p) for p in pairs], "threads": 2}, serve=None,
                          module="m", fork=lambda: next(forks), spawn=None)
     assert pids == [4242, 4243]
     assert not any(_open(fd) for pair in pairs for fd in pair)          # the zygote closed both ends it held
@@ -56,12 +57,12 @@ def test_a_fork_that_fails_starts_that_sibling_afresh_on_the_same_pipes():
     def spawn(config, fds, module):
         spawned.append((config, fds, module))
         return 9000 + len(spawned)
-    pids = fork_siblings({"siblings": [list(p) for p in pairs], "preload": ["onnxruntime"], "threads": 2},
+    pids = fork_siblings({"siblings": [list(p) for p in pairs], "threads": 2},
                          serve=None, module="mlcomp.runtime.timing_host", fork=fork, spawn=spawn)
     assert pids == [9001, 9002]
     assert [fds for _, fds, _ in spawned] == pairs
     config = spawned[0][0]
-    # the fresh one serves one pair, says its pid first, imports what its loads need (no preload list, no siblings)
+    # the fresh one serves one pair, says its pid first, imports what its loads need (no siblings)
     assert config == {"threads": 2, "sibling": True} and spawned[0][2] == "mlcomp.runtime.timing_host"
     assert not any(_open(fd) for pair in pairs for fd in pair)
 
