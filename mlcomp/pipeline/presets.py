@@ -41,6 +41,7 @@ from dataclasses import dataclass
 __all__ = [
     "ALL_REWRITES",
     "PRESET_TABLE",
+    "RECOMPOSE_ONLY",
     "AdaptedPreset",
     "Dropped",
     "Rewrite",
@@ -73,7 +74,7 @@ _UNWANTED = {
 }
 
 # what of a FUSION pass a target that wants only RECOMPOSE keeps: the recompositions, no fused kernels
-_RECOMPOSE_ONLY = "recompose,fuse-attention"
+RECOMPOSE_ONLY = "recompose,fuse-attention"
 
 # the option that turns weight folding off in a cleanup pass (``cleanup{fold_params=false}``)
 _NO_WEIGHT_FOLDING = "fold_params=false"
@@ -201,7 +202,7 @@ def _adapt_one(key: str, target: str, wanted: frozenset[Rewrite], *, keep_batchn
             continue
         dropped.append(Dropped(spec, rewrite, rewrite.unwanted_reason(target)))
         if rewrite is Rewrite.FUSION and Rewrite.RECOMPOSE in wanted:
-            kept.append(_RECOMPOSE_ONLY)
+            kept.append(RECOMPOSE_ONLY)
         if rewrite is Rewrite.FUSION and keep_batchnorm:
             kept.append(_BEFORE_QUANTIZE)
     if no_folding:
