@@ -83,13 +83,11 @@ class Variant:
 
 
 def _recomposed(target: str, pipeline: str) -> str:
-    """``pipeline`` with the recompositions before its last pass (``quantize``) when ``target`` (a name or a
-    spec; one the registry does not know wants nothing) wants them."""
+    """``pipeline`` with the recompositions before its last pass (``quantize``) when ``target`` wants them."""
     from mlcomp.pipeline.presets import RECOMPOSE_ONLY, Rewrite
     from mlcomp.targets.registry import TARGETS
 
-    name = target.split("{", 1)[0].strip().lower()
-    wanted = TARGETS.get(name).rewrites if name in TARGETS else frozenset()
+    wanted = TARGETS.get(target).rewrites
     if Rewrite.RECOMPOSE not in wanted or Rewrite.FUSION in wanted:
         return pipeline
     head, _, last = pipeline.rpartition(",")
