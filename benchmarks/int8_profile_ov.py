@@ -24,9 +24,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import torch  # noqa: E402
 
-from mlcomp.measure.variants import Variant  # noqa: E402
-
-INT8_PIPELINE = Variant("openvino", "int8").pipeline(None)
+INT8_PIPELINE = "fold-batchnorm,fold-constants,cleanup,quantize"
 CONFIG = {"INFERENCE_PRECISION_HINT": "f32", "PERF_COUNT": True, "INFERENCE_NUM_THREADS": 1,
           "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False}
 

@@ -7,7 +7,7 @@ rounds against the same eager reference::
 
     >>> [v.key for v in variants(("cpu", "openvino"), ("fp32", "int8"))]
     ['cpu', 'cpu int8', 'openvino', 'openvino int8']
-    >>> Variant("onnxruntime", "int8").pipeline(None)
+    >>> Variant("openvino", "int8").pipeline(None)
     'fold-batchnorm,fold-constants,cleanup,quantize'
     >>> Variant("cpu", "bf16").pipeline("-O2")
     '-O2,mixed-precision{dtype=bf16}'
@@ -23,16 +23,6 @@ explicit pass list it is appended, as bf16's ``mixed-precision`` always is::
     'fold-batchnorm,fold-constants,cleanup,quantize'
     >>> Variant("onnxruntime", "int8").pipeline("fold-constants")
     'fold-constants,quantize'
-
-On a target that fuses only whole layer norms, GELUs and attentions (it wants
-:attr:`~mlcomp.pipeline.presets.Rewrite.RECOMPOSE`, not ``FUSION``: OpenVINO) those are put back before
-``quantize``: its CPU plugin runs a whole attention as one subgraph (``Q·Kᵀ`` in int8 when
-``quantize`` gives it quantized queries and keys), a decomposed one as separate ``MatMul``,
-``Softmax`` and ``Transpose`` layers, slower than NNCF's int8 on small models
-(docs/decisions/0040-int8-attention-whole-on-openvino.md)::
-
-    >>> Variant("openvino", "int8").pipeline("-O2")
-    'fold-batchnorm,fold-constants,cleanup,recompose,fuse-attention,cleanup,quantize'
 
 A target that cannot compute in that precision refuses it up front and its row says so
 (skipped, with the refusal).
@@ -78,20 +68,8 @@ class Variant:
         if passes is None:
             return base
         if self.dtype == "int8" and (not base or base.startswith("-O")):   # a preset fuses: quantize before it
-            return _recomposed(self.target, passes[1])
+            return passes[1]
         return f"{base},{passes[0]}" if base else passes[1]
-
-
-def _recomposed(target: str, pipeline: str) -> str:
-    """``pipeline`` with the recompositions before its last pass (``quantize``) when ``target`` wants them."""
-    from mlcomp.pipeline.presets import RECOMPOSE_ONLY, Rewrite
-    from mlcomp.targets.registry import TARGETS
-
-    wanted = TARGETS.get(target).rewrites
-    if Rewrite.RECOMPOSE not in wanted or Rewrite.FUSION in wanted:
-        return pipeline
-    head, _, last = pipeline.rpartition(",")
-    return f"{head},{RECOMPOSE_ONLY},cleanup,{last}"
 
 
 def check_dtypes(dtypes: Sequence[str]) -> tuple[str, ...]:

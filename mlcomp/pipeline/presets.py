@@ -41,7 +41,6 @@ from dataclasses import dataclass
 __all__ = [
     "ALL_REWRITES",
     "PRESET_TABLE",
-    "RECOMPOSE_ONLY",
     "AdaptedPreset",
     "Dropped",
     "Rewrite",
@@ -74,7 +73,7 @@ _UNWANTED = {
 }
 
 # what of a FUSION pass a target that wants only RECOMPOSE keeps: the recompositions, no fused kernels
-RECOMPOSE_ONLY = "recompose,fuse-attention"
+_RECOMPOSE_ONLY = "recompose,fuse-attention"
 
 # the option that turns weight folding off in a cleanup pass (``cleanup{fold_params=false}``)
 _NO_WEIGHT_FOLDING = "fold_params=false"
@@ -202,7 +201,7 @@ def _adapt_one(key: str, target: str, wanted: frozenset[Rewrite], *, keep_batchn
             continue
         dropped.append(Dropped(spec, rewrite, rewrite.unwanted_reason(target)))
         if rewrite is Rewrite.FUSION and Rewrite.RECOMPOSE in wanted:
-            kept.append(RECOMPOSE_ONLY)
+            kept.append(_RECOMPOSE_ONLY)
         if rewrite is Rewrite.FUSION and keep_batchnorm:
             kept.append(_BEFORE_QUANTIZE)
     if no_folding:

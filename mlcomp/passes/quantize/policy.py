@@ -4,19 +4,17 @@ One row per op that ONNX Runtime has an int8 kernel for, the ops its own
 ``quantize_static`` (QDQ format) puts pairs around; ORT fuses
 ``DequantizeLinear → op → QuantizeLinear`` into the kernel named in the row:
 
-=============================  ============================  =================================
-op                             ORT kernel                    inputs quantized
-=============================  ============================  =================================
-convolution                    QLinearConv                   input; weight per channel; bias int32
-addmm / mm                     QGemm / QLinearMatMul         input; weight per channel; bias int32
-bmm                            QLinearMatMul                 both operands (attention's products)
-add.Tensor                     QLinearAdd                    both operands (residual connections)
-mul.Tensor                     QLinearMul                    both operands, when both are tensors
-_softmax                       QLinearSoftmax                input; output on the fixed grid [0, 1]
-mean.dim (over H, W)           QLinearGlobalAveragePool      input (a global average pool, kept 4-d)
-scaled_dot_product_attention   (OpenVINO: its attention      queries and keys (the product's
-                               subgraph)                     grids); values, mask: float
-=============================  ============================  =================================
+========================  ============================  =================================
+op                        ORT kernel                    inputs quantized
+========================  ============================  =================================
+convolution               QLinearConv                   input; weight per channel; bias int32
+addmm / mm                QGemm / QLinearMatMul         input; weight per channel; bias int32
+bmm                       QLinearMatMul                 both operands (attention's products)
+add.Tensor                QLinearAdd                    both operands (residual connections)
+mul.Tensor                QLinearMul                    both operands, when both are tensors
+_softmax                  QLinearSoftmax                input; output on the fixed grid [0, 1]
+mean.dim (over H, W)      QLinearGlobalAveragePool      input (a global average pool, kept 4-d)
+========================  ============================  =================================
 
 Each row says which arguments are activations (quantized per tensor, uint8, range
 observed on calibration data; the two operands of a product of activations on the
@@ -25,12 +23,6 @@ grids the target needs: :mod:`~mlcomp.passes.quantize.grids`), whether its kerne
 per output channel) and which is the bias (int32 with scale ``input scale × weight
 scale``, what the integer kernels accumulate in), and a fixed output range when the
 op's is known without observing (softmax's ``[0, 1]``, as ORT's quantizer uses).
-A whole attention (``scaled_dot_product_attention``, what ``fuse-attention`` writes, which
-OpenVINO's int8 pipelines run before ``quantize``) has its queries and keys quantized as
-NNCF does: OpenVINO's CPU plugin runs it as one attention subgraph, ``Q·Kᵀ`` in int8 when
-both arrive through ``FakeQuantize``, softmax and ``P·V`` inside in float; its output
-gets a pair only when an int8 op reads it (the subgraph then writes uint8).  mlcomp's
-ONNX emitter has no rule for it (ONNX Runtime's pipelines never fuse attention).
 Layer norm, GELU, reductions and everything else keep float (ORT has no int8 kernel
 for them)::
 
@@ -39,9 +31,6 @@ for them)::
     ((0,), 1, 0, 2)
     >>> int8_rule(aten("_softmax")).fixed_output
     (0.0, 1.0)
-    >>> sdpa = int8_rule(aten("scaled_dot_product_attention"))
-    >>> sdpa.activations, sdpa.product, sdpa.float_output
-    ((0, 1), True, True)
     >>> int8_rule(aten("native_layer_norm")) is None
     True
 """
@@ -65,7 +54,6 @@ class Int8Rule:
     fixed_output: tuple[float, float] | None = None   # the output's range when known without observing
     product: bool = False            # a matrix product: two activation operands take the target's product grids
     float_output: bool = False       # its int8 kernel can write float (QGemm, MatMulIntegerToFloat, FullyConnected)
-    float_args: str = ""             # which other arguments keep float and why (recorded per layer)
 
 
 INT8_POLICY: Mapping[Op, Int8Rule] = MappingProxyType({
@@ -77,10 +65,6 @@ INT8_POLICY: Mapping[Op, Int8Rule] = MappingProxyType({
     aten("mul.Tensor"): Int8Rule(activations=(0, 1)),
     aten("_softmax"): Int8Rule(activations=(0,), fixed_output=(0.0, 1.0)),
     aten("mean.dim"): Int8Rule(activations=(0,)),
-    aten("scaled_dot_product_attention"): Int8Rule(
-        activations=(0, 1), product=True, float_output=True,
-        float_args="values and mask float: OpenVINO's attention subgraph runs softmax and P·V in float, "
-                   "Q·Kᵀ in int8 (NNCF quantizes the same two)"),
 })
 
 

@@ -86,8 +86,6 @@ class Writer:
         args = list(node.inputs)
         acts, found = plan
         record: dict[str, Any] = {"node": node.name, "op": str(node.op), "module": node.origin.module_path}
-        if rule.float_args:
-            record["float_args"] = rule.float_args
         in_scale = 1.0
         grids = operand_grids_of(rule, plan, self.products)
         for i, value in enumerate(args):

@@ -23,9 +23,7 @@ values again gives back the same integers, so nothing changes numerically.  An i
 bias is folded into a float constant: the plugin adds it after the integer product.
 
 :func:`int8_layers` reads what ran from the plugin's executed graph
-(``compiled.get_runtime_model()``): each layer's ``layerType`` and ``runtimePrecision``; a
-``Subgraph`` built from a ``ScaledDotProductAttention`` (the plugin's attention kernel, whose ``Q·Kᵀ``
-runs in int8 when its queries and keys arrive quantized) counts as one ``Attention``.
+(``compiled.get_runtime_model()``): each layer's ``layerType`` and ``runtimePrecision``.
 """
 from __future__ import annotations
 
@@ -44,7 +42,6 @@ __all__ = ["qdq_for_frontend", "int8_layers", "COMPUTE_LAYERS", "INT8_PRECISIONS
 INT8_PRECISIONS = frozenset({"u8", "i8"})
 # the CPU plugin's layer types that multiply: the ones int8 is for
 COMPUTE_LAYERS = frozenset({"Convolution", "GroupConvolution", "Deconvolution", "FullyConnected", "MatMul"})
-ATTENTION_LAYER = "ScaledDotProductAttention"    # an original op whose executed layer is a whole attention
 
 
 def _qd() -> Any:
@@ -167,8 +164,6 @@ def int8_layers(compiled: Any) -> Int8Record:
     for op in compiled.get_runtime_model().get_ops():
         info = op.get_rt_info()
         kind = info["layerType"].astype(str)
-        names = info["originalLayersNames"].astype(str) if "originalLayersNames" in info else ""
-        kind = "Attention" if kind == "Subgraph" and ATTENTION_LAYER in names else kind
-        if kind in COMPUTE_LAYERS or kind == "Attention":
+        if kind in COMPUTE_LAYERS:
             (int8 if info["runtimePrecision"].astype(str) in INT8_PRECISIONS else floating)[kind] += 1
     return Int8Record("openvino runtime model", dict(sorted(int8.items())), dict(sorted(floating.items())))

@@ -218,27 +218,3 @@ def test_openvino_bert_computes_what_quantize_measured():
     simulated = st["calibration"]["max_rel"]
     assert 0 < simulated and abs(_rel(art(*inputs), ref) - simulated) <= 0.05 * simulated, (_rel(art(*inputs), ref),
                                                                                           simulated)
-
-
-@pytest.mark.openvino
-def test_openvino_bert_runs_each_attention_as_one_int8_subgraph():
-    """With the bench's openvino int8 pipeline (attention put back whole before ``quantize``) the CPU plugin
-    runs each attention as one ``Subgraph`` whose ``Q·Kᵀ`` is int8, as NNCF's: no ``MatMul``, ``Softmax`` or
-    int8 ``Transpose`` of the scores of its own; softmax and ``P·V`` float inside it (the reason recorded)."""
-    pytest.importorskip("transformers")
-    from mlcomp.measure.variants import Variant
-    from mlcomp.models.third_party import build_third_party
-    model, inputs = build_third_party("bert", batch=2)
-    art = mlcomp.compile(model, inputs, target="openvino", pipeline=Variant("openvino", "int8").pipeline(None))
-    assert art.runtime.int8.int8 == {"Attention": 2, "FullyConnected": 12} and art.runtime.int8.floating == {}
-    infos = [op.get_rt_info() for op in art.runtime.compiled.get_runtime_model().get_ops()]
-    kinds = {i["layerType"].astype(str) for i in infos}
-    assert not kinds & {"MatMul", "Softmax"}, kinds
-    st = _quantize_stats(art)
-    attention = [r for r in st["layers"] if r["op"] == "aten.scaled_dot_product_attention.default"]
-    assert len(attention) == 2 and all("P·V in float" in r["float_args"] for r in attention)
-    with torch.no_grad():
-        ref = model(*inputs)
-    simulated = st["calibration"]["max_rel"]
-    assert 0 < simulated and abs(_rel(art(*inputs), ref) - simulated) <= 0.05 * simulated, (_rel(art(*inputs), ref),
-                                                                                          simulated)
