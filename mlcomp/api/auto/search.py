@@ -273,8 +273,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
             if key is not None and len(built) > 1:
                 records.save(AutoRecord(key, {n: ranking.medians[n] for n in built}, best))
         phases.workers = pool.cpu_seconds()
-        closing = pool.started > 0
-        if closing:
+        if closing := pool.started > 0:
             phases.begin("close")      # the timing processes told to quit and gone
     if closing:
         phases.end("close")
