@@ -42,7 +42,7 @@ from typing import Mapping
 
 from mlcomp.ir.ops import Op, aten
 
-__all__ = ["Int8Rule", "INT8_POLICY", "int8_rule"]
+__all__ = ["Int8Rule", "INT8_POLICY", "TARGET_ROWS", "int8_rule"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,15 @@ INT8_POLICY: Mapping[Op, Int8Rule] = MappingProxyType({
 })
 
 
-def int8_rule(op: Op) -> Int8Rule | None:
-    """The row for ``op``, or ``None`` (the op keeps float)."""
-    return INT8_POLICY.get(op)
+TARGET_ROWS: Mapping[str, Mapping[Op, Int8Rule]] = MappingProxyType({
+    "openvino": MappingProxyType({
+        aten("scaled_dot_product_attention"): Int8Rule(activations=(0, 1), product=True, float_output=True),
+    }),
+})
+"""Target -> rows only its lowering has: OpenVINO's CPU plugin runs a whole attention (``Q·Kᵀ``, softmax,
+``P·V``) as one kernel that takes ``Q`` and ``K`` in int8 and ``V`` in float, and writes float."""
+
+
+def int8_rule(op: Op, target: str | None = None) -> Int8Rule | None:
+    """The row for ``op`` (on ``target``, whose own rows count too), or ``None`` (the op keeps float)."""
+    return INT8_POLICY.get(op) or TARGET_ROWS.get(target or "", {}).get(op)

@@ -20,7 +20,8 @@ layout runtimes fuse (OpenVINO's attention subgraph)::
     %sdpa = aten.scaled_dot_product_attention(%q, %k, %v, scale=0.25, attn_mask=%mask)   # [2, 4, 8, 16]
     %out = aten.reshape(%sdpa, [8, 8, 16])
 
-The rewrite keeps the name of the value it replaces (see ``builder.substitute``).
+The rewrite keeps the name of the value it replaces (see ``builder.substitute``).  It is shared
+(:func:`fuse_attention`): ``quantize`` recovers attention first on a target that quantizes it whole.
 """
 from __future__ import annotations
 
@@ -28,11 +29,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-
 from mlcomp.ir import Graph, Node, Ref, TensorMeta
 from mlcomp.ir.builder import new_node, remove_dead, substitute
 from mlcomp.passes import patterns as P
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
+
+__all__ = ["FuseAttention", "fuse_attention"]
+
 
 @dataclass(frozen=True)
 class FuseAttention(Pass):
@@ -42,11 +45,17 @@ class FuseAttention(Pass):
     fold_scales: bool = option(True, "fold scalar multiplications of queries and keys into the scale")
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
-        fused = 0
-        for node in graph.nodes(P.BMM):
-            if node.name in graph and _attention(graph, node, self.fold_scales):
-                fused += 1
+        fused = fuse_attention(graph, self.fold_scales)
         return PassResult(graph, fused > 0, {"attention_fused": fused})
+
+
+def fuse_attention(graph: Graph, fold_scales: bool = True) -> int:
+    """Rewrite every decomposed attention of ``graph`` in place (see the module docstring); how many."""
+    fused = 0
+    for node in graph.nodes(P.BMM):
+        if node.name in graph and _attention(graph, node, fold_scales):
+            fused += 1
+    return fused
 
 
 def _through_views(graph: Graph, value: Any, matched: list[str]) -> Any:
