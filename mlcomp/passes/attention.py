@@ -247,8 +247,9 @@ def _rewrite_native(graph: Graph, qk: Node, pv: Node, add: Node | None, mask: An
         scores = list(P.meta_of(graph, Ref(qk.name)).shape)
         want = lead + scores[-2:]
         shape = list(P.meta_of(graph, mask).shape)
-        if shape != want and not (len(shape) <= 2 or shape[0] == 1 and len(shape) == 3):
-            full = list(P.meta_of(graph, Ref(add.name)).shape)
+        full = list(P.meta_of(graph, Ref(add.name)).shape)
+        kept = len(shape) <= 2 or shape[0] == 1 and len(shape) == 3 or _broadcasts(shape, full, want)
+        if shape != want and not kept:
             if shape != full:
                 mask = Ref(new_node(graph, P.EXPAND, (mask, full), name="expand", origin=origin,
                                     before=qk.name).name)
@@ -258,3 +259,11 @@ def _rewrite_native(graph: Graph, qk: Node, pv: Node, add: Node | None, mask: An
     sdpa = new_node(graph, P.SDPA, (q, k, v), attrs, name="scaled_dot_product_attention", origin=origin,
                     before=pv.name)
     substitute(graph, pv.name, P.RESHAPE, (Ref(sdpa.name), list(pv.meta.shape)), origin=origin)
+
+
+def _broadcasts(shape: list[Any], full: list[Any], want: list[Any]) -> bool:
+    """Whether a mask of ``shape`` added to the scores at the attention's own rank (``full == want``) broadcasts
+    as it is: the attention broadcasts its mask the same way (a ``[b, 1, s, s]`` mask stays that size, not one
+    copy per head)."""
+    return full == want and len(shape) == len(want) and all(a == 1 or a == b for a, b in zip(shape, want))
+

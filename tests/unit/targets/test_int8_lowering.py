@@ -216,9 +216,13 @@ def test_openvino_bert_computes_what_quantize_measured():
     assert st["attention_fused"] == 2 and st["scalar_muls_absorbed"] == 0, st["kept_float"]
     assert st["kept_float"]["add"].startswith("no operand comes from an int8")
     assert st["biases_corrected"] == 12                  # every linear's bias holds its measured shift
-    gathers = {i["runtimePrecision"].astype(str) for i in (op.get_rt_info() for op in
-               art.runtime.compiled.get_runtime_model().get_ops()) if i["layerType"].astype(str) == "Gather"}
+    infos = [op.get_rt_info() for op in art.runtime.compiled.get_runtime_model().get_ops()]
+    gathers = {i["runtimePrecision"].astype(str) for i in infos if i["layerType"].astype(str) == "Gather"}
     assert "i8" in gathers, gathers                      # the word table's rows looked up in int8
+    # each FFN's first linear runs its GELU and the quantize of the second's input as post-ops: writes u8
+    fused = [i["outputPrecisions"].astype(str) for i in infos if i["layerType"].astype(str) == "FullyConnected"
+             and "gelu" in i["originalLayersNames"].astype(str)]
+    assert fused == ["u8", "u8"], fused
     with torch.no_grad():
         ref = model(*inputs)
     simulated = st["calibration"]["max_rel"]
