@@ -24,7 +24,9 @@ per output channel) and which is the bias (int32 with scale ``input scale × wei
 scale``, what the integer kernels accumulate in), and a fixed output range when the
 op's is known without observing (softmax's ``[0, 1]``, as ORT's quantizer uses).
 Layer norm, GELU, reductions and everything else keep float (ORT has no int8 kernel
-for them)::
+for them).  A target can add rows its lowering alone has (:data:`TARGET_ROWS`): openvino's
+``scaled_dot_product_attention``, its ``q`` and ``k`` quantized and ``v`` float (the CPU plugin's
+int8 attention kernel); ``quantize`` then first recovers attention from its decomposition::
 
     >>> rule = int8_rule(aten("convolution"))
     >>> rule.activations, rule.weight, rule.weight_axis, rule.bias
@@ -33,6 +35,9 @@ for them)::
     (0.0, 1.0)
     >>> int8_rule(aten("native_layer_norm")) is None
     True
+    >>> sdpa = aten("scaled_dot_product_attention")
+    >>> int8_rule(sdpa) is None, int8_rule(sdpa, "openvino").activations
+    (True, (0, 1))
 """
 from __future__ import annotations
 

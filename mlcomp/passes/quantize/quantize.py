@@ -48,7 +48,9 @@ weight before quantizing, SmoothQuant's ``α``; by default the target's row, non
 measured against fp32 on the calibration samples, added to its bias: :mod:`~mlcomp.passes.quantize.bias`),
 and a declared accuracy target, ``tolerance`` (max
 relative error of the outputs) and ``agreement`` (top-1), refused with the numbers when missed.
-A fused graph (``-O2,quantize``) is first put back as its ops (:mod:`~mlcomp.passes.quantize.unfuse`), and a linear read as ``bmm`` against its weight
+A fused graph (``-O2,quantize``) is first put back as its ops (:mod:`~mlcomp.passes.quantize.unfuse`); on a
+target with an attention row (openvino: :data:`~mlcomp.passes.quantize.policy.TARGET_ROWS`) attention is
+recovered as one op (:func:`~mlcomp.passes.attention.fuse_attention`); a linear read as ``bmm`` against its weight
 broadcast over the batch (attention's input projection on a permuted input) is written as one
 ``addmm`` again (:mod:`mlcomp.ir.linearize`), so its weight folds to int8 like any linear's.
 
