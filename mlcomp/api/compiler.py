@@ -44,7 +44,6 @@ from mlcomp.api.lowering import (CompileResult, Note, adapted_pipeline, compile_
                                  resolve_target, verify_seeded)
 from mlcomp.base.errors import MlcompError, OptionError
 from mlcomp.base.files import Kind, check_destination
-from mlcomp.frontend.joint import capture_joint, example_target, loss_function, resolve_loss
 from mlcomp.frontend.loading import kept_modes
 from mlcomp.frontend.stochastic import randomness_off
 from mlcomp.hardware.timing import TimingPolicy
@@ -298,6 +297,10 @@ def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline
     ``update_in_backward``: the optimizer in the backward (:mod:`mlcomp.training.fused`);
     ``host_memory``: the allocator policy, applied before capture (:mod:`mlcomp.training.host_memory`).
     """
+    # here, not at the top: the joint capture's imports (torch._dynamo, torch._inductor) are an inference
+    # compile's capture's, after auto's timing processes have started
+    from mlcomp.frontend.joint import capture_joint, example_target, loss_function, resolve_loss
+
     spec = OptimizerSpec.parse(optimizer)
     loss = resolve_loss(source, loss)
     if loss_scale is not None:

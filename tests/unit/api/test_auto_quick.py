@@ -275,5 +275,24 @@ def test_the_environment_selects_the_timing_scheme(monkeypatch):
         pool.start()
     monkeypatch.setenv("MLCOMP_AUTO_PROCESSES", "spawn")
     monkeypatch.setenv("MLCOMP_AUTO_SETTLE", "fixed")
+    monkeypatch.setenv("MLCOMP_AUTO_PRELOAD", "off")
     assert (seen[0]["fork"], seen[0]["quiet"]) == (True, True)
-    assert workers._variant() == {"fork": False, "quiet": False}
+    assert workers._variant() == {"fork": False, "quiet": False, "preload": ()}
+
+
+def test_the_timing_processes_preload_what_the_candidates_loads_import(monkeypatch):
+    """The pool of an auto compile names the target registry and each candidate's runtime modules (no
+    duplicates) for its zygote to import before it forks; MLCOMP_AUTO_PRELOAD=off names none."""
+    from mlcomp.api.auto.search import timing_pool
+    from mlcomp.targets import get_target
+
+    targets = [get_target(n) for n in ("cpu", "onnxruntime", "tvm", "cpu")]
+    seen = []
+    for preload in ("on", "off"):
+        monkeypatch.setenv("MLCOMP_AUTO_PRELOAD", preload)
+        with timing_pool([], targets) as pool:
+            pool._spawn = lambda feed, n, **kw: seen.append(kw["preload"]) or []
+            pool.start()
+    assert seen[0] == ("mlcomp.targets.registry", "mlcomp.targets.torch.cpu", "mlcomp.targets.onnx.target",
+                       "mlcomp.targets.tvm.target", "mlcomp.targets.tvm.module", "tvm")
+    assert seen[1] == ()
