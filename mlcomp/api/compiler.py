@@ -62,7 +62,8 @@ from mlcomp.training.step import (
     verify_gradients,
 )
 
-__all__ = ["compile", "compile_model", "open_cache", "is_auto", "load", "export", "compile_training_source"]
+__all__ = ["compile", "compile_model", "open_cache", "is_auto", "load", "export", "compile_training_source",
+           "early_pool"]
 
 
 def is_auto(target: Any) -> bool:
@@ -256,7 +257,7 @@ def _compile(model_or_path: Any, example_inputs: Any, target: Any, pipeline: Any
     source = load_source(model_or_path, example_inputs, load_opts)
     for note in source.notes:                  # e.g. a model given in train() mode, compiled in eval() mode
         warnings.warn(note, stacklevel=2)
-    with _early_pool(source, target, candidates, options) as pool:
+    with early_pool(source, target, candidates, options) as pool:
         t0 = time.perf_counter()
         graph = source.capture(method=load_opts.get("capture", "export"),
                                dynamic=load_opts.get("dynamic"), dynamic_batch=bool(load_opts.get("dynamic_batch")))
@@ -268,7 +269,7 @@ def _compile(model_or_path: Any, example_inputs: Any, target: Any, pipeline: Any
     return result.artifact
 
 
-def _early_pool(source: Any, target: Any, candidates: Any, options: dict[str, Any]) -> Any:
+def early_pool(source: Any, target: Any, candidates: Any, options: dict[str, Any]) -> Any:
     """For ``target="auto"`` timed in processes: its timing processes, started now, so that their one start-up
     (a zygote importing torch, mlcomp and the runtimes) runs on the core the capture leaves; else nothing.
     Unused ones (a cache hit, a record, a failed capture) are killed when the block ends."""

@@ -296,3 +296,43 @@ def test_the_timing_processes_preload_what_the_candidates_loads_import(monkeypat
     assert seen[0] == ("mlcomp.targets.registry", "mlcomp.targets.torch.cpu", "mlcomp.targets.onnx.target",
                        "mlcomp.targets.tvm.target", "mlcomp.targets.tvm.module", "tvm")
     assert seen[1] == ()
+
+
+def test_the_cli_starts_the_timing_processes_before_the_capture_and_closes_them_at_the_end(monkeypatch, captured):
+    """``mlcomp compile --target auto``: the pool starts once the model is loaded, before its capture, is
+    handed to the compile, and is closed when the command ends (here: the compile fails)."""
+    from click.testing import CliRunner
+
+    import mlcomp.api
+    from mlcomp.api import compiler
+    from mlcomp.base.errors import MlcompError
+    from mlcomp.cli.main import main
+    from mlcomp.frontend.source import ModelSource
+
+    events: list[Any] = []
+
+    class Pool:
+        closed = False
+
+        def __enter__(self) -> "Pool":
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            self.closed = True
+
+    def early(source, target, candidates, options):
+        events.append(("pool", target, candidates))
+        return Pool()
+
+    def compile_model(source, graph, **kw):
+        events.append(("compile", kw["pool"]))
+        raise MlcompError("stopped by the test", hint="none")
+    graph = captured("mlp", 2)[2]                        # the capture itself is not what is tested
+    monkeypatch.setattr(compiler, "early_pool", early)
+    monkeypatch.setattr(mlcomp.api, "compile_model", compile_model)
+    monkeypatch.setattr(ModelSource, "capture", lambda self, **kw: events.append("capture") or graph)
+    result = CliRunner().invoke(main, ["compile", "mlp", "--batch", "2", "--target", "auto",
+                                       "--candidates", "cpu,onnxruntime", "--no-cache"])
+    assert "stopped by the test" in result.output and result.exit_code != 0
+    assert events[:2] == [("pool", "auto", ["cpu", "onnxruntime"]), "capture"]
+    assert events[2][0] == "compile" and isinstance(events[2][1], Pool) and events[2][1].closed
