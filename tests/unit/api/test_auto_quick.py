@@ -294,7 +294,7 @@ def test_the_timing_processes_preload_what_the_candidates_loads_import(monkeypat
             pool._spawn = lambda feed, n, **kw: seen.append(kw["preload"]) or []
             pool.start()
     assert seen[0] == ("mlcomp.targets.registry", "mlcomp.targets.torch.cpu", "mlcomp.targets.onnx.target",
-                       "mlcomp.targets.tvm.target", "mlcomp.targets.tvm.module", "tvm")
+                       "mlcomp.targets.tvm.target", "mlcomp.targets.tvm.module")
     assert seen[1] == ()
 
 
