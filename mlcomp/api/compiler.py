@@ -41,7 +41,7 @@ from mlcomp.api.cache import CacheOutcome, CacheStatus, CompileCache, default_ca
 from mlcomp.api.cache_key import CacheKey, UncacheableGraph, cache_key
 from mlcomp.api.inputs import LOAD_KEYS, TRAIN_KEYS, check_options, load_source
 from mlcomp.api.lowering import (CompileResult, Note, adapted_pipeline, compile_source, eager_reference,
-                                 resolve_target, verify_seeded)
+                                 resolve_target)
 from mlcomp.base.errors import MlcompError, OptionError
 from mlcomp.base.files import Kind, check_destination
 from mlcomp.frontend.loading import kept_modes
@@ -130,7 +130,7 @@ def _reuse(source: Any, art: Any, *, verify: bool, tolerance: float | None, capt
         expected, _ = eager_reference(source, inputs, None)
         art.set_reference(inputs, expected)
     art.manifest["capture_seconds"] = round(capture_seconds, 4)
-    check = verify_seeded(art, tolerance=tolerance, raise_on_failure=False) if verify else None
+    check = art.verify(tolerance=tolerance, raise_on_failure=False) if verify else None
     return CompileResult(art, None, capture_seconds, 0.0, check=check)
 
 
@@ -330,7 +330,7 @@ def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline
 
 def load(directory: str | Path, *, verify: bool = False):
     """Load an artifact folder; ``verify=True`` re-runs its stored reference inputs and compares (from the
-    seed eager ran from: :func:`~mlcomp.api.lowering.verify_seeded`).
+    seed eager ran from, as :meth:`Artifact.verify` always does).
 
     A training artifact (``mlcomp compile --train -o DIR``) comes back as a
     :class:`~mlcomp.training.step.TrainingArtifact` that has already checked itself:
@@ -340,7 +340,7 @@ def load(directory: str | Path, *, verify: bool = False):
         return TrainingArtifact.load(directory)
     artifact = Artifact.load(directory)
     if verify:
-        verify_seeded(artifact, record=False)
+        artifact.verify(record=False)
     return artifact
 
 

@@ -271,7 +271,6 @@ def _say_compiled(result: Any, request: Any, hit: bool, facts: dict[str, Any], s
 def _verify_and_save(result: Any, model: str, output: Path, *, force: bool, fresh_check: bool,
                      progress: Progress, facts: dict[str, Any], say: _Say) -> None:
     """The verification against eager (raises if it failed), then save, reload and verify the reloaded copy."""
-    from mlcomp.api.lowering import verify_seeded
     from mlcomp.api.range_check import sizes_line
     from mlcomp.runtime.artifact import Artifact
 
@@ -288,7 +287,7 @@ def _verify_and_save(result: Any, model: str, output: Path, *, force: bool, fres
     with progress.stage(f"save {output}"):
         art.save(output, force=force)
         again = Artifact.load(output)
-        reloaded = verify_seeded(again, record=False) if check is not None else None
+        reloaded = again.verify(record=False) if check is not None else None
     files = [e["path"] for e in art.manifest["payload"]]
     size = size_on_disk(output)
     facts.update(verification=check.to_json() if check else None, output=str(output), files=files,

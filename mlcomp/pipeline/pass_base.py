@@ -56,7 +56,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "fold-batchnorm": "mlcomp.passes.fusion.folds:FoldBatchNorm",
     "fold-bias": "mlcomp.passes.fusion.folds:FoldBias",
     "fuse-epilogue": "mlcomp.passes.fusion.fusion:FuseEpilogue",
-    "fuse-attention": "mlcomp.passes.fusion.attention:FuseAttention",
+    "fuse-attention": "mlcomp.passes.attention:FuseAttention",
     "recompose": "mlcomp.passes.fusion.recompose:Recompose",
     "fuse-elementwise": "mlcomp.passes.fusion.fusion:FuseElementwise",
     "fuse": "mlcomp.passes.fusion.fusion:Fuse",

@@ -20,7 +20,7 @@ on the flattened input, and ``mm + bias`` / ``convolution + bias`` fold into
   becomes
     %add = aten.addmm(%bias, %x, %w_t)
 
-Attention fusion lives in :mod:`mlcomp.passes.fusion.attention`, recomposed norms and
+Attention fusion lives in :mod:`mlcomp.passes.attention`, recomposed norms and
 GELU in :mod:`mlcomp.passes.fusion.recompose`.  Every rewrite keeps the name of the
 value it replaces (see ``builder.substitute``).
 """

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable
 
 from mlcomp.passes import patterns as P
-from mlcomp.passes.fusion.attention import FuseAttention
+from mlcomp.passes.attention import FuseAttention
 from mlcomp.passes.fusion.folds import FoldBatchNorm, FoldBias
 from mlcomp.passes.fusion.recompose import Recompose
 

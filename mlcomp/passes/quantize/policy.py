@@ -24,7 +24,9 @@ per output channel) and which is the bias (int32 with scale ``input scale × wei
 scale``, what the integer kernels accumulate in), and a fixed output range when the
 op's is known without observing (softmax's ``[0, 1]``, as ORT's quantizer uses).
 Layer norm, GELU, reductions and everything else keep float (ORT has no int8 kernel
-for them)::
+for them).  A target can add rows its lowering alone has (:data:`TARGET_ROWS`): openvino's
+``scaled_dot_product_attention``, its ``q`` and ``k`` quantized and ``v`` float (the CPU plugin's
+int8 attention kernel); ``quantize`` then first recovers attention from its decomposition::
 
     >>> rule = int8_rule(aten("convolution"))
     >>> rule.activations, rule.weight, rule.weight_axis, rule.bias
@@ -33,6 +35,9 @@ for them)::
     (0.0, 1.0)
     >>> int8_rule(aten("native_layer_norm")) is None
     True
+    >>> sdpa = aten("scaled_dot_product_attention")
+    >>> int8_rule(sdpa) is None, int8_rule(sdpa, "openvino").activations
+    (True, (0, 1))
 """
 from __future__ import annotations
 
@@ -42,7 +47,7 @@ from typing import Mapping
 
 from mlcomp.ir.ops import Op, aten
 
-__all__ = ["Int8Rule", "INT8_POLICY", "int8_rule"]
+__all__ = ["Int8Rule", "INT8_POLICY", "TARGET_ROWS", "int8_rule"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,15 @@ INT8_POLICY: Mapping[Op, Int8Rule] = MappingProxyType({
 })
 
 
-def int8_rule(op: Op) -> Int8Rule | None:
-    """The row for ``op``, or ``None`` (the op keeps float)."""
-    return INT8_POLICY.get(op)
+TARGET_ROWS: Mapping[str, Mapping[Op, Int8Rule]] = MappingProxyType({
+    "openvino": MappingProxyType({
+        aten("scaled_dot_product_attention"): Int8Rule(activations=(0, 1), product=True, float_output=True),
+    }),
+})
+"""Target -> rows only its lowering has: OpenVINO's CPU plugin runs a whole attention (``Q·Kᵀ``, softmax,
+``P·V``) as one kernel that takes ``Q`` and ``K`` in int8 and ``V`` in float, and writes float."""
+
+
+def int8_rule(op: Op, target: str | None = None) -> Int8Rule | None:
+    """The row for ``op`` (on ``target``, whose own rows count too), or ``None`` (the op keeps float)."""
+    return INT8_POLICY.get(op) or TARGET_ROWS.get(target or "", {}).get(op)

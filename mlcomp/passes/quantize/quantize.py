@@ -48,7 +48,9 @@ weight before quantizing, SmoothQuant's ``α``; by default the target's row, non
 measured against fp32 on the calibration samples, added to its bias: :mod:`~mlcomp.passes.quantize.bias`),
 and a declared accuracy target, ``tolerance`` (max
 relative error of the outputs) and ``agreement`` (top-1), refused with the numbers when missed.
-A fused graph (``-O2,quantize``) is first put back as its ops (:mod:`~mlcomp.passes.quantize.unfuse`), and a linear read as ``bmm`` against its weight
+A fused graph (``-O2,quantize``) is first put back as its ops (:mod:`~mlcomp.passes.quantize.unfuse`); on a
+target with an attention row (openvino: :data:`~mlcomp.passes.quantize.policy.TARGET_ROWS`) attention is
+recovered as one op (:func:`~mlcomp.passes.attention.fuse_attention`); a linear read as ``bmm`` against its weight
 broadcast over the batch (attention's input projection on a permuted input) is written as one
 ``addmm`` again (:mod:`mlcomp.ir.linearize`), so its weight folds to int8 like any linear's.
 
@@ -78,13 +80,15 @@ from mlcomp.ir import Graph, Mode, Node
 from mlcomp.ir.ops import aten
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.linearize import linearize_batched_matmuls
+from mlcomp.passes.attention import fuse_attention
+from mlcomp.passes.patterns import SDPA
 from mlcomp.passes.quantize import accuracy, data
 from mlcomp.passes.quantize.absorb import absorb_scalar_muls
 from mlcomp.passes.quantize.bias import correct_biases, correctable
 from mlcomp.passes.quantize.embeddings import quantize_embeddings
 from mlcomp.passes.quantize.grids import PRODUCT_SCHEMES, Grid, operand_grids
 from mlcomp.passes.quantize.observe import observe
-from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule
+from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule, int8_rule
 from mlcomp.passes.quantize.selection import choose, uncarried, unmatched
 from mlcomp.passes.quantize.smooth import smooth, smoothing_for
 from mlcomp.passes.quantize.unfuse import inline_fused
@@ -184,8 +188,10 @@ class Quantize(Pass):
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         unfused = inline_fused(graph)
+        target = ctx.target.name if ctx.target is not None else None
+        attention = fuse_attention(graph) if int8_rule(SDPA, target) is not None else 0
         linearized = linearize_batched_matmuls(graph)
-        layers, kept = choose(graph, self.exclude)
+        layers, kept = choose(graph, self.exclude, target)
         if self.activations is Activations.DYNAMIC:
             layers = _dynamic_only(graph, layers, kept)
         if not layers:
@@ -224,8 +230,9 @@ class Quantize(Pass):
         tables = quantize_embeddings(graph, self.exclude) if self.embeddings else []
         corrected = correct_biases(graph, samples, seen.means, axes, records) if axes else 0
         stats = self._measure(graph, samples, held, seen, held_ref, records)
-        stats.update(kept_float=kept, unfused_groups=unfused, batched_linears=linearized, scalar_muls_absorbed=absorbed,
-                     ranges_shared=shared, embeddings=tables, biases_corrected=corrected, smoothed=smoothed)
+        stats.update(kept_float=kept, unfused_groups=unfused, attention_fused=attention, batched_linears=linearized,
+                     scalar_muls_absorbed=absorbed, ranges_shared=shared, embeddings=tables, biases_corrected=corrected,
+                     smoothed=smoothed)
         stats["warnings"] = [f"exclude pattern {p!r} matched no node" for p in unmatched(graph, self.exclude)]
         for text in stats["warnings"]:
             warnings.warn(f"quantize: {text}", UserWarning, stacklevel=2)

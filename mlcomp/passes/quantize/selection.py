@@ -136,12 +136,14 @@ KEEP_FLOAT: tuple[Callable[[Graph, Node, Int8Rule], str | None], ...] = (
 """Why a node with a policy row keeps float (``None``: it does not), in the order they are checked."""
 
 
-def choose(graph: Graph, exclude: Sequence[str]) -> tuple[list[tuple[Node, Int8Rule]], dict[str, str]]:
-    """The nodes to quantize with their rows, and each other node with a row: why it keeps float. O(n)."""
+def choose(graph: Graph, exclude: Sequence[str], target: str | None = None
+           ) -> tuple[list[tuple[Node, Int8Rule]], dict[str, str]]:
+    """The nodes to quantize with their rows (``target``'s own rows too), and each other node with a row: why it
+    keeps float. O(n)."""
     picked: list[tuple[Node, Int8Rule]] = []
     kept: dict[str, str] = {}
     for node in graph.call_nodes():
-        rule = int8_rule(node.op)
+        rule = int8_rule(node.op, target)
         if rule is None:
             continue
         pattern = excluded_by(node, exclude)

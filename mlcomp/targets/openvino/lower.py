@@ -39,7 +39,7 @@ from mlcomp.ir import Graph, Ref, TensorMeta
 from mlcomp.ir.builder import new_node, remove_dead, substitute
 from mlcomp.ir.ops import PARAM, Namespace, Op, aten
 
-__all__ = ["decomposition", "lower_for_frontend", "shared_weights_as_linear", "translated"]
+__all__ = ["activations_before_views", "decomposition", "lower_for_frontend", "shared_weights_as_linear", "translated"]
 
 # ATen overloads the FX frontend translates that the partitioner's table (``OperatorSupport``)
 # leaves out; tracing would decompose them, so they are kept whole only when listed here
@@ -187,4 +187,39 @@ def shared_weights_as_linear(graph: Graph) -> Graph:
         stale = node.inputs[1].name
         substitute(out, node.name, aten("view"), [Ref(mm.name), [batch, rows, n]], origin=node.origin)
         remove_dead(out, [stale])
+    return out
+
+
+# element-wise activations the CPU plugin fuses into the product that writes their input (a post-op)
+_ACTIVATIONS = frozenset({aten("gelu"), aten("relu"), aten("silu"), aten("sigmoid"), aten("tanh")})
+_VIEWS = frozenset({aten("view"), aten("_unsafe_view"), aten("reshape")})
+
+
+def activations_before_views(graph: Graph) -> Graph:
+    """``graph`` (a copy, if anything changes) with each activation that reads a view read by nothing else
+    computed before the view.  A linear on a 3-d input is captured as ``view → addmm → view``; with its
+    activation after the second view the plugin runs the product and the activation (and the quantize that
+    follows it) as separate layers, with the activation applied before the view they become one
+    ``FullyConnected`` with post-ops, and the two views meet and cancel::
+
+        %view_21 = aten.view(%addmm_3, [8, 128, 3072]);  %gelu = aten.gelu(%view_21)
+      becomes
+        %gelu_rows = aten.gelu(%addmm_3);  %gelu = aten.view(%gelu_rows, [8, 128, 3072])
+    """
+    def moved(node: Any) -> bool:
+        src = graph.node(node.inputs[0].name) if node.inputs and isinstance(node.inputs[0], Ref) else None
+        return src is not None and src.op in _VIEWS and len(graph.users(src.name)) == 1 \
+            and isinstance(src.inputs[0], Ref)
+
+    found = [n.name for n in graph.call_nodes() if n.op in _ACTIVATIONS and moved(n)]
+    if not found:
+        return graph
+    out = graph.copy()
+    for name in found:
+        node = out.node(name)
+        view = out.node(node.inputs[0].name)
+        act = new_node(out, node.op, [view.inputs[0], *node.inputs[1:]], node.attrs, name=f"{name}_rows",
+                       origin=node.origin, before=name)
+        substitute(out, name, view.op, [Ref(act.name), *view.inputs[1:]], view.attrs, origin=node.origin)
+        remove_dead(out, [view.name])
     return out

@@ -51,7 +51,7 @@ from mlcomp.targets.capabilities import Capabilities, DeviceKind
 from mlcomp.runtime.codegen import to_fx
 from mlcomp.targets.openvino.int8 import int8_layers, qdq_for_frontend
 from mlcomp.targets.openvino.lower import (decomposition, frontend_name, lower_for_frontend,
-                                           shared_weights_as_linear, translated)
+                                           shared_weights_as_linear, translated, activations_before_views)
 
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.quiet import quiet_converter
@@ -282,7 +282,7 @@ def convert(graph: Graph, inputs: tuple[torch.Tensor, ...]) -> Any:
     from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
     from torch.fx.passes.shape_prop import ShapeProp
 
-    graph = shared_weights_as_linear(without_legacy_empties(graph))
+    graph = activations_before_views(shared_weights_as_linear(without_legacy_empties(graph)))
     module = qdq_for_frontend(to_fx(graph).eval())     # int8 pairs → the ops OpenVINO makes FakeQuantize of
     with torch.no_grad(), quiet_converter():
         table = translated()

@@ -18,20 +18,22 @@ from mlcomp.pipeline.target_facts import TargetFacts
 
 
 class Scores(nn.Module):
-    """softmax(q kᵀ) v of three linear projections: two activation × activation products."""
+    """f(q kᵀ) v of three linear projections: two activation × activation products; with ``f`` a softmax,
+    an attention (which openvino quantizes whole), else a ReLU (two products on any target)."""
 
-    def __init__(self) -> None:
+    def __init__(self, soft: bool = False) -> None:
         super().__init__()
         self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.f = (lambda s: torch.softmax(s, -1)) if soft else torch.relu
 
     def forward(self, x):
-        p = torch.softmax(torch.bmm(self.q(x), self.k(x).transpose(1, 2)), -1)
+        p = self.f(torch.bmm(self.q(x), self.k(x).transpose(1, 2)))
         return torch.bmm(p, self.v(x))
 
 
-def _quantized(target: str | None, spec: str = "quantize"):
+def _quantized(target: str | None, spec: str = "quantize", soft: bool = False):
     torch.manual_seed(0)
-    model = Scores().eval()
+    model = Scores(soft).eval()
     x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(3))
     g = load_model(model, example_inputs=(x,)).capture()
     facts = TargetFacts(target) if target else None
@@ -60,13 +62,44 @@ def test_openvino_products_have_no_zero_points_and_the_second_operand_is_signed(
     scores, weighted = zeros
     assert all(z == 0 for _, z in scores + weighted), zeros
     assert scores[1][0] == weighted[1][0] == torch.int8              # kᵀ and v: int8
-    assert weighted[0] == (torch.uint8, 0)                         # softmax's probabilities: uint8 from 0
+    assert weighted[0] == (torch.uint8, 0)                         # relu's output: uint8 from 0
     grids = [i["grid"] for r in stats["layers"] if r["op"] == "aten.bmm.default" for i in r["inputs"]]
     assert grids == ["zero-free", "signed"] * 2
     with torch.no_grad():
         ref = model(x)
     got = Interpreter(out).run(x)[0]
     assert float((got - ref).abs().max() / ref.abs().max()) <= stats["declared_tolerance"]
+
+
+GOLDEN_ATTENTION = """
+  %unsqueeze_2: f32[1, 2, 5, 8] = aten.unsqueeze.default(%view_5, 0)   # <root>
+  %unsqueeze_q: i8[1, 2, 5, 8] = mlcomp.quantize_linear(%unsqueeze, %unsqueeze.scale, %unsqueeze.zero, 1)   # <root>
+  %unsqueeze_dq: f32[1, 2, 5, 8] = mlcomp.dequantize_linear(%unsqueeze_q, %unsqueeze.scale, %unsqueeze.zero, 1)   # <root>
+  %unsqueeze_1_q: i8[1, 2, 5, 8] = mlcomp.quantize_linear(%unsqueeze_1, %unsqueeze_1.scale, %unsqueeze_1.zero, 1)   # <root>
+  %unsqueeze_1_dq: f32[1, 2, 5, 8] = mlcomp.dequantize_linear(%unsqueeze_1_q, %unsqueeze_1.scale, %unsqueeze_1.zero, 1)   # <root>
+  %scaled_dot_product_attention: f32[1, 2, 5, 8] = aten.scaled_dot_product_attention.default(%unsqueeze_dq, %unsqueeze_1_dq, %unsqueeze_2, scale=1.0)   # <root>
+  %bmm_1: f32[2, 5, 8] = aten.squeeze.dims(%scaled_dot_product_attention, [0])   # <root>
+  return (%bmm_1,)
+}"""
+
+
+def test_openvino_quantizes_an_attention_whole_q_and_k_without_zero_points():
+    """softmax(q kᵀ) v on openvino: one attention op reading q on the zero-free grid and k signed, both
+    written so by their linears (one rounding each); v's linear writes float (the attention reads v in float)."""
+    model, x, out, stats = _quantized("openvino", soft=True)
+    assert stats["attention_fused"] == 1 and out.format().endswith(GOLDEN_ATTENTION), out.format()
+    (sdpa,) = [r for r in stats["layers"] if "scaled_dot_product_attention" in r["op"]]
+    assert [(i["grid"], i["zero_point"]) for i in sdpa["inputs"]] == [("zero-free", 0), ("signed", 0)]
+    outputs = [r.get("output") for r in stats["layers"] if r["op"] == "aten.addmm.default"]
+    assert sum(o is None for o in outputs) == 1                     # v: float
+    written = {(round(o["scale"], 9), o["zero_point"]) for o in outputs if o}
+    assert written == {(round(i["scale"], 9), 0) for i in sdpa["inputs"]}
+    with torch.no_grad():
+        ref = model(x)
+    got = Interpreter(out).run(x)[0]
+    assert float((got - ref).abs().max() / ref.abs().max()) <= stats["declared_tolerance"]
+    _, _, ort, _ = _quantized("onnxruntime", soft=True)             # onnxruntime: two int8 products
+    assert len(list(ort.nodes(aten("bmm")))) == 2
 
 
 @pytest.mark.parametrize("target, dtype", [("openvino", torch.int8), ("onnxruntime", torch.uint8)])

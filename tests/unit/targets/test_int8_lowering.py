@@ -161,15 +161,22 @@ def _ran(art) -> set[tuple[str, str]]:
 
 
 @pytest.mark.openvino
-def test_openvino_runs_attention_products_in_int8():
-    """q·kᵀ and p·v (two activations) run in int8: their operands carry no zero point on openvino."""
+def test_openvino_runs_attention_as_one_int8_kernel():
+    """On openvino quantize recovers attention as one op and quantizes its q and k (no zero point): the plugin
+    runs Q·Kᵀ, softmax and P·V as one int8 attention subgraph, no MatMul or Softmax layer of their own."""
     torch.manual_seed(0)
     model = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
     x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(7))
     art = mlcomp.compile(model, (x,), target="openvino", pipeline="fold-constants,cleanup,quantize")
-    ran = _ran(art)
-    assert {p for t, p in ran if t == "MatMul"} <= {"u8", "i8"} and any(t == "MatMul" for t, _ in ran), ran
-    assert art.runtime.int8.int8.get("MatMul") == 2 and art.runtime.int8.floating == {}, art.runtime.int8
+    assert art.runtime.int8.int8 == {"Attention": 1, "FullyConnected": 4} and art.runtime.int8.floating == {}
+    kinds = {i["layerType"].astype(str) for i in (op.get_rt_info() for op in
+             art.runtime.compiled.get_runtime_model().get_ops())}
+    assert not kinds & {"MatMul", "Softmax"}, kinds
+    st = _quantize_stats(art)
+    assert st["attention_fused"] == 1
+    sdpa = next(r for r in st["layers"] if "scaled_dot_product_attention" in r["op"])
+    assert [i["zero_point"] for i in sdpa["inputs"]] == [0, 0] and [i["grid"] for i in sdpa["inputs"]] == \
+        ["zero-free", "signed"]
     ver = art.manifest["verification"]
     assert ver["passed"] and ver["max_rel"] <= art.manifest["declared_tolerance"]
 
@@ -177,13 +184,13 @@ def test_openvino_runs_attention_products_in_int8():
 @pytest.mark.slow
 @pytest.mark.openvino
 def test_zoo_transformer_runs_every_product_in_int8_on_openvino(zoo):
-    """All 25 products: 17 linears (the input projections too, once read as linears again) and 8 attention
-    products; on a held-back batch within quantize's declared tolerance."""
+    """Every product: 17 linears (the input projections too, once read as linears again) and 4 attentions, each
+    one int8 kernel; on a held-back batch within quantize's declared tolerance."""
     model = zoo["transformer"].build().eval()
     xs = [torch.randn(2, 128, 256, generator=torch.Generator().manual_seed(s)) for s in range(5)]
     art = mlcomp.compile(model, (xs[0],), target="openvino", calibration_data=xs,
                          pipeline="fold-batchnorm,fold-constants,cleanup,quantize{held_back=1}")
-    assert art.runtime.int8.int8 == {"FullyConnected": 17, "MatMul": 8} and art.runtime.int8.floating == {}
+    assert art.runtime.int8.int8 == {"Attention": 4, "FullyConnected": 17} and art.runtime.int8.floating == {}
     assert {p for _, p in _ran(art)} <= {"u8", "i8"}
     st = next(p for p in art.manifest["pipeline_report"]["passes"] if p["name"] == "quantize")["stats"]
     assert st["held_back"]["samples"] == 1 and st["held_back"]["max_rel"] <= st["declared_tolerance"], st["held_back"]
@@ -197,22 +204,25 @@ def _quantize_stats(art):
 
 @pytest.mark.openvino
 def test_openvino_bert_computes_what_quantize_measured():
-    """A ``transformers`` BERT on openvino: every product in int8, the word table looked up in int8, and its
-    output the quantized graph's own (the error the pass measured running it, bias corrections and q and
-    k's scalings included: absorbed into dequantize
-    scales, pairs whose dequantize has another scale than its quantize, which the frontend's FakeQuantize
-    alone would read with the quantize's (attention scores 8× too large)."""
+    """A ``transformers`` BERT on openvino: every linear and attention in int8 (attention whole, its q and k
+    scalings folded into its scale), the word table looked up in int8, and its output the quantized graph's
+    own (the error the pass measured running it, bias corrections included)."""
     pytest.importorskip("transformers")
     from mlcomp.models.third_party import build_third_party
     model, inputs = build_third_party("bert", batch=2)
     art = mlcomp.compile(model, inputs, target="openvino", pipeline="fold-batchnorm,fold-constants,cleanup,quantize")
-    assert art.runtime.int8.int8 == {"FullyConnected": 12, "MatMul": 4} and art.runtime.int8.floating == {}
+    assert art.runtime.int8.int8 == {"Attention": 2, "FullyConnected": 12} and art.runtime.int8.floating == {}
     st = _quantize_stats(art)
-    assert st["scalar_muls_absorbed"] == 4 and st["kept_float"]["add"].startswith("no operand comes from an int8")
+    assert st["attention_fused"] == 2 and st["scalar_muls_absorbed"] == 0, st["kept_float"]
+    assert st["kept_float"]["add"].startswith("no operand comes from an int8")
     assert st["biases_corrected"] == 12                  # every linear's bias holds its measured shift
-    gathers = {i["runtimePrecision"].astype(str) for i in (op.get_rt_info() for op in
-               art.runtime.compiled.get_runtime_model().get_ops()) if i["layerType"].astype(str) == "Gather"}
+    infos = [op.get_rt_info() for op in art.runtime.compiled.get_runtime_model().get_ops()]
+    gathers = {i["runtimePrecision"].astype(str) for i in infos if i["layerType"].astype(str) == "Gather"}
     assert "i8" in gathers, gathers                      # the word table's rows looked up in int8
+    # each FFN's first linear runs its GELU and the quantize of the second's input as post-ops: writes u8
+    fused = [i["outputPrecisions"].astype(str) for i in infos if i["layerType"].astype(str) == "FullyConnected"
+             and "gelu" in i["originalLayersNames"].astype(str)]
+    assert fused == ["u8", "u8"], fused
     with torch.no_grad():
         ref = model(*inputs)
     simulated = st["calibration"]["max_rel"]

@@ -20,7 +20,8 @@ layout runtimes fuse (OpenVINO's attention subgraph)::
     %sdpa = aten.scaled_dot_product_attention(%q, %k, %v, scale=0.25, attn_mask=%mask)   # [2, 4, 8, 16]
     %out = aten.reshape(%sdpa, [8, 8, 16])
 
-The rewrite keeps the name of the value it replaces (see ``builder.substitute``).
+The rewrite keeps the name of the value it replaces (see ``builder.substitute``).  It is shared
+(:func:`fuse_attention`): ``quantize`` recovers attention first on a target that quantizes it whole.
 """
 from __future__ import annotations
 
@@ -28,11 +29,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-
 from mlcomp.ir import Graph, Node, Ref, TensorMeta
 from mlcomp.ir.builder import new_node, remove_dead, substitute
 from mlcomp.passes import patterns as P
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
+
+__all__ = ["FuseAttention", "fuse_attention"]
+
 
 @dataclass(frozen=True)
 class FuseAttention(Pass):
@@ -42,11 +45,17 @@ class FuseAttention(Pass):
     fold_scales: bool = option(True, "fold scalar multiplications of queries and keys into the scale")
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
-        fused = 0
-        for node in graph.nodes(P.BMM):
-            if node.name in graph and _attention(graph, node, self.fold_scales):
-                fused += 1
+        fused = fuse_attention(graph, self.fold_scales)
         return PassResult(graph, fused > 0, {"attention_fused": fused})
+
+
+def fuse_attention(graph: Graph, fold_scales: bool = True) -> int:
+    """Rewrite every decomposed attention of ``graph`` in place (see the module docstring); how many."""
+    fused = 0
+    for node in graph.nodes(P.BMM):
+        if node.name in graph and _attention(graph, node, fold_scales):
+            fused += 1
+    return fused
 
 
 def _through_views(graph: Graph, value: Any, matched: list[str]) -> Any:
@@ -238,8 +247,9 @@ def _rewrite_native(graph: Graph, qk: Node, pv: Node, add: Node | None, mask: An
         scores = list(P.meta_of(graph, Ref(qk.name)).shape)
         want = lead + scores[-2:]
         shape = list(P.meta_of(graph, mask).shape)
-        if shape != want and not (len(shape) <= 2 or shape[0] == 1 and len(shape) == 3):
-            full = list(P.meta_of(graph, Ref(add.name)).shape)
+        full = list(P.meta_of(graph, Ref(add.name)).shape)
+        kept = len(shape) <= 2 or shape[0] == 1 and len(shape) == 3 or _broadcasts(shape, full, want)
+        if shape != want and not kept:
             if shape != full:
                 mask = Ref(new_node(graph, P.EXPAND, (mask, full), name="expand", origin=origin,
                                     before=qk.name).name)
@@ -249,3 +259,11 @@ def _rewrite_native(graph: Graph, qk: Node, pv: Node, add: Node | None, mask: An
     sdpa = new_node(graph, P.SDPA, (q, k, v), attrs, name="scaled_dot_product_attention", origin=origin,
                     before=pv.name)
     substitute(graph, pv.name, P.RESHAPE, (Ref(sdpa.name), list(pv.meta.shape)), origin=origin)
+
+
+def _broadcasts(shape: list[Any], full: list[Any], want: list[Any]) -> bool:
+    """Whether a mask of ``shape`` added to the scores at the attention's own rank (``full == want``) broadcasts
+    as it is: the attention broadcasts its mask the same way (a ``[b, 1, s, s]`` mask stays that size, not one
+    copy per head)."""
+    return full == want and len(shape) == len(want) and all(a == 1 or a == b for a, b in zip(shape, want))
+
