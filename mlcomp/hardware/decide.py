@@ -8,7 +8,7 @@ build tuned or not, a small GEMM as TVM code or a torch call) asks :func:`decide
 * a contender's ratio in a round is its sample over the default's sample of the same round
   (load that hits both cancels);
 * after ``min_rounds`` the rounds stop as soon as a two-sided sign test
-  (``scipy.stats.binomtest``'s p-value) rejects "the median ratio is ``threshold``" at ``alpha`` for
+  (``scipy.stats.binomtest``) rejects "the median ratio is ``threshold``" at ``alpha`` for
   every contender, or when ``budget_s`` per candidate is spent;
 * a contender wins only when decided below ``threshold`` (the smallest effect worth a
   change); with none, the default stays — also when the budget ran out undecided.
@@ -67,14 +67,9 @@ def clear_losers(ratios: Mapping[str, Sequence[float]], *, factor: float = ELIMI
 
 
 def _sign_p(below: int, above: int) -> float:
-    """The two-sided binomial test's p-value of ``below`` against ``above`` at 1/2 (``scipy.stats.binomtest``'s):
-    the distribution is symmetric, so twice the smaller tail, ``scipy.special.bdtr`` (``scipy.stats`` imports
-    in about three times ``scipy.special``'s CPU time, inside the compile that asks)."""
-    from scipy.special import bdtr
+    from scipy.stats import binomtest
 
-    if below == above:
-        return 1.0
-    return min(1.0, 2.0 * float(bdtr(min(below, above), below + above, 0.5)))
+    return 1.0 if below + above == 0 else float(binomtest(below, below + above, 0.5).pvalue)
 
 
 class Verdict(enum.Enum):

@@ -38,17 +38,17 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
         >>> median_interval([1.0, 2.0, 3.0])[:2]          # too few for 95 %: the whole range
         (1.0, 3.0)
     """
-    from scipy.special import bdtr        # P(Binomial(n, p) <= k)
+    from scipy.stats import binom
 
     if not values:
         raise ValueError("the median interval of no values")
     s, n = sorted(values), len(values)
     tail = (1.0 - confidence) / 2
-    k = 0                                   # the largest k with P(X <= k - 1) <= tail: O(n) small steps
-    while k < n and float(bdtr(k, n, 0.5)) <= tail:
-        k += 1
+    k = int(binom.ppf(tail, n, 0.5))          # P(X <= k) >= tail; step back while P(X <= k - 1) > tail
+    while k > 0 and binom.cdf(k - 1, n, 0.5) > tail:
+        k -= 1
     k = max(k, 1)
-    reached = 1.0 - 2.0 * float(bdtr(k - 1, n, 0.5))
+    reached = 1.0 - 2.0 * float(binom.cdf(k - 1, n, 0.5))
     return s[k - 1], s[n - k], reached
 
 
