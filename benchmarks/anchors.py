@@ -333,6 +333,14 @@ def combine(paths: list[str], tools: list[str]) -> str:
     return f"host: {line}\n\n" + tables(results, used, graphs, bf16="bf16: yes" in line)
 
 
+def _write_json(path: str, line: str, results: dict[str, dict[str, Cell]], graphs: dict[str, dict]) -> None:
+    data = {"host": line, "rows": {r: {"cells": {t: dict(asdict(c), ms=c.ms) for t, c in cells.items()},
+                                       "graph": graphs.get(r)} for r, cells in results.items()}}
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(f"{path}.tmp", path)       # this run's own file, rewritten after every row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default=",".join(ROWS), help="model@batch list (batch defaults: zoo 1, others 2)")
@@ -374,11 +382,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         print(tables({row: results[row]}, tools, graphs, bf16), file=sys.stderr, flush=True)   # rows show early
         if args.json:          # after every row: a chunk stopped by its time limit keeps the rows it finished
-            from mlcomp.base.files import write_text_atomic
-
-            write_text_atomic(args.json, json.dumps({"host": line, "rows": {
-                r: {"cells": {t: dict(asdict(c), ms=c.ms) for t, c in cells.items()}, "graph": graphs.get(r)}
-                for r, cells in results.items()}}, indent=1))
+            _write_json(args.json, line, results, graphs)
     print(f"host: {line}\n\n" + tables(results, tools, graphs, bf16))
     return 0
 
