@@ -12,7 +12,8 @@ other zoo/third-party/held-out name through ``--rows``.
 Tools: ``eager``, ``torchscript`` (trace + freeze), ``torch.compile`` (inductor), ``ort`` (ONNX Runtime
 on ``torch.onnx.export(dynamo=True)``), ``ov-f32`` / ``ov-default`` (OpenVINO's own conversion,
 ``ov.convert_model`` of ``torch.export`` or of the module where export fails, precision hint f32 / the
-plugin's default, bf16 where the CPU has it; thread pinning off, as in mlcomp's target), and mlcomp
+plugin's default, bf16 where the CPU has it; thread pinning off, as in mlcomp's target), ``ov-f32-mod``
+(``ov.convert_model`` of the module itself, f32: its TorchScript path keeps ``nn.GRU`` whole), and mlcomp
 (``mlcomp.compile(..., pipeline="-O2")``): ``m:cpu``, ``m:ort``, ``m:ov``, ``m:tvm`` (untuned),
 ``m:auto`` (fastest verified target), ``m:tvm-tuned`` with ``--tune-trials``; low precision where the CPU
 has bf16 (``--low``): ``m:ov-bf16`` (openvino, ``-O2,mixed-precision{dtype=bf16}``) and ``m:auto-mp``
@@ -127,15 +128,18 @@ def _build(tool: str, module, inputs, threads: int, tune_trials: int, work_dir: 
         session = make_session(program.model_proto.SerializeToString(), threads=threads)
         names = [i.name for i in session.get_inputs()]
         return (lambda *xs: session.run(None, {n: x.numpy() for n, x in zip(names, xs)})), "dynamo export"
-    if tool in ("ov-f32", "ov-default"):
+    if tool in ("ov-f32", "ov-default", "ov-f32-mod"):
         import openvino as ov
 
         from mlcomp.measure.executed import ov_own
 
-        model, how = ov_own(module, inputs)     # torch.export first, the module where export fails
+        if tool == "ov-f32-mod":               # the module path (TorchScript inside): nn.GRU as GRUSequence
+            model, how = ov.convert_model(module, example_input=inputs), "ov.convert_model(module)"
+        else:
+            model, how = ov_own(module, inputs)     # torch.export first, the module where export fails
         # pinning off as in mlcomp's target: pinned threads wait for their core on a shared machine
         config: dict[str, Any] = {"INFERENCE_NUM_THREADS": threads, "ENABLE_CPU_PINNING": False}
-        if tool == "ov-f32":
+        if tool != "ov-default":
             config["INFERENCE_PRECISION_HINT"] = "f32"
         compiled = ov.Core().compile_model(model, "CPU", config)
         hint = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()

@@ -28,7 +28,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-ANCHORS = ("eager", "torchscript", "torch.compile", "ort", "ov-f32")
+ANCHORS = ("eager", "torchscript", "torch.compile", "ort", "ov-f32", "ov-f32-mod")
 LOW = ("m:ov-bf16", "m:auto-mp")
 # kernel families compared in all (any precision): Subgraph is the plugin's fused element-wise snippet
 FAMILY = {**dict.fromkeys(("Eltwise", "Subgraph"), "element-wise"),
