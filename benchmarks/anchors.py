@@ -333,6 +333,8 @@ def combine(paths: list[str], tools: list[str]) -> str:
     if len(hosts) > 1:
         raise SystemExit(f"the runs come from different hosts: {sorted(hosts)}")
     line = next(iter(hosts))
+    order = {row: i for i, row in enumerate(ROWS)}        # issue 33's order; other rows after, as given
+    results = dict(sorted(results.items(), key=lambda item: order.get(item[0], len(ROWS))))
     used = [t for t in tools if any(t in cells for cells in results.values())]
     return f"host: {line}\n\n" + tables(results, used, graphs, bf16="bf16: yes" in line)
 
