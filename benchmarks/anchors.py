@@ -280,15 +280,40 @@ def graph_worker(conn, row: str, threads: int) -> None:
     import warnings
 
     warnings.filterwarnings("ignore")
-    try:
-        from mlcomp.measure.executed import compare
+    from mlcomp.measure.executed import compare, ov_own
 
+    def why(exc: BaseException) -> str:
+        return " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+
+    try:
         module, inputs = _model(row)
+        ov_own(module, inputs)
+    except BaseException as exc:  # noqa: BLE001 - OpenVINO's own conversion fails: mlcomp's side alone
+        conn.send(_ours_alone(row, why(exc), threads))
+        return
+    try:
         diff = compare(row, module, inputs, "openvino", pipeline=GRAPH_PIPELINE, hint="bf16", threads=threads)
         conn.send({"extra": diff.extra(), "missing": diff.missing(), "own_total": sum(diff.own.values()),
                    "ours_total": sum(diff.ours.values()), "anchor": diff.anchor, "effective": diff.effective})
     except BaseException as exc:  # noqa: BLE001 - a failing side is a cell, not a crash
-        conn.send({"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:200]})
+        conn.send({"error": why(exc)})
+
+
+def _ours_alone(row: str, own_error: str, threads: int) -> dict:
+    """Where OpenVINO's own conversion fails: whether mlcomp's bf16 pipeline builds, and its kernel count."""
+    try:
+        import openvino as ov
+
+        import mlcomp
+        from mlcomp.measure.executed import ov_executed
+
+        module, inputs = _model(row)
+        art = mlcomp.compile(module, inputs, target="openvino", pipeline=GRAPH_PIPELINE, threads=threads)
+        compiled = ov.Core().compile_model(art.runtime.model, "CPU", {"INFERENCE_PRECISION_HINT": "bf16",
+                                                                     "INFERENCE_NUM_THREADS": threads})
+        return {"own_error": own_error, "ours_total": sum(ov_executed(compiled).values())}
+    except BaseException as exc:  # noqa: BLE001 - both sides fail
+        return {"error": f"both fail; mlcomp: {' '.join(f'{type(exc).__name__}: {exc}'.split())[:120]}"}
 
 
 def graph_row(row: str, args: argparse.Namespace) -> dict:

@@ -103,6 +103,8 @@ def low_goal(cells: dict[str, Cell], graph: dict | None, bf16: bool) -> str:
         return "—"
     if graph.get("error"):
         return f"**not checked**: {graph['error'][:80]}"
+    if graph.get("own_error"):
+        return f"met (OpenVINO's own conversion fails; mlcomp's builds: {graph['ours_total']} kernels)"
     return kernels_verdict(graph["extra"], graph["missing"], graph["own_total"], graph["ours_total"])
 
 
