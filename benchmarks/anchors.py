@@ -48,6 +48,7 @@ import traceback
 from dataclasses import asdict
 from typing import Any, Callable
 
+from anchors_graphs import GRAPH_PIPELINE, build_row, graph_row
 from anchors_report import ANCHORS, LOW, Cell, cells_from_json, tables
 
 ROWS = ("resnet18@1", "resnet18@32", "transformer@1", "transformer@32", "bert@2", "vit@2", "mobilenet@2", "gpt2@2",
@@ -57,10 +58,9 @@ TOOLS = (*ANCHORS, "ov-default", *MLCOMP, *LOW)
 # mlcomp tool -> (target, pipeline)
 MLCOMP_BUILD = {"m:cpu": ("cpu", "-O2"), "m:ort": ("onnxruntime", "-O2"), "m:ov": ("openvino", "-O2"),
                 "m:tvm": ("tvm", "-O2"), "m:auto": ("auto", "-O2"), "m:tvm-tuned": ("tvm", "-O2"),
-                "m:ov-bf16": ("openvino", "-O2,mixed-precision{dtype=bf16}"),
+                "m:ov-bf16": ("openvino", GRAPH_PIPELINE),
                 "m:auto-mp": ("auto", "-O2,mixed-precision{dtype=auto}")}
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-GRAPH_PIPELINE = MLCOMP_BUILD["m:ov-bf16"][1]
 # untimed calls before each timing request: the previous tool's thread pools spin on after its
 # slice (ONNX Runtime's for ~50 ms of CPU), and a tool that syncs its threads often loses most
 SETTLE_S = 0.1
@@ -68,23 +68,6 @@ SETTLE_S = 0.1
 
 # ---------------------------------------------------------------------------
 # worker side: one tool, one process
-
-
-def _model(row: str):
-    import torch
-
-    from mlcomp.models import ZOO
-    from mlcomp.models.held_out import HELD_OUT, build_held_out
-    from mlcomp.models.third_party import build_third_party
-
-    name, batch = row.split("@")
-    if name in ZOO:
-        return ZOO[name].build(seed=0).eval(), ZOO[name].example_inputs(int(batch))
-    if name in HELD_OUT:
-        return build_held_out(name, int(batch))
-    model, inputs = build_third_party(name, int(batch), seed=0)
-    torch.manual_seed(0)
-    return model, inputs
 
 
 def _outputs(value: Any) -> list:
@@ -173,7 +156,7 @@ def worker(conn, row: str, tool: str, threads: int, tune_trials: int, work_dir: 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(threads)
     try:
-        module, inputs = _model(row)
+        module, inputs = build_row(row)
         with torch.no_grad():
             expected = _outputs(module(*inputs))
         t0 = time.perf_counter()
@@ -270,67 +253,6 @@ def _stop(proc, conn) -> None:
     proc.join(10)
     if proc.is_alive():
         proc.terminate()
-
-
-def graph_worker(conn, row: str, threads: int) -> None:
-    """Kernels OpenVINO runs at the bf16 hint for mlcomp's bf16 pipeline and for its own conversion (no clock)."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    from mlcomp.measure.executed import compare, ov_own
-
-    def why(exc: BaseException) -> str:
-        return " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-
-    try:
-        module, inputs = _model(row)
-        ov_own(module, inputs)
-    except BaseException as exc:  # noqa: BLE001 - OpenVINO's own conversion fails: mlcomp's side alone
-        conn.send(_ours_alone(row, why(exc), threads))
-        return
-    try:
-        diff = compare(row, module, inputs, "openvino", pipeline=GRAPH_PIPELINE, hint="bf16", threads=threads)
-        conn.send({"extra": diff.extra(), "missing": diff.missing(), "own_total": sum(diff.own.values()),
-                   "ours_total": sum(diff.ours.values()), "anchor": diff.anchor, "effective": diff.effective})
-    except BaseException as exc:  # noqa: BLE001 - a failing side is a cell, not a crash
-        conn.send({"error": why(exc)})
-
-
-def _ours_alone(row: str, own_error: str, threads: int) -> dict:
-    """Where OpenVINO's own conversion fails: whether mlcomp's bf16 pipeline builds, and its kernel count."""
-    try:
-        import openvino as ov
-
-        import mlcomp
-        from mlcomp.measure.executed import ov_executed
-
-        module, inputs = _model(row)
-        art = mlcomp.compile(module, inputs, target="openvino", pipeline=GRAPH_PIPELINE, threads=threads)
-        compiled = ov.Core().compile_model(art.runtime.model, "CPU", {"INFERENCE_PRECISION_HINT": "bf16",
-                                                                     "INFERENCE_NUM_THREADS": threads})
-        return {"own_error": own_error, "ours_total": sum(ov_executed(compiled).values())}
-    except BaseException as exc:  # noqa: BLE001 - both sides fail
-        return {"error": f"both fail; mlcomp: {' '.join(f'{type(exc).__name__}: {exc}'.split())[:120]}"}
-
-
-def graph_row(row: str, args: argparse.Namespace) -> dict:
-    """:func:`graph_worker` in a process of its own (its compiles stay out of the timing workers' way)."""
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=graph_worker, args=(child, row, args.threads), daemon=True)
-    proc.start()
-    child.close()
-    try:
-        info = parent.recv() if parent.poll(args.build_timeout) else {"error": "no executed graph in time"}
-    except EOFError:
-        info = {"error": f"worker died (exit code {proc.exitcode})"}
-    proc.join(10)
-    if proc.is_alive():
-        proc.terminate()
-    return info
 
 
 def host() -> tuple[str, bool]:
