@@ -115,7 +115,7 @@ def main() -> int:
     ap.add_argument("--no-record", action="store_true", help="cold compiles only")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--variants", default="", help="';'-separated environments compared in turn, e.g. "
-                    "'MLCOMP_AUTO_PROCESSES=spawn;MLCOMP_AUTO_SETTLE=fixed' (api/auto/workers.py:VARIANTS)")
+                    "'MLCOMP_AUTO_PROCESSES=spawn;MLCOMP_AUTO_SETTLE=fixed' (api/auto/workers.py:_variant)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--cache", default=None, help=argparse.SUPPRESS)

@@ -4,12 +4,13 @@
     .venv/bin/python benchmarks/int8_profile_ov.py --models transformer --batch 1
 
 Each model (built as ``benchmarks/quantization.py`` builds it) is compiled three ways: mlcomp's
-``openvino`` target with its default pipeline (fp32), with the bench's int8 pipeline, and
-``nncf.quantize`` (transformer model type) of ``openvino.convert_model``'s conversion; each is read
-back as the saved OpenVINO IR and compiled again with ``PERF_COUNT`` on (f32 hint, one thread).  Per
-(layer type, executed precision) of the executed graph: how many layers, microseconds per call summed
-over them (the plugin's own per-layer counters, averaged over ``--runs`` calls after warm-up), and the
-sum over all layers.  The counts need no clock; the times are this machine's at its current load.
+``openvino`` target with its default pipeline (fp32), with the bench's int8 pipeline
+(``mlcomp.measure.variants``), and NNCF's int8 as ``benchmarks/quantization.py`` makes it
+(``nncf_saved``); each is read back as the saved OpenVINO IR and compiled again as that bench
+compiles NNCF's (``ov_config``, one thread) with ``PERF_COUNT`` on.  Per (layer type, executed
+precision) of the executed graph: how many layers, microseconds per call summed over them (the
+plugin's own per-layer counters, averaged over ``--runs`` calls after warm-up), and the sum over
+all layers.  The counts need no clock; the times are this machine's at its current load.
 """
 from __future__ import annotations
 
@@ -22,18 +23,17 @@ from collections import Counter
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
+import quantization as Q  # noqa: E402
 import torch  # noqa: E402
-
-INT8_PIPELINE = "fold-batchnorm,fold-constants,cleanup,quantize"
-CONFIG = {"INFERENCE_PRECISION_HINT": "f32", "PERF_COUNT": True, "INFERENCE_NUM_THREADS": 1,
-          "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False}
+from mlcomp.measure.variants import Variant  # noqa: E402
 
 
 def profile(xml: str, arrays: list, runs: int) -> tuple[Counter, Counter]:
     """Layers and microseconds per call by (layer type, executed precision) of ``xml`` compiled for CPU."""
     import openvino as ov
     core = ov.Core()
-    request = core.compile_model(core.read_model(xml), "CPU", CONFIG).create_infer_request()
+    request = core.compile_model(core.read_model(xml), "CPU", {**Q.ov_config(1), "PERF_COUNT": True})
+    request = request.create_infer_request()
     layers: Counter = Counter()
     micros: Counter = Counter()
     warm = max(2, runs // 10)
@@ -49,25 +49,19 @@ def profile(xml: str, arrays: list, runs: int) -> tuple[Counter, Counter]:
 
 
 def saved(name: str, module, inputs, work: str) -> dict[str, str]:
-    """The three OpenVINO IR files: mlcomp fp32, mlcomp int8, NNCF."""
-    import mlcomp
-    import nncf
-    import openvino as ov
-    import quantization as Q
+    """The three OpenVINO IR files: mlcomp fp32 and int8 (:class:`~mlcomp.measure.variants.Variant`), NNCF."""
     out = {}
-    for key, pipeline in (("mlcomp fp32", None), ("mlcomp int8", INT8_PIPELINE)):
-        art = mlcomp.compile(module, inputs, target="openvino", pipeline=pipeline, threads=1)
-        out[key] = os.path.join(art.save(os.path.join(work, key.replace(" ", "-"))), "model.xml")
-    model = ov.convert_model(module, example_input=inputs if len(inputs) > 1 else inputs[0])
-    data = nncf.Dataset([tuple(t.numpy() for t in inputs)] if len(inputs) > 1 else [inputs[0].numpy()])
-    kind = {"model_type": nncf.ModelType.TRANSFORMER} if name in Q.TRANSFORMERS else {}
+    for variant in (Variant("openvino"), Variant("openvino", "int8")):
+        got = Q.mlcomp_saved(module, inputs, variant, work, threads=1)
+        if isinstance(got, str):
+            raise SystemExit(f"{name}: mlcomp {variant.dtype} not built: {got}")
+        out[f"mlcomp {variant.dtype}"] = str(got[1] / "model.xml")
     out["nncf"] = os.path.join(work, "nncf.xml")
-    ov.save_model(nncf.quantize(model, data, subset_size=1, **kind), out["nncf"], compress_to_fp16=False)
+    Q.nncf_saved(name, module, inputs, out["nncf"])
     return out
 
 
 def main(argv=None) -> None:
-    import quantization as Q
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="bert,vit")
     ap.add_argument("--batch", type=int, default=1)

@@ -113,34 +113,54 @@ def ort_static(module, inputs, work: str, threads: int) -> Built:
     return (lambda: sess.run(None, feed)[0]), os.path.getsize(int8), ran.line()
 
 
-def ov_nncf(name: str, module, inputs, work: str, threads: int) -> Built:
-    """OpenVINO's own int8: convert_model + nncf.quantize on ``inputs``, compiled with an f32 hint."""
+def ov_config(threads: int) -> dict[str, Any]:
+    """How the NNCF anchor is compiled for OpenVINO's CPU plugin: an f32 hint, latency, ``threads``, unpinned."""
+    return {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads,
+            "ENABLE_CPU_PINNING": False}
+
+
+def nncf_saved(name: str, module, inputs, path: str):
+    """OpenVINO's own int8 of ``module``: convert_model + nncf.quantize (transformer model type for
+    :data:`TRANSFORMERS`) calibrated on ``inputs``, saved as ``path`` (an ``.xml``); the quantized model."""
     import nncf
     import openvino as ov
-    from mlcomp.targets.openvino.int8 import int8_layers
     model = ov.convert_model(module, example_input=inputs if len(inputs) > 1 else inputs[0])
     data = nncf.Dataset([tuple(t.numpy() for t in inputs)] if len(inputs) > 1 else [inputs[0].numpy()])
     kind = {"model_type": nncf.ModelType.TRANSFORMER} if name in TRANSFORMERS else {}
     quantized = nncf.quantize(model, data, subset_size=1, **kind)
-    path = os.path.join(work, "nncf.xml")
     ov.save_model(quantized, path, compress_to_fp16=False)
-    compiled = ov.Core().compile_model(quantized, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
-                                                          "PERFORMANCE_HINT": "LATENCY",
-                                                          "INFERENCE_NUM_THREADS": threads,
-                                                          "ENABLE_CPU_PINNING": False})
+    return quantized
+
+
+def ov_nncf(name: str, module, inputs, work: str, threads: int) -> Built:
+    """OpenVINO's own int8 (:func:`nncf_saved`), compiled with an f32 hint."""
+    import openvino as ov
+    from mlcomp.targets.openvino.int8 import int8_layers
+    path = os.path.join(work, "nncf.xml")
+    quantized = nncf_saved(name, module, inputs, path)
+    compiled = ov.Core().compile_model(quantized, "CPU", ov_config(threads))
     request = compiled.create_infer_request()
     arrays = [t.numpy() for t in inputs]
     size = os.path.getsize(path) + os.path.getsize(path[:-4] + ".bin")
     return (lambda: request.infer(arrays)[0]), size, int8_layers(compiled).line()
 
 
-def mlcomp_variant(module, inputs, variant: Variant, work: str, threads: int) -> Built | str:
-    """``module`` compiled by mlcomp for ``variant``; the refusal or failure as a line when it cannot be."""
+def mlcomp_saved(module, inputs, variant: Variant, work: str, threads: int) -> tuple[Any, Path] | str:
+    """``module`` compiled by mlcomp for ``variant`` and saved under ``work``: the artifact and its folder;
+    the refusal as a line when it cannot be."""
     try:
         art = mlcomp.compile(module, inputs, target=variant.target, pipeline=variant.pipeline(None), threads=threads)
     except MlcompError as err:
         return " ".join(err.message.split())[:160]
-    folder = Path(art.save(os.path.join(work, variant.key.replace(" ", "-"))))
+    return art, Path(art.save(os.path.join(work, variant.key.replace(" ", "-"))))
+
+
+def mlcomp_variant(module, inputs, variant: Variant, work: str, threads: int) -> Built | str:
+    """``module`` compiled by mlcomp for ``variant`` (:func:`mlcomp_saved`) as a timed variant."""
+    got = mlcomp_saved(module, inputs, variant, work, threads)
+    if isinstance(got, str):
+        return got
+    art, folder = got
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name != "manifest.json")
     ran = getattr(art.runtime, "int8", None)
     return (lambda: art(*inputs)), size, ran.line() if ran is not None else ""

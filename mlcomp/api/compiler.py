@@ -50,6 +50,7 @@ from mlcomp.frontend.stochastic import randomness_off
 from mlcomp.hardware.timing import TimingPolicy
 from mlcomp.pipeline import Pipeline, run_pipeline
 from mlcomp.pipeline.presets import preset_key
+from mlcomp.pipeline.seeding import DETERMINISTIC_SEED, seed_everything
 from mlcomp.targets import CompileOptions, Target
 from mlcomp.runtime.artifact import Artifact
 from mlcomp.training.host_memory import before_capture
@@ -63,11 +64,21 @@ from mlcomp.training.step import (
     verify_gradients,
 )
 
-__all__ = ["compile", "compile_model", "open_cache", "is_auto", "load", "export", "compile_training_source"]
+__all__ = ["check_pipeline_target", "compile", "compile_model", "open_cache", "is_auto", "load", "export", "compile_training_source"]
 
 
 def is_auto(target: Any) -> bool:
     return isinstance(target, str) and target.strip().lower() == AUTO
+
+
+def check_pipeline_target(target: Any, pipeline: Any, *, device: str | None = None) -> None:
+    """Refuse, before anything is captured, a pipeline the target cannot run (checked against the target's
+    facts: the dtypes it builds, the device).  No pipeline, or ``target="auto"`` (each candidate is checked
+    as it compiles): nothing to check."""
+    if pipeline is None or pipeline == "" or is_auto(target):
+        return
+    chosen = resolve_target(target, pipeline)
+    Pipeline.coerce(pipeline).check_target(chosen.name, facts=chosen.facts(CompileOptions.make(device=device)))
 
 
 def open_cache(cache: Any) -> CompileCache | None:
@@ -121,20 +132,6 @@ def _reuse(source: Any, art: Any, *, verify: bool, tolerance: float | None, capt
     art.manifest["capture_seconds"] = round(capture_seconds, 4)
     check = verify_seeded(art, tolerance=tolerance, raise_on_failure=False) if verify else None
     return CompileResult(art, None, capture_seconds, 0.0, check=check)
-
-
-DETERMINISTIC_SEED = 0
-
-
-def seed_everything(seed: int) -> None:
-    """Seed torch's, Python's and NumPy's global generators (a deterministic compile draws nothing unseeded)."""
-    import random
-
-    import numpy as np
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def compile_model(source: Any, graph: Any, *, target: str | Target | None = None,
@@ -248,10 +245,7 @@ def _compile(model_or_path: Any, example_inputs: Any, target: Any, pipeline: Any
     if train_opts or mode not in ("inference", "eval"):
         raise MlcompError(f"mode={mode!r} with {', '.join(train_opts) or 'no training options'}",
                           hint="use mode='train' with loss/optimizer/y, or mode='inference' without them")
-    if pipeline is not None and pipeline != "" and not is_auto(target):   # auto checks each candidate
-        chosen = resolve_target(target, pipeline)
-        Pipeline.coerce(pipeline).check_target(chosen.name, facts=chosen.facts(                # before capture
-            CompileOptions.make(device=options.get("device"))))
+    check_pipeline_target(target, pipeline, device=options.get("device"))
     if options.get("deterministic"):
         seed_everything(DETERMINISTIC_SEED)      # before the model is built and its inputs drawn
     source = load_source(model_or_path, example_inputs, load_opts)
@@ -331,7 +325,8 @@ def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline
 
 
 def load(directory: str | Path, *, verify: bool = False):
-    """Load an artifact folder; ``verify=True`` re-runs its stored reference inputs and compares.
+    """Load an artifact folder; ``verify=True`` re-runs its stored reference inputs and compares (from the
+    seed eager ran from: :func:`~mlcomp.api.lowering.verify_seeded`).
 
     A training artifact (``mlcomp compile --train -o DIR``) comes back as a
     :class:`~mlcomp.training.step.TrainingArtifact` that has already checked itself:
@@ -341,7 +336,7 @@ def load(directory: str | Path, *, verify: bool = False):
         return TrainingArtifact.load(directory)
     artifact = Artifact.load(directory)
     if verify:
-        artifact.verify(record=False)
+        verify_seeded(artifact, record=False)
     return artifact
 
 

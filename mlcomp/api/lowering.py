@@ -26,7 +26,7 @@ from mlcomp.api.range_check import verify_ranges
 from mlcomp.frontend.model_faults import eager_fault
 from mlcomp.ir.interpreter import evaluate
 from mlcomp.pipeline import Pipeline, run_pipeline
-from mlcomp.pipeline.instruments import seeded
+from mlcomp.pipeline.seeding import seeded
 from mlcomp.pipeline.presets import adapt_preset
 from mlcomp.targets import CompileOptions, Target, get_target
 
@@ -107,7 +107,7 @@ class EagerOnce:
 def eager_reference(source: Any, inputs: Sequence[torch.Tensor], report: Any,
                     eager: Callable[..., Any] | None = None) -> tuple[tuple[Any, ...], str | None]:
     """What the artifact must compute on ``inputs``: eager (``eager``, default ``source.eager``), or the
-    reference a pass declared (pruning); run from one seed (:func:`~mlcomp.pipeline.instruments.seeded`),
+    reference a pass declared (pruning); run from one seed (:func:`~mlcomp.pipeline.seeding.seeded`),
     as :func:`verify_seeded` runs the artifact, so random ops (dropout) draw the same numbers in both."""
     with torch.no_grad(), seeded():
         if report is not None and report.changes_function:

@@ -19,7 +19,7 @@ import torch
 
 from mlcomp.ir import TensorMeta
 from mlcomp.ir.symbols import sample_points
-from mlcomp.pipeline.instruments import seeded
+from mlcomp.pipeline.seeding import seeded
 
 __all__ = ["MAX_ELEMENTS", "resized", "sizes_line", "verify_ranges"]
 

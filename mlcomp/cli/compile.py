@@ -135,7 +135,8 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     """Capture MODEL, run a pipeline (default -O2), lower it to a target (or the fastest of several: --target
     auto), verify against eager and save it.  A second compile of the same model reuses the cached artifact."""
     from mlcomp.api import compile_model, is_auto
-    from mlcomp.api.compiler import DETERMINISTIC_SEED, seed_everything
+    from mlcomp.api.compiler import check_pipeline_target
+    from mlcomp.pipeline.seeding import DETERMINISTIC_SEED, seed_everything
 
     request = pipeline_from_cli(pipeline, opt_level, dump_after, dump_dir, verify_passes, explain)
     request.check_dump_dir(force, inputs=(model,))
@@ -165,11 +166,7 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     canonical = "auto" if auto else _check_target_flags(target, tune_trials, tuning_dir, tf32)
     chosen = _candidates(candidates, canonical)
     cache, bypass = cache_for_compile(use_cache, cache_dir, request, cache_max_size)
-    if not auto:                                              # auto: each candidate is checked (api/auto/search.py)
-        from mlcomp.targets import CompileOptions, get_target
-
-        facts = get_target(canonical).facts(CompileOptions.make(device=device))
-        request.pipeline.check_target(canonical, facts=facts)   # prune{method=2:4} off CUDA, bf16 where not built
+    check_pipeline_target(canonical, request.pipeline, device=device)   # prune{method=2:4} off CUDA, bf16 unbuilt
     names = _parse_names(output_names)
     progress = Progress.for_command(machine_output=as_json)
     say = _Say(progress, quiet=as_json)
@@ -273,6 +270,7 @@ def _say_compiled(result: Any, request: Any, hit: bool, facts: dict[str, Any], s
 def _verify_and_save(result: Any, model: str, output: Path, *, force: bool, fresh_check: bool,
                      progress: Progress, facts: dict[str, Any], say: _Say) -> None:
     """The verification against eager (raises if it failed), then save, reload and verify the reloaded copy."""
+    from mlcomp.api.lowering import verify_seeded
     from mlcomp.api.range_check import sizes_line
     from mlcomp.runtime.artifact import Artifact
 
@@ -289,7 +287,7 @@ def _verify_and_save(result: Any, model: str, output: Path, *, force: bool, fres
     with progress.stage(f"save {output}"):
         art.save(output, force=force)
         again = Artifact.load(output)
-        reloaded = again.verify(record=False) if check is not None else None
+        reloaded = verify_seeded(again, record=False) if check is not None else None
     files = [e["path"] for e in art.manifest["payload"]]
     size = size_on_disk(output)
     facts.update(verification=check.to_json() if check else None, output=str(output), files=files,

@@ -156,12 +156,10 @@ def _capture(session: Session, cell: Cell) -> str:
 
 
 def _infer(session: Session, cell: Cell) -> str:
-    from mlcomp.api.compiler import compile_model
-    from mlcomp.api.lowering import resolve_target
-    from mlcomp.pipeline import Pipeline
+    from mlcomp.api.compiler import check_pipeline_target, compile_model
 
     pipeline = pipeline_for(cell)
-    Pipeline.coerce(pipeline).check_target(resolve_target(cell.target, pipeline).name)   # before capture
+    check_pipeline_target(cell.target, pipeline)                  # before capture
     source, graph, seconds = session.captured()
     result = compile_model(source, graph.copy(), target=cell.target, pipeline=pipeline, capture_seconds=seconds,
                            threads=1)

@@ -25,28 +25,34 @@ class Residual(nn.Module):
 
 
 class ResNet18(nn.Module):
-    def __init__(self, num_classes: int = 10) -> None:
+    """ResNet-18's layout: the 3x3 stem (conv, batch norm, relu), one stage ``layer<i>`` per width in
+    ``widths`` of ``blocks`` residual blocks (each later stage's first block strided, its shortcut a 1x1
+    conv + batch norm), pooling and the classifier.  The defaults are ResNet-18; ``widths=(8, 16),
+    blocks=1`` is its structure at a fraction of its size and node count (the tests' small ResNet)."""
+
+    def __init__(self, num_classes: int = 10, widths: tuple[int, ...] = (64, 128, 256, 512), blocks: int = 2) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
-        layers = []
-        in_ch = 64
-        for i, ch in enumerate((64, 128, 256, 512)):
-            stride = 1 if i == 0 else 2
-            layers.append(nn.Sequential(Residual(in_ch, ch, stride), Residual(ch, ch)))
+        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, padding=1, bias=False), nn.BatchNorm2d(widths[0]),
+                                  nn.ReLU())
+        self.stages = [f"layer{i + 1}" for i in range(len(widths))]
+        in_ch = widths[0]
+        for i, ch in enumerate(widths):
+            blocks_of = [Residual(in_ch, ch, 1 if i == 0 else 2)] + [Residual(ch, ch) for _ in range(blocks - 1)]
+            self.add_module(self.stages[i], nn.Sequential(*blocks_of))
             in_ch = ch
-        self.layer1, self.layer2, self.layer3, self.layer4 = layers
         self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(512, num_classes)
+        self.fc = nn.Linear(widths[-1], num_classes)
 
     def forward(self, x):
         x = self.stem(x)
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        for stage in self.stages:
+            x = getattr(self, stage)(x)
         return self.fc(self.pool(x).flatten(1))
 
 
-def resnet18(num_classes: int = 10) -> ResNet18:
-    # random but non-trivial batch-norm statistics, so BN folding is really tested
-    return randomize_batchnorm(ResNet18(num_classes))
+def resnet18(num_classes: int = 10, widths: tuple[int, ...] = (64, 128, 256, 512), blocks: int = 2) -> ResNet18:
+    """:class:`ResNet18` with random but non-trivial batch-norm statistics, so BN folding is really tested."""
+    return randomize_batchnorm(ResNet18(num_classes, widths, blocks))
 
 
 def randomize_batchnorm(model: nn.Module, seed: int = 0) -> nn.Module:

@@ -20,11 +20,10 @@ An instrument sees each pass before and after it runs; the manager calls
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -40,9 +39,10 @@ from mlcomp.ir.interpreter import Interpreter
 from mlcomp.pipeline.composite import CompositePass, Observer, Position, execute, walk
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult
 from mlcomp.pipeline.pass_records import PassDiff, PassRecord, PipelineReport, snapshot
+from mlcomp.pipeline.seeding import seeded
 
 __all__ = ["Instrument", "Timing", "IRCheck", "Verify", "Dump", "Explain", "Memory", "standard_instruments",
-           "Reference", "dump_graph", "random_inputs", "graph_tolerance", "seeded"]
+           "Reference", "dump_graph", "random_inputs", "graph_tolerance"]
 
 
 # ---------------------------------------------------------------------------
@@ -326,15 +326,6 @@ class Reference:
             return (f"The first value that diverges is %{node.name} ({node.op}){phase} from module "
                     f"{node.origin}: {err}{via}")
         return "No value that kept its name diverges; the difference starts in nodes the pass created"
-
-
-@contextlib.contextmanager
-def seeded() -> Iterator[None]:
-    """torch's CPU generator at one seed, restored after: a graph's random ops (dropout) draw the same
-    numbers on every run, so a pass that keeps them in order keeps the outputs."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        yield
 
 
 def graph_tolerance(graph: Graph) -> float | None:

@@ -145,12 +145,11 @@ MODELS = ("bert", "vit", "gpt2", "gru-tagger")
 def compile_o2():
     """``compile_o2(name, target)``: what ``mlcomp.compile(model, inputs, target=T, pipeline="-O2")`` runs, with
     each model built and captured once for the module (capture does not depend on the target): the up-front
-    target check, then :func:`~mlcomp.api.compiler.compile_model` on a copy of the captured graph, verified
-    against eager, and the artifact's outputs compared with eager's here too."""
-    from mlcomp.api.compiler import compile_model
+    target check (:func:`~mlcomp.api.compiler.check_pipeline_target`), then
+    :func:`~mlcomp.api.compiler.compile_model` on a copy of the captured graph, verified against eager, and
+    the artifact's outputs compared with eager's here too."""
+    from mlcomp.api.compiler import check_pipeline_target, compile_model
     from mlcomp.api.inputs import load_source
-    from mlcomp.api.lowering import resolve_target
-    from mlcomp.pipeline import Pipeline
 
     captures: dict[str, tuple] = {}
 
@@ -161,7 +160,7 @@ def compile_o2():
             source = load_source(model.eval(), inputs, {})
             captures[name] = (model, inputs, source, source.capture())
         model, inputs, source, graph = captures[name]
-        Pipeline.coerce("-O2").check_target(resolve_target(target, "-O2").name)
+        check_pipeline_target(target, "-O2")
         result = compile_model(source, graph.copy(), target=target, pipeline="-O2", verify=True)
         assert result.check is not None      # verified against eager
         result.check.raise_if_failed(where=f"target {target}, model {name}")

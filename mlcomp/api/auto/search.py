@@ -273,10 +273,10 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
             if key is not None and len(built) > 1:
                 records.save(AutoRecord(key, {n: ranking.medians[n] for n in built}, best))
         phases.workers = pool.cpu_seconds()
-        phases.begin("close")          # the timing processes told to quit and gone
-    phases.end("close")
-    if not pool.started:
-        del phases.wall["close"], phases.cpu["close"]
+        if closing := pool.started > 0:
+            phases.begin("close")      # the timing processes told to quit and gone
+    if closing:
+        phases.end("close")
     rows[best] = replace(rows[best], picked=True)
     report = AutoReport(tuple(rows[t.spec] for t in targets), policy, rounds, tie_break, timed_in, eliminated,
                         phases, pool.started)

@@ -40,17 +40,11 @@ __all__ = ["READY_TIMEOUT_S", "WorkerPool"]
 READY_TIMEOUT_S = 600.0     # a process loads, checks and warms up its artifacts within this
 
 
-# how the timing processes start and settle, for comparing the schemes (benchmarks/auto_compile.py --variant)
-VARIANTS = {"MLCOMP_AUTO_PROCESSES": ("fork", {"fork": True}, "spawn", {"fork": False}),
-            "MLCOMP_AUTO_SETTLE": ("quiet", {"quiet": True}, "fixed", {"quiet": False})}
-
-
 def _variant() -> dict[str, bool]:
-    """The spawn options the environment asks for (default: forked processes, a quiet wait)."""
-    out: dict[str, bool] = {}
-    for name, (default, on, other, off) in VARIANTS.items():
-        out.update(off if os.environ.get(name, default) == other else on)
-    return out
+    """The spawn options the environment asks for: forked processes unless ``MLCOMP_AUTO_PROCESSES=spawn``,
+    a quiet wait unless ``MLCOMP_AUTO_SETTLE=fixed`` (for comparing the schemes: benchmarks/auto_compile.py --variant)."""
+    return {"fork": os.environ.get("MLCOMP_AUTO_PROCESSES") != "spawn",
+            "quiet": os.environ.get("MLCOMP_AUTO_SETTLE") != "fixed"}
 
 
 class WorkerPool:

@@ -29,6 +29,7 @@ O(samples × graph): one more run of the quantized graph per calibration sample.
 """
 from __future__ import annotations
 
+import math
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
@@ -41,7 +42,7 @@ from mlcomp.ir.quant import DEQUANTIZE
 from mlcomp.passes.quantize.observe import channel_mean
 from mlcomp.passes.quantize.policy import int8_rule
 
-__all__ = ["BIAS_AXIS", "MIN_ROWS", "correct_biases", "correctable"]
+__all__ = ["BIAS_AXIS", "MIN_ROWS", "correct_biases", "correctable", "rows_per_channel"]
 
 BIAS_AXIS: Mapping[Op, int] = MappingProxyType({
     aten("addmm"): -1,          # [rows, out]: the bias adds along the last axis
@@ -86,22 +87,24 @@ def _bias_const(graph: Graph, node: Node) -> tuple[str, torch.Tensor | None] | N
 def _shifts(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]], means: Mapping[str, list[torch.Tensor]],
             axes: Mapping[str, int]) -> dict[str, torch.Tensor]:
     """Per layer, the mean over samples of (float mean − int8 mean) per channel, each layer measured with the
-    earlier layers' outputs already moved by their own sample's shift."""
+    earlier layers' outputs already moved by their own sample's shift (one interpreter runs every sample)."""
     total: dict[str, torch.Tensor] = {}
+    sample = [0]                # the index of the sample being run: which float means the hooks compare with
 
-    def hook(name: str, i: int):
+    def hook(name: str, axis: int):
         def after(args: tuple[Any, ...], value: torch.Tensor) -> torch.Tensor:
-            axis = axes[name]
-            delta = means[name][i] - channel_mean(value, axis)
+            delta = means[name][sample[0]] - channel_mean(value, axis)
             total[name] = total.get(name, 0) + delta / len(samples)
             shape = [1] * value.dim()
             shape[axis % value.dim()] = -1
             return value + delta.to(value.dtype).reshape(shape)
         return after
 
+    interp = Interpreter(graph, after={n: hook(n, axis) for n, axis in axes.items()})
     with torch.no_grad():
-        for i, sample in enumerate(samples):
-            Interpreter(graph, after={n: hook(n, i) for n in axes}).run(*sample)
+        for i, inputs in enumerate(samples):
+            sample[0] = i
+            interp.run(*inputs)
     return total
 
 
@@ -113,20 +116,22 @@ def correct_biases(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]],
     each layer's record gains ``bias_shift`` or ``bias_kept``."""
     by_name = {r["node"]: r for r in records}
     todo: dict[str, int] = {}
+    consts: dict[str, tuple[str, torch.Tensor | None]] = {}
     for name, axis in axes.items():
         rec = by_name.get(name)
-        found = _bias_const(graph, graph.node(name)) if rec is not None else None
         if rec is None:
             continue
+        found = _bias_const(graph, graph.node(name))
+        shape = graph.node(name).tensor_meta.shape
         if found is None:
             rec["bias_kept"] = "its bias is not a constant read by it alone"
-        elif rows_of(graph, name, axis) * len(samples) < MIN_ROWS:
+        elif not _sized(shape[axis % len(shape)]) or rows_per_channel(shape, axis) * len(samples) < MIN_ROWS:
             rec["bias_kept"] = f"fewer than {MIN_ROWS} rows per channel to measure a shift on"
         else:
-            todo[name] = axis
+            todo[name], consts[name] = axis, found
     shifts = _shifts(graph, samples, means, todo)
     for name, delta in shifts.items():
-        const, scale = _bias_const(graph, graph.node(name))
+        const, scale = consts[name]
         old = graph.constants[const]
         if scale is None:
             graph.constants[const] = (old.double() + delta).to(old.dtype)
@@ -137,11 +142,18 @@ def correct_biases(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]],
     return len(shifts)
 
 
-def rows_of(graph: Graph, name: str, axis: int) -> int:
-    """How many rows one sample gives each channel of ``name``'s output (its elements over its channels)."""
-    shape = graph.node(name).tensor_meta.shape
-    channels = shape[axis % len(shape)]
-    numel = 1
-    for d in shape:
-        numel *= d if isinstance(d, int) else 1
-    return numel // channels if isinstance(channels, int) and channels else 0
+def _sized(channels: Any) -> bool:
+    """A channel axis a shift can be measured along: a known size above 0 (a symbolic one is not)."""
+    return isinstance(channels, int) and channels > 0
+
+
+def rows_per_channel(shape: Sequence[Any], axis: int) -> int:
+    """How many rows one sample of a value of ``shape`` gives each channel along ``axis``: the product of its
+    other sizes, a symbolic size counting 1 (the fewest it is known to hold).
+
+    >>> rows_per_channel((4, 8, 16), -1), rows_per_channel((4, 8, 16), 1), rows_per_channel(("s0", 8, 16), -1)
+    (32, 64, 8)
+    """
+    sizes = [d if isinstance(d, int) else 1 for d in shape]
+    del sizes[axis % len(sizes)]
+    return math.prod(sizes)

@@ -24,7 +24,6 @@ per-channel maxima are those of a few rows: a classifier's input at batch 2).  O
 """
 from __future__ import annotations
 
-import math
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
@@ -34,7 +33,7 @@ from mlcomp.ir import Graph, Node, Ref
 from mlcomp.ir.builder import new_node
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.ops import aten
-from mlcomp.passes.quantize.bias import MIN_ROWS
+from mlcomp.passes.quantize.bias import MIN_ROWS, rows_per_channel
 from mlcomp.passes.quantize.policy import Int8Rule
 from mlcomp.passes.quantize.write import weight_param
 
@@ -86,12 +85,6 @@ def _only_reader(graph: Graph, node: Node, found: tuple[Node, bool]) -> bool:
                                             == [node.name])
 
 
-def _rows(graph: Graph, name: str) -> int:
-    """Rows of one sample's value ``name`` (its elements over its last axis)."""
-    shape = [d if isinstance(d, int) else 1 for d in graph.node(name).tensor_meta.shape]
-    return math.prod(shape[:-1])
-
-
 def _channel_absmax(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]], names: Sequence[str]
                     ) -> dict[str, torch.Tensor]:
     """``max |x|`` per last-axis channel of each value in ``names`` over the samples (float runs)."""
@@ -113,7 +106,7 @@ def smooth(graph: Graph, layers: Sequence[tuple[Node, Int8Rule]], samples: Seque
     groups = _groups(graph, layers)
     if alpha <= 0 or not groups:
         return []
-    rows = {a: _rows(graph, a) * len(samples) for a in groups}
+    rows = {a: rows_per_channel(graph.node(a).tensor_meta.shape, -1) * len(samples) for a in groups}
     groups = {a: g for a, g in groups.items() if rows[a] >= MIN_ROWS}
     amax = _channel_absmax(graph, samples, list(groups))
     position = {n.name: i for i, n in enumerate(graph.nodes())}

@@ -260,8 +260,29 @@ def test_timing_processes_started_before_the_capture_are_killed_when_no_ranking_
     policy = TimingPolicy(warmup=1, budget_s=0.01, min_repeats=3, max_repeats=12)
     result = compile_auto(source, graph, candidates=fakes, pipeline="", policy=policy, clock=clock, isolate=False,
                           pool=pool)
-    assert result.artifact.target == "a" and result.artifact.manifest["auto"]["timing"]["processes"] == 0
+    timing = result.artifact.manifest["auto"]["timing"]
+    assert result.artifact.target == "a" and timing["processes"] == 0
+    assert "close" not in timing["phase_seconds"] and "close" not in timing["phase_cpu_seconds"]
     assert [(i, verb) for i, verb, _ in log] == [(0, "kill"), (1, "kill")] and all(p.closed for p in made)
+
+
+def test_the_close_phase_is_timed_when_timing_processes_ran(captured, monkeypatch):
+    """Candidates ranked in two (fake) timing processes: the manifest counts them and times their close."""
+    from mlcomp.api.auto import workers
+    from mlcomp.frontend.loading import load_model
+
+    module, inputs, graph = captured("mlp", 2)
+    source = load_model(module, example_inputs=inputs)
+    monkeypatch.setattr(workers, "save_for_worker", lambda artifact, folder: Saveable().save(folder))
+    pool, made, log = fake_pool({"a": 1e-3, "b": 2e-3})
+    clock = FakeClock()
+    fakes = [FakeTarget("a", clock, 1e-3), FakeTarget("b", clock, 2e-3)]
+    policy = TimingPolicy(warmup=1, budget_s=0.01, min_repeats=3, max_repeats=12)
+    result = compile_auto(source, graph, candidates=fakes, pipeline="", policy=policy, clock=clock, pool=pool)
+    timing = result.artifact.manifest["auto"]["timing"]
+    assert result.artifact.target == "a" and timing["processes"] == 2 and all(p.closed for p in made)
+    assert {"compile", "rank", "close"} <= set(timing["phase_seconds"]) == set(timing["phase_cpu_seconds"])
+    assert [i for i, verb, n in log if verb == "sample" and n == "a"] != []
 
 
 def test_the_environment_selects_the_timing_scheme(monkeypatch):
@@ -277,3 +298,7 @@ def test_the_environment_selects_the_timing_scheme(monkeypatch):
     monkeypatch.setenv("MLCOMP_AUTO_SETTLE", "fixed")
     assert (seen[0]["fork"], seen[0]["quiet"]) == (True, True)
     assert workers._variant() == {"fork": False, "quiet": False}
+    monkeypatch.setenv("MLCOMP_AUTO_PROCESSES", "fork")
+    assert workers._variant() == {"fork": True, "quiet": False}
+    monkeypatch.delenv("MLCOMP_AUTO_SETTLE")
+    assert workers._variant() == {"fork": True, "quiet": True}

@@ -57,6 +57,38 @@ def test_the_mean_shift_is_taken_out_on_calibration_and_held_back_data(quantized
     assert all(r["bias_shift"] > 0 for r in st_on["layers"])           # per-layer stats: the correction made
 
 
+def test_one_interpreter_corrects_over_every_sample_each_against_its_own_float_means(monkeypatch):
+    """Three calibration samples run through one interpreter; each sample's shift is measured against that
+    sample's float means: the biases do not depend on the samples' order, and a sample given twice counts
+    as once (the same numbers, to the bit)."""
+    from mlcomp.passes.quantize import bias
+
+    built = []
+
+    class Counted(Interpreter):
+        def __init__(self, *args, **kwargs):
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(bias, "Interpreter", Counted)
+    model = _mlp()
+    a, b, c = (torch.randn(32, 16, generator=torch.Generator().manual_seed(s)) + 3.0 for s in (1, 2, 3))
+    g = load_model(model, example_inputs=(a,)).capture()
+
+    def biases(*samples):
+        out, report = run_pipeline(g, "quantize", example_inputs=(a,), calibration_data=[(x,) for x in samples])
+        assert report.stats("quantize")["biases_corrected"] == 2
+        return [out.constants[k] for k in ("0.bias.int32", "2.bias.int32")]
+
+    built.clear()
+    abc = biases(a, b, c)
+    assert len(built) == 1
+    for got, want in zip(biases(c, a, b), abc):
+        assert (got - want).abs().max() <= 1                 # the mean's float rounding may move one int32 step
+    for got, want in zip(biases(a, a), biases(a, a, a, a)):
+        assert torch.equal(got, want)
+
+
 def test_too_few_rows_keep_the_bias_with_the_reason():
     model = _mlp()
     x = torch.randn(2, 16, generator=torch.Generator().manual_seed(1)) + 3.0

@@ -210,7 +210,7 @@ def test_absolute_saved_cap(deep):
 
 @pytest.fixture(scope="module")
 def resnet():
-    """ResNet-18's structure at widths 8/16 (``tests.helpers.modules.SmallResNet``), batch 2."""
+    """ResNet-18's structure at widths 8/16 (``tests.helpers.modules.small_resnet``), batch 2."""
     model, (x,) = small_resnet(2)
     return _capture(model, x, "resnet")
 

@@ -16,6 +16,14 @@ from tests.helpers.modules import Tokens
 SIZES = ((1, 1), (3, 7), (6, 16))
 
 
+def _like_eager_at_every_size(art, model) -> None:
+    """The one artifact's outputs equal eager's at each (batch, seq) of :data:`SIZES`."""
+    with torch.no_grad():
+        for batch, seq in SIZES:
+            x = torch.randn(batch, seq, 8)
+            torch.testing.assert_close(art(x), model(x), rtol=1e-5, atol=1e-6)
+
+
 def _dims(value_info):
     return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
 
@@ -42,10 +50,7 @@ def test_one_onnxruntime_artifact_serves_three_sizes_like_eager():
     assert [i.shape for i in art.inputs] == [("batch", "seq", 8)]
     session = art.runtime.session
     before = id(session)
-    with torch.no_grad():
-        for batch, seq in SIZES:
-            x = torch.randn(batch, seq, 8)
-            torch.testing.assert_close(art(x), model(x), rtol=1e-5, atol=1e-6)
+    _like_eager_at_every_size(art, model)
     assert id(art.runtime.session) == before
     assert [s["sizes"] for s in art.verification["shapes"][1:]] == [
         {"batch": 1, "seq": 1}, {"batch": 4, "seq": 8}, {"batch": 8, "seq": 16}]
@@ -54,10 +59,7 @@ def test_one_onnxruntime_artifact_serves_three_sizes_like_eager():
 def test_cpu_target_serves_three_sizes_like_eager():
     model = Tokens().eval()
     art = mlcomp.compile(model, torch.randn(2, 5, 8), target="cpu", dynamic="batch,seq", pipeline="-O2")
-    with torch.no_grad():
-        for batch, seq in SIZES:
-            x = torch.randn(batch, seq, 8)
-            torch.testing.assert_close(art(x), model(x), rtol=1e-5, atol=1e-6)
+    _like_eager_at_every_size(art, model)
 
 
 @pytest.mark.openvino
@@ -68,10 +70,7 @@ def test_openvino_model_has_dynamic_dimensions_of_the_ranges_and_serves_three_si
     batch, seq, width = port.get_partial_shape()
     assert (batch.min_length, batch.max_length, seq.min_length, seq.max_length) == (1, 8, 1, 16)
     assert width.is_static and width.get_length() == 8
-    with torch.no_grad():
-        for b, s in SIZES:
-            x = torch.randn(b, s, 8)
-            torch.testing.assert_close(art(x), model(x), rtol=1e-5, atol=1e-6)
+    _like_eager_at_every_size(art, model)
 
 
 @pytest.mark.tvm
@@ -89,10 +88,7 @@ def test_tvm_relax_signature_has_symbolic_vars_and_one_build_serves_three_sizes(
               re.findall(r'"tir_var_(lower|upper)_bound": \{([^}]*)\}', script)}
     assert bounds == {"lower": {batch: "1", seq: "1"}, "upper": {batch: "8", seq: "16"}}     # the ranges
     art = mlcomp.compile(model, torch.randn(2, 5, 8), target="tvm", dynamic="batch=1..8,seq=1..16")
-    with torch.no_grad():
-        for b, s in SIZES:
-            x = torch.randn(b, s, 8)
-            torch.testing.assert_close(art(x), model(x), rtol=1e-5, atol=1e-6)
+    _like_eager_at_every_size(art, model)
 
 
 @pytest.mark.tvm

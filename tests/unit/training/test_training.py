@@ -7,9 +7,9 @@ through 5 SGD and 5 Adam steps (torch's default ``eps=1e-8``) within 1e-5 per
 parameter.  Both hold because the joint graph keeps the fused kernels eager autograd
 runs (``mlcomp.frontend.joint.joint_decompositions``): on CPU the gradients are
 bitwise eager's.  To keep the file cheap the transformer (2 layers, d_model 64,
-seq 16) and the GRU (6 steps) are the zoo classes at a reduced size, and ``resnet`` is ResNet-18's
-structure (stem, identity and strided 1x1-conv shortcuts, batch norm; ``tests.helpers.modules``) at
-widths 8 and 16; every model is captured once per module.  Dropout is set to 0: the graph's
+seq 16), the GRU (6 steps) and ``resnet`` (ResNet-18's stem, identity and strided 1x1-conv shortcuts and
+batch norms at widths 8 and 16, one block per stage: ``tests.helpers.modules.small_resnet``) are the zoo
+classes at a reduced size; every model is captured once per module.  Dropout is set to 0: the graph's
 dropout draws different random numbers from eager's kernel.
 """
 from __future__ import annotations
