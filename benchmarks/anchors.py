@@ -1,18 +1,24 @@
-"""Issue 14's anchor table in one run: mlcomp against the tools a user would otherwise pick.
+"""Issue 33's anchor table in one run: mlcomp against the tools a user would otherwise pick, goals per row.
 
-    .venv/bin/python benchmarks/anchors.py                                  # every row, every tool
-    .venv/bin/python benchmarks/anchors.py --rows mlp,resnet18@1,bert,gru-tagger --skip torch.compile
-    .venv/bin/python benchmarks/anchors.py --rows mlp --tune-trials 64 --json anchors.json
+    .venv/bin/python benchmarks/anchors.py                                  # the 11 rows, every tool
+    .venv/bin/python benchmarks/anchors.py --rows resnet18@1,bert --skip torch.compile --json c1.json
+    .venv/bin/python benchmarks/anchors.py --combine c1.json,c2.json        # several runs, one table
+    .venv/bin/python benchmarks/anchors.py --rows mlp --tune-trials 64
 
-Rows (model@batch): zoo ``mlp@1``, ``resnet18@1``, ``resnet18@32``, ``transformer@1``; third-party
-(:mod:`mlcomp.models.third_party`, random weights) ``bert@2``, ``vit@2``, ``gru-tagger@2``, ``gpt2@2``; on
-request (``--rows``) the held-out models (:mod:`mlcomp.models.held_out`) ``gru-tagger-2l``, ``mlp-mixer``, ``unet``.
+Rows (model@batch): zoo ``resnet18@1``, ``resnet18@32``, ``transformer@1``, ``transformer@32``,
+``mobilenet@2``; third-party (:mod:`mlcomp.models.third_party`, random weights) ``bert@2``, ``vit@2``,
+``gpt2@2``, ``gru-tagger@2``; held-out (:mod:`mlcomp.models.held_out`) ``mlp-mixer@2``, ``unet@1``; any
+other zoo/third-party/held-out name through ``--rows``.
 Tools: ``eager``, ``torchscript`` (trace + freeze), ``torch.compile`` (inductor), ``ort`` (ONNX Runtime
-on ``torch.onnx.export(dynamo=True)``), ``ov-f32`` / ``ov-default`` (OpenVINO on ``ov.convert_model``
-of the module, precision hint f32 / the plugin's default, bf16 where the CPU has it; thread pinning
-off for both, as in mlcomp's target), and mlcomp
+on ``torch.onnx.export(dynamo=True)``), ``ov-f32`` / ``ov-default`` (OpenVINO's own conversion,
+``ov.convert_model`` of ``torch.export`` or of the module where export fails, precision hint f32 / the
+plugin's default, bf16 where the CPU has it; thread pinning off, as in mlcomp's target), ``ov-f32-mod``
+(``ov.convert_model`` of the module itself, f32: its TorchScript path keeps ``nn.GRU`` whole), and mlcomp
 (``mlcomp.compile(..., pipeline="-O2")``): ``m:cpu``, ``m:ort``, ``m:ov``, ``m:tvm`` (untuned),
-``m:auto`` (fastest verified target), ``m:tvm-tuned`` with ``--tune-trials``.
+``m:auto`` (fastest verified target), ``m:tvm-tuned`` with ``--tune-trials``; low precision where the CPU
+has bf16 (``--low``): ``m:ov-bf16`` (openvino, ``-O2,mixed-precision{dtype=bf16}``) and ``m:auto-mp``
+(auto, ``-O2,mixed-precision{dtype=auto}``).  Per row, unless ``--no-graphs``, the kernels OpenVINO runs
+at the bf16 hint for mlcomp's bf16 pipeline and for its own conversion (``mlcomp.measure.executed``).
 
 Protocol: EACH TOOL RUNS IN ITS OWN PROCESSES.  For one row the driver starts ``--procs`` workers
 per tool (default 2), one after another (so compile times are not inflated by each other); a worker builds
@@ -24,10 +30,10 @@ answers their median).  The table gives the median over rounds and processes, so
 shared machine hits every tool alike, and no tool's threads or allocator state disturb another's.
 Two processes of one tool: the same runner differs by up to ~5 % between processes on this
 kind of VM (memory placement), which one process per tool would report as a difference between
-tools; the gap is printed under the tables.
+tools; each row's spread is printed under the tables, and a goal missed by less than it says so.
 
-Columns of the summary: best fp32 anchor (eager, torchscript, torch.compile, ORT, OpenVINO f32),
-best mlcomp, ratio = anchor ÷ mlcomp (> 1: mlcomp is faster), OpenVINO default and its ratio.
+Tables (``anchors_report``): median ms per tool; the goals per row (``auto`` ≥ 0.95× the best fp32
+anchor; low precision; untuned tvm ≥ eager; ``auto``'s compile seconds); compile s and max error.
 """
 from __future__ import annotations
 
@@ -39,52 +45,29 @@ import statistics
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any, Callable
 
-ROWS = ("mlp@1", "resnet18@1", "resnet18@32", "transformer@1", "bert@2", "vit@2", "gru-tagger@2", "gpt2@2")
-ANCHORS = ("eager", "torchscript", "torch.compile", "ort", "ov-f32")
+from anchors_graphs import GRAPH_PIPELINE, build_row, graph_row
+from anchors_report import ANCHORS, LOW, Cell, cells_from_json, tables
+
+ROWS = ("resnet18@1", "resnet18@32", "transformer@1", "transformer@32", "bert@2", "vit@2", "mobilenet@2", "gpt2@2",
+        "gru-tagger@2", "mlp-mixer@2", "unet@1")
 MLCOMP = ("m:cpu", "m:ort", "m:ov", "m:tvm", "m:auto")
-TOOLS = (*ANCHORS, "ov-default", *MLCOMP)
+TOOLS = (*ANCHORS, "ov-default", *MLCOMP, *LOW)
+# mlcomp tool -> (target, pipeline)
+MLCOMP_BUILD = {"m:cpu": ("cpu", "-O2"), "m:ort": ("onnxruntime", "-O2"), "m:ov": ("openvino", "-O2"),
+                "m:tvm": ("tvm", "-O2"), "m:auto": ("auto", "-O2"), "m:tvm-tuned": ("tvm", "-O2"),
+                "m:ov-bf16": ("openvino", GRAPH_PIPELINE),
+                "m:auto-mp": ("auto", "-O2,mixed-precision{dtype=auto}")}
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # untimed calls before each timing request: the previous tool's thread pools spin on after its
 # slice (ONNX Runtime's for ~50 ms of CPU), and a tool that syncs its threads often loses most
 SETTLE_S = 0.1
 
 
-@dataclass
-class Cell:
-    tool: str
-    compile_s: float | None = None
-    max_rel: float | None = None
-    note: str = ""
-    error: str | None = None
-    samples: list[float] = field(default_factory=list)
-    process_ms: list[float] = field(default_factory=list)   # each worker process's median, ms
-
-    @property
-    def ms(self) -> float | None:
-        return statistics.median(self.samples) * 1e3 if self.samples else None
-
-
 # ---------------------------------------------------------------------------
 # worker side: one tool, one process
-
-
-def _model(row: str):
-    import torch
-
-    from mlcomp.models import ZOO
-    from mlcomp.models.held_out import HELD_OUT, build_held_out
-    from mlcomp.models.third_party import build_third_party
-
-    name, batch = row.split("@")
-    if name in ZOO:
-        return ZOO[name].build(seed=0).eval(), ZOO[name].example_inputs(int(batch))
-    if name in HELD_OUT:
-        return build_held_out(name, int(batch))
-    model, inputs = build_third_party(name, int(batch), seed=0)
-    torch.manual_seed(0)
-    return model, inputs
 
 
 def _outputs(value: Any) -> list:
@@ -128,24 +111,31 @@ def _build(tool: str, module, inputs, threads: int, tune_trials: int, work_dir: 
         session = make_session(program.model_proto.SerializeToString(), threads=threads)
         names = [i.name for i in session.get_inputs()]
         return (lambda *xs: session.run(None, {n: x.numpy() for n, x in zip(names, xs)})), "dynamo export"
-    if tool in ("ov-f32", "ov-default"):
+    if tool in ("ov-f32", "ov-default", "ov-f32-mod"):
         import openvino as ov
 
-        model = ov.convert_model(module, example_input=inputs)
+        from mlcomp.measure.executed import ov_own
+
+        if tool == "ov-f32-mod":               # the module path (TorchScript inside): nn.GRU as GRUSequence
+            model, how = ov.convert_model(module, example_input=inputs), "ov.convert_model(module)"
+        else:
+            model, how = ov_own(module, inputs)     # torch.export first, the module where export fails
         # pinning off as in mlcomp's target: pinned threads wait for their core on a shared machine
         config: dict[str, Any] = {"INFERENCE_NUM_THREADS": threads, "ENABLE_CPU_PINNING": False}
-        if tool == "ov-f32":
+        if tool != "ov-default":
             config["INFERENCE_PRECISION_HINT"] = "f32"
         compiled = ov.Core().compile_model(model, "CPU", config)
         hint = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
-        return (lambda *xs: compiled([x.numpy() for x in xs])), f"convert_model; runs {hint}"
+        return (lambda *xs: compiled([x.numpy() for x in xs])), f"{how}; runs {hint}"
     import mlcomp
 
-    target = {"m:cpu": "cpu", "m:ort": "onnxruntime", "m:ov": "openvino", "m:tvm": "tvm", "m:auto": "auto",
-              "m:tvm-tuned": "tvm"}[tool]
+    target, pipeline = MLCOMP_BUILD[tool]
     extra = {"tune_trials": tune_trials, "work_dir": work_dir} if tool == "m:tvm-tuned" else {}
-    art = mlcomp.compile(module, inputs, target=target, pipeline="-O2", threads=threads, **extra)
-    note = f"-O2 → {art.target}"
+    art = mlcomp.compile(module, inputs, target=target, pipeline=pipeline, threads=threads, **extra)
+    note = f"{pipeline} → {art.target}"
+    precision = getattr(art.runtime, "precision", None)
+    if isinstance(precision, dict) and "effective" in precision:
+        note += f", OpenVINO runs {precision['effective']}"
     if art.manifest.get("fallback_regions"):
         note += f", {len(art.manifest['fallback_regions'])} regions"
     return art, note
@@ -166,7 +156,7 @@ def worker(conn, row: str, tool: str, threads: int, tune_trials: int, work_dir: 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(threads)
     try:
-        module, inputs = _model(row)
+        module, inputs = build_row(row)
         with torch.no_grad():
             expected = _outputs(module(*inputs))
         t0 = time.perf_counter()
@@ -265,57 +255,52 @@ def _stop(proc, conn) -> None:
         proc.terminate()
 
 
-def _fmt(v: float | None, spec: str) -> str:
-    return "—" if v is None else format(v, spec)
+def host() -> tuple[str, bool]:
+    """The CPU line of the tables (name, cores, AVX-512/AMX flags) and whether it has bf16 instructions."""
+    from mlcomp.hardware.probe import cpu_flags, cpu_info, cpu_name
+
+    flags = ("avx2",) * ("avx2" in cpu_info().flags) + cpu_flags()
+    bf16 = any(f in flags for f in BF16_FLAGS)
+    line = (f"{cpu_name()}, {os.cpu_count()} cores, flags: {' '.join(flags) or 'no AVX2/AVX-512'}; "
+            f"{'bf16: yes' if bf16 else 'no AVX-512 BF16, no AMX'}")
+    return line, bf16
 
 
-def _ms(v: float | None) -> str:
-    if v is None:
-        return "fail"
-    return f"{v:.4f}" if v < 0.1 else f"{v:.3f}" if v < 10 else f"{v:.1f}"
+def combine(paths: list[str], tools: list[str]) -> str:
+    """The tables of several ``--json`` runs, rows in the order given (same host required)."""
+    results, graphs, hosts = {}, {}, set()
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        hosts.add(data["host"])
+        for row, entry in data["rows"].items():
+            results[row] = cells_from_json(entry["cells"])
+            if entry.get("graph"):
+                graphs[row] = entry["graph"]
+    if len(hosts) > 1:
+        raise SystemExit(f"the runs come from different hosts: {sorted(hosts)}")
+    line = next(iter(hosts))
+    order = {row: i for i, row in enumerate(ROWS)}        # issue 33's order; other rows after, as given
+    results = dict(sorted(results.items(), key=lambda item: order.get(item[0], len(ROWS))))
+    used = [t for t in tools if any(t in cells for cells in results.values())]
+    return f"host: {line}\n\n" + tables(results, used, graphs, bf16="bf16: yes" in line)
 
 
-def _best(cells: dict[str, Cell], names: tuple[str, ...]) -> tuple[str, float] | None:
-    timed = [(cells[n].ms, n) for n in names if n in cells and cells[n].ms is not None]
-    return (min(timed)[1], min(timed)[0]) if timed else None
-
-
-def tables(results: dict[str, dict[str, Cell]], tools: list[str]) -> str:
-    out = ["| row | " + " | ".join(tools) + " |", "|---|" + "---|" * len(tools)]
-    for row, cells in results.items():
-        out.append(f"| {row} | " + " | ".join(_ms(cells[t].ms) if t in cells else "—" for t in tools) + " |")
-    out += ["", "| row | best fp32 anchor (ms) | best mlcomp (ms) | ratio | OpenVINO default (ms) | ratio |",
-            "|---|---|---|---|---|---|"]
-    mlcomp_tools = tuple(t for t in tools if t.startswith("m:"))
-    for row, cells in results.items():
-        anchor, best = _best(cells, ANCHORS), _best(cells, mlcomp_tools)
-        ovd = cells.get("ov-default")
-        ratio = f"{anchor[1] / best[1]:.2f}" if anchor and best else "—"
-        ovr = f"{ovd.ms / best[1]:.2f}" if ovd and ovd.ms and best else "—"
-        out.append(f"| {row} | {anchor[0] + ' ' + _ms(anchor[1]) if anchor else '—'} | "
-                   f"{best[0] + ' ' + _ms(best[1]) if best else '—'} | {ratio} | "
-                   f"{_ms(ovd.ms) if ovd else '—'} | {ovr} |")
-    out += ["", "compile s / max rel error vs eager:", "",
-            "| row | " + " | ".join(tools) + " |", "|---|" + "---|" * len(tools)]
-    for row, cells in results.items():
-        out.append(f"| {row} | " + " | ".join(
-            (f"{_fmt(cells[t].compile_s, '.1f')} / {_fmt(cells[t].max_rel, '.0e')}" if cells[t].error is None
-             else "fail") if t in cells else "—" for t in tools) + " |")
-    notes = [f"- {row} {t}: {c.error or c.note}" for row, cells in results.items() for t, c in cells.items()
-             if c.error or t in ("m:auto", "ov-default", "m:ov")]
-    gaps = [(max(c.process_ms) / min(c.process_ms) - 1, row, t) for row, cells in results.items()
-            for t, c in cells.items() if len(c.process_ms) > 1]
-    if gaps:
-        gap, row, tool = max(gaps)
-        notes.append(f"- largest gap between two processes of one tool: {gap:.1%} ({row} {tool}); "
-                     f"median gap {statistics.median(g for g, _, _ in gaps):.1%}")
-    return "\n".join(out + ["", "notes:", *notes])
+def _write_json(path: str, line: str, results: dict[str, dict[str, Cell]], graphs: dict[str, dict]) -> None:
+    data = {"host": line, "rows": {r: {"cells": {t: dict(asdict(c), ms=c.ms) for t, c in cells.items()},
+                                       "graph": graphs.get(r)} for r, cells in results.items()}}
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(f"{path}.tmp", path)       # this run's own file, rewritten after every row
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default=",".join(ROWS), help="model@batch list (batch defaults: zoo 1, others 2)")
     ap.add_argument("--skip", default="", help="tools to leave out, comma-separated")
+    ap.add_argument("--low", choices=("auto", "on", "off"), default="auto",
+                    help="time m:ov-bf16 and m:auto-mp: auto = where the CPU has bf16 (elsewhere they run f32)")
+    ap.add_argument("--no-graphs", action="store_true", help="leave out the executed-graph check at the bf16 hint")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for every tool")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--procs", type=int, default=2, help="worker processes per tool (their samples pooled)")
@@ -323,27 +308,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--build-timeout", type=float, default=900.0, help="seconds a worker may take to build")
     ap.add_argument("--tune-trials", type=int, default=0, help="add m:tvm-tuned with this MetaSchedule budget")
     ap.add_argument("--tuning-dir", default="mlcomp-out/tvm-tuning")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="write the cells here (for --combine)")
+    ap.add_argument("--combine", default=None, help="print the tables of these --json files, comma-separated")
     args = ap.parse_args(argv)
+    all_tools = [*TOOLS, "m:tvm-tuned"]
+    if args.combine:
+        print(combine([p for p in args.combine.split(",") if p], all_tools))
+        return 0
+    line, bf16 = host()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    if args.low == "off" or (args.low == "auto" and not bf16):
+        skip |= set(LOW)
     tools = [t for t in TOOLS if t not in skip] + (["m:tvm-tuned"] if args.tune_trials else [])
     rows = [r if "@" in r else f"{r}@{1 if r in ('mlp', 'resnet18', 'transformer', 'lenet', 'gru') else 2}"
             for r in (x.strip() for x in args.rows.split(",")) if r]
-    print(f"threads={args.threads}, rounds={args.rounds} x {args.slice}s per process, {args.procs} per tool; load {os.getloadavg()}",
-          file=sys.stderr, flush=True)
+    print(f"host: {line}\nthreads={args.threads}, rounds={args.rounds} x {args.slice}s per process, "
+          f"{args.procs} per tool; load {os.getloadavg()}", file=sys.stderr, flush=True)
     results: dict[str, dict[str, Cell]] = {}
+    graphs: dict[str, dict] = {}
     for row in rows:
         t0 = time.perf_counter()
         results[row] = bench_row(row, tools, args)
+        if not args.no_graphs:
+            graphs[row] = graph_row(row, args)
         print(f"{row} done in {time.perf_counter() - t0:.0f} s; load {os.getloadavg()}", file=sys.stderr,
               flush=True)
-        print(tables({row: results[row]}, tools), file=sys.stderr, flush=True)   # a long run shows rows early
-    print(tables(results, tools))
-    if args.json:
-        from mlcomp.base.files import write_text_atomic
-
-        write_text_atomic(args.json, json.dumps({r: {t: dict(asdict(c), ms=c.ms) for t, c in cells.items()}
-                                                 for r, cells in results.items()}, indent=1))
+        print(tables({row: results[row]}, tools, graphs, bf16), file=sys.stderr, flush=True)   # rows show early
+        if args.json:          # after every row: a chunk stopped by its time limit keeps the rows it finished
+            _write_json(args.json, line, results, graphs)
+    print(f"host: {line}\n\n" + tables(results, tools, graphs, bf16))
     return 0
 
 

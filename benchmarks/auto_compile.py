@@ -61,6 +61,7 @@ def child(model: str, threads: int, seed: int, cache: str | None) -> None:
                       "compile_s": {c["target"]: c["compile_seconds"] for c in auto.get("candidates", [])
                                     if c.get("compile_seconds") is not None},
                       "eliminated": sorted(timing.get("eliminated", {})), "timed_in": timing.get("timed_in"),
+                      "rounds": [timing.get("rounds"), timing.get("tie_break_rounds")],
                       "processes": timing.get("processes"), "phases": timing.get("phase_seconds", {}),
                       "capture_s": art.manifest.get("capture_seconds"), "call_cpu_s": cpu, "before_cpu_s": c0,
                       "phase_cpu": timing.get("phase_cpu_seconds", {}),
@@ -90,7 +91,8 @@ def line(label: str, r: dict) -> str:
     medians = ", ".join(f"{t} {m:.4g}" for t, m in sorted(r["medians_ms"].items(), key=lambda kv: kv[1]))
     phases = ", ".join(f"{k} {v:.1f}" for k, v in {"capture": r.get("capture_s") or 0.0, **r["phases"]}.items())
     return (f"  {label}: {r['seconds']:.1f} s (process {r['process_s']:.1f} s) -> {r['picked']}; ms: {medians or '—'}"
-            f"; eliminated: {', '.join(r['eliminated']) or '—'}; processes: {r['processes']}; phases: {phases or '—'}"
+            f"; eliminated: {', '.join(r['eliminated']) or '—'}; rounds (+ tie-break): {r.get('rounds')}"
+            f"; processes: {r['processes']}; phases: {phases or '—'}"
             + (f"; cache {r['cache']}" if r.get("cache") else "")
             + (f"; compile s: {', '.join(f'{t} {v:.1f}' for t, v in r['compile_s'].items())}" if r.get("compile_s") else "")
             + f"\n    per timing process ms: "

@@ -41,10 +41,9 @@ from mlcomp.api.cache import CacheOutcome, CacheStatus, CompileCache, default_ca
 from mlcomp.api.cache_key import CacheKey, UncacheableGraph, cache_key
 from mlcomp.api.inputs import LOAD_KEYS, TRAIN_KEYS, check_options, load_source
 from mlcomp.api.lowering import (CompileResult, Note, adapted_pipeline, compile_source, eager_reference,
-                                 resolve_target, verify_seeded)
+                                 resolve_target)
 from mlcomp.base.errors import MlcompError, OptionError
 from mlcomp.base.files import Kind, check_destination
-from mlcomp.frontend.joint import capture_joint, example_target, loss_function, resolve_loss
 from mlcomp.frontend.loading import kept_modes
 from mlcomp.frontend.stochastic import randomness_off
 from mlcomp.hardware.timing import TimingPolicy
@@ -64,7 +63,8 @@ from mlcomp.training.step import (
     verify_gradients,
 )
 
-__all__ = ["check_pipeline_target", "compile", "compile_model", "open_cache", "is_auto", "load", "export", "compile_training_source"]
+__all__ = ["check_pipeline_target", "compile", "compile_model", "open_cache", "is_auto", "load", "export",
+           "compile_training_source", "early_pool"]
 
 
 def is_auto(target: Any) -> bool:
@@ -130,7 +130,7 @@ def _reuse(source: Any, art: Any, *, verify: bool, tolerance: float | None, capt
         expected, _ = eager_reference(source, inputs, None)
         art.set_reference(inputs, expected)
     art.manifest["capture_seconds"] = round(capture_seconds, 4)
-    check = verify_seeded(art, tolerance=tolerance, raise_on_failure=False) if verify else None
+    check = art.verify(tolerance=tolerance, raise_on_failure=False) if verify else None
     return CompileResult(art, None, capture_seconds, 0.0, check=check)
 
 
@@ -251,7 +251,7 @@ def _compile(model_or_path: Any, example_inputs: Any, target: Any, pipeline: Any
     source = load_source(model_or_path, example_inputs, load_opts)
     for note in source.notes:                  # e.g. a model given in train() mode, compiled in eval() mode
         warnings.warn(note, stacklevel=2)
-    with _early_pool(source, target, candidates, options) as pool:
+    with early_pool(source, target, candidates, options) as pool:
         t0 = time.perf_counter()
         graph = source.capture(method=load_opts.get("capture", "export"),
                                dynamic=load_opts.get("dynamic"), dynamic_batch=bool(load_opts.get("dynamic_batch")))
@@ -263,7 +263,7 @@ def _compile(model_or_path: Any, example_inputs: Any, target: Any, pipeline: Any
     return result.artifact
 
 
-def _early_pool(source: Any, target: Any, candidates: Any, options: dict[str, Any]) -> Any:
+def early_pool(source: Any, target: Any, candidates: Any, options: dict[str, Any]) -> Any:
     """For ``target="auto"`` timed in processes: its timing processes, started now, so that their one start-up
     (a zygote importing torch, mlcomp and the runtimes) runs on the core the capture leaves; else nothing.
     Unused ones (a cache hit, a record, a failed capture) are killed when the block ends."""
@@ -292,6 +292,10 @@ def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline
     ``update_in_backward``: the optimizer in the backward (:mod:`mlcomp.training.fused`);
     ``host_memory``: the allocator policy, applied before capture (:mod:`mlcomp.training.host_memory`).
     """
+    # here, not at the top: the joint capture's imports (torch._dynamo, torch._inductor) are an inference
+    # compile's capture's, after auto's timing processes have started
+    from mlcomp.frontend.joint import capture_joint, example_target, loss_function, resolve_loss
+
     spec = OptimizerSpec.parse(optimizer)
     loss = resolve_loss(source, loss)
     if loss_scale is not None:
@@ -326,7 +330,7 @@ def compile_training_source(source: Any, *, target: str | None = "cpu", pipeline
 
 def load(directory: str | Path, *, verify: bool = False):
     """Load an artifact folder; ``verify=True`` re-runs its stored reference inputs and compares (from the
-    seed eager ran from: :func:`~mlcomp.api.lowering.verify_seeded`).
+    seed eager ran from, as :meth:`Artifact.verify` always does).
 
     A training artifact (``mlcomp compile --train -o DIR``) comes back as a
     :class:`~mlcomp.training.step.TrainingArtifact` that has already checked itself:
@@ -336,7 +340,7 @@ def load(directory: str | Path, *, verify: bool = False):
         return TrainingArtifact.load(directory)
     artifact = Artifact.load(directory)
     if verify:
-        verify_seeded(artifact, record=False)
+        artifact.verify(record=False)
     return artifact
 
 

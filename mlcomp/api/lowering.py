@@ -30,8 +30,7 @@ from mlcomp.pipeline.seeding import seeded
 from mlcomp.pipeline.presets import adapt_preset
 from mlcomp.targets import CompileOptions, Target, get_target
 
-__all__ = ["CompileResult", "EagerOnce", "compile_source", "index_inputs", "verify_near_ties", "pass_decisions", "resolve_target", "adapted_pipeline", "eager_reference",
-           "verify_seeded"]
+__all__ = ["CompileResult", "EagerOnce", "compile_source", "index_inputs", "verify_near_ties", "pass_decisions", "resolve_target", "adapted_pipeline", "eager_reference"]
 
 Note = Callable[[str], None]
 
@@ -108,7 +107,7 @@ def eager_reference(source: Any, inputs: Sequence[torch.Tensor], report: Any,
                     eager: Callable[..., Any] | None = None) -> tuple[tuple[Any, ...], str | None]:
     """What the artifact must compute on ``inputs``: eager (``eager``, default ``source.eager``), or the
     reference a pass declared (pruning); run from one seed (:func:`~mlcomp.pipeline.seeding.seeded`),
-    as :func:`verify_seeded` runs the artifact, so random ops (dropout) draw the same numbers in both."""
+    as :meth:`Artifact.verify` runs the artifact, so random ops (dropout) draw the same numbers in both."""
     with torch.no_grad(), seeded():
         if report is not None and report.changes_function:
             # a pass changed the function on purpose (pruning) and declared what it must now compute (the masked
@@ -122,12 +121,6 @@ def eager_reference(source: Any, inputs: Sequence[torch.Tensor], report: Any,
         except Exception as exc:  # noqa: BLE001 - eager PyTorch rejects the model on its own inputs
             raise eager_fault(exc, inputs, source.name) from None
         return tuple(flatten_outputs(outputs)), None
-
-
-def verify_seeded(artifact: Any, *args: Any, **kwargs: Any) -> Any:
-    """``artifact.verify(*args, **kwargs)`` from the seed :func:`eager_reference` runs eager from."""
-    with seeded():
-        return artifact.verify(*args, **kwargs)
 
 
 def pass_decisions(report: Any) -> list[dict[str, Any]]:
@@ -152,7 +145,7 @@ def verify_near_ties(artifact: Any, captured: Any, lowered: Any, inputs: Sequenc
     ties = near_tie_reference(captured, lowered, inputs, actual)
     if ties is None or not ties.ties:
         return None
-    check = verify_seeded(artifact, inputs, ties.outputs, tolerance=tolerance, record=False, raise_on_failure=False)
+    check = artifact.verify(inputs, ties.outputs, tolerance=tolerance, record=False, raise_on_failure=False)
     if not check.passed:
         artifact.manifest["verification"] = dict(artifact.manifest.get("verification") or {}, **ties.to_json())
         return None
@@ -210,7 +203,7 @@ def compile_source(source: Any, graph: Any, *, target: str | Target | None = Non
     artifact.set_reference(inputs, expected)
     check = None
     if verify:
-        check = verify_seeded(artifact, tolerance=opts.tolerance, raise_on_failure=False)
+        check = artifact.verify(tolerance=opts.tolerance, raise_on_failure=False)
         if not check.passed and graph is not captured and not against:
             check = verify_near_ties(artifact, captured, graph, inputs, opts.tolerance) or check
         if graph.ranges:          # symbolic sizes: also at each range's ends and middle

@@ -29,7 +29,7 @@ from mlcomp.base.files import Kind, check_destination
 from mlcomp.base.progress import Progress
 from mlcomp.base.units import fmt_bytes
 from mlcomp.cli.cache import cache_for_compile, cache_max_size_option, eviction_lines
-from mlcomp.cli.main import checked_threads, load_and_capture, model_options
+from mlcomp.cli.main import auto_pool_starter, checked_threads, load_and_capture, model_options
 from mlcomp.cli.passes import pipeline_from_cli, pipeline_options, resolve_pipeline
 from mlcomp.cli.train_options import train_step_options
 from mlcomp.pipeline.instruments import Instrument
@@ -173,8 +173,9 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
     facts: dict[str, Any] = {"model": model}
     if deterministic:
         seed_everything(DETERMINISTIC_SEED)         # before the model is built
-    source, graph, capture_seconds = _capture(model, (input_shapes, batch, capture_method, dynamic,
-                                                     trust_pickle), progress, say, facts)
+    pool, early = auto_pool_starter(target, chosen, deterministic)      # auto: started before the capture
+    source, graph, capture_seconds = _capture(model, (input_shapes, batch, capture_method, dynamic, trust_pickle,
+                                                     early), progress, say, facts)
     names = _check_names(names, len(graph.output_refs), graph.name)
     output = check_destination(output or Path("mlcomp-out") / f"{graph.name}-{canonical}", Kind.DIR, force=force,
                                inputs=(model,))
@@ -187,7 +188,7 @@ def compile_cmd(model: str, input_shapes: tuple[str, ...], batch: int | None, ca
                            instruments=instruments if auto else instruments(canonical),
                            capture_seconds=capture_seconds, tolerance=tolerance, fallback=fallback,
                            threads=threads, device=device, tune_trials=tune_trials, work_dir=tuning_dir,
-                           tf32=tf32 or None, deterministic=deterministic or None)
+                           tf32=tf32 or None, deterministic=deterministic or None, pool=(pool or [None])[0])
     progress.clear()
     hit = _say_cache(result, cache, bypass, request.explain, facts, say)
     _name_outputs(result.artifact, names or _model_output_names(source, len(result.artifact.outputs)))
@@ -270,7 +271,6 @@ def _say_compiled(result: Any, request: Any, hit: bool, facts: dict[str, Any], s
 def _verify_and_save(result: Any, model: str, output: Path, *, force: bool, fresh_check: bool,
                      progress: Progress, facts: dict[str, Any], say: _Say) -> None:
     """The verification against eager (raises if it failed), then save, reload and verify the reloaded copy."""
-    from mlcomp.api.lowering import verify_seeded
     from mlcomp.api.range_check import sizes_line
     from mlcomp.runtime.artifact import Artifact
 
@@ -287,7 +287,7 @@ def _verify_and_save(result: Any, model: str, output: Path, *, force: bool, fres
     with progress.stage(f"save {output}"):
         art.save(output, force=force)
         again = Artifact.load(output)
-        reloaded = verify_seeded(again, record=False) if check is not None else None
+        reloaded = again.verify(record=False) if check is not None else None
     files = [e["path"] for e in art.manifest["payload"]]
     size = size_on_disk(output)
     facts.update(verification=check.to_json() if check else None, output=str(output), files=files,

@@ -179,8 +179,24 @@ def checked_threads(ctx: click.Context, param: click.Parameter, value: int | Non
     return value
 
 
+def auto_pool_starter(target: str, candidates: Any, deterministic: bool) -> tuple[list[Any], Any]:
+    """For ``--target auto``: (a list that will hold the timing processes, a ``before_capture`` for
+    :func:`load_and_capture` that starts them there, kept until the command ends: a cache hit or an error
+    kills them); for other targets the callback is None."""
+    from mlcomp.api.compiler import early_pool, is_auto
+
+    pool: list[Any] = []
+
+    def start(source: Any) -> None:
+        pool.append(click.get_current_context().with_resource(
+            early_pool(source, target, candidates, {"deterministic": deterministic})))
+    return pool, start if is_auto(target) else None
+
+
 def load_and_capture(model: str, input_shapes: tuple[str, ...], batch: int | None, capture_method: str,
-                     dynamic: str | None, trust_pickle: bool):
+                     dynamic: str | None, trust_pickle: bool, before_capture: Any = None):
+    """The model loaded and captured; ``before_capture(source)`` runs between the two (e.g. auto's timing
+    processes start there, so that their imports use the core the capture leaves)."""
     from mlcomp.api import check_model_inputs
     from mlcomp.frontend.loading import load_model
 
@@ -188,6 +204,8 @@ def load_and_capture(model: str, input_shapes: tuple[str, ...], batch: int | Non
     source = load_model(model, input_shapes=input_shapes, trust_pickle=trust_pickle, batch=batch)
     for note in source.notes:
         click.echo(f"note: {note}", err=True)
+    if before_capture is not None:
+        before_capture(source)
     graph = source.capture(method=capture_method, dynamic=dynamic)
     return source, graph
 

@@ -85,9 +85,7 @@ def run_cmd(directory: Path, input_files: tuple[str, ...], output: str | None, d
                              "inputs": [str(s) for s in art.inputs]}
     say(f"loaded {art.manifest['model']} for {art.target} ({', '.join(map(str, art.inputs))})")
     if do_verify:
-        from mlcomp.api.lowering import verify_seeded
-
-        result = verify_seeded(art, record=False, raise_on_failure=False)   # from the seed eager ran from
+        result = art.verify(record=False, raise_on_failure=False)   # from the seed eager ran from
         facts["verification"] = result.to_json()
         say(f"verified against stored eager outputs: {result.summary()}")
         result.raise_if_failed(where=f"artifact {directory}")

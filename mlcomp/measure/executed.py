@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["GraphDiff", "compare", "ort_executed", "ov_executed", "format_diffs"]
+__all__ = ["GraphDiff", "compare", "ort_executed", "ov_executed", "ov_own", "format_diffs"]
 
 _NOT_KERNELS = frozenset({"Const", "Input", "Output", "Parameter", "Result"})
 RUNTIMES = ("openvino", "onnxruntime")
@@ -64,7 +64,8 @@ def _ov_config(hint: str, threads: int) -> dict[str, Any]:
             "ENABLE_CPU_PINNING": False}
 
 
-def _ov_own(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[Any, str]:
+def ov_own(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[Any, str]:
+    """OpenVINO's own conversion of ``module`` and how it was made (``torch.export`` first, else the module)."""
     import openvino as ov
 
     from mlcomp.base.quiet import quiet_converter
@@ -132,7 +133,7 @@ def compare(name: str, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]
         return GraphDiff(name, runtime, ort_executed(own, threads), ort_executed(art.runtime.model, threads), anchor)
     import openvino as ov
 
-    model, anchor = _ov_own(module, inputs)
+    model, anchor = ov_own(module, inputs)
     core = ov.Core()
     sides = {"own": core.compile_model(model, "CPU", _ov_config(hint, threads)),
              "ours": core.compile_model(art.runtime.model, "CPU", _ov_config(hint, threads))}

@@ -32,6 +32,9 @@ class ResNet18(nn.Module):
 
     def __init__(self, num_classes: int = 10, widths: tuple[int, ...] = (64, 128, 256, 512), blocks: int = 2) -> None:
         super().__init__()
+        if not widths or blocks < 1:
+            raise ValueError(f"a ResNet needs at least one stage width and one block per stage; got "
+                             f"widths={widths!r}, blocks={blocks}")
         self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, padding=1, bias=False), nn.BatchNorm2d(widths[0]),
                                   nn.ReLU())
         self.stages = [f"layer{i + 1}" for i in range(len(widths))]

@@ -22,22 +22,26 @@ from typing import Iterator
 
 import torch
 
-__all__ = ["DETERMINISTIC_SEED", "seed_everything", "seeded"]
+__all__ = ["DETERMINISTIC_SEED", "VERIFY_SEED", "seed_everything", "seeded"]
 
 DETERMINISTIC_SEED = 0
+VERIFY_SEED = 0          # the seed eager's reference and every artifact run compared with it start from
 
 
 @contextlib.contextmanager
-def seeded(seed: int = 0) -> Iterator[None]:
+def seeded(seed: int = VERIFY_SEED) -> Iterator[None]:
     """torch's CPU generator and, once CUDA is initialised, every CUDA device's at ``seed``; each restored after.
 
-    CUDA's generators are forked only when CUDA is initialised: forking them would initialise it (a
-    process that never touched the GPU stays so); an artifact that initialises CUDA inside the block
-    still draws from ``seed`` (``torch.manual_seed`` seeds a device's generator when it is created).
+    CUDA's generators are seeded and forked only when CUDA is initialised (touching them would
+    initialise it), and nothing is queued for a later initialisation: a process that starts CUDA
+    after the block keeps whatever seed it set itself.  A CUDA artifact or model has initialised
+    CUDA before it runs here (its weights are on the device).
     """
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
+        torch.random.default_generator.manual_seed(seed)
+        for device in devices:
+            torch.cuda.default_generators[device].manual_seed(seed)
         yield
 
 

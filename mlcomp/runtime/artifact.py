@@ -305,7 +305,12 @@ class Artifact:
 
     def verify(self, inputs: Sequence[torch.Tensor] | None = None, expected: Any = None, *,
                tolerance: float | None = None, record: bool = True, raise_on_failure: bool = True):
-        """Compare with eager outputs (the stored reference by default); raises VerificationError."""
+        """Compare with eager outputs (the stored reference by default); raises VerificationError.
+
+        The artifact runs from the seed eager's reference ran from (:func:`mlcomp.pipeline.seeding.seeded`):
+        its random ops (``rand_like``, dropout in a training graph) draw the numbers eager drew."""
+        from mlcomp.pipeline.seeding import seeded   # not at import: timing processes never verify
+
         if inputs is None or expected is None:
             if self.reference is None:
                 raise ArtifactError("this artifact has no reference inputs/outputs to verify against",
@@ -315,10 +320,11 @@ class Artifact:
             tolerance = (self.manifest.get("options") or {}).get("tolerance")
         if tolerance is None:
             tolerance = self.manifest.get("declared_tolerance")
-        result = check_against(self, expected, inputs, tolerance=tolerance,
-                               names=[s.name for s in self.outputs],
-                               where=f"target {self.target}, model {self.manifest['model']}",
-                               raise_on_failure=False)
+        with seeded():
+            result = check_against(self, expected, inputs, tolerance=tolerance,
+                                   names=[s.name for s in self.outputs],
+                                   where=f"target {self.target}, model {self.manifest['model']}",
+                                   raise_on_failure=False)
         if record:
             self.manifest["verification"] = result.to_json()
         if raise_on_failure:

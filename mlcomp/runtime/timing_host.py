@@ -10,7 +10,8 @@
         w.drop("cpu")                       # a clear loser: released, never sampled again
 
 The processes a ranking wants (two for ``auto``) start once, at the start of a compile, from one
-start-up (:meth:`HostWorker.spawn_group`: the first imports torch and mlcomp, then forks the others,
+start-up (:meth:`HostWorker.spawn_group`: the first imports torch, mlcomp and the modules the candidates'
+loads need, then forks the others,
 :mod:`mlcomp.runtime.zygote`), and each candidate is loaded into every one of them as soon as it
 verifies.  So the number of processes does not grow with the number of candidates, and a
 candidate's start-up is only its own load.
@@ -26,12 +27,13 @@ Protocol (one JSON line per reply on the child's private stdout)::
     parent: "sample NAME"                       ->  child: {"sample": s}
     parent: "drop NAME"                            (no reply) the artifact is released
     parent: "watch [PID, ...]"                     (no reply) the other timing processes, watched before a sample
-    parent: "stats"                             ->  child: {"stats": {"imports": s, "loads": s, "samples": s, ...}}
+    parent: "stats"                             ->  child: {"stats": {"imports": s, "preload": s, "loads": s, ...}}
     parent: "quit" or EOF                          the child exits
     child:  {"error": "..."}                       a load or sample failed; the parent raises WorkerError
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -48,7 +50,7 @@ from mlcomp.runtime.quiet import cpu_of_others
 from mlcomp.runtime.zygote import Forked, fork_siblings
 from mlcomp.runtime.timing_worker import SETTLE_S, ProcessSampler, load_runner, run_child, take_sample, warm_up
 
-__all__ = ["HostWorker", "serve_host"]
+__all__ = ["HostWorker", "preload", "serve_host"]
 
 
 class HostWorker(ProcessSampler):
@@ -70,20 +72,19 @@ class HostWorker(ProcessSampler):
 
     @classmethod
     def spawn_group(cls, inputs_file: Path, procs: int, *, threads: int, warmup: int, block_s: float,
-                    settle_s: float = SETTLE_S, fork: bool = True,
-                    quiet: bool = True) -> list["HostWorker"]:
+                    settle_s: float = SETTLE_S, fork: bool = True, quiet: bool = True,
+                    preload: Sequence[str] = ()) -> list["HostWorker"]:
         """``procs`` hosting processes from one start-up: a zygote that imports torch, mlcomp and the
-        modules ``preload`` names, then forks the others (:mod:`mlcomp.runtime.zygote`); ``fork=False``:
-        each started afresh.  ``quiet=False``: a sample settles with ``settle_s`` of calls, not a quiet wait."""
+        modules ``preload`` names (those its loads will need; none may start a thread on import), then
+        forks the others (:mod:`mlcomp.runtime.zygote`); ``fork=False``: each started afresh, importing
+        ``preload`` itself.  ``quiet=False``: a sample settles with ``settle_s`` of calls, not a quiet wait."""
+        base = {"inputs": str(inputs_file), "threads": threads, "warmup": warmup, "block_s": block_s,
+                "settle_s": settle_s, "quiet": quiet, "preload": list(preload)}
         if not fork:
-            return [cls._popen({"inputs": str(inputs_file), "threads": threads, "warmup": warmup,
-                                "block_s": block_s, "settle_s": settle_s, "quiet": quiet}, f"timing process {i}")
-                    for i in range(procs)]
+            return [cls._popen(base, f"timing process {i}") for i in range(procs)]
         pairs = [(os.pipe(), os.pipe()) for _ in range(procs - 1)]     # (commands r, w), (replies r, w)
         child_fds = [fd for (cmd, rep) in pairs for fd in (cmd[0], rep[1])]
-        config = {"inputs": str(inputs_file), "threads": threads, "warmup": warmup, "block_s": block_s,
-                  "settle_s": settle_s, "quiet": quiet,
-                  "siblings": [[cmd[0], rep[1]] for cmd, rep in pairs]}
+        config = {**base, "siblings": [[cmd[0], rep[1]] for cmd, rep in pairs]}
         try:
             first = cls._popen(config, "timing process 0", pass_fds=child_fds)
         except WorkerError:
@@ -130,8 +131,10 @@ class HostWorker(ProcessSampler):
 
     def stats(self, timeout: float = 60.0) -> dict[str, float]:
         """The child's CPU seconds (every thread) by what it did: ``imports`` (everything before it served),
-        ``loads`` (loading, checking, warming up its artifacts), ``samples``, and ``total``; and
-        ``waited_wall``, the wall seconds its samples waited for quiet, and its ``nice`` value."""
+        ``preload`` (the modules its loads need, imported before a zygote forks; ``preloaded``: how many it
+        imported itself, none in a forked process), ``loads`` (loading, checking, warming up its artifacts),
+        ``samples``, and ``total``; and ``waited_wall``, the wall seconds its samples waited for quiet, and its
+        ``nice`` value."""
         self._write("stats")
         return {k: float(v) for k, v in self._read(timeout)["stats"].items()}
 
@@ -151,8 +154,9 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
     if config.get("sibling"):
         channel.write(json.dumps({"pid": os.getpid()}) + "\n")
         channel.flush()
-    cpu = {"imports": time.process_time(), "loads": 0.0, "samples": 0.0, "waited_wall": 0.0,
-           "threads_at_fork": float(len(os.listdir("/proc/self/task"))) if config.get("siblings") else 0.0}
+    cpu = {"imports": time.process_time(), "loads": 0.0, "samples": 0.0, "waited_wall": 0.0}
+    cpu["preloaded"], cpu["preload"] = preload(config.get("preload", ()))
+    cpu["threads_at_fork"] = float(len(os.listdir("/proc/self/task"))) if config.get("siblings") else 0.0
     if config.get("siblings"):
         fork_siblings(config, serve_host, HostWorker.MODULE, closing=[channel.fileno()])
     waits = config.get("quiet", True)
@@ -195,6 +199,21 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
             hosted.pop(rest, None)
         else:
             break
+
+
+def preload(modules: Sequence[str]) -> tuple[float, float]:
+    """Import ``modules`` (one that does not import here is left for its load to report); (how many were not
+    imported before, CPU seconds spent).  A process forked after this finds them imported."""
+    c0, fresh = time.process_time(), 0
+    for name in modules:
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+            fresh += 1
+        except Exception:  # noqa: BLE001 - the load that needs it fails with the reason, as without a preload
+            continue
+    return float(fresh), time.process_time() - c0
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
-"""Timing processes that share one start-up: the first imports torch, mlcomp and the runtimes, then forks the others.
+"""Timing processes that share one start-up: the first imports torch, mlcomp and the loaders, then forks the others.
 
 A timing process spends most of its start-up importing (torch, mlcomp, then each
 runtime at its first load); two of them importing side by side cost twice that, on the
 cores the candidates compile on.  :meth:`~mlcomp.runtime.timing_host.HostWorker.spawn_group`
-starts one fresh interpreter (the *zygote*, a session of its own) that imports torch and mlcomp and then forks the other timing processes from itself
-(:func:`fork_siblings`), before it has run anything: no model, no kernel, so no runtime's thread
-pool exists in it when it forks (the only threads are the idle helpers some imports leave).  They
-stay in the caller's session and process group, with its priority.  Each process then serves its
-own pipes::
+starts one fresh interpreter (the *zygote*, in the caller's session) that imports torch, mlcomp and the
+modules the loads will need (``preload``: the targets' ``runtime_modules``, only imports that start no thread
+and leave the runtime as a fresh process has it), then forks the other timing processes from itself
+(:func:`fork_siblings`), before it has run anything: no model, no kernel, so no runtime's thread pool
+exists in it when it forks (the only threads are the idle helpers some imports leave).  They stay in
+the caller's session and process group, with its priority.  Each process then serves its own pipes::
 
     parent ── stdin/stdout ───────────── zygote: imports, forks ── serves timing process 0
            ── pipe pair 1 (pass_fds) ──────────────────────────── forked: serves timing process 1

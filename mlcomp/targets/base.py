@@ -105,6 +105,9 @@ class Target(abc.ABC):
     # which kinds of rewrite help it: a preset (-O2…) drops the passes of other kinds for this target
     rewrites: ClassVar[frozenset[Rewrite]] = ALL_REWRITES
     Options: ClassVar[type] = NoOptions
+    # what a process imports to load this target's artifacts, none of which starts a thread on import: a
+    # group of timing processes imports them once, before its first process forks the others
+    runtime_modules: ClassVar[tuple[str, ...]] = ()
     spec_item: SpecItem | None = None          # the options given after the name, set by get_target
 
     @property

@@ -30,10 +30,9 @@ compares one step of a reloaded artifact with the step its original took.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -42,12 +41,14 @@ from mlcomp.analysis.ranges import Tolerance, declared_tolerance
 from mlcomp.base.errors import VerificationError
 from mlcomp.frontend.losses import model_output
 from mlcomp.ir.dtypes import dtype_name
+from mlcomp.pipeline.seeding import seeded
 
 __all__ = ["GRAD_FLOOR", "K_AUTOCAST", "check_step", "compare_steps", "describe_gradients", "describe_steps",
            "eager_loss", "verify_gradients"]
 
 GRAD_FLOOR = 1e-3   # see verify_gradients
-SEED = 0            # both sides of a comparison draw their random numbers (dropout) from this seed
+SEED = 0            # both sides of a comparison draw their random numbers (dropout) from this seed: the
+                    # joint graph keeps ``native_dropout``, which consumes the generator as eager's dropout does
 K_AUTOCAST = 1.25   # a mixed-precision step may be this much further from fp32 than eager autocast (see below)
 DECLARED, AUTOCAST = "declared", "autocast"   # which bound applied
 
@@ -76,21 +77,6 @@ def eager_loss(model: torch.nn.Module, loss_fn: Any, inputs: Sequence[torch.Tens
     return loss_fn(model_output(model(*inputs[:-1])), inputs[-1])
 
 
-@contextlib.contextmanager
-def _same_random(device: str | torch.device, seed: int) -> Iterator[None]:
-    """A scope in which torch's generators restart from ``seed``; their state is restored on exit.
-
-    Both sides of a comparison run in one such scope with the same seed, so dropout draws the
-    same masks in the compiled step and in eager (the joint graph keeps ``native_dropout``,
-    which consumes the generator as eager's CPU dropout does).  Without it the two sides of
-    the zoo transformer (dropout 0.1) differed by 0.47 relative, in fp32 as in bf16."""
-    where = torch.device(device)
-    cuda = [where.index or 0] if where.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda, device_type="cuda"):
-        torch.manual_seed(seed)
-        yield
-
-
 def _reference_precision(art: Any) -> Any:
     """``torch.autocast`` in the dtype the artifact's graph computes in (a disabled one for fp32 graphs)."""
     low = declared_tolerance(art.graph) if getattr(art, "graph", None) is not None else None
@@ -110,7 +96,7 @@ def _eager_gradients(art: Any, model: torch.nn.Module, loss_fn: Any, args: Seque
     With ``scaler`` (the artifact's :class:`LossScaler`), the loss is multiplied by its current scale
     before backward and the gradients are unscaled by it in fp32, as the compiled step does."""
     ref = copy.deepcopy(model).train(True).to(art.device)
-    with _same_random(art.device, SEED):
+    with seeded(SEED):
         with precision:
             loss = eager_loss(ref, loss_fn, args)
         seed = loss * scaler.scale if scaler is not None and scaler.spec.active else loss
@@ -139,7 +125,7 @@ def verify_gradients(art: Any, model: torch.nn.Module, loss_fn: Any,
     :class:`~mlcomp.base.errors.VerificationError` naming the worst parameter.
     """
     args = [t.to(art.device) for t in inputs]
-    with _same_random(art.device, SEED):
+    with seeded(SEED):
         loss, grads = art.gradients(*args)
     low, precision = _reference_precision(art)
     if low is None:
@@ -288,10 +274,10 @@ def compare_steps(art: Any, model: torch.nn.Module, loss_fn: Any,
     opt = art.optimizer_spec.build(p for p in model.parameters() if p.requires_grad)
     compiled, eager = [], []
     for i in range(steps):      # step i of both sides draws from the same seed (dropout masks agree)
-        with _same_random(art.device, SEED + i):
+        with seeded(SEED + i):
             compiled.append(art.step(*args).item())
         opt.zero_grad(set_to_none=True)
-        with _same_random(art.device, SEED + i):
+        with seeded(SEED + i):
             with precision:
                 loss = eager_loss(model, loss_fn, args)
             loss.backward()
@@ -323,7 +309,7 @@ def _train_eager(art: Any, model: torch.nn.Module, loss_fn: Any, args: Sequence[
     losses = []
     for i in range(steps):
         opt.zero_grad(set_to_none=True)
-        with _same_random(art.device, SEED + i):
+        with seeded(SEED + i):
             with precision:
                 loss = eager_loss(model, loss_fn, args)
             (loss * scaler.scale if scaler is not None and scaler.spec.active else loss).backward()
@@ -351,7 +337,7 @@ def _steps_against_autocast(art: Any, model: torch.nn.Module, loss_fn: Any, args
     auto = _train_eager(art, model, loss_fn, args, steps, precision, scaler)
     compiled = []
     for i in range(steps):
-        with _same_random(art.device, SEED + i):
+        with seeded(SEED + i):
             compiled.append(art.step(*args).item())
     mine, theirs, exact = art.state_dict(), model.state_dict(), truth.state_dict()
     rows = {}

@@ -200,9 +200,11 @@ def precheck(target: Target, graph: Any, options: CompileOptions, pipeline: Any 
 
 def timing_pool(inputs: Sequence[Any], targets: Sequence[Target], policy: TimingPolicy = DEFAULT_AUTO_TIMING, *,
                 procs: int = AUTO_PROCS, enabled: bool = True) -> WorkerPool:
-    """The timing processes of an auto compile of ``targets`` on ``inputs`` (not started yet)."""
+    """The timing processes of an auto compile of ``targets`` on ``inputs`` (not started yet); they import the
+    target registry and the targets' ``runtime_modules`` once, before the first forks the others."""
+    preload = dict.fromkeys([get_target.__module__, *(m for t in targets for m in t.runtime_modules)])
     return WorkerPool(inputs, warmup=policy.warmup, block_s=BLOCK_S, describe=first_line, procs=procs,
-                      enabled=enabled and len(targets) > 1)
+                      enabled=enabled and len(targets) > 1, preload=list(preload))
 
 
 def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] | None = None,

@@ -40,25 +40,30 @@ __all__ = ["READY_TIMEOUT_S", "WorkerPool"]
 READY_TIMEOUT_S = 600.0     # a process loads, checks and warms up its artifacts within this
 
 
-def _variant() -> dict[str, bool]:
+def _variant() -> dict[str, Any]:
     """The spawn options the environment asks for: forked processes unless ``MLCOMP_AUTO_PROCESSES=spawn``,
-    a quiet wait unless ``MLCOMP_AUTO_SETTLE=fixed`` (for comparing the schemes: benchmarks/auto_compile.py --variant)."""
-    return {"fork": os.environ.get("MLCOMP_AUTO_PROCESSES") != "spawn",
-            "quiet": os.environ.get("MLCOMP_AUTO_SETTLE") != "fixed"}
+    a quiet wait unless ``MLCOMP_AUTO_SETTLE=fixed``, the pool's preload unless ``MLCOMP_AUTO_PRELOAD=off``
+    (for comparing the schemes: benchmarks/auto_compile.py --variant)."""
+    out: dict[str, Any] = {"fork": os.environ.get("MLCOMP_AUTO_PROCESSES") != "spawn",
+                           "quiet": os.environ.get("MLCOMP_AUTO_SETTLE") != "fixed"}
+    if os.environ.get("MLCOMP_AUTO_PRELOAD") == "off":
+        out["preload"] = ()
+    return out
 
 
 class WorkerPool:
     """``procs`` timing processes shared by the built candidates (``enabled=False``: none is started).
 
-    ``spawn`` makes one process (default :meth:`HostWorker.spawn_host`; tests pass a fake);
+    ``spawn`` makes the processes (default :meth:`HostWorker.spawn_group`; tests pass a fake);
+    ``preload``: the modules their loads will need, imported once before the first forks the others;
     ``started`` counts the processes spawned.
     """
 
     def __init__(self, inputs: Sequence[Any], *, warmup: int, block_s: float, enabled: bool = True,
-                 describe: Callable[[BaseException], str] = str, procs: int = 1,
+                 describe: Callable[[BaseException], str] = str, procs: int = 1, preload: Sequence[str] = (),
                  spawn: Callable[..., Sequence[Any]] = HostWorker.spawn_group) -> None:
         self.inputs, self.warmup, self.block_s, self.enabled = inputs, warmup, block_s, enabled
-        self.procs = procs
+        self.procs, self.preload = procs, tuple(preload)
         self.problem: str | None = None
         self.started = 0
         self.groups: dict[str, ProcessGroup] = {}     # the names timed, after samplers()
@@ -96,7 +101,7 @@ class WorkerPool:
             self._root = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="mlcomp-auto-")))
             feed = save_inputs(self.inputs, self._root / "inputs.pt")
             for worker in self._spawn(feed, self.procs, threads=torch.get_num_threads(), warmup=self.warmup,
-                                      block_s=self.block_s, **_variant()):
+                                      block_s=self.block_s, **{"preload": self.preload, **_variant()}):
                 self._workers.append(self._stack.enter_context(worker))
                 self.started += 1
         except WorkerError as exc:

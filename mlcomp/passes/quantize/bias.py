@@ -23,7 +23,7 @@ is unbiased on the data it was calibrated on:
 A layer whose channels see fewer than :data:`MIN_ROWS` rows over the samples keeps its bias
 (the mean of so few rows is mostly noise: one row's correction would make the calibration
 output exact and say nothing of other inputs), as does one without a constant bias, or
-whose bias another layer reads too.  Each layer's record gains ``bias_shift`` (the largest
+whose bias another layer reads too, or whose channel axis is symbolic.  Each layer's record gains ``bias_shift`` (the largest
 correction) or ``bias_kept`` (why not).
 O(samples × graph): one more run of the quantized graph per calibration sample.
 """
@@ -125,7 +125,9 @@ def correct_biases(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]],
         shape = graph.node(name).tensor_meta.shape
         if found is None:
             rec["bias_kept"] = "its bias is not a constant read by it alone"
-        elif not _sized(shape[axis % len(shape)]) or rows_per_channel(shape, axis) * len(samples) < MIN_ROWS:
+        elif not _sized(shape[axis % len(shape)]):
+            rec["bias_kept"] = "its channel axis has no fixed size to hold one shift per channel"
+        elif rows_per_channel(shape, axis) * len(samples) < MIN_ROWS:
             rec["bias_kept"] = f"fewer than {MIN_ROWS} rows per channel to measure a shift on"
         else:
             todo[name], consts[name] = axis, found
@@ -153,7 +155,10 @@ def rows_per_channel(shape: Sequence[Any], axis: int) -> int:
 
     >>> rows_per_channel((4, 8, 16), -1), rows_per_channel((4, 8, 16), 1), rows_per_channel(("s0", 8, 16), -1)
     (32, 64, 8)
+    >>> rows_per_channel((), -1)
+    1
     """
     sizes = [d if isinstance(d, int) else 1 for d in shape]
-    del sizes[axis % len(sizes)]
+    if sizes:                                   # a 0-d value is one row of one channel
+        del sizes[axis % len(sizes)]
     return math.prod(sizes)

@@ -218,6 +218,7 @@ def _as_numpy(t: torch.Tensor) -> Any:
 class OnnxRuntimeTarget(Target):
     name = "onnxruntime"
     description = "ONNX (mlcomp's emitter, else torch.onnx) → ONNX Runtime, ORT_ENABLE_ALL, CPU EP (CUDA EP if any)"
+    runtime_modules = ("mlcomp.targets.onnx.target",)    # not onnxruntime: its import starts a thread
     rewrites = frozenset({Rewrite.CLEANUP})   # fuses and folds weights on its own: presets skip both
     # inputs and outputs cross as numpy arrays, and numpy has no bfloat16
     capabilities = Capabilities(io_dtypes=REAL_DTYPES - {torch.bfloat16},

@@ -13,13 +13,16 @@ replaced, one by one, by the ops torch decomposes them into (``aten.reshape`` â†
     %view = aten.view.default(%clone, [2, 32, 64])
 
 A product against a weight copied along the batch (``bmm(x, w.expand(b, k, n))``,
-a linear layer on a 3-d input after capture; weight folding stores the copies) is
-handed over as a 2-d product with one copy, which OpenVINO runs as ``FullyConnected``
+a linear layer on a 3-d input that is not contiguous, as after a transpose; weight folding
+may store the copies, or the ``expand`` of the 2-d weight stays) is handed over as a 2-d product with one copy, which OpenVINO runs as ``FullyConnected``
 instead of a batched ``MatMul`` that transposes its weight on every call::
 
     %bmm_2 = aten.bmm.default(%view_16, %expand_8)            # %expand_8: f32[2, 64, 64], equal slices
   becomes
     %bmm_2 = aten.view.default(aten.mm.default(aten.reshape.default(%view_16, [64, 64]), %expand_8_w), [2, 32, 64])
+    %bmm = aten.bmm.default(%permute_1, aten.expand.default(%w, [2, 64, 128]))      # %w: f32[64, 128]
+  becomes
+    %bmm = aten.view.default(aten.mm.default(aten.reshape.default(%permute_1, [128, 64]), %w), [2, 64, 128])
 
 Tracing the whole module instead (``make_fx``) would decompose every composite op
 with them, attention included: OpenVINO then runs MatMul, Softmax and Transpose
@@ -159,30 +162,42 @@ def frontend_name(op: Op) -> str | None:
     return None
 
 
-def _one_slice(graph: Graph, ref: object) -> torch.Tensor | None:
-    """The 2-d weight a 3-d constant repeats along dim 0 (every slice equal), else None."""
+def _shared_weight(graph: Graph, ref: object) -> Ref | torch.Tensor | None:
+    """The 2-d weight a 3-d operand repeats along dim 0, else None: a reference to the 2-d constant an
+    ``expand`` broadcasts, or the first slice of a 3-d constant whose slices are all equal."""
     node = graph.node(ref.name) if isinstance(ref, Ref) else None
-    if node is None or node.op != PARAM or not isinstance(node.meta, TensorMeta) or len(node.meta.shape) != 3:
+    if node is None or not isinstance(node.meta, TensorMeta) or len(node.meta.shape) != 3:
+        return None
+    if node.op == aten("expand") and isinstance(node.inputs[0], Ref):
+        source = graph.node(node.inputs[0].name)
+        broadcast = source is not None and source.op == PARAM and isinstance(source.meta, TensorMeta) \
+            and tuple(source.meta.shape) == tuple(node.meta.shape[1:])
+        return Ref(source.name) if broadcast else None
+    if node.op != PARAM:
         return None
     value = graph.constants[node.name]
     return value[0].clone() if value.shape[0] > 1 and bool((value == value[:1]).all()) else None
 
 
 def shared_weights_as_linear(graph: Graph) -> Graph:
-    """``graph`` (a copy, if anything changes) with each ``bmm`` against a batch-repeated constant as one
-    ``mm`` over the batch's rows (the constant kept once)."""
+    """``graph`` (a copy, if anything changes) with each ``bmm`` against a batch-repeated constant (stored
+    repeated, or a 2-d constant ``expand``-ed) as one ``mm`` over the batch's rows (the constant kept once)."""
     bmm = aten("bmm")
     found = [(n, w) for n in graph.call_nodes() if n.op == bmm and isinstance(n.meta, TensorMeta)
-             and all(isinstance(d, int) for d in n.meta.shape) and (w := _one_slice(graph, n.inputs[1])) is not None]
+             and all(isinstance(d, int) for d in n.meta.shape)
+             and (w := _shared_weight(graph, n.inputs[1])) is not None]
     if not found:
         return graph
     out = graph.copy()
     for node, weight in found:
         batch, rows, n = node.meta.shape
-        w = out.add_constant(out.fresh_name(f"{node.inputs[1].name}_w"), weight, origin=node.origin)
-        flat = new_node(out, aten("reshape"), [node.inputs[0], [batch * rows, weight.shape[0]]],
+        if not isinstance(weight, Ref):
+            weight = Ref(out.add_constant(out.fresh_name(f"{node.inputs[1].name}_w"), weight,
+                                          origin=node.origin).name)
+        k = out.node(weight.name).meta.shape[0]
+        flat = new_node(out, aten("reshape"), [node.inputs[0], [batch * rows, k]],
                         name=f"{node.name}_rows", origin=node.origin, before=node.name)
-        mm = new_node(out, aten("mm"), [Ref(flat.name), Ref(w.name)], name=f"{node.name}_mm", origin=node.origin,
+        mm = new_node(out, aten("mm"), [Ref(flat.name), weight], name=f"{node.name}_mm", origin=node.origin,
                       before=node.name)
         stale = node.inputs[1].name
         substitute(out, node.name, aten("view"), [Ref(mm.name), [batch, rows, n]], origin=node.origin)

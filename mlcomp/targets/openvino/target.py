@@ -215,6 +215,7 @@ def _conversion_message(exc: BaseException) -> str:
 class OpenVinoTarget(Target):
     name = "openvino"
     description = "OpenVINO PyTorch (FX) frontend → CPU plugin, explicit precision hint (f32 unless asked)"
+    runtime_modules = ("mlcomp.targets.openvino.target",)    # not openvino: its import starts a thread
     # OpenVINO fuses on its own, from whole ops: attention as ScaledDotProductAttention, layer norm as MVN
     rewrites = frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING, Rewrite.RECOMPOSE})
     # inputs/outputs cross as numpy arrays (no bfloat16); f64 is left out because the CPU plugin

@@ -242,6 +242,7 @@ def frozen_bytes(module: torch.jit.ScriptModule) -> bytes:
 class CpuTarget(Target):
     name = "cpu"
     description = "TorchScript trace + freeze (+ optimize_for_inference) on the CPU"
+    runtime_modules = ("mlcomp.targets.torch.cpu",)
     capabilities = TORCH_CPU   # training graphs: mlcomp.training.step
     runs_composites_in_torch = True
 

@@ -240,6 +240,8 @@ class TvmTarget(Target):
                    "tvm{kernels=off}, every op is TVM code; MetaSchedule tuning with --tune-trials, --tuning-dir")
     # from_exported_program converts every real dtype of the table; symbolic sizes become tir vars
     rewrites = frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING})   # fuses on its own: presets skip mlcomp's fusion
+    # not tvm itself: with it imported before the fork, forked timing processes timed TVM up to 6x slow at times
+    runtime_modules = ("mlcomp.targets.tvm.target", "mlcomp.targets.tvm.module")
     capabilities = Capabilities(devices=frozenset({DeviceKind.CPU, DeviceKind.CUDA}), dynamic_shapes=True,
                                 low_precision=LOW_PRECISION)
 

@@ -296,9 +296,69 @@ def test_the_environment_selects_the_timing_scheme(monkeypatch):
         pool.start()
     monkeypatch.setenv("MLCOMP_AUTO_PROCESSES", "spawn")
     monkeypatch.setenv("MLCOMP_AUTO_SETTLE", "fixed")
+    monkeypatch.setenv("MLCOMP_AUTO_PRELOAD", "off")
     assert (seen[0]["fork"], seen[0]["quiet"]) == (True, True)
-    assert workers._variant() == {"fork": False, "quiet": False}
+    assert workers._variant() == {"fork": False, "quiet": False, "preload": ()}
     monkeypatch.setenv("MLCOMP_AUTO_PROCESSES", "fork")
-    assert workers._variant() == {"fork": True, "quiet": False}
+    assert workers._variant() == {"fork": True, "quiet": False, "preload": ()}
     monkeypatch.delenv("MLCOMP_AUTO_SETTLE")
+    monkeypatch.delenv("MLCOMP_AUTO_PRELOAD")
     assert workers._variant() == {"fork": True, "quiet": True}
+
+
+def test_the_timing_processes_preload_what_the_candidates_loads_import(monkeypatch):
+    """The pool of an auto compile names the target registry and each candidate's runtime modules (no
+    duplicates) for its zygote to import before it forks; MLCOMP_AUTO_PRELOAD=off names none."""
+    from mlcomp.api.auto.search import timing_pool
+    from mlcomp.targets import get_target
+
+    targets = [get_target(n) for n in ("cpu", "onnxruntime", "tvm", "cpu")]
+    seen = []
+    for preload in ("on", "off"):
+        monkeypatch.setenv("MLCOMP_AUTO_PRELOAD", preload)
+        with timing_pool([], targets) as pool:
+            pool._spawn = lambda feed, n, **kw: seen.append(kw["preload"]) or []
+            pool.start()
+    assert seen[0] == ("mlcomp.targets.registry", "mlcomp.targets.torch.cpu", "mlcomp.targets.onnx.target",
+                       "mlcomp.targets.tvm.target", "mlcomp.targets.tvm.module")
+    assert seen[1] == ()
+
+
+def test_the_cli_starts_the_timing_processes_before_the_capture_and_closes_them_at_the_end(monkeypatch, captured):
+    """``mlcomp compile --target auto``: the pool starts once the model is loaded, before its capture, is
+    handed to the compile, and is closed when the command ends (here: the compile fails)."""
+    from click.testing import CliRunner
+
+    import mlcomp.api
+    from mlcomp.api import compiler
+    from mlcomp.base.errors import MlcompError
+    from mlcomp.cli.main import main
+    from mlcomp.frontend.source import ModelSource
+
+    events: list[Any] = []
+
+    class Pool:
+        closed = False
+
+        def __enter__(self) -> "Pool":
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            self.closed = True
+
+    def early(source, target, candidates, options):
+        events.append(("pool", target, candidates))
+        return Pool()
+
+    def compile_model(source, graph, **kw):
+        events.append(("compile", kw["pool"]))
+        raise MlcompError("stopped by the test", hint="none")
+    graph = captured("mlp", 2)[2]                        # the capture itself is not what is tested
+    monkeypatch.setattr(compiler, "early_pool", early)
+    monkeypatch.setattr(mlcomp.api, "compile_model", compile_model)
+    monkeypatch.setattr(ModelSource, "capture", lambda self, **kw: events.append("capture") or graph)
+    result = CliRunner().invoke(main, ["compile", "mlp", "--batch", "2", "--target", "auto",
+                                       "--candidates", "cpu,onnxruntime", "--no-cache"])
+    assert "stopped by the test" in result.output and result.exit_code != 0
+    assert events[:2] == [("pool", "auto", ["cpu", "onnxruntime"]), "capture"]
+    assert events[2][0] == "compile" and isinstance(events[2][1], Pool) and events[2][1].closed

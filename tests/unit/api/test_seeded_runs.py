@@ -53,20 +53,28 @@ def saved(tmp_path_factory):
 def test_the_folder_verifies_only_from_the_eager_seed(saved):
     out, facts = saved
     assert facts["verification"]["passed"] and facts["reloaded"]["passed"]   # the re-check after save
-    unseeded = Artifact.load(out).verify(record=False, raise_on_failure=False)
-    assert not unseeded.passed                                             # the numbers do depend on the seed
+    art = Artifact.load(out)
+    inputs, expected = art.reference
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        other = art(*inputs)
+    assert not torch.allclose(other, expected[0], atol=1e-3)              # the numbers do depend on the seed
+    torch.rand(100)                                                       # the global generator moved on
+    assert art.verify(record=False, raise_on_failure=False).passed       # verify runs from the eager seed
 
 
 def test_load_and_run_verify_from_the_eager_seed(saved):
     out, _ = saved
-    assert mlcomp.load(out, verify=True).verification["passed"]
+    torch.rand(100)
+    mlcomp.load(out, verify=True)                       # raises VerificationError when the re-run differs
     result = CliRunner().invoke(main, ["run", str(out), "--verify", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["verification"]["passed"]
 
 
 def test_seeded_forks_the_cuda_generators_only_once_cuda_is_initialised(monkeypatch):
-    """Without a GPU the CUDA side is faked: which devices' generators ``fork_rng`` is asked to restore."""
+    """Without a GPU the CUDA side is faked: which devices' generators ``fork_rng`` is asked to restore, and
+    which fake device generators are seeded (none before CUDA is initialised: nothing is queued for later)."""
     forked = []
     real = torch.random.fork_rng
 
@@ -77,6 +85,8 @@ def test_seeded_forks_the_cuda_generators_only_once_cuda_is_initialised(monkeypa
     monkeypatch.setattr(torch.random, "fork_rng", spy)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     for initialised in (False, True):
+        gens = [torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)]
+        monkeypatch.setattr(torch.cuda, "default_generators", gens)
         monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialised)
         before = torch.get_rng_state()
         with seeding.seeded():
@@ -84,6 +94,7 @@ def test_seeded_forks_the_cuda_generators_only_once_cuda_is_initialised(monkeypa
         assert torch.equal(torch.get_rng_state(), before)
         with seeding.seeded():
             assert torch.equal(torch.rand(4), a)
+        assert [g.initial_seed() for g in gens] == ([seeding.VERIFY_SEED] * 2 if initialised else [7, 7])
     assert forked == [[], [], [0, 1], [0, 1]]
 
 

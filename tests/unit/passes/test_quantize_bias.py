@@ -99,6 +99,23 @@ def test_too_few_rows_keep_the_bias_with_the_reason():
     assert {r["bias_kept"] for r in st["layers"]} == {f"fewer than {MIN_ROWS} rows per channel to measure a shift on"}
 
 
+def test_a_symbolic_channel_axis_keeps_the_bias_with_its_own_reason(quantized):
+    """One shift per channel needs a fixed channel count: a layer whose output channels are symbolic keeps its
+    bias, and says so (not "too few rows": it may have many)."""
+    from mlcomp.ir import TensorMeta
+    from mlcomp.passes.quantize.bias import correct_biases
+
+    _, x, _, runs = quantized
+    graph = runs["false"][0].copy()
+    layer = graph.nodes(aten("addmm"))[0]
+    before = {k: v.clone() for k, v in graph.constants.items()}
+    graph.replace(layer.with_(meta=TensorMeta((layer.tensor_meta.shape[0], "channels"), layer.tensor_meta.dtype)))
+    records = [{"node": layer.name}]
+    assert correct_biases(graph, [(x,)] * 4, {}, {layer.name: -1}, records) == 0
+    assert records[0]["bias_kept"] == "its channel axis has no fixed size to hold one shift per channel"
+    assert all(torch.equal(graph.constants[k], v) for k, v in before.items())
+
+
 # -- smoothing ----------------------------------------------------------------------------------------------
 
 class Shared(nn.Module):

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import torch
 
 import mlcomp
 from mlcomp.hardware.timing import calls_per_block
-from mlcomp.runtime.timing_host import HostWorker, serve_host
+from mlcomp.runtime.timing_host import HostWorker, preload, serve_host
 from mlcomp.runtime.timing_worker import ProcessSampler, WorkerError, save_inputs, serve
 
 
@@ -100,7 +101,8 @@ def test_a_group_of_timing_processes_is_forked_from_one_start_up_and_leaves_noth
     """Two hosting processes from one zygote: the second is the zygote's fork (its parent), both host and
     sample, a sibling that dies is a WorkerError that says so, and after close no process is left."""
     folder, feed, _ = saved
-    workers = HostWorker.spawn_group(feed, 2, threads=1, warmup=1, block_s=0.01)
+    preload = ["mlcomp.targets.registry", "mlcomp.targets.torch.cpu", "mlcomp.no_such_module"]
+    workers = HostWorker.spawn_group(feed, 2, threads=1, warmup=1, block_s=0.01, preload=preload)
     zygote, sibling = workers
     try:
         for worker in workers:
@@ -116,6 +118,8 @@ def test_a_group_of_timing_processes_is_forked_from_one_start_up_and_leaves_noth
         stats = [w.stats() for w in workers]
         assert all(sorted(r) == ["a", "b"] for r in ready) and all(s > 0 for s in samples)
         assert all(s["samples"] > 0 and s["total"] > 0 for s in stats)
+        # the zygote imported the two that exist before it forked: the sibling found them imported
+        assert [s["preloaded"] for s in stats] == [2.0, 0.0]
         os.kill(sibling.pid, signal.SIGKILL)                # a timing process that dies
         with pytest.raises(WorkerError, match="the timing process for timing process 1 failed: it exited"):
             sibling.sampler("a")()
@@ -134,6 +138,18 @@ def test_a_group_killed_while_it_imports_leaves_no_process():
     for worker in workers:
         worker.close()
     assert _gone(zygote)
+
+
+def test_a_preload_imports_each_module_once_and_leaves_a_missing_one_to_its_load(tmp_path, monkeypatch):
+    (tmp_path / "mlcomp_preload_probe.py").write_text("LOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "mlcomp_preload_probe", raising=False)
+    try:
+        fresh, cpu = preload(["mlcomp_preload_probe", "mlcomp_preload_missing", "mlcomp_preload_probe"])
+        assert fresh == 1.0 and cpu >= 0.0 and sys.modules["mlcomp_preload_probe"].LOADED
+        assert preload(["mlcomp_preload_probe"])[0] == 0.0          # imported already: nothing to do
+    finally:
+        sys.modules.pop("mlcomp_preload_probe", None)
 
 
 def test_the_child_imports_this_mlcomp_first(monkeypatch):

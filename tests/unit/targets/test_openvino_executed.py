@@ -94,6 +94,31 @@ def test_a_bf16_cpu_gets_the_bf16_hint_over_an_fp32_graph(attention, fake_hardwa
     assert ov_executed(art.runtime.compiled)[f"FullyConnected {settled}"] == 4
 
 
+class TokenMixing(nn.Module):
+    """MLP-Mixer's token mixing: a linear layer over the transposed (non-contiguous) sequence axis."""
+
+    def __init__(self, tokens: int = 16, dim: int = 8) -> None:
+        super().__init__()
+        self.norm, self.mix = nn.LayerNorm(dim), nn.Linear(tokens, 2 * tokens)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mix(self.norm(x).transpose(1, 2)).transpose(1, 2)
+
+
+@pytest.mark.parametrize("hint", ["f32", "bf16"])
+def test_a_linear_over_a_transposed_axis_runs_with_its_weight_once(hint):
+    torch.manual_seed(0)
+    module, inputs = TokenMixing().eval(), (torch.randn(2, 16, 8),)
+    diff = compare("token-mixing", module, inputs, "openvino", pipeline="-O2,mixed-precision{dtype=bf16}",
+                   hint=hint)
+    # capture leaves bmm(x, weight.expand(b, k, n)): run as a batched MatMul, the weight would be transposed
+    # (and, at the bf16 hint, reordered) on every call; as one 2-d product it is a FullyConnected layer
+    ours, own = _kinds(diff.ours), _kinds(diff.own)
+    assert ours.get("FullyConnected") == own.get("FullyConnected") == 1
+    for kind in ("MatMul", "Transpose", "Reorder"):
+        assert ours.get(kind, 0) <= own.get(kind, 0), (kind, diff.extra())
+
+
 def test_presets_keep_the_recompositions_for_openvino():
     text = adapt_preset("-O2", "openvino", frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING,
                                                       Rewrite.RECOMPOSE})).text
