@@ -40,13 +40,14 @@ import torch
 
 from mlcomp.passes.quantize.observe import uint8_params
 
-__all__ = ["Grid", "PRODUCT_SCHEMES", "PRODUCT_OPERANDS", "operand_grids", "grid_params"]
+__all__ = ["Grid", "PRODUCT_SCHEMES", "PRODUCT_OPERANDS", "PLAIN_GRIDS", "operand_grids", "plain_grid", "grid_params"]
 
 
 class Grid(enum.Enum):
     """How an activation's range becomes an 8-bit grid."""
 
     MINMAX = "minmax"         # uint8 over [min(lo, 0), max(hi, 0)]: a zero point unless lo >= 0
+    UNSIGNED = "unsigned"     # minmax, its zero point never 128 (127 or 129: the side with room keeps the range)
     ZERO_FREE = "zero-free"   # zero point 0: uint8 over [0, hi] when lo >= 0, else int8 over [-a, a]
     SIGNED = "signed"         # int8 over [-a, a], zero point 0
 
@@ -66,10 +67,29 @@ def operand_grids(target: str | None) -> tuple[Grid, Grid]:
     return PRODUCT_SCHEMES[PRODUCT_OPERANDS.get(target or "", "minmax")]
 
 
+PLAIN_GRIDS: Mapping[str, Grid] = MappingProxyType({"openvino": Grid.UNSIGNED})
+"""Target -> the grid of an activation read by anything but a product of two activations (default min-max).
+OpenVINO's CPU plugin reads a uint8 grid whose zero point is 128 (``[-128 s, 127 s]``) as the signed int8
+grid and runs its linear with signed activations, a slower kernel on VNNI than uint8 with a zero point."""
+
+
+def plain_grid(target: str | None) -> Grid:
+    """The grid of ``target``'s activations outside products of two activations.
+
+    >>> plain_grid("openvino"), plain_grid("onnxruntime")
+    (<Grid.UNSIGNED: 'unsigned'>, <Grid.MINMAX: 'minmax'>)
+    >>> grid_params(-1.0, 0.99, Grid.MINMAX)[1], grid_params(-1.0, 0.99, Grid.UNSIGNED)[1]
+    (128, 129)
+    """
+    return PLAIN_GRIDS.get(target or "", Grid.MINMAX)
+
+
 def grid_params(lo: float, hi: float, grid: Grid) -> tuple[float, int, torch.dtype]:
     """Scale, zero point and integer dtype of ``grid`` over the observed range ``[lo, hi]``."""
-    if grid is Grid.MINMAX or (grid is Grid.ZERO_FREE and lo >= 0.0):
+    if grid in (Grid.MINMAX, Grid.UNSIGNED) or (grid is Grid.ZERO_FREE and lo >= 0.0):
         scale, zero = uint8_params(max(lo, 0.0) if grid is Grid.ZERO_FREE else lo, hi)
+        if grid is Grid.UNSIGNED and zero == 128:
+            zero = 127 if -lo <= hi else 129
         return scale, zero, torch.uint8
     a = max(abs(lo), abs(hi))
     scale = float(torch.tensor(a / 127.0, dtype=torch.float32))

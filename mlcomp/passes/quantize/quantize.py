@@ -86,7 +86,7 @@ from mlcomp.passes.quantize import accuracy, data
 from mlcomp.passes.quantize.absorb import absorb_scalar_muls
 from mlcomp.passes.quantize.bias import correct_biases, correctable
 from mlcomp.passes.quantize.embeddings import quantize_embeddings
-from mlcomp.passes.quantize.grids import PRODUCT_SCHEMES, Grid, operand_grids
+from mlcomp.passes.quantize.grids import PRODUCT_SCHEMES, Grid, operand_grids, plain_grid
 from mlcomp.passes.quantize.observe import observe
 from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule, int8_rule
 from mlcomp.passes.quantize.selection import choose, uncarried, unmatched
@@ -223,7 +223,8 @@ class Quantize(Pass):
         writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL, grids,
                         None if dynamic else outputs_read_in_int8(
                             graph, [r.name for n, _ in layers for r in plans[n.name][0]], outputs),
-                        reader_grids(graph, [(n, r, plans[n.name]) for n, r in layers], outputs, grids))
+                        reader_grids(graph, [(n, r, plans[n.name]) for n, r in layers], outputs, grids),
+                        plain_grid(target))
         write = writer.dynamic_layer if dynamic else writer.layer
         records = [write(n, rule, plans[n.name]) for n, rule in layers]
         absorbed = absorb_scalar_muls(graph) if self.fold_scalars else 0

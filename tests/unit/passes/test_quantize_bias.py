@@ -150,13 +150,14 @@ def test_smoothing_keeps_the_function_and_scales_the_shared_weights():
     assert float((got - ref).abs().max() / ref.abs().max()) < 1e-5   # the same function in float
 
 
-def test_smoothing_is_an_option_off_by_default():
+def test_smoothing_is_openvinos_default_and_an_option_elsewhere():
     from mlcomp.pipeline.target_facts import TargetFacts
     torch.manual_seed(0)
     model = Shared().eval()
     x = torch.randn(64, 16, generator=torch.Generator().manual_seed(1))
     g = load_model(model, example_inputs=(x,)).capture()
     runs = {(t, s): run_pipeline(g, "quantize" + s, example_inputs=(x,), target=TargetFacts(t))[1].stats("quantize")
-            for t, s in (("openvino", ""), ("onnxruntime", ""), ("openvino", "{smooth=0.95}"))}
-    assert [len(st["smoothed"]) for st in runs.values()] == [0, 0, 2]
-    assert runs["openvino", "{smooth=0.95}"]["calibration"]["mean_rel"] < runs["openvino", ""]["calibration"]["mean_rel"]
+            for t, s in (("openvino", "{smooth=0}"), ("onnxruntime", ""), ("openvino", ""),
+                         ("onnxruntime", "{smooth=0.95}"))}
+    assert [len(st["smoothed"]) for st in runs.values()] == [0, 0, 2, 2]
+    assert runs["openvino", ""]["calibration"]["mean_rel"] < runs["openvino", "{smooth=0}"]["calibration"]["mean_rel"]
