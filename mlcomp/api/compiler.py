@@ -270,7 +270,11 @@ def early_pool(source: Any, target: Any, candidates: Any, options: dict[str, Any
     if not is_auto(target) or not options.get("isolate", True) or options.get("deterministic"):
         return contextlib.nullcontext()
     pool = timing_pool(source.inputs(), auto_candidates(candidates), options.get("auto_timing", DEFAULT_AUTO_TIMING))
-    pool.start()
+    try:
+        pool.start()
+    except BaseException:           # an OSError saving the inputs, Ctrl-C: nothing started is left behind
+        pool.__exit__(None, None, None)
+        raise
     return pool
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from mlcomp.ir import Graph, Node, Ref, TensorMeta
 from mlcomp.ir.builder import new_node, remove_dead, substitute
@@ -49,11 +49,12 @@ class FuseAttention(Pass):
         return PassResult(graph, fused > 0, {"attention_fused": fused})
 
 
-def fuse_attention(graph: Graph, fold_scales: bool = True) -> int:
-    """Rewrite every decomposed attention of ``graph`` in place (see the module docstring); how many."""
+def fuse_attention(graph: Graph, fold_scales: bool = True, leave: Callable[[Node], bool] | None = None) -> int:
+    """Rewrite every decomposed attention of ``graph`` in place (see the module docstring); how many.
+    ``leave``: an attention any of whose matched nodes it names stays decomposed (``quantize``'s ``exclude``)."""
     fused = 0
     for node in graph.nodes(P.BMM):
-        if node.name in graph and _attention(graph, node, fold_scales):
+        if node.name in graph and _attention(graph, node, fold_scales, leave):
             fused += 1
     return fused
 
@@ -153,7 +154,7 @@ def _operand(graph: Graph, value: Any, origin: Any, before: str, fold_scales: bo
     return (value if c == 1.0 else reshaped(base, shape)), c
 
 
-def _attention(graph: Graph, pv: Node, fold_scales: bool) -> bool:
+def _attention(graph: Graph, pv: Node, fold_scales: bool, leave: Callable[[Node], bool] | None = None) -> bool:
     matched: list[str] = []
     probs, v = pv.inputs
     s = _softmax_of(graph, _through_views(graph, probs, matched), matched)
@@ -178,6 +179,8 @@ def _attention(graph: Graph, pv: Node, fold_scales: bool) -> bool:
     if mask is not None and P.meta_of(graph, mask).dtype != qk.meta.dtype:
         return False
     if not P.internal(graph, matched + [pv.name], pv.name):
+        return False
+    if leave is not None and any(leave(graph.node(n)) for n in matched + [pv.name]):
         return False
     origin = pv.origin
     native = _native(graph, qk, pv, fold_scales)

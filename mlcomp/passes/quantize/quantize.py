@@ -89,7 +89,7 @@ from mlcomp.passes.quantize.embeddings import quantize_embeddings
 from mlcomp.passes.quantize.grids import PRODUCT_SCHEMES, Grid, operand_grids, plain_grid
 from mlcomp.passes.quantize.observe import observe
 from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule, int8_rule
-from mlcomp.passes.quantize.selection import choose, uncarried, unmatched
+from mlcomp.passes.quantize.selection import choose, excluded_by, uncarried, unmatched
 from mlcomp.passes.quantize.smooth import smooth, smoothing_for
 from mlcomp.passes.quantize.unfuse import inline_fused
 from mlcomp.passes.quantize.write import (Writer, drop_softmax_guard, output_value, outputs_read_in_int8, plan,
@@ -189,7 +189,8 @@ class Quantize(Pass):
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         unfused = inline_fused(graph)
         target = ctx.target.name if ctx.target is not None else None
-        attention = fuse_attention(graph) if int8_rule(SDPA, target) is not None else 0
+        excluded = lambda node: excluded_by(node, self.exclude) is not None   # noqa: E731
+        attention = fuse_attention(graph, leave=excluded) if int8_rule(SDPA, target) is not None else 0
         linearized = linearize_batched_matmuls(graph)
         layers, kept = choose(graph, self.exclude, target)
         if self.activations is Activations.DYNAMIC:

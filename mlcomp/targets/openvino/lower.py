@@ -38,7 +38,7 @@ from typing import Any, Callable
 import torch
 from torch import fx
 
-from mlcomp.ir import Graph, Ref, TensorMeta
+from mlcomp.ir import Graph, Ref, TensorMeta, refs_in
 from mlcomp.ir.builder import new_node, remove_dead, substitute
 from mlcomp.ir.ops import PARAM, Namespace, Op, aten
 
@@ -212,10 +212,10 @@ _VIEWS = frozenset({aten("view"), aten("_unsafe_view"), aten("reshape")})
 
 def activations_before_views(graph: Graph) -> Graph:
     """``graph`` (a copy, if anything changes) with each activation that reads a view read by nothing else
-    computed before the view.  A linear on a 3-d input is captured as ``view → addmm → view``; with its
-    activation after the second view the plugin runs the product and the activation (and the quantize that
-    follows it) as separate layers, with the activation applied before the view they become one
-    ``FullyConnected`` with post-ops, and the two views meet and cancel::
+    computed before the view (a view of fixed sizes: one with symbolic sizes stays).  A linear on a 3-d input
+    is captured as ``view → addmm → view``; with its activation after the second view the plugin runs the
+    product and the activation (and the quantize that follows it) as separate layers, with the activation
+    applied before the view they become one ``FullyConnected`` with post-ops, and the two views cancel::
 
         %view_21 = aten.view(%addmm_3, [8, 128, 3072]);  %gelu = aten.gelu(%view_21)
       becomes
@@ -224,7 +224,7 @@ def activations_before_views(graph: Graph) -> Graph:
     def moved(node: Any) -> bool:
         src = graph.node(node.inputs[0].name) if node.inputs and isinstance(node.inputs[0], Ref) else None
         return src is not None and src.op in _VIEWS and len(graph.users(src.name)) == 1 \
-            and isinstance(src.inputs[0], Ref)
+            and isinstance(src.inputs[0], Ref) and not refs_in(list(src.inputs[1:]))
 
     found = [n.name for n in graph.call_nodes() if n.op in _ACTIVATIONS and moved(n)]
     if not found:

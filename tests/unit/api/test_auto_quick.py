@@ -362,3 +362,22 @@ def test_the_cli_starts_the_timing_processes_before_the_capture_and_closes_them_
     assert "stopped by the test" in result.output and result.exit_code != 0
     assert events[:2] == [("pool", "auto", ["cpu", "onnxruntime"]), "capture"]
     assert events[2][0] == "compile" and isinstance(events[2][1], Pool) and events[2][1].closed
+
+
+def test_the_preloaded_modules_start_no_thread_and_import_no_runtime_or_dynamo():
+    """What the zygote imports before it forks (each auto candidate's ``runtime_modules``, after ``mlcomp.api``) must
+    start no thread (a fork copies only the calling one) and pull in no runtime or dynamo (those are paid by
+    the load that needs them, or by the capture)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, threading; import mlcomp.api; from mlcomp.api.auto.search import auto_candidates; "
+            "before = threading.active_count(); "
+            "mods = [m for target in auto_candidates() for m in target.runtime_modules]; "
+            "[__import__(m) for m in mods]; "
+            "heavy = [m for m in ('openvino', 'onnxruntime', 'tvm', 'torch._dynamo', 'torch._inductor') "
+            "if m in sys.modules]; print(len(mods), threading.active_count() - before, heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    count, threads, heavy = out.stdout.strip().split(" ", 2)
+    assert int(count) > 0 and threads == "0" and heavy == "[]", out.stdout

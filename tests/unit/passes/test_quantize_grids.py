@@ -102,6 +102,18 @@ def test_openvino_quantizes_an_attention_whole_q_and_k_without_zero_points():
     assert len(list(ort.nodes(aten("bmm")))) == 2
 
 
+@pytest.mark.parametrize("exclude", ["aten.bmm.default", "aten.scaled_dot_product_attention.default"])
+def test_an_excluded_attention_stays_float_on_openvino(exclude):
+    """``exclude`` naming the attention's products keeps the attention decomposed and both products float, as on
+    onnxruntime; naming the attention op keeps the recovered op float."""
+    _, _, out, stats = _quantized("openvino", f"quantize{{exclude=[{exclude}]}}", soft=True)
+    quantized_ops = {r["op"] for r in stats["layers"]}
+    assert not quantized_ops & {"aten.bmm.default", "aten.scaled_dot_product_attention.default"}, quantized_ops
+    assert stats["attention_fused"] == (0 if "bmm" in exclude else 1)
+    if "bmm" in exclude:
+        assert {"bmm", "bmm_1"} <= set(stats["kept_float"]) and len(list(out.nodes(aten("bmm")))) == 2
+
+
 @pytest.mark.parametrize("target, dtype", [("openvino", torch.int8), ("onnxruntime", torch.uint8)])
 def test_a_projection_writes_on_the_grid_its_product_reads(target, dtype):
     """q, k, v's linears quantize their outputs once, on the grid of the product operand that reads them:
