@@ -268,19 +268,24 @@ def host() -> tuple[str, bool]:
 
 def combine(paths: list[str], tools: list[str]) -> str:
     """The tables of several ``--json`` runs, rows in the order given (same host required)."""
-    results, graphs, hosts = {}, {}, set()
+    results, graphs, hosts, source = {}, {}, set(), {}
+    if not paths:
+        raise SystemExit("--combine needs at least one --json file of an earlier run")
     for path in paths:
         with open(path) as f:
             data = json.load(f)
         hosts.add(data["host"])
         for row, entry in data["rows"].items():
+            if row in source:
+                raise SystemExit(f"row {row} is in both {source[row]} and {path}: combine each row's run once")
+            source[row] = path
             results[row] = cells_from_json(entry["cells"])
             if entry.get("graph"):
                 graphs[row] = entry["graph"]
     if len(hosts) > 1:
         raise SystemExit(f"the runs come from different hosts: {sorted(hosts)}")
     line = next(iter(hosts))
-    order = {row: i for i, row in enumerate(ROWS)}        # issue 33's order; other rows after, as given
+    order = {row: i for i, row in enumerate(ROWS)}        # the default rows' order; other rows after, as given
     results = dict(sorted(results.items(), key=lambda item: order.get(item[0], len(ROWS))))
     used = [t for t in tools if any(t in cells for cells in results.values())]
     return f"host: {line}\n\n" + tables(results, used, graphs, bf16="bf16: yes" in line)

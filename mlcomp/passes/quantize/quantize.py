@@ -88,7 +88,7 @@ from mlcomp.passes.quantize.bias import correct_biases, correctable
 from mlcomp.passes.quantize.embeddings import quantize_embeddings
 from mlcomp.passes.quantize.grids import PRODUCT_SCHEMES, Grid, operand_grids, plain_grid
 from mlcomp.passes.quantize.observe import observe
-from mlcomp.passes.quantize.policy import INT8_POLICY, Int8Rule, int8_rule
+from mlcomp.passes.quantize.policy import INT8_POLICY, TARGET_ROWS, Int8Rule, int8_rule
 from mlcomp.passes.quantize.selection import choose, excluded_by, uncarried, unmatched
 from mlcomp.passes.quantize.smooth import smooth, smoothing_for
 from mlcomp.passes.quantize.unfuse import inline_fused
@@ -198,7 +198,8 @@ class Quantize(Pass):
         if not layers:
             raise PassFailure(
                 f"quantize found no op it computes in int8 in graph {graph.name} (it quantizes "
-                f"{', '.join(str(op) for op in INT8_POLICY)}; {_kept_text(kept)})",
+                f"{', '.join(str(op) for op in [*INT8_POLICY, *TARGET_ROWS.get(target or '', {})])}; "
+                f"{_kept_text(kept)})",
                 where=f"graph {graph.name}", hint="drop quantize from the pipeline for this model")
         samples, held = data.held_back(self._samples(graph, ctx), self.held_back)
         alpha = smoothing_for(ctx.target.name if ctx.target is not None else None) if self.smooth is None \

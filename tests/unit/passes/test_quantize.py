@@ -13,6 +13,7 @@ from mlcomp.ir.ops import aten
 from mlcomp.ir.quant import DEQUANTIZE, QUANTIZE
 from mlcomp.passes.quantize.quantize import Quantize
 from mlcomp.pipeline import run_pipeline
+from mlcomp.pipeline.target_facts import TargetFacts
 
 
 def small():
@@ -187,6 +188,10 @@ def test_no_quantizable_op_is_refused():
         run_pipeline(g, "quantize")
     assert "aten.convolution.default" in str(err.value) and "drop quantize" in str(err.value)
     assert "report the model" not in str(err.value)          # the model is not at fault, nor mlcomp
+    assert "scaled_dot_product_attention" not in str(err.value)
+    with pytest.raises(PassFailure) as on_openvino:           # a target's own rows are named on that target
+        run_pipeline(g, "quantize", target=TargetFacts("openvino"))
+    assert "aten.scaled_dot_product_attention.default" in str(on_openvino.value)
 
 
 @pytest.mark.parametrize("spec, words", [
