@@ -1,4 +1,4 @@
-"""Issue 33's anchor table in one run: mlcomp against the tools a user would otherwise pick, goals per row.
+"""The anchor table in one run: mlcomp against the tools a user would otherwise pick, goals per row.
 
     .venv/bin/python benchmarks/anchors.py                                  # the 11 rows, every tool
     .venv/bin/python benchmarks/anchors.py --rows resnet18@1,bert --skip torch.compile --json c1.json
@@ -294,9 +294,9 @@ def combine(paths: list[str], tools: list[str]) -> str:
 def _write_json(path: str, line: str, results: dict[str, dict[str, Cell]], graphs: dict[str, dict]) -> None:
     data = {"host": line, "rows": {r: {"cells": {t: dict(asdict(c), ms=c.ms) for t, c in cells.items()},
                                        "graph": graphs.get(r)} for r, cells in results.items()}}
-    with open(f"{path}.tmp", "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(f"{path}.tmp", path)       # this run's own file, rewritten after every row
+    from mlcomp.base.files import write_text_atomic
+
+    write_text_atomic(path, json.dumps(data, indent=1), fmt="json")   # marked: this run may rewrite it, not a user's
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -320,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.combine:
         print(combine([p for p in args.combine.split(",") if p], all_tools))
         return 0
+    if args.json:              # refused now, not after the first row: a file mlcomp did not write is never replaced
+        from mlcomp.base.files import Kind, check_destination
+
+        check_destination(args.json, Kind.FILE, option="--json", fmt="json", force=True)
     line, bf16 = host()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if args.low == "off" or (args.low == "auto" and not bf16):

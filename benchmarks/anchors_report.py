@@ -5,7 +5,7 @@ same tables come from one run or from several runs' ``--json`` files combined::
 
     .venv/bin/python benchmarks/anchors.py --combine c1.json,c2.json,c3.json
 
-Goals per row (issue 33's "must show"):
+Goals per row:
 
 * ``auto`` — ``m:auto`` at least 0.95x the best fp32 anchor (ratio = anchor ms / auto ms);
 * low precision — where the CPU has bf16 (``avx512_bf16`` or ``amx_bf16``), the best of ``m:ov-bf16`` /
