@@ -149,7 +149,7 @@ class Quantize(Pass):
     fold_scalars: bool = option(True, "turn scalar multiplies of dequantized values into dequantize scales")
     embeddings: bool = option(True, "embedding tables (4096 elements or more) in int8: int8 rows looked up, "
                               "then scaled per row")
-    bias_correction: bool = option(True, "add each quantized layer's mean output shift, measured on the "
+    bias_correction: bool = option(True, "add each quantized layer's own mean output shift, measured on the "
                                    "calibration samples against fp32, to its bias")
     smooth: float | None = option(None, "move activation spread into the weights before quantizing linears "
                                   "(SmoothQuant's alpha, 0 off; default: the target's row in quantize.smooth)",
@@ -212,7 +212,7 @@ class Quantize(Pass):
         dynamic = self.activations is Activations.DYNAMIC
         axes = correctable(graph, [n for n, _ in layers]) if self.bias_correction and not dynamic else {}
         seen = observe(graph, samples, [] if dynamic else acts, self.method.value,
-                       keep=[n.name for n, _ in layers] + (acts if dynamic else []), means=axes)
+                       keep=[n.name for n, _ in layers] + (acts if dynamic else []))
         held_ref = [Interpreter(graph).run(*s) for s in held]
         layers = self._carried(graph, layers, plans, seen.ranges, kept)
         for node, rule in layers:
@@ -228,10 +228,11 @@ class Quantize(Pass):
                         reader_grids(graph, [(n, r, plans[n.name]) for n, r in layers], outputs, grids),
                         plain_grid(target))
         write = writer.dynamic_layer if dynamic else writer.layer
+        reference = graph.copy() if axes else None             # the float graph: what each bias is corrected to
         records = [write(n, rule, plans[n.name]) for n, rule in layers]
         absorbed = absorb_scalar_muls(graph) if self.fold_scalars else 0
         tables = quantize_embeddings(graph, self.exclude) if self.embeddings else []
-        corrected = correct_biases(graph, samples, seen.means, axes, records) if axes else 0
+        corrected = correct_biases(graph, reference, samples, axes, records) if axes else 0
         stats = self._measure(graph, samples, held, seen, held_ref, records)
         stats.update(kept_float=kept, unfused_groups=unfused, attention_fused=attention, batched_linears=linearized,
                      scalar_muls_absorbed=absorbed, ranges_shared=shared, embeddings=tables, biases_corrected=corrected,
