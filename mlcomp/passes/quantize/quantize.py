@@ -44,8 +44,9 @@ points on onnxruntime, none on openvino, which runs such a product in int8 only 
 ``embeddings`` (large embedding tables looked up in int8 and scaled per row after the lookup:
 :mod:`~mlcomp.passes.quantize.embeddings`), ``smooth`` (a linear's input spread moved into its
 weight before quantizing, SmoothQuant's ``α``; by default the target's row, none has one:
-:mod:`~mlcomp.passes.quantize.smooth`), ``bias_correction`` (each layer's mean output shift,
-measured against fp32 on the calibration samples, added to its bias: :mod:`~mlcomp.passes.quantize.bias`),
+:mod:`~mlcomp.passes.quantize.smooth`), ``bias_correction`` (each layer's own mean output shift,
+its input and weight rounding measured against fp32 on the calibration samples, added to its bias:
+:mod:`~mlcomp.passes.quantize.bias`),
 and a declared accuracy target, ``tolerance`` (max
 relative error of the outputs) and ``agreement`` (top-1), refused with the numbers when missed.
 A fused graph (``-O2,quantize``) is first put back as its ops (:mod:`~mlcomp.passes.quantize.unfuse`); on a
