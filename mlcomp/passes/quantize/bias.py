@@ -24,10 +24,11 @@ shift on the calibration samples and adds it to the bias:
                                                     Δ = mean over rows of (W·x + b − (Ŵ·x̂ + b̂))
 
 A classifier is corrected like every layer once its channels see :data:`MIN_ROWS` rows over the
-samples (a batch of 32); with fewer rows the layer keeps its bias (the mean of so few rows is
-mostly noise: one row's correction would make the calibration output exact and say nothing of
-other inputs), as does one without a constant bias, or whose bias another layer reads too, or
-whose channel axis is symbolic.  Each layer's record gains ``bias_shift`` (the largest
+samples and the samples hold that many examples (a batch of 32); with fewer the layer keeps its
+bias (the mean of so few rows is mostly noise: one row's correction would make the calibration
+output exact and say nothing of other inputs; the pixels or tokens of one example are many rows
+but one example's shift, not the data's), as does one without a constant bias, or whose bias
+another layer reads too, or whose channel axis is symbolic.  Each layer's record gains ``bias_shift`` (the largest
 correction) or ``bias_kept`` (why not).
 O(samples × graph): one run of each graph per calibration sample.
 """
@@ -46,7 +47,7 @@ from mlcomp.ir.quant import DEQUANTIZE, QUANTIZE
 from mlcomp.passes.quantize.observe import channel_mean
 from mlcomp.passes.quantize.policy import int8_rule
 
-__all__ = ["BIAS_AXIS", "MIN_ROWS", "correct_biases", "correctable", "rows_per_channel"]
+__all__ = ["BIAS_AXIS", "MIN_ROWS", "correct_biases", "correctable", "examples", "rows_per_channel"]
 
 BIAS_AXIS: Mapping[Op, int] = MappingProxyType({
     aten("addmm"): -1,          # [rows, out]: the bias adds along the last axis
@@ -55,7 +56,8 @@ BIAS_AXIS: Mapping[Op, int] = MappingProxyType({
 """Op -> the axis of its output its bias adds along (the other axes are the rows a shift is averaged over)."""
 
 MIN_ROWS = 32
-"""Fewest rows per channel over the calibration samples for a shift to be measured (a classifier's at batch 32)."""
+"""Fewest rows per channel over the calibration samples, and fewest examples in them (:func:`examples`), for a
+shift to be measured: a classifier's rows at batch 32."""
 
 
 def correctable(graph: Graph, nodes: Sequence[Node]) -> dict[str, int]:
@@ -153,6 +155,8 @@ def correct_biases(graph: Graph, reference: Graph, samples: Sequence[tuple[torch
             rec["bias_kept"] = "its channel axis has no fixed size to hold one shift per channel"
         elif rows_per_channel(shape, axis) * len(samples) < MIN_ROWS:
             rec["bias_kept"] = f"fewer than {MIN_ROWS} rows per channel to measure a shift on"
+        elif examples(samples) < MIN_ROWS:
+            rec["bias_kept"] = f"fewer than {MIN_ROWS} calibration examples (samples × batch) to measure a shift over"
         else:
             todo[name], consts[name] = axis, found
     shifts = _shifts(graph, reference, samples, todo)
@@ -166,6 +170,17 @@ def correct_biases(graph: Graph, reference: Graph, samples: Sequence[tuple[torch
             graph.constants[const] = q.clamp(-2 ** 31, 2 ** 31 - 1).to(old.dtype)
         by_name[name]["bias_shift"] = float(delta.abs().max())
     return len(shifts)
+
+
+def examples(samples: Sequence[tuple[torch.Tensor, ...]]) -> int:
+    """How many examples the calibration samples hold: the leading size of each sample's first input (its batch;
+    1 for a 0-d one), summed.  Positions within one example (a feature map's pixels, a sequence's tokens) are
+    rows but not independent ones: one image's mean shift says little of another's.
+
+    >>> examples([(torch.zeros(8, 3, 4, 4),), (torch.zeros(8, 3, 4, 4),)]), examples([(torch.tensor(1.0),)])
+    (16, 1)
+    """
+    return sum(s[0].shape[0] if s and isinstance(s[0], torch.Tensor) and s[0].dim() else 1 for s in samples)
 
 
 def _sized(channels: Any) -> bool:

@@ -90,17 +90,20 @@ def test_the_pass_reports_the_shifts_and_the_metric_improves(tiny):
         assert st_on[kind]["max_rel"] < 0.05 and st_on[kind]["top1"] == 1.0
 
 
-def test_a_classifier_with_fewer_rows_than_the_rule_keeps_its_bias_the_convolution_is_corrected():
-    """At batch 8 the classifier sees 8 rows (< MIN_ROWS): kept, with the reason; the convolution's 8·6·6
-    rows are enough."""
+def test_fewer_examples_than_the_rule_keep_every_bias_more_samples_of_them_correct_all():
+    """One batch of 8: the convolution's 8·6·6 rows are 8 examples (< MIN_ROWS): every layer keeps its bias, with
+    the reason; four such batches are 32 examples: both layers corrected."""
     torch.manual_seed(0)
-    x = _data(8, 1)
-    g = load_model(TinyConv().eval(), example_inputs=(x,)).capture()
-    _, report = run_pipeline(g, "quantize", example_inputs=(x,))
-    st = report.stats("quantize")
-    by_op = {r["op"]: r for r in st["layers"]}
-    assert st["biases_corrected"] == 1 and by_op["aten.convolution.default"]["bias_shift"] > 0
-    assert by_op["aten.addmm.default"]["bias_kept"] == f"fewer than {MIN_ROWS} rows per channel to measure a shift on"
+    model = TinyConv().eval()
+    batches = [(_data(8, s),) for s in range(4)]
+    g = load_model(model, example_inputs=batches[0]).capture()
+    one = run_pipeline(g, "quantize", example_inputs=batches[0])[1].stats("quantize")
+    four = run_pipeline(g, "quantize", example_inputs=batches[0], calibration_data=batches)[1].stats("quantize")
+    assert one["biases_corrected"] == 0 and four["biases_corrected"] == 2
+    why = f"fewer than {MIN_ROWS} calibration examples (samples × batch) to measure a shift over"
+    assert {r["op"]: r["bias_kept"] for r in one["layers"] if "bias_kept" in r} == {
+        "aten.convolution.default": why, "aten.addmm.default": f"fewer than {MIN_ROWS} rows per channel to measure "
+                                                                "a shift on"}
 
 
 def test_a_layers_shift_does_not_depend_on_the_layers_before_it(tiny):
