@@ -2,8 +2,8 @@
 
 Timings on a shared machine are noise; the executed graph is not.  For OpenVINO the
 executed graph is ``compiled_model.get_runtime_model()``: one entry per layer the CPU
-plugin runs, with its ``layerType`` and ``runtimePrecision`` (``Subgraph`` is a
-fused snippet: an attention, or a chain of element-wise ops).  For ONNX Runtime it is
+plugin runs, by kind and ``runtimePrecision`` (:func:`~mlcomp.targets.openvino.layers.layer_kind`:
+``Attention`` for an attention fused into one snippet, ``Subgraph`` for a chain of element-wise ops).  For ONNX Runtime it is
 the model the session writes after its own optimisations
 (``SessionOptions.optimized_model_filepath``), counted by op type.  The anchors are
 ``ov.convert_model`` of ``torch.export.export(module)`` (of the module, where export
@@ -25,21 +25,16 @@ from typing import Any
 
 import torch
 
+from mlcomp.targets.openvino.layers import executed_layers
+
 __all__ = ["GraphDiff", "compare", "ort_executed", "ov_executed", "ov_own", "format_diffs"]
 
-_NOT_KERNELS = frozenset({"Const", "Input", "Output", "Parameter", "Result"})
 RUNTIMES = ("openvino", "onnxruntime")
 
 
 def ov_executed(compiled: Any) -> Counter:
-    """``Counter`` of ``"layerType precision"`` over the layers an OpenVINO ``CompiledModel`` runs."""
-    found: Counter = Counter()
-    for op in compiled.get_runtime_model().get_ops():
-        info = op.get_rt_info()
-        kind = info["layerType"].astype(str)
-        if kind not in _NOT_KERNELS:
-            found[f"{kind} {info['runtimePrecision'].astype(str)}"] += 1
-    return found
+    """``Counter`` of ``"kind precision"`` over the kernels an OpenVINO ``CompiledModel`` runs (``layer_kind``)."""
+    return Counter(f"{kind} {precision}" for kind, precision in executed_layers(compiled))
 
 
 def ort_executed(model: bytes, threads: int = 1) -> Counter:
