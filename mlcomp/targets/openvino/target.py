@@ -64,7 +64,7 @@ from mlcomp.ir.quant import is_qdq
 from mlcomp.pipeline.presets import Rewrite
 from mlcomp.pipeline.target_facts import LowMode, LowPrecision
 
-__all__ = ["OpenVinoTarget", "OpenVinoRuntime", "requested_precision", "precision_hint", "PACKAGE"]
+__all__ = ["OpenVinoTarget", "OpenVinoRuntime", "requested_precision", "precision_hint", "cpu_config", "PACKAGE"]
 
 PACKAGE = "openvino"
 XML, BIN = "model.xml", "model.bin"
@@ -99,12 +99,14 @@ def precision_hint(requested: torch.dtype, flags: tuple[str, ...]) -> tuple[torc
                            f"{', '.join(_NEEDS[requested])} (hardware probe): OpenVINO computes in f32")
 
 
-def _config(hint: torch.dtype, threads: int | None) -> dict[Any, Any]:
+def cpu_config(hint: torch.dtype | str, threads: int | None) -> dict[Any, Any]:
+    """The CPU plugin's properties every mlcomp compile uses (the target, the executed-graph comparisons, the
+    benchmarks' anchors): ``hint`` (a dtype or OpenVINO's name, ``"bf16"``), latency, ``threads``, no pinning."""
     import openvino as ov
     from openvino import properties as props
 
     config: dict[Any, Any] = {
-        props.hint.inference_precision: getattr(ov.Type, _OV_NAME[hint]),
+        props.hint.inference_precision: getattr(ov.Type, hint if isinstance(hint, str) else _OV_NAME[hint]),
         props.hint.performance_mode: props.hint.PerformanceMode.LATENCY,
         # pinned threads wait for their own core, which a shared machine may not give them
         props.hint.enable_cpu_pinning: False,
@@ -129,7 +131,7 @@ class OpenVinoRuntime:
         self.threads = threads
         self.requested = requested
         hint, why = precision_hint(requested, cpu_flags() if flags is None else flags)
-        self.compiled = ov.Core().compile_model(model, "CPU", _config(hint, threads))
+        self.compiled = ov.Core().compile_model(model, "CPU", cpu_config(hint, threads))
         effective = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         self.precision = {"requested": dtype_name(requested), "hint": _OV_NAME[hint],
                           "effective": effective, "reason": why}
