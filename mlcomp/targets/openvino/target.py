@@ -27,6 +27,9 @@ the CPU instructions for it (``avx512_bf16``/``amx_bf16``, ``avx512_fp16``/
 fp32 graph always sets f32 explicitly: never lower than the pipeline asked.
 The choice is made again when an artifact is loaded on another machine.
 
+An ``nn.GRU`` that capture unrolled goes over as one ``GRUSequence`` per layer (the CPU plugin's
+``RNNSeq`` kernel) where its weights are still the module's parameters: :mod:`mlcomp.targets.openvino.gru`.
+
 ``supports(node)`` asks OpenVINO's own table of the ATen ops its FX decoder
 translates (``torchdynamo.op_support.OperatorSupport``); an op outside it that
 torch decomposes (``aten.reshape`` after cleanup) is lowered through ``make_fx``
@@ -49,6 +52,7 @@ from mlcomp.runtime.artifact import RuntimeKind
 from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
 from mlcomp.targets.capabilities import Capabilities, DeviceKind
 from mlcomp.runtime.codegen import to_fx
+from mlcomp.targets.openvino.gru import gru_extension, gru_parts, whole_rnns
 from mlcomp.targets.openvino.int8 import int8_layers, qdq_for_frontend
 from mlcomp.targets.openvino.lower import (decomposition, frontend_name, lower_for_frontend,
                                            shared_weights_as_linear, translated, activations_before_views)
@@ -285,9 +289,11 @@ def convert(graph: Graph, inputs: tuple[torch.Tensor, ...]) -> Any:
     from torch.fx.passes.shape_prop import ShapeProp
 
     graph = activations_before_views(shared_weights_as_linear(without_legacy_empties(graph)))
-    module = qdq_for_frontend(to_fx(graph).eval())     # int8 pairs → the ops OpenVINO makes FakeQuantize of
+    if input_shapes(graph) is None:                     # nn.GRU as one op: OpenVINO's GRUSequence
+        graph, _ = whole_rnns(graph, inputs)
+    module = gru_parts(qdq_for_frontend(to_fx(graph).eval()))   # int8 pairs → the ops OpenVINO makes FakeQuantize of
     with torch.no_grad(), quiet_converter():
-        table = translated()
+        table = translated() | {"torch.ops.aten.gru.input"}      # written as mlcomp.gru_part, converted below
         # ops OpenVINO lacks → torch's decomposition, node by node; composite impls → the ATen ops they run
         lowered = {n.op.resolve(): decomposition(n.op) for n in graph.call_nodes()
                    if n.op.namespace in (Namespace.ATEN, Namespace.PRIMS) and frontend_name(n.op) not in table}
@@ -297,8 +303,9 @@ def convert(graph: Graph, inputs: tuple[torch.Tensor, ...]) -> Any:
         ShapeProp(module).propagate(*inputs)        # the decoder reads shapes and dtypes from node meta
         try:
             if dynamic is not None:     # sizes stay ShapeOf arithmetic in the model, inputs take the ranges
-                return ov.convert_model(TorchFXPythonDecoder(module, input_shapes=dynamic, dynamic_shapes=True))
-            return ov.convert_model(TorchFXPythonDecoder(module))
+                return ov.convert_model(TorchFXPythonDecoder(module, input_shapes=dynamic, dynamic_shapes=True),
+                                        extension=[gru_extension()])
+            return ov.convert_model(TorchFXPythonDecoder(module), extension=[gru_extension()])
         except Exception as exc:  # noqa: BLE001 - turned into a user-facing error
             raise TargetCompileError(
                 f"OpenVINO could not convert {graph.name}: {_conversion_message(exc)}",
