@@ -4,9 +4,8 @@ Three builds of each row, timed interleaved in one process (median ms of one cal
 
     .venv/bin/python benchmarks/ov_gru.py --rows gru-tagger@2,gru-tagger-2l@2 --rounds 200
 
-* ``m:ov -O2`` — mlcomp's default preset: its cleanup folds the GRU's weight transposes, so the
-  layer goes over as its unrolled cells;
-* ``m:ov -O0`` — no passes: the GRU goes over whole (``mlcomp.targets.openvino.gru``), ``RNNSeq``;
+* ``m:ov unrolled`` — mlcomp's ``-O2`` with the GRU left as its unrolled cells (``whole_rnns`` off);
+* ``m:ov -O2`` — mlcomp's ``-O2``: the GRU goes over whole (``mlcomp.targets.openvino.gru``), ``RNNSeq``;
 * ``ov module`` — ``ov.convert_model(module)`` (TorchScript inside), which keeps ``nn.GRU`` whole.
 
 Each column also gives the executed graph's kernel count and ``RNNSeq`` layers.
@@ -28,11 +27,16 @@ def _builds(row: str, threads: int) -> dict:
     from mlcomp.measure.executed import ov_executed
     from mlcomp.targets.openvino.target import cpu_config
 
+    from mlcomp.targets.openvino import target
+
     module, inputs = build_row(row)
     out = {}
-    for name, pipeline in (("m:ov -O2", "-O2"), ("m:ov -O0", "O0")):
-        art = mlcomp.compile(module, inputs, target="openvino", pipeline=pipeline, threads=threads)
+    whole = target.whole_rnns
+    for name in ("m:ov unrolled", "m:ov -O2"):
+        target.whole_rnns = whole if name == "m:ov -O2" else (lambda graph, inputs: (graph, None))
+        art = mlcomp.compile(module, inputs, target="openvino", pipeline="-O2", threads=threads)
         out[name] = (art.runtime.compiled, ov_executed(art.runtime.compiled))
+    target.whole_rnns = whole
     with torch.no_grad():
         own = ov.Core().compile_model(ov.convert_model(module, example_input=inputs), "CPU", cpu_config("f32", threads))
     out["ov module"] = (own, ov_executed(own))

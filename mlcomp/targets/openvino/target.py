@@ -234,7 +234,8 @@ class OpenVinoTarget(Target):
         devices=frozenset({DeviceKind.CPU}), dynamic_shapes=True,
         # the CPU plugin lowers an fp32 graph itself (INFERENCE_PRECISION_HINT); bf16/f16 casts in the
         # graph stop its converter on transformers (OpConversionFailure), so the graph stays fp32
-        low_precision=tuple(LowPrecision(dtype, LowMode.HINT, needs=needs) for dtype, needs in _NEEDS.items()))
+        low_precision=tuple(LowPrecision(dtype, LowMode.HINT, needs=needs) for dtype, needs in _NEEDS.items()),
+        whole_modules=frozenset({"GRU"}))            # converted to GRUSequence from its own weights
     package: ClassVar[str] = PACKAGE
 
     def available(self) -> str | None:

@@ -62,3 +62,22 @@ def test_a_gru_whose_weights_cleanup_folded_stays_unrolled_with_the_reason():
     assert out is folded and not stats.recomposed and "gru" in stats.skipped, stats.skipped
     whole, stats = whole_rnns(graph, (x,))
     assert stats.recomposed == ["gru"] and [str(n.op) for n in whole.call_nodes()].count("aten.gru.input") == 1
+
+
+def test_the_default_preset_keeps_the_gru_whole_on_openvino_and_folds_it_elsewhere():
+    """``-O2``'s cleanup folds weight transposes, but not those of a module openvino converts whole."""
+    from mlcomp.pipeline.presets import adapt_preset
+    from mlcomp.targets import get_target
+    from mlcomp.targets.openvino.gru import whole_rnns
+
+    torch.manual_seed(0)
+    model = Tagger(batch_first=True).eval()
+    x = torch.randn(3, 5, 8)
+    graph = load_model(model, example_inputs=(x,)).capture()
+    openvino = get_target("openvino")
+    o2 = adapt_preset("-O2", "openvino", openvino.rewrites).text
+    kept, _ = run_pipeline(graph, o2, example_inputs=(x,), target=openvino.capabilities.facts("openvino"))
+    assert whole_rnns(kept, (x,))[1].recomposed == ["gru"]
+    cpu = get_target("cpu")
+    folded, _ = run_pipeline(graph, o2, example_inputs=(x,), target=cpu.capabilities.facts("cpu"))
+    assert whole_rnns(folded, (x,))[1].recomposed == []
