@@ -73,13 +73,14 @@ class HostWorker(ProcessSampler):
     @classmethod
     def spawn_group(cls, inputs_file: Path, procs: int, *, threads: int, warmup: int, block_s: float,
                     settle_s: float = SETTLE_S, fork: bool = True, quiet: bool = True,
-                    preload: Sequence[str] = ()) -> list["HostWorker"]:
+                    preload: Sequence[str] = (), steady: bool = True) -> list["HostWorker"]:
         """``procs`` hosting processes from one start-up: a zygote that imports torch, mlcomp and the
         modules ``preload`` names (those its loads will need; none may start a thread on import), then
         forks the others (:mod:`mlcomp.runtime.zygote`); ``fork=False``: each started afresh, importing
-        ``preload`` itself.  ``quiet=False``: a sample settles with ``settle_s`` of calls, not a quiet wait."""
+        ``preload`` itself.  ``quiet=False``: a sample settles with ``settle_s`` of calls, not a quiet wait;
+        ``steady=False``: its lead-in never ends early on steady calls (:func:`take_sample`'s ``per_call``)."""
         base = {"inputs": str(inputs_file), "threads": threads, "warmup": warmup, "block_s": block_s,
-                "settle_s": settle_s, "quiet": quiet, "preload": list(preload)}
+                "settle_s": settle_s, "quiet": quiet, "preload": list(preload), "steady": steady}
         if not fork:
             return [cls._popen(base, f"timing process {i}") for i in range(procs)]
         pairs = [(os.pipe(), os.pipe()) for _ in range(procs - 1)]     # (commands r, w), (replies r, w)
@@ -133,8 +134,9 @@ class HostWorker(ProcessSampler):
         """The child's CPU seconds (every thread) by what it did: ``imports`` (everything before it served),
         ``preload`` (the modules its loads need, imported before a zygote forks; ``preloaded``: how many it
         imported itself, none in a forked process), ``loads`` (loading, checking, warming up its artifacts),
-        ``samples``, and ``total``; and ``waited_wall``, the wall seconds its samples waited for quiet, and its
-        ``nice`` value."""
+        ``samples``, and ``total``; ``load NAME``: the CPU seconds of loading, checking and warming up ``NAME``;
+        ``lead_calls``: the untimed calls its samples made first; ``waited_wall``, the wall seconds its samples
+        waited for quiet, and its ``nice`` value."""
         self._write("stats")
         return {k: float(v) for k, v in self._read(timeout)["stats"].items()}
 
@@ -154,7 +156,7 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
     if config.get("sibling"):
         channel.write(json.dumps({"pid": os.getpid()}) + "\n")
         channel.flush()
-    cpu = {"imports": time.process_time(), "loads": 0.0, "samples": 0.0, "waited_wall": 0.0}
+    cpu = {"imports": time.process_time(), "loads": 0.0, "samples": 0.0, "waited_wall": 0.0, "lead_calls": 0.0}
     cpu["preloaded"], cpu["preload"] = preload(config.get("preload", ()))
     cpu["threads_at_fork"] = float(len(os.listdir("/proc/self/task"))) if config.get("siblings") else 0.0
     if config.get("siblings"):
@@ -163,7 +165,8 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
     quiet = cpu_of_others() if waits else None
     torch.set_num_threads(int(config["threads"]))
     inputs = torch.load(config["inputs"], map_location="cpu", weights_only=True)
-    hosted: dict[str, tuple[Any, Any, int]] = {}          # name -> (runner, barrier, calls per block)
+    hosted: dict[str, tuple[Any, Any, int, float | None]] = {}   # name -> (runner, barrier, calls per block, per call)
+    steady = config.get("steady", True)
 
     def reply(message: dict[str, Any]) -> None:
         channel.write(json.dumps(message) + "\n")
@@ -182,13 +185,16 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
                 text = exc.message if isinstance(exc, MlcompError) else f"{type(exc).__name__}: {exc}"
                 reply({"error": f"{spec['name']}: " + " ".join(text.split())[:500]})
                 continue
-            hosted[spec["name"]] = (runner, barrier, calls)
-            cpu["loads"] += time.process_time() - c0
+            hosted[spec["name"]] = (runner, barrier, calls, per_call if steady else None)
+            cpu[f"load {spec['name']}"] = time.process_time() - c0
+            cpu["loads"] += cpu[f"load {spec['name']}"]
             reply({"ready": per_call, "calls": calls, "name": spec["name"]})
         elif verb == "sample":
-            runner, barrier, calls = hosted[rest]
-            seconds, waited = take_sample(runner, inputs, barrier, calls, config["settle_s"], config["block_s"], quiet)
+            runner, barrier, calls, per_call = hosted[rest]
+            seconds, waited, lead = take_sample(runner, inputs, barrier, calls, config["settle_s"], config["block_s"],
+                                                quiet, per_call)
             cpu["samples"] += time.process_time() - c0
+            cpu["lead_calls"] += lead
             cpu["waited_wall"] += waited       # wall seconds waited for quiet (not CPU: it sleeps meanwhile)
             reply({"sample": seconds})
         elif verb == "watch":

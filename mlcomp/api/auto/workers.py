@@ -42,12 +42,15 @@ READY_TIMEOUT_S = 600.0     # a process loads, checks and warms up its artifacts
 
 def _variant() -> dict[str, Any]:
     """The spawn options the environment asks for: forked processes unless ``MLCOMP_AUTO_PROCESSES=spawn``,
-    a quiet wait unless ``MLCOMP_AUTO_SETTLE=fixed``, the pool's preload unless ``MLCOMP_AUTO_PRELOAD=off``
-    (for comparing the schemes: benchmarks/auto_compile.py --variant)."""
+    a quiet wait unless ``MLCOMP_AUTO_SETTLE=fixed``, the pool's preload unless ``MLCOMP_AUTO_PRELOAD=off``, a
+    lead-in that ends on steady calls unless ``MLCOMP_AUTO_LEAD=fixed`` (for comparing the schemes:
+    benchmarks/auto_compile.py --variants)."""
     out: dict[str, Any] = {"fork": os.environ.get("MLCOMP_AUTO_PROCESSES") != "spawn",
                            "quiet": os.environ.get("MLCOMP_AUTO_SETTLE") != "fixed"}
     if os.environ.get("MLCOMP_AUTO_PRELOAD") == "off":
         out["preload"] = ()
+    if os.environ.get("MLCOMP_AUTO_LEAD") == "fixed":
+        out["steady"] = False
     return out
 
 
