@@ -290,7 +290,7 @@ def take_sample(artifact: Any, inputs: list, barrier: Sync, calls: int, settle_s
     """
     waited = wait_quiet(quiet, float(settle_s)) if quiet is not None else 0.0
     start, made, steady = time.perf_counter(), 0, 0
-    bound = math.inf if per_call is None else STEADY * float(per_call)
+    bound = -math.inf if per_call is None else STEADY * float(per_call)     # None: no call is steady
     while True:
         took = _calls(artifact, inputs, 1, barrier)[0]
         made, spent = made + 1, time.perf_counter() - start
