@@ -43,7 +43,6 @@ Distributed (a multi-process pipeline, not a single-process artifact) is never a
 """
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -72,9 +71,6 @@ AUTO_QUESTION = "auto: which verified target is fastest?"
 # a deterministic compile times nothing: the preference order is the candidate order
 AUTO_RULE = "the first candidate, in the order tried, that compiled and verified (nothing timed)"
 FROM_RECORD = "not timed: ranked from the record of an earlier auto compile on this host"
-# built after the others: the longest builds whose loads in the timing processes are short (a shared library's
-# dlopen), so the other candidates' loads overlap their build instead of being waited for after it
-BUILD_LAST = ("tvm",)
 
 
 class AutoTargetError(MlcompError):
@@ -185,16 +181,6 @@ def auto_candidates(names: Sequence[str | Target] | None = None) -> list[Target]
     return out
 
 
-def build_order(names: Sequence[str]) -> list[str]:
-    """The order to build ``names`` in without a record: as given, ``BUILD_LAST``'s targets (any options) last
-    (``MLCOMP_AUTO_ORDER=given`` in the environment: as given, for comparing the orders).
-
-        >>> build_order(["cpu", "tvm{opt=3}", "onnxruntime", "openvino"])
-        ['cpu', 'onnxruntime', 'openvino', 'tvm{opt=3}']
-    """
-    return sorted(names, key=lambda n: n.partition("{")[0] in BUILD_LAST)
-
-
 def precheck(target: Target, graph: Any, options: CompileOptions, pipeline: Any = None) -> str | None:
     """Why ``target`` cannot take ``graph`` here (unavailable, the pipeline refuses it, capabilities, ops), or None."""
     reason = target.available()
@@ -245,9 +231,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     if records is not None and not opts.deterministic:
         key = record_key(graph, source.inputs(), [t.spec for t in targets], pipeline, opts)
         record = records.load(key)
-    specs = [t.spec for t in targets]
-    ranked = record.order(specs) if record is not None else \
-        specs if os.environ.get("MLCOMP_AUTO_ORDER") == "given" else build_order(specs)
+    ranked = [t.spec for t in targets] if record is None else record.order([t.spec for t in targets])
     order = sorted(targets, key=lambda t: ranked.index(t.spec))
     rows: dict[str, Candidate] = {}
     built: dict[str, CompileResult] = {}

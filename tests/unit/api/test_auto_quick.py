@@ -381,26 +381,3 @@ def test_the_preloaded_modules_start_no_thread_and_import_no_runtime_or_dynamo()
     assert out.returncode == 0, out.stderr[-2000:]
     count, threads, heavy = out.stdout.strip().split(" ", 2)
     assert int(count) > 0 and threads == "0" and heavy == "[]", out.stdout
-
-
-@pytest.mark.parametrize("order, hosted", [("", ["cpu", "onnxruntime", "tvm"]), ("given", ["cpu", "tvm", "onnxruntime"])])
-def test_tvm_is_built_last_so_the_other_loads_overlap_its_build(captured, monkeypatch, order, hosted):
-    """Without a record the candidates are built (and loaded into the timing processes) in the given order
-    but TVM last; MLCOMP_AUTO_ORDER=given keeps the given order.  The manifest lists them as given, and
-    the pick does not depend on the order."""
-    from mlcomp.api.auto import workers
-    from mlcomp.frontend.loading import load_model
-
-    module, inputs, graph = captured("mlp", 2)
-    source = load_model(module, example_inputs=inputs)
-    monkeypatch.setattr(workers, "save_for_worker", lambda artifact, folder: Saveable().save(folder))
-    monkeypatch.setenv("MLCOMP_AUTO_ORDER", order)
-    speed = {"cpu": 2e-3, "tvm": 1e-3, "onnxruntime": 3e-3}
-    pool, made, log = fake_pool(speed)
-    clock = FakeClock()
-    fakes = [FakeTarget(name, clock, s) for name, s in speed.items()]
-    policy = TimingPolicy(warmup=1, budget_s=0.01, min_repeats=3, max_repeats=12)
-    result = compile_auto(source, graph, candidates=fakes, pipeline="", policy=policy, clock=clock, pool=pool)
-    assert [n for i, verb, n in log if verb == "host" and i == 0] == hosted
-    assert [c["target"] for c in result.artifact.manifest["auto"]["candidates"]] == list(speed)
-    assert result.artifact.target == "tvm"
