@@ -18,7 +18,8 @@ candidate's start-up is only its own load.
 
 A sample waits until every other runtime's threads, in this process and in the other timing
 processes (``watch``), are quiet (:func:`mlcomp.runtime.quiet.wait_quiet`, at most ``settle_s``),
-then runs ``block_s`` of untimed calls of its artifact, then takes the median call of a block
+then runs untimed calls of its artifact (at least ``block_s``; until three in a row are as fast as the fastest
+call it made before, or 15), then takes the median call of a block
 (:func:`~mlcomp.runtime.timing_worker.take_sample`): a runtime hosted beside others is timed as alone.
 
 Protocol (one JSON line per reply on the child's private stdout)::

@@ -287,7 +287,8 @@ def test_the_close_phase_is_timed_when_timing_processes_ran(captured, monkeypatc
 
 def test_the_environment_selects_the_timing_scheme(monkeypatch):
     """Forked processes and a quiet wait by default; MLCOMP_AUTO_PROCESSES=spawn starts each afresh,
-    MLCOMP_AUTO_SETTLE=fixed settles with calls: the pool passes them to its spawner."""
+    MLCOMP_AUTO_SETTLE=fixed settles with calls, MLCOMP_AUTO_LEAD=fixed keeps the whole lead-in: the pool
+    passes them to its spawner."""
     from mlcomp.api.auto import workers
 
     seen = []
@@ -304,6 +305,8 @@ def test_the_environment_selects_the_timing_scheme(monkeypatch):
     monkeypatch.delenv("MLCOMP_AUTO_SETTLE")
     monkeypatch.delenv("MLCOMP_AUTO_PRELOAD")
     assert workers._variant() == {"fork": True, "quiet": True}
+    monkeypatch.setenv("MLCOMP_AUTO_LEAD", "fixed")           # the lead-in never ends early on steady calls
+    assert workers._variant() == {"fork": True, "quiet": True, "steady": False}
 
 
 def test_the_timing_processes_preload_what_the_candidates_loads_import(monkeypatch):
