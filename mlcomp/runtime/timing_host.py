@@ -135,9 +135,9 @@ class HostWorker(ProcessSampler):
         """The child's CPU seconds (every thread) by what it did: ``imports`` (everything before it served),
         ``preload`` (the modules its loads need, imported before a zygote forks; ``preloaded``: how many it
         imported itself, none in a forked process), ``loads`` (loading, checking, warming up its artifacts),
-        ``samples``, and ``total``; ``load NAME``: the CPU seconds of loading, checking and warming up ``NAME``;
-        ``lead_calls``: the untimed calls its samples made first; ``waited_wall``, the wall seconds its samples
-        waited for quiet, and its ``nice`` value."""
+        ``samples``, and ``total``; ``load NAME``: the CPU seconds of loading, checking and warming up ``NAME``
+        (``warm NAME``: of which its warm-up calls); ``lead_calls``: the untimed calls its samples made first;
+        ``waited_wall``, the wall seconds its samples waited for quiet, and its ``nice`` value."""
         self._write("stats")
         return {k: float(v) for k, v in self._read(timeout)["stats"].items()}
 
@@ -181,6 +181,7 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
             try:
                 runner, device = load_runner({"artifact": spec["artifact"]})
                 barrier = synchronizer(device)
+                c1 = time.process_time()
                 per_call, calls = warm_up(runner, inputs, barrier, config["warmup"], config["block_s"])
             except Exception as exc:  # noqa: BLE001 - that candidate's failure; the others stay hosted
                 text = exc.message if isinstance(exc, MlcompError) else f"{type(exc).__name__}: {exc}"
@@ -188,6 +189,7 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
                 continue
             hosted[spec["name"]] = (runner, barrier, calls, per_call if steady else None)
             cpu[f"load {spec['name']}"] = time.process_time() - c0
+            cpu[f"warm {spec['name']}"] = time.process_time() - c1        # of which its warm-up calls
             cpu["loads"] += cpu[f"load {spec['name']}"]
             reply({"ready": per_call, "calls": calls, "name": spec["name"]})
         elif verb == "sample":

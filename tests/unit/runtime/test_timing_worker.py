@@ -88,6 +88,7 @@ def test_a_hosting_process_loads_several_samples_each_and_drops_on_request(saved
     stats = lines[5]["stats"]           # CPU per load (none for the failed one), a lead-in call per sample
     assert {k for k in stats if k.startswith("load ")} == {"load a", "load b"} and stats["lead_calls"] == 2
     assert stats["loads"] == pytest.approx(stats["load a"] + stats["load b"]) and len(lines) == 6
+    assert 0 < stats["warm a"] <= stats["load a"] and 0 < stats["warm b"] <= stats["load b"]
 
 
 def _gone(pid: int, patience_s: float = 10.0) -> bool:
