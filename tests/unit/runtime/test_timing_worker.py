@@ -91,6 +91,24 @@ def test_a_hosting_process_loads_several_samples_each_and_drops_on_request(saved
     assert 0 < stats["warm a"] <= stats["load a"] and 0 < stats["warm b"] <= stats["load b"]
 
 
+
+def test_a_hosting_process_told_to_warm_later_loads_without_calls_and_warms_on_request(saved):
+    """``warm_later``: a load replies without an estimate; ``warm`` warms every artifact not warm yet (a second
+    ``warm``: none); an artifact sampled before any ``warm`` is warmed up first; stats count each warm-up."""
+    folder, feed, _ = saved
+    out = io.StringIO()
+    commands = ["load " + json.dumps({"name": n, "artifact": str(folder)}) for n in ("a", "b")] + \
+        ["warm", "warm", "load " + json.dumps({"name": "c", "artifact": str(folder)}), "sample c", "stats", "quit"]
+    serve_host({"inputs": str(feed), "threads": torch.get_num_threads(), "warmup": 1, "block_s": 0.001,
+                "settle_s": 0.0, "warm_later": True}, out, io.StringIO("\n".join(commands) + "\n"))
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(m["name"], m["ready"], m["calls"]) for m in lines[:2]] == [("a", None, None), ("b", None, None)]
+    assert sorted(lines[2]["warmed"]) == ["a", "b"] and all(s > 0 for s in lines[2]["warmed"].values())
+    assert lines[3] == {"warmed": {}} and lines[4]["ready"] is None and lines[5]["sample"] > 0
+    stats = lines[6]["stats"]
+    assert {k for k in stats if k.startswith("warm ")} == {"warm a", "warm b", "warm c"}
+    assert all(0 < stats[f"warm {n}"] <= stats[f"load {n}"] for n in "abc")
+
 def _gone(pid: int, patience_s: float = 10.0) -> bool:
     """Whether ``pid`` has exited and been reaped (polled up to ``patience_s``: exits are not instant)."""
     end = time.monotonic() + patience_s
