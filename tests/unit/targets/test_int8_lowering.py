@@ -209,7 +209,7 @@ def test_openvino_bert_computes_what_quantize_measured():
     own (the error the pass measured running it, bias corrections included)."""
     pytest.importorskip("transformers")
     from mlcomp.models.third_party import build_third_party
-    model, inputs = build_third_party("bert", batch=2)
+    model, inputs = build_third_party("bert", batch=32)   # 32 examples: biases corrected
     art = mlcomp.compile(model, inputs, target="openvino", pipeline="fold-batchnorm,fold-constants,cleanup,quantize")
     assert art.runtime.int8.int8 == {"Attention": 2, "FullyConnected": 12} and art.runtime.int8.floating == {}
     st = _quantize_stats(art)
