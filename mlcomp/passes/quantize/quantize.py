@@ -159,6 +159,8 @@ class Quantize(Pass):
     products: Products = option(Products.AUTO, "grids of the operands of a product of two activations: auto "
                                 "(the target's row in quantize.grids), minmax (uint8 with zero points) or "
                                 "zero-free (zero point 0, the second operand int8)")
+    split_projections: bool = option(True, "on a target that quantizes attention whole, a packed q/k/v "
+                                     "projection as one linear per part (passes.projections)")
 
     enum_options: ClassVar[Mapping[str, type[enum.Enum]]] = {"granularity": Granularity, "method": Method,
                                                              "activations": Activations, "products": Products}
@@ -193,7 +195,8 @@ class Quantize(Pass):
         target = ctx.target.name if ctx.target is not None else None
         excluded = lambda node: excluded_by(node, self.exclude) is not None   # noqa: E731
         whole = int8_rule(SDPA, target) is not None
-        split = split_projections(graph, leave=excluded)["projections_split"] if whole else 0
+        split = split_projections(graph, leave=excluded)["projections_split"] \
+            if whole and self.split_projections else 0
         attention = fuse_attention(graph, leave=excluded) if whole else 0
         linearized = linearize_batched_matmuls(graph)
         layers, kept = choose(graph, self.exclude, target)
