@@ -146,3 +146,23 @@ def test_only_the_ops_openvino_lacks_are_decomposed():
     assert torch.ops.aten.scaled_dot_product_attention.default in targets     # kept whole for OpenVINO
     assert torch.ops.aten.reshape.default not in targets
     assert torch.allclose(lowered(*inputs)[0], f(*inputs)[0])
+
+
+
+def test_int8_encoder_runs_q_k_v_as_three_products_without_transposes_to_pick_them():
+    """The packed in-projection of ``nn.MultiheadAttention``, split by ``quantize`` on openvino (decision 43):
+    q, k, v as three int8 ``FullyConnected`` layers where the packed one ran one, then picked them out through
+    three ``Gather`` and a transposed 5-d view (``quantize{split_projections=false}``: FullyConnected 5,
+    Gather 3, Transpose 8 on this layer)."""
+    from mlcomp.models.transformer import TransformerEncoderModel
+
+    torch.manual_seed(0)
+    module, x = TransformerEncoderModel(d_model=32, heads=4, ff=64, layers=1).eval(), torch.randn(2, 8, 32)
+    art = mlcomp.compile(module, (x,), target="openvino", threads=1,
+                         pipeline="fold-batchnorm,fold-constants,cleanup,quantize")
+    executed = ov_executed(art.runtime.compiled)
+    kinds = _kinds(executed)
+    assert kinds["FullyConnected"] == 3 + 1 + 2 + 1                       # q, k, v, out, the MLP, the head
+    assert all(k.endswith(("u8", "i8")) for k in executed if k.startswith("FullyConnected"))
+    assert "Gather" not in kinds and kinds.get("Transpose", 0) <= 3
+    assert art.runtime.int8.int8.get("Attention") == 1                     # attention still int8 and whole
