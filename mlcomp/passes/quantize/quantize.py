@@ -48,9 +48,9 @@ weight before quantizing, SmoothQuant's ``α``; by default the target's row, non
 measured against fp32 on the calibration samples, added to its bias: :mod:`~mlcomp.passes.quantize.bias`),
 and a declared accuracy target, ``tolerance`` (max
 relative error of the outputs) and ``agreement`` (top-1), refused with the numbers when missed.
-A fused graph (``-O2,quantize``) is first put back as its ops (:mod:`~mlcomp.passes.quantize.unfuse`); on a
-target with an attention row (openvino: :data:`~mlcomp.passes.quantize.policy.TARGET_ROWS`) a packed q/k/v
-projection becomes one linear per part (:func:`~mlcomp.passes.projections.split_projections`) and attention is
+A fused graph (``-O2,quantize``) is first put back as its ops (:mod:`~mlcomp.passes.quantize.unfuse`), a packed
+q/k/v projection becomes one linear per part (:func:`~mlcomp.passes.projections.split_projections`); on a
+target with an attention row (openvino: :data:`~mlcomp.passes.quantize.policy.TARGET_ROWS`) attention is
 recovered as one op (:func:`~mlcomp.passes.attention.fuse_attention`); a linear read as ``bmm`` against its weight
 broadcast over the batch (attention's input projection on a permuted input) is written as one
 ``addmm`` again (:mod:`mlcomp.ir.linearize`), so its weight folds to int8 like any linear's.
@@ -159,8 +159,8 @@ class Quantize(Pass):
     products: Products = option(Products.AUTO, "grids of the operands of a product of two activations: auto "
                                 "(the target's row in quantize.grids), minmax (uint8 with zero points) or "
                                 "zero-free (zero point 0, the second operand int8)")
-    split_projections: bool = option(True, "on a target that quantizes attention whole, a packed q/k/v "
-                                     "projection as one linear per part (passes.projections)")
+    split_projections: bool = option(True, "a packed q/k/v projection as one linear per part "
+                                     "(passes.projections; measured faster on both int8 targets)")
 
     enum_options: ClassVar[Mapping[str, type[enum.Enum]]] = {"granularity": Granularity, "method": Method,
                                                              "activations": Activations, "products": Products}
@@ -194,10 +194,8 @@ class Quantize(Pass):
         unfused = inline_fused(graph)
         target = ctx.target.name if ctx.target is not None else None
         excluded = lambda node: excluded_by(node, self.exclude) is not None   # noqa: E731
-        whole = int8_rule(SDPA, target) is not None
-        split = split_projections(graph, leave=excluded)["projections_split"] \
-            if whole and self.split_projections else 0
-        attention = fuse_attention(graph, leave=excluded) if whole else 0
+        split = split_projections(graph, leave=excluded)["projections_split"] if self.split_projections else 0
+        attention = fuse_attention(graph, leave=excluded) if int8_rule(SDPA, target) is not None else 0
         linearized = linearize_batched_matmuls(graph)
         layers, kept = choose(graph, self.exclude, target)
         if self.activations is Activations.DYNAMIC:
