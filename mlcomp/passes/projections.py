@@ -22,7 +22,9 @@ the parts, and stops at the reader that picks them: ``select`` or ``unbind`` alo
 parts axis a reshape made (``[.., 3E] → [.., 3, E]``), or ``split_with_sizes``/``slice``
 along the feature axis itself.  Any other reader anywhere on the chain (an output too)
 keeps the projection packed.  A part nobody picks is not computed.  Sizes must be
-concrete.  The rewrite keeps the names of the values the parts replace (``builder.substitute``);
+concrete.  Then a linear whose rows are permuted before and after it runs them in the order its reader
+wants, the two permutes composed into one (:func:`~mlcomp.passes.rows.reorder_rows`: attention's
+out-projection).  The rewrite keeps the names of the values the parts replace (``builder.substitute``);
 shared (:func:`split_projections`) so that a pass of any family can run it first.
 """
 from __future__ import annotations
@@ -38,6 +40,7 @@ from mlcomp.ir.builder import new_node, remove_dead, substitute
 from mlcomp.ir.ops import GETITEM, PARAM, aten
 from mlcomp.passes import patterns as P
 from mlcomp.passes.layouts import compose
+from mlcomp.passes.rows import reorder_rows
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult
 
 __all__ = ["SplitProjections", "split_projections"]
@@ -86,6 +89,7 @@ def split_projections(graph: Graph, leave: Callable[[Node], bool] | None = None)
                 _rewrite(graph, packed)
                 stats["projections_split"] += 1
                 stats["parts"] += len(packed.parts)
+    stats["rows_reordered"] = reorder_rows(graph, leave)
     return stats
 
 

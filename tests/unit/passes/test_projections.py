@@ -51,13 +51,13 @@ def test_split_projections_golden():
           %out: f32[4, 8] = aten.add.Tensor(%qk, %v)
           return (%out,)
         }""")
-    assert report.records[0].stats == {"projections_split": 1, "parts": 3}
+    assert report.records[0].stats == {"projections_split": 1, "parts": 3, "rows_reordered": 0}
 
 
 def test_a_packed_value_with_another_reader_stays_packed():
     graph = packed_graph(extra_reader=True)
     before = graph.format()
-    assert split_projections(graph) == {"projections_split": 0, "parts": 0}
+    assert split_projections(graph) == {"projections_split": 0, "parts": 0, "rows_reordered": 0}
     assert graph.format() == before
 
 
@@ -85,7 +85,7 @@ def test_hand_written_splits_become_one_linear_per_part_read():
     graph = load_model(module, example_inputs=(x,)).capture()
     out, report = run_pipeline(graph, "fold-constants,cleanup,split-projections,cleanup", example_inputs=(x,),
                                verify=True)
-    assert report.records[2].stats == {"projections_split": 2, "parts": 6}
+    assert report.records[2].stats == {"projections_split": 2, "parts": 6, "rows_reordered": 0}
     ops = [n.op for n in out.call_nodes()]
     assert aten("split_with_sizes") not in ops and ops.count(aten("addmm")) == 5     # the unread part: none
     assert sum(t.numel() for t in out.constants.values()) < sum(t.numel() for t in graph.constants.values())
@@ -102,7 +102,8 @@ def encoder():
 def test_the_zoo_encoder_computes_what_eager_does_with_q_k_v_apart(encoder):
     module, x, graph = encoder
     out, report = run_pipeline(graph, "cleanup,split-projections,cleanup", example_inputs=(x,), verify=True)
-    assert report.records[1].stats == {"projections_split": 2, "parts": 6}
+    # and the out-projection's (s, b) rows permuted once, not before and after it
+    assert report.records[1].stats == {"projections_split": 2, "parts": 6, "rows_reordered": 2}
     ops = [n.op for n in out.call_nodes()]
     assert aten("select.int") not in ops and aten("squeeze.dims") not in ops
     # per layer q, k, v: product, bias, one reshape to heads and the one permute attention reads
@@ -177,3 +178,25 @@ def test_getitem_of_a_split_is_a_part():
     out, report = run_pipeline(graph, "split-projections", verify=True)
     assert [str(n.op) for n in out.call_nodes()] == ["aten.mm.default", "aten.relu.default"]
     assert out.constants["w_1"].shape == (4, 4) and "w" not in out.constants
+
+
+def test_a_linears_rows_are_permuted_once_not_before_and_after_it():
+    torch.manual_seed(0)
+    b = GraphBuilder("rows")
+    a = b.input("attn", (2, 4, 8, 8))
+    p = b.call(aten("permute"), a, [2, 0, 1, 3], name="p")
+    r = b.call(aten("reshape"), p, [16, 32], name="r")
+    y = b.call(aten("addmm"), b.param("bias", torch.randn(32)), r, b.param("w", torch.randn(32, 32)), name="y")
+    o = b.call(aten("permute"), b.call(aten("view"), y, [8, 2, 32], name="v"), [1, 0, 2], name="o")
+    out, report = run_pipeline(b.output(o), "split-projections,cleanup", verify=True)
+    assert report.records[0].stats["rows_reordered"] == 1
+    assert out.format() == textwrap.dedent("""\
+        graph rows(%attn: f32[2, 4, 8, 8]) {
+          %bias: f32[32] = param
+          %w: f32[32, 32] = param
+          %y_rows: f32[2, 8, 4, 8] = aten.permute.default(%attn, [0, 2, 1, 3])
+          %y_rows_1: f32[16, 32] = aten.reshape.default(%y_rows, [16, 32])
+          %y_linear: f32[16, 32] = aten.addmm.default(%bias, %y_rows_1, %w)
+          %o: f32[2, 8, 32] = aten.reshape.default(%y_linear, [2, 8, 32])
+          return (%o,)
+        }""")
