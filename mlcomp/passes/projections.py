@@ -119,6 +119,15 @@ def _weight(graph: Graph, value: Any, reader: Node) -> tuple[Node, bool, Node | 
     return (param, True, src) if param is not None and _only(graph, param, src) else None
 
 
+def _through_noops(graph: Graph, value: Any, reader: Node) -> tuple[Any, Node]:
+    """``value`` behind the views and expands to its own shape that only ``reader``'s chain reads, and the
+    node that reads it (a graph not cleaned up yet has them around every weight)."""
+    while isinstance(value, Ref) and (node := graph.node(value.name)).op in RESHAPES | {P.EXPAND} \
+            and _only(graph, node, reader) and _shape(graph, value) == _shape(graph, node.inputs[0]):
+        value, reader = node.inputs[0], node
+    return value, reader
+
+
 def _match(graph: Graph, product: Node) -> _Packed | None:
     """The packed projection ``product`` heads, when it is one whose parts are all its readers take."""
     if product.op == P.ADDMM:
@@ -130,13 +139,12 @@ def _match(graph: Graph, product: Node) -> _Packed | None:
     else:
         return None
     expand = None
+    w_value, reader = _through_noops(graph, w_value, product)
     if product.op == P.BMM:
         expand = graph.node(w_value.name) if isinstance(w_value, Ref) else None
-        if expand is None or expand.op != P.EXPAND or not _only(graph, expand, product):
+        if expand is None or expand.op != P.EXPAND or not _only(graph, expand, reader):
             return None
-        w_value, reader = expand.inputs[0], expand
-    else:
-        reader = product
+        w_value, reader = _through_noops(graph, expand.inputs[0], expand)
     weight = _weight(graph, w_value, reader)
     shape = _shape(graph, Ref(product.name))
     if weight is None or shape is None or not isinstance(x, Ref):
@@ -147,10 +155,13 @@ def _match(graph: Graph, product: Node) -> _Packed | None:
                              _shape(graph, bias) != (n,)):
         return None
     if bias is None:
-        users = graph.users(product.name)
+        last = product
+        while len(users := graph.users(last.name)) == 1 and users[0].op in RESHAPES \
+                and _shape(graph, Ref(users[0].name)) == shape:
+            last = users[0]                     # views to the product's own shape: none in a part
         add = users[0] if len(users) == 1 and users[0].op == P.ADD[0] else None
         if add is not None:
-            side = _param(graph, add.inputs[1] if add.inputs[0] == Ref(product.name) else add.inputs[0])
+            side = _param(graph, add.inputs[1] if add.inputs[0] == Ref(last.name) else add.inputs[0])
             if side is not None and _only(graph, side, add) and _shape(graph, Ref(side.name)) == (n,) \
                     and _shape(graph, Ref(add.name)) == shape:
                 bias_node, bias_add, head = side, add, add
