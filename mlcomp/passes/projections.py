@@ -35,7 +35,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from mlcomp.ir import Graph, Node, Ref, TensorMeta
+from mlcomp.ir import Graph, Mode, Node, Ref
 from mlcomp.ir.builder import new_node, remove_dead, substitute
 from mlcomp.ir.ops import GETITEM, PARAM, aten
 from mlcomp.passes import patterns as P
@@ -54,6 +54,7 @@ class SplitProjections(Pass):
     """Split a packed projection read only in parts (q/k/v) into one projection per part."""
 
     name: ClassVar[str] = "split-projections"
+    modes: ClassVar[frozenset[Mode]] = frozenset({Mode.INFERENCE})   # slices of a trained weight are not it
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         stats = split_projections(graph)

@@ -82,9 +82,10 @@ def _reorder(graph: Graph, product: Node) -> bool:
     source, before = _before(graph, x)
     after = _after(graph, product, shape[-1]) if shape is not None else []
     src = graph.node(source.name) if isinstance(source, Ref) else None
-    if not after or src is None or _concrete(src) is None or len(shape) != 2:
+    rows = _concrete(graph.node(x.name)) if isinstance(x, Ref) else None
+    if not after or src is None or _concrete(src) is None or rows is None or len(shape) != 2:
         return False
-    k = _concrete(graph.node(x.name))[-1]
+    k = rows[-1]
     steps = [_step(n) for n in before]
     steps += [(kind, arg[:-1] + [k] if kind == "reshape" else arg) for kind, arg in map(_step, after)]
     composed = compose(_concrete(src), steps)
@@ -98,9 +99,9 @@ def _reorder(graph: Graph, product: Node) -> bool:
         op = P.RESHAPE if kind == "reshape" else P.PERMUTE
         value = Ref(new_node(graph, op, [value, arg], name=f"{product.name}_rows", origin=product.origin,
                              before=product.name).name)
-    rows = Ref(new_node(graph, P.RESHAPE, [value, [shape[0], k]], name=f"{product.name}_rows",
+    flat = Ref(new_node(graph, P.RESHAPE, [value, [shape[0], k]], name=f"{product.name}_rows",
                         origin=product.origin, before=product.name).name)
-    inputs = [product.inputs[0], rows, product.inputs[2]] if product.op == P.ADDMM else [rows, product.inputs[1]]
+    inputs = [product.inputs[0], flat, product.inputs[2]] if product.op == P.ADDMM else [flat, product.inputs[1]]
     linear = new_node(graph, product.op, inputs, dict(product.attrs), name=f"{product.name}_linear",
                       origin=product.origin, before=product.name)
     last = after[-1]
