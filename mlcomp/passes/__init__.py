@@ -9,8 +9,8 @@
 * ``remat/`` — ``remat``, its ``problem`` and ``solvers``;
 * ``placement/`` — ``place`` and ``partition``;
 * ``patterns`` (op constants and matching helpers), ``builder`` (writing IR), ``attention`` (fuse-attention)
-  and ``projections`` (split-projections, with ``layouts``: a reshape/permute run composed), which
-  ``quantize`` runs first where a target quantizes attention whole, are shared by all.
+  and ``projections`` (split-projections; ``rows``: a linear's rows reordered once; ``layouts``: a
+  reshape/permute run composed), which ``quantize`` runs first, are shared by all.
 
 Passes are found by name through :mod:`mlcomp.pipeline.pass_base`; ``mlcomp passes`` lists them.
 """
