@@ -54,11 +54,12 @@ MIN_ROWS = 64
 """Fewest rows per channel over the calibration samples for a shift to be measured."""
 
 
-def correctable(graph: Graph, nodes: Sequence[Node]) -> dict[str, int]:
-    """Of ``nodes`` (float graph), those with a row in :data:`BIAS_AXIS` and a constant bias: name -> axis."""
+def correctable(graph: Graph, nodes: Sequence[Node], target: str | None = None) -> dict[str, int]:
+    """Of ``nodes`` (float graph), those with a row in :data:`BIAS_AXIS` and a constant bias (by their int8 row on
+    ``target``): name -> axis."""
     out = {}
     for node in nodes:
-        rule = int8_rule(node.op)
+        rule = int8_rule(node.op, target)
         axis = BIAS_AXIS.get(node.op)
         if axis is None or rule is None or rule.bias is None or rule.bias >= len(node.inputs):
             continue

@@ -215,7 +215,7 @@ class Quantize(Pass):
         acts = list(dict.fromkeys([r.name for n, _ in layers for r in plans[n.name][0]]
                                   + [output_value(graph, n) for n, _ in layers]))
         dynamic = self.activations is Activations.DYNAMIC
-        axes = correctable(graph, [n for n, _ in layers]) if self.bias_correction and not dynamic else {}
+        axes = correctable(graph, [n for n, _ in layers], target) if self.bias_correction and not dynamic else {}
         seen = observe(graph, samples, [] if dynamic else acts, self.method.value,
                        keep=[n.name for n, _ in layers] + (acts if dynamic else []), means=axes)
         held_ref = [Interpreter(graph).run(*s) for s in held]
