@@ -57,7 +57,8 @@ class SplitProjections(Pass):
     modes: ClassVar[frozenset[Mode]] = frozenset({Mode.INFERENCE})   # slices of a trained weight are not it
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
-        stats = split_projections(graph)
+        whole = ctx.target.whole_modules if ctx.target is not None else frozenset()   # converted from its weights
+        stats = split_projections(graph, leave=lambda node: node.origin.module_type in whole)
         return PassResult(graph, stats["projections_split"] > 0, stats)
 
 
