@@ -200,3 +200,12 @@ def test_a_linears_rows_are_permuted_once_not_before_and_after_it():
           %o: f32[2, 8, 32] = aten.reshape.default(%y_linear, [2, 8, 32])
           return (%o,)
         }""")
+
+
+def test_a_module_the_target_converts_whole_stays_packed(encoder):
+    from mlcomp.pipeline.target_facts import TargetFacts
+
+    _, x, graph = encoder
+    facts = TargetFacts("openvino", whole_modules=frozenset({"MultiheadAttention"}))
+    _, report = run_pipeline(graph, "split-projections", example_inputs=(x,), target=facts)
+    assert report.records[0].stats["projections_split"] == 0
