@@ -8,8 +8,9 @@
 * ``prune/`` — ``prune``, its ``rewrite``, and the channel analyses only it uses (``channel_*``);
 * ``remat/`` — ``remat``, its ``problem`` and ``solvers``;
 * ``placement/`` — ``place`` and ``partition``;
-* ``patterns`` (op constants and matching helpers), ``builder`` (writing IR) and ``attention`` (fuse-attention,
-  which ``quantize`` runs first where a target quantizes attention whole) are shared by all.
+* ``patterns`` (op constants and matching helpers), ``builder`` (writing IR), ``attention`` (fuse-attention)
+  and ``projections`` (split-projections; ``rows``: a linear's rows reordered once; ``layouts``: a
+  reshape/permute run composed), which ``quantize`` runs first, are shared by all.
 
 Passes are found by name through :mod:`mlcomp.pipeline.pass_base`; ``mlcomp passes`` lists them.
 """

@@ -57,6 +57,7 @@ BUILTIN_PASSES: dict[str, str] = {
     "fold-bias": "mlcomp.passes.fusion.folds:FoldBias",
     "fuse-epilogue": "mlcomp.passes.fusion.fusion:FuseEpilogue",
     "fuse-attention": "mlcomp.passes.attention:FuseAttention",
+    "split-projections": "mlcomp.passes.projections:SplitProjections",
     "recompose": "mlcomp.passes.fusion.recompose:Recompose",
     "fuse-elementwise": "mlcomp.passes.fusion.fusion:FuseElementwise",
     "fuse": "mlcomp.passes.fusion.fusion:Fuse",

@@ -16,6 +16,11 @@ with the reason, so the pipeline report can say what was dropped::
     'cleanup{fold_params=false}'
     >>> adapt_preset("-O2", "openvino", frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING, Rewrite.RECOMPOSE})).text
     'cleanup,recompose,fuse-attention,cleanup'
+    >>> adapt_preset("-O2", "openvino", frozenset({Rewrite.CLEANUP, Rewrite.RECOMPOSE, Rewrite.PROJECTIONS})).text
+    'cleanup{fold_params=false},split-projections,recompose,fuse-attention,cleanup{fold_params=false}'
+
+A kind in :data:`OPT_IN` (``split-projections``) runs only for a target that names it in its
+``rewrites``: whether it pays is measured per target.
 
 A target that fuses kernels itself but only from whole layer norms, GELUs and
 attentions (OpenVINO) wants :attr:`Rewrite.RECOMPOSE`: a preset's ``fuse`` becomes
@@ -40,6 +45,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ALL_REWRITES",
+    "OPT_IN",
     "PRESET_TABLE",
     "AdaptedPreset",
     "Dropped",
@@ -58,6 +64,7 @@ class Rewrite(enum.Enum):
     FUSION = "fusion"            # mlcomp's own fused kernels and recompositions (fuse, fuse-*)
     WEIGHT_FOLDING = "weight-folding"  # cleanup also folds what reads only weights (a Linear's transpose)
     RECOMPOSE = "recompose"      # the part of fusion that puts decomposed layer norm, GELU, attention back
+    PROJECTIONS = "projections"  # a packed projection read only in parts (q/k/v) as one product per part
 
     def unwanted_reason(self, target: str) -> str:
         return _UNWANTED[self].format(target=target)
@@ -67,6 +74,7 @@ _UNWANTED = {
     Rewrite.CLEANUP: "{target} does not benefit from graph cleanup",
     Rewrite.FUSION: "{target} fuses kernels itself; mlcomp's fusion measured no gain there (benchmarks/presets.py)",
     Rewrite.RECOMPOSE: "{target} runs ATen's decompositions of layer norm, GELU and attention as written",
+    Rewrite.PROJECTIONS: "{target} runs a packed projection as written",
     Rewrite.WEIGHT_FOLDING: "{target} folds weight subgraphs itself when it loads the model; folded here they no "
                             "longer read the layer's own weights, which its exporter needs to put layers such as "
                             "GRU back (benchmarks/ort_parity.py)",
@@ -78,14 +86,18 @@ _RECOMPOSE_ONLY = "recompose,fuse-attention"
 # the option that turns weight folding off in a cleanup pass (``cleanup{fold_params=false}``)
 _NO_WEIGHT_FOLDING = "fold_params=false"
 
-ALL_REWRITES: frozenset[Rewrite] = frozenset(Rewrite)
+# kinds a preset runs only for a target that names them (measured per target; never recorded as dropped)
+OPT_IN: frozenset[Rewrite] = frozenset({Rewrite.PROJECTIONS})
+# what a target wants unless it says otherwise (the torch targets)
+ALL_REWRITES: frozenset[Rewrite] = frozenset(Rewrite) - OPT_IN
 
 # preset name -> its passes in order, each (what it is for, pass spec text)
 PRESET_TABLE: dict[str, tuple[tuple[Rewrite, str], ...]] = {
     "O0": (),
     "O1": ((Rewrite.CLEANUP, "cleanup"),),
-    "O2": ((Rewrite.CLEANUP, "cleanup"), (Rewrite.FUSION, "fuse"), (Rewrite.CLEANUP, "cleanup")),
-    "O3": ((Rewrite.CLEANUP, "cleanup{fold_max_bytes=16777216}"),
+    "O2": ((Rewrite.CLEANUP, "cleanup"), (Rewrite.PROJECTIONS, "split-projections"), (Rewrite.FUSION, "fuse"),
+           (Rewrite.CLEANUP, "cleanup")),
+    "O3": ((Rewrite.CLEANUP, "cleanup{fold_max_bytes=16777216}"), (Rewrite.PROJECTIONS, "split-projections"),
            (Rewrite.FUSION, "fuse{max_group_size=128,peak_slack=0.5,tile_min_elements=262144}"),
            (Rewrite.CLEANUP, "cleanup{fold_max_bytes=16777216}")),
 }
@@ -126,7 +138,7 @@ def preset_text(name: str) -> str:
     key = preset_key(name)
     if key is None:
         raise KeyError(name)
-    return ",".join(spec for _, spec in PRESET_TABLE[key])
+    return ",".join(spec for rewrite, spec in PRESET_TABLE[key] if rewrite not in OPT_IN)
 
 
 def adapt_preset(pipeline: object, target: str, wanted: frozenset[Rewrite]) -> AdaptedPreset | None:
@@ -198,6 +210,8 @@ def _adapt_one(key: str, target: str, wanted: frozenset[Rewrite], *, keep_batchn
         if rewrite in wanted:
             if not kept or kept[-1] != spec:
                 kept.append(spec)
+            continue
+        if rewrite in OPT_IN:
             continue
         dropped.append(Dropped(spec, rewrite, rewrite.unwanted_reason(target)))
         if rewrite is Rewrite.FUSION and Rewrite.RECOMPOSE in wanted:

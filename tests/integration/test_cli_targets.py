@@ -94,7 +94,7 @@ def test_compile_with_pipeline_records_its_spec(tmp_path):
     result = invoke("compile", "lenet", "--target", "onnxruntime", "-p", "-O2", "-o", str(tmp_path / "l"))
     assert result.exit_code == 0, result.output
     manifest = json.loads((tmp_path / "l" / "manifest.json").read_text())
-    assert manifest["pipeline"] == "cleanup{fold_params=false}"   # -O2 adapted to onnxruntime
+    assert manifest["pipeline"] == "cleanup{fold_params=false},split-projections,cleanup{fold_params=false}"   # -O2 adapted to onnxruntime
     assert manifest["verification"]["passed"]
 
 

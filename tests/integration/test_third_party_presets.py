@@ -106,9 +106,9 @@ def test_removed_clone_reaches_views_behind_elementwise_ops():
 
 def test_presets_adapt_to_what_a_target_wants():
     assert preset_text("-O2") == "cleanup,fuse,cleanup"
-    assert get_target("cpu").rewrites == frozenset(Rewrite)
+    assert get_target("cpu").rewrites == frozenset(Rewrite)          # split-projections too (decision 43)
     for name, text, dropped in (("tvm", "cleanup", [("fuse", Rewrite.FUSION)]),
-                                ("onnxruntime", "cleanup{fold_params=false}",
+                                ("onnxruntime", "cleanup{fold_params=false},split-projections,cleanup{fold_params=false}",
                                  [("fuse", Rewrite.FUSION), ("cleanup{fold_params=true}", Rewrite.WEIGHT_FOLDING)])):
         wanted = get_target(name).rewrites
         assert Rewrite.FUSION not in wanted
@@ -124,14 +124,14 @@ def test_presets_adapt_to_what_a_target_wants():
 def test_dropped_passes_are_recorded_and_explicit_pipelines_run_as_written():
     art = mlcomp.compile("mlp", target="onnxruntime", pipeline="-O2")
     report = art.manifest["pipeline_report"]
-    assert art.manifest["pipeline"] == "cleanup{fold_params=false}"
+    assert art.manifest["pipeline"] == "cleanup{fold_params=false},split-projections,cleanup{fold_params=false}"
     assert len(report["dropped"]) == 2 and report["dropped"][0].startswith("fuse (fusion): onnxruntime fuses")
     assert report["dropped"][1].startswith("cleanup{fold_params=true} (weight-folding): onnxruntime folds weight")
     art = mlcomp.compile("mlp", target="onnxruntime", pipeline="cleanup,fuse,cleanup")
     assert art.manifest["pipeline"] == "cleanup,fuse,cleanup"
     assert art.manifest["pipeline_report"]["dropped"] == []
     art = mlcomp.compile("mlp", target="cpu", pipeline="-O2")
-    assert art.manifest["pipeline"] == "cleanup,fuse,cleanup"
+    assert art.manifest["pipeline"] == "cleanup,split-projections,fuse,cleanup"
 
 
 # ---------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def test_o2_compiles_and_verifies_on_cpu(compile_o2, name):
 def test_o2_compiles_and_verifies_on_onnxruntime(compile_o2, name):
     pytest.importorskip("onnxruntime")
     art = compile_o2(name, "onnxruntime")
-    assert art.manifest["pipeline"] == "cleanup{fold_params=false}"
+    assert art.manifest["pipeline"] == "cleanup{fold_params=false},split-projections,cleanup{fold_params=false}"
 
 
 # the GRU tagger's unrolled recurrence is TVM's longest build of these; the zoo's GRU compiles on tvm in

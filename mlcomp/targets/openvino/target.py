@@ -222,8 +222,9 @@ class OpenVinoTarget(Target):
     name = "openvino"
     description = "OpenVINO PyTorch (FX) frontend → CPU plugin, explicit precision hint (f32 unless asked)"
     runtime_modules = ("mlcomp.targets.openvino.target",)    # not openvino: its import starts a thread
-    # OpenVINO fuses on its own, from whole ops: attention as ScaledDotProductAttention, layer norm as MVN
-    rewrites = frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING, Rewrite.RECOMPOSE})
+    # OpenVINO fuses on its own, from whole ops: attention as ScaledDotProductAttention, layer norm as MVN; q, k
+    # and v as three products, not selected from a packed one through transposes (decision 43)
+    rewrites = frozenset({Rewrite.CLEANUP, Rewrite.WEIGHT_FOLDING, Rewrite.RECOMPOSE, Rewrite.PROJECTIONS})
     # inputs/outputs cross as numpy arrays (no bfloat16); f64 is left out because the CPU plugin
     # computes it in f32, which would be lower than the graph asks
     capabilities = Capabilities(

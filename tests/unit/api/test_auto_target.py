@@ -179,8 +179,9 @@ def test_real_auto_on_the_zoo_mlp_with_cpu_and_onnxruntime(mlp):
     x = source.inputs()
     torch.testing.assert_close(art(*x), source.eager(*x), rtol=1e-4, atol=1e-5)
     # the winner's pipeline was adapted to it (-O2 drops fusion for onnxruntime)
-    adapted = {"onnxruntime": "cleanup{fold_params=false}", "tvm": "cleanup", "openvino": "cleanup"}
-    assert art.manifest["pipeline"] == adapted.get(art.target, "cleanup,fuse,cleanup")
+    adapted = {"onnxruntime": "cleanup{fold_params=false},split-projections,cleanup{fold_params=false}",
+               "tvm": "cleanup", "openvino": "cleanup"}
+    assert art.manifest["pipeline"] == adapted.get(art.target, "cleanup,split-projections,fuse,cleanup")
 
 
 def test_cli_prints_the_candidates_table(tmp_path):

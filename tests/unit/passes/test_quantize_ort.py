@@ -97,20 +97,21 @@ def test_attention_softmax_and_products_run_in_int8(tmp_path):
     mine = ours(model, x, "fold-constants,quantize", tmp_path)
     assert mine["QLinearMatMul"] == 2, mine          # scores and the weighted sum
     assert mine["Softmax"] == 1 and "QLinearSoftmax" not in mine, mine   # float softmax of the int8 scores
-    assert mine["MatMulIntegerToFloat"] == 4, mine   # the input and out projections, both feed-forward linears
+    assert mine["MatMulIntegerToFloat"] == 6, mine   # q, k, v (split: decision 43), out, both feed-forward linears
     assert not {"IsNaN", "Where", "MatMul", "Gemm"} & set(mine), mine
     assert mine["LayerNormalization"] == 2 and "SkipLayerNormalization" not in mine   # float sums on the rows
 
 
 @pytest.mark.slow
 def test_sequence_first_attention_projections_and_scalings_in_int8(tmp_path):
-    """Sequence-first attention: the input projection is an addmm (MatMulIntegerToFloat), and q and k's scalar
-    multiplies become dequantize scales (the one float Mul left scales the int8 scores into the softmax)."""
+    """Sequence-first attention: the input projection is an addmm (MatMulIntegerToFloat; split into q, k, v by
+    decision 43), and q and k's scalar multiplies become dequantize scales (the one float Mul left scales the
+    int8 scores into the softmax)."""
     torch.manual_seed(0)
     model = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0).eval()
     x = torch.randn(6, 2, 16, generator=torch.Generator().manual_seed(7))
     mine = ours(model, x, "-O2,quantize", tmp_path)
-    assert mine["MatMulIntegerToFloat"] == 4 and mine["QLinearMatMul"] == 2 and mine["Softmax"] == 1, mine
+    assert mine["MatMulIntegerToFloat"] == 6 and mine["QLinearMatMul"] == 2 and mine["Softmax"] == 1, mine
     assert mine["Mul"] == 1 and not {"QLinearSoftmax", "MatMul", "Gemm"} & set(mine), mine
     with_mul = ours(model, x, "-O2,quantize{fold_scalars=false}", tmp_path)
     assert with_mul["Mul"] == 3, with_mul

@@ -185,7 +185,7 @@ def test_api_compile_module_with_pipeline_and_fallback():
 
     module, inputs = build()
     art = mlcomp.compile(module, inputs, target="onnxruntime", pipeline="-O2", fallback="eager", threads=1)
-    assert art.manifest["pipeline"] == "cleanup{fold_params=false}"   # -O2 adapted to onnxruntime
+    assert art.manifest["pipeline"] == "cleanup{fold_params=false},split-projections,cleanup{fold_params=false}"   # -O2 adapted to onnxruntime
     assert art.verification["passed"] and art.verification["max_rel"] <= 1e-4
     assert "torch (eager)" in [r["runs_on"] for r in art.manifest["fallback_regions"]]
     with pytest.raises(mlcomp.MlcompError, match="unknown compile option"):

@@ -375,7 +375,7 @@ def test_gru_tagger_at_o2_is_still_one_onnx_gru(gru_tagger):
 
     module, ids, _graph = gru_tagger
     art = mlcomp.compile(module, (ids,), target="onnxruntime", pipeline="-O2", threads=1)
-    assert art.manifest["pipeline"] == "cleanup{fold_params=false}"
+    assert art.manifest["pipeline"] == "cleanup{fold_params=false},split-projections,cleanup{fold_params=false}"
     assert art.runtime.rewritten["recomposed"] == ["gru"] and art.runtime.rewritten["skipped"] == {}
     with torch.no_grad():
         assert torch.allclose(art(ids), module(ids), rtol=1e-4, atol=1e-5)
