@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Activation", "Kernel", "KERNELS", "KernelLibrary", "PACKED_WEIGHTS", "Unary", "channels_last_kernel",
+__all__ = ["Activation", "Kernel", "attention_unfused", "KERNELS", "KernelLibrary", "PACKED_WEIGHTS", "Unary", "channels_last_kernel",
            "packed_conv_available", "register_kernels", "kernel_library", "epilogue_kernel", "views_kernel"]
 
 
@@ -99,6 +99,24 @@ def _attention(q: Any, k: Any, v: Any, scale: float = 1.0) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, scale=float(scale))
     out = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=float(scale))
     return out.squeeze(0)
+
+
+def attention_unfused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """``softmax(scale · q @ k.T) @ v`` over ``[..., L, D]`` tensors the way eager's multi-head attention runs it:
+    q, k and v made contiguous ``[n, L, D]`` batches (one copy each where they are strided views), one
+    batched GEMM with the scale in it, a softmax over the ``[n, L, S]`` scores, a second batched GEMM.
+
+    >>> q, k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 8)
+    >>> ref = F.scaled_dot_product_attention(q, k, v, scale=0.5)
+    >>> bool(torch.allclose(attention_unfused(q, k, v, 0.5), ref, atol=1e-6))
+    True
+    """
+    *batch, length, depth = q.shape
+    n = q.numel() // (length * depth)
+    qs, ks, vs = q.reshape(n, length, depth), k.reshape(n, k.shape[-2], depth), v.reshape(n, *v.shape[-2:])
+    scores = torch.baddbmm(torch.empty(n, length, ks.shape[1], dtype=q.dtype), qs, ks.transpose(1, 2),
+                           beta=0.0, alpha=float(scale))
+    return torch.bmm(torch.softmax(scores, -1), vs).view(*batch, length, vs.shape[-1])
 
 
 def _mean(x: Any, keepdim: int, *axes: int) -> torch.Tensor:
