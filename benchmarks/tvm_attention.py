@@ -10,7 +10,12 @@ interleaved in one process, wall clock (run it where the process gets the CPU), 
   two batched GEMMs and a softmax, the heads merged, the out-projection);
 * ``flash``: the TVM build's kernels: in-projection ``F.linear``, ``scaled_dot_product_attention``
   on strided q/k/v views of its result, out-projection ``F.linear``;
-* ``unfused``: the same projections, attention by :func:`mlcomp.targets.tvm.kernels.attention_unfused`.
+* ``unfused``: the same projections, attention by :func:`mlcomp.targets.tvm.kernels.attention_unfused`;
+* ``bmm``: the same with q scaled in its copy and plain ``bmm`` (no ``baddbmm``);
+* ``manual``: eager's steps called one by one (``mm``, ``_transform_bias_rescale_qkv``, ``bmm``,
+  ``softmax``, ``bmm``, heads merged by a copy, ``F.linear``).
+
+``--kernels``: each variant's torch kernels (``torch.profiler``, ms per call) and minor page faults per call.
 """
 from __future__ import annotations
 
@@ -49,7 +54,22 @@ def blocks(batch: int, e: int = 256, heads: int = 4, seq: int = 128):
     def flash(q, k, v, s):
         return F.scaled_dot_product_attention(q, k, v, scale=s)
 
-    return {"eager": eager, "flash": ours(flash), "unfused": ours(attention_unfused)}
+    def plain_bmm(q, k, v, s):
+        n = batch * heads
+        qs = torch.empty(batch, heads, seq, d)
+        torch.mul(q, s, out=qs)
+        p = torch.softmax(torch.bmm(qs.view(n, seq, d), k.reshape(n, seq, d).transpose(1, 2)), -1)
+        return torch.bmm(p, v.reshape(n, seq, d)).view(batch, heads, seq, d)
+
+    def manual():
+        qkv = torch.mm(x.view(-1, e), w.t()).view(batch, seq, 3 * e)
+        q, k, v = torch._transform_bias_rescale_qkv(qkv, b, heads)
+        p = torch.softmax(torch.bmm(q.view(-1, seq, d), k.view(-1, seq, d).transpose(1, 2)), -1)
+        out = torch.bmm(p, v.view(-1, seq, d)).view(batch, heads, seq, d)
+        return F.linear(out.permute(0, 2, 1, 3).reshape(batch * seq, e), wo, bo)
+
+    return {"eager": eager, "flash": ours(flash), "unfused": ours(attention_unfused), "bmm": ours(plain_bmm),
+            "manual": manual}
 
 
 def main() -> None:
@@ -57,6 +77,7 @@ def main() -> None:
     ap.add_argument("--batches", default="32,1")
     ap.add_argument("--threads", default="2,1")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--kernels", action="store_true", help="each variant's torch kernels and page faults")
     args = ap.parse_args()
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
@@ -72,6 +93,24 @@ def main() -> None:
                         times[k].append(_ms(f, n))
             line = "  ".join(f"{k} {statistics.median(v):8.3f} (err {errs[k]:.1e})" for k, v in times.items())
             print(f"threads {threads} batch {batch:3d}: {line}", flush=True)
+            if args.kernels:
+                _kernels(fns)
+
+
+def _kernels(fns) -> None:
+    import resource
+
+    from tvm_vs_eager import kernel_times
+
+    with torch.no_grad():
+        for name, fn in fns.items():
+            fn()
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            per, wall = kernel_times(fn, 5)
+            faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5
+            top = sorted(per.items(), key=lambda kv: -kv[1])[:9]
+            print(f"    {name}: wall {wall:.3f} ms, {faults:.0f} page faults per call; "
+                  + "; ".join(f"{k.split(' [')[0].replace('aten::', '')} {v:.2f}" for k, v in top if v >= 0.01))
 
 
 def _once(fn) -> float:
