@@ -29,7 +29,10 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Activation", "Kernel", "attention_unfused", "KERNELS", "KernelLibrary", "PACKED_WEIGHTS", "Unary", "channels_last_kernel",
+from mlcomp.targets.tvm.offload.policy import rule
+
+__all__ = ["Activation", "GEMM_ATTENTION_THREADS", "Kernel", "attention_from_packed", "attention_unfused",
+           "packed_qkv", "KERNELS", "KernelLibrary", "PACKED_WEIGHTS", "Unary", "channels_last_kernel",
            "packed_conv_available", "register_kernels", "kernel_library", "epilogue_kernel", "views_kernel"]
 
 
@@ -92,13 +95,60 @@ def _attention(q: Any, k: Any, v: Any, scale: float = 1.0) -> torch.Tensor:
 
     torch's fused ``scaled_dot_product_attention``: on CPU its flash kernel needs 4-D inputs
     with unit last stride, so a 3-D batch becomes the heads axis; it never materialises the
-    ``[L, S]`` scores, reads strided q/k/v in place and runs on torch's threads.
+    ``[L, S]`` scores, reads strided q/k/v in place and runs on torch's threads.  At
+    :data:`GEMM_ATTENTION_THREADS` threads or more, q/k/v that are the heads of one packed
+    projection (:func:`packed_qkv`) run eager's steps instead (:func:`attention_from_packed`).
     """
     q, k, v = _t(q), _t(k), _t(v)
     if q.dim() == 4:
+        if torch.get_num_threads() >= GEMM_ATTENTION_THREADS and (qkv := packed_qkv(q, k, v)) is not None:
+            return attention_from_packed(qkv, q.shape[1], float(scale))
         return F.scaled_dot_product_attention(q, k, v, scale=float(scale))
     out = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=float(scale))
     return out.squeeze(0)
+
+
+# threads from which packed q/k/v run eager's batched GEMMs (policy row attention-gemms)
+GEMM_ATTENTION_THREADS = rule("attention-gemms").min_size
+
+
+def packed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """The ``[b1, L, 3·E]`` tensor whose rows hold q, k and v side by side (``E = b2·D``), when the
+    ``[b1, b2, L, D]`` views ``q``, ``k``, ``v`` are its heads (``nn.MultiheadAttention``'s packed
+    in-projection split batch-first); else None.
+
+    >>> qkv = torch.randn(2, 5, 24)
+    >>> q, k, v = qkv.view(2, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
+    >>> packed_qkv(q, k, v).data_ptr() == qkv.data_ptr(), packed_qkv(q, v, k)
+    (True, None)
+    """
+    if q.dtype != torch.float32 or q.shape != k.shape or q.shape != v.shape:
+        return None
+    b1, b2, length, depth = q.shape
+    e = b2 * depth
+    strides = (length * 3 * e, depth, 3 * e, 1)
+    at = q.storage_offset()
+    if any(t.stride() != strides for t in (q, k, v)) or (k.storage_offset() - at, v.storage_offset() - at) != (e, 2 * e) \
+            or len({t.untyped_storage().data_ptr() for t in (q, k, v)}) != 1:
+        return None
+    return q.as_strided((b1, length, 3 * e), (length * 3 * e, 3 * e, 1), at)
+
+
+def attention_from_packed(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
+    """Attention over the heads of a packed ``[B, L, 3·E]`` projection as eager's multi-head attention runs
+    it: one pass splitting q, k, v into contiguous ``[B, heads, L, D]`` (q scaled by ``1/√D``), then
+    :func:`attention_unfused`.  torch's flash kernel runs the same attention ~1.15x faster at two
+    threads than at one on these shapes; these steps scale with the threads.
+
+    >>> qkv = torch.randn(2, 5, 24)
+    >>> q, k, v = qkv.view(2, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
+    >>> ref = F.scaled_dot_product_attention(q, k, v, scale=0.3)
+    >>> bool(torch.allclose(attention_from_packed(qkv, 2, 0.3), ref, atol=1e-6))
+    True
+    """
+    depth = qkv.shape[-1] // (3 * heads)
+    q, k, v = torch._transform_bias_rescale_qkv(qkv, qkv.new_zeros(qkv.shape[-1]), heads)
+    return attention_unfused(q, k, v, scale * depth ** 0.5)
 
 
 def attention_unfused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
