@@ -10,8 +10,9 @@ interleaved in one process, wall clock (run it where the process gets the CPU), 
   two batched GEMMs and a softmax, the heads merged, the out-projection);
 * ``flash``: the TVM build's kernels: in-projection ``F.linear``, ``scaled_dot_product_attention``
   on strided q/k/v views of its result, out-projection ``F.linear``;
-* ``unfused``: the same projections, attention by :func:`mlcomp.targets.tvm.kernels.attention_unfused`;
-* ``bmm``: the same with q scaled in its copy and plain ``bmm`` (no ``baddbmm``);
+* ``packed``: the same projections, attention by :func:`mlcomp.targets.tvm.kernels.attention_from_packed`
+  (what the build runs from two threads);
+* ``bmm``: the same with each of q (scaled), k, v copied out of the projection, then ``bmm``, softmax, ``bmm``;
 * ``manual``: eager's steps called one by one (``mm``, ``_transform_bias_rescale_qkv``, ``bmm``,
   ``softmax``, ``bmm``, heads merged by a copy, ``F.linear``).
 
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 
 
 def blocks(batch: int, e: int = 256, heads: int = 4, seq: int = 128):
-    from mlcomp.targets.tvm.kernels import attention_unfused
+    from mlcomp.targets.tvm.kernels import attention_from_packed, packed_qkv
 
     torch.manual_seed(0)
     x = torch.randn(batch, seq, e)
@@ -68,7 +69,7 @@ def blocks(batch: int, e: int = 256, heads: int = 4, seq: int = 128):
         out = torch.bmm(p, v.view(-1, seq, d)).view(batch, heads, seq, d)
         return F.linear(out.permute(0, 2, 1, 3).reshape(batch * seq, e), wo, bo)
 
-    return {"eager": eager, "flash": ours(flash), "unfused": ours(attention_unfused), "bmm": ours(plain_bmm),
+    return {"eager": eager, "flash": ours(flash), "packed": ours(lambda q, k, v, s: attention_from_packed(packed_qkv(q, k, v), heads, s)), "bmm": ours(plain_bmm),
             "manual": manual}
 
 

@@ -29,9 +29,9 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Activation", "GEMM_ATTENTION_THREADS", "Kernel", "attention_from_packed", "attention_unfused",
-           "packed_qkv", "KERNELS", "KernelLibrary", "PACKED_WEIGHTS", "Unary", "channels_last_kernel",
-           "packed_conv_available", "register_kernels", "kernel_library", "epilogue_kernel", "views_kernel"]
+__all__ = ["Activation", "GEMM_ATTENTION_THREADS", "Kernel", "KERNELS", "KernelLibrary", "PACKED_WEIGHTS", "Unary",
+           "attention_from_packed", "channels_last_kernel", "epilogue_kernel", "kernel_library", "packed_conv_available",
+           "packed_qkv", "register_kernels", "views_kernel"]
 
 
 class KernelLibrary(Enum):
@@ -88,84 +88,47 @@ def _linear(a: Any, w: Any, bias: Any) -> torch.Tensor:
 
 
 def _attention(q: Any, k: Any, v: Any, scale: float = 1.0) -> torch.Tensor:
-    """``softmax(scale · q @ k.T) @ v`` over ``[B, L, D]``, ``[B, S, D]``, ``[B, S, Dv]`` (q and k already
-    scaled by the graph: ``scale`` 1), or over 4-D ``[b1, b2, L, D]`` views (``*_views``, scale given).
-
-    torch's fused ``scaled_dot_product_attention``: on CPU its flash kernel needs 4-D inputs
-    with unit last stride, so a 3-D batch becomes the heads axis; it never materialises the
-    ``[L, S]`` scores, reads strided q/k/v in place and runs on torch's threads.  At
-    :data:`GEMM_ATTENTION_THREADS` threads or more, q/k/v that are the heads of one packed
-    projection (:func:`packed_qkv`) run eager's steps instead (:func:`attention_from_packed`).
-    """
+    """``softmax(scale · q @ k.T) @ v`` over ``[B, L, D]``/``[B, S, D]``/``[B, S, Dv]`` (scale 1: in q and k), or over
+    4-D ``[b1, b2, L, D]`` views (``*_views``): torch's SDPA, whose CPU flash kernel reads strided q/k/v in place
+    (a 3-D batch becomes its heads axis); from :data:`GEMM_ATTENTION_THREADS` threads, the heads of one packed
+    projection (:func:`packed_qkv`) run eager's steps (:func:`attention_from_packed`)."""
     q, k, v = _t(q), _t(k), _t(v)
     if q.dim() == 4:
         if torch.get_num_threads() >= GEMM_ATTENTION_THREADS and (qkv := packed_qkv(q, k, v)) is not None:
             return attention_from_packed(qkv, q.shape[1], float(scale))
         return F.scaled_dot_product_attention(q, k, v, scale=float(scale))
-    out = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=float(scale))
-    return out.squeeze(0)
+    return F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=float(scale))[0]
 
 
-# threads from which packed q/k/v run eager's batched GEMMs: policy row ``attention-gemms`` (this file is
-# copied into saved artifacts and imports only torch, so the row's bound is written here too; a test compares)
+# policy row attention-gemms (this file, copied into saved artifacts, imports only torch; a test compares)
 GEMM_ATTENTION_THREADS = 2
 
 
 def packed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
-    """The ``[b1, L, 3·E]`` tensor whose rows hold q, k and v side by side (``E = b2·D``), when the
-    ``[b1, b2, L, D]`` views ``q``, ``k``, ``v`` are its heads (``nn.MultiheadAttention``'s packed
-    in-projection split batch-first); else None.
-
-    >>> qkv = torch.randn(2, 5, 24)
-    >>> q, k, v = qkv.view(2, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
-    >>> packed_qkv(q, k, v).data_ptr() == qkv.data_ptr(), packed_qkv(q, v, k)
-    (True, None)
-    """
+    """The ``[b1, L, 3·E]`` rows holding q, k, v side by side (``E = b2·D``) when the ``[b1, b2, L, D]``
+    views are their heads (``nn.MultiheadAttention``'s packed in-projection, batch-first); else None."""
     if q.dtype != torch.float32 or q.shape != k.shape or q.shape != v.shape:
         return None
     b1, b2, length, depth = q.shape
-    e = b2 * depth
-    strides = (length * 3 * e, depth, 3 * e, 1)
-    at = q.storage_offset()
-    if any(t.stride() != strides for t in (q, k, v)) or (k.storage_offset() - at, v.storage_offset() - at) != (e, 2 * e) \
-            or len({t.untyped_storage().data_ptr() for t in (q, k, v)}) != 1:
+    e, at = b2 * depth, q.storage_offset()
+    if any(t.stride() != (length * 3 * e, depth, 3 * e, 1) for t in (q, k, v)) or \
+            (k.storage_offset() - at, v.storage_offset() - at) != (e, 2 * e) or \
+            len({t.untyped_storage().data_ptr() for t in (q, k, v)}) != 1:
         return None
     return q.as_strided((b1, length, 3 * e), (length * 3 * e, 3 * e, 1), at)
 
 
 def attention_from_packed(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
-    """Attention over the heads of a packed ``[B, L, 3·E]`` projection as eager's multi-head attention runs
-    it: one pass splitting q, k, v into contiguous ``[B, heads, L, D]`` (q scaled by ``1/√D``), then
-    :func:`attention_unfused`.  torch's flash kernel runs the same attention ~1.15x faster at two
-    threads than at one on these shapes; these steps scale with the threads.
-
-    >>> qkv = torch.randn(2, 5, 24)
-    >>> q, k, v = qkv.view(2, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
-    >>> ref = F.scaled_dot_product_attention(q, k, v, scale=0.3)
-    >>> bool(torch.allclose(attention_from_packed(qkv, 2, 0.3), ref, atol=1e-6))
-    True
-    """
-    depth = qkv.shape[-1] // (3 * heads)
-    q, k, v = torch._transform_bias_rescale_qkv(qkv, qkv.new_zeros(qkv.shape[-1]), heads)
-    return attention_unfused(q, k, v, scale * depth ** 0.5)
-
-
-def attention_unfused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-    """``softmax(scale · q @ k.T) @ v`` over ``[..., L, D]`` tensors the way eager's multi-head attention runs it:
-    q, k and v made contiguous ``[n, L, D]`` batches (one copy each where they are strided views), one
-    batched GEMM with the scale in it, a softmax over the ``[n, L, S]`` scores, a second batched GEMM.
-
-    >>> q, k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 8)
-    >>> ref = F.scaled_dot_product_attention(q, k, v, scale=0.5)
-    >>> bool(torch.allclose(attention_unfused(q, k, v, 0.5), ref, atol=1e-6))
-    True
-    """
-    *batch, length, depth = q.shape
-    n = q.numel() // (length * depth)
-    qs, ks, vs = q.reshape(n, length, depth), k.reshape(n, k.shape[-2], depth), v.reshape(n, *v.shape[-2:])
-    scores = torch.baddbmm(torch.empty(n, length, ks.shape[1], dtype=q.dtype), qs, ks.transpose(1, 2),
-                           beta=0.0, alpha=float(scale))
-    return torch.bmm(torch.softmax(scores, -1), vs).view(*batch, length, vs.shape[-1])
+    """Attention over the heads of a packed ``[B, L, 3·E]`` projection as eager's multi-head attention runs it:
+    one pass splitting q, k, v into contiguous ``[B·heads, L, D]`` (q scaled by ``1/√D``), a batched GEMM
+    (the rest of the scale in it), softmax, a batched GEMM; ``[B, heads, L, D]``."""
+    batch, length, width = qkv.shape
+    depth = width // (3 * heads)
+    q, k, v = (t.view(batch * heads, length, depth) for t in
+               torch._transform_bias_rescale_qkv(qkv, qkv.new_zeros(width), heads))
+    scores = torch.baddbmm(q.new_empty(batch * heads, length, length), q, k.transpose(1, 2), beta=0.0,
+                           alpha=scale * depth ** 0.5)
+    return torch.bmm(torch.softmax(scores, -1), v).view(batch, heads, length, depth)
 
 
 def _mean(x: Any, keepdim: int, *axes: int) -> torch.Tensor:
