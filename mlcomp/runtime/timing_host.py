@@ -18,12 +18,15 @@ candidate's start-up is only its own load.
 
 A sample waits until every other runtime's threads, in this process and in the other timing
 processes (``watch``), are quiet (:func:`mlcomp.runtime.quiet.wait_quiet`, at most ``settle_s``),
-then runs ``block_s`` of untimed calls of its artifact, then takes the median call of a block
+then runs untimed calls of its artifact (at least ``block_s``; until three in a row are as fast as the fastest
+call it made before, or 15), then takes the median call of a block
 (:func:`~mlcomp.runtime.timing_worker.take_sample`): a runtime hosted beside others is timed as alone.
 
 Protocol (one JSON line per reply on the child's private stdout)::
 
     parent: "load {"name": …, "artifact": …}"  ->  child: {"ready": per_call_s, "calls": k, "name": …}
+                                                   (``warm_later``: {"ready": null, "calls": null, …}, no call made)
+    parent: "warm"                              ->  child: {"warmed": {NAME: per_call_s, …}}   the ones not warm yet
     parent: "sample NAME"                       ->  child: {"sample": s}
     parent: "drop NAME"                            (no reply) the artifact is released
     parent: "watch [PID, ...]"                     (no reply) the other timing processes, watched before a sample
@@ -73,13 +76,16 @@ class HostWorker(ProcessSampler):
     @classmethod
     def spawn_group(cls, inputs_file: Path, procs: int, *, threads: int, warmup: int, block_s: float,
                     settle_s: float = SETTLE_S, fork: bool = True, quiet: bool = True,
-                    preload: Sequence[str] = ()) -> list["HostWorker"]:
+                    preload: Sequence[str] = (), steady: bool = True, warm_later: bool = False) -> list["HostWorker"]:
         """``procs`` hosting processes from one start-up: a zygote that imports torch, mlcomp and the
         modules ``preload`` names (those its loads will need; none may start a thread on import), then
         forks the others (:mod:`mlcomp.runtime.zygote`); ``fork=False``: each started afresh, importing
-        ``preload`` itself.  ``quiet=False``: a sample settles with ``settle_s`` of calls, not a quiet wait."""
+        ``preload`` itself.  ``quiet=False``: a sample settles with ``settle_s`` of calls, not a quiet wait;
+        ``steady=False``: its lead-in never ends early on steady calls (:func:`take_sample`'s ``per_call``);
+        ``warm_later=True``: a load makes no call, :meth:`warm` (or the first sample) warms the artifacts up."""
         base = {"inputs": str(inputs_file), "threads": threads, "warmup": warmup, "block_s": block_s,
-                "settle_s": settle_s, "quiet": quiet, "preload": list(preload)}
+                "settle_s": settle_s, "quiet": quiet, "preload": list(preload), "steady": steady,
+                "warm_later": warm_later}
         if not fork:
             return [cls._popen(base, f"timing process {i}") for i in range(procs)]
         pairs = [(os.pipe(), os.pipe()) for _ in range(procs - 1)]     # (commands r, w), (replies r, w)
@@ -119,8 +125,16 @@ class HostWorker(ProcessSampler):
             name = self._pending[0]
             message = self._read(timeout)
             self._pending.pop(0)
-            self.hosted[name] = float(message["ready"])
+            self.hosted[name] = float(message["ready"] or 0.0)      # 0: loaded, not warmed up yet
         return dict(self.hosted)
+
+    def warm(self, timeout: float) -> dict[str, float]:
+        """Block until every hosted artifact not warmed up yet is; name -> its estimate of one call in seconds."""
+        self.wait_hosted(timeout)
+        self._write("warm")
+        warmed = {name: float(s) for name, s in self._read(timeout)["warmed"].items()}
+        self.hosted.update(warmed)
+        return warmed
 
     def sampler(self, name: str) -> Callable[[], float]:
         """One block of ``name``'s artifact timed in the child: seconds per call."""
@@ -133,8 +147,9 @@ class HostWorker(ProcessSampler):
         """The child's CPU seconds (every thread) by what it did: ``imports`` (everything before it served),
         ``preload`` (the modules its loads need, imported before a zygote forks; ``preloaded``: how many it
         imported itself, none in a forked process), ``loads`` (loading, checking, warming up its artifacts),
-        ``samples``, and ``total``; and ``waited_wall``, the wall seconds its samples waited for quiet, and its
-        ``nice`` value."""
+        ``samples``, and ``total``; ``load NAME``: the CPU seconds of loading, checking and warming up ``NAME``
+        (``warm NAME``: of which its warm-up calls); ``lead_calls``: the untimed calls its samples made first;
+        ``waited_wall``, the wall seconds its samples waited for quiet, and its ``nice`` value."""
         self._write("stats")
         return {k: float(v) for k, v in self._read(timeout)["stats"].items()}
 
@@ -149,12 +164,27 @@ class HostWorker(ProcessSampler):
             del self.hosted[name]
 
 
+class _Hosted:
+    """One hosted artifact: its runner and barrier, and once warm its calls per block and fastest call."""
+
+    def __init__(self, runner: Any, barrier: Any) -> None:
+        self.runner, self.barrier = runner, barrier
+        self.calls: int | None = None           # None: not warmed up yet
+        self.per_call: float | None = None      # the steady lead-in's bound (None: no early end)
+
+    def warm(self, inputs: list, config: dict[str, Any]) -> float:
+        """Warm it up (:func:`warm_up`); seconds of one call."""
+        per_call, self.calls = warm_up(self.runner, inputs, self.barrier, config["warmup"], config["block_s"])
+        self.per_call = per_call if config.get("steady", True) else None
+        return per_call
+
+
 def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
-    """Answer ``load``, ``sample`` and ``drop`` until ``quit`` or end of input (module doc)."""
+    """Answer ``load``, ``warm``, ``sample`` and ``drop`` until ``quit`` or end of input (module doc)."""
     if config.get("sibling"):
         channel.write(json.dumps({"pid": os.getpid()}) + "\n")
         channel.flush()
-    cpu = {"imports": time.process_time(), "loads": 0.0, "samples": 0.0, "waited_wall": 0.0}
+    cpu = {"imports": time.process_time(), "loads": 0.0, "samples": 0.0, "waited_wall": 0.0, "lead_calls": 0.0}
     cpu["preloaded"], cpu["preload"] = preload(config.get("preload", ()))
     cpu["threads_at_fork"] = float(len(os.listdir("/proc/self/task"))) if config.get("siblings") else 0.0
     if config.get("siblings"):
@@ -163,11 +193,19 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
     quiet = cpu_of_others() if waits else None
     torch.set_num_threads(int(config["threads"]))
     inputs = torch.load(config["inputs"], map_location="cpu", weights_only=True)
-    hosted: dict[str, tuple[Any, Any, int]] = {}          # name -> (runner, barrier, calls per block)
+    hosted: dict[str, _Hosted] = {}
 
     def reply(message: dict[str, Any]) -> None:
         channel.write(json.dumps(message) + "\n")
         channel.flush()
+
+    def warm(name: str) -> float:
+        c1 = time.process_time()
+        per_call = hosted[name].warm(inputs, config)
+        cpu[f"warm {name}"] = time.process_time() - c1
+        cpu[f"load {name}"] = cpu.get(f"load {name}", 0.0) + cpu[f"warm {name}"]
+        cpu["loads"] += cpu[f"warm {name}"]
+        return per_call
 
     for line in commands:
         verb, _, rest = line.strip().partition(" ")
@@ -176,19 +214,33 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
             spec = json.loads(rest)
             try:
                 runner, device = load_runner({"artifact": spec["artifact"]})
-                barrier = synchronizer(device)
-                per_call, calls = warm_up(runner, inputs, barrier, config["warmup"], config["block_s"])
+                hosted[spec["name"]] = _Hosted(runner, synchronizer(device))
+                cpu[f"load {spec['name']}"] = time.process_time() - c0
+                cpu["loads"] += cpu[f"load {spec['name']}"]
+                per_call = None if config.get("warm_later") else warm(spec["name"])
             except Exception as exc:  # noqa: BLE001 - that candidate's failure; the others stay hosted
-                text = exc.message if isinstance(exc, MlcompError) else f"{type(exc).__name__}: {exc}"
-                reply({"error": f"{spec['name']}: " + " ".join(text.split())[:500]})
+                hosted.pop(spec["name"], None)
+                reply({"error": f"{spec['name']}: " + _one_line(exc)})
                 continue
-            hosted[spec["name"]] = (runner, barrier, calls)
-            cpu["loads"] += time.process_time() - c0
-            reply({"ready": per_call, "calls": calls, "name": spec["name"]})
+            reply({"ready": per_call, "calls": hosted[spec["name"]].calls, "name": spec["name"]})
+        elif verb == "warm":
+            try:
+                warmed = {name: warm(name) for name, h in hosted.items() if h.calls is None}
+            except Exception as exc:  # noqa: BLE001 - reported; the parent times in its own process instead
+                reply({"error": _one_line(exc)})
+                continue
+            reply({"warmed": warmed})
         elif verb == "sample":
-            runner, barrier, calls = hosted[rest]
-            seconds, waited = take_sample(runner, inputs, barrier, calls, config["settle_s"], config["block_s"], quiet)
+            entry = hosted[rest]
+            if entry.calls is None:
+                warm(rest)
+                c0 = time.process_time()
+            seconds, waited, lead, fastest = take_sample(entry.runner, inputs, entry.barrier, entry.calls,
+                                                         config["settle_s"], config["block_s"], quiet, entry.per_call)
+            if entry.per_call is not None and fastest < entry.per_call:
+                entry.per_call = fastest           # the steady bound follows the fastest call
             cpu["samples"] += time.process_time() - c0
+            cpu["lead_calls"] += lead
             cpu["waited_wall"] += waited       # wall seconds waited for quiet (not CPU: it sleeps meanwhile)
             reply({"sample": seconds})
         elif verb == "watch":
@@ -199,6 +251,11 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
             hosted.pop(rest, None)
         else:
             break
+
+
+def _one_line(exc: BaseException) -> str:
+    text = exc.message if isinstance(exc, MlcompError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())[:500]
 
 
 def preload(modules: Sequence[str]) -> tuple[float, float]:

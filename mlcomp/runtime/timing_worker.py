@@ -34,6 +34,7 @@ sample, the median call of the block, ignores a straggler.
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import subprocess
@@ -61,8 +62,12 @@ MAX_CALLS = 1000          # a block never has more calls than this
 SETTLE_S = 0.1
 BLOCK_LIMIT = 10          # a block stops after this many times block_s, however many calls it has made
 # untimed calls after a quiet wait (besides block_s of them): enough for a runtime's pool and caches to
-# reach their steady state before the timed block
+# reach their steady state before the timed block, unless the calls show it reached earlier (STEADY)
 LEAD_CALLS = 15
+# a lead-in call is steady when it takes at most STEADY x the warm estimate of one call; STEADY_CALLS
+# steady calls in a row (after block_s) end the lead-in
+STEADY = 1.25
+STEADY_CALLS = 3
 
 
 class WorkerError(MlcompError):
@@ -272,23 +277,31 @@ def warm_up(artifact: Any, inputs: list, barrier: Sync, warmup: int, block_s: fl
 
 
 def take_sample(artifact: Any, inputs: list, barrier: Sync, calls: int, settle_s: float, block_s: float,
-                quiet: Callable[[], float] | None = None) -> tuple[float, float]:
-    """(the median call of a block, seconds waited before it).
+                quiet: Callable[[], float] | None = None, per_call: float | None = None) -> tuple[float, float, int, float]:
+    """(the median call of a block, seconds waited before it, untimed lead-in calls made, the block's fastest call).
 
     Without ``quiet``: ``settle_s`` of untimed calls first (the last sample's thread pools spin down
     meanwhile).  With ``quiet`` (a reading of the CPU seconds of the threads that could spin,
     :func:`mlcomp.runtime.quiet.cpu_of_others`): wait until they are quiet (at most ``settle_s``), then
     untimed calls of this runtime (its pool wakes up and reaches its steady state, its data comes back
-    into the caches) for at least ``block_s`` and ``LEAD_CALLS`` calls, or ``settle_s``.
+    into the caches) for at least ``block_s`` and ``LEAD_CALLS`` calls, or ``settle_s``.  With ``per_call``
+    (the fastest call seen so far: the warm estimate, then the fastest of the earlier blocks, so an estimate
+    taken while a build loaded the cores is corrected by the first quiet block) the lead-in also ends, after
+    ``block_s``, at ``STEADY_CALLS`` calls in a row that each took at most ``STEADY`` x ``per_call``: the
+    runtime is in its steady state already.
     """
     waited = wait_quiet(quiet, float(settle_s)) if quiet is not None else 0.0
-    start, made = time.perf_counter(), 0
+    start, made, steady = time.perf_counter(), 0, 0
+    bound = -math.inf if per_call is None else STEADY * float(per_call)     # None: no call is steady
     while True:
-        _calls(artifact, inputs, 1, barrier)
+        took = _calls(artifact, inputs, 1, barrier)[0]
         made, spent = made + 1, time.perf_counter() - start
-        if spent >= float(settle_s) or quiet is not None and spent >= float(block_s) and made >= LEAD_CALLS:
+        steady = steady + 1 if took <= bound else 0
+        if spent >= float(settle_s) or quiet is not None and spent >= float(block_s) and (
+                made >= LEAD_CALLS or steady >= STEADY_CALLS):
             break
-    return median(_calls(artifact, inputs, calls, barrier, BLOCK_LIMIT * float(block_s))), waited
+    block = _calls(artifact, inputs, calls, barrier, BLOCK_LIMIT * float(block_s))
+    return median(block), waited, made, min(block)
 
 
 def serve(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
@@ -303,7 +316,7 @@ def serve(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> None:
     for line in commands:
         if line.strip() != "sample":
             break
-        sample, _ = take_sample(artifact, inputs, barrier, calls, config["settle_s"], config["block_s"])
+        sample, _, _, _ = take_sample(artifact, inputs, barrier, calls, config["settle_s"], config["block_s"])
         channel.write(json.dumps({"sample": sample}) + "\n")
         channel.flush()
 

@@ -9,12 +9,14 @@ Each candidate that verifies is saved once and loaded into every one of them (:m
 not waiting), so its start-up is only its own load, and the number of processes does not grow with
 the number of candidates::
 
-    start | capture | compile cpu | compile onnxruntime | compile tvm ...... | rank
+    start | capture | compile cpu | compile onnxruntime | compile tvm ...... | warm      | rank
     zygote: import torch, mlcomp | fork -> process 1
-    process 0:                     load cpu .. load onnxruntime .. load tvm |
-    process 1:                     load cpu .. load onnxruntime .. load tvm |
+    process 0:                     load cpu .. load onnxruntime .. load tvm | all |
+    process 1:                     load cpu .. load onnxruntime .. load tvm |     | all |
 
-:meth:`WorkerPool.samplers` waits for the loads still running and gives each candidate a
+A load makes no call: while the compiles load both cores, a runtime's parallel calls would spin waiting for
+a core (a TorchScript ResNet-18's six warm-up calls took 1.8 CPU-s per process so).  :meth:`WorkerPool.samplers`
+waits for the loads still running, has each process warm its artifacts up in turn, and gives each candidate a
 :class:`~mlcomp.runtime.timing_worker.ProcessGroup` over the processes, alternating: a ranking's
 round samples every candidate in one process (the paired ratios of a round compare candidates
 within one process), the next round in the next process.  :meth:`WorkerPool.stop` releases a
@@ -42,12 +44,16 @@ READY_TIMEOUT_S = 600.0     # a process loads, checks and warms up its artifacts
 
 def _variant() -> dict[str, Any]:
     """The spawn options the environment asks for: forked processes unless ``MLCOMP_AUTO_PROCESSES=spawn``,
-    a quiet wait unless ``MLCOMP_AUTO_SETTLE=fixed``, the pool's preload unless ``MLCOMP_AUTO_PRELOAD=off``
-    (for comparing the schemes: benchmarks/auto_compile.py --variant)."""
+    a quiet wait unless ``MLCOMP_AUTO_SETTLE=fixed``, the pool's preload unless ``MLCOMP_AUTO_PRELOAD=off``, a
+    lead-in that ends on steady calls unless ``MLCOMP_AUTO_LEAD=fixed``, warm-ups once every candidate is built
+    unless ``MLCOMP_AUTO_WARM=load`` (for comparing the schemes: benchmarks/auto_compile.py --variants)."""
     out: dict[str, Any] = {"fork": os.environ.get("MLCOMP_AUTO_PROCESSES") != "spawn",
                            "quiet": os.environ.get("MLCOMP_AUTO_SETTLE") != "fixed"}
     if os.environ.get("MLCOMP_AUTO_PRELOAD") == "off":
         out["preload"] = ()
+    if os.environ.get("MLCOMP_AUTO_LEAD") == "fixed":
+        out["steady"] = False
+    out["warm_later"] = os.environ.get("MLCOMP_AUTO_WARM") != "load"
     return out
 
 
@@ -152,6 +158,8 @@ class WorkerPool:
             raise WorkerError(f"no timing process has {', '.join(missing)}")
         for worker in self._workers:
             worker.wait_hosted(READY_TIMEOUT_S)
+        for worker in self._workers:        # one process at a time: the warm-ups compete for no core
+            worker.warm(READY_TIMEOUT_S)
         for worker in self._workers:        # each waits for the others' threads to be quiet before a sample
             worker.watch([w.pid for w in self._workers if w.pid is not None])
         for name in [n for n in self._added if n not in names]:

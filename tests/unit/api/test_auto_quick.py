@@ -49,6 +49,10 @@ class FakeProcess:
         self.pending.clear()
         return dict(self.hosted)
 
+    def warm(self, timeout: float) -> dict[str, float]:
+        self.log.append((self.index, "warm", ""))
+        return {}
+
     def sampler(self, name: str):
         def sample() -> float:
             self.log.append((self.index, "sample", name))
@@ -108,6 +112,9 @@ def test_the_timing_processes_are_started_once_and_every_candidate_is_loaded_int
         pool.stop("cpu")
     assert pool.started == 2 and len(made) == 2 and all(p.closed for p in made)
     assert [e for e in log if e[1] == "host"] == [(i, "host", n) for n in speed for i in (0, 1)]
+    # every load first, then the warm-ups: process 0's, then process 1's, before the first sample
+    assert [e[:2] for e in log if e[1] in ("warm", "sample")][:3] == [(0, "warm"), (1, "warm"), (0, "sample")]
+    assert max(k for k, e in enumerate(log) if e[1] == "host") < log.index((0, "warm", ""))
     assert rounds == [[2e-3, 1e-3], [4e-3, 2e-3], [2e-3, 1e-3], [4e-3, 2e-3]]
     assert {(i, n) for i, verb, n in log if verb == "drop"} == {(0, "tvm"), (1, "tvm"), (0, "cpu"), (1, "cpu")}
     assert pool.groups["cpu"].per_process == [[2e-3, 2e-3], [4e-3, 4e-3]]
@@ -287,7 +294,8 @@ def test_the_close_phase_is_timed_when_timing_processes_ran(captured, monkeypatc
 
 def test_the_environment_selects_the_timing_scheme(monkeypatch):
     """Forked processes and a quiet wait by default; MLCOMP_AUTO_PROCESSES=spawn starts each afresh,
-    MLCOMP_AUTO_SETTLE=fixed settles with calls: the pool passes them to its spawner."""
+    MLCOMP_AUTO_SETTLE=fixed settles with calls, MLCOMP_AUTO_LEAD=fixed keeps the whole lead-in,
+    MLCOMP_AUTO_WARM=load warms each artifact up as it loads: the pool passes them to its spawner."""
     from mlcomp.api.auto import workers
 
     seen = []
@@ -298,12 +306,15 @@ def test_the_environment_selects_the_timing_scheme(monkeypatch):
     monkeypatch.setenv("MLCOMP_AUTO_SETTLE", "fixed")
     monkeypatch.setenv("MLCOMP_AUTO_PRELOAD", "off")
     assert (seen[0]["fork"], seen[0]["quiet"]) == (True, True)
-    assert workers._variant() == {"fork": False, "quiet": False, "preload": ()}
+    assert workers._variant() == {"fork": False, "quiet": False, "preload": (), "warm_later": True}
     monkeypatch.setenv("MLCOMP_AUTO_PROCESSES", "fork")
-    assert workers._variant() == {"fork": True, "quiet": False, "preload": ()}
+    assert workers._variant() == {"fork": True, "quiet": False, "preload": (), "warm_later": True}
     monkeypatch.delenv("MLCOMP_AUTO_SETTLE")
     monkeypatch.delenv("MLCOMP_AUTO_PRELOAD")
-    assert workers._variant() == {"fork": True, "quiet": True}
+    assert workers._variant() == {"fork": True, "quiet": True, "warm_later": True}
+    monkeypatch.setenv("MLCOMP_AUTO_LEAD", "fixed")           # the lead-in never ends early on steady calls
+    monkeypatch.setenv("MLCOMP_AUTO_WARM", "load")            # each load warms its artifact up at once
+    assert workers._variant() == {"fork": True, "quiet": True, "steady": False, "warm_later": False}
 
 
 def test_the_timing_processes_preload_what_the_candidates_loads_import(monkeypatch):

@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +22,8 @@ import torch
 import mlcomp
 from mlcomp.hardware.timing import calls_per_block
 from mlcomp.runtime.timing_host import HostWorker, preload, serve_host
-from mlcomp.runtime.timing_worker import ProcessSampler, WorkerError, save_inputs, serve
+from mlcomp.runtime.timing_worker import (LEAD_CALLS, STEADY_CALLS, ProcessSampler, WorkerError, save_inputs, serve,
+                                          take_sample)
 
 
 @pytest.fixture(scope="module")
@@ -77,13 +79,35 @@ def test_a_hosting_process_loads_several_samples_each_and_drops_on_request(saved
     commands = ["load " + json.dumps({"name": "a", "artifact": str(folder)}),
                 "load " + json.dumps({"name": "bad", "artifact": str(tmp_path)}),
                 "load " + json.dumps({"name": "b", "artifact": str(folder)}),
-                "sample b", "drop b", "sample a", "quit", "sample a"]
+                "sample b", "drop b", "sample a", "stats", "quit", "sample a"]
     serve_host({"inputs": str(feed), "threads": torch.get_num_threads(), "warmup": 1, "block_s": 0.001,
                 "settle_s": 0.0}, out, io.StringIO("\n".join(commands) + "\n"))
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [m.get("name") for m in lines[:3]] == ["a", None, "b"] and lines[1]["error"].startswith("bad: ")
-    assert [list(m) for m in lines[3:]] == [["sample"], ["sample"]] and all(m["sample"] > 0 for m in lines[3:])
+    assert [list(m) for m in lines[3:5]] == [["sample"], ["sample"]] and all(m["sample"] > 0 for m in lines[3:5])
+    stats = lines[5]["stats"]           # CPU per load (none for the failed one), a lead-in call per sample
+    assert {k for k in stats if k.startswith("load ")} == {"load a", "load b"} and stats["lead_calls"] == 2
+    assert stats["loads"] == pytest.approx(stats["load a"] + stats["load b"]) and len(lines) == 6
+    assert 0 < stats["warm a"] <= stats["load a"] and 0 < stats["warm b"] <= stats["load b"]
 
+
+
+def test_a_hosting_process_told_to_warm_later_loads_without_calls_and_warms_on_request(saved):
+    """``warm_later``: a load replies without an estimate; ``warm`` warms every artifact not warm yet (a second
+    ``warm``: none); an artifact sampled before any ``warm`` is warmed up first; stats count each warm-up."""
+    folder, feed, _ = saved
+    out = io.StringIO()
+    commands = ["load " + json.dumps({"name": n, "artifact": str(folder)}) for n in ("a", "b")] + \
+        ["warm", "warm", "load " + json.dumps({"name": "c", "artifact": str(folder)}), "sample c", "stats", "quit"]
+    serve_host({"inputs": str(feed), "threads": torch.get_num_threads(), "warmup": 1, "block_s": 0.001,
+                "settle_s": 0.0, "warm_later": True}, out, io.StringIO("\n".join(commands) + "\n"))
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(m["name"], m["ready"], m["calls"]) for m in lines[:2]] == [("a", None, None), ("b", None, None)]
+    assert sorted(lines[2]["warmed"]) == ["a", "b"] and all(s > 0 for s in lines[2]["warmed"].values())
+    assert lines[3] == {"warmed": {}} and lines[4]["ready"] is None and lines[5]["sample"] > 0
+    stats = lines[6]["stats"]
+    assert {k for k in stats if k.startswith("warm ")} == {"warm a", "warm b", "warm c"}
+    assert all(0 < stats[f"warm {n}"] <= stats[f"load {n}"] for n in "abc")
 
 def _gone(pid: int, patience_s: float = 10.0) -> bool:
     """Whether ``pid`` has exited and been reaped (polled up to ``patience_s``: exits are not instant)."""
@@ -166,3 +190,23 @@ def test_a_block_lasts_about_its_seconds_within_its_bounds():
     assert calls_per_block(0.02, 0.5) == 1                 # a slow call: one per block
     assert calls_per_block(0.02, 0.0) == 1000              # a call too fast to time: the cap
     assert calls_per_block(0.02, 1e-6, most=50) == 50
+
+
+class Counted:
+    """An artifact that counts its calls (each one instant)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, *inputs: Any) -> None:
+        self.calls += 1
+
+
+@pytest.mark.parametrize("per_call, lead", [(None, LEAD_CALLS), (1.0, STEADY_CALLS), (1e-12, LEAD_CALLS)])
+def test_a_lead_in_ends_on_steady_calls_else_after_its_count(per_call, lead):
+    """After a quiet wait, the lead-in makes LEAD_CALLS untimed calls; given the warm estimate of one call
+    it stops at STEADY_CALLS calls in a row within STEADY of it (1 s: every call; 1e-12 s: none)."""
+    art = Counted()
+    median_s, waited, made, fastest = take_sample(art, [], lambda: None, 1, settle_s=60.0, block_s=0.0,
+                                                  quiet=lambda: 0.0, per_call=per_call)
+    assert made == lead and art.calls == lead + 1 and fastest == median_s >= 0 and waited >= 0
