@@ -78,30 +78,31 @@ def _matmul(a: Any, b: Any) -> torch.Tensor:
 
 
 def _linear(a: Any, w: Any, bias: Any) -> torch.Tensor:
-    """``a @ w.T + bias`` with ``w`` of shape ``[N, K]``: ``F.linear``, eager's GEMM with the bias in it.
-
-    A strided ``a`` (a ``*_views`` argument) is copied first: one parallel copy and the plain GEMM
-    beat torch's strided matmul.
-    """
-    a = _t(a)
-    return F.linear(a if a.is_contiguous() else a.contiguous(), _t(w), _t(bias))
+    """``a @ w.T + bias`` with ``w`` of shape ``[N, K]``: ``F.linear``, eager's GEMM with the bias in it (an empty
+    ``bias``: none).  A strided ``a`` (a ``*_views`` argument) is copied first: one parallel copy and the plain
+    GEMM beat torch's strided matmul."""
+    a, b = _t(a), _t(bias)
+    return F.linear(a if a.is_contiguous() else a.contiguous(), _t(w), b if b.numel() else None)
 
 
-def _attention(q: Any, k: Any, v: Any, scale: float = 1.0) -> torch.Tensor:
+def _attention(q: Any, k: Any, v: Any, scale: float = 1.0, bias: Any = None) -> torch.Tensor:
     """``softmax(scale · q @ k.T) @ v`` over ``[B, L, D]``/``[B, S, D]``/``[B, S, Dv]`` (scale 1: in q and k), or over
     4-D ``[b1, b2, L, D]`` views (``*_views``): torch's SDPA, whose CPU flash kernel reads strided q/k/v in place
     (a 3-D batch becomes its heads axis); from :data:`GEMM_ATTENTION_THREADS` threads, the heads of one packed
-    projection (:func:`packed_qkv`) run eager's steps (:func:`attention_from_packed`)."""
+    projection (:func:`packed_qkv`) run eager's steps (:func:`attention_from_packed`).  ``bias``: that projection's
+    bias, left out of it by the build (``tvm.offload.views._bias_into_split``), added here in place."""
     q, k, v = _t(q), _t(k), _t(v)
     if q.dim() == 4:
-        if torch.get_num_threads() >= GEMM_ATTENTION_THREADS and (qkv := packed_qkv(q, k, v)) is not None:
-            return attention_from_packed(qkv, q.shape[1], float(scale))
+        qkv, b = packed_qkv(q, k, v), None if bias is None else _t(bias)
+        if torch.get_num_threads() >= GEMM_ATTENTION_THREADS and qkv is not None:
+            return attention_from_packed(qkv, q.shape[1], float(scale), b)
+        parts = [(qkv, b)] if qkv is not None else zip((q, k, v), b.view(3, q.shape[1], 1, q.shape[3]))
+        for t, part in parts if b is not None else ():   # views of one fresh tensor: disjoint, in place
+            t.add_(part)
         return F.scaled_dot_product_attention(q, k, v, scale=float(scale))
     return F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=float(scale))[0]
 
-
-# policy row attention-gemms (this file, copied into saved artifacts, imports only torch; a test compares)
-GEMM_ATTENTION_THREADS = 2
+GEMM_ATTENTION_THREADS = 2   # policy row attention-gemms (this file is copied into artifacts: torch only)
 
 
 def packed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
@@ -118,28 +119,27 @@ def packed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     return q.as_strided((b1, length, 3 * e), (length * 3 * e, 3 * e, 1), at)
 
 
-def attention_from_packed(qkv: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
+def attention_from_packed(qkv: torch.Tensor, heads: int, scale: float, bias: Any = None) -> torch.Tensor:
     """Attention over the heads of a packed ``[B, L, 3·E]`` projection as eager's multi-head attention runs it:
-    one pass splitting q, k, v into contiguous ``[B·heads, L, D]`` (q scaled by ``1/√D``), a batched GEMM
-    (the rest of the scale in it), softmax, a batched GEMM; ``[B, heads, L, D]``."""
+    one pass adding ``bias`` and splitting q, k, v into contiguous ``[B·heads, L, D]`` (q scaled by ``1/√D``), a
+    batched GEMM (the rest of the scale in it), softmax, a batched GEMM; ``[B, heads, L, D]``."""
     batch, length, width = qkv.shape
     depth = width // (3 * heads)
     q, k, v = (t.view(batch * heads, length, depth) for t in
-               torch._transform_bias_rescale_qkv(qkv, qkv.new_zeros(width), heads))
+               torch._transform_bias_rescale_qkv(qkv, qkv.new_zeros(width) if bias is None else bias, heads))
     scores = torch.baddbmm(q.new_empty(batch * heads, length, length), q, k.transpose(1, 2), beta=0.0,
                            alpha=scale * depth ** 0.5)
     return torch.bmm(torch.softmax(scores, -1), v).view(batch, heads, length, depth)
 
 
 def _mean(x: Any, keepdim: int, *axes: int) -> torch.Tensor:
-    """``x.mean(axes, keepdim)`` on torch's threads (a large reduction between two torch calls)."""
+    """``x.mean(axes, keepdim)`` on torch's threads."""
     return torch.mean(_t(x), dim=[int(a) for a in axes], keepdim=bool(keepdim))
 
 
 def _layer_norm(x: Any, weight: Any, bias: Any, eps: float) -> torch.Tensor:
     """Layer norm over the last axis (``F.layer_norm``, torch's threads)."""
-    x = _t(x)
-    return F.layer_norm(x, x.shape[-1:], _t(weight), _t(bias), eps)
+    return F.layer_norm(_t(x), _t(x).shape[-1:], _t(weight), _t(bias), eps)
 
 
 def _add_layer_norm(a: Any, b: Any, weight: Any, bias: Any, eps: float) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Attention over the heads of one packed q/k/v projection runs eager's steps at two threads or more and torch's
-flash kernel at one (``tvm.kernels.attention_from_packed``, policy row ``attention-gemms``): which torch kernels
-the build calls, numbers against eager."""
+flash kernel at one (``tvm.kernels.attention_from_packed``, policy row ``attention-gemms``), the projection's bias
+added in the attention's split pass (``tvm.offload.views._bias_into_split``): which torch kernels the build
+calls, numbers against eager."""
 from __future__ import annotations
 
 import pytest
@@ -13,11 +14,17 @@ from mlcomp.targets.tvm.offload.policy import rule
 
 @pytest.fixture(scope="module")
 def encoder():
-    from tests.unit.targets.test_tvm_offload_fusions import TinyEncoder
-    from tests.unit.targets.test_tvm_views import _build, _offloaded
+    """One encoder layer whose in-projection (4·64 rows × 128 → 384: 12.6 M multiply-adds) is above the
+    small-GEMM probe's bound, so its bias moves into the attention."""
+    from mlcomp.targets.tvm.config import BuildConfig
 
-    model, x, module, *_ = _offloaded(TinyEncoder, 0)
-    return model, x, _build(module, x, view_min_elements=0)
+    build = pytest.importorskip("mlcomp.targets.tvm.build").build
+    torch.manual_seed(0)
+    model = torch.nn.TransformerEncoderLayer(128, 4, 256, dropout=0.0, batch_first=True).eval()
+    with torch.no_grad():
+        model.self_attn.in_proj_bias.normal_()          # a bias that matters
+    x = torch.randn(4, 64, 128)
+    return model, x, build(model, (x,), BuildConfig(deterministic=True))
 
 
 def _run(built, x, threads: int) -> tuple[torch.Tensor, set[str]]:
@@ -39,6 +46,7 @@ def test_packed_heads_run_eager_steps_from_two_threads(encoder, threads):
     flash = "aten::_scaled_dot_product_flash_attention_for_cpu" in ran
     eager_steps = {"aten::_transform_bias_rescale_qkv", "aten::baddbmm", "aten::bmm", "aten::_softmax"} <= ran
     assert (flash, eager_steps) == ((False, True) if threads >= GEMM_ATTENTION_THREADS else (True, False)), ran
+    assert "aten::mm" in ran          # the in-projection without its bias (the out-projection and FFN keep theirs)
     with torch.no_grad():
         torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
 
@@ -54,6 +62,28 @@ def test_only_the_heads_of_one_packed_projection_qualify():
     assert packed_qkv(*(t.double() for t in (q, k, v))) is None
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.25)
     torch.testing.assert_close(attention_from_packed(qkv, 2, 0.25), ref)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_attention_kernel_adds_a_given_bias_to_q_k_v(threads):
+    from mlcomp.targets.tvm.kernels import KERNELS
+
+    torch.manual_seed(0)
+    qkv, bias = torch.randn(2, 5, 24), torch.randn(24)
+    want = [t.clone() for t in (qkv + bias).view(2, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)]
+    attend, before = KERNELS["mlcomp.torch.attention"].fn, torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for swap in (False, True):          # packed q/k/v, and views that are not (k and v swapped)
+            q, k, v = qkv.clone().view(2, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
+            bq, bk, bv = bias.view(3, 8)
+            got = attend(q, v, k, 0.5, torch.cat([bq, bv, bk])) if swap else attend(q, k, v, 0.5, bias)
+            wq, wk, wv = want
+            ref = torch.nn.functional.scaled_dot_product_attention(wq, wk, wv, scale=0.5)
+            torch.testing.assert_close(got, torch.nn.functional.scaled_dot_product_attention(
+                wq, wv, wk, scale=0.5) if swap else ref)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_the_policy_row_states_the_kernels_bound():
