@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["Activation", "GEMM_ATTENTION_THREADS", "Kernel", "KERNELS", "KernelLibrary", "PACKED_WEIGHTS", "Unary",
-           "attention_from_packed", "channels_last_kernel", "epilogue_kernel", "kernel_library", "packed_conv_available",
-           "packed_qkv", "register_kernels", "views_kernel"]
+           "attention_from_packed", "channels_last_kernel", "epilogue_kernel", "kernel_library",
+           "packed_conv_available", "packed_qkv", "register_kernels", "views_kernel"]
 
 
 class KernelLibrary(Enum):
@@ -96,8 +96,8 @@ def _attention(q: Any, k: Any, v: Any, scale: float = 1.0, bias: Any = None) -> 
         qkv, b = packed_qkv(q, k, v), None if bias is None else _t(bias)
         if torch.get_num_threads() >= GEMM_ATTENTION_THREADS and qkv is not None:
             return attention_from_packed(qkv, q.shape[1], float(scale), b)
-        parts = [(qkv, b)] if qkv is not None else zip((q, k, v), b.view(3, q.shape[1], 1, q.shape[3]))
-        for t, part in parts if b is not None else ():   # views of one fresh tensor: disjoint, in place
+        parts = () if b is None else [(qkv, b)] if qkv is not None else zip((q, k, v), b.view(3, q.shape[1], 1, -1))
+        for t, part in parts:   # views of one fresh tensor: disjoint, added in place
             t.add_(part)
         return F.scaled_dot_product_attention(q, k, v, scale=float(scale))
     return F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=float(scale))[0]

@@ -86,5 +86,19 @@ def test_the_attention_kernel_adds_a_given_bias_to_q_k_v(threads):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_over_views_of_other_tensors_runs_flash_without_a_bias(threads):
+    from mlcomp.targets.tvm.kernels import KERNELS
+
+    q, k, v = torch.randn(3, 2, 2, 5, 4).unbind(0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = KERNELS["mlcomp.torch.attention"].fn(q, k, v, 0.5)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.5))
+
+
 def test_the_policy_row_states_the_kernels_bound():
     assert rule("attention-gemms").min_size == GEMM_ATTENTION_THREADS == 2
