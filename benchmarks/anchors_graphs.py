@@ -52,12 +52,13 @@ def graph_worker(conn, row: str, threads: int) -> None:
 
     try:
         module, inputs = build_row(row)
-        ov_own(module, inputs)
+        own = ov_own(module, inputs)
     except BaseException as exc:  # noqa: BLE001 - OpenVINO's own conversion fails: mlcomp's side alone
         conn.send(_ours_alone(row, why(exc), threads))
         return
     try:
-        diff = compare(row, module, inputs, "openvino", pipeline=GRAPH_PIPELINE, hint="bf16", threads=threads)
+        diff = compare(row, module, inputs, "openvino", pipeline=GRAPH_PIPELINE, hint="bf16", threads=threads,
+                       own=own)
         conn.send({"extra": diff.extra(), "missing": diff.missing(), "own_total": sum(diff.own.values()),
                    "ours_total": sum(diff.ours.values()), "anchor": diff.anchor, "effective": diff.effective})
     except BaseException as exc:  # noqa: BLE001 - a failing side is a cell, not a crash
@@ -71,11 +72,11 @@ def _ours_alone(row: str, own_error: str, threads: int) -> dict:
 
         import mlcomp
         from mlcomp.measure.executed import ov_executed
+        from mlcomp.targets.openvino.target import cpu_config
 
         module, inputs = build_row(row)
         art = mlcomp.compile(module, inputs, target="openvino", pipeline=GRAPH_PIPELINE, threads=threads)
-        compiled = ov.Core().compile_model(art.runtime.model, "CPU", {"INFERENCE_PRECISION_HINT": "bf16",
-                                                                     "INFERENCE_NUM_THREADS": threads})
+        compiled = ov.Core().compile_model(art.runtime.model, "CPU", cpu_config("bf16", threads))
         return {"own_error": own_error, "ours_total": sum(ov_executed(compiled).values())}
     except BaseException as exc:  # noqa: BLE001 - both sides fail
         return {"error": f"both fail; mlcomp: {' '.join(f'{type(exc).__name__}: {exc}'.split())[:120]}"}

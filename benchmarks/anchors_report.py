@@ -12,10 +12,10 @@ Goals per row:
   ``m:auto-mp`` at least 0.95x OpenVINO's default (its own conversion, the plugin's own precision); where it
   has none, the kernels OpenVINO runs for mlcomp's bf16 pipeline (``-O2,mixed-precision{dtype=bf16}``)
   against its own conversion, both compiled with ``INFERENCE_PRECISION_HINT=bf16``: no compute kernel (layer
-  type and precision) beyond OpenVINO's own, and no more element-wise (``Eltwise``, ``Subgraph``) or layout
-  (``Reorder``, ``Transpose``, slices, gathers) kernels in all; views (``Reshape``/``Squeeze``/``Unsqueeze``)
-  are listed, not counted (the plugin runs them in place).  Fewer kernels than OpenVINO's own (a mask
-  folded at compile time) are listed as negative counts;
+  type and precision; a fused attention is ``Attention``) beyond OpenVINO's own, and no more element-wise
+  (``Eltwise``, ``Subgraph``) or layout (``Reorder``, ``Transpose``, slices, gathers) kernels in all; views
+  (``Reshape``/``Squeeze``/``Unsqueeze``) are listed, not counted (the plugin runs them in place).  Fewer
+  kernels than OpenVINO's own (a mask folded at compile time) are listed as negative counts;
 * tvm — untuned ``m:tvm`` at least as fast as eager (ratio = eager ms / tvm ms >= 1.0);
 * auto compile — ``m:auto``'s build seconds <= 10 on zoo rows at batch 1.
 
@@ -28,13 +28,12 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from mlcomp.targets.openvino.layers import family
+
 ANCHORS = ("eager", "torchscript", "torch.compile", "ort", "ov-f32", "ov-f32-mod")
 LOW = ("m:ov-bf16", "m:auto-mp")
-# kernel families compared in all (any precision): Subgraph is the plugin's fused element-wise snippet
-FAMILY = {**dict.fromkeys(("Eltwise", "Subgraph"), "element-wise"),
-          **dict.fromkeys(("Reorder", "Transpose", "StridedSlice", "Split", "Concatenation", "Gather",
-                           "GatherElements", "Broadcast"), "layout"),
-          **dict.fromkeys(("Reshape", "Squeeze", "Unsqueeze"), "view")}
+# kernel families compared in all, any precision (mlcomp.targets.openvino.layers.family); others by kind+precision
+SUMMED = frozenset({"element-wise", "layout", "view"})
 ZOO_AT_1 = ("resnet18@1", "transformer@1", "mobilenet@1", "mlp@1", "lenet@1", "gru@1")
 
 
@@ -113,8 +112,9 @@ def kernels_verdict(extra: dict[str, int], missing: dict[str, int], own_total: i
     and no more element-wise or layout kernels in all; views are listed only."""
     change: dict[str, int] = {}
     for key, n in [*extra.items(), *((k, -v) for k, v in missing.items())]:
-        family = FAMILY.get(key.split()[0])
-        change[family or key] = change.get(family or key, 0) + n
+        group = family(key.split()[0])
+        group = group if group in SUMMED else key
+        change[group] = change.get(group, 0) + n
     beyond = {k: n for k, n in change.items() if n > 0 and k != "view"}
     head = "met: no kernel beyond OV's own" if not beyond else "**not met**"
     if not change:

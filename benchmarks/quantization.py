@@ -115,8 +115,9 @@ def ort_static(module, inputs, work: str, threads: int) -> Built:
 
 def ov_config(threads: int) -> dict[str, Any]:
     """How the NNCF anchor is compiled for OpenVINO's CPU plugin: an f32 hint, latency, ``threads``, unpinned."""
-    return {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads,
-            "ENABLE_CPU_PINNING": False}
+    from mlcomp.targets.openvino.target import cpu_config
+
+    return cpu_config("f32", threads)
 
 
 def nncf_saved(name: str, module, inputs, path: str):

@@ -2,9 +2,9 @@
 
 Timings on a shared machine are noise; the executed graph is not.  For OpenVINO the
 executed graph is ``compiled_model.get_runtime_model()``: one entry per layer the CPU
-plugin runs, with its ``layerType`` and ``runtimePrecision`` (``Subgraph`` is a
-fused snippet: an attention, or a chain of element-wise ops).  For ONNX Runtime it is
-the model the session writes after its own optimisations
+plugin runs, by kind and ``runtimePrecision`` (:func:`~mlcomp.targets.openvino.layers.layer_kind`:
+``Attention`` for an attention fused into one snippet, ``Subgraph`` for a chain of element-wise
+ops).  For ONNX Runtime it is the model the session writes after its own optimisations
 (``SessionOptions.optimized_model_filepath``), counted by op type.  The anchors are
 ``ov.convert_model`` of ``torch.export.export(module)`` (of the module, where export
 fails) and ``torch.onnx.export`` (dynamo; the TorchScript exporter where that fails)::
@@ -25,21 +25,16 @@ from typing import Any
 
 import torch
 
+from mlcomp.targets.openvino.layers import executed_layers
+
 __all__ = ["GraphDiff", "compare", "ort_executed", "ov_executed", "ov_own", "format_diffs"]
 
-_NOT_KERNELS = frozenset({"Const", "Input", "Output", "Parameter", "Result"})
 RUNTIMES = ("openvino", "onnxruntime")
 
 
 def ov_executed(compiled: Any) -> Counter:
-    """``Counter`` of ``"layerType precision"`` over the layers an OpenVINO ``CompiledModel`` runs."""
-    found: Counter = Counter()
-    for op in compiled.get_runtime_model().get_ops():
-        info = op.get_rt_info()
-        kind = info["layerType"].astype(str)
-        if kind not in _NOT_KERNELS:
-            found[f"{kind} {info['runtimePrecision'].astype(str)}"] += 1
-    return found
+    """``Counter`` of ``"kind precision"`` over the kernels an OpenVINO ``CompiledModel`` runs (``layer_kind``)."""
+    return Counter(f"{kind} {precision}" for kind, precision in executed_layers(compiled))
 
 
 def ort_executed(model: bytes, threads: int = 1) -> Counter:
@@ -57,11 +52,6 @@ def ort_executed(model: bytes, threads: int = 1) -> Counter:
         ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
         proto = onnx.load(str(path), load_external_data=False)
     return Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}" for n in proto.graph.node)
-
-
-def _ov_config(hint: str, threads: int) -> dict[str, Any]:
-    return {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads,
-            "ENABLE_CPU_PINNING": False}
 
 
 def ov_own(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[Any, str]:
@@ -117,11 +107,13 @@ class GraphDiff:
 
 
 def compare(name: str, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], runtime: str, *,
-            pipeline: str = "-O2", hint: str = "f32", threads: int = 1) -> GraphDiff:
+            pipeline: str = "-O2", hint: str = "f32", threads: int = 1, own: tuple[Any, str] | None = None
+            ) -> GraphDiff:
     """Build ``module`` with mlcomp (``pipeline``, verified) and with the runtime's own converter; count kernels.
 
     ``hint`` (OpenVINO only) is the ``INFERENCE_PRECISION_HINT`` both sides are compiled with: ``bf16``
-    shows which kernels the plugin picks for a bf16 run, on any CPU.
+    shows which kernels the plugin picks for a bf16 run, on any CPU.  ``own`` (OpenVINO only): the runtime's own
+    conversion and how it was made, when the caller has it already (:func:`ov_own`'s answer).
     """
     import mlcomp
 
@@ -133,10 +125,12 @@ def compare(name: str, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]
         return GraphDiff(name, runtime, ort_executed(own, threads), ort_executed(art.runtime.model, threads), anchor)
     import openvino as ov
 
-    model, anchor = ov_own(module, inputs)
+    from mlcomp.targets.openvino.target import cpu_config
+
+    model, anchor = own or ov_own(module, inputs)
     core = ov.Core()
-    sides = {"own": core.compile_model(model, "CPU", _ov_config(hint, threads)),
-             "ours": core.compile_model(art.runtime.model, "CPU", _ov_config(hint, threads))}
+    sides = {"own": core.compile_model(model, "CPU", cpu_config(hint, threads)),
+             "ours": core.compile_model(art.runtime.model, "CPU", cpu_config(hint, threads))}
     effective = {k: c.get_property("INFERENCE_PRECISION_HINT").get_type_name() for k, c in sides.items()}
     return GraphDiff(name, runtime, ov_executed(sides["own"]), ov_executed(sides["ours"]), anchor, hint, effective)
 

@@ -251,7 +251,7 @@ def _rewrite_native(graph: Graph, qk: Node, pv: Node, add: Node | None, mask: An
         want = lead + scores[-2:]
         shape = list(P.meta_of(graph, mask).shape)
         full = list(P.meta_of(graph, Ref(add.name)).shape)
-        kept = len(shape) <= 2 or shape[0] == 1 and len(shape) == 3 or _broadcasts(shape, full, want)
+        kept = len(shape) == 2 or shape[0] == 1 and len(shape) == 3 or _broadcasts(shape, full, want)
         if shape != want and not kept:
             if shape != full:
                 mask = Ref(new_node(graph, P.EXPAND, (mask, full), name="expand", origin=origin,

@@ -66,6 +66,9 @@ class TargetFacts:
     name: str
     low_precision: tuple[LowPrecision, ...] = TORCH_LOW_PRECISION
     device: str = "cpu"
+    # module types (``nn.GRU``: "GRU") the target converts whole from their own parameters: passes keep
+    # the nodes captured from them unfolded, so their weights stay the module's
+    whole_modules: frozenset[str] = frozenset()
 
     def support(self, dtype: torch.dtype) -> LowPrecision | None:
         return next((lp for lp in self.low_precision if lp.dtype == dtype), None)

@@ -83,6 +83,8 @@ class Capabilities:
     # the low precisions a mixed-precision pass may target here: how each is built and what makes it
     # pay (handed to passes as PassContext.target; an explicit dtype not listed is refused before capture)
     low_precision: tuple[LowPrecision, ...] = TORCH_LOW_PRECISION
+    # module types the target converts whole from their parameters (PassContext.target.whole_modules)
+    whole_modules: frozenset[str] = frozenset()
 
     @property
     def placeable(self) -> frozenset[DeviceKind]:
@@ -110,7 +112,7 @@ class Capabilities:
 
     def facts(self, target: str, device: str = "cpu") -> TargetFacts:
         """What passes are told about this target (``PassContext.target``)."""
-        return TargetFacts(target, self.low_precision, device)
+        return TargetFacts(target, self.low_precision, device, self.whole_modules)
 
     def to_json(self) -> dict[str, Any]:
         return {"modes": [m.value for m in Mode if m in self.modes],

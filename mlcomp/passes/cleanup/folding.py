@@ -21,7 +21,9 @@ batch (``bmm`` against ``expand(permute(w))``) would no longer be a weight that
 too (a token-type embedding looked up with ids broadcast over the batch).
 
 A folded value keeps the name of the node that computed it.  In training graphs
-parameters are what is being learnt, so nothing that reads one is folded.
+parameters are what is being learnt, so nothing that reads one is folded.  Nor is a node
+captured from a module the target converts whole from its own weights
+(``PassContext.target.whole_modules``: ``nn.GRU`` on openvino, one ``GRUSequence``).
 """
 from __future__ import annotations
 
@@ -52,11 +54,14 @@ class FoldConstants(Pass):
         sources: dict[str, int] = {}       # name -> bytes of the parameters the value derives from
         folded: list[str] = []
         fold_params = self.params and graph.mode is Mode.INFERENCE
+        whole = ctx.target.whole_modules if ctx.target is not None else frozenset()
         for node in graph.nodes():
             if node.op == PARAM:
                 if fold_params:
                     values[node.name] = graph.constants[node.name]
                     sources[node.name] = graph.constants[node.name].nbytes
+                continue
+            if node.origin.module_type in whole:   # the target converts this module whole, from its weights
                 continue
             value = self._evaluate(graph, node, values)
             if value is _NO:

@@ -1,31 +1,36 @@
-"""Bias correction: each quantized layer's bias takes back the mean shift quantization puts on its output.
+"""Bias correction: each quantized layer's bias takes back the mean shift its own rounding puts on its output.
 
 Rounding a layer's input and weight does not only spread its output: it moves its mean,
-``E[W·x − Ŵ·x̂]`` per output channel, and a shift, unlike noise, does not average out
-in the layers that read it.  :func:`correct_biases` measures that shift on the
-calibration samples against the float graph and adds it to the bias, so the int8 layer
-is unbiased on the data it was calibrated on:
+``E[W·x − Ŵ·x̂]`` per output channel (the weight's rounding times the input's mean: large
+after a ReLU, whose outputs are never negative), and a shift, unlike noise, does not
+average out in the layers that read it.  :func:`correct_biases` measures each layer's own
+shift on the calibration samples and adds it to the bias:
 
-* the float run (:func:`~mlcomp.passes.quantize.observe.observe`, ``means=``) keeps each
-  layer's output mean per channel (per column of a linear's output, per channel of a
-  convolution's: the axis its bias adds along, :data:`BIAS_AXIS`);
-* the quantized graph then runs once per sample with each layer's output moved by its
-  measured shift as soon as it is computed, so a later layer measures its own shift on
-  already corrected inputs (one run corrects the drift that builds up over the layers);
-* the shift, averaged over the samples, goes into the bias: the int32 constant at
+* the float graph (the one the pass quantized) runs each sample, keeping every value a
+  ``quantize_linear`` reads and every layer's output;
+* the quantized graph runs the same sample with each of those values replaced by its float
+  one as soon as it is computed: every layer reads the float input through its own pair
+  and its own int8 weight, so its output differs from the float one by its own rounding
+  only, not by what the layers before it lost (their shift is theirs to correct; a shift
+  measured through them would also carry what their noise does to the ReLUs between, which
+  moves with the data and overshoots on inputs other than the calibration ones);
+* the shift, the mean over the samples' rows of (float − int8 output) per channel (the axis
+  its bias adds along, :data:`BIAS_AXIS`), goes into the bias: the int32 constant at
   ``input scale × weight scale`` is requantized (a float bias is added to)::
 
       %addmm = addmm(%bias_dq, %x_dq, %w_dq)        %bias.int32: round(b / (s_x · s_w))
                    ↓ correct_biases
       %addmm = addmm(%bias_dq, %x_dq, %w_dq)        %bias.int32: round((b + Δ) / (s_x · s_w)),
-                                                    Δ = mean over rows of (fp32 − int8 output)
+                                                    Δ = mean over rows of (W·x + b − (Ŵ·x̂ + b̂))
 
-A layer whose channels see fewer than :data:`MIN_ROWS` rows over the samples keeps its bias
-(the mean of so few rows is mostly noise: one row's correction would make the calibration
-output exact and say nothing of other inputs), as does one without a constant bias, or
-whose bias another layer reads too, or whose channel axis is symbolic.  Each layer's record gains ``bias_shift`` (the largest
+A classifier is corrected like every layer once its channels see :data:`MIN_ROWS` rows over the
+samples and the samples hold that many examples (a batch of 32); with fewer the layer keeps its
+bias (the mean of so few rows is mostly noise: one row's correction would make the calibration
+output exact and say nothing of other inputs; the pixels or tokens of one example are many rows
+but one example's shift, not the data's), as does one without a constant bias, or whose bias
+another layer reads too, or whose channel axis is symbolic.  Each layer's record gains ``bias_shift`` (the largest
 correction) or ``bias_kept`` (why not).
-O(samples × graph): one more run of the quantized graph per calibration sample.
+O(samples × graph): one run of each graph per calibration sample.
 """
 from __future__ import annotations
 
@@ -38,11 +43,11 @@ import torch
 from mlcomp.ir import Graph, Node, Ref
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.ops import PARAM, Op, aten
-from mlcomp.ir.quant import DEQUANTIZE
+from mlcomp.ir.quant import DEQUANTIZE, QUANTIZE
 from mlcomp.passes.quantize.observe import channel_mean
 from mlcomp.passes.quantize.policy import int8_rule
 
-__all__ = ["BIAS_AXIS", "MIN_ROWS", "correct_biases", "correctable", "rows_per_channel"]
+__all__ = ["BIAS_AXIS", "MIN_ROWS", "correct_biases", "correctable", "examples", "rows_per_channel"]
 
 BIAS_AXIS: Mapping[Op, int] = MappingProxyType({
     aten("addmm"): -1,          # [rows, out]: the bias adds along the last axis
@@ -50,15 +55,17 @@ BIAS_AXIS: Mapping[Op, int] = MappingProxyType({
 })
 """Op -> the axis of its output its bias adds along (the other axes are the rows a shift is averaged over)."""
 
-MIN_ROWS = 64
-"""Fewest rows per channel over the calibration samples for a shift to be measured."""
+MIN_ROWS = 32
+"""Fewest rows per channel over the calibration samples, and fewest examples in them (:func:`examples`), for a
+shift to be measured: a classifier's rows at batch 32."""
 
 
-def correctable(graph: Graph, nodes: Sequence[Node]) -> dict[str, int]:
-    """Of ``nodes`` (float graph), those with a row in :data:`BIAS_AXIS` and a constant bias: name -> axis."""
+def correctable(graph: Graph, nodes: Sequence[Node], target: str | None = None) -> dict[str, int]:
+    """Of ``nodes`` (float graph), those with a row in :data:`BIAS_AXIS` and a constant bias (by their int8 row on
+    ``target``): name -> axis."""
     out = {}
     for node in nodes:
-        rule = int8_rule(node.op)
+        rule = int8_rule(node.op, target)
         axis = BIAS_AXIS.get(node.op)
         if axis is None or rule is None or rule.bias is None or rule.bias >= len(node.inputs):
             continue
@@ -84,36 +91,56 @@ def _bias_const(graph: Graph, node: Node) -> tuple[str, torch.Tensor | None] | N
     return None
 
 
-def _shifts(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]], means: Mapping[str, list[torch.Tensor]],
-            axes: Mapping[str, int]) -> dict[str, torch.Tensor]:
-    """Per layer, the mean over samples of (float mean − int8 mean) per channel, each layer measured with the
-    earlier layers' outputs already moved by their own sample's shift (one interpreter runs every sample)."""
-    total: dict[str, torch.Tensor] = {}
-    sample = [0]                # the index of the sample being run: which float means the hooks compare with
+def _fed(graph: Graph, reference: Graph) -> set[str]:
+    """The values a ``quantize_linear`` of ``graph`` reads that ``reference`` computes too (same name, shape, dtype)."""
+    out = set()
+    for node in graph.nodes(QUANTIZE):
+        ref = node.inputs[0]
+        if isinstance(ref, Ref) and ref.name in reference:
+            ours, theirs = graph.node(ref.name).tensor_meta, reference.node(ref.name).tensor_meta
+            if ours is not None and theirs is not None and (ours.shape, ours.dtype) == (theirs.shape, theirs.dtype):
+                out.add(ref.name)
+    return out
 
-    def hook(name: str, axis: int):
-        def after(args: tuple[Any, ...], value: torch.Tensor) -> torch.Tensor:
-            delta = means[name][sample[0]] - channel_mean(value, axis)
-            total[name] = total.get(name, 0) + delta / len(samples)
-            shape = [1] * value.dim()
-            shape[axis % value.dim()] = -1
-            return value + delta.to(value.dtype).reshape(shape)
+
+def _shifts(graph: Graph, reference: Graph, samples: Sequence[tuple[torch.Tensor, ...]],
+            axes: Mapping[str, int]) -> dict[str, torch.Tensor]:
+    """Per layer (name -> output axis), the mean over samples of (float − int8 output mean) per channel, each
+    layer of ``graph`` reading the float values of ``reference`` through its own pairs (one interpreter each)."""
+    fed = _fed(graph, reference)
+    floats: dict[str, Any] = {}
+    total: dict[str, torch.Tensor] = {}
+
+    def keep(name: str):
+        def after(args: tuple[Any, ...], value: Any) -> Any:
+            floats[name] = value
+            return value
         return after
 
-    interp = Interpreter(graph, after={n: hook(n, axis) for n, axis in axes.items()})
+    def swap(name: str):
+        def after(args: tuple[Any, ...], value: Any) -> Any:
+            if name in axes:
+                delta = channel_mean(floats[name], axes[name]) - channel_mean(value, axes[name])
+                total[name] = total.get(name, 0) + delta / len(samples)
+            return floats[name] if name in fed else value
+        return after
+
+    wanted = set(axes) | fed
+    float_run = Interpreter(reference, after={n: keep(n) for n in wanted})
+    int8_run = Interpreter(graph, after={n: swap(n) for n in wanted})
     with torch.no_grad():
-        for i, inputs in enumerate(samples):
-            sample[0] = i
-            interp.run(*inputs)
+        for inputs in samples:
+            floats.clear()
+            float_run.run(*inputs)
+            int8_run.run(*inputs)
     return total
 
 
-def correct_biases(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]],
-                   means: Mapping[str, list[torch.Tensor]], axes: Mapping[str, int],
-                   records: Sequence[dict[str, Any]]) -> int:
-    """Add each layer's measured shift to its bias, in place (see the module docstring); the number corrected.
-    ``means``: per layer (of ``axes``, name -> output axis), the float output's channel means, one per sample;
-    each layer's record gains ``bias_shift`` or ``bias_kept``."""
+def correct_biases(graph: Graph, reference: Graph, samples: Sequence[tuple[torch.Tensor, ...]],
+                   axes: Mapping[str, int], records: Sequence[dict[str, Any]]) -> int:
+    """Add each layer's (of ``axes``, name -> output axis) own measured shift to its bias in ``graph``, in place
+    (see the module docstring); the number corrected.  ``reference``: the float graph ``graph`` was quantized
+    from; each layer's record gains ``bias_shift`` or ``bias_kept``."""
     by_name = {r["node"]: r for r in records}
     todo: dict[str, int] = {}
     consts: dict[str, tuple[str, torch.Tensor | None]] = {}
@@ -129,9 +156,11 @@ def correct_biases(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]],
             rec["bias_kept"] = "its channel axis has no fixed size to hold one shift per channel"
         elif rows_per_channel(shape, axis) * len(samples) < MIN_ROWS:
             rec["bias_kept"] = f"fewer than {MIN_ROWS} rows per channel to measure a shift on"
+        elif examples(samples) < MIN_ROWS:
+            rec["bias_kept"] = f"fewer than {MIN_ROWS} calibration examples (samples × batch) to measure a shift over"
         else:
             todo[name], consts[name] = axis, found
-    shifts = _shifts(graph, samples, means, todo)
+    shifts = _shifts(graph, reference, samples, todo)
     for name, delta in shifts.items():
         const, scale = consts[name]
         old = graph.constants[const]
@@ -142,6 +171,17 @@ def correct_biases(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]],
             graph.constants[const] = q.clamp(-2 ** 31, 2 ** 31 - 1).to(old.dtype)
         by_name[name]["bias_shift"] = float(delta.abs().max())
     return len(shifts)
+
+
+def examples(samples: Sequence[tuple[torch.Tensor, ...]]) -> int:
+    """How many examples the calibration samples hold: the leading size of each sample's first input (its batch;
+    1 for a 0-d one), summed.  Positions within one example (a feature map's pixels, a sequence's tokens) are
+    rows but not independent ones: one image's mean shift says little of another's.
+
+    >>> examples([(torch.zeros(8, 3, 4, 4),), (torch.zeros(8, 3, 4, 4),)]), examples([(torch.tensor(1.0),)])
+    (16, 1)
+    """
+    return sum(s[0].shape[0] if s and isinstance(s[0], torch.Tensor) and s[0].dim() else 1 for s in samples)
 
 
 def _sized(channels: Any) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -36,7 +36,6 @@ class Observed:
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)   # value -> (lo, hi)
     first: dict[str, torch.Tensor] = field(default_factory=dict)           # value -> float value, sample 0
     outputs: list[tuple[Any, ...]] = field(default_factory=list)           # per sample, the float outputs
-    means: dict[str, list[torch.Tensor]] = field(default_factory=dict)     # value -> per sample, channel means
 
 
 def _range(t: torch.Tensor, method: str) -> tuple[float, float]:
@@ -51,11 +50,9 @@ def _range(t: torch.Tensor, method: str) -> tuple[float, float]:
 
 
 def observe(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]], names: Sequence[str],
-            method: str, keep: Sequence[str] = (), means: Mapping[str, int] | None = None) -> Observed:
-    """Ranges of ``names`` over ``samples``; the first sample's values of ``names`` and ``keep``; per sample, the
-    mean over every axis but one of each value in ``means`` (name -> that axis: what bias correction needs)."""
+            method: str, keep: Sequence[str] = ()) -> Observed:
+    """Ranges of ``names`` over ``samples``; the first sample's values of ``names`` and ``keep``."""
     out = Observed()
-    means = means or {}
     interp = Interpreter(graph)
     wanted = set(names) | set(keep)
     with torch.no_grad():
@@ -66,8 +63,6 @@ def observe(graph: Graph, samples: Sequence[tuple[torch.Tensor, ...]], names: Se
                 lo, hi = _range(env[name], method)
                 old = out.ranges.get(name)
                 out.ranges[name] = (lo, hi) if old is None else (min(lo, old[0]), max(hi, old[1]))
-            for name, axis in means.items():
-                out.means.setdefault(name, []).append(channel_mean(env[name], axis))
             if i == 0:
                 out.first = {n: env[n] for n in wanted}
         if method == "entropy":

@@ -44,8 +44,9 @@ points on onnxruntime, none on openvino, which runs such a product in int8 only 
 ``embeddings`` (large embedding tables looked up in int8 and scaled per row after the lookup:
 :mod:`~mlcomp.passes.quantize.embeddings`), ``smooth`` (a linear's input spread moved into its
 weight before quantizing, SmoothQuant's ``α``; by default the target's row, none has one:
-:mod:`~mlcomp.passes.quantize.smooth`), ``bias_correction`` (each layer's mean output shift,
-measured against fp32 on the calibration samples, added to its bias: :mod:`~mlcomp.passes.quantize.bias`),
+:mod:`~mlcomp.passes.quantize.smooth`), ``bias_correction`` (each layer's own mean output shift,
+its input and weight rounding measured against fp32 on the calibration samples, added to its bias:
+:mod:`~mlcomp.passes.quantize.bias`),
 and a declared accuracy target, ``tolerance`` (max
 relative error of the outputs) and ``agreement`` (top-1), refused with the numbers when missed.
 A fused graph (``-O2,quantize``) is first put back as its ops (:mod:`~mlcomp.passes.quantize.unfuse`); on a
@@ -149,7 +150,7 @@ class Quantize(Pass):
     fold_scalars: bool = option(True, "turn scalar multiplies of dequantized values into dequantize scales")
     embeddings: bool = option(True, "embedding tables (4096 elements or more) in int8: int8 rows looked up, "
                               "then scaled per row")
-    bias_correction: bool = option(True, "add each quantized layer's mean output shift, measured on the "
+    bias_correction: bool = option(True, "add each quantized layer's own mean output shift, measured on the "
                                    "calibration samples against fp32, to its bias")
     smooth: float | None = option(None, "move activation spread into the weights before quantizing linears "
                                   "(SmoothQuant's alpha, 0 off; default: the target's row in quantize.smooth)",
@@ -210,9 +211,9 @@ class Quantize(Pass):
         acts = list(dict.fromkeys([r.name for n, _ in layers for r in plans[n.name][0]]
                                   + [output_value(graph, n) for n, _ in layers]))
         dynamic = self.activations is Activations.DYNAMIC
-        axes = correctable(graph, [n for n, _ in layers]) if self.bias_correction and not dynamic else {}
+        axes = correctable(graph, [n for n, _ in layers], target) if self.bias_correction and not dynamic else {}
         seen = observe(graph, samples, [] if dynamic else acts, self.method.value,
-                       keep=[n.name for n, _ in layers] + (acts if dynamic else []), means=axes)
+                       keep=[n.name for n, _ in layers] + (acts if dynamic else []))
         held_ref = [Interpreter(graph).run(*s) for s in held]
         layers = self._carried(graph, layers, plans, seen.ranges, kept)
         for node, rule in layers:
@@ -228,10 +229,11 @@ class Quantize(Pass):
                         reader_grids(graph, [(n, r, plans[n.name]) for n, r in layers], outputs, grids),
                         plain_grid(target))
         write = writer.dynamic_layer if dynamic else writer.layer
+        reference = graph.copy() if axes else None             # the float graph: what each bias is corrected to
         records = [write(n, rule, plans[n.name]) for n, rule in layers]
         absorbed = absorb_scalar_muls(graph) if self.fold_scalars else 0
         tables = quantize_embeddings(graph, self.exclude) if self.embeddings else []
-        corrected = correct_biases(graph, samples, seen.means, axes, records) if axes else 0
+        corrected = correct_biases(graph, reference, samples, axes, records) if axes else 0
         stats = self._measure(graph, samples, held, seen, held_ref, records)
         stats.update(kept_float=kept, unfused_groups=unfused, attention_fused=attention, batched_linears=linearized,
                      scalar_muls_absorbed=absorbed, ranges_shared=shared, embeddings=tables, biases_corrected=corrected,

@@ -11,7 +11,7 @@ and no row of :data:`KEEP_FLOAT` holds for it (checked in order, the first reaso
 * it is a transposed convolution (its weight's output channels lie on another axis);
 * an ``add`` scaled by ``alpha`` (no int8 kernel scales an operand);
 * a ``mean`` that is not a global average pool (over both spatial axes of a 4-d tensor, kept 4-d);
-* an ``add`` or ``mul`` none of whose operands an op with a policy row computed (through element
+* an ``add`` or ``mul`` none of whose operands an op with a row (the target's too) computed (through element
   moves and ReLU): the sum of a model's embedding lookups, say; no int8 kernel reads its inputs, so
   quantizing it adds only rounding (on BERT the one error that matters most: ``Add`` has no int8
   kernel on OpenVINO either, which NNCF's transformer preset keeps float for the same reason);
@@ -61,7 +61,7 @@ def excluded_by(node: Node, patterns: Sequence[str]) -> str | None:
     return next((p for p in patterns if p == node.name or P.names_op_or_module(p, node)), None)
 
 
-def _not_tensor_operand(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
+def _not_tensor_operand(graph: Graph, node: Node, rule: Int8Rule, target: str | None) -> str | None:
     for i in rule.activations:
         value = node.inputs[i] if i < len(node.inputs) else None
         src = graph.node(value.name) if isinstance(value, Ref) else None
@@ -86,17 +86,17 @@ def _param_through_views(graph: Graph, node: Node, depth: int = 6) -> bool:
     return False
 
 
-def _transposed(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
+def _transposed(graph: Graph, node: Node, rule: Int8Rule, target: str | None) -> str | None:
     conv = node.op == aten("convolution") and len(node.inputs) > 6 and node.inputs[6]
     return "a transposed convolution" if conv else None
 
 
-def _scaled_add(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
+def _scaled_add(graph: Graph, node: Node, rule: Int8Rule, target: str | None) -> str | None:
     alpha = node.attrs.get("alpha", node.inputs[2] if len(node.inputs) > 2 else 1)
     return f"an add scaled by alpha={alpha}" if node.op == _ADD and alpha != 1 else None
 
 
-def _not_global_pool(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
+def _not_global_pool(graph: Graph, node: Node, rule: Int8Rule, target: str | None) -> str | None:
     if node.op != _MEAN:
         return None
     meta = P.meta_of(graph, node.inputs[0])
@@ -110,28 +110,30 @@ def _not_global_pool(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
 _PASS_THROUGH = ELEMENT_MOVES | {aten("relu")}
 
 
-def _from_int8_op(graph: Graph, value: Any, depth: int = 8) -> bool:
-    """Whether ``value`` (through at most ``depth`` element moves and ReLUs) is the output of an op with a row."""
+def _from_int8_op(graph: Graph, value: Any, target: str | None, depth: int = 8) -> bool:
+    """Whether ``value`` (through at most ``depth`` element moves and ReLUs) is the output of an op with a row
+    (on ``target``: its own rows too)."""
     node = P.producer(graph, value)
     while node is not None and depth and node.op in _PASS_THROUGH and node.inputs:
         node, depth = P.producer(graph, node.inputs[0]), depth - 1
-    return node is not None and int8_rule(node.op) is not None
+    return node is not None and int8_rule(node.op, target) is not None
 
 
-def _no_int8_operand(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
-    if node.op not in (_ADD, _MUL) or any(_from_int8_op(graph, node.inputs[i]) for i in rule.activations):
+def _no_int8_operand(graph: Graph, node: Node, rule: Int8Rule, target: str | None) -> str | None:
+    if node.op not in (_ADD, _MUL) or any(_from_int8_op(graph, node.inputs[i], target) for i in rule.activations):
         return None
     return "no operand comes from an int8 op (an embedding sum, a mask): quantizing it would only add rounding"
 
 
-def _add_before_layer_norm(graph: Graph, node: Node, rule: Int8Rule) -> str | None:
+def _add_before_layer_norm(graph: Graph, node: Node, rule: Int8Rule, target: str | None) -> str | None:
     users = graph.users(node.name)
     if node.op == _ADD and len(users) == 1 and users[0].op in _LAYER_NORMS:
         return "an add read only by a layer norm (the residual stream: rounding it costs accuracy; the norm reads float)"
     return None
 
 
-KEEP_FLOAT: tuple[Callable[[Graph, Node, Int8Rule], str | None], ...] = (
+Check = Callable[[Graph, Node, Int8Rule, str | None], str | None]      # (graph, node, row, target) -> why
+KEEP_FLOAT: tuple[Check, ...] = (
     _not_tensor_operand, _transposed, _scaled_add, _not_global_pool, _no_int8_operand, _add_before_layer_norm)
 """Why a node with a policy row keeps float (``None``: it does not), in the order they are checked."""
 
@@ -148,7 +150,7 @@ def choose(graph: Graph, exclude: Sequence[str], target: str | None = None
             continue
         pattern = excluded_by(node, exclude)
         reason = f"excluded by {pattern}" if pattern is not None else next(
-            (r for check in KEEP_FLOAT if (r := check(graph, node, rule)) is not None), None)
+            (r for check in KEEP_FLOAT if (r := check(graph, node, rule, target)) is not None), None)
         if reason is None:
             picked.append((node, rule))
         else:

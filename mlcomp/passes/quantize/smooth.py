@@ -19,8 +19,8 @@ The multiply stays a float op before the activation's quantize (OpenVINO folds i
 layer of its own in the executed graph).  Which targets smooth, and how much, is the
 :data:`SMOOTHING` row (``quantize{smooth=α}`` sets it, 0 turns it off).  Float readers of the
 activation (the residual add) keep reading it unscaled; an activation with fewer than
-:data:`~mlcomp.passes.quantize.bias.MIN_ROWS` rows over the samples is not smoothed (its
-per-channel maxima are those of a few rows: a classifier's input at batch 2).  O(samples × graph + weights).
+:data:`MIN_ROWS` rows over the samples is not smoothed (its per-channel maxima are those of a
+few rows: a classifier's input at batch 2).  O(samples × graph + weights).
 """
 from __future__ import annotations
 
@@ -33,11 +33,14 @@ from mlcomp.ir import Graph, Node, Ref
 from mlcomp.ir.builder import new_node
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.ops import aten
-from mlcomp.passes.quantize.bias import MIN_ROWS, rows_per_channel
+from mlcomp.passes.quantize.bias import rows_per_channel
 from mlcomp.passes.quantize.policy import Int8Rule
 from mlcomp.passes.quantize.write import weight_param
 
-__all__ = ["SMOOTHING", "smoothing_for", "smooth"]
+__all__ = ["SMOOTHING", "MIN_ROWS", "smoothing_for", "smooth"]
+
+MIN_ROWS = 64
+"""Fewest rows per channel over the calibration samples for an activation's maxima to be smoothed by."""
 
 SMOOTHING: Mapping[str, float] = MappingProxyType({"openvino": 0.95})
 """Target -> α of :func:`smooth` by default (a target without a row: no smoothing; ``quantize{smooth=α}``

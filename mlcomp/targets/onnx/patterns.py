@@ -4,7 +4,7 @@ Capture leaves some layers in shapes that a direct ``torch.onnx.export`` of the
 eager module never has, and ORT's optimiser then cannot fuse them.
 :func:`ort_friendly` rewrites them on a copy of the graph before export:
 
-* **unrolled RNN layers** (:mod:`mlcomp.targets.onnx.recompose`): one ONNX ``GRU``;
+* **unrolled RNN layers** (:mod:`mlcomp.targets.recurrent`): one ONNX ``GRU``;
 * **batched linear** (:func:`mlcomp.ir.linearize.linearize_batched_matmuls`): ``bmm``
   against a weight broadcast over the batch (ONNX: a 3-D ``MatMul`` against an expanded
   weight, which ORT folds into a ``[B, K, N]`` initializer, then ``Add``) becomes one
@@ -38,7 +38,7 @@ from mlcomp.ir.graph_tools import producer
 from mlcomp.ir.linearize import linearize_batched_matmuls
 from mlcomp.ir.ops import aten
 from mlcomp.runtime.codegen import to_fx
-from mlcomp.targets.onnx.recompose import RecomposeStats, recompose_rnns
+from mlcomp.targets.recurrent import RecomposeStats, recompose_rnns
 
 __all__ = ["cheap_safe_softmax", "linearize_batched_matmuls", "ort_friendly"]
 

@@ -23,9 +23,8 @@ values again gives back the same integers, so nothing changes numerically.  An i
 bias is folded into a float constant: the plugin adds it after the integer product.
 
 :func:`int8_layers` reads what ran from the plugin's executed graph
-(``compiled.get_runtime_model()``): each layer's ``layerType`` and ``runtimePrecision``; a
-``Subgraph`` that holds a softmax is a whole attention (``Q·Kᵀ``, softmax, ``P·V`` as one kernel:
-the plugin tokenizes softmax only into attention subgraphs), counted as ``Attention``.
+(``compiled.get_runtime_model()``): each compute layer's kind (:func:`~mlcomp.targets.openvino.layers.layer_kind`:
+an attention the plugin fused into one ``Subgraph`` is ``Attention``) and ``runtimePrecision``.
 """
 from __future__ import annotations
 
@@ -38,13 +37,9 @@ from torch import fx
 from mlcomp.ir.quant import QUANT_RANGES, dequantize_linear, quantize_linear
 from mlcomp.targets.base import TargetCompileError
 from mlcomp.targets.int8 import Int8Record
+from mlcomp.targets.openvino.layers import COMPUTE_LAYERS, INT8_PRECISIONS, executed_layers
 
-__all__ = ["qdq_for_frontend", "int8_layers", "COMPUTE_LAYERS", "INT8_PRECISIONS"]
-
-INT8_PRECISIONS = frozenset({"u8", "i8"})
-ATTENTION = "Attention"       # a Subgraph the plugin tokenized from a whole attention
-# the CPU plugin's layer types that multiply: the ones int8 is for
-COMPUTE_LAYERS = frozenset({"Convolution", "GroupConvolution", "Deconvolution", "FullyConnected", "MatMul", ATTENTION})
+__all__ = ["qdq_for_frontend", "int8_layers"]
 
 
 def _qd() -> Any:
@@ -160,20 +155,11 @@ def qdq_for_frontend(module: fx.GraphModule) -> fx.GraphModule:
     return module
 
 
-def _kind(info: Any) -> str:
-    kind = info["layerType"].astype(str)
-    if kind == "Subgraph" and "Softmax" in info["originalLayersNames"].astype(str):
-        return ATTENTION
-    return kind
-
-
 def int8_layers(compiled: Any) -> Int8Record:
-    """The compute layers the CPU plugin runs in u8/i8 and in float, by layer type (its executed graph)."""
+    """The compute layers the CPU plugin runs in u8/i8 and in float, by layer kind (its executed graph)."""
     int8: Counter = Counter()
     floating: Counter = Counter()
-    for op in compiled.get_runtime_model().get_ops():
-        info = op.get_rt_info()
-        kind = _kind(info)
+    for kind, precision in executed_layers(compiled):
         if kind in COMPUTE_LAYERS:
-            (int8 if info["runtimePrecision"].astype(str) in INT8_PRECISIONS else floating)[kind] += 1
+            (int8 if precision in INT8_PRECISIONS else floating)[kind] += 1
     return Int8Record("openvino runtime model", dict(sorted(int8.items())), dict(sorted(floating.items())))

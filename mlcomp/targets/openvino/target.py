@@ -27,6 +27,9 @@ the CPU instructions for it (``avx512_bf16``/``amx_bf16``, ``avx512_fp16``/
 fp32 graph always sets f32 explicitly: never lower than the pipeline asked.
 The choice is made again when an artifact is loaded on another machine.
 
+An ``nn.GRU`` that capture unrolled goes over as one ``GRUSequence`` per layer (the CPU plugin's
+``RNNSeq`` kernel) where its weights are still the module's parameters: :mod:`mlcomp.targets.openvino.gru`.
+
 ``supports(node)`` asks OpenVINO's own table of the ATen ops its FX decoder
 translates (``torchdynamo.op_support.OperatorSupport``); an op outside it that
 torch decomposes (``aten.reshape`` after cleanup) is lowered through ``make_fx``
@@ -49,6 +52,7 @@ from mlcomp.runtime.artifact import RuntimeKind
 from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
 from mlcomp.targets.capabilities import Capabilities, DeviceKind
 from mlcomp.runtime.codegen import to_fx
+from mlcomp.targets.openvino.gru import gru_extension, gru_parts, whole_rnns
 from mlcomp.targets.openvino.int8 import int8_layers, qdq_for_frontend
 from mlcomp.targets.openvino.lower import (decomposition, frontend_name, lower_for_frontend,
                                            shared_weights_as_linear, translated, activations_before_views)
@@ -64,7 +68,7 @@ from mlcomp.ir.quant import is_qdq
 from mlcomp.pipeline.presets import Rewrite
 from mlcomp.pipeline.target_facts import LowMode, LowPrecision
 
-__all__ = ["OpenVinoTarget", "OpenVinoRuntime", "requested_precision", "precision_hint", "PACKAGE"]
+__all__ = ["OpenVinoTarget", "OpenVinoRuntime", "requested_precision", "precision_hint", "cpu_config", "PACKAGE"]
 
 PACKAGE = "openvino"
 XML, BIN = "model.xml", "model.bin"
@@ -99,12 +103,14 @@ def precision_hint(requested: torch.dtype, flags: tuple[str, ...]) -> tuple[torc
                            f"{', '.join(_NEEDS[requested])} (hardware probe): OpenVINO computes in f32")
 
 
-def _config(hint: torch.dtype, threads: int | None) -> dict[Any, Any]:
+def cpu_config(hint: torch.dtype | str, threads: int | None) -> dict[Any, Any]:
+    """The CPU plugin's properties every mlcomp compile uses (the target, the executed-graph comparisons, the
+    benchmarks' anchors): ``hint`` (a dtype or OpenVINO's name, ``"bf16"``), latency, ``threads``, no pinning."""
     import openvino as ov
     from openvino import properties as props
 
     config: dict[Any, Any] = {
-        props.hint.inference_precision: getattr(ov.Type, _OV_NAME[hint]),
+        props.hint.inference_precision: getattr(ov.Type, hint if isinstance(hint, str) else _OV_NAME[hint]),
         props.hint.performance_mode: props.hint.PerformanceMode.LATENCY,
         # pinned threads wait for their own core, which a shared machine may not give them
         props.hint.enable_cpu_pinning: False,
@@ -129,7 +135,7 @@ class OpenVinoRuntime:
         self.threads = threads
         self.requested = requested
         hint, why = precision_hint(requested, cpu_flags() if flags is None else flags)
-        self.compiled = ov.Core().compile_model(model, "CPU", _config(hint, threads))
+        self.compiled = ov.Core().compile_model(model, "CPU", cpu_config(hint, threads))
         effective = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         self.precision = {"requested": dtype_name(requested), "hint": _OV_NAME[hint],
                           "effective": effective, "reason": why}
@@ -228,7 +234,8 @@ class OpenVinoTarget(Target):
         devices=frozenset({DeviceKind.CPU}), dynamic_shapes=True,
         # the CPU plugin lowers an fp32 graph itself (INFERENCE_PRECISION_HINT); bf16/f16 casts in the
         # graph stop its converter on transformers (OpConversionFailure), so the graph stays fp32
-        low_precision=tuple(LowPrecision(dtype, LowMode.HINT, needs=needs) for dtype, needs in _NEEDS.items()))
+        low_precision=tuple(LowPrecision(dtype, LowMode.HINT, needs=needs) for dtype, needs in _NEEDS.items()),
+        whole_modules=frozenset({"GRU"}))            # converted to GRUSequence from its own weights
     package: ClassVar[str] = PACKAGE
 
     def available(self) -> str | None:
@@ -283,9 +290,11 @@ def convert(graph: Graph, inputs: tuple[torch.Tensor, ...]) -> Any:
     from torch.fx.passes.shape_prop import ShapeProp
 
     graph = activations_before_views(shared_weights_as_linear(without_legacy_empties(graph)))
-    module = qdq_for_frontend(to_fx(graph).eval())     # int8 pairs → the ops OpenVINO makes FakeQuantize of
+    if input_shapes(graph) is None:                     # nn.GRU as one op: OpenVINO's GRUSequence
+        graph, _ = whole_rnns(graph, inputs)
+    module = gru_parts(qdq_for_frontend(to_fx(graph).eval()))   # int8 pairs → the ops OpenVINO makes FakeQuantize of
     with torch.no_grad(), quiet_converter():
-        table = translated()
+        table = translated() | {"torch.ops.aten.gru.input"}      # written as mlcomp.gru_part, converted below
         # ops OpenVINO lacks → torch's decomposition, node by node; composite impls → the ATen ops they run
         lowered = {n.op.resolve(): decomposition(n.op) for n in graph.call_nodes()
                    if n.op.namespace in (Namespace.ATEN, Namespace.PRIMS) and frontend_name(n.op) not in table}
@@ -295,8 +304,9 @@ def convert(graph: Graph, inputs: tuple[torch.Tensor, ...]) -> Any:
         ShapeProp(module).propagate(*inputs)        # the decoder reads shapes and dtypes from node meta
         try:
             if dynamic is not None:     # sizes stay ShapeOf arithmetic in the model, inputs take the ranges
-                return ov.convert_model(TorchFXPythonDecoder(module, input_shapes=dynamic, dynamic_shapes=True))
-            return ov.convert_model(TorchFXPythonDecoder(module))
+                return ov.convert_model(TorchFXPythonDecoder(module, input_shapes=dynamic, dynamic_shapes=True),
+                                        extension=[gru_extension()])
+            return ov.convert_model(TorchFXPythonDecoder(module), extension=[gru_extension()])
         except Exception as exc:  # noqa: BLE001 - turned into a user-facing error
             raise TargetCompileError(
                 f"OpenVINO could not convert {graph.name}: {_conversion_message(exc)}",

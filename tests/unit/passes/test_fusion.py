@@ -1,7 +1,8 @@
 """Fusion passes: golden IR on hand-built graphs, decomposed forms, stats, refusals.
 
 The fused kernels themselves (in-place code, tiling, trace/export) are in
-test_passes_kernels.py; numerical agreement on the zoo in test_passes_zoo.py.
+test_passes_kernels.py; numerical agreement on the zoo in test_passes_zoo.py; ``fuse-attention`` in
+test_fusion_attention.py.
 """
 from __future__ import annotations
 
@@ -132,77 +133,6 @@ def test_fold_bias_golden():
     assert stats == {"bmm_linearized": 1, "biases_folded": 3}
     folded, _ = run(out, "cleanup")
     assert "reshape_1" in folded.constants          # the reshaped conv bias is now a constant
-
-
-# ---------------------------------------------------------------------------
-# attention
-
-
-def attention_graph(mask_shape=(8, 8)):
-    b = GraphBuilder("attn")
-    q, k, v = (b.input(n, (2, 4, 8, 16)) for n in "qkv")
-    mask = b.input("mask", mask_shape)
-    kt = b.call(aten("reshape"), b.call(aten("transpose.int"), k, -2, -1), [8, 16, 8])
-    s = b.call(aten("view"), b.call(aten("bmm"), b.call(aten("view"), q, [8, 8, 16]), kt), [2, 4, 8, 8])
-    scores = b.call(aten("add.Tensor"), b.call(aten("div.Tensor"), s, 4.0), mask)
-    p = b.call(aten("view"), b.call(aten("_softmax"), scores, -1, False), [8, 8, 8])
-    o = b.call(aten("bmm"), p, b.call(aten("view"), v, [8, 8, 16]))
-    return b.output(b.call(aten("view"), o, [2, 4, 8, 16]))
-
-
-def test_fuse_attention_golden():
-    """q, k, v are 4-d with the heads merged into the batch only for the bmm: the attention takes them as
-    they are, and the views around it cancel."""
-    out, stats = run(attention_graph(), "fuse-attention")
-    assert out.format() == golden("""
-        graph attn(%q: f32[2, 4, 8, 16], %k: f32[2, 4, 8, 16], %v: f32[2, 4, 8, 16], %mask: f32[8, 8]) {
-          %scaled_dot_product_attention: f32[2, 4, 8, 16] = aten.scaled_dot_product_attention.default(%q, %k, %v, scale=0.25, attn_mask=%mask)
-          %bmm_1: f32[8, 8, 16] = aten.reshape.default(%scaled_dot_product_attention, [8, 8, 16])
-          %view_4: f32[2, 4, 8, 16] = aten.view.default(%bmm_1, [2, 4, 8, 16])
-          return (%view_4,)
-        }""")
-    simpler, _ = run(out, "simplify")                 # the views around it fold away
-    assert [n.op.name for n in simpler.call_nodes()] == ["scaled_dot_product_attention"]
-    assert stats == {"attention_fused": 1}
-
-
-def test_fuse_attention_keeps_a_per_batch_mask_unexpanded():
-    """A ``[b, 1, s, s]`` mask (one per sequence, BERT's padding mask) broadcasts over the heads in the attention
-    as in the add it replaces: no copy per head (at batch 32, 12 heads, 128 tokens one would be 25 MB)."""
-    graph = attention_graph((2, 1, 8, 8))
-    out, stats = run(graph, "fuse-attention")
-    (sdpa,) = out.nodes(aten("scaled_dot_product_attention"))
-    assert stats == {"attention_fused": 1} and sdpa.attrs["attn_mask"] == Ref("mask")
-    assert not list(out.nodes(aten("expand")))
-    xs = [torch.randn(2, 4, 8, 16, generator=torch.Generator().manual_seed(i)) for i in range(3)]
-    mask = torch.where(torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(5)) < 0.3, -1e4, 0.0)
-    assert torch.allclose(Interpreter(out).run(*xs, mask)[0], Interpreter(graph).run(*xs, mask)[0], atol=1e-5)
-
-
-class ScaledAttention(nn.Module):
-    """Attention written out by hand: pre-scaled q and k, a causal mask, and the safe-softmax guard."""
-
-    def forward(self, q, k, v):
-        scale = q.shape[-1] ** -0.25
-        s = (q * scale) @ (k * scale).transpose(-2, -1)
-        s = s + torch.triu(torch.full((8, 8), float("-inf")), diagonal=1)
-        return torch.softmax(s, dim=-1) @ v
-
-
-def test_fuse_attention_folds_query_and_key_scales():
-    graph = capture(ScaledAttention(), (2, 4, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16))
-    out, _ = run_pipeline(graph, "cleanup,fuse-attention,cleanup", verify=True)
-    sdpa = [n for n in out.call_nodes() if n.op == aten("scaled_dot_product_attention")]
-    assert len(sdpa) == 1 and math.isclose(sdpa[0].attrs["scale"], 0.25)
-    assert not any(n.op in (aten("mul.Tensor"), aten("bmm"), aten("_softmax")) for n in out.call_nodes())
-
-
-def test_attention_inside_the_zoo_transformer(captured):
-    _, inputs, graph = captured("transformer")
-    out, report = run_pipeline(graph, "cleanup,fuse-attention", example_inputs=inputs, verify=True)
-    assert report.stats("fuse-attention") == {"attention_fused": 4}
-    assert ops(out).count("aten.scaled_dot_product_attention.default") == 4
-    assert "aten._softmax.default" not in ops(out)
 
 
 # ---------------------------------------------------------------------------

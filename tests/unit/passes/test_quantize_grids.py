@@ -188,3 +188,19 @@ def test_quantize_folds_a_batched_linears_weight_to_int8():
     assert [t.dtype for n, t in out.constants.items() if n.endswith(".int8")] == [torch.int8]
     addmm = out.nodes(aten("addmm"))[0]
     assert all(isinstance(a, Ref) and out.node(a.name).op != PARAM for a in addmm.inputs)
+
+
+def test_an_add_reading_an_attention_counts_it_as_an_int8_op_only_where_the_target_has_its_row():
+    """``add(attention, x)``: on openvino the attention has an int8 row, so the add reads an int8 op's output and
+    is quantized; without a target the attention is float and the add keeps float (no operand from an int8 op)."""
+    from mlcomp.passes.quantize.selection import choose
+
+    b = GraphBuilder("residual")
+    q, k, v = (b.input(n, (1, 2, 5, 8)) for n in "qkv")
+    sdpa = b.call(aten("scaled_dot_product_attention"), q, k, v)
+    graph = b.output(b.call(aten("add.Tensor"), sdpa, q))
+    picked, kept = choose(graph, (), "openvino")
+    assert [(n.op, r.activations) for n, r in picked] == [(aten("scaled_dot_product_attention"), (0, 1)),
+                                                          (aten("add.Tensor"), (0, 1))] and not kept
+    picked, kept = choose(graph, ())
+    assert not picked and list(kept) == ["add"] and kept["add"].startswith("no operand comes from an int8 op")

@@ -209,7 +209,7 @@ def test_openvino_bert_computes_what_quantize_measured():
     own (the error the pass measured running it, bias corrections included)."""
     pytest.importorskip("transformers")
     from mlcomp.models.third_party import build_third_party
-    model, inputs = build_third_party("bert", batch=2)
+    model, inputs = build_third_party("bert", batch=32)   # 32 examples: biases corrected
     art = mlcomp.compile(model, inputs, target="openvino", pipeline="fold-batchnorm,fold-constants,cleanup,quantize")
     assert art.runtime.int8.int8 == {"Attention": 2, "FullyConnected": 12} and art.runtime.int8.floating == {}
     st = _quantize_stats(art)
@@ -228,3 +228,35 @@ def test_openvino_bert_computes_what_quantize_measured():
     simulated = st["calibration"]["max_rel"]
     assert 0 < simulated and abs(_rel(art(*inputs), ref) - simulated) <= 0.05 * simulated, (_rel(art(*inputs), ref),
                                                                                           simulated)
+
+
+class CausalSelfAttention(nn.Module):
+    """GPT-2's attention block, tiny: one projection to q, k, v, causal attention (``is_causal``), a residual."""
+
+    def __init__(self, dim: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads, self.c_attn, self.c_proj = heads, nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in self.c_attn(x).split(d, -1))
+        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return x + self.c_proj(a.transpose(1, 2).reshape(b, s, d))
+
+
+@pytest.mark.openvino
+def test_openvino_runs_a_causal_attention_in_int8_and_keeps_it_causal():
+    """A captured causal attention through quantize: one int8 attention kernel and both linears in int8, within
+    the declared tolerance, and causal still (a later token changes no earlier output)."""
+    torch.manual_seed(0)
+    model = CausalSelfAttention().eval()
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(7))
+    art = mlcomp.compile(model, (x,), target="openvino", pipeline="fold-constants,cleanup,quantize")
+    assert art.runtime.int8.int8 == {"Attention": 1, "FullyConnected": 2} and art.runtime.int8.floating == {}
+    sdpa = next(r for r in _quantize_stats(art)["layers"] if "scaled_dot_product_attention" in r["op"])
+    assert [(i["grid"], i["zero_point"]) for i in sdpa["inputs"]] == [("zero-free", 0), ("signed", 0)]
+    with torch.no_grad():
+        assert _rel(art(x), model(x)) <= art.manifest["declared_tolerance"]
+        later = x.clone()
+        later[:, -1] += 1.0                                     # only the last token changes
+        assert torch.equal(art(later)[:, :-1], art(x)[:, :-1]) and not torch.equal(art(later), art(x))

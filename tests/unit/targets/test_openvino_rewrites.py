@@ -1,17 +1,23 @@
-"""The OpenVINO lowering's graph rewrites on small captured graphs: the IR they write and its numbers.
+"""The OpenVINO lowering's graph rewrites on small graphs: the IR they write and its numbers.
 
 ``activations_before_views`` moves an activation that reads a view read by nothing else before the view;
 a view read twice stays as it was (one of symbolic sizes too: ``test_symbolic_targets``' OpenVINO test).
+``shared_weights_as_linear`` writes ``bmm`` against a batch-repeated constant (a 2-d constant ``expand``-ed,
+or stored repeated) as ``reshape → mm → view``; any other second operand stays a ``bmm``.
 """
 from __future__ import annotations
 
+import textwrap
+
+import pytest
 import torch
 from torch import nn
 
 from mlcomp.frontend.loading import load_model
+from mlcomp.ir.builder import GraphBuilder
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.ops import aten
-from mlcomp.targets.openvino.lower import activations_before_views
+from mlcomp.targets.openvino.lower import activations_before_views, shared_weights_as_linear
 
 
 class LinearGelu(nn.Module):
@@ -50,3 +56,51 @@ def test_a_gelu_after_a_linears_view_moves_before_it_and_computes_the_same():
 def test_a_view_with_a_second_reader_stays():
     graph, _ = _captured(twice=True)
     assert activations_before_views(graph) is graph
+
+
+def _product(weight: str):
+    """``bmm(x, W)``, ``x: [2, 5, 8]``, ``W: [2, 8, 6]`` made as ``weight`` says."""
+    torch.manual_seed(0)
+    b = GraphBuilder("lin")
+    x = b.input("x", (2, 5, 8))
+    if weight == "expand":                       # a 2-d constant broadcast along the batch
+        w = b.call(aten("expand"), b.param("w", torch.randn(8, 6)), [2, 8, 6])
+    elif weight == "stored":                     # weight folding stored the copies
+        w = b.param("w", torch.randn(8, 6).expand(2, 8, 6).clone())
+    elif weight == "expand-3d":                  # the expanded constant is 3-d itself
+        w = b.call(aten("expand"), b.param("w", torch.randn(1, 8, 6)), [2, 8, 6])
+    elif weight == "unequal":                    # a 3-d constant whose slices differ
+        w = b.param("w", torch.randn(2, 8, 6))
+    else:                                        # an expanded input: not a constant
+        w = b.call(aten("expand"), b.input("w", (8, 6)), [2, 8, 6])
+    return b.output(b.call(aten("bmm"), x, w))
+
+
+def _linear_golden(weight: str) -> str:
+    return textwrap.dedent(f"""
+        graph lin(%x: f32[2, 5, 8]) {{
+          %{weight}: f32[8, 6] = param
+          %bmm_rows: f32[10, 8] = aten.reshape.default(%x, [10, 8])
+          %bmm_mm: f32[10, 6] = aten.mm.default(%bmm_rows, %{weight})
+          %bmm: f32[2, 5, 6] = aten.view.default(%bmm_mm, [2, 5, 6])
+          return (%bmm,)
+        }}""").strip()
+
+
+@pytest.mark.parametrize("weight, kept", [("expand", "w"), ("stored", "w_w")])
+def test_a_product_against_a_batch_repeated_constant_becomes_one_2d_product(weight, kept):
+    graph = _product(weight)
+    before = graph.format()
+    out = shared_weights_as_linear(graph)
+    assert out.format() == _linear_golden(kept)            # the constant once, no expand, no bmm
+    assert graph.format() == before                         # the input graph is not modified
+    x = torch.randn(2, 5, 8)
+    (want,), (got,) = Interpreter(graph).run(x), Interpreter(out).run(x)
+    assert got.shape == want.shape == (2, 5, 6) and torch.allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("weight", ["expand-3d", "unequal", "input"])
+def test_a_product_against_anything_else_stays_a_bmm(weight):
+    graph = _product(weight)
+    assert shared_weights_as_linear(graph) is graph
+    assert [str(n.op) for n in graph.call_nodes()][-1] == "aten.bmm.default"

@@ -1,10 +1,11 @@
-"""Give ONNX Runtime back the recurrent layers that core-ATen capture unrolled.
+"""Give ONNX Runtime and OpenVINO back the recurrent layers that core-ATen capture unrolled.
 
 Capture decomposes ``nn.GRU`` into one ``addmm``/``sigmoid``/``tanh`` cell per
 time step (a 32-step tagger: ~500 IR nodes).  Exported as is, ORT runs ~500
 small kernels where a direct export runs one ``GRU`` node: half the speed, and
 the exporter spends most of the compile time on the unrolled loop.  Before the
-``onnxruntime`` target exports, :func:`recompose_rnns` puts the layer back as
+``onnxruntime`` target exports (and before the ``openvino`` target converts:
+:mod:`mlcomp.targets.openvino.gru`), :func:`recompose_rnns` puts the layer back as
 one ``aten.gru.input`` node, which torchlib translates to ONNX ``GRU``::
 
     before (per step t, 32 times):
