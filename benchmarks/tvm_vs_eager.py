@@ -7,9 +7,13 @@ Rows: the zoo at batch 1, the third-party models at batch 2 and ``unet@1`` (a sm
 here: conv+bias+BatchNorm+relu blocks, max-pool down, ``ConvTranspose2d`` up, skip concats, 64x64).
 Each row builds the default untuned CPU build (``BuildConfig(deterministic=True)``), then times
 eager and TVM interleaved, five rounds, in **process CPU time** (``time.process_time``: on a shared,
-loaded machine a process's own CPU time moves far less than the wall clock) and prints the median
+loaded machine a process's own CPU time moves far less than the wall clock; ``--clock wall`` where the
+process gets the CPU, as at several threads CPU time counts waiting threads too) and prints the median
 ratio eager / TVM (above 1: TVM is faster).  ``--profile``: the TVM build's calls one by one (the
-Relax VM's instrument hook, CPU time per call, summed per function), heaviest first.
+Relax VM's instrument hook, CPU time per call, summed per function), heaviest first.  ``--kernels``:
+the torch kernels both sides run (``torch.profiler``, self time on the calling thread, wall clock:
+run it where the process gets the CPU), side by side per kernel and input shapes, interleaved over
+the rounds, and each side's wall time per call outside any torch kernel (Python, the VM, idle).
 """
 from __future__ import annotations
 
@@ -59,13 +63,13 @@ def model(row: str):
     return build_third_party(name, int(batch))
 
 
-def cpu_ms(fn, n: int) -> float:
+def cpu_ms(fn, n: int, clock=time.process_time) -> float:
     for _ in range(3):
         fn()
-    start = time.process_time()
+    start = clock()
     for _ in range(n):
         fn()
-    return (time.process_time() - start) / n * 1e3
+    return (clock() - start) / n * 1e3
 
 
 def profile(built, inputs, calls: int = 20) -> list[tuple[str, float, int]]:
@@ -94,6 +98,44 @@ def profile(built, inputs, calls: int = 20) -> list[tuple[str, float, int]]:
     return sorted(((k, v / calls * 1e3, count[k] // calls) for k, v in total.items()), key=lambda r: -r[1])
 
 
+def kernel_times(fn, calls: int) -> tuple[dict[str, float], float]:
+    """(kernel and shapes -> self ms per call, wall ms per call) of ``calls`` calls under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        wall = (time.perf_counter() - start) / calls * 1e3
+    per: dict[str, float] = defaultdict(float)
+    for ev in prof.key_averages(group_by_input_shape=True):
+        shapes = ",".join("x".join(map(str, s)) for s in ev.input_shapes if s)
+        per[f"{ev.key} [{shapes}]"] += ev.self_cpu_time_total / 1e3 / calls
+    return per, wall
+
+
+def kernels(module, built, inputs, calls: int = 3, rounds: int = 5) -> None:
+    """Print the torch kernels of eager and the TVM build side by side (median ms per call over rounds)."""
+    sides = {"eager": lambda: module(*inputs), "tvm": lambda: built(*inputs)}
+    got: dict[str, list[tuple[dict[str, float], float]]] = {k: [] for k in sides}
+    for _ in range(rounds):
+        for name, fn in sides.items():
+            got[name].append(kernel_times(fn, calls))
+    med = {name: {k: statistics.median(r[0].get(k, 0.0) for r in runs) for k in set().union(*(r[0] for r in runs))}
+           for name, runs in got.items()}
+    walls = {name: statistics.median(r[1] for r in runs) for name, runs in got.items()}
+    keys = sorted(set(med["eager"]) | set(med["tvm"]), key=lambda k: -max(med["eager"].get(k, 0), med["tvm"].get(k, 0)))
+    print(f"    {'kernel [input shapes]':78s} {'eager':>8s} {'tvm':>8s}  (ms per call, self, wall clock)")
+    for k in keys:
+        e, t = med["eager"].get(k, 0.0), med["tvm"].get(k, 0.0)
+        if max(e, t) >= 0.002 * walls["eager"]:
+            print(f"    {k[:78]:78s} {e:8.3f} {t:8.3f}")
+    for name in sides:
+        inside = sum(med[name].values())
+        print(f"    {name}: wall {walls[name]:.3f} ms per call (profiled), in torch kernels {inside:.3f}, "
+              f"outside {walls[name] - inside:.3f}")
+
+
 def main() -> None:
     from mlcomp.hardware.probe import machine_line
     from mlcomp.targets.tvm.build import BuildConfig, build
@@ -101,7 +143,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                    help="process CPU time (default) or wall clock (only where the process gets the CPU)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--kernels", action="store_true", help="torch kernels of both sides, wall clock, side by side")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(machine_line())
@@ -110,7 +155,9 @@ def main() -> None:
         built = build(module, inputs, BuildConfig(deterministic=True))
         with torch.no_grad():
             n = max(5, min(200, int(100 / max(cpu_ms(lambda: module(*inputs), 3), 0.01))))
-            rounds = [(cpu_ms(lambda: module(*inputs), n), cpu_ms(lambda: built(*inputs), n)) for _ in range(5)]
+            clock = time.process_time if args.clock == "cpu" else time.perf_counter
+            rounds = [(cpu_ms(lambda: module(*inputs), n, clock), cpu_ms(lambda: built(*inputs), n, clock))
+                      for _ in range(5)]
         eager, tvm_ms = (statistics.median(r[i] for r in rounds) for i in (0, 1))
         ratio = statistics.median(e / t for e, t in rounds)
         print(f"{row:14s} eager {eager:8.3f} ms  tvm {tvm_ms:8.3f} ms  eager/tvm {ratio:.2f}  "
@@ -118,6 +165,9 @@ def main() -> None:
         if args.profile:
             for name, ms, k in profile(built, inputs)[:12]:
                 print(f"    {name[:56]:56s} {ms:8.3f} ms x{k}")
+        if args.kernels:
+            with torch.no_grad():
+                kernels(module, built, inputs)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ from mlcomp.ir.ops import Op
 from mlcomp.pipeline.presets import ALL_REWRITES, Rewrite
 from mlcomp.runtime.artifact import RuntimeKind
 from mlcomp.targets.torch.archive import canonical_torchscript
+from mlcomp.targets.torch.linears import SAME_KERNEL, freeze_with_linears
 from mlcomp.targets.base import CompileOptions, Target, TargetCompileError
 from mlcomp.targets.capabilities import TORCH_CPU
 from mlcomp.runtime.codegen import to_fx
@@ -73,10 +74,11 @@ def require_inference(graph: Graph, target: str) -> None:
 
 
 def trace_frozen(graph: Graph, inputs: tuple[torch.Tensor, ...], device: str = "cpu") -> torch.jit.ScriptModule:
-    """Generate torch code for ``graph`` on ``device``, trace it and freeze it."""
+    """Generate torch code for ``graph`` on ``device``, trace it and freeze it, its products as ``aten::linear``
+    (:func:`~mlcomp.targets.torch.linears.freeze_with_linears`: TorchScript's executor splits an ``addmm``)."""
     scripted = trace_module(graph, inputs, device)
     with torch.no_grad(), quiet_torch():
-        return torch.jit.freeze(scripted)
+        return freeze_with_linears(scripted)
 
 
 def trace_module(graph: Graph, inputs: tuple[torch.Tensor, ...], device: str = "cpu") -> torch.jit.ScriptModule:
@@ -256,7 +258,7 @@ class CpuTarget(Target):
         with threads(options.threads):
             scripted = trace_module(graph, inputs)        # one trace for both variants
             with torch.no_grad(), quiet_torch():
-                plain = torch.jit.freeze(scripted)
+                plain = freeze_with_linears(scripted)
                 tuned = torch.jit.optimize_for_inference(scripted) if options.optimize is not False else None
             if options.optimize is None:   # the timed variant is kept, warmed up
                 choice = self._choose(plain, tuned, inputs, options.deterministic)
@@ -359,5 +361,7 @@ _CONSTANT_PLUMBING = frozenset({"prim::Constant", "prim::ListConstruct"})
 
 
 def _kernels(module: torch.jit.ScriptModule) -> Counter[str]:
-    """The TorchScript node kinds ``module`` runs, constants and constant lists left out."""
-    return Counter(n.kind() for n in module.graph.nodes() if n.kind() not in _CONSTANT_PLUMBING)
+    """The TorchScript node kinds ``module`` runs (a kind that runs another's kernel counted as that one,
+    :data:`~mlcomp.targets.torch.linears.SAME_KERNEL`), constants and constant lists left out."""
+    return Counter(SAME_KERNEL.get(n.kind(), n.kind()) for n in module.graph.nodes()
+                   if n.kind() not in _CONSTANT_PLUMBING)

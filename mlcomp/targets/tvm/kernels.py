@@ -29,8 +29,9 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Activation", "Kernel", "KERNELS", "KernelLibrary", "PACKED_WEIGHTS", "Unary", "channels_last_kernel",
-           "packed_conv_available", "register_kernels", "kernel_library", "epilogue_kernel", "views_kernel"]
+__all__ = ["Activation", "GEMM_ATTENTION_THREADS", "Kernel", "KERNELS", "KernelLibrary", "PACKED_WEIGHTS", "Unary",
+           "attention_from_packed", "channels_last_kernel", "epilogue_kernel", "kernel_library",
+           "packed_conv_available", "packed_qkv", "register_kernels", "views_kernel"]
 
 
 class KernelLibrary(Enum):
@@ -77,39 +78,68 @@ def _matmul(a: Any, b: Any) -> torch.Tensor:
 
 
 def _linear(a: Any, w: Any, bias: Any) -> torch.Tensor:
-    """``a @ w.T + bias`` with ``w`` of shape ``[N, K]``: ``F.linear``, eager's GEMM with the bias in it.
-
-    A strided ``a`` (a ``*_views`` argument) is copied first: one parallel copy and the plain GEMM
-    beat torch's strided matmul.
-    """
-    a = _t(a)
-    return F.linear(a if a.is_contiguous() else a.contiguous(), _t(w), _t(bias))
+    """``a @ w.T + bias`` with ``w`` of shape ``[N, K]``: ``F.linear``, eager's GEMM with the bias in it (an empty
+    ``bias``: none).  A strided ``a`` (a ``*_views`` argument) is copied first: one parallel copy and the plain
+    GEMM beat torch's strided matmul."""
+    a, b = _t(a), _t(bias)
+    return F.linear(a if a.is_contiguous() else a.contiguous(), _t(w), b if b.numel() else None)
 
 
-def _attention(q: Any, k: Any, v: Any, scale: float = 1.0) -> torch.Tensor:
-    """``softmax(scale · q @ k.T) @ v`` over ``[B, L, D]``, ``[B, S, D]``, ``[B, S, Dv]`` (q and k already
-    scaled by the graph: ``scale`` 1), or over 4-D ``[b1, b2, L, D]`` views (``*_views``, scale given).
-
-    torch's fused ``scaled_dot_product_attention``: on CPU its flash kernel needs 4-D inputs
-    with unit last stride, so a 3-D batch becomes the heads axis; it never materialises the
-    ``[L, S]`` scores, reads strided q/k/v in place and runs on torch's threads.
-    """
+def _attention(q: Any, k: Any, v: Any, scale: float = 1.0, bias: Any = None) -> torch.Tensor:
+    """``softmax(scale · q @ k.T) @ v`` over ``[B, L, D]``/``[B, S, D]``/``[B, S, Dv]`` (scale 1: in q and k), or over
+    4-D ``[b1, b2, L, D]`` views (``*_views``): torch's SDPA, whose CPU flash kernel reads strided q/k/v in place
+    (a 3-D batch becomes its heads axis); from :data:`GEMM_ATTENTION_THREADS` threads, the heads of one packed
+    projection (:func:`packed_qkv`) run eager's steps (:func:`attention_from_packed`).  ``bias``: that projection's
+    bias, left out of it by the build (``tvm.offload.views._bias_into_split``), added here in place."""
     q, k, v = _t(q), _t(k), _t(v)
     if q.dim() == 4:
+        qkv, b = packed_qkv(q, k, v), None if bias is None else _t(bias)
+        if torch.get_num_threads() >= GEMM_ATTENTION_THREADS and qkv is not None:
+            return attention_from_packed(qkv, q.shape[1], float(scale), b)
+        parts = () if b is None else [(qkv, b)] if qkv is not None else zip((q, k, v), b.view(3, q.shape[1], 1, -1))
+        for t, part in parts:   # views of one fresh tensor: disjoint, added in place
+            t.add_(part)
         return F.scaled_dot_product_attention(q, k, v, scale=float(scale))
-    out = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=float(scale))
-    return out.squeeze(0)
+    return F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=float(scale))[0]
+
+GEMM_ATTENTION_THREADS = 2   # policy row attention-gemms (this file is copied into artifacts: torch only)
+
+
+def packed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """The ``[b1, L, 3·E]`` rows holding q, k, v side by side (``E = b2·D``) when the ``[b1, b2, L, D]``
+    views are their heads (``nn.MultiheadAttention``'s packed in-projection, batch-first); else None."""
+    if q.dtype != torch.float32 or q.shape != k.shape or q.shape != v.shape:
+        return None
+    b1, b2, length, depth = q.shape
+    e, at = b2 * depth, q.storage_offset()
+    if any(t.stride() != (length * 3 * e, depth, 3 * e, 1) for t in (q, k, v)) or \
+            (k.storage_offset() - at, v.storage_offset() - at) != (e, 2 * e) or \
+            len({t.untyped_storage().data_ptr() for t in (q, k, v)}) != 1:
+        return None
+    return q.as_strided((b1, length, 3 * e), (length * 3 * e, 3 * e, 1), at)
+
+
+def attention_from_packed(qkv: torch.Tensor, heads: int, scale: float, bias: Any = None) -> torch.Tensor:
+    """Attention over the heads of a packed ``[B, L, 3·E]`` projection as eager's multi-head attention runs it:
+    one pass adding ``bias`` and splitting q, k, v into contiguous ``[B·heads, L, D]`` (q scaled by ``1/√D``), a
+    batched GEMM (the rest of the scale in it), softmax, a batched GEMM; ``[B, heads, L, D]``."""
+    batch, length, width = qkv.shape
+    depth = width // (3 * heads)
+    q, k, v = (t.view(batch * heads, length, depth) for t in
+               torch._transform_bias_rescale_qkv(qkv, qkv.new_zeros(width) if bias is None else bias, heads))
+    scores = torch.baddbmm(q.new_empty(batch * heads, length, length), q, k.transpose(1, 2), beta=0.0,
+                           alpha=scale * depth ** 0.5)
+    return torch.bmm(torch.softmax(scores, -1), v).view(batch, heads, length, depth)
 
 
 def _mean(x: Any, keepdim: int, *axes: int) -> torch.Tensor:
-    """``x.mean(axes, keepdim)`` on torch's threads (a large reduction between two torch calls)."""
+    """``x.mean(axes, keepdim)`` on torch's threads."""
     return torch.mean(_t(x), dim=[int(a) for a in axes], keepdim=bool(keepdim))
 
 
 def _layer_norm(x: Any, weight: Any, bias: Any, eps: float) -> torch.Tensor:
     """Layer norm over the last axis (``F.layer_norm``, torch's threads)."""
-    x = _t(x)
-    return F.layer_norm(x, x.shape[-1:], _t(weight), _t(bias), eps)
+    return F.layer_norm(_t(x), _t(x).shape[-1:], _t(weight), _t(bias), eps)
 
 
 def _add_layer_norm(a: Any, b: Any, weight: Any, bias: Any, eps: float) -> torch.Tensor:

@@ -168,6 +168,10 @@ RULES: tuple[Rule, ...] = (
        needs=_CPU),
     _R("attention", "attention", Runs.TORCH, "decomposed softmax attention -> scaled_dot_product_attention",
        needs=_CPU, fusion=Fusion.ATTENTION),
+    _R("attention-gemms", "attention", Runs.TORCH,
+       "at this many threads, attention over a packed q/k/v projection's heads runs eager's steps (one split "
+       "pass, batched GEMMs, softmax): torch's flash kernel gains ~1.15x from 1 to 2 threads on the zoo "
+       "transformer's heads, these steps 2x", needs=_CPU, min_size=2, unit="threads", fusion=Fusion.ATTENTION),
     _R("layer-norm", "layer_norm", Runs.TORCH, "(residual add +) last-axis layer norm -> F.layer_norm",
        needs=_CPU, fusion=Fusion.LAYER_NORM),
     _R("relu-after-linear", "relu", Runs.TORCH,

@@ -79,6 +79,7 @@ _FRESH = ("mlcomp.torch.linear", "mlcomp.torch.matmul", "mlcomp.torch.attention"
 # below this many elements it stays in TVM (figures in benchmarks/RESULTS.md).
 # Attention's q/k/v views copy nothing and are always taken.
 VIEW_MIN_ELEMENTS = rule("views").min_size   # policy row views
+SMALL_GEMM_MACS = rule("small-gemm").max_size   # products the small-GEMM probe may keep as TVM code
 
 
 def _attention_views(call: Any, bound: dict, memo: dict) -> tuple[list[ViewSpec], list[Any], float] | None:
@@ -310,6 +311,42 @@ def _reuse_sums(bound: dict, users: Counter, outputs: set) -> dict:
     return new
 
 
+def _bias_into_split(bound: dict, users: Counter, outputs: set) -> dict:
+    """An attention reading q/k/v as the heads of one in-projection (``[b1, L, 3·E]`` rows, q/k/v side by side)
+    that nothing else reads takes that projection's bias: the projection runs without it (its GEMM writes
+    the product directly instead of over a broadcast copy of the bias) and the kernel adds it in its split
+    pass (``tvm.kernels._attention``).  A GEMM the small-GEMM probe may keep as TVM code keeps its bias.
+    """
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    new = {}
+    for var, value in bound.items():
+        if kernel_name(value) != views_kernel(_ATTENTION):
+            continue
+        views, gather, args = decode(value)
+        src, proj = args[0], bound.get(args[0])
+        if len(args) != 4 or not all(a.same_as(src) for a in args[1:3]) or kernel_name(proj) != _LINEAR or \
+                users[src] != 1 or src in outputs or not isinstance(proj.args[3], tvm.ir.expr.Constant):
+            continue
+        (a, w, b), shape, a_shape = proj.args[1:], static_shape(src), static_shape(proj.args[1])
+        sizes = {sz for _, sz, _, _ in views}
+        if len(sizes) != 1 or len(views) != 3 or not shape or not a_shape or \
+                prod(shape) * a_shape[-1] <= SMALL_GEMM_MACS:     # multiply-adds of the projection
+            continue
+        b1, b2, length, depth = sizes.pop()
+        e = b2 * depth
+        if shape[-1] != 3 * e or prod(shape) != b1 * length * 3 * e or \
+                [(pos, st, off) for pos, _, st, off in views] != [(i, (length * 3 * e, depth, 3 * e, 1), i * e)
+                                                                  for i in range(3)]:
+            continue
+        empty = relax.const(np.zeros((0,), str(ty_of(b).dtype)))
+        new[src] = relax.call_pure_packed(_LINEAR, a, w, empty, ty_args=ty_of(src))
+        new[var] = packed_call(views_kernel(_ATTENTION), encode(views, gather), [*args, b], value)
+    return new
+
+
 def absorb_views(func: Any, min_elements: int = VIEW_MIN_ELEMENTS) -> Any:
     """``func`` with the layout chains around its torch kernel calls moved into them (module doc).
 
@@ -323,4 +360,5 @@ def absorb_views(func: Any, min_elements: int = VIEW_MIN_ELEMENTS) -> Any:
     bound, _, _ = bindings_of(func)
     func = rebuild(func, _in_views(bound, min_elements, attention=False))
     func = rebuild(func, _out_views(*bindings_of(func), min_elements))
-    return rebuild(func, _reuse_sums(*bindings_of(func)))
+    func = rebuild(func, _reuse_sums(*bindings_of(func)))
+    return rebuild(func, _bias_into_split(*bindings_of(func)))
