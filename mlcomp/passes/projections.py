@@ -54,9 +54,9 @@ class SplitProjections(Pass):
     """Split a packed projection read only in parts (q/k/v) into one projection per part."""
 
     name: ClassVar[str] = "split-projections"
-    modes: ClassVar[frozenset[Mode]] = frozenset({Mode.INFERENCE})   # slices of a trained weight are not it
-
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
+        if graph.mode is Mode.TRAINING:      # the optimizer updates the packed weight: a training graph keeps it
+            return PassResult(graph, False, {"projections_split": 0, "parts": 0, "rows_reordered": 0})
         whole = ctx.target.whole_modules if ctx.target is not None else frozenset()   # converted from its weights
         stats = split_projections(graph, leave=lambda node: node.origin.module_type in whole)
         return PassResult(graph, stats["projections_split"] > 0, stats)

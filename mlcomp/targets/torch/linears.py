@@ -31,13 +31,16 @@ def _is_one(value: torch._C.Value) -> bool:
 
 
 def addmm_as_linear(graph: torch._C.Graph) -> int:
-    """Rewrite, in place, each ``addmm(b, x, m, 1, 1)`` of ``graph`` as ``linear(x, t(m), b)``; how many."""
+    """Rewrite, in place, each ``addmm(b, x, m, 1, 1)`` of ``graph`` whose ``m`` is a constant as
+    ``linear(x, t(m), b)``; how many."""
     count = 0
     for node in graph.findAllNodes("aten::addmm"):
         inputs = list(node.inputs())
         if len(inputs) != 2 + len(_UNIT) + 1 or not all(_is_one(v) for v in inputs[3:]):
             continue
         bias, x, mat2 = inputs[:3]
+        if mat2.node().kind() != "prim::Constant":     # a computed operand (a training graph's weight) stays
+            continue
         transpose = graph.create("aten::t", [mat2])
         transpose.insertBefore(node)
         transpose.output().setType(mat2.type())

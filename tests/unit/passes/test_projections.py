@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from mlcomp.frontend.loading import load_model
+from mlcomp.ir import Mode
 from mlcomp.ir.builder import GraphBuilder
 from mlcomp.ir.ops import GETITEM, aten
 from mlcomp.models.transformer import TransformerEncoderModel
@@ -19,11 +20,11 @@ from mlcomp.pipeline.presets import adapt_preset
 from mlcomp.targets import get_target
 
 
-def packed_graph(extra_reader: bool = False):
+def packed_graph(extra_reader: bool = False, mode: Mode = Mode.INFERENCE):
     """``x @ W + b`` ([4, 24]) as ``[4, 3, 8]``, q/k/v selected along the parts axis; ``extra_reader``: the
     packed view is also an output."""
     torch.manual_seed(0)
-    b = GraphBuilder("qkv")
+    b = GraphBuilder("qkv", mode=mode)
     x = b.input("x", (4, 8))
     w, bias = b.param("proj.weight_t", torch.randn(8, 24)), b.param("proj.bias", torch.randn(24))
     y = b.call(aten("addmm"), bias, x, w, origin="proj")
@@ -58,6 +59,16 @@ def test_a_packed_value_with_another_reader_stays_packed():
     graph = packed_graph(extra_reader=True)
     before = graph.format()
     assert split_projections(graph) == {"projections_split": 0, "parts": 0, "rows_reordered": 0}
+    assert graph.format() == before
+
+
+def test_a_training_graph_keeps_its_packed_weight_and_a_preset_with_the_pass_runs_on_it():
+    graph = packed_graph(mode=Mode.TRAINING)
+    before = graph.format()
+    out, report = run_pipeline(graph, adapt_preset("-O2", "cpu", get_target("cpu").rewrites).text)
+    assert "split-projections" in [r.name for r in report.records]
+    assert next(r for r in report.records if r.name == "split-projections").stats["projections_split"] == 0
+    assert "proj.weight_t" in out.constants and not any(name.startswith("proj.weight_t_") for name in out.constants)
     assert graph.format() == before
 
 

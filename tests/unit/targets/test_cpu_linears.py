@@ -31,12 +31,20 @@ def test_frozen_products_run_addmm_not_mm_and_add():
     assert art.runtime.choice.reason is OptimizeReason.SAME_KERNELS
 
 
-def test_only_unit_scaled_products_become_linears():
-    def products(b, x, w):
+def test_only_unit_scaled_products_of_a_constant_become_linears():
+    b, x, w = torch.randn(3), torch.randn(2, 4), torch.randn(4, 3)
+
+    def products(b, x):                       # w traced as a constant, as freezing leaves a weight
         return torch.addmm(b, x, w), torch.addmm(b, x, w, beta=0.5), torch.addmm(b, x, w, alpha=2.0)
 
-    b, x, w = torch.randn(3), torch.randn(2, 4), torch.randn(4, 3)
-    graph = torch.jit.trace(products, (b, x, w)).graph
+    graph = torch.jit.trace(products, (b, x)).graph
     assert addmm_as_linear(graph) == 1
     assert [n.kind() for n in graph.findAllNodes("aten::addmm")] == ["aten::addmm"] * 2
     assert len(graph.findAllNodes("aten::linear")) == 1
+
+
+def test_a_computed_second_operand_stays_an_addmm():
+    """A training graph's weight is an input: its product is left as it is (the rewrite is for constants)."""
+    graph = torch.jit.trace(lambda b, x, w: torch.addmm(b, x, w), (torch.randn(3), torch.randn(2, 4),
+                                                                    torch.randn(4, 3))).graph
+    assert addmm_as_linear(graph) == 0 and len(graph.findAllNodes("aten::addmm")) == 1
