@@ -115,8 +115,7 @@ def capture_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], *,
 
 def _one_trace(module: nn.Module, inputs: tuple[torch.Tensor, ...], dynamic_shapes: Any, name: str,
                decompositions: Mapping[Any, Callable[..., Any]] | None) -> tuple[Graph | None, str]:
-    """The inference IR from one trace straight to core ATen (:mod:`mlcomp.frontend.one_trace`), or
-    ``(None, why the two-trace path must run)``."""
+    """``(IR from one trace straight to core ATen, ONE_TRACE)``, or ``(None, why two traces must run)``."""
     ep, trace = one_trace_program(module, inputs, dynamic_shapes, decompositions)
     if ep is None:
         return None, trace
@@ -154,8 +153,7 @@ def capture_exported(ep: "torch.export.ExportedProgram", *, name: str = "graph",
 def _graph_of(ep: "torch.export.ExportedProgram", lowering: Decomposition, *, name: str, training: bool
               ) -> Graph:
     """The IR of a program at core ATen; its parameters and buffers keep their module paths."""
-    sig = ep.graph_signature
-    state = dict(ep.state_dict)
+    sig, state = ep.graph_signature, dict(ep.state_dict)
     state.update(getattr(ep, "constants", {}) or {})
     constant_of: dict[str, str] = {}
     for spec in sig.input_specs:
