@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Activation", "GEMM_ATTENTION_THREADS", "Kernel", "KERNELS", "KernelLibrary", "PACKED_WEIGHTS", "Unary",
+__all__ = ["Activation", "GEMM_ATTENTION_THREADS", "INTO_KERNELS", "Kernel", "KERNELS", "KernelLibrary", "PACKED_WEIGHTS", "Unary",
            "attention_from_packed", "channels_last_kernel", "epilogue_kernel", "kernel_library",
            "packed_conv_available", "packed_qkv", "register_kernels", "views_kernel"]
 
@@ -77,12 +77,17 @@ def _matmul(a: Any, b: Any) -> torch.Tensor:
     return torch.matmul(_t(a), _t(b))
 
 
-def _linear(a: Any, w: Any, bias: Any) -> torch.Tensor:
+def _linear(a: Any, w: Any, bias: Any, out: torch.Tensor | None = None) -> torch.Tensor:
     """``a @ w.T + bias`` with ``w`` of shape ``[N, K]``: ``F.linear``, eager's GEMM with the bias in it (an empty
-    ``bias``: none).  A strided ``a`` (a ``*_views`` argument) is copied first: one parallel copy and the plain
-    GEMM beat torch's strided matmul."""
+    ``bias``: none); into ``out`` (``addmm``/``mm`` on the rows, what ``F.linear`` runs) when given.  A strided ``a``
+    (a ``*_views`` argument) is copied first: one parallel copy and the plain GEMM beat torch's strided matmul."""
     a, b = _t(a), _t(bias)
-    return F.linear(a if a.is_contiguous() else a.contiguous(), _t(w), b if b.numel() else None)
+    a = a if a.is_contiguous() else a.contiguous()
+    if out is None:
+        return F.linear(a, _t(w), b if b.numel() else None)
+    rows, into, wt = a.view(-1, a.shape[-1]), out.view(-1, out.shape[-1]), _t(w).t()
+    torch.addmm(b, rows, wt, out=into) if b.numel() else torch.mm(rows, wt, out=into)
+    return out
 
 
 def _attention(q: Any, k: Any, v: Any, scale: float = 1.0, bias: Any = None) -> torch.Tensor:
@@ -107,12 +112,14 @@ GEMM_ATTENTION_THREADS = 2   # policy row attention-gemms (this file is copied i
 
 def packed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
     """The ``[b1, L, 3·E]`` rows holding q, k, v side by side (``E = b2·D``) when the ``[b1, b2, L, D]``
-    views are their heads (``nn.MultiheadAttention``'s packed in-projection, batch-first); else None."""
+    views are their heads (``nn.MultiheadAttention``'s packed in-projection, batch-first); else None.  The stride of
+    a size-1 axis is not read (at batch 1 the build's views give the batch axis stride 0)."""
     if q.dtype != torch.float32 or q.shape != k.shape or q.shape != v.shape:
         return None
     b1, b2, length, depth = q.shape
     e, at = b2 * depth, q.storage_offset()
-    if any(t.stride() != (length * 3 * e, depth, 3 * e, 1) for t in (q, k, v)) or \
+    rows = (length * 3 * e, depth, 3 * e, 1)        # the stride of a size-1 axis is not read
+    if any(n != 1 and s != want for t in (q, k, v) for n, s, want in zip(t.shape, t.stride(), rows)) or \
             (k.storage_offset() - at, v.storage_offset() - at) != (e, 2 * e) or \
             len({t.untyped_storage().data_ptr() for t in (q, k, v)}) != 1:
         return None
@@ -132,9 +139,9 @@ def attention_from_packed(qkv: torch.Tensor, heads: int, scale: float, bias: Any
     return torch.bmm(torch.softmax(scores, -1), v).view(batch, heads, length, depth)
 
 
-def _mean(x: Any, keepdim: int, *axes: int) -> torch.Tensor:
-    """``x.mean(axes, keepdim)`` on torch's threads."""
-    return torch.mean(_t(x), dim=[int(a) for a in axes], keepdim=bool(keepdim))
+def _mean(x: Any, keepdim: int, *axes: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x.mean(axes, keepdim)`` on torch's threads (into ``out`` when given)."""
+    return torch.mean(_t(x), dim=[int(a) for a in axes], keepdim=bool(keepdim), out=out)
 
 
 def _layer_norm(x: Any, weight: Any, bias: Any, eps: float) -> torch.Tensor:
@@ -169,12 +176,12 @@ class Activation(Enum):
             return out.sigmoid_()
         if self is Activation.RELU:
             return out.relu_()
-        return F.gelu(out, approximate="tanh" if self is Activation.GELU_TANH else "none")
+        return torch.ops.aten.gelu_(out, approximate="tanh" if self is Activation.GELU_TANH else "none")
 
 
 def _with(fn: Callable[..., torch.Tensor], act: Activation) -> Callable[..., torch.Tensor]:
-    def run(*args: Any) -> torch.Tensor:
-        return act.apply(fn(*args))
+    def run(*args: Any, **out: torch.Tensor) -> torch.Tensor:
+        return act.apply(fn(*args, **out))
 
     run.__doc__ = f"{fn.__doc__} Then {act.value}, in place, on torch's threads."
     return run
@@ -185,9 +192,10 @@ def _views(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
 
     Leading integers: ``n_in, (pos, rank, sizes, strides, offset)…`` (argument ``pos`` is
     ``as_strided`` of the tensor passed), then ``n_out, (rank F, F, P, rank S, S)``: the result is
-    ``out.reshape(F).permute(P).reshape(S)``; then ``fn``'s own arguments.  Returned contiguous.
+    ``out.reshape(F).permute(P).reshape(S)``; then ``fn``'s own arguments.  Returned contiguous, or
+    written into ``out`` (the rearranging copy lands there; without one, ``fn`` writes into it).
     """
-    def run(*args: Any) -> torch.Tensor:
+    def run(*args: Any, out: torch.Tensor | None = None) -> torch.Tensor:
         n_in = int(args[0])
         spec, at = [int(a) for a in args[1:1 + n_in]], 0
         n_out = int(args[1 + n_in])
@@ -199,13 +207,27 @@ def _views(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
             rest[pos] = base.as_strided(spec[at + 2:at + 2 + rank], spec[at + 2 + rank:at + 2 + 2 * rank],
                                         base.storage_offset() + spec[at + 2 + 2 * rank])
             at += 3 + 2 * rank
-        out = fn(*rest)
-        if n_out:
-            rf = out_spec[0]
-            out = out.reshape(out_spec[1:1 + rf]).permute(out_spec[1 + rf:1 + 2 * rf]).reshape(out_spec[2 + 2 * rf:])
-        return out if out.is_contiguous() else out.contiguous()
+        if not n_out:
+            res = fn(*rest) if out is None else fn(*rest, out=out)
+            return res if res.is_contiguous() else res.contiguous()
+        rf = out_spec[0]
+        shape, perm = out_spec[1:1 + rf], out_spec[1 + rf:1 + 2 * rf]
+        res = fn(*rest).reshape(shape).permute(perm)
+        if out is not None:
+            return out.view([shape[p] for p in perm]).copy_(res)
+        res = res.reshape(out_spec[2 + 2 * rf:])
+        return res if res.is_contiguous() else res.contiguous()
 
     run.__doc__ = f"{fn.__doc__} Arguments read as strided views, the result rearranged (tvm_views)."
+    return run
+
+
+def _into(fn: Callable[..., torch.Tensor]) -> Callable[..., None]:
+    """``fn`` writing its result into the tensor passed last (destination passing: the VM allocates it)."""
+    def run(*args: Any) -> None:
+        fn(*args[:-1], out=_t(args[-1]))
+
+    run.__doc__ = f"{fn.__doc__} Written into the last argument (tvm_into)."
     return run
 
 
@@ -342,28 +364,33 @@ class Kernel:
     op: str
     library: KernelLibrary
     fn: Callable[..., torch.Tensor]
+    into: bool = False     # ``fn(..., out=t)`` writes its result into ``t`` with no copy (``*_into``)
 
 
 _BASE: tuple[Kernel, ...] = (
     Kernel("mlcomp.torch.conv2d", "conv2d", KernelLibrary.TORCH, _conv2d),
     Kernel("mlcomp.torch.conv_transpose2d", "conv2d_transpose", KernelLibrary.TORCH, _conv_transpose2d),
     Kernel("mlcomp.torch.matmul", "matmul", KernelLibrary.TORCH, _matmul),
-    Kernel("mlcomp.torch.linear", "linear", KernelLibrary.TORCH, _linear),
+    Kernel("mlcomp.torch.linear", "linear", KernelLibrary.TORCH, _linear, into=True),
     Kernel("mlcomp.torch.attention", "attention", KernelLibrary.TORCH, _attention),
-    Kernel("mlcomp.torch.mean", "mean", KernelLibrary.TORCH, _mean),
+    Kernel("mlcomp.torch.mean", "mean", KernelLibrary.TORCH, _mean, into=True),
     Kernel("mlcomp.torch.layer_norm", "layer_norm", KernelLibrary.TORCH, _layer_norm),
     Kernel("mlcomp.torch.add_layer_norm", "add+layer_norm", KernelLibrary.TORCH, _add_layer_norm),
     Kernel("mlcomp.torch.add_layer_norm_reuse", "add+layer_norm (in place)", KernelLibrary.TORCH,
            _add_layer_norm_reuse),
-    *(Kernel(f"mlcomp.torch.{op}_{act.value}", f"{op}+{act.value}", KernelLibrary.TORCH, _with(fn, act))
+    *(Kernel(f"mlcomp.torch.{op}_{act.value}", f"{op}+{act.value}", KernelLibrary.TORCH, _with(fn, act), op == "linear")
       for op, fn in (("conv2d", _conv2d), ("linear", _linear)) for act in Activation),
 )
 _CHANNELS_LAST: tuple[Kernel, ...] = tuple(
     Kernel(channels_last_kernel(u, add), "conv2d" + ("+add" if add else "") + ("" if u is Unary.NONE else f"+{u.value}"),
            KernelLibrary.TORCH, _channels_last_conv(u, add)) for add in (False, True) for u in Unary)
 # every kernel also reads strided views / rearranges its result when called as ``<name>_views``
-KERNELS: dict[str, Kernel] = {k.name: k for base in (*_BASE, *_CHANNELS_LAST) for k in (
-    base, Kernel(f"{base.name}_views", f"{base.op} (views)", base.library, _views(base.fn)))}
+_ALL = tuple(k for base in (*_BASE, *_CHANNELS_LAST) for k in (
+    base, Kernel(f"{base.name}_views", f"{base.op} (views)", base.library, _views(base.fn), base.into)))
+# and writes into a tensor the VM allocates as ``<name>_into`` (a views kernel: when it rearranges its result)
+KERNELS: dict[str, Kernel] = {k.name: k for k in _ALL}
+INTO_KERNELS: dict[str, Kernel] = {f"{k.name}_into": Kernel(f"{k.name}_into", k.op, k.library, _into(k.fn), True)
+                                   for k in _ALL if k.into or k.name.endswith("_views")}
 
 
 def views_kernel(name: str) -> str:
@@ -389,7 +416,7 @@ def register_kernels() -> None:
 
     fast = hasattr(torch.Tensor, "__dlpack_c_exchange_api__") and hasattr(tvm_ffi, "convert_func")
     with _REGISTER_LOCK:
-        for kernel in KERNELS.values():
+        for kernel in (*KERNELS.values(), *INTO_KERNELS.values()):
             if tvm_ffi.get_global_func(kernel.name, allow_missing=True) is None:
                 fn = tvm_ffi.convert_func(kernel.fn, tensor_cls=torch.Tensor) if fast else kernel.fn
                 tvm_ffi.register_global_func(kernel.name, fn)
