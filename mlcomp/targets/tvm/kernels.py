@@ -1,23 +1,20 @@
 """Vendor kernels for the TVM target: torch's oneDNN/MKL convolution and GEMM behind TVM packed functions.
 
-TVM 0.27's Relax has no default CPU schedule for matmul or convolution (DLight's CPU
-rules cover GEMV and reductions), and the PyPI wheel carries no DNNL/BLAS runtime
-(``tvm.contrib.cblas``/``mkl``/``dnnl`` are absent; see ``tvm.build``).  So the heavy
-ops are offloaded (:mod:`mlcomp.targets.tvm.offload.rewrite`) to the functions below, which
-TVM's VM calls as ordinary packed functions by their ``mlcomp.`` names; every
-argument crosses by DLPack without a copy and the result is handed back the same way::
+TVM 0.27's Relax has no default CPU schedule for matmul or convolution (DLight's CPU rules cover GEMV and
+reductions), and the PyPI wheel carries no DNNL/BLAS runtime (``tvm.contrib.cblas``/``mkl``/``dnnl`` are absent).
+So the heavy ops are offloaded (:mod:`mlcomp.targets.tvm.offload.rewrite`) to the functions below, which TVM's
+VM calls as ordinary packed functions by their ``mlcomp.`` names; every argument crosses by DLPack without a
+copy and the result is handed back the same way (or, for a ``*_into`` variant, written into the tensor the VM
+passes last: :mod:`mlcomp.targets.tvm.offload.destinations`)::
 
     before (Relax):  lv = R.nn.conv2d(x, metadata["relax.expr.Constant"][0], strides=[2, 2], padding=[3, 3, 3, 3])
-    after:           lv = R.call_pure_packed("mlcomp.torch.conv2d", x, metadata[...][0], bias,
-                                             R.prim_value(2), R.prim_value(2), R.prim_value(3), R.prim_value(3),
-                                             R.prim_value(1), R.prim_value(1), R.prim_value(1),
-                                             ty_args=R.Tensor((1, 64, 112, 112), "float32"))
+    after:           lv = R.call_pure_packed("mlcomp.torch.conv2d", x, metadata[...][0], bias, R.prim_value(2),
+                                             …, R.prim_value(1), ty_args=R.Tensor((1, 64, 112, 112), "float32"))
 
-The names are process-wide (TVM's global function table is, and a loaded ``model.so``
-resolves them when its VM starts), so :func:`register_kernels` registers them once,
-idempotently, before a build and before a load; that registration is the only state
-this module leaves behind and it is never changed afterwards.  A module exported
-with kernels needs torch at load time; :data:`KERNELS` lists what each name runs.
+The names are process-wide (TVM's global function table is, and a loaded ``model.so`` resolves them when its VM
+starts), so :func:`register_kernels` registers them once, idempotently, before a build and before a load; that
+registration is the only state this module leaves behind.  A module exported with kernels needs torch at load
+time; :data:`KERNELS` lists what each name runs.
 """
 from __future__ import annotations
 
@@ -29,14 +26,13 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Activation", "GEMM_ATTENTION_THREADS", "INTO_KERNELS", "Kernel", "KERNELS", "KernelLibrary", "PACKED_WEIGHTS", "Unary",
-           "attention_from_packed", "channels_last_kernel", "epilogue_kernel", "kernel_library",
+__all__ = ["Activation", "GEMM_ATTENTION_THREADS", "INTO_KERNELS", "Kernel", "KERNELS", "KernelLibrary",
+           "PACKED_WEIGHTS", "Unary", "attention_from_packed", "channels_last_kernel", "epilogue_kernel",
            "packed_conv_available", "packed_qkv", "register_kernels", "views_kernel"]
 
 
 class KernelLibrary(Enum):
     """Where an offloaded op runs."""
-
     TORCH = "torch"
 
     def describe(self) -> str:
@@ -60,11 +56,8 @@ def _conv2d(x: Any, w: Any, bias: Any, sh: int, sw: int, pt: int, pl: int, pb: i
 
 def _conv_transpose2d(x: Any, w: Any, bias: Any, sh: int, sw: int, ph: int, pw: int, oph: int, opw: int,
                       dh: int, dw: int, groups: int, nhwc: int) -> torch.Tensor:
-    """Transposed convolution, weight IOHW (torch's own layout); ``nhwc``: ``x`` and the result are NHWC.
-
-    An NHWC ``x`` is read as the channels-last NCHW view oneDNN takes without a copy; its
-    channels-last result, permuted back, is the contiguous NHWC tensor TVM expects.
-    """
+    """Transposed convolution, weight IOHW (torch's own layout); ``nhwc``: ``x`` and the result are NHWC (read as
+    the channels-last NCHW view oneDNN takes without a copy; its channels-last result permuted back)."""
     xv = _t(x).permute(0, 3, 1, 2) if nhwc else _t(x)
     b = _t(bias)
     out = F.conv_transpose2d(xv, _t(w), b if b.numel() else None, (sh, sw), (ph, pw), (oph, opw), groups, (dh, dw))
@@ -81,8 +74,7 @@ def _linear(a: Any, w: Any, bias: Any, out: torch.Tensor | None = None) -> torch
     """``a @ w.T + bias`` with ``w`` of shape ``[N, K]``: ``F.linear``, eager's GEMM with the bias in it (an empty
     ``bias``: none); into ``out`` (``addmm``/``mm`` on the rows, what ``F.linear`` runs) when given.  A strided ``a``
     (a ``*_views`` argument) is copied first: one parallel copy and the plain GEMM beat torch's strided matmul."""
-    a, b = _t(a), _t(bias)
-    a = a if a.is_contiguous() else a.contiguous()
+    a, b = _t(a).contiguous(), _t(bias)
     if out is None:
         return F.linear(a, _t(w), b if b.numel() else None)
     rows, into, wt = a.view(-1, a.shape[-1]), out.view(-1, out.shape[-1]), _t(w).t()
@@ -207,15 +199,14 @@ def _views(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
             rest[pos] = base.as_strided(spec[at + 2:at + 2 + rank], spec[at + 2 + rank:at + 2 + 2 * rank],
                                         base.storage_offset() + spec[at + 2 + 2 * rank])
             at += 3 + 2 * rank
-        if not n_out:
-            res = fn(*rest) if out is None else fn(*rest, out=out)
-            return res if res.is_contiguous() else res.contiguous()
-        rf = out_spec[0]
-        shape, perm = out_spec[1:1 + rf], out_spec[1 + rf:1 + 2 * rf]
-        res = fn(*rest).reshape(shape).permute(perm)
-        if out is not None:
-            return out.view([shape[p] for p in perm]).copy_(res)
-        res = res.reshape(out_spec[2 + 2 * rf:])
+        res = fn(*rest) if out is None or n_out else fn(*rest, out=out)
+        if n_out:
+            rf = out_spec[0]
+            shape, perm = out_spec[1:1 + rf], out_spec[1 + rf:1 + 2 * rf]
+            res = res.reshape(shape).permute(perm)
+            if out is not None:
+                return out.view([shape[p] for p in perm]).copy_(res)
+            res = res.reshape(out_spec[2 + 2 * rf:])
         return res if res.is_contiguous() else res.contiguous()
 
     run.__doc__ = f"{fn.__doc__} Arguments read as strided views, the result rearranged (tvm_views)."
@@ -248,11 +239,10 @@ class Unary(Enum):
 class PackedWeights:
     """oneDNN-packed convolution weights of the ``conv2d_cl*`` kernels, by a key the build computed.
 
-    The key hashes the weight's bytes, the convolution's parameters and the input shape (what the
-    packing depends on), so an entry is right for every module carrying that key.  The offload packs
-    at build time (:meth:`pack`); a loaded ``model.so`` packs at its first call.  Modules hold their
-    keys (:meth:`hold`) and give them back when collected (:meth:`release`): an entry no module holds
-    is dropped.  The cache only saves time: a missing entry is packed again from the weight argument.
+    The key hashes the weight's bytes, the convolution's parameters and the input shape (what the packing depends
+    on), so an entry is right for every module carrying that key.  The offload packs at build time (:meth:`pack`);
+    a loaded ``model.so`` packs at its first call.  Modules hold their keys (:meth:`hold`) and give them back when
+    collected (:meth:`release`): an entry no module holds is dropped (a missing entry is packed again).
     """
 
     def __init__(self) -> None:
@@ -279,11 +269,9 @@ class PackedWeights:
     def release(self, keys: list[int]) -> None:
         with self._lock:
             for key in keys:
-                left = self._holders.get(key, 0) - 1
-                if left > 0:
-                    self._holders[key] = left
-                else:
-                    self._holders.pop(key, None)
+                self._holders[key] = self._holders.get(key, 0) - 1
+                if self._holders[key] <= 0:
+                    del self._holders[key]
                     self._packed.pop(key, None)
 
     def __len__(self) -> int:
@@ -299,26 +287,19 @@ def packed_conv_available() -> bool:
 
 
 def _unary_in_place(out: torch.Tensor, unary: Unary, scalars: list[float]) -> torch.Tensor:
-    if unary is Unary.RELU:
-        return out.relu_()
-    if unary is Unary.SIGMOID:
-        return out.sigmoid_()
     if unary is Unary.HARDTANH:
         return out.clamp_(scalars[0], scalars[1])
-    if unary in (Unary.GELU, Unary.GELU_TANH):
-        return F.gelu(out, approximate="tanh" if unary is Unary.GELU_TANH else "none")
-    return out
+    return out if unary is Unary.NONE else Activation(unary.value).apply(out)
 
 
 def _channels_last_conv(unary: Unary, binary: bool) -> Callable[..., torch.Tensor]:
     """A convolution on NHWC tensors by oneDNN with a prepacked weight and a fused epilogue.
 
-    Arguments: ``x`` (NHWC), ``w`` (OIHW, packed once per key), ``bias`` (empty: none), ``other``
-    (NHWC, added before the activation when ``binary``; empty otherwise), then stride h/w, padding
-    h/w, dilation h/w, groups, the weight key (:class:`PackedWeights`; 0: run ``F.conv2d`` unpacked, the
-    epilogue in place after it), then ``unary``'s scalars.
-    ``x.permute(0, 3, 1, 2)`` is the channels-last NCHW tensor oneDNN wants (no copy) and its
-    channels-last result, permuted back, is the contiguous NHWC tensor TVM expects.
+    Arguments: ``x`` (NHWC), ``w`` (OIHW, packed once per key), ``bias`` (empty: none), ``other`` (NHWC, added
+    before the activation when ``binary``; empty otherwise), then stride h/w, padding h/w, dilation h/w, groups,
+    the weight key (:class:`PackedWeights`; 0: ``F.conv2d`` unpacked, the epilogue in place after it), then
+    ``unary``'s scalars.  ``x.permute(0, 3, 1, 2)`` is the channels-last NCHW tensor oneDNN wants (no copy) and
+    its channels-last result, permuted back, the contiguous NHWC tensor TVM expects.
     """
     attr, algorithm = unary.onednn()
 
@@ -359,7 +340,6 @@ def channels_last_kernel(unary: Unary, binary: bool) -> str:
 @dataclass(frozen=True)
 class Kernel:
     """One packed function: its TVM name, what it runs, and the Python callable."""
-
     name: str
     op: str
     library: KernelLibrary
@@ -376,8 +356,7 @@ _BASE: tuple[Kernel, ...] = (
     Kernel("mlcomp.torch.mean", "mean", KernelLibrary.TORCH, _mean, into=True),
     Kernel("mlcomp.torch.layer_norm", "layer_norm", KernelLibrary.TORCH, _layer_norm),
     Kernel("mlcomp.torch.add_layer_norm", "add+layer_norm", KernelLibrary.TORCH, _add_layer_norm),
-    Kernel("mlcomp.torch.add_layer_norm_reuse", "add+layer_norm (in place)", KernelLibrary.TORCH,
-           _add_layer_norm_reuse),
+    Kernel("mlcomp.torch.add_layer_norm_reuse", "add+layer_norm (in place)", KernelLibrary.TORCH, _add_layer_norm_reuse),
     *(Kernel(f"mlcomp.torch.{op}_{act.value}", f"{op}+{act.value}", KernelLibrary.TORCH, _with(fn, act), op == "linear")
       for op, fn in (("conv2d", _conv2d), ("linear", _linear)) for act in Activation),
 )
@@ -406,12 +385,11 @@ _REGISTER_LOCK = threading.Lock()
 
 
 def register_kernels() -> None:
-    """Register every :data:`KERNELS` entry with TVM's global function table (once per process).
+    """Register :data:`KERNELS` and :data:`INTO_KERNELS` with TVM's global function table (once per process).
 
-    Where torch offers DLPack's C exchange API (``torch.Tensor.__dlpack_c_exchange_api__``),
-    tvm_ffi converts the tensor arguments to ``torch.Tensor`` in C before the Python body
-    runs, much cheaper than ``torch.from_dlpack`` in Python.  Without it the functions convert the arguments themselves (:func:`_t`).
-    """
+    Where torch offers DLPack's C exchange API (``torch.Tensor.__dlpack_c_exchange_api__``), tvm_ffi converts the
+    tensor arguments to ``torch.Tensor`` in C before the Python body runs, much cheaper than ``torch.from_dlpack``
+    in Python.  Without it the functions convert the arguments themselves (:func:`_t`)."""
     import tvm_ffi
 
     fast = hasattr(torch.Tensor, "__dlpack_c_exchange_api__") and hasattr(tvm_ffi, "convert_func")
@@ -420,8 +398,3 @@ def register_kernels() -> None:
             if tvm_ffi.get_global_func(kernel.name, allow_missing=True) is None:
                 fn = tvm_ffi.convert_func(kernel.fn, tensor_cls=torch.Tensor) if fast else kernel.fn
                 tvm_ffi.register_global_func(kernel.name, fn)
-
-
-def kernel_library(name: str) -> KernelLibrary:
-    """The library behind the packed function ``name`` (a :data:`KERNELS` key)."""
-    return KERNELS[name].library

@@ -11,7 +11,8 @@ values whose lifetimes do not overlap) and the VM takes them from its pooled all
 from call to call::
 
     before:  lv = R.call_pure_packed("mlcomp.torch.linear", x, w, b, ty_args=(R.Tensor((32, 128, 768), "float32"),))
-    after:   lv = R.call_dps_packed("mlcomp.torch.linear_into", (x, w, b), out_sinfo=R.Tensor((32, 128, 768), "float32"))
+    after:   lv = R.call_dps_packed("mlcomp.torch.linear_into", (x, w, b),
+                                    out_sinfo=R.Tensor((32, 128, 768), "float32"))
 
 Kept as they are: a result whose shape is not static (its storage could not be planned), a kernel with no
 copy-free ``out=`` (SDPA, layer norm, convolutions: torch has none, or one that computes and copies), and a
