@@ -121,14 +121,14 @@ def packed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
 def attention_from_packed(qkv: torch.Tensor, heads: int, scale: float, bias: Any = None) -> torch.Tensor:
     """Attention over the heads of a packed ``[B, L, 3·E]`` projection as eager's multi-head attention runs it:
     one pass adding ``bias`` and splitting q, k, v into contiguous ``[B·heads, L, D]`` (q scaled by ``1/√D``), a
-    batched GEMM (the rest of the scale in it), softmax, a batched GEMM; ``[B, heads, L, D]``."""
+    batched GEMM (the rest of the scale in it), softmax in place (row by row), a batched GEMM; ``[B, heads, L, D]``."""
     batch, length, width = qkv.shape
     depth = width // (3 * heads)
     q, k, v = (t.view(batch * heads, length, depth) for t in
                torch._transform_bias_rescale_qkv(qkv, qkv.new_zeros(width) if bias is None else bias, heads))
     scores = torch.baddbmm(q.new_empty(batch * heads, length, length), q, k.transpose(1, 2), beta=0.0,
                            alpha=scale * depth ** 0.5)
-    return torch.bmm(torch.softmax(scores, -1), v).view(batch, heads, length, depth)
+    return torch.bmm(torch.ops.aten._softmax.out(scores, -1, False, out=scores), v).view(batch, heads, length, depth)
 
 
 def _mean(x: Any, keepdim: int, *axes: int, out: torch.Tensor | None = None) -> torch.Tensor:
