@@ -57,6 +57,7 @@ from mlcomp.targets.tvm.lowering import (
     to_relax,
 )
 from mlcomp.targets.tvm.module import TvmModule
+from mlcomp.targets.tvm.offload.destinations import to_destinations
 from mlcomp.targets.tvm.offload.conv_packed import channels_last_reason, to_channels_last
 from mlcomp.targets.tvm.offload.gemm import keep_small_gemms
 from mlcomp.targets.tvm.offload.placement import placements
@@ -106,6 +107,8 @@ def _place(mod, target, stats: dict, config: BuildConfig, host: HostFacts):
         stats["kernels"] = {"kernels": {}, "kept_in_tvm": []}
     probed = bool(stats.get("small_gemms", {}).get("kept_in_tvm"))
     stats["offload"] = placements(mod, host, probed).to_json()
+    if host.kernels:     # results into tensors the VM allocates: planned, pooled from call to call
+        mod, stats["kernels_into"] = to_destinations(mod)
     if target.kind.name == "llvm":
         mod, stats["fast_math"] = fast_math(mod)
     return lower_to_tir(mod, target)

@@ -1,23 +1,20 @@
 """Vendor kernels for the TVM target: torch's oneDNN/MKL convolution and GEMM behind TVM packed functions.
 
-TVM 0.27's Relax has no default CPU schedule for matmul or convolution (DLight's CPU
-rules cover GEMV and reductions), and the PyPI wheel carries no DNNL/BLAS runtime
-(``tvm.contrib.cblas``/``mkl``/``dnnl`` are absent; see ``tvm.build``).  So the heavy
-ops are offloaded (:mod:`mlcomp.targets.tvm.offload.rewrite`) to the functions below, which
-TVM's VM calls as ordinary packed functions by their ``mlcomp.`` names; every
-argument crosses by DLPack without a copy and the result is handed back the same way::
+TVM 0.27's Relax has no default CPU schedule for matmul or convolution (DLight's CPU rules cover GEMV and
+reductions), and the PyPI wheel carries no DNNL/BLAS runtime (``tvm.contrib.cblas``/``mkl``/``dnnl`` are absent).
+So the heavy ops are offloaded (:mod:`mlcomp.targets.tvm.offload.rewrite`) to the functions below, which TVM's
+VM calls as ordinary packed functions by their ``mlcomp.`` names; every argument crosses by DLPack without a
+copy and the result is handed back the same way (or, for a ``*_into`` variant, written into the tensor the VM
+passes last: :mod:`mlcomp.targets.tvm.offload.destinations`)::
 
     before (Relax):  lv = R.nn.conv2d(x, metadata["relax.expr.Constant"][0], strides=[2, 2], padding=[3, 3, 3, 3])
-    after:           lv = R.call_pure_packed("mlcomp.torch.conv2d", x, metadata[...][0], bias,
-                                             R.prim_value(2), R.prim_value(2), R.prim_value(3), R.prim_value(3),
-                                             R.prim_value(1), R.prim_value(1), R.prim_value(1),
-                                             ty_args=R.Tensor((1, 64, 112, 112), "float32"))
+    after:           lv = R.call_pure_packed("mlcomp.torch.conv2d", x, metadata[...][0], bias, R.prim_value(2),
+                                             …, R.prim_value(1), ty_args=R.Tensor((1, 64, 112, 112), "float32"))
 
-The names are process-wide (TVM's global function table is, and a loaded ``model.so``
-resolves them when its VM starts), so :func:`register_kernels` registers them once,
-idempotently, before a build and before a load; that registration is the only state
-this module leaves behind and it is never changed afterwards.  A module exported
-with kernels needs torch at load time; :data:`KERNELS` lists what each name runs.
+The names are process-wide (TVM's global function table is, and a loaded ``model.so`` resolves them when its VM
+starts), so :func:`register_kernels` registers them once, idempotently, before a build and before a load; that
+registration is the only state this module leaves behind.  A module exported with kernels needs torch at load
+time; :data:`KERNELS` lists what each name runs.
 """
 from __future__ import annotations
 
@@ -29,14 +26,13 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Activation", "GEMM_ATTENTION_THREADS", "Kernel", "KERNELS", "KernelLibrary", "PACKED_WEIGHTS", "Unary",
-           "attention_from_packed", "channels_last_kernel", "epilogue_kernel", "kernel_library",
+__all__ = ["Activation", "GEMM_ATTENTION_THREADS", "INTO_KERNELS", "Kernel", "KERNELS", "KernelLibrary",
+           "PACKED_WEIGHTS", "Unary", "attention_from_packed", "channels_last_kernel", "epilogue_kernel",
            "packed_conv_available", "packed_qkv", "register_kernels", "views_kernel"]
 
 
 class KernelLibrary(Enum):
     """Where an offloaded op runs."""
-
     TORCH = "torch"
 
     def describe(self) -> str:
@@ -60,11 +56,8 @@ def _conv2d(x: Any, w: Any, bias: Any, sh: int, sw: int, pt: int, pl: int, pb: i
 
 def _conv_transpose2d(x: Any, w: Any, bias: Any, sh: int, sw: int, ph: int, pw: int, oph: int, opw: int,
                       dh: int, dw: int, groups: int, nhwc: int) -> torch.Tensor:
-    """Transposed convolution, weight IOHW (torch's own layout); ``nhwc``: ``x`` and the result are NHWC.
-
-    An NHWC ``x`` is read as the channels-last NCHW view oneDNN takes without a copy; its
-    channels-last result, permuted back, is the contiguous NHWC tensor TVM expects.
-    """
+    """Transposed convolution, weight IOHW (torch's own layout); ``nhwc``: ``x`` and the result are NHWC (read as
+    the channels-last NCHW view oneDNN takes without a copy; its channels-last result permuted back)."""
     xv = _t(x).permute(0, 3, 1, 2) if nhwc else _t(x)
     b = _t(bias)
     out = F.conv_transpose2d(xv, _t(w), b if b.numel() else None, (sh, sw), (ph, pw), (oph, opw), groups, (dh, dw))
@@ -77,12 +70,16 @@ def _matmul(a: Any, b: Any) -> torch.Tensor:
     return torch.matmul(_t(a), _t(b))
 
 
-def _linear(a: Any, w: Any, bias: Any) -> torch.Tensor:
+def _linear(a: Any, w: Any, bias: Any, out: torch.Tensor | None = None) -> torch.Tensor:
     """``a @ w.T + bias`` with ``w`` of shape ``[N, K]``: ``F.linear``, eager's GEMM with the bias in it (an empty
-    ``bias``: none).  A strided ``a`` (a ``*_views`` argument) is copied first: one parallel copy and the plain
-    GEMM beat torch's strided matmul."""
-    a, b = _t(a), _t(bias)
-    return F.linear(a if a.is_contiguous() else a.contiguous(), _t(w), b if b.numel() else None)
+    ``bias``: none); into ``out`` (``addmm``/``mm`` on the rows, what ``F.linear`` runs) when given.  A strided ``a``
+    (a ``*_views`` argument) is copied first: one parallel copy and the plain GEMM beat torch's strided matmul."""
+    a, b = _t(a).contiguous(), _t(bias)
+    if out is None:
+        return F.linear(a, _t(w), b if b.numel() else None)
+    rows, into, wt = a.view(-1, a.shape[-1]), out.view(-1, out.shape[-1]), _t(w).t()
+    torch.addmm(b, rows, wt, out=into) if b.numel() else torch.mm(rows, wt, out=into)
+    return out
 
 
 def _attention(q: Any, k: Any, v: Any, scale: float = 1.0, bias: Any = None) -> torch.Tensor:
@@ -107,12 +104,14 @@ GEMM_ATTENTION_THREADS = 2   # policy row attention-gemms (this file is copied i
 
 def packed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
     """The ``[b1, L, 3·E]`` rows holding q, k, v side by side (``E = b2·D``) when the ``[b1, b2, L, D]``
-    views are their heads (``nn.MultiheadAttention``'s packed in-projection, batch-first); else None."""
+    views are their heads (``nn.MultiheadAttention``'s packed in-projection, batch-first); else None.  The stride of
+    a size-1 axis is not read (at batch 1 the build's views give the batch axis stride 0)."""
     if q.dtype != torch.float32 or q.shape != k.shape or q.shape != v.shape:
         return None
     b1, b2, length, depth = q.shape
     e, at = b2 * depth, q.storage_offset()
-    if any(t.stride() != (length * 3 * e, depth, 3 * e, 1) for t in (q, k, v)) or \
+    rows = (length * 3 * e, depth, 3 * e, 1)        # the stride of a size-1 axis is not read
+    if any(n != 1 and s != want for t in (q, k, v) for n, s, want in zip(t.shape, t.stride(), rows)) or \
             (k.storage_offset() - at, v.storage_offset() - at) != (e, 2 * e) or \
             len({t.untyped_storage().data_ptr() for t in (q, k, v)}) != 1:
         return None
@@ -122,19 +121,19 @@ def packed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
 def attention_from_packed(qkv: torch.Tensor, heads: int, scale: float, bias: Any = None) -> torch.Tensor:
     """Attention over the heads of a packed ``[B, L, 3·E]`` projection as eager's multi-head attention runs it:
     one pass adding ``bias`` and splitting q, k, v into contiguous ``[B·heads, L, D]`` (q scaled by ``1/√D``), a
-    batched GEMM (the rest of the scale in it), softmax, a batched GEMM; ``[B, heads, L, D]``."""
+    batched GEMM (the rest of the scale in it), softmax in place (row by row), a batched GEMM; ``[B, heads, L, D]``."""
     batch, length, width = qkv.shape
     depth = width // (3 * heads)
     q, k, v = (t.view(batch * heads, length, depth) for t in
                torch._transform_bias_rescale_qkv(qkv, qkv.new_zeros(width) if bias is None else bias, heads))
     scores = torch.baddbmm(q.new_empty(batch * heads, length, length), q, k.transpose(1, 2), beta=0.0,
                            alpha=scale * depth ** 0.5)
-    return torch.bmm(torch.softmax(scores, -1), v).view(batch, heads, length, depth)
+    return torch.bmm(torch.ops.aten._softmax.out(scores, -1, False, out=scores), v).view(batch, heads, length, depth)
 
 
-def _mean(x: Any, keepdim: int, *axes: int) -> torch.Tensor:
-    """``x.mean(axes, keepdim)`` on torch's threads."""
-    return torch.mean(_t(x), dim=[int(a) for a in axes], keepdim=bool(keepdim))
+def _mean(x: Any, keepdim: int, *axes: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x.mean(axes, keepdim)`` on torch's threads (into ``out`` when given)."""
+    return torch.mean(_t(x), dim=[int(a) for a in axes], keepdim=bool(keepdim), out=out)
 
 
 def _layer_norm(x: Any, weight: Any, bias: Any, eps: float) -> torch.Tensor:
@@ -169,12 +168,12 @@ class Activation(Enum):
             return out.sigmoid_()
         if self is Activation.RELU:
             return out.relu_()
-        return F.gelu(out, approximate="tanh" if self is Activation.GELU_TANH else "none")
+        return torch.ops.aten.gelu_(out, approximate="tanh" if self is Activation.GELU_TANH else "none")
 
 
 def _with(fn: Callable[..., torch.Tensor], act: Activation) -> Callable[..., torch.Tensor]:
-    def run(*args: Any) -> torch.Tensor:
-        return act.apply(fn(*args))
+    def run(*args: Any, **out: torch.Tensor) -> torch.Tensor:
+        return act.apply(fn(*args, **out))
 
     run.__doc__ = f"{fn.__doc__} Then {act.value}, in place, on torch's threads."
     return run
@@ -185,9 +184,10 @@ def _views(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
 
     Leading integers: ``n_in, (pos, rank, sizes, strides, offset)…`` (argument ``pos`` is
     ``as_strided`` of the tensor passed), then ``n_out, (rank F, F, P, rank S, S)``: the result is
-    ``out.reshape(F).permute(P).reshape(S)``; then ``fn``'s own arguments.  Returned contiguous.
+    ``out.reshape(F).permute(P).reshape(S)``; then ``fn``'s own arguments.  Returned contiguous, or
+    written into ``out`` (the rearranging copy lands there; without one, ``fn`` writes into it).
     """
-    def run(*args: Any) -> torch.Tensor:
+    def run(*args: Any, out: torch.Tensor | None = None) -> torch.Tensor:
         n_in = int(args[0])
         spec, at = [int(a) for a in args[1:1 + n_in]], 0
         n_out = int(args[1 + n_in])
@@ -199,13 +199,26 @@ def _views(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
             rest[pos] = base.as_strided(spec[at + 2:at + 2 + rank], spec[at + 2 + rank:at + 2 + 2 * rank],
                                         base.storage_offset() + spec[at + 2 + 2 * rank])
             at += 3 + 2 * rank
-        out = fn(*rest)
+        res = fn(*rest) if out is None or n_out else fn(*rest, out=out)
         if n_out:
             rf = out_spec[0]
-            out = out.reshape(out_spec[1:1 + rf]).permute(out_spec[1 + rf:1 + 2 * rf]).reshape(out_spec[2 + 2 * rf:])
-        return out if out.is_contiguous() else out.contiguous()
+            shape, perm = out_spec[1:1 + rf], out_spec[1 + rf:1 + 2 * rf]
+            res = res.reshape(shape).permute(perm)
+            if out is not None:
+                return out.view([shape[p] for p in perm]).copy_(res)
+            res = res.reshape(out_spec[2 + 2 * rf:])
+        return res if res.is_contiguous() else res.contiguous()
 
     run.__doc__ = f"{fn.__doc__} Arguments read as strided views, the result rearranged (tvm_views)."
+    return run
+
+
+def _into(fn: Callable[..., torch.Tensor]) -> Callable[..., None]:
+    """``fn`` writing its result into the tensor passed last (destination passing: the VM allocates it)."""
+    def run(*args: Any) -> None:
+        fn(*args[:-1], out=_t(args[-1]))
+
+    run.__doc__ = f"{fn.__doc__} Written into the last argument (tvm_into)."
     return run
 
 
@@ -226,11 +239,10 @@ class Unary(Enum):
 class PackedWeights:
     """oneDNN-packed convolution weights of the ``conv2d_cl*`` kernels, by a key the build computed.
 
-    The key hashes the weight's bytes, the convolution's parameters and the input shape (what the
-    packing depends on), so an entry is right for every module carrying that key.  The offload packs
-    at build time (:meth:`pack`); a loaded ``model.so`` packs at its first call.  Modules hold their
-    keys (:meth:`hold`) and give them back when collected (:meth:`release`): an entry no module holds
-    is dropped.  The cache only saves time: a missing entry is packed again from the weight argument.
+    The key hashes the weight's bytes, the convolution's parameters and the input shape (what the packing depends
+    on), so an entry is right for every module carrying that key.  The offload packs at build time (:meth:`pack`);
+    a loaded ``model.so`` packs at its first call.  Modules hold their keys (:meth:`hold`) and give them back when
+    collected (:meth:`release`): an entry no module holds is dropped (a missing entry is packed again).
     """
 
     def __init__(self) -> None:
@@ -257,11 +269,9 @@ class PackedWeights:
     def release(self, keys: list[int]) -> None:
         with self._lock:
             for key in keys:
-                left = self._holders.get(key, 0) - 1
-                if left > 0:
-                    self._holders[key] = left
-                else:
-                    self._holders.pop(key, None)
+                self._holders[key] = self._holders.get(key, 0) - 1
+                if self._holders[key] <= 0:
+                    del self._holders[key]
                     self._packed.pop(key, None)
 
     def __len__(self) -> int:
@@ -277,26 +287,19 @@ def packed_conv_available() -> bool:
 
 
 def _unary_in_place(out: torch.Tensor, unary: Unary, scalars: list[float]) -> torch.Tensor:
-    if unary is Unary.RELU:
-        return out.relu_()
-    if unary is Unary.SIGMOID:
-        return out.sigmoid_()
     if unary is Unary.HARDTANH:
         return out.clamp_(scalars[0], scalars[1])
-    if unary in (Unary.GELU, Unary.GELU_TANH):
-        return F.gelu(out, approximate="tanh" if unary is Unary.GELU_TANH else "none")
-    return out
+    return out if unary is Unary.NONE else Activation(unary.value).apply(out)
 
 
 def _channels_last_conv(unary: Unary, binary: bool) -> Callable[..., torch.Tensor]:
     """A convolution on NHWC tensors by oneDNN with a prepacked weight and a fused epilogue.
 
-    Arguments: ``x`` (NHWC), ``w`` (OIHW, packed once per key), ``bias`` (empty: none), ``other``
-    (NHWC, added before the activation when ``binary``; empty otherwise), then stride h/w, padding
-    h/w, dilation h/w, groups, the weight key (:class:`PackedWeights`; 0: run ``F.conv2d`` unpacked, the
-    epilogue in place after it), then ``unary``'s scalars.
-    ``x.permute(0, 3, 1, 2)`` is the channels-last NCHW tensor oneDNN wants (no copy) and its
-    channels-last result, permuted back, is the contiguous NHWC tensor TVM expects.
+    Arguments: ``x`` (NHWC), ``w`` (OIHW, packed once per key), ``bias`` (empty: none), ``other`` (NHWC, added
+    before the activation when ``binary``; empty otherwise), then stride h/w, padding h/w, dilation h/w, groups,
+    the weight key (:class:`PackedWeights`; 0: ``F.conv2d`` unpacked, the epilogue in place after it), then
+    ``unary``'s scalars.  ``x.permute(0, 3, 1, 2)`` is the channels-last NCHW tensor oneDNN wants (no copy) and
+    its channels-last result, permuted back, the contiguous NHWC tensor TVM expects.
     """
     attr, algorithm = unary.onednn()
 
@@ -337,33 +340,36 @@ def channels_last_kernel(unary: Unary, binary: bool) -> str:
 @dataclass(frozen=True)
 class Kernel:
     """One packed function: its TVM name, what it runs, and the Python callable."""
-
     name: str
     op: str
     library: KernelLibrary
     fn: Callable[..., torch.Tensor]
+    into: bool = False     # ``fn(..., out=t)`` writes its result into ``t`` with no copy (``*_into``)
 
 
 _BASE: tuple[Kernel, ...] = (
     Kernel("mlcomp.torch.conv2d", "conv2d", KernelLibrary.TORCH, _conv2d),
     Kernel("mlcomp.torch.conv_transpose2d", "conv2d_transpose", KernelLibrary.TORCH, _conv_transpose2d),
     Kernel("mlcomp.torch.matmul", "matmul", KernelLibrary.TORCH, _matmul),
-    Kernel("mlcomp.torch.linear", "linear", KernelLibrary.TORCH, _linear),
+    Kernel("mlcomp.torch.linear", "linear", KernelLibrary.TORCH, _linear, into=True),
     Kernel("mlcomp.torch.attention", "attention", KernelLibrary.TORCH, _attention),
-    Kernel("mlcomp.torch.mean", "mean", KernelLibrary.TORCH, _mean),
+    Kernel("mlcomp.torch.mean", "mean", KernelLibrary.TORCH, _mean, into=True),
     Kernel("mlcomp.torch.layer_norm", "layer_norm", KernelLibrary.TORCH, _layer_norm),
     Kernel("mlcomp.torch.add_layer_norm", "add+layer_norm", KernelLibrary.TORCH, _add_layer_norm),
-    Kernel("mlcomp.torch.add_layer_norm_reuse", "add+layer_norm (in place)", KernelLibrary.TORCH,
-           _add_layer_norm_reuse),
-    *(Kernel(f"mlcomp.torch.{op}_{act.value}", f"{op}+{act.value}", KernelLibrary.TORCH, _with(fn, act))
+    Kernel("mlcomp.torch.add_layer_norm_reuse", "add+layer_norm (in place)", KernelLibrary.TORCH, _add_layer_norm_reuse),
+    *(Kernel(f"mlcomp.torch.{op}_{act.value}", f"{op}+{act.value}", KernelLibrary.TORCH, _with(fn, act), op == "linear")
       for op, fn in (("conv2d", _conv2d), ("linear", _linear)) for act in Activation),
 )
 _CHANNELS_LAST: tuple[Kernel, ...] = tuple(
     Kernel(channels_last_kernel(u, add), "conv2d" + ("+add" if add else "") + ("" if u is Unary.NONE else f"+{u.value}"),
            KernelLibrary.TORCH, _channels_last_conv(u, add)) for add in (False, True) for u in Unary)
 # every kernel also reads strided views / rearranges its result when called as ``<name>_views``
-KERNELS: dict[str, Kernel] = {k.name: k for base in (*_BASE, *_CHANNELS_LAST) for k in (
-    base, Kernel(f"{base.name}_views", f"{base.op} (views)", base.library, _views(base.fn)))}
+_ALL = tuple(k for base in (*_BASE, *_CHANNELS_LAST) for k in (
+    base, Kernel(f"{base.name}_views", f"{base.op} (views)", base.library, _views(base.fn), base.into)))
+# and writes into a tensor the VM allocates as ``<name>_into`` (a views kernel: when it rearranges its result)
+KERNELS: dict[str, Kernel] = {k.name: k for k in _ALL}
+INTO_KERNELS: dict[str, Kernel] = {f"{k.name}_into": Kernel(f"{k.name}_into", k.op, k.library, _into(k.fn), True)
+                                   for k in _ALL if k.into or k.name.endswith("_views")}
 
 
 def views_kernel(name: str) -> str:
@@ -379,22 +385,16 @@ _REGISTER_LOCK = threading.Lock()
 
 
 def register_kernels() -> None:
-    """Register every :data:`KERNELS` entry with TVM's global function table (once per process).
+    """Register :data:`KERNELS` and :data:`INTO_KERNELS` with TVM's global function table (once per process).
 
-    Where torch offers DLPack's C exchange API (``torch.Tensor.__dlpack_c_exchange_api__``),
-    tvm_ffi converts the tensor arguments to ``torch.Tensor`` in C before the Python body
-    runs, much cheaper than ``torch.from_dlpack`` in Python.  Without it the functions convert the arguments themselves (:func:`_t`).
-    """
+    Where torch offers DLPack's C exchange API (``torch.Tensor.__dlpack_c_exchange_api__``), tvm_ffi converts the
+    tensor arguments to ``torch.Tensor`` in C before the Python body runs, much cheaper than ``torch.from_dlpack``
+    in Python.  Without it the functions convert the arguments themselves (:func:`_t`)."""
     import tvm_ffi
 
     fast = hasattr(torch.Tensor, "__dlpack_c_exchange_api__") and hasattr(tvm_ffi, "convert_func")
     with _REGISTER_LOCK:
-        for kernel in KERNELS.values():
+        for kernel in (*KERNELS.values(), *INTO_KERNELS.values()):
             if tvm_ffi.get_global_func(kernel.name, allow_missing=True) is None:
                 fn = tvm_ffi.convert_func(kernel.fn, tensor_cls=torch.Tensor) if fast else kernel.fn
                 tvm_ffi.register_global_func(kernel.name, fn)
-
-
-def kernel_library(name: str) -> KernelLibrary:
-    """The library behind the packed function ``name`` (a :data:`KERNELS` key)."""
-    return KERNELS[name].library

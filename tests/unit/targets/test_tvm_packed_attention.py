@@ -12,21 +12,6 @@ from mlcomp.targets.tvm.kernels import GEMM_ATTENTION_THREADS, attention_from_pa
 from mlcomp.targets.tvm.offload.policy import rule
 
 
-@pytest.fixture(scope="module")
-def encoder():
-    """One encoder layer whose in-projection (4·64 rows × 128 → 384: 12.6 M multiply-adds) is above the
-    small-GEMM probe's bound, so its bias moves into the attention."""
-    from mlcomp.targets.tvm.config import BuildConfig
-
-    build = pytest.importorskip("mlcomp.targets.tvm.build").build
-    torch.manual_seed(0)
-    model = torch.nn.TransformerEncoderLayer(128, 4, 256, dropout=0.0, batch_first=True).eval()
-    with torch.no_grad():
-        model.self_attn.in_proj_bias.normal_()          # a bias that matters
-    x = torch.randn(4, 64, 128)
-    return model, x, build(model, (x,), BuildConfig(deterministic=True))
-
-
 def _run(built, x, threads: int) -> tuple[torch.Tensor, set[str]]:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -60,6 +45,16 @@ def test_only_the_heads_of_one_packed_projection_qualify():
     assert packed_qkv(k, q, v) is None                           # order: q, k, v side by side
     assert packed_qkv(q.contiguous(), k, v) is None              # not a view of the rows
     assert packed_qkv(*(t.double() for t in (q, k, v))) is None
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.25)
+    torch.testing.assert_close(attention_from_packed(qkv, 2, 0.25), ref)
+
+
+def test_at_batch_one_the_stride_of_the_batch_axis_is_not_read():
+    """The build's views give a size-1 batch axis stride 0 (transformer@1): still the heads of the packed rows."""
+    qkv = torch.randn(1, 5, 24)
+    q, k, v = (qkv.as_strided((1, 2, 5, 4), (0, 4, 24, 1), 8 * i) for i in range(3))
+    assert packed_qkv(q, k, v).data_ptr() == qkv.data_ptr()
+    assert packed_qkv(q, k, v.as_strided((1, 2, 5, 4), (0, 4, 23, 1), 16)) is None   # a row stride still is
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.25)
     torch.testing.assert_close(attention_from_packed(qkv, 2, 0.25), ref)
 

@@ -50,7 +50,7 @@ from mlcomp.targets.tvm.offload.conv_packed import pack_convs
 from mlcomp.targets.tvm.offload.deconv import conv_transpose_reason, conv_transposes
 from mlcomp.targets.tvm.offload.epilogues import epilogues, layer_norms, means
 from mlcomp.targets.tvm.offload.gemm import patch_convs
-from mlcomp.targets.tvm.kernels import KERNELS, kernel_library
+from mlcomp.targets.tvm.kernels import KERNELS
 from mlcomp.targets.tvm.offload.policy import ALL_FUSIONS, REWRITE_ORDER, Fusion
 from mlcomp.targets.tvm.offload.views import VIEW_MIN_ELEMENTS, absorb_views
 
@@ -69,7 +69,7 @@ class OffloadReport:
     packed: list = field(default_factory=list)                 # PACKED_WEIGHTS keys of the packed convs
 
     def to_json(self) -> dict[str, Any]:
-        return {"kernels": {name: {"op": KERNELS[name].op, "count": n, "runs_in": kernel_library(name).describe()}
+        return {"kernels": {name: {"op": KERNELS[name].op, "count": n, "runs_in": KERNELS[name].library.describe()}
                             for name, n in sorted(self.kernels.items())},
                 "kept_in_tvm": [{"op": op, "count": n, "reason": why}
                                 for (op, why), n in sorted(self.kept.items())]}
@@ -81,7 +81,7 @@ class OffloadReport:
 
     def lines(self) -> list[str]:
         """``conv2d ×20 → torch 2.x (oneDNN/MKL CPU kernels)`` and ``matmul ×3 → TVM (…reason)``."""
-        out = [f"{KERNELS[name].op} ×{n} → {kernel_library(name).describe()} via packed function {name}"
+        out = [f"{KERNELS[name].op} ×{n} → {KERNELS[name].library.describe()} via packed function {name}"
                for name, n in sorted(self.kernels.items())]
         out += [f"{op} ×{n} → TVM codegen ({why})" for (op, why), n in sorted(self.kept.items())]
         return out
