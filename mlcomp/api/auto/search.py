@@ -127,6 +127,7 @@ class AutoReport:
     eliminated: dict[str, Any] = field(default_factory=dict)    # clear loser -> its Elimination (JSON: a dict)
     phases: Phases = field(default_factory=Phases)              # seconds (wall, CPU) per phase, per process
     processes: int = 0                                          # timing processes started
+    noise_ties: dict[str, Any] = field(default_factory=dict)    # equal to the pick within the processes' noise
 
     @property
     def picked(self) -> Candidate:
@@ -142,6 +143,7 @@ class AutoReport:
                            "tie_break_rounds": self.tie_break_rounds, "timed_in": self.timed_in,
                            "eliminated": {n: e.to_json() if hasattr(e, "to_json") else e
                                           for n, e in self.eliminated.items()},
+                           "noise_ties": {n: t.to_json() for n, t in self.noise_ties.items()},
                            "processes": self.processes, **self.phases.to_json()}}
 
     def table(self) -> Table:
@@ -263,7 +265,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
             rule = AUTO_RULE if record is None else f"the best-recorded candidate that verified ({records.path(key)})"
             decision = Decision.fixed(AUTO_QUESTION, [t.spec for t in order if t.spec in built], best, rule,
                                       deterministic=record is None)
-            rounds, tie_break, timed_in, eliminated = 0, 0, NOT_TIMED if record is None else FROM_RECORD, {}
+            rounds, tie_break, timed_in, eliminated, ties = 0, 0, NOT_TIMED if record is None else FROM_RECORD, {}, {}
         else:
             say(f"auto: time {', '.join(built)} on the example inputs")
             ranking, timed_in = time_candidates(built, source.inputs(), policy, clock, rows, pool, phases)
@@ -272,6 +274,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
                                       hint="name one target with --target and report the failure")
             best, decision = ranking.picked, ranking.decision(AUTO_QUESTION)
             rounds, tie_break, eliminated = ranking.rounds, ranking.tie_break_rounds, ranking.eliminated
+            ties = ranking.noise_ties
             if key is not None and len(built) > 1:
                 records.save(AutoRecord(key, {n: ranking.medians[n] for n in built}, best))
         phases.workers = pool.cpu_seconds()
@@ -281,7 +284,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
         phases.end("close")
     rows[best] = replace(rows[best], picked=True)
     report = AutoReport(tuple(rows[t.spec] for t in targets), policy, rounds, tie_break, timed_in, eliminated,
-                        phases, pool.started)
+                        phases, pool.started, ties)
     result = built[best]
     result.auto = report
     result.artifact.manifest["auto"] = report.to_json()
