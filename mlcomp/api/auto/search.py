@@ -71,6 +71,10 @@ AUTO_QUESTION = "auto: which verified target is fastest?"
 # a deterministic compile times nothing: the preference order is the candidate order
 AUTO_RULE = "the first candidate, in the order tried, that compiled and verified (nothing timed)"
 FROM_RECORD = "not timed: ranked from the record of an earlier auto compile on this host"
+# what a candidate's load imports in a timing process, imported by each process once forked (some start threads,
+# so not before the fork): the import then runs while this process captures and compiles, not after the build
+LOAD_IMPORTS: dict[str, tuple[str, ...]] = {"tvm": ("tvm",), "onnxruntime": ("onnxruntime",),
+                                            "openvino": ("openvino",)}
 
 
 class AutoTargetError(MlcompError):
@@ -203,10 +207,12 @@ def precheck(target: Target, graph: Any, options: CompileOptions, pipeline: Any 
 def timing_pool(inputs: Sequence[Any], targets: Sequence[Target], policy: TimingPolicy = DEFAULT_AUTO_TIMING, *,
                 procs: int = AUTO_PROCS, enabled: bool = True) -> WorkerPool:
     """The timing processes of an auto compile of ``targets`` on ``inputs`` (not started yet); they import the
-    target registry and the targets' ``runtime_modules`` once, before the first forks the others."""
+    target registry and the targets' ``runtime_modules`` once, before the first forks the others, and each
+    imports the runtimes of ``LOAD_IMPORTS`` once forked."""
     preload = dict.fromkeys([get_target.__module__, *(m for t in targets for m in t.runtime_modules)])
+    postload = dict.fromkeys(m for t in targets for m in LOAD_IMPORTS.get(t.name, ()))
     return WorkerPool(inputs, warmup=policy.warmup, block_s=BLOCK_S, describe=first_line, procs=procs,
-                      enabled=enabled and len(targets) > 1, preload=list(preload))
+                      enabled=enabled and len(targets) > 1, preload=list(preload), postload=list(postload))
 
 
 def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] | None = None,

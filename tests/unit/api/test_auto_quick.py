@@ -306,6 +306,9 @@ def test_the_environment_selects_the_timing_scheme(monkeypatch):
     monkeypatch.setenv("MLCOMP_AUTO_SETTLE", "fixed")
     monkeypatch.setenv("MLCOMP_AUTO_PRELOAD", "off")
     assert (seen[0]["fork"], seen[0]["quiet"]) == (True, True)
+    monkeypatch.setenv("MLCOMP_AUTO_POSTLOAD", "off")
+    assert workers._variant() == {"fork": False, "quiet": False, "preload": (), "postload": (), "warm_later": True}
+    monkeypatch.delenv("MLCOMP_AUTO_POSTLOAD")
     assert workers._variant() == {"fork": False, "quiet": False, "preload": (), "warm_later": True}
     monkeypatch.setenv("MLCOMP_AUTO_PROCESSES", "fork")
     assert workers._variant() == {"fork": True, "quiet": False, "preload": (), "warm_later": True}
@@ -327,12 +330,14 @@ def test_the_timing_processes_preload_what_the_candidates_loads_import(monkeypat
     seen = []
     for preload in ("on", "off"):
         monkeypatch.setenv("MLCOMP_AUTO_PRELOAD", preload)
+        monkeypatch.setenv("MLCOMP_AUTO_POSTLOAD", preload)
         with timing_pool([], targets) as pool:
-            pool._spawn = lambda feed, n, **kw: seen.append(kw["preload"]) or []
+            pool._spawn = lambda feed, n, **kw: seen.append((kw["preload"], kw["postload"])) or []
             pool.start()
-    assert seen[0] == ("mlcomp.targets.registry", "mlcomp.targets.torch.cpu", "mlcomp.targets.onnx.target",
-                       "mlcomp.targets.tvm.target", "mlcomp.targets.tvm.module")
-    assert seen[1] == ()
+    assert seen[0][0] == ("mlcomp.targets.registry", "mlcomp.targets.torch.cpu", "mlcomp.targets.onnx.target",
+                          "mlcomp.targets.tvm.target", "mlcomp.targets.tvm.module")
+    assert seen[0][1] == ("onnxruntime", "tvm")           # the runtimes, imported by each process once forked
+    assert seen[1] == ((), ())
 
 
 def test_the_cli_starts_the_timing_processes_before_the_capture_and_closes_them_at_the_end(monkeypatch, captured):
