@@ -96,7 +96,7 @@ def line(label: str, r: dict) -> str:
     return (f"  {label}: {r['seconds']:.1f} s (process {r['process_s']:.1f} s) -> {r['picked']}; ms: {medians or '—'}"
             f"; eliminated: {', '.join(r['eliminated']) or '—'}; rounds (+ tie-break): {r.get('rounds')}"
             + (f"; tied within the processes' noise: {r['noise_ties']}" if r.get("noise_ties") else "")
-            f"; processes: {r['processes']}; phases: {phases or '—'}"
+            + f"; processes: {r['processes']}; phases: {phases or '—'}"
             + (f"; cache {r['cache']}" if r.get("cache") else "")
             + (f"; compile s: {', '.join(f'{t} {v:.1f}' for t, v in r['compile_s'].items())}" if r.get("compile_s") else "")
             + f"\n    per timing process ms: "
