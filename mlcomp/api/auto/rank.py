@@ -15,8 +15,11 @@ untimed lead-in call, then a timed one, with the device's barrier); the auto tar
 After the rounds of every candidate, tie-break rounds of the undecided ones go on until a sign
 test (:func:`mlcomp.hardware.decide.sign_test`) decides (p < ``ALPHA``), the interval of the
 paired ratios (:func:`mlcomp.hardware.intervals.median_interval`) shows two equal within
-``NEAR_TIE``, or ``TIE_BREAK`` × the budget is spent.  A clear loser leaves earlier
-(:class:`Elimination`).  :meth:`Ranking.decision` is the choice as a
+``NEAR_TIE``, the timing processes disagree about which of the two is faster (:func:`noise_tie`: equal
+within the noise the processes show; the decision says so), or ``TIE_BREAK`` × the budget is spent.  A
+clear loser leaves earlier (:class:`Elimination`): above ``EARLY_ABOVE`` × the leader in every one of at
+least ``EARLY_ROUNDS`` rounds (two in each timing process), or decided above ``ELIMINATE_ABOVE`` × by the
+sign test.  :meth:`Ranking.decision` is the choice as a
 :class:`~mlcomp.hardware.decide.Decision` for the manifest.
 """
 from __future__ import annotations
@@ -79,8 +82,9 @@ class Elimination:
 
 @dataclass(frozen=True)
 class NoiseTie:
-    """A contender as fast as the leader within the noise of the timing processes: the median of its paired
-    ratios differs from 1 by less than the medians of different processes differ from each other.
+    """A contender as fast as the leader within the noise of the timing processes: one process's median paired
+    ratio says it is faster, another's that it is slower (so the median of all, between them, differs from 1 by
+    less than the processes differ from each other).
 
         >>> NoiseTie(1.04, (0.98, 1.09)).why
         "1.040x, within the timing processes' noise (per process 0.980x, 1.090x)"
@@ -100,10 +104,11 @@ class NoiseTie:
 
 def noise_tie(paired: Sequence[float], procs: int) -> NoiseTie | None:
     """The :class:`NoiseTie` of a contender whose ``paired`` ratios (the ``i``-th measured in timing process
-    ``i % procs``) differ from 1 by at most the spread of the processes' medians, once
-    every process has ``NOISE_MIN`` of them; else None.
+    ``i % procs``) have medians on either side of 1 in different processes (they disagree about which of the two
+    is faster), once every process has ``NOISE_MIN`` of them; else None.  Processes that agree on the
+    direction and differ in the size (1.05x and 1.9x) make no tie: the tie-break goes on.
 
-        >>> noise_tie([0.99, 1.10] * 3, 2).per_process, noise_tie([1.04, 1.05] * 3, 2), noise_tie([1.0] * 6, 1)
+        >>> noise_tie([0.99, 1.10] * 3, 2).per_process, noise_tie([1.05, 1.9] * 3, 2), noise_tie([1.0] * 6, 1)
         ((0.99, 1.1), None, None)
     """
     if procs < 2:
@@ -112,8 +117,7 @@ def noise_tie(paired: Sequence[float], procs: int) -> NoiseTie | None:
     if min(len(e) for e in each) < NOISE_MIN:
         return None
     per = tuple(median(e) for e in each)
-    ratio = median(paired)
-    return NoiseTie(ratio, per) if abs(ratio - 1) <= max(per) - min(per) else None
+    return NoiseTie(median(paired), per) if min(per) <= 1 <= max(per) else None
 
 
 @dataclass(frozen=True)
@@ -186,7 +190,7 @@ def rank_samplers(samplers: Mapping[str, Sampler], policy: TimingPolicy = DEFAUL
     below 1); a contender is decided slower when the sign test of those ratios gives
     p < ``ALPHA``, and the leader's equal when the 95 % interval of those ratios lies within
     ``1 ± NEAR_TIE`` (``near_ties``: more rounds would only pick between equals) or, with several
-    processes, when its median ratio is within the spread of the processes' medians (``noise_ties``,
+    processes, when the processes' median ratios lie on either side of 1 (``noise_ties``,
     :func:`noise_tie`).  Undecided ones
     and the leader go on in tie-break rounds of their own until every contender is decided or
     ``TIE_BREAK`` × ``policy.budget_s`` more seconds are spent; the pick is the leader then.  A clear loser

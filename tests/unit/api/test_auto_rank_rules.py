@@ -1,7 +1,7 @@
 """The ranking's early rules, on fake samples: a loser above EARLY_ABOVE in every round leaves after
 EARLY_ROUNDS (two rounds in each timing process), and a contender as fast as the leader within the noise
-the timing processes show (their medians disagree by more than the pair differs) ends the tie-break and
-is reported as such.  Round ``i`` is timed in process ``i % procs``, as the pool's alternating groups do.
+the timing processes show (one process's median ratio says faster, the other's slower) ends the tie-break
+and is reported as such.  Round ``i`` is timed in process ``i % procs``, as the pool's alternating groups do.
 """
 from __future__ import annotations
 
@@ -59,8 +59,8 @@ def test_an_early_loser_counts_as_decided():
 
 
 def test_a_tie_within_the_processes_noise_ends_the_tie_break_and_says_so():
-    """b is 0.97x a in process 0 and 1.08x in process 1: the processes disagree by 11 %, more than the pair
-    differs; one process (the same samples) has no such evidence and samples on."""
+    """b is 0.97x a in process 0 and 1.08x in process 1: the processes disagree about which is faster; one
+    process (the same samples) has no such evidence and samples on."""
     times = {"a": [1e-3], "b": [0.97e-3, 1.08e-3]}
     ranking = auto_rank.rank_samplers(_per_process(times), POLICY, clock=_ticks(), procs=2)
     other = "b" if ranking.picked == "a" else "a"
@@ -78,6 +78,7 @@ def test_processes_that_agree_on_a_small_difference_make_no_tie():
                                       clock=_ticks(), procs=2)
     assert ranking.picked == "a" and ranking.noise_ties == {} and ranking.p_values["b"] < auto_rank.ALPHA
     assert auto_rank.noise_tie([1.04, 1.05] * 3, 2) is None
+    assert auto_rank.noise_tie([1.05, 1.9] * 3, 2) is None           # same direction, another size: no tie
     assert auto_rank.noise_tie([0.99, 1.1] * 2, 2) is None          # two ratios per process: too few to tell
 
 
