@@ -217,7 +217,8 @@ def rank_samplers(samplers: Mapping[str, Sampler], policy: TimingPolicy = DEFAUL
         one_round(sampled)
         leader = _leader(sampled, samples, rounds)
         paired = {n: _ratios(rounds, n, leader) for n in sampled if n != leader}
-        for name, gone in _losers(paired, len(rounds), leader, procs, early).items():
+        medians = {n: median(samples[n]) for n in sampled}
+        for name, gone in _losers(paired, len(rounds), leader, procs, early, medians).items():
             sampled.remove(name)
             eliminated[name] = gone
             if on_eliminate is not None:
@@ -247,18 +248,21 @@ def rank_samplers(samplers: Mapping[str, Sampler], policy: TimingPolicy = DEFAUL
 
 
 def _losers(paired: Mapping[str, Sequence[float]], done: int, leader: str, procs: int,
-            early: float | None) -> dict[str, Elimination]:
+            early: float | None, medians: Mapping[str, float] | None = None) -> dict[str, Elimination]:
     """The clear losers after ``done`` rounds (``paired``: each contender's ratios to ``leader``): above ``early``
-    in every round once there are ``EARLY_ROUNDS`` and two in each of ``procs`` processes, or decided above
+    in every round once there are ``EARLY_ROUNDS`` and two in each of ``procs`` processes (and, given
+    ``medians`` of every sample, its median above ``early`` x the leader's too), or decided above
     ``ELIMINATE_ABOVE`` by the sign test (:func:`mlcomp.hardware.decide.clear_losers`).
 
         >>> sorted(_losers({"far": [1.3, 1.25, 1.4, 1.3], "near": [1.3, 1.1, 1.4, 1.3]}, 4, "x", 2, 1.2))
         ['far']
+        >>> _losers({"far": [1.3] * 4}, 4, "x", 2, 1.2, medians={"far": 1.1, "x": 1.0})   # its median is not
+        {}
     """
     out: dict[str, Elimination] = {}
     if early is not None and done >= max(EARLY_ROUNDS, 2 * procs):
         for name, r in paired.items():
-            if r and min(r) > early:
+            if r and min(r) > early and (medians is None or medians[name] > early * medians[leader]):
                 out[name] = Elimination(done, leader, median(r), sign_test(r, early), early)
     for name in clear_losers({n: r for n, r in paired.items() if n not in out}):
         out[name] = Elimination(done, leader, median(paired[name]), sign_test(paired[name], ELIMINATE_ABOVE))

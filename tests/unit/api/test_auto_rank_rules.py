@@ -162,3 +162,13 @@ def test_with_thread_builds_tvm_compiles_in_a_thread_of_its_own_and_every_row_ke
     monkeypatch.delenv("MLCOMP_AUTO_BUILD")
     compile_auto(source, graph, candidates=fakes, pipeline="", policy=policy, clock=clock, isolate=False)
     assert fakes[1].thread == threading.main_thread().name       # by default every candidate builds here
+
+
+def test_a_loser_in_every_round_whose_median_is_not_above_the_bound_stays():
+    """Above 1.2x the leader in each of its rounds, but the leader's samples of other rounds were slower (the load
+    changed): its median is not above 1.2x the leader's, so the early rule leaves it to the sign test."""
+    from mlcomp.api.auto.rank import _losers
+
+    gone = _losers({"b": [1.3] * 4}, 4, "a", 2, 1.2, {"a": 1e-3, "b": 1.3e-3})
+    assert list(gone) == ["b"] and gone["b"].early == 1.2
+    assert _losers({"b": [1.3] * 4}, 4, "a", 2, 1.2, {"a": 2e-3, "b": 1.3e-3}) == {}
