@@ -13,7 +13,6 @@ result carries the verification it did (``check``) for the caller to print.
 """
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -91,16 +90,14 @@ class EagerOnce:
         self.source, self.runs = source, 0
         self._outputs: Any = None
         self._failure: BaseException | None = None
-        self._lock = threading.Lock()          # candidates compiled in two threads: one eager run all the same
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
-        with self._lock:
-            if self._outputs is None and self._failure is None:
-                self.runs += 1
-                try:
-                    self._outputs = self.source.eager(*inputs)
-                except Exception as exc:  # noqa: BLE001 - raised again, to every caller, as eager_reference reports it
-                    self._failure = exc
+        if self._outputs is None and self._failure is None:
+            self.runs += 1
+            try:
+                self._outputs = self.source.eager(*inputs)
+            except Exception as exc:  # noqa: BLE001 - raised again, to every caller, as eager_reference reports it
+                self._failure = exc
         if self._failure is not None:
             raise self._failure
         return self._outputs

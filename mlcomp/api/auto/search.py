@@ -43,10 +43,8 @@ Distributed (a multi-process pipeline, not a single-process artifact) is never a
 """
 from __future__ import annotations
 
-import concurrent.futures
-import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -73,8 +71,6 @@ AUTO_QUESTION = "auto: which verified target is fastest?"
 # a deterministic compile times nothing: the preference order is the candidate order
 AUTO_RULE = "the first candidate, in the order tried, that compiled and verified (nothing timed)"
 FROM_RECORD = "not timed: ranked from the record of an earlier auto compile on this host"
-# built in a thread of its own beside the others with MLCOMP_AUTO_BUILD=thread (the longest compile)
-BACKGROUND = frozenset({"tvm"})
 # what a candidate's load imports in a timing process, imported by each process once forked (some start threads,
 # so not before the fork): the import then runs while this process captures and compiles, not after the build
 LOAD_IMPORTS: dict[str, tuple[str, ...]] = {"tvm": ("tvm",), "onnxruntime": ("onnxruntime",),
@@ -257,10 +253,14 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     with pool:
         pool.start()                   # the timing processes import torch and mlcomp while the candidates compile
         with phases("compile"):
-            def one(target: Target, into: dict[str, CompileResult]) -> Candidate:
-                return _compile_one(source, graph, target, pipeline, capture_seconds, instruments, say, into,
-                                    options, opts, eager)
-            _build_all(order, record, one, rows, built, pool)
+            for target in order:
+                if record is not None and built:
+                    rows[target.spec] = _from_record(target.spec, record)
+                    continue
+                rows[target.spec] = _compile_one(source, graph, target, pipeline, capture_seconds, instruments,
+                                                 say, built, options, opts, eager)
+                if target.spec in built:
+                    pool.add(target.spec, built[target.spec].artifact)
         if not built:
             raise AutoTargetError(
                 f"no candidate target compiled and verified {graph.name}: "
@@ -296,34 +296,6 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     result.artifact.manifest["auto"] = report.to_json()
     result.artifact.manifest["decisions"] = [*result.artifact.decisions, dict(decision.to_json(), made_by="auto")]
     return result
-
-
-def _build_all(order: Sequence[Target], record: AutoRecord | None, one: Callable[[Target, dict], Candidate],
-               rows: dict[str, Candidate], built: dict[str, CompileResult], pool: WorkerPool) -> None:
-    """Compile the candidates in ``order`` (``one``: a candidate's row, its verified build put into the dict it is
-    given); each verified build goes to the timing processes.  With a record, only up to the first that verifies
-    (the others get :func:`_from_record` rows).  Without one and with ``MLCOMP_AUTO_BUILD=thread``, those of
-    ``BACKGROUND`` compile in a thread of their own while this one compiles the others (a TVM build is mostly
-    LLVM and the linker, off the GIL)."""
-    aside = [t for t in order if t.name in BACKGROUND] \
-        if record is None and len(order) > 1 and os.environ.get("MLCOMP_AUTO_BUILD") == "thread" else []
-    side: dict[str, CompileResult] = {}
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mlcomp-auto-build") as thread:
-        later = {t.spec: thread.submit(one, t, side) for t in aside}
-        for target in order:
-            if target.spec in later:
-                continue
-            if record is not None and built:
-                rows[target.spec] = _from_record(target.spec, record)
-                continue
-            rows[target.spec] = one(target, built)
-            if target.spec in built:
-                pool.add(target.spec, built[target.spec].artifact)
-        for spec, future in later.items():
-            rows[spec] = future.result()
-            if spec in side:
-                built[spec] = side[spec]
-                pool.add(spec, built[spec].artifact)
 
 
 def _compile_one(source: Any, graph: Any, target: Target, pipeline: Any, capture_seconds: float,

@@ -131,39 +131,6 @@ def test_the_exact_sign_test_and_median_interval_match_the_binomial_tables():
     assert (lo, hi) == (2.0, 9.0) and reached == 1 - 2 * 11 / 1024
 
 
-def test_with_thread_builds_tvm_compiles_in_a_thread_of_its_own_and_every_row_keeps_its_place(monkeypatch, captured):
-    """MLCOMP_AUTO_BUILD=thread: the candidate named tvm builds in the build thread while the others build here;
-    each is verified against the one eager run, and the rows keep the candidates' order."""
-    import threading
-
-    from mlcomp.api import compile_auto
-    from mlcomp.frontend.loading import load_model
-    from tests.unit.api.test_auto_target import FakeClock, FakeTarget
-
-    class Where(FakeTarget):
-        def build(self, graph, options, inputs):
-            self.thread = threading.current_thread().name
-            return super().build(graph, options, inputs)
-
-    module, inputs, graph = captured("mlp", 2)
-    source = load_model(module, example_inputs=inputs)
-    runs = []
-    eager = source.eager
-    source.eager = lambda *xs: runs.append(1) or eager(*xs)
-    clock = FakeClock()
-    monkeypatch.setenv("MLCOMP_AUTO_BUILD", "thread")
-    fakes = [Where("a", clock, 2e-3), Where("tvm", clock, 1e-3), Where("b", clock, 3e-3, offset=1.0)]
-    policy = TimingPolicy(warmup=1, budget_s=0.01, min_repeats=3, max_repeats=12)
-    result = compile_auto(source, graph, candidates=fakes, pipeline="", policy=policy, clock=clock, isolate=False)
-    rows = result.artifact.manifest["auto"]["candidates"]
-    assert [f.thread.startswith("mlcomp-auto-build") for f in fakes] == [False, True, False]
-    assert [r["target"] for r in rows] == ["a", "tvm", "b"] and len(runs) == 1
-    assert result.artifact.target == "tvm" and [r["verified"] for r in rows] == [True, True, False]
-    monkeypatch.delenv("MLCOMP_AUTO_BUILD")
-    compile_auto(source, graph, candidates=fakes, pipeline="", policy=policy, clock=clock, isolate=False)
-    assert fakes[1].thread == threading.main_thread().name       # by default every candidate builds here
-
-
 def test_a_loser_in_every_round_whose_median_is_not_above_the_bound_stays():
     """Above 1.2x the leader in each of its rounds, but the leader's samples of other rounds were slower (the load
     changed): its median is not above 1.2x the leader's, so the early rule leaves it to the sign test."""
