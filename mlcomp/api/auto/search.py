@@ -44,7 +44,7 @@ Distributed (a multi-process pipeline, not a single-process artifact) is never a
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -253,14 +253,8 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     with pool:
         pool.start()                   # the timing processes import torch and mlcomp while the candidates compile
         with phases("compile"):
-            for target in order:
-                if record is not None and built:
-                    rows[target.spec] = _from_record(target.spec, record)
-                    continue
-                rows[target.spec] = _compile_one(source, graph, target, pipeline, capture_seconds, instruments,
-                                                 say, built, options, opts, eager)
-                if target.spec in built:
-                    pool.add(target.spec, built[target.spec].artifact)
+            _build_all(order, record, rows, built, pool, lambda target: _compile_one(
+                source, graph, target, pipeline, capture_seconds, instruments, say, built, options, opts, eager))
         if not built:
             raise AutoTargetError(
                 f"no candidate target compiled and verified {graph.name}: "
@@ -296,6 +290,19 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     result.artifact.manifest["auto"] = report.to_json()
     result.artifact.manifest["decisions"] = [*result.artifact.decisions, dict(decision.to_json(), made_by="auto")]
     return result
+
+
+def _build_all(order: Sequence[Target], record: AutoRecord | None, rows: dict[str, Candidate],
+               built: dict[str, CompileResult], pool: WorkerPool, one: Callable[[Target], Candidate]) -> None:
+    """Compile the candidates in ``order`` (``one``: a candidate's row; a verified build goes into ``built`` and to
+    the timing processes); with a record, only up to the first that verifies (the others: :func:`_from_record`)."""
+    for target in order:
+        if record is not None and built:
+            rows[target.spec] = _from_record(target.spec, record)
+            continue
+        rows[target.spec] = one(target)
+        if target.spec in built:
+            pool.add(target.spec, built[target.spec].artifact)
 
 
 def _compile_one(source: Any, graph: Any, target: Target, pipeline: Any, capture_seconds: float,
