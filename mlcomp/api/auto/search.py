@@ -71,8 +71,8 @@ AUTO_QUESTION = "auto: which verified target is fastest?"
 # a deterministic compile times nothing: the preference order is the candidate order
 AUTO_RULE = "the first candidate, in the order tried, that compiled and verified (nothing timed)"
 FROM_RECORD = "not timed: ranked from the record of an earlier auto compile on this host"
-# what a candidate's load imports in a timing process, imported by each process once forked (some start threads,
-# so not before the fork): the import then runs while this process captures and compiles, not after the build
+# what a candidate's load imports in a timing process, imported by each process at its first load (some start
+# threads, so not before the fork; the first load comes after the capture): while the others compile, not after
 LOAD_IMPORTS: dict[str, tuple[str, ...]] = {"tvm": ("tvm",), "onnxruntime": ("onnxruntime",),
                                             "openvino": ("openvino",)}
 
@@ -208,7 +208,7 @@ def timing_pool(inputs: Sequence[Any], targets: Sequence[Target], policy: Timing
                 procs: int = AUTO_PROCS, enabled: bool = True) -> WorkerPool:
     """The timing processes of an auto compile of ``targets`` on ``inputs`` (not started yet); they import the
     target registry and the targets' ``runtime_modules`` once, before the first forks the others, and each
-    imports the runtimes of ``LOAD_IMPORTS`` once forked."""
+    imports the runtimes of ``LOAD_IMPORTS`` at its first load."""
     preload = dict.fromkeys([get_target.__module__, *(m for t in targets for m in t.runtime_modules)])
     postload = dict.fromkeys(m for t in targets for m in LOAD_IMPORTS.get(t.name, ()))
     return WorkerPool(inputs, warmup=policy.warmup, block_s=BLOCK_S, describe=first_line, procs=procs,

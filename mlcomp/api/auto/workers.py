@@ -45,7 +45,7 @@ READY_TIMEOUT_S = 600.0     # a process loads, checks and warms up its artifacts
 def _variant() -> dict[str, Any]:
     """The spawn options the environment asks for: forked processes unless ``MLCOMP_AUTO_PROCESSES=spawn``,
     a quiet wait unless ``MLCOMP_AUTO_SETTLE=fixed``, the pool's preload unless ``MLCOMP_AUTO_PRELOAD=off`` (its
-    imports after the fork unless ``MLCOMP_AUTO_POSTLOAD=off``), a
+    runtimes' imports at the first load unless ``MLCOMP_AUTO_POSTLOAD=off``: at each one's own), a
     lead-in that ends on steady calls unless ``MLCOMP_AUTO_LEAD=fixed``, warm-ups once every candidate is built
     unless ``MLCOMP_AUTO_WARM=load`` (for comparing the schemes: benchmarks/auto_compile.py --variants)."""
     out: dict[str, Any] = {"fork": os.environ.get("MLCOMP_AUTO_PROCESSES") != "spawn",
@@ -65,7 +65,7 @@ class WorkerPool:
 
     ``spawn`` makes the processes (default :meth:`HostWorker.spawn_group`; tests pass a fake);
     ``preload``: the modules their loads will need, imported once before the first forks the others;
-    ``postload``: the runtimes their loads import, imported by each process once forked (before any load);
+    ``postload``: the runtimes their loads import, imported by each process at its first load;
     ``started`` counts the processes spawned.
     """
 
