@@ -17,8 +17,9 @@ untimed lead-in call, then a timed one, with the device's barrier); the auto tar
 After the rounds of every candidate, tie-break rounds of the undecided ones go on until a sign
 test (:func:`mlcomp.hardware.decide.sign_test`) decides (p < ``ALPHA``), the interval of the
 paired ratios (:func:`mlcomp.hardware.intervals.median_interval`) shows two equal within
-``NEAR_TIE``, the timing processes disagree about which of the two is faster (:func:`noise_tie`: equal
-within the noise the processes show; the decision says so), or ``TIE_BREAK`` × the budget is spent.  A
+``NEAR_TIE``, the timing processes disagree about which of the two is faster or the two differ by less
+than one of them differs between the processes (:func:`noise_tie`: equal within the noise the processes
+show; the decision says so), or ``TIE_BREAK`` × the budget is spent.  A
 clear loser leaves earlier (:class:`Elimination`): above ``EARLY_ABOVE`` × the leader in every one of at
 least ``EARLY_ROUNDS`` rounds (two in each timing process), or decided above ``ELIMINATE_ABOVE`` × by the
 sign test.  :meth:`Ranking.decision` is the choice as a
@@ -85,33 +86,40 @@ class Elimination:
 @dataclass(frozen=True)
 class NoiseTie:
     """A contender as fast as the leader within the noise of the timing processes: one process's median paired
-    ratio says it is faster, another's that it is slower (so the median of all, between them, differs from 1 by
-    less than the processes differ from each other).
+    ratio says it is faster, another's that it is slower, or its ratio differs from 1 by less than the median of
+    one of the two differs between the processes (``spread``: the larger of the two, max / min - 1).
 
-        >>> NoiseTie(1.04, (0.98, 1.09)).why
-        "1.040x, within the timing processes' noise (per process 0.980x, 1.090x)"
+        >>> NoiseTie(1.04, (0.98, 1.09), 0.13).why
+        "1.040x, within the timing processes' noise (per process 0.980x, 1.090x; a median 13% apart between them)"
     """
 
     ratio: float                        # median of every paired ratio to the leader
     per_process: tuple[float, ...]      # median of the ratios measured in each timing process
+    spread: float = 0.0                 # the larger relative spread of the two candidates' per-process medians
 
     @property
     def why(self) -> str:
         each = ", ".join(f"{r:.3f}x" for r in self.per_process)
-        return f"{self.ratio:.3f}x, within the timing processes' noise (per process {each})"
+        return (f"{self.ratio:.3f}x, within the timing processes' noise (per process {each}; a median "
+                f"{self.spread:.0%} apart between them)")
 
     def to_json(self) -> dict[str, Any]:
-        return {"ratio": round(self.ratio, 4), "per_process": [round(r, 4) for r in self.per_process]}
+        return {"ratio": round(self.ratio, 4), "per_process": [round(r, 4) for r in self.per_process],
+                "spread": round(self.spread, 4)}
 
 
-def noise_tie(paired: Sequence[float], procs: int) -> NoiseTie | None:
+def noise_tie(paired: Sequence[float], procs: int, samples: Sequence[Sequence[float]] = ()) -> NoiseTie | None:
     """The :class:`NoiseTie` of a contender whose ``paired`` ratios (the ``i``-th measured in timing process
     ``i % procs``) have medians on either side of 1 in different processes (they disagree about which of the two
-    is faster), once every process has ``NOISE_MIN`` of them; else None.  Processes that agree on the
-    direction and differ in the size (1.05x and 1.9x) make no tie: the tie-break goes on.
+    is faster), or whose median ratio differs from 1 by at most the spread of the per-process medians of one of
+    ``samples`` (the two candidates' samples, the ``i``-th in process ``i % procs``): once every process has
+    ``NOISE_MIN`` of each; else None.  Processes that agree on the direction and differ in the size (1.05x and
+    1.9x), each candidate alike in both, make no tie: the tie-break goes on.
 
         >>> noise_tie([0.99, 1.10] * 3, 2).per_process, noise_tie([1.05, 1.9] * 3, 2), noise_tie([1.0] * 6, 1)
         ((0.99, 1.1), None, None)
+        >>> round(noise_tie([1.05] * 6, 2, [[1.0, 1.1] * 3, [1.05, 1.155] * 3]).spread, 3)   # 10% apart
+        0.1
     """
     if procs < 2:
         return None
@@ -119,7 +127,17 @@ def noise_tie(paired: Sequence[float], procs: int) -> NoiseTie | None:
     if min(len(e) for e in each) < NOISE_MIN:
         return None
     per = tuple(median(e) for e in each)
-    return NoiseTie(median(paired), per) if min(per) <= 1 <= max(per) else None
+    spread = max((_spread(s, procs) for s in samples), default=0.0)
+    ratio = median(paired)
+    if min(per) <= 1 <= max(per) or abs(ratio - 1) <= spread:
+        return NoiseTie(ratio, per, spread)
+    return None
+
+
+def _spread(samples: Sequence[float], procs: int) -> float:
+    """max / min - 1 of the medians of ``samples`` taken in each process (the ``i``-th in process ``i % procs``)."""
+    per = [median(s) for p in range(procs) if (s := samples[p::procs])]
+    return max(per) / min(per) - 1 if len(per) == procs and min(per) > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -192,7 +210,8 @@ def rank_samplers(samplers: Mapping[str, Sampler], policy: TimingPolicy = DEFAUL
     below 1); a contender is decided slower when the sign test of those ratios gives
     p < ``ALPHA``, and the leader's equal when the 95 % interval of those ratios lies within
     ``1 ± NEAR_TIE`` (``near_ties``: more rounds would only pick between equals) or, with several
-    processes, when the processes' median ratios lie on either side of 1 (``noise_ties``,
+    processes, when the processes' median ratios lie on either side of 1 or its ratio is within the spread of
+    either candidate's per-process medians (``noise_ties``,
     :func:`noise_tie`).  Undecided ones
     and the leader go on in tie-break rounds of their own until every contender is decided or
     ``TIE_BREAK`` × ``policy.budget_s`` more seconds are spent; the pick is the leader then.  A clear loser
@@ -243,7 +262,7 @@ def rank_samplers(samplers: Mapping[str, Sampler], policy: TimingPolicy = DEFAUL
             continue
         if (band := _within_noise(paired)) is not None:
             near[name] = band
-        elif (tie := noise_tie(paired, procs)) is not None:
+        elif (tie := noise_tie(paired, procs, (samples[name], samples[picked]))) is not None:
             tied[name] = tie
     return Ranking(picked, {n: median(samples[n]) for n in names}, ratios, p_values, everyone,
                    len(rounds) - everyone, eliminated, near, tied)
@@ -302,7 +321,7 @@ def _undecided(active: list[str], samples: Mapping[str, list[float]],
         paired = _ratios(rounds, name, leader)
         ratio = median(paired)
         if not (ratio > 1 and sign_test(paired) < ALPHA) and _within_noise(paired) is None \
-                and noise_tie(paired, procs) is None:
+                and noise_tie(paired, procs, (samples[name], samples[leader])) is None:
             keep.append(name)
     return keep
 

@@ -79,6 +79,20 @@ def test_processes_that_agree_on_a_small_difference_make_no_tie():
     assert ranking.picked == "a" and ranking.noise_ties == {} and ranking.p_values["b"] < auto_rank.ALPHA
     assert auto_rank.noise_tie([1.04, 1.05] * 3, 2) is None
     assert auto_rank.noise_tie([1.05, 1.9] * 3, 2) is None           # same direction, another size: no tie
+    steady = [[1.0] * 6, [1.04, 1.05] * 3]                            # each candidate alike in both processes
+    assert auto_rank.noise_tie([1.04, 1.05] * 3, 2, steady) is None
+
+
+def test_a_pair_closer_than_one_candidate_differs_between_the_processes_is_a_tie():
+    """b is 1.03x a in most rounds (0.995x in one of three in process 0: the sign test cannot decide), and a itself
+    runs 10 % slower in process 1 than in process 0: the pair is within the noise the processes show, so the
+    ranking stops after MIN_ROUNDS and says so."""
+    times = {"a": [1e-3, 1.1e-3], "b": [1.03e-3, 1.133e-3, 0.995e-3, 1.133e-3]}
+    ranking = auto_rank.rank_samplers(_per_process(times), POLICY, clock=_ticks(), procs=2)
+    tie = ranking.noise_ties["b"]
+    assert ranking.picked == "a" and ranking.tie_break_rounds == 0 and ranking.rounds == auto_rank.MIN_ROUNDS
+    assert round(tie.spread, 3) == 0.1 and round(tie.ratio, 3) == 1.03
+    assert "a median 10% apart between them" in ranking.decision().why
     assert auto_rank.noise_tie([0.99, 1.1] * 2, 2) is None          # two ratios per process: too few to tell
 
 
