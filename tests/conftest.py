@@ -10,7 +10,6 @@ runs ``perf``).  Nothing else is skipped silently.
 """
 from __future__ import annotations
 
-import hashlib
 import warnings
 
 import pytest
@@ -81,17 +80,20 @@ def zoo():
     return ZOO
 
 
-def _fingerprint(graph) -> tuple[str, dict[str, str]]:
-    """The graph's text and a digest of every constant's bytes."""
-    digests = {name: hashlib.sha256(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()
-               for name, t in graph.constants.items()}
-    return graph.format(), digests
+@pytest.fixture(autouse=True, scope="session")
+def _captured_once_unchanged():
+    """The graphs of ``tests.helpers.captures.captured_once`` builders are unchanged when the session ends."""
+    from tests.helpers.captures import changed
+
+    yield
+    assert not changed(), f"a test changed the shared captured graph(s) {changed()} in place"
 
 
 @pytest.fixture(scope="session")
 def _capture_cache(zoo):
     """Zoo graphs captured once per session; checked unchanged when the session ends."""
     from mlcomp.frontend.loading import load_model
+    from tests.helpers.captures import fingerprint
 
     cache: dict[str, tuple] = {}
     prints: dict[str, tuple] = {}
@@ -103,11 +105,11 @@ def _capture_cache(zoo):
             module, inputs = z.build(), z.example_inputs(batch)
             graph = load_model(module, example_inputs=inputs).capture()
             cache[key] = (module, inputs, graph)
-            prints[key] = _fingerprint(graph)
+            prints[key] = fingerprint(graph)
         return cache[key]
 
     yield get
-    changed = [key for key, (_, _, graph) in cache.items() if _fingerprint(graph) != prints[key]]
+    changed = [key for key, (_, _, graph) in cache.items() if fingerprint(graph) != prints[key]]
     assert not changed, f"a test changed the shared captured graph(s) {changed} in place"
 
 

@@ -17,6 +17,7 @@ from mlcomp.analysis.verify import compare
 from mlcomp.api import lowering
 from mlcomp.base.errors import VerificationError
 from mlcomp.ir.interpreter import Interpreter
+from tests.helpers.captures import captured_once
 
 TIE = torch.tensor([[1.0038, 1.0, 0.0037], [2.0, 1.0, 0.0]])      # row 0: near-tie that bf16 flips
 APART = torch.tensor([[1.5, 1.0, 0.0037], [2.0, 1.0, 0.0]])       # no near-tie anywhere
@@ -41,7 +42,9 @@ class Routed(nn.Module):
         return experts.gather(1, idx[..., None].expand(-1, 1, 3)).squeeze(1)
 
 
+@captured_once
 def _graphs(x):
+    """The router model captured on ``x`` and lowered to bf16 (once per input; each call gets copies)."""
     from mlcomp.api.inputs import load_source
     from mlcomp.pipeline import run_pipeline
 

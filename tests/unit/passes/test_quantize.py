@@ -14,14 +14,11 @@ from mlcomp.ir.quant import DEQUANTIZE, QUANTIZE
 from mlcomp.passes.quantize.quantize import Quantize
 from mlcomp.pipeline import run_pipeline
 from mlcomp.pipeline.target_facts import TargetFacts
+from tests.helpers.captures import conv_linear
 
 
-def small():
-    """conv → relu → flatten → linear, captured, with its example input."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5)).eval()
-    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
-    return model, x, load_model(model, example_inputs=(x,)).capture()
+small = conv_linear
+"""conv → relu → flatten → linear, captured once per process, with its example input (copies)."""
 
 
 def _stats(report):

@@ -10,6 +10,7 @@ from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.ops import aten
 from mlcomp.passes.quantize.bias import MIN_ROWS
 from mlcomp.pipeline import run_pipeline
+from tests.helpers.captures import captured_once
 
 
 def _mlp():
@@ -132,13 +133,18 @@ class Shared(nn.Module):
         return self.c(torch.nn.functional.gelu(self.a(h) + self.b(h))) + h[:, :8]
 
 
-def test_smoothing_keeps_the_function_and_scales_the_shared_weights():
-    from mlcomp.passes.quantize.selection import choose
-    from mlcomp.passes.quantize.smooth import smooth
+@captured_once
+def _shared():
     torch.manual_seed(0)
     model = Shared().eval()
     x = torch.randn(64, 16, generator=torch.Generator().manual_seed(1))
-    g = load_model(model, example_inputs=(x,)).capture()
+    return model, x, load_model(model, example_inputs=(x,)).capture()
+
+
+def test_smoothing_keeps_the_function_and_scales_the_shared_weights():
+    from mlcomp.passes.quantize.selection import choose
+    from mlcomp.passes.quantize.smooth import smooth
+    _, x, g = _shared()
     before = g.copy()
     records = smooth(g, choose(g, ())[0], [(x,)], 0.95)
     assert [len(r["layers"]) for r in records] == [2, 1]          # the norm's two linears share one factor; c
@@ -152,10 +158,7 @@ def test_smoothing_keeps_the_function_and_scales_the_shared_weights():
 
 def test_smoothing_is_openvinos_default_and_an_option_elsewhere():
     from mlcomp.pipeline.target_facts import TargetFacts
-    torch.manual_seed(0)
-    model = Shared().eval()
-    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(1))
-    g = load_model(model, example_inputs=(x,)).capture()
+    _, x, g = _shared()
     runs = {(t, s): run_pipeline(g, "quantize" + s, example_inputs=(x,), target=TargetFacts(t))[1].stats("quantize")
             for t, s in (("openvino", "{smooth=0}"), ("onnxruntime", ""), ("openvino", ""),
                          ("onnxruntime", "{smooth=0.95}"))}

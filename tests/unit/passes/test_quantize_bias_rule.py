@@ -32,14 +32,14 @@ def _data(batch: int, seed: int) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def tiny():
     """The float graph through quantize with and without bias correction: calibrated on a batch of 32, one
-    held-back batch."""
+    held-back batch; ``(model, x, runs, graph)``."""
     torch.manual_seed(0)
     model = TinyConv().eval()
     x, held = _data(32, 1), _data(32, 2)
     g = load_model(model, example_inputs=(x,)).capture()
     runs = {on: run_pipeline(g, f"quantize{{bias_correction={on} held_back=1}}", example_inputs=(x,),
                              calibration_data=[(x,), (held,)]) for on in ("true", "false")}
-    return model, x, runs
+    return model, x, runs, g
 
 
 def _fake_quant(x: torch.Tensor, graph: Graph, layer, index: int) -> torch.Tensor:
@@ -59,7 +59,7 @@ def _int8(graph: Graph, prefix: str, bias_int32: torch.Tensor) -> tuple[torch.Te
 
 def test_each_layer_takes_the_mean_of_its_own_rounding_computed_by_hand(tiny):
     """Δ = mean over rows of (W·x + b − (Ŵ·x̂ + b̂)), x the float input: the int32 bias moves by Δ / its scale."""
-    model, x, runs = tiny
+    model, x, runs, _ = tiny
     (on, _), (off, _) = runs["true"], runs["false"]
     conv, fc = off.nodes(aten("convolution"))[0], off.nodes(aten("addmm"))[0]
     with torch.no_grad():
@@ -80,7 +80,7 @@ def test_each_layer_takes_the_mean_of_its_own_rounding_computed_by_hand(tiny):
 
 
 def test_the_pass_reports_the_shifts_and_the_metric_improves(tiny):
-    _, _, runs = tiny
+    _, _, runs, _ = tiny
     st_on, st_off = runs["true"][1].stats("quantize"), runs["false"][1].stats("quantize")
     assert st_on["biases_corrected"] == 2 and st_off["biases_corrected"] == 0
     assert sorted(r["op"] for r in st_on["layers"] if r.get("bias_shift", 0) > 0) == ["aten.addmm.default", "aten.convolution.default"]
@@ -109,9 +109,7 @@ def test_fewer_examples_than_the_rule_keep_every_bias_more_samples_of_them_corre
 def test_a_layers_shift_does_not_depend_on_the_layers_before_it(tiny):
     """The classifier's correction is its own rounding only: the same int32 bias whether the convolution before
     it computes in int8 or is kept float."""
-    _, x, runs = tiny
-    torch.manual_seed(0)
-    g = load_model(TinyConv().eval(), example_inputs=(x,)).capture()
+    _, x, runs, g = tiny
     conv_float, report = run_pipeline(g, "quantize{exclude=[conv]}", example_inputs=(x,))
     assert report.stats("quantize")["biases_corrected"] == 1
     assert torch.equal(conv_float.constants["fc.bias.int32"], runs["true"][0].constants["fc.bias.int32"])

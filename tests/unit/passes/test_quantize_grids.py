@@ -15,6 +15,7 @@ from mlcomp.ir.quant import QUANTIZE
 from mlcomp.passes.quantize.grids import PRODUCT_OPERANDS, PRODUCT_SCHEMES, Grid, grid_params, operand_grids
 from mlcomp.pipeline import run_pipeline
 from mlcomp.pipeline.target_facts import TargetFacts
+from tests.helpers.captures import captured_once
 
 
 class Scores(nn.Module):
@@ -31,11 +32,16 @@ class Scores(nn.Module):
         return torch.bmm(p, self.v(x))
 
 
-def _quantized(target: str | None, spec: str = "quantize", soft: bool = False):
+@captured_once
+def _scores(soft: bool):
     torch.manual_seed(0)
     model = Scores(soft).eval()
     x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(3))
-    g = load_model(model, example_inputs=(x,)).capture()
+    return model, x, load_model(model, example_inputs=(x,)).capture()
+
+
+def _quantized(target: str | None, spec: str = "quantize", soft: bool = False):
+    model, x, g = _scores(soft)
     facts = TargetFacts(target) if target else None
     out, report = run_pipeline(g, f"fold-constants,{spec}", example_inputs=(x,), target=facts)
     return model, x, out, report.records[-1].stats

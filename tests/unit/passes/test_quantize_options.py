@@ -13,18 +13,15 @@ from mlcomp.ir.interpreter import Interpreter
 from mlcomp.ir.ops import aten
 from mlcomp.ir.quant import DEQUANTIZE, QUANTIZE
 from mlcomp.pipeline import run_pipeline
+from tests.helpers.captures import captured_once, conv_linear
 
 
 def _gen(seed):
     return torch.Generator().manual_seed(seed)
 
 
-def small():
-    """conv → relu → flatten → linear, captured, with its example input."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5)).eval()
-    x = torch.randn(2, 3, 8, 8, generator=_gen(1))
-    return model, x, load_model(model, example_inputs=(x,)).capture()
+small = conv_linear
+"""conv → relu → flatten → linear, captured once per process, with its example input (copies)."""
 
 
 class Block(nn.Module):
@@ -40,6 +37,7 @@ class Block(nn.Module):
         return torch.relu(y + x)
 
 
+@captured_once
 def block():
     torch.manual_seed(0)
     model = Block().eval()

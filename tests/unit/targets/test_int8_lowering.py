@@ -7,19 +7,15 @@ from torch import nn
 
 import mlcomp
 from mlcomp.base.errors import PipelineSpecError
-from mlcomp.frontend.loading import load_model
 from mlcomp.ir.interpreter import Interpreter
 from mlcomp.pipeline import run_pipeline
 from mlcomp.runtime.artifact import Artifact
 from mlcomp.targets.int8 import Int8Record
+from tests.helpers.captures import conv_linear
 
 
-def small():
-    """conv → relu → flatten → linear, captured, with its example input."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5)).eval()
-    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
-    return model, x, load_model(model, example_inputs=(x,)).capture()
+small = conv_linear
+"""conv → relu → flatten → linear, captured once per process, with its example input (copies)."""
 
 
 def _rel(got, ref):

@@ -64,13 +64,20 @@ def test_the_head_of_a_two_layer_gru_runs_with_its_bias_in_one_fully_connected()
         assert torch.allclose(art(x), model(x), atol=1e-5)
 
 
-def test_a_gru_whose_weights_cleanup_folded_stays_unrolled_with_the_reason():
-    from mlcomp.targets.openvino.gru import whole_rnns
-
+@pytest.fixture(scope="module")
+def tagger():
+    """A batch-first tagger (seed 0), its ``[3, 5, 8]`` input and its captured graph (tests take copies)."""
     torch.manual_seed(0)
     model = Tagger(batch_first=True).eval()
     x = torch.randn(3, 5, 8)
-    graph = load_model(model, example_inputs=(x,)).capture()
+    return model, x, load_model(model, example_inputs=(x,)).capture()
+
+
+def test_a_gru_whose_weights_cleanup_folded_stays_unrolled_with_the_reason(tagger):
+    from mlcomp.targets.openvino.gru import whole_rnns
+
+    _, x, graph = tagger
+    graph = graph.copy()
     folded, _ = run_pipeline(graph, "cleanup", example_inputs=(x,))
     out, stats = whole_rnns(folded, (x,))
     assert out is folded and not stats.recomposed and "gru" in stats.skipped, stats.skipped
@@ -78,16 +85,14 @@ def test_a_gru_whose_weights_cleanup_folded_stays_unrolled_with_the_reason():
     assert stats.recomposed == ["gru"] and [str(n.op) for n in whole.call_nodes()].count("aten.gru.input") == 1
 
 
-def test_the_default_preset_keeps_the_gru_whole_on_openvino_and_folds_it_elsewhere():
+def test_the_default_preset_keeps_the_gru_whole_on_openvino_and_folds_it_elsewhere(tagger):
     """``-O2``'s cleanup folds weight transposes, but not those of a module openvino converts whole."""
     from mlcomp.pipeline.presets import adapt_preset
     from mlcomp.targets import get_target
     from mlcomp.targets.openvino.gru import whole_rnns
 
-    torch.manual_seed(0)
-    model = Tagger(batch_first=True).eval()
-    x = torch.randn(3, 5, 8)
-    graph = load_model(model, example_inputs=(x,)).capture()
+    _, x, graph = tagger
+    graph = graph.copy()
     openvino = get_target("openvino")
     o2 = adapt_preset("-O2", "openvino", openvino.rewrites).text
     kept, _ = run_pipeline(graph, o2, example_inputs=(x,), target=openvino.capabilities.facts("openvino"))
