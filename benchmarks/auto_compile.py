@@ -1,4 +1,4 @@
-"""``--target auto`` compile seconds and picks per zoo model at batch 1, this checkout against another.
+"""``--target auto`` compile seconds and picks per zoo model at batch 1 (``--batch``), this checkout against another.
 
     .venv/bin/python benchmarks/auto_compile.py                                    # mlp, resnet18, transformer
     .venv/bin/python benchmarks/auto_compile.py --baseline /work/main --repeat 3   # against the previous auto
@@ -13,7 +13,8 @@ one filled (seed 0): a cache miss whose ranking comes from the record (``api/aut
 With ``--baseline PATH`` every run is repeated with PATH's mlcomp (``PYTHONPATH=PATH``),
 interleaved with this checkout's, so load hits both alike.
 
-Printed per run: seconds, the pick, each timed candidate's median (ms) and those eliminated,
+Printed per run: seconds, the pick, each timed candidate's median (ms), those eliminated and those tied with
+the pick within the timing processes' noise (each process's median ratio),
 and the manifest's phase seconds; then per model and checkout the median seconds and the picks
 counted.  Compile seconds depend on the other load: run it alone, at high priority.
 """
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("mlp", "resnet18", "transformer")
 
 
-def child(model: str, threads: int, seed: int, cache: str | None) -> None:
+def child(model: str, threads: int, seed: int, cache: str | None, batch: int = 1) -> None:
     """One auto compile in this process; its figures as one JSON line."""
     import warnings
 
@@ -47,7 +48,7 @@ def child(model: str, threads: int, seed: int, cache: str | None) -> None:
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(threads)
-    module, inputs = ZOO[model].build(seed=seed).eval(), ZOO[model].example_inputs(1)
+    module, inputs = ZOO[model].build(seed=seed).eval(), ZOO[model].example_inputs(batch)
     t0, c0 = time.perf_counter(), time.process_time()
     art = mlcomp.compile(module, inputs, target="auto", pipeline="-O2", threads=threads, cache=cache)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -61,6 +62,7 @@ def child(model: str, threads: int, seed: int, cache: str | None) -> None:
                       "compile_s": {c["target"]: c["compile_seconds"] for c in auto.get("candidates", [])
                                     if c.get("compile_seconds") is not None},
                       "eliminated": sorted(timing.get("eliminated", {})), "timed_in": timing.get("timed_in"),
+                      "noise_ties": {n: t.get("per_process") for n, t in timing.get("noise_ties", {}).items()},
                       "rounds": [timing.get("rounds"), timing.get("tie_break_rounds")],
                       "processes": timing.get("processes"), "phases": timing.get("phase_seconds", {}),
                       "capture_s": art.manifest.get("capture_seconds"), "call_cpu_s": cpu, "before_cpu_s": c0,
@@ -69,11 +71,12 @@ def child(model: str, threads: int, seed: int, cache: str | None) -> None:
                       "cache": (art.manifest.get("cache") or {}).get("status")}))
 
 
-def run(checkout: Path, model: str, threads: int, seed: int, cache: str | None, variant: str = "") -> dict:
+def run(checkout: Path, model: str, threads: int, seed: int, cache: str | None, variant: str = "",
+        batch: int = 1) -> dict:
     env = {**os.environ, "PYTHONPATH": str(checkout), "TVM_NUM_THREADS": str(threads),
            **dict(kv.split("=", 1) for kv in variant.split(",") if kv)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", model, "--threads", str(threads),
-           "--seed", str(seed)] + (["--cache", cache] if cache else [])
+           "--seed", str(seed), "--batch", str(batch)] + (["--cache", cache] if cache else [])
     t0, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -92,7 +95,8 @@ def line(label: str, r: dict) -> str:
     phases = ", ".join(f"{k} {v:.1f}" for k, v in {"capture": r.get("capture_s") or 0.0, **r["phases"]}.items())
     return (f"  {label}: {r['seconds']:.1f} s (process {r['process_s']:.1f} s) -> {r['picked']}; ms: {medians or '—'}"
             f"; eliminated: {', '.join(r['eliminated']) or '—'}; rounds (+ tie-break): {r.get('rounds')}"
-            f"; processes: {r['processes']}; phases: {phases or '—'}"
+            + (f"; tied within the processes' noise: {r['noise_ties']}" if r.get("noise_ties") else "")
+            + f"; processes: {r['processes']}; phases: {phases or '—'}"
             + (f"; cache {r['cache']}" if r.get("cache") else "")
             + (f"; compile s: {', '.join(f'{t} {v:.1f}' for t, v in r['compile_s'].items())}" if r.get("compile_s") else "")
             + f"\n    per timing process ms: "
@@ -113,6 +117,7 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1, help="the example inputs' batch (the goal's figure: 1)")
     ap.add_argument("--baseline", type=Path, default=None, help="another checkout's root (the previous auto)")
     ap.add_argument("--no-record", action="store_true", help="cold compiles only")
     ap.add_argument("--json", type=Path, default=None)
@@ -123,25 +128,25 @@ def main() -> int:
     ap.add_argument("--cache", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child, args.threads, args.seed, args.cache)
+        child(args.child, args.threads, args.seed, args.cache, args.batch)
         return 0
     checkouts = {"this": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
     variants = {"": ""} | {v: v for v in args.variants.split(";") if v}
     results: dict[str, dict[str, dict[str, list[dict]]]] = {}
-    print(f"# auto compile at batch 1, {args.threads} threads; checkouts: "
+    print(f"# auto compile at batch {args.batch}, {args.threads} threads; checkouts: "
           + ", ".join(f"{k} {v}" for k, v in checkouts.items()), flush=True)
     for rep in range(args.repeat):
         for model in args.models.split(","):
             for (name, checkout), variant in itertools.product(checkouts.items(), variants):
                 label = name + (f" {variant}" if variant else "")
                 cell = results.setdefault(model, {}).setdefault(label, {"cold": [], "record": []})
-                cell["cold"].append(run(checkout, model, args.threads, 0, None, variant))
+                cell["cold"].append(run(checkout, model, args.threads, 0, None, variant, args.batch))
                 print(f"{model} #{rep}", line(f"{label} cold", cell["cold"][-1]), flush=True)
                 if args.no_record:
                     continue
                 with tempfile.TemporaryDirectory(prefix="mlcomp-auto-bench-") as cache:
-                    run(checkout, model, args.threads, 0, cache, variant)              # measures and records
-                    cell["record"].append(run(checkout, model, args.threads, 1, cache, variant))
+                    run(checkout, model, args.threads, 0, cache, variant, args.batch)       # measures and records
+                    cell["record"].append(run(checkout, model, args.threads, 1, cache, variant, args.batch))
                 print(f"{model} #{rep}", line(f"{label} record", cell["record"][-1]), flush=True)
     print("\n| model | checkout | cold s (median) | cold picks | record s (median) | record picks |")
     print("|---|---|--:|---|--:|---|")

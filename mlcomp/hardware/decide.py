@@ -8,7 +8,7 @@ build tuned or not, a small GEMM as TVM code or a torch call) asks :func:`decide
 * a contender's ratio in a round is its sample over the default's sample of the same round
   (load that hits both cancels);
 * after ``min_rounds`` the rounds stop as soon as a two-sided sign test
-  (``scipy.stats.binomtest``) rejects "the median ratio is ``threshold``" at ``alpha`` for
+  (exact binomial, :func:`binom_half_cdf`) rejects "the median ratio is ``threshold``" at ``alpha`` for
   every contender, or when ``budget_s`` per candidate is spent;
 * a contender wins only when decided below ``threshold`` (the smallest effect worth a
   change); with none, the default stays — also when the budget ran out undecided.
@@ -35,7 +35,7 @@ from typing import Any
 from mlcomp.hardware.timing import Clock, Sync, no_sync
 
 __all__ = ["ALPHA", "ELIMINATE_ABOVE", "MIN_ROUNDS", "Decision", "DecisionPolicy", "Sampler", "Verdict",
-           "call_samplers", "clear_losers", "decide", "measure_times", "sign_test"]
+           "binom_half_cdf", "call_samplers", "clear_losers", "decide", "measure_times", "sign_test"]
 
 ALPHA = 0.05        # a two-sided sign test below this decides
 MIN_ROUNDS = 6      # the fewest paired rounds in which a sign test can decide at ALPHA (p = 2 / 2**6)
@@ -67,9 +67,26 @@ def clear_losers(ratios: Mapping[str, Sequence[float]], *, factor: float = ELIMI
 
 
 def _sign_p(below: int, above: int) -> float:
-    from scipy.stats import binomtest
+    """The exact two-sided binomial test of ``below`` against ``above`` at 1/2: twice the smaller tail.
 
-    return 1.0 if below + above == 0 else float(binomtest(below, below + above, 0.5).pvalue)
+        >>> _sign_p(0, 6), _sign_p(3, 3), _sign_p(1, 9)
+        (0.03125, 1.0, 0.021484375)
+    """
+    n = below + above
+    if n == 0 or 2 * below == n:
+        return 1.0
+    return min(1.0, 2.0 * binom_half_cdf(min(below, above), n))
+
+
+def binom_half_cdf(k: int, n: int) -> float:
+    """P(X <= k) for X ~ Binomial(n, 1/2), exactly (integers, no scipy): O(k).
+
+        >>> binom_half_cdf(0, 6), binom_half_cdf(3, 6), binom_half_cdf(-1, 6)
+        (0.015625, 0.65625, 0.0)
+    """
+    if k < 0:
+        return 0.0
+    return sum(math.comb(n, i) for i in range(min(k, n) + 1)) / 2 ** n
 
 
 class Verdict(enum.Enum):

@@ -38,17 +38,14 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
         >>> median_interval([1.0, 2.0, 3.0])[:2]          # too few for 95 %: the whole range
         (1.0, 3.0)
     """
-    from scipy.stats import binom
-
     if not values:
         raise ValueError("the median interval of no values")
     s, n = sorted(values), len(values)
     tail = (1.0 - confidence) / 2
-    k = int(binom.ppf(tail, n, 0.5))          # P(X <= k) >= tail; step back while P(X <= k - 1) > tail
-    while k > 0 and binom.cdf(k - 1, n, 0.5) > tail:
-        k -= 1
-    k = max(k, 1)
-    reached = 1.0 - 2.0 * float(binom.cdf(k - 1, n, 0.5))
+    k, below, step = 1, 1, 1                  # the largest k with P(X <= k - 1) <= tail, X ~ Binomial(n, 1/2)
+    while k < n and (below + (step := step * (n - k + 1) // k)) / 2 ** n <= tail:
+        below, k = below + step, k + 1       # below: the count of outcomes <= k - 1, C(n, 0) + ... + C(n, k - 1)
+    reached = 1.0 - 2.0 * below / 2 ** n
     return s[k - 1], s[n - k], reached
 
 

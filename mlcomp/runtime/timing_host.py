@@ -30,7 +30,7 @@ Protocol (one JSON line per reply on the child's private stdout)::
     parent: "sample NAME"                       ->  child: {"sample": s}
     parent: "drop NAME"                            (no reply) the artifact is released
     parent: "watch [PID, ...]"                     (no reply) the other timing processes, watched before a sample
-    parent: "stats"                             ->  child: {"stats": {"imports": s, "preload": s, "loads": s, ...}}
+    parent: "stats"                             ->  child: {"stats": {"imports": s, "preload": s, "postload": s, ...}}
     parent: "quit" or EOF                          the child exits
     child:  {"error": "..."}                       a load or sample failed; the parent raises WorkerError
 """
@@ -76,16 +76,19 @@ class HostWorker(ProcessSampler):
     @classmethod
     def spawn_group(cls, inputs_file: Path, procs: int, *, threads: int, warmup: int, block_s: float,
                     settle_s: float = SETTLE_S, fork: bool = True, quiet: bool = True,
-                    preload: Sequence[str] = (), steady: bool = True, warm_later: bool = False) -> list["HostWorker"]:
+                    preload: Sequence[str] = (), steady: bool = True, warm_later: bool = False,
+                    postload: Sequence[str] = ()) -> list["HostWorker"]:
         """``procs`` hosting processes from one start-up: a zygote that imports torch, mlcomp and the
         modules ``preload`` names (those its loads will need; none may start a thread on import), then
         forks the others (:mod:`mlcomp.runtime.zygote`); ``fork=False``: each started afresh, importing
         ``preload`` itself.  ``quiet=False``: a sample settles with ``settle_s`` of calls, not a quiet wait;
         ``steady=False``: its lead-in never ends early on steady calls (:func:`take_sample`'s ``per_call``);
-        ``warm_later=True``: a load makes no call, :meth:`warm` (or the first sample) warms the artifacts up."""
+        ``warm_later=True``: a load makes no call, :meth:`warm` (or the first sample) warms the artifacts up;
+        ``postload``: modules each process imports at its first ``load`` (the runtimes the loads import, some of
+        which start threads: after the fork, and after the capture, while the caller compiles the others)."""
         base = {"inputs": str(inputs_file), "threads": threads, "warmup": warmup, "block_s": block_s,
                 "settle_s": settle_s, "quiet": quiet, "preload": list(preload), "steady": steady,
-                "warm_later": warm_later}
+                "warm_later": warm_later, "postload": list(postload)}
         if not fork:
             return [cls._popen(base, f"timing process {i}") for i in range(procs)]
         pairs = [(os.pipe(), os.pipe()) for _ in range(procs - 1)]     # (commands r, w), (replies r, w)
@@ -146,7 +149,8 @@ class HostWorker(ProcessSampler):
     def stats(self, timeout: float = 60.0) -> dict[str, float]:
         """The child's CPU seconds (every thread) by what it did: ``imports`` (everything before it served),
         ``preload`` (the modules its loads need, imported before a zygote forks; ``preloaded``: how many it
-        imported itself, none in a forked process), ``loads`` (loading, checking, warming up its artifacts),
+        imported itself, none in a forked process), ``postload`` (the runtimes it imported at its first load;
+        ``postloaded``: how many), ``loads`` (loading, checking, warming up its artifacts),
         ``samples``, and ``total``; ``load NAME``: the CPU seconds of loading, checking and warming up ``NAME``
         (``warm NAME``: of which its warm-up calls); ``lead_calls``: the untimed calls its samples made first;
         ``waited_wall``, the wall seconds its samples waited for quiet, and its ``nice`` value."""
@@ -189,6 +193,8 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
     cpu["threads_at_fork"] = float(len(os.listdir("/proc/self/task"))) if config.get("siblings") else 0.0
     if config.get("siblings"):
         fork_siblings(config, serve_host, HostWorker.MODULE, closing=[channel.fileno()])
+    cpu["postloaded"], cpu["postload"] = 0.0, 0.0
+    runtimes = list(config.get("postload", ()))        # imported at the first load
     waits = config.get("quiet", True)
     quiet = cpu_of_others() if waits else None
     torch.set_num_threads(int(config["threads"]))
@@ -211,6 +217,9 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
         verb, _, rest = line.strip().partition(" ")
         c0 = time.process_time()
         if verb == "load":
+            if runtimes:                       # the first load: the runtimes of every candidate, once
+                cpu["postloaded"], cpu["postload"] = preload(runtimes)
+                runtimes, c0 = [], time.process_time()
             spec = json.loads(rest)
             try:
                 runner, device = load_runner({"artifact": spec["artifact"]})

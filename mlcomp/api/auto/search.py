@@ -44,7 +44,7 @@ Distributed (a multi-process pipeline, not a single-process artifact) is never a
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -71,6 +71,10 @@ AUTO_QUESTION = "auto: which verified target is fastest?"
 # a deterministic compile times nothing: the preference order is the candidate order
 AUTO_RULE = "the first candidate, in the order tried, that compiled and verified (nothing timed)"
 FROM_RECORD = "not timed: ranked from the record of an earlier auto compile on this host"
+# what a candidate's load imports in a timing process, imported by each process at its first load (some start
+# threads, so not before the fork; the first load comes after the capture): while the others compile, not after
+LOAD_IMPORTS: dict[str, tuple[str, ...]] = {"tvm": ("tvm",), "onnxruntime": ("onnxruntime",),
+                                            "openvino": ("openvino",)}
 
 
 class AutoTargetError(MlcompError):
@@ -127,6 +131,7 @@ class AutoReport:
     eliminated: dict[str, Any] = field(default_factory=dict)    # clear loser -> its Elimination (JSON: a dict)
     phases: Phases = field(default_factory=Phases)              # seconds (wall, CPU) per phase, per process
     processes: int = 0                                          # timing processes started
+    noise_ties: dict[str, Any] = field(default_factory=dict)    # equal to the pick within the processes' noise
 
     @property
     def picked(self) -> Candidate:
@@ -142,6 +147,7 @@ class AutoReport:
                            "tie_break_rounds": self.tie_break_rounds, "timed_in": self.timed_in,
                            "eliminated": {n: e.to_json() if hasattr(e, "to_json") else e
                                           for n, e in self.eliminated.items()},
+                           "noise_ties": {n: t.to_json() for n, t in self.noise_ties.items()},
                            "processes": self.processes, **self.phases.to_json()}}
 
     def table(self) -> Table:
@@ -201,10 +207,12 @@ def precheck(target: Target, graph: Any, options: CompileOptions, pipeline: Any 
 def timing_pool(inputs: Sequence[Any], targets: Sequence[Target], policy: TimingPolicy = DEFAULT_AUTO_TIMING, *,
                 procs: int = AUTO_PROCS, enabled: bool = True) -> WorkerPool:
     """The timing processes of an auto compile of ``targets`` on ``inputs`` (not started yet); they import the
-    target registry and the targets' ``runtime_modules`` once, before the first forks the others."""
+    target registry and the targets' ``runtime_modules`` once, before the first forks the others, and each
+    imports the runtimes of ``LOAD_IMPORTS`` at its first load."""
     preload = dict.fromkeys([get_target.__module__, *(m for t in targets for m in t.runtime_modules)])
+    postload = dict.fromkeys(m for t in targets for m in LOAD_IMPORTS.get(t.name, ()))
     return WorkerPool(inputs, warmup=policy.warmup, block_s=BLOCK_S, describe=first_line, procs=procs,
-                      enabled=enabled and len(targets) > 1, preload=list(preload))
+                      enabled=enabled and len(targets) > 1, preload=list(preload), postload=list(postload))
 
 
 def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] | None = None,
@@ -245,14 +253,8 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     with pool:
         pool.start()                   # the timing processes import torch and mlcomp while the candidates compile
         with phases("compile"):
-            for target in order:
-                if record is not None and built:
-                    rows[target.spec] = _from_record(target.spec, record)
-                    continue
-                rows[target.spec] = _compile_one(source, graph, target, pipeline, capture_seconds, instruments,
-                                                 say, built, options, opts, eager)
-                if target.spec in built:
-                    pool.add(target.spec, built[target.spec].artifact)
+            _build_all(order, record, rows, built, pool, lambda target: _compile_one(
+                source, graph, target, pipeline, capture_seconds, instruments, say, built, options, opts, eager))
         if not built:
             raise AutoTargetError(
                 f"no candidate target compiled and verified {graph.name}: "
@@ -263,7 +265,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
             rule = AUTO_RULE if record is None else f"the best-recorded candidate that verified ({records.path(key)})"
             decision = Decision.fixed(AUTO_QUESTION, [t.spec for t in order if t.spec in built], best, rule,
                                       deterministic=record is None)
-            rounds, tie_break, timed_in, eliminated = 0, 0, NOT_TIMED if record is None else FROM_RECORD, {}
+            rounds, tie_break, timed_in, eliminated, ties = 0, 0, NOT_TIMED if record is None else FROM_RECORD, {}, {}
         else:
             say(f"auto: time {', '.join(built)} on the example inputs")
             ranking, timed_in = time_candidates(built, source.inputs(), policy, clock, rows, pool, phases)
@@ -272,6 +274,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
                                       hint="name one target with --target and report the failure")
             best, decision = ranking.picked, ranking.decision(AUTO_QUESTION)
             rounds, tie_break, eliminated = ranking.rounds, ranking.tie_break_rounds, ranking.eliminated
+            ties = ranking.noise_ties
             if key is not None and len(built) > 1:
                 records.save(AutoRecord(key, {n: ranking.medians[n] for n in built}, best))
         phases.workers = pool.cpu_seconds()
@@ -281,12 +284,25 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
         phases.end("close")
     rows[best] = replace(rows[best], picked=True)
     report = AutoReport(tuple(rows[t.spec] for t in targets), policy, rounds, tie_break, timed_in, eliminated,
-                        phases, pool.started)
+                        phases, pool.started, ties)
     result = built[best]
     result.auto = report
     result.artifact.manifest["auto"] = report.to_json()
     result.artifact.manifest["decisions"] = [*result.artifact.decisions, dict(decision.to_json(), made_by="auto")]
     return result
+
+
+def _build_all(order: Sequence[Target], record: AutoRecord | None, rows: dict[str, Candidate],
+               built: dict[str, CompileResult], pool: WorkerPool, one: Callable[[Target], Candidate]) -> None:
+    """Compile the candidates in ``order`` (``one``: a candidate's row; a verified build goes into ``built`` and to
+    the timing processes); with a record, only up to the first that verifies (the others: :func:`_from_record`)."""
+    for target in order:
+        if record is not None and built:
+            rows[target.spec] = _from_record(target.spec, record)
+            continue
+        rows[target.spec] = one(target)
+        if target.spec in built:
+            pool.add(target.spec, built[target.spec].artifact)
 
 
 def _compile_one(source: Any, graph: Any, target: Target, pipeline: Any, capture_seconds: float,

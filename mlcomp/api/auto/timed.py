@@ -10,13 +10,14 @@ the one switched to), and ``timed_in`` says why.
 """
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from mlcomp.api.auto.phases import Phases
-from mlcomp.api.auto.rank import BLOCK_S, Ranking, Sampler, block_samplers, rank_samplers
+from mlcomp.api.auto.rank import BLOCK_S, EARLY_ABOVE, Ranking, Sampler, block_samplers, rank_samplers
 from mlcomp.api.auto.workers import WorkerPool
 from mlcomp.base.errors import MlcompError
 from mlcomp.hardware.timing import Clock, TimingPolicy, calls_per_block, synchronizer
@@ -59,21 +60,29 @@ def time_candidates(built: dict[str, Any], inputs: Sequence[Any], policy: Timing
             with phases("workers_ready"):
                 samplers = pool.samplers(list(built))
             with phases("rank"):
-                ranking = rank_samplers(samplers, policy, on_eliminate=pool.stop)
+                ranking = rank_samplers(samplers, policy, on_eliminate=pool.stop, **_rules(pool.started))
             timed_in = f"{pool.started} {IN_PROCESSES}"
         except WorkerError as exc:
             timed_in = f"this process ({first_line(exc)})"
     if ranking is None:
         with phases("rank"):
-            ranking = rank_samplers(_local_samplers(built, inputs, policy, clock), policy, clock=clock)
+            ranking = rank_samplers(_local_samplers(built, inputs, policy, clock), policy, clock=clock, **_rules(1))
     for name in built:
         group = pool.groups.get(name)
-        gone = ranking.eliminated.get(name)
+        gone = ranking.eliminated.get(name) or ranking.noise_ties.get(name)
         rows[name] = replace(rows[name], median_s=ranking.medians[name], ratio=ranking.ratios.get(name),
                              reason=gone.why if gone is not None else rows[name].reason,
                              p_value=ranking.p_values.get(name),
                              process_medians=tuple(statistics.median(s) for s in group.per_process if s) if group else ())
     return ranking, timed_in
+
+
+def _rules(procs: int) -> dict[str, Any]:
+    """The ranking's early rules: a loser above ``EARLY_ABOVE`` in every round leaves early, and a tie within the
+    ``procs`` timing processes' noise ends the tie-break; ``MLCOMP_AUTO_RANK=full``: neither (for comparing)."""
+    if os.environ.get("MLCOMP_AUTO_RANK") == "full":
+        return {"procs": 1, "early": None}
+    return {"procs": procs, "early": EARLY_ABOVE}
 
 
 def _local_samplers(built: dict[str, Any], inputs: Sequence[Any], policy: TimingPolicy,

@@ -44,13 +44,16 @@ READY_TIMEOUT_S = 600.0     # a process loads, checks and warms up its artifacts
 
 def _variant() -> dict[str, Any]:
     """The spawn options the environment asks for: forked processes unless ``MLCOMP_AUTO_PROCESSES=spawn``,
-    a quiet wait unless ``MLCOMP_AUTO_SETTLE=fixed``, the pool's preload unless ``MLCOMP_AUTO_PRELOAD=off``, a
+    a quiet wait unless ``MLCOMP_AUTO_SETTLE=fixed``, the pool's preload unless ``MLCOMP_AUTO_PRELOAD=off`` (its
+    runtimes' imports at the first load unless ``MLCOMP_AUTO_POSTLOAD=off``: at each one's own), a
     lead-in that ends on steady calls unless ``MLCOMP_AUTO_LEAD=fixed``, warm-ups once every candidate is built
     unless ``MLCOMP_AUTO_WARM=load`` (for comparing the schemes: benchmarks/auto_compile.py --variants)."""
     out: dict[str, Any] = {"fork": os.environ.get("MLCOMP_AUTO_PROCESSES") != "spawn",
                            "quiet": os.environ.get("MLCOMP_AUTO_SETTLE") != "fixed"}
     if os.environ.get("MLCOMP_AUTO_PRELOAD") == "off":
         out["preload"] = ()
+    if os.environ.get("MLCOMP_AUTO_POSTLOAD") == "off":
+        out["postload"] = ()
     if os.environ.get("MLCOMP_AUTO_LEAD") == "fixed":
         out["steady"] = False
     out["warm_later"] = os.environ.get("MLCOMP_AUTO_WARM") != "load"
@@ -62,14 +65,16 @@ class WorkerPool:
 
     ``spawn`` makes the processes (default :meth:`HostWorker.spawn_group`; tests pass a fake);
     ``preload``: the modules their loads will need, imported once before the first forks the others;
+    ``postload``: the runtimes their loads import, imported by each process at its first load;
     ``started`` counts the processes spawned.
     """
 
     def __init__(self, inputs: Sequence[Any], *, warmup: int, block_s: float, enabled: bool = True,
                  describe: Callable[[BaseException], str] = str, procs: int = 1, preload: Sequence[str] = (),
+                 postload: Sequence[str] = (),
                  spawn: Callable[..., Sequence[Any]] = HostWorker.spawn_group) -> None:
         self.inputs, self.warmup, self.block_s, self.enabled = inputs, warmup, block_s, enabled
-        self.procs, self.preload = procs, tuple(preload)
+        self.procs, self.preload, self.postload = procs, tuple(preload), tuple(postload)
         self.problem: str | None = None
         self.started = 0
         self.groups: dict[str, ProcessGroup] = {}     # the names timed, after samplers()
@@ -107,7 +112,8 @@ class WorkerPool:
             self._root = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="mlcomp-auto-")))
             feed = save_inputs(self.inputs, self._root / "inputs.pt")
             for worker in self._spawn(feed, self.procs, threads=torch.get_num_threads(), warmup=self.warmup,
-                                      block_s=self.block_s, **{"preload": self.preload, **_variant()}):
+                                      block_s=self.block_s,
+                                      **{"preload": self.preload, "postload": self.postload, **_variant()}):
                 self._workers.append(self._stack.enter_context(worker))
                 self.started += 1
         except WorkerError as exc:

@@ -156,7 +156,7 @@ def test_clear_losers_stop_being_sampled_and_near_ones_do_not():
         return sample
     samplers = {"fast": sampler("fast", 1e-3), "near": sampler("near", 1.3e-3), "slow": sampler("slow", 2e-3)}
     policy = TimingPolicy(warmup=0, budget_s=1.0, min_repeats=3, max_repeats=30)
-    ranking = auto_rank.rank_samplers(samplers, policy, clock=_ticks())
+    ranking = auto_rank.rank_samplers(samplers, policy, clock=_ticks(), early=None)      # the sign test's rule only
     assert ranking.picked == "fast" and list(ranking.eliminated) == ["slow"]
     gone = ranking.eliminated["slow"]
     assert gone.after_rounds == auto_rank.MIN_ROUNDS and gone.leader == "fast" and gone.ratio > ELIMINATE_ABOVE
@@ -169,7 +169,7 @@ def test_a_loser_that_sometimes_wins_is_not_eliminated_early():
     seq = itertools.cycle([2.0, 2.0, 2.0, 1.4, 2.0, 2.0])
     samplers = {"a": lambda: 1e-3, "b": lambda: 1e-3 * next(seq)}
     policy = TimingPolicy(warmup=0, budget_s=1e-6, min_repeats=6, max_repeats=6)
-    ranking = auto_rank.rank_samplers(samplers, policy, clock=_ticks())
+    ranking = auto_rank.rank_samplers(samplers, policy, clock=_ticks(), early=None)
     assert ranking.eliminated == {} and ranking.rounds == 6 and ranking.picked == "a"
 
 
@@ -186,12 +186,12 @@ def test_the_manifest_records_each_eliminated_candidate_with_why(captured):
     rows = {c["target"]: c for c in auto["candidates"]}
     assert auto["picked"] == "fast" and list(auto["timing"]["eliminated"]) == ["slow"]
     slow = auto["timing"]["eliminated"]["slow"]
-    assert (slow["after_rounds"], slow["leader"], slow["ratio"]) == (6, "fast", pytest.approx(3.0))
+    assert (slow["after_rounds"], slow["leader"], slow["ratio"]) == (4, "fast", pytest.approx(3.0))
     assert slow["why"] == rows["slow"]["reason"] and rows["slow"]["verified"] and not rows["slow"]["picked"]
     assert rows["near"]["reason"] is None and rows["near"]["ratio_to_picked"] == pytest.approx(1.1)
     assert auto["timing"]["processes"] == 0                  # isolate=False: timed in this process
     table = result.auto.table().format()
-    assert "yes; eliminated after 6 rounds: 3.00x the time of fast, above 1.5x by sign test p=0.031" in table
+    assert "yes; eliminated after 4 rounds: 3.00x the time of fast, above 1.2x in every round" in table
 
 
 def test_equals_within_noise_leave_the_tie_break_and_the_decision_says_so(monkeypatch):
@@ -306,6 +306,9 @@ def test_the_environment_selects_the_timing_scheme(monkeypatch):
     monkeypatch.setenv("MLCOMP_AUTO_SETTLE", "fixed")
     monkeypatch.setenv("MLCOMP_AUTO_PRELOAD", "off")
     assert (seen[0]["fork"], seen[0]["quiet"]) == (True, True)
+    monkeypatch.setenv("MLCOMP_AUTO_POSTLOAD", "off")
+    assert workers._variant() == {"fork": False, "quiet": False, "preload": (), "postload": (), "warm_later": True}
+    monkeypatch.delenv("MLCOMP_AUTO_POSTLOAD")
     assert workers._variant() == {"fork": False, "quiet": False, "preload": (), "warm_later": True}
     monkeypatch.setenv("MLCOMP_AUTO_PROCESSES", "fork")
     assert workers._variant() == {"fork": True, "quiet": False, "preload": (), "warm_later": True}
@@ -327,12 +330,14 @@ def test_the_timing_processes_preload_what_the_candidates_loads_import(monkeypat
     seen = []
     for preload in ("on", "off"):
         monkeypatch.setenv("MLCOMP_AUTO_PRELOAD", preload)
+        monkeypatch.setenv("MLCOMP_AUTO_POSTLOAD", preload)
         with timing_pool([], targets) as pool:
-            pool._spawn = lambda feed, n, **kw: seen.append(kw["preload"]) or []
+            pool._spawn = lambda feed, n, **kw: seen.append((kw["preload"], kw["postload"])) or []
             pool.start()
-    assert seen[0] == ("mlcomp.targets.registry", "mlcomp.targets.torch.cpu", "mlcomp.targets.onnx.target",
-                       "mlcomp.targets.tvm.target", "mlcomp.targets.tvm.module")
-    assert seen[1] == ()
+    assert seen[0][0] == ("mlcomp.targets.registry", "mlcomp.targets.torch.cpu", "mlcomp.targets.onnx.target",
+                          "mlcomp.targets.tvm.target", "mlcomp.targets.tvm.module")
+    assert seen[0][1] == ("onnxruntime", "tvm")           # the runtimes, imported by each process once forked
+    assert seen[1] == ((), ())
 
 
 def test_the_cli_starts_the_timing_processes_before_the_capture_and_closes_them_at_the_end(monkeypatch, captured):

@@ -126,7 +126,8 @@ def test_a_group_of_timing_processes_is_forked_from_one_start_up_and_leaves_noth
     sample, a sibling that dies is a WorkerError that says so, and after close no process is left."""
     folder, feed, _ = saved
     preload = ["mlcomp.targets.registry", "mlcomp.targets.torch.cpu", "mlcomp.no_such_module"]
-    workers = HostWorker.spawn_group(feed, 2, threads=1, warmup=1, block_s=0.01, preload=preload)
+    workers = HostWorker.spawn_group(feed, 2, threads=1, warmup=1, block_s=0.01, preload=preload,
+                                     postload=["colorsys", "mlcomp.no_such_module"])
     zygote, sibling = workers
     try:
         for worker in workers:
@@ -144,6 +145,8 @@ def test_a_group_of_timing_processes_is_forked_from_one_start_up_and_leaves_noth
         assert all(s["samples"] > 0 and s["total"] > 0 for s in stats)
         # the zygote imported the two that exist before it forked: the sibling found them imported
         assert [s["preloaded"] for s in stats] == [2.0, 0.0]
+        # a module to import after the fork is imported by each process itself, at its first load
+        assert [s["postloaded"] for s in stats] == [1.0, 1.0]
         os.kill(sibling.pid, signal.SIGKILL)                # a timing process that dies
         with pytest.raises(WorkerError, match="the timing process for timing process 1 failed: it exited"):
             sibling.sampler("a")()
