@@ -8,7 +8,7 @@ build tuned or not, a small GEMM as TVM code or a torch call) asks :func:`decide
 * a contender's ratio in a round is its sample over the default's sample of the same round
   (load that hits both cancels);
 * after ``min_rounds`` the rounds stop as soon as a two-sided sign test
-  (``scipy.stats.binomtest``) rejects "the median ratio is ``threshold``" at ``alpha`` for
+  (:func:`~mlcomp.hardware.binomial.sign_test_p`) rejects "the median ratio is ``threshold``" at ``alpha`` for
   every contender, or when ``budget_s`` per candidate is spent;
 * a contender wins only when decided below ``threshold`` (the smallest effect worth a
   change); with none, the default stays — also when the budget ran out undecided.
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
+from mlcomp.hardware.binomial import sign_test_p
 from mlcomp.hardware.timing import Clock, Sync, no_sync
 
 __all__ = ["ALPHA", "ELIMINATE_ABOVE", "MIN_ROUNDS", "Decision", "DecisionPolicy", "Sampler", "Verdict",
@@ -50,7 +51,7 @@ def sign_test(ratios: Sequence[float], threshold: float = 1.0) -> float:
         >>> round(sign_test([0.5] * 6), 4), sign_test([1.0] * 6), round(sign_test([0.5, 2.0] * 3), 4)
         (0.0312, 1.0, 1.0)
     """
-    return _sign_p(sum(r < threshold for r in ratios), sum(r > threshold for r in ratios))
+    return sign_test_p(sum(r < threshold for r in ratios), sum(r > threshold for r in ratios))
 
 
 def clear_losers(ratios: Mapping[str, Sequence[float]], *, factor: float = ELIMINATE_ABOVE, alpha: float = ALPHA,
@@ -64,12 +65,6 @@ def clear_losers(ratios: Mapping[str, Sequence[float]], *, factor: float = ELIMI
     """
     return [name for name, r in ratios.items()
             if len(r) >= min_rounds and median(r) > factor and sign_test(r, factor) < alpha]
-
-
-def _sign_p(below: int, above: int) -> float:
-    from scipy.stats import binomtest
-
-    return 1.0 if below + above == 0 else float(binomtest(below, below + above, 0.5).pvalue)
 
 
 class Verdict(enum.Enum):
@@ -207,7 +202,7 @@ def decide(question: str, samplers: Mapping[str, Sampler], *, default: str | Non
                 sides[n][r > policy.threshold] += 1
         rounds += 1
         if rounds >= policy.min_rounds:
-            p = {n: _sign_p(*sides[n]) for n in contenders}
+            p = {n: sign_test_p(*sides[n]) for n in contenders}
             if all(v < policy.alpha for v in p.values()):
                 break
             if clock() - begin >= policy.budget_s * len(names):

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mlcomp.hardware.binomial import lower_tail, median_rank
+
 __all__ = ["CONFIDENCE", "Speedup", "median_interval", "paired_ratios", "relative_iqr", "speedup_of"]
 
 CONFIDENCE = 0.95     # the level of every interval mlcomp prints
@@ -38,17 +40,12 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
         >>> median_interval([1.0, 2.0, 3.0])[:2]          # too few for 95 %: the whole range
         (1.0, 3.0)
     """
-    from scipy.stats import binom
-
     if not values:
         raise ValueError("the median interval of no values")
     s, n = sorted(values), len(values)
     tail = (1.0 - confidence) / 2
-    k = int(binom.ppf(tail, n, 0.5))          # P(X <= k) >= tail; step back while P(X <= k - 1) > tail
-    while k > 0 and binom.cdf(k - 1, n, 0.5) > tail:
-        k -= 1
-    k = max(k, 1)
-    reached = 1.0 - 2.0 * float(binom.cdf(k - 1, n, 0.5))
+    k = max(median_rank(n, tail), 1)          # the smallest k with P(X <= k) >= tail
+    reached = 1.0 - 2.0 * lower_tail(k - 1, n)
     return s[k - 1], s[n - k], reached
 
 
