@@ -11,15 +11,19 @@ into conv weights, ops decomposed, constants folded) -> the offload to torch's k
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from mlcomp.hardware.probe import vector_bits
 from mlcomp.targets.tvm.row_reduction import as_reductions, row_reductions
 from mlcomp.targets.tvm.schedules import default_rules, parallel_loops, schedule_counts
 
-__all__ = ["IMPORTED_AS_IS", "core_aten_only", "default_schedules", "host_llvm_target", "lower_to_tir", "make_target", "prepare",
-           "to_relax"]
+__all__ = ["IMPORTED_AS_IS", "convert_map_keys", "core_aten_only", "default_schedules", "host_llvm_target",
+           "importer_ops", "lower_to_tir", "make_target", "prepare", "to_relax"]
 
 
 def host_llvm_target(num_cores: int | None = None) -> dict:
@@ -170,3 +174,53 @@ def skip_empty_cat_inputs(ep) -> None:
             empty = [a for a in node.args[0] if getattr(getattr(a, "meta", {}).get("val"), "shape", None) == (0,)]
             if empty and len(empty) < len(node.args[0]):
                 node.args = ([a for a in node.args[0] if a not in empty], *node.args[1:])
+
+
+# where TVM's ExportedProgram importer lists the ops it converts
+_IMPORTER_FILE = ("relax", "frontend", "torch", "exported_program_translator.py")
+_IMPORTER_CLASS, _MAP_METHOD = "ExportedProgramImporter", "create_convert_map"
+
+
+@lru_cache(maxsize=1)
+def importer_ops() -> frozenset[str]:
+    """The op keys (``"add.Tensor"``, ``"linear.default"``, …) TVM's ExportedProgram importer converts.
+
+    Read from the installed importer's source (:func:`convert_map_keys`) without importing ``tvm``
+    (most of a build's import time; a support check needs only the keys), so it is the installed
+    version's table; when the source does not have the one form read, from the importer itself.
+    """
+    spec = importlib.util.find_spec("tvm")
+    if spec is not None and spec.origin is not None:
+        source = Path(spec.origin).parent.joinpath(*_IMPORTER_FILE)
+        found = convert_map_keys(source.read_text()) if source.is_file() else None
+        if found is not None:
+            return found
+    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
+
+    return frozenset(ExportedProgramImporter().create_convert_map())
+
+
+def convert_map_keys(source: str) -> frozenset[str] | None:
+    """The keys of ``ExportedProgramImporter.create_convert_map`` in ``source``, when that method is
+    imports and one ``return {...}`` of literal string keys (so the keys are all it can return); else None.
+
+        >>> convert_map_keys("class ExportedProgramImporter:\\n def create_convert_map(self):\\n"
+        ...                  "  import operator\\n  return {'relu.default': f, 'add.Tensor': g}")
+        frozenset({'add.Tensor', 'relu.default'})
+        >>> convert_map_keys("class ExportedProgramImporter:\\n def create_convert_map(self):\\n"
+        ...                  "  m = {'relu.default': f}\\n  m.update(more)\\n  return m") is None
+        True
+    """
+    methods = [f for c in ast.parse(source).body if isinstance(c, ast.ClassDef) and c.name == _IMPORTER_CLASS
+               for f in c.body if isinstance(f, ast.FunctionDef) and f.name == _MAP_METHOD]
+    if len(methods) != 1:
+        return None
+    *head, last = methods[0].body
+    plain = all(isinstance(s, (ast.Import, ast.ImportFrom)) or (isinstance(s, ast.Expr) and isinstance(
+        s.value, ast.Constant)) for s in head)
+    if not plain or not isinstance(last, ast.Return) or not isinstance(last.value, ast.Dict):
+        return None
+    keys = last.value.keys
+    if not all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in keys):
+        return None             # a ** splat (key None) or a computed key
+    return frozenset(k.value for k in keys)
