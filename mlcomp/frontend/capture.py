@@ -3,8 +3,9 @@
 Every source ends in the same IR at the level of core ATen (``convolution``,
 ``addmm``, ``_native_batch_norm_legit_no_training``, ``bmm``…):
 
-* ``nn.Module`` + example inputs via ``torch.export`` (default) and
-  ``run_decompositions()``;
+* ``nn.Module`` + example inputs via ``torch.export`` (default): for inference
+  one trace straight to core ATen (:mod:`mlcomp.frontend.one_trace`), else
+  ``torch.export`` then ``run_decompositions()`` (``graph.capture_trace`` says which, and why);
 * ``nn.Module`` via ``torch.fx.symbolic_trace`` (``method="fx"``), lowered to
   ATen with ``make_fx`` over ``functional_call`` so parameters keep their names;
 * a TorchScript archive, converted to an ExportedProgram without running any
@@ -20,10 +21,7 @@ fails with :class:`CaptureError` naming the source line and suggesting
 ``torch.cond``.
 
 The model runs eagerly only when tracing it fails, to tell a wrong input shape
-(:class:`InputSpecError`) from a limit of export::
-
-    success: torch.export → run_decompositions → IR
-    failure: eager forward → InputSpecError, or export again if it initialised lazy modules
+(:class:`InputSpecError`) from a limit of export (or to initialise lazy modules).
 """
 from __future__ import annotations
 
@@ -39,7 +37,7 @@ from torch.nn.parameter import is_lazy
 from mlcomp.base.errors import CaptureError, InputSpecError
 from mlcomp.base.quiet import quiet_torch
 from mlcomp.frontend.cache_outputs import flat_caches
-from mlcomp.frontend.decompose import DecompositionFailed, decompose
+from mlcomp.frontend.decompose import Decomposition, DecompositionFailed, decompose
 from mlcomp.frontend.dynamic import export_dims, name_symbols, note_symbol, parse_dynamic, widen_examples
 from mlcomp.frontend.model_faults import (
     check_arguments,
@@ -50,6 +48,7 @@ from mlcomp.frontend.model_faults import (
     forward_location,
     parameter_names,
 )
+from mlcomp.frontend.one_trace import ONE_TRACE, one_trace_program
 from mlcomp.frontend.provenance import (
     explain_export_failure,
     first_line,
@@ -87,13 +86,18 @@ def capture_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], *,
     example_inputs = widen_examples(dims, example_inputs)    # export fixes a size-1 dimension: traced at 2
     dynamic_shapes = export_dims(dims, example_inputs, name) if dims else None
     with flat_caches():     # a returned transformers cache flattens to its tensors (scoped registration)
+        graph, trace = (None, "two traces: training") if training else \
+            _one_trace(module, example_inputs, dynamic_shapes, name, decompositions)
+        if graph is not None:
+            return name_symbols(graph, dims)
         ep = _export(module, example_inputs, dynamic_shapes, name)
         if not training:
             check_outputs(ep.graph, module, name)
             check_no_mutation(ep, name)
         try:
-            return name_symbols(capture_exported(ep, name=name, training=training,
-                                                 decompositions=decompositions), dims)
+            graph = capture_exported(ep, name=name, training=training, decompositions=decompositions)
+            graph.capture_trace = trace
+            return name_symbols(graph, dims)
         except CaptureError as first:
             if training or dims:
                 raise
@@ -102,9 +106,26 @@ def capture_module(module: nn.Module, example_inputs: Sequence[torch.Tensor], *,
             flat = ep.module()
             names = {t.data_ptr(): n for n, t in list(flat.named_parameters()) + list(flat.named_buffers())}
             try:
-                return capture_traced(flat, example_inputs, name=name, constant_names=names)
+                graph = capture_traced(flat, example_inputs, name=name, constant_names=names)
+                graph.capture_trace = f"{trace}; lowered by a dispatcher-level trace"
+                return graph
             except CaptureError:
                 raise first from None
+
+
+def _one_trace(module: nn.Module, inputs: tuple[torch.Tensor, ...], dynamic_shapes: Any, name: str,
+               decompositions: Mapping[Any, Callable[..., Any]] | None) -> tuple[Graph | None, str]:
+    """``(IR from one trace straight to core ATen, ONE_TRACE)``, or ``(None, why two traces must run)``."""
+    ep, trace = one_trace_program(module, inputs, dynamic_shapes, decompositions)
+    if ep is None:
+        return None, trace
+    check_outputs(ep.graph, module, name)
+    try:
+        graph = _graph_of(ep, Decomposition(), name=name, training=False)
+    except CaptureError as exc:     # the two-trace path has a dispatcher-level fallback
+        return None, f"two traces: {first_line(exc)}"
+    graph.capture_trace = ONE_TRACE
+    return graph, ONE_TRACE
 
 
 def capture_exported(ep: "torch.export.ExportedProgram", *, name: str = "graph", training: bool = False,
@@ -126,8 +147,13 @@ def capture_exported(ep: "torch.export.ExportedProgram", *, name: str = "graph",
                                f"ATen, even keeping every op kind undecomposed: {first_line(exc)}", where=where,
                                hint="this is a gap in torch's decompositions, not in your model; try "
                                     "--capture fx, or rewrite the line named (e.g. .view → .reshape)") from None
-    sig = ep.graph_signature
-    state = dict(ep.state_dict)
+    return _graph_of(ep, lowering, name=name, training=training)
+
+
+def _graph_of(ep: "torch.export.ExportedProgram", lowering: Decomposition, *, name: str, training: bool
+              ) -> Graph:
+    """The IR of a program at core ATen; its parameters and buffers keep their module paths."""
+    sig, state = ep.graph_signature, dict(ep.state_dict)
     state.update(getattr(ep, "constants", {}) or {})
     constant_of: dict[str, str] = {}
     for spec in sig.input_specs:

@@ -96,13 +96,18 @@ def decompose(ep: "torch.export.ExportedProgram", extra: Mapping[Any, Callable[.
         report.seconds = time.perf_counter() - t0
 
 
+def lowering_table(extra: Mapping[Any, Callable[..., Any]] | None = None) -> Any:
+    """The table capture lowers with: torch's default (core ATen), mlcomp's, then ``extra`` (the user's)."""
+    decomps = torch.export.default_decompositions()
+    decomps.update(extra_decompositions())
+    decomps.update(dict(extra or {}))
+    return decomps
+
+
 def _lower(ep: "torch.export.ExportedProgram", report: Decomposition, extra: dict[Any, Callable[..., Any]]
            ) -> tuple["torch.export.ExportedProgram", Decomposition]:
     def table() -> Any:
-        decomps = torch.export.default_decompositions()
-        decomps.update(extra_decompositions())
-        decomps.update(extra)
-        return decomps
+        return lowering_table(extra)
 
     def attempt(keep: tuple[Any, ...]) -> tuple[Any, BaseException | None]:
         decomps = table()
@@ -170,4 +175,4 @@ def _views_as_reshape(ep: "torch.export.ExportedProgram") -> bool:
     return bool(views)
 
 
-__all__ = ["Decomposition", "DecompositionFailed", "decompose"]
+__all__ = ["Decomposition", "DecompositionFailed", "decompose", "lowering_table"]

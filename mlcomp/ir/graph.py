@@ -94,6 +94,8 @@ class Graph:
         self.meta_cache: dict[Any, Any] = {}
         # ops capture left undecomposed -> why (mlcomp.frontend.decompose); inspect and --explain print it
         self.kept_ops: dict[str, str] = {}
+        # how capture traced the module: "one trace", or "two traces: why" (mlcomp.frontend.one_trace)
+        self.capture_trace = ""
 
     # -- construction -----------------------------------------------------
     def add(self, node: Node, *, before: str | None = None) -> Node:
@@ -360,6 +362,7 @@ class Graph:
         g.meta_checks = self.meta_checks.copy()
         g.meta_cache = self.meta_cache
         g.kept_ops = dict(self.kept_ops)
+        g.capture_trace = self.capture_trace
         return g
 
     def subgraph(self, names: Iterable[str], *, name: str | None = None) -> "Graph":

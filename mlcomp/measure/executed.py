@@ -27,7 +27,7 @@ import torch
 
 from mlcomp.targets.openvino.layers import executed_layers
 
-__all__ = ["GraphDiff", "compare", "ort_executed", "ov_executed", "ov_own", "format_diffs"]
+__all__ = ["GraphDiff", "OV_WAYS", "compare", "ort_executed", "ov_executed", "ov_own", "ov_owns", "format_diffs"]
 
 RUNTIMES = ("openvino", "onnxruntime")
 
@@ -54,17 +54,38 @@ def ort_executed(model: bytes, threads: int = 1) -> Counter:
     return Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}" for n in proto.graph.node)
 
 
+OV_WAYS = ("ov.convert_model(torch.export)", "ov.convert_model(module)")
+
+
 def ov_own(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[Any, str]:
     """OpenVINO's own conversion of ``module`` and how it was made (``torch.export`` first, else the module)."""
+    try:
+        return _ov_convert(module, inputs, OV_WAYS[0]), OV_WAYS[0]
+    except Exception:  # noqa: BLE001 - the module path is the other documented way in
+        return _ov_convert(module, inputs, OV_WAYS[1]), OV_WAYS[1]
+
+
+def ov_owns(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[list[tuple[Any, str]], list[str]]:
+    """Every way OpenVINO's own converter takes ``module`` (:data:`OV_WAYS`): the conversions that succeed, and
+    why each other one failed (one line each)."""
+    done, failed = [], []
+    for way in OV_WAYS:
+        try:
+            done.append((_ov_convert(module, inputs, way), way))
+        except Exception as exc:  # noqa: BLE001 - a way that fails is reported, not raised
+            failed.append(f"{way}: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:160])
+    return done, failed
+
+
+def _ov_convert(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], way: str) -> Any:
     import openvino as ov
 
     from mlcomp.base.quiet import quiet_converter
 
     with torch.no_grad(), quiet_converter():
-        try:
-            return ov.convert_model(torch.export.export(module, inputs)), "ov.convert_model(torch.export)"
-        except Exception:  # noqa: BLE001 - the module path is the other documented way in
-            return ov.convert_model(module, example_input=inputs), "ov.convert_model(module)"
+        if way == OV_WAYS[0]:
+            return ov.convert_model(torch.export.export(module, inputs))
+        return ov.convert_model(module, example_input=inputs)
 
 
 def _ort_own(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[bytes, str]:

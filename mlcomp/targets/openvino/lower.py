@@ -208,11 +208,13 @@ def shared_weights_as_linear(graph: Graph) -> Graph:
 # element-wise activations the CPU plugin fuses into the product that writes their input (a post-op)
 _ACTIVATIONS = frozenset({aten("gelu"), aten("relu"), aten("silu"), aten("sigmoid"), aten("tanh")})
 _VIEWS = frozenset({aten("view"), aten("_unsafe_view"), aten("reshape")})
+_ADD = aten("add.Tensor")
 
 
 def activations_before_views(graph: Graph) -> Graph:
-    """``graph`` (a copy, if anything changes) with each activation that reads a view read by nothing else
-    computed before the view (a view of fixed sizes: one with symbolic sizes stays).  A linear on a 3-d input
+    """``graph`` (a copy, if anything changes) with each activation, and each bias add (a constant of one row:
+    shape ``[n]``, ``[1, n]``, …), that reads a view read by nothing else computed before the view (a view
+    of fixed sizes that keeps the last dimension: one with symbolic sizes stays).  A linear on a 3-d input
     is captured as ``view → addmm → view``; with its activation after the second view the plugin runs the
     product and the activation (and the quantize that follows it) as separate layers, with the activation
     applied before the view they become one ``FullyConnected`` with post-ops, and the two views cancel::
@@ -220,13 +222,16 @@ def activations_before_views(graph: Graph) -> Graph:
         %view_21 = aten.view(%addmm_3, [8, 128, 3072]);  %gelu = aten.gelu(%view_21)
       becomes
         %gelu_rows = aten.gelu(%addmm_3);  %gelu = aten.view(%gelu_rows, [8, 128, 3072])
-    """
-    def moved(node: Any) -> bool:
-        src = graph.node(node.inputs[0].name) if node.inputs and isinstance(node.inputs[0], Ref) else None
-        return src is not None and src.op in _VIEWS and len(graph.users(src.name)) == 1 \
-            and isinstance(src.inputs[0], Ref) and not refs_in(list(src.inputs[1:]))
 
-    found = [n.name for n in graph.call_nodes() if n.op in _ACTIVATIONS and moved(n)]
+    A linear on a non-contiguous 3-d input is captured as ``bmm`` and a bias ``add``
+    (:func:`shared_weights_as_linear` makes the ``bmm`` a viewed ``mm``); its bias moves the same way and
+    the plugin runs product and bias as one ``FullyConnected``::
+
+        %bmm_1 = aten.view(%bmm_1_mm, [2, 16, 10]);  %add = aten.add.Tensor(%bmm_1, %out_bias)
+      becomes
+        %add_rows = aten.add.Tensor(%bmm_1_mm, %out_bias);  %add = aten.view(%add_rows, [2, 16, 10])
+    """
+    found = [n.name for n in graph.call_nodes() if _moves_before_view(graph, n)]
     if not found:
         return graph
     out = graph.copy()
@@ -238,3 +243,30 @@ def activations_before_views(graph: Graph) -> Graph:
         substitute(out, name, view.op, [Ref(act.name), *view.inputs[1:]], view.attrs, origin=node.origin)
         remove_dead(out, [view.name])
     return out
+
+
+def _moves_before_view(graph: Graph, node: Any) -> bool:
+    """Whether ``node`` (an activation or a one-row bias add) reads a fixed-size view that only it reads."""
+    if node.op not in _ACTIVATIONS and not (node.op == _ADD and _row_bias(graph, node)):
+        return False
+    src = graph.node(node.inputs[0].name) if node.inputs and isinstance(node.inputs[0], Ref) else None
+    return src is not None and src.op in _VIEWS and len(graph.users(src.name)) == 1 \
+        and isinstance(src.inputs[0], Ref) and not refs_in(list(src.inputs[1:]))
+
+
+def _row_bias(graph: Graph, node: Any) -> bool:
+    """``add(view, c)`` (no ``alpha``) where ``c`` is a constant of one row as wide as the view's last
+    dimension and the view's input's: the sum is the same before the view and after it."""
+    if len(node.inputs) != 2 or node.attrs.get("alpha", 1) != 1 or not isinstance(node.inputs[1], Ref):
+        return False
+    view, bias = graph.node(node.inputs[0].name) if isinstance(node.inputs[0], Ref) else None, \
+        graph.node(node.inputs[1].name)
+    if view is None or bias is None or bias.op != PARAM or not isinstance(node.meta, TensorMeta) \
+            or not isinstance(bias.meta, TensorMeta) or not bias.meta.shape or view.op not in _VIEWS:
+        return False
+    product = graph.node(view.inputs[0].name) if isinstance(view.inputs[0], Ref) else None
+    width = node.meta.shape[-1]
+    return product is not None and isinstance(product.meta, TensorMeta) and bool(product.meta.shape) \
+        and product.meta.shape[-1] == width and bias.meta.dtype == node.meta.dtype \
+        and tuple(bias.meta.shape) == (*([1] * (len(bias.meta.shape) - 1)), width) \
+        and len(bias.meta.shape) <= len(product.meta.shape)

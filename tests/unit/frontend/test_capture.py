@@ -180,6 +180,8 @@ def test_a_failing_decomposition_keeps_only_that_op(kept_graph):
     assert "kept     mlcomp_test_capture::twice.default undecomposed" in inspect_graph(graph).format()
     assert inspect_graph(graph).to_json()["kept_ops"] == graph.kept_ops
     assert graph.copy().kept_ops == graph.kept_ops
+    assert graph.capture_trace == ("two traces: the one-trace export failed: "      # mlcomp.frontend.one_trace
+                                   "RuntimeError: decomposition of twice is broken")
 
 
 def test_a_working_decomposition_is_used():

@@ -50,6 +50,20 @@ def test_a_gru_runs_as_the_plugins_rnn_sequence_kernel(kw, layers):
         assert torch.allclose(art(x), model(x), atol=1e-5)
 
 
+def test_the_head_of_a_two_layer_gru_runs_with_its_bias_in_one_fully_connected():
+    """The second layer's output reaches the head non-contiguous (captured ``bmm`` + bias ``add``): the bias
+    moves before the view and the plugin runs product and bias as one ``FullyConnected``."""
+    torch.manual_seed(0)
+    model = Tagger(num_layers=2, batch_first=True).eval()
+    x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(1))
+    art = mlcomp.compile(model, (x,), target="openvino", pipeline="-O2")
+    kinds = _kinds(art.runtime.compiled)
+    assert kinds.get("RNNSeq") == 2 and kinds.get("FullyConnected") == 1, kinds
+    assert not {"Subgraph", "Eltwise"} & set(kinds), kinds       # no element-wise layer after the head
+    with torch.no_grad():
+        assert torch.allclose(art(x), model(x), atol=1e-5)
+
+
 def test_a_gru_whose_weights_cleanup_folded_stays_unrolled_with_the_reason():
     from mlcomp.targets.openvino.gru import whole_rnns
 

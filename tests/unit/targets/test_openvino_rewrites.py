@@ -104,3 +104,32 @@ def test_a_product_against_anything_else_stays_a_bmm(weight):
     graph = _product(weight)
     assert shared_weights_as_linear(graph) is graph
     assert [str(n.op) for n in graph.call_nodes()][-1] == "aten.bmm.default"
+
+
+def _biased(bias_shape: tuple[int, ...], alpha: float = 1.0):
+    """``view(mm(x, W)) + b``: the viewed 2-d product of a linear on a non-contiguous 3-d input, then its bias."""
+    torch.manual_seed(0)
+    b = GraphBuilder("lin")
+    x = b.input("x", (10, 8))
+    product = b.call(aten("mm"), x, b.param("w", torch.randn(8, 6)))
+    view = b.call(aten("view"), product, [2, 5, 6])
+    attrs = {} if alpha == 1.0 else {"alpha": alpha}
+    return b.output(b.call(aten("add.Tensor"), view, b.param("b", torch.randn(*bias_shape)), **attrs))
+
+
+def test_a_one_row_bias_after_a_products_view_moves_before_it():
+    graph = _biased((6,))
+    out = activations_before_views(graph)
+    assert out.format().splitlines()[4:7] == [
+        "  %add_rows: f32[10, 6] = aten.add.Tensor(%mm, %b)",
+        "  %add: f32[2, 5, 6] = aten.view.default(%add_rows, [2, 5, 6])",
+        "  return (%add,)"], out.format()
+    x = torch.randn(10, 8)
+    (want,), (got,) = Interpreter(graph).run(x), Interpreter(out).run(x)
+    assert got.shape == want.shape == (2, 5, 6) and torch.allclose(got, want)
+
+
+@pytest.mark.parametrize("shape, alpha", [((5, 6), 1.0), ((2, 1, 6), 1.0), ((6,), 2.0)])
+def test_a_bias_of_more_than_one_row_or_scaled_stays_after_the_view(shape, alpha):
+    graph = _biased(shape, alpha)
+    assert activations_before_views(graph) is graph
