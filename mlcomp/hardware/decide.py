@@ -8,7 +8,7 @@ build tuned or not, a small GEMM as TVM code or a torch call) asks :func:`decide
 * a contender's ratio in a round is its sample over the default's sample of the same round
   (load that hits both cancels);
 * after ``min_rounds`` the rounds stop as soon as a two-sided sign test
-  (exact binomial, :func:`binom_half_cdf`) rejects "the median ratio is ``threshold``" at ``alpha`` for
+  (:func:`~mlcomp.hardware.binomial.sign_test_p`) rejects "the median ratio is ``threshold``" at ``alpha`` for
   every contender, or when ``budget_s`` per candidate is spent;
 * a contender wins only when decided below ``threshold`` (the smallest effect worth a
   change); with none, the default stays — also when the budget ran out undecided.
@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
+from mlcomp.hardware.binomial import sign_test_p
 from mlcomp.hardware.timing import Clock, Sync, no_sync
 
 __all__ = ["ALPHA", "ELIMINATE_ABOVE", "MIN_ROUNDS", "Decision", "DecisionPolicy", "Sampler", "Verdict",
-           "binom_half_cdf", "call_samplers", "clear_losers", "decide", "measure_times", "sign_test"]
+           "call_samplers", "clear_losers", "decide", "measure_times", "sign_test"]
 
 ALPHA = 0.05        # a two-sided sign test below this decides
 MIN_ROUNDS = 6      # the fewest paired rounds in which a sign test can decide at ALPHA (p = 2 / 2**6)
@@ -50,7 +51,7 @@ def sign_test(ratios: Sequence[float], threshold: float = 1.0) -> float:
         >>> round(sign_test([0.5] * 6), 4), sign_test([1.0] * 6), round(sign_test([0.5, 2.0] * 3), 4)
         (0.0312, 1.0, 1.0)
     """
-    return _sign_p(sum(r < threshold for r in ratios), sum(r > threshold for r in ratios))
+    return sign_test_p(sum(r < threshold for r in ratios), sum(r > threshold for r in ratios))
 
 
 def clear_losers(ratios: Mapping[str, Sequence[float]], *, factor: float = ELIMINATE_ABOVE, alpha: float = ALPHA,
@@ -64,29 +65,6 @@ def clear_losers(ratios: Mapping[str, Sequence[float]], *, factor: float = ELIMI
     """
     return [name for name, r in ratios.items()
             if len(r) >= min_rounds and median(r) > factor and sign_test(r, factor) < alpha]
-
-
-def _sign_p(below: int, above: int) -> float:
-    """The exact two-sided binomial test of ``below`` against ``above`` at 1/2: twice the smaller tail.
-
-        >>> _sign_p(0, 6), _sign_p(3, 3), _sign_p(1, 9)
-        (0.03125, 1.0, 0.021484375)
-    """
-    n = below + above
-    if n == 0 or 2 * below == n:
-        return 1.0
-    return min(1.0, 2.0 * binom_half_cdf(min(below, above), n))
-
-
-def binom_half_cdf(k: int, n: int) -> float:
-    """P(X <= k) for X ~ Binomial(n, 1/2), exactly (integers, no scipy): O(k).
-
-        >>> binom_half_cdf(0, 6), binom_half_cdf(3, 6), binom_half_cdf(-1, 6)
-        (0.015625, 0.65625, 0.0)
-    """
-    if k < 0:
-        return 0.0
-    return sum(math.comb(n, i) for i in range(min(k, n) + 1)) / 2 ** n
 
 
 class Verdict(enum.Enum):
@@ -224,7 +202,7 @@ def decide(question: str, samplers: Mapping[str, Sampler], *, default: str | Non
                 sides[n][r > policy.threshold] += 1
         rounds += 1
         if rounds >= policy.min_rounds:
-            p = {n: _sign_p(*sides[n]) for n in contenders}
+            p = {n: sign_test_p(*sides[n]) for n in contenders}
             if all(v < policy.alpha for v in p.values()):
                 break
             if clock() - begin >= policy.budget_s * len(names):

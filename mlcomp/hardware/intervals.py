@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mlcomp.hardware.binomial import lower_tail, median_rank
+
 __all__ = ["CONFIDENCE", "Speedup", "median_interval", "paired_ratios", "relative_iqr", "speedup_of"]
 
 CONFIDENCE = 0.95     # the level of every interval mlcomp prints
@@ -42,10 +44,8 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
         raise ValueError("the median interval of no values")
     s, n = sorted(values), len(values)
     tail = (1.0 - confidence) / 2
-    k, below, step = 1, 1, 1                  # the largest k with P(X <= k - 1) <= tail, X ~ Binomial(n, 1/2)
-    while k < n and (below + (step := step * (n - k + 1) // k)) / 2 ** n <= tail:
-        below, k = below + step, k + 1       # below: the count of outcomes <= k - 1, C(n, 0) + ... + C(n, k - 1)
-    reached = 1.0 - 2.0 * below / 2 ** n
+    k = max(median_rank(n, tail), 1)          # the smallest k with P(X <= k) >= tail
+    reached = 1.0 - 2.0 * lower_tail(k - 1, n)
     return s[k - 1], s[n - k], reached
 
 

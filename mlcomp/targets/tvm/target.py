@@ -21,7 +21,8 @@ variables of the Relax signature bounded by their ranges, and one build serves e
 offload leaves ops with a symbolic size to TVM's code (``--explain`` says "symbolic shape").
 
 ``supports(node)`` asks TVM's ExportedProgram importer whether it has a
-converter for the op.
+converter for the op (its table read from the installed source, without importing ``tvm``:
+:func:`~mlcomp.targets.tvm.lowering.importer_ops`).
 
 Mixed precision: bf16/fp16 graphs go through Relax as they are (the casts
 become ``R.astype``; TVM's LLVM codegen legalizes bf16 arithmetic to fp32 with
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from functools import lru_cache
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal, Mapping
@@ -58,6 +58,7 @@ from mlcomp.targets.capabilities import (
 )
 from mlcomp.runtime.codegen import to_fx
 from mlcomp.frontend.dynamic import graph_dims
+from mlcomp.targets.tvm.lowering import importer_ops
 from mlcomp.targets.tvm.offload.placement import Placements
 from mlcomp.base.quiet import quiet_native
 
@@ -205,13 +206,6 @@ def lower_low_precision(graph: Graph) -> Graph:
     return out
 
 
-@lru_cache(maxsize=1)
-def _converters() -> frozenset[str]:
-    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
-
-    return frozenset(ExportedProgramImporter().create_convert_map())
-
-
 # generated code computes bf16/fp16 natively only with these CPU instructions (else LLVM emulates them)
 # (TVM's relax.nn.layer_norm takes no bf16 operands: layer norm computes in fp32 between casts)
 LOW_PRECISION = (LowPrecision(torch.bfloat16, needs=("avx512_bf16", "amx_bf16"),
@@ -294,7 +288,7 @@ class TvmTarget(Target):
             key = f"{op.name}.{op.overload}"
         else:
             return f"TVM's PyTorch importer has no converter for {op}"
-        if key in _converters() or op.name in _converters():
+        if key in importer_ops() or op.name in importer_ops():
             return None
         return f"TVM's PyTorch importer (from_exported_program) has no converter for {op}"
 

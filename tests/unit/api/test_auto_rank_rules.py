@@ -9,12 +9,14 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mlcomp.api.auto import rank as auto_rank
 from mlcomp.api.auto import timed
 from mlcomp.api.auto.phases import Phases
 from mlcomp.api.auto.search import Candidate
 from mlcomp.api.auto.workers import WorkerPool
-from mlcomp.hardware.decide import _sign_p
+from mlcomp.hardware.binomial import sign_test_p as _sign_p
 from mlcomp.hardware.intervals import median_interval
 from mlcomp.hardware.timing import TimingPolicy
 from tests.unit.api.test_auto_quick import FakeProcess, Saveable
@@ -138,11 +140,12 @@ def test_the_environment_turns_the_early_rules_off(monkeypatch):
 
 
 def test_the_exact_sign_test_and_median_interval_match_the_binomial_tables():
-    """Values of the binomial distribution at 1/2 (no scipy): two-sided p of k of n, the interval's ranks."""
-    assert (_sign_p(0, 6), _sign_p(1, 9), _sign_p(5, 5), _sign_p(0, 0)) == (1 / 32, 22 / 1024, 1.0, 1.0)
-    assert _sign_p(2, 10) == 2 * (1 + 12 + 66) / 4096 and _sign_p(8, 2) == _sign_p(2, 8)
+    """Values of the binomial distribution at 1/2: two-sided p of k of n, the interval's ranks."""
+    got = (_sign_p(0, 6), _sign_p(1, 9), _sign_p(5, 5), _sign_p(0, 0), _sign_p(2, 10))
+    assert got == pytest.approx((1 / 32, 22 / 1024, 1.0, 1.0, 2 * (1 + 12 + 66) / 4096), rel=1e-12)
+    assert _sign_p(8, 2) == _sign_p(2, 8)
     lo, hi, reached = median_interval([float(v) for v in range(1, 11)])         # n=10: ranks 2 and 9
-    assert (lo, hi) == (2.0, 9.0) and reached == 1 - 2 * 11 / 1024
+    assert (lo, hi) == (2.0, 9.0) and reached == pytest.approx(1 - 2 * 11 / 1024, rel=1e-12)
 
 
 def test_a_loser_in_every_round_whose_median_is_not_above_the_bound_stays():

@@ -66,6 +66,20 @@ def test_supports_asks_the_importer():
     assert "no converter" in tvm.explain_op(aten("kthvalue"))
 
 
+def test_the_support_check_reads_the_importers_table_without_importing_tvm(monkeypatch):
+    """The op table is read from the installed importer's source: with the importer module made
+    unimportable, the same keys as the importer's own ``create_convert_map``."""
+    import sys
+
+    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
+
+    from mlcomp.targets.tvm.lowering import importer_ops
+
+    want = frozenset(ExportedProgramImporter().create_convert_map())
+    monkeypatch.setitem(sys.modules, ExportedProgramImporter.__module__, None)    # importing it now fails
+    assert importer_ops.__wrapped__() == want
+
+
 def test_low_precision_addmm_is_lowered_and_linear_reported():
     """TVM 0.27's importer computes addmm in float32 whatever its inputs: a bf16/fp16 addmm is lowered to
     mm + add before the build (issue 10); a low-precision linear (same importer problem) is refused up front."""

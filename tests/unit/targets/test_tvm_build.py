@@ -44,12 +44,19 @@ def test_mlp_untuned_save_and_load_in_fresh_process(tmp_path):
     files = mod.save(str(tmp_path / "art"))
     assert "model.so" in files and all((tmp_path / "art" / f).exists() for f in files)
     torch.save({"x": x, "ref": ref}, tmp_path / "io.pt")
+    # a CPU load needs TVM's runtime libraries only: the compiler's Python package stays unimported;
+    # the loaded module saves the very library it came from
     script = textwrap.dedent(f"""
-        import torch
+        import filecmp, sys, torch
         from mlcomp.targets.tvm.module import TvmModule
         io = torch.load({str(tmp_path / "io.pt")!r})
-        out = TvmModule.load({str(tmp_path / "art")!r})(io["x"])
+        loaded = TvmModule.load({str(tmp_path / "art")!r})
+        out = loaded(io["x"])
         torch.testing.assert_close(out[0], io["ref"], rtol=1e-4, atol=1e-5)
+        assert "tvm" not in sys.modules, "loading imported tvm"
+        loaded.save({str(tmp_path / "again")!r})
+        assert filecmp.cmp({str(tmp_path / "art" / "model.so")!r}, {str(tmp_path / "again" / "model.so")!r},
+                           shallow=False)
         print("LOAD_OK", len(out))
     """)
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
