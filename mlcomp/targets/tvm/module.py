@@ -122,6 +122,8 @@ class TvmModule:
         The vendor kernels it calls (``stats["kernels"]``) are registered first; the file is loaded by
         :func:`load_library`.
         """
+        import tvm_ffi  # noqa: F401 - the runtime any load needs, before any file: its absence is the environment's
+
         with open(os.path.join(directory, _META)) as f:
             meta = json.load(f)
         if meta.get("stats", {}).get("kernels", {}).get("kernels"):
