@@ -106,11 +106,8 @@ def lowering_table(extra: Mapping[Any, Callable[..., Any]] | None = None) -> Any
 
 def _lower(ep: "torch.export.ExportedProgram", report: Decomposition, extra: dict[Any, Callable[..., Any]]
            ) -> tuple["torch.export.ExportedProgram", Decomposition]:
-    def table() -> Any:
-        return lowering_table(extra)
-
     def attempt(keep: tuple[Any, ...]) -> tuple[Any, BaseException | None]:
-        decomps = table()
+        decomps = lowering_table(extra)
         for op in keep:
             decomps.pop(op, None)
         report.runs += 1
@@ -128,7 +125,7 @@ def _lower(ep: "torch.export.ExportedProgram", report: Decomposition, extra: dic
         if done is not None:
             return done, report
         first = error
-    suspects = _op_kinds(ep, set(table().keys()))
+    suspects = _op_kinds(ep, set(lowering_table(extra).keys()))
     done = _bisect(attempt, suspects, first, report)
     return done, report
 
