@@ -2,19 +2,17 @@
 
 TVM 0.27's Relax has no default CPU schedule for matmul or convolution (DLight's CPU rules cover GEMV and
 reductions), and the PyPI wheel carries no DNNL/BLAS runtime (``tvm.contrib.cblas``/``mkl``/``dnnl`` are absent).
-So the heavy ops are offloaded (:mod:`mlcomp.targets.tvm.offload.rewrite`) to the functions below, which TVM's
-VM calls as ordinary packed functions by their ``mlcomp.`` names; every argument crosses by DLPack without a
-copy and the result is handed back the same way (or, for a ``*_into`` variant, written into the tensor the VM
-passes last: :mod:`mlcomp.targets.tvm.offload.destinations`)::
+So the heavy ops are offloaded (:mod:`mlcomp.targets.tvm.offload.rewrite`) to the functions below, called by the
+VM by their ``mlcomp.`` names; arguments cross by DLPack without a copy, results too (or, for a ``*_into``
+variant, go into the tensor the VM passes last: :mod:`mlcomp.targets.tvm.offload.destinations`)::
 
     before (Relax):  lv = R.nn.conv2d(x, metadata["relax.expr.Constant"][0], strides=[2, 2], padding=[3, 3, 3, 3])
     after:           lv = R.call_pure_packed("mlcomp.torch.conv2d", x, metadata[...][0], bias, R.prim_value(2),
                                              …, R.prim_value(1), ty_args=R.Tensor((1, 64, 112, 112), "float32"))
 
-The names are process-wide (TVM's global function table is, and a loaded ``model.so`` resolves them when its VM
-starts), so :func:`register_kernels` registers them once, idempotently, before a build and before a load; that
-registration is the only state this module leaves behind.  A module exported with kernels needs torch at load
-time; :data:`KERNELS` lists what each name runs.
+The names are process-wide (TVM's global function table), so :func:`register_kernels` registers them once,
+idempotently, before a build and before a load (the only state left behind besides :data:`PACKED_WEIGHTS`).
+A module exported with kernels needs torch at load time; :data:`KERNELS` lists what each name runs.
 """
 from __future__ import annotations
 
@@ -238,12 +236,12 @@ class Unary(Enum):
 
 
 class PackedWeights:
-    """oneDNN-packed convolution weights of the ``conv2d_cl*`` kernels, by a key the build computed.
+    """oneDNN-packed weights of the ``conv2d_cl*`` and ``linear_packed*`` kernels, by a key the build computed.
 
-    The key hashes the weight's bytes, the convolution's parameters and the input shape (what the packing depends
-    on), so an entry is right for every module carrying that key.  The offload packs at build time (:meth:`pack`);
-    a loaded ``model.so`` packs at its first call.  Modules hold their keys (:meth:`hold`) and give them back when
-    collected (:meth:`release`): an entry no module holds is dropped (a missing entry is packed again).
+    The key hashes the weight's bytes, the op's parameters and the input shape (what the packing depends on), so an
+    entry is right for every module carrying it.  The build packs (:meth:`pack`, :meth:`pack_linear`); a loaded
+    ``model.so`` at its first call.  Modules hold their keys (:meth:`hold`) until collected (:meth:`release`): an
+    entry no module holds is dropped (a missing entry is packed again).
     """
 
     def __init__(self) -> None:
@@ -264,9 +262,8 @@ class PackedWeights:
     def _get(self, key: int, make: Callable[[], torch.Tensor]) -> torch.Tensor:
         found = self._packed.get(key)
         if found is None:
-            found = make()
             with self._lock:
-                found = self._packed.setdefault(key, found)
+                found = self._packed.setdefault(key, make())
         return found
 
     def hold(self, keys: list[int]) -> None:
@@ -282,9 +279,6 @@ class PackedWeights:
                     del self._holders[key]
                     self._packed.pop(key, None)
 
-    def __len__(self) -> int:
-        return len(self._packed)
-
 
 PACKED_WEIGHTS = PackedWeights()
 
@@ -295,18 +289,13 @@ def packed_conv_available() -> bool:
 
 
 def packed_linear_available() -> bool:
-    """Whether this torch has oneDNN's linear with a fused activation (``mkldnn._linear_pointwise``), probed."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise") and \
-        hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    """Whether this torch has oneDNN's linear on a packed weight (``mkldnn._linear_pointwise``), probed."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
 def _packed_linear(unary: Unary) -> Callable[..., torch.Tensor]:
-    """``a @ w.T + bias`` then ``unary`` in one oneDNN call (``mkldnn._linear_pointwise``), on the weight packed once.
-
-    Arguments: ``a`` (``[..., K]``), ``w`` (``[N, K]``, packed once per key for ``a``'s row count), ``bias``
-    (empty: none), the :class:`PackedWeights` key.  Measured on the zoo transformer's GEMMs (``[4096, 256] x
-    [256, 768]``, one thread): 23 % under ``torch.mm``; its relu rides in the GEMM's epilogue (no second pass).
-    """
+    """``unary(a @ w.T + bias)`` in one oneDNN call (``mkldnn._linear_pointwise``); ``w`` ``[N, K]`` packed once per
+    :class:`PackedWeights` key (the last argument) for ``a``'s row count; an empty ``bias``: none."""
     attr, algorithm = unary.onednn()
 
     def run(a: Any, w: Any, bias: Any, key: int) -> torch.Tensor:
