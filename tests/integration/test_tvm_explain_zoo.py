@@ -51,6 +51,9 @@ def test_transformer_attention_and_linears_run_in_torch_kernels(tmp_path):
     linears = [r for r in table if r[0].startswith("linear")]
     big = [r for r in linears if r[1].strip() in ("128x768", "128x1024")]      # in-projections and FFN up
     assert len(big) == 8 and all(r[2].strip().startswith("torch kernel linear") for r in big)
+    # over the policy's bound (16.7 M multiply-adds) on oneDNN with packed weights, FFN up's relu in the GEMM
+    assert all(r[2].strip().startswith("torch kernel linear_packed") and r[3].strip().startswith("linear-packed") for r in big)
+    assert sum(r[2].strip() == "torch kernel linear_packed_relu" for r in big) == 4
     # a layer norm is a torch call or, where the build-time probe timed it faster, TVM code (rule small-gemm)
     norms = [o for o in offload["ops"] if "layer_norm" in o["op"]]
     assert len(norms) == 8 and all(o["rule"] in ("layer-norm", "small-gemm") for o in norms)

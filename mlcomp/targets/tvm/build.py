@@ -60,6 +60,7 @@ from mlcomp.targets.tvm.module import TvmModule
 from mlcomp.targets.tvm.offload.destinations import to_destinations
 from mlcomp.targets.tvm.offload.conv_packed import channels_last_reason, to_channels_last
 from mlcomp.targets.tvm.offload.gemm import keep_small_gemms
+from mlcomp.targets.tvm.offload.linear_packed import pack_linears
 from mlcomp.targets.tvm.offload.placement import placements
 from mlcomp.targets.tvm.offload.policy import Fusion, HostFacts
 from mlcomp.targets.tvm.offload.rewrite import offload as offload_to_kernels
@@ -160,6 +161,8 @@ def _to_torch_kernels(mod, target, stats: dict, config: BuildConfig, host: HostF
         mod = keep_small_gemms(mod, report, stats, config.threads, lambda probe: tvm.compile(
             default_schedules(lower_to_tir(fast_math(probe)[0], target), target, {}, parallel=False),
             target=target), deterministic=config.deterministic)
+    if host.packed_linear:       # large linears on oneDNN with packed weights (policy row linear-packed)
+        mod, stats["linears_packed"] = pack_linears(mod, host, report)
     stats["kernels"] = report.to_json()
     stats["packed_weight_keys"] = list(report.packed)
     return mod

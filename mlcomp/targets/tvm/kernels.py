@@ -2,19 +2,17 @@
 
 TVM 0.27's Relax has no default CPU schedule for matmul or convolution (DLight's CPU rules cover GEMV and
 reductions), and the PyPI wheel carries no DNNL/BLAS runtime (``tvm.contrib.cblas``/``mkl``/``dnnl`` are absent).
-So the heavy ops are offloaded (:mod:`mlcomp.targets.tvm.offload.rewrite`) to the functions below, which TVM's
-VM calls as ordinary packed functions by their ``mlcomp.`` names; every argument crosses by DLPack without a
-copy and the result is handed back the same way (or, for a ``*_into`` variant, written into the tensor the VM
-passes last: :mod:`mlcomp.targets.tvm.offload.destinations`)::
+So the heavy ops are offloaded (:mod:`mlcomp.targets.tvm.offload.rewrite`) to the functions below, called by the
+VM by their ``mlcomp.`` names; arguments cross by DLPack without a copy, results too (or, for a ``*_into``
+variant, go into the tensor the VM passes last: :mod:`mlcomp.targets.tvm.offload.destinations`)::
 
     before (Relax):  lv = R.nn.conv2d(x, metadata["relax.expr.Constant"][0], strides=[2, 2], padding=[3, 3, 3, 3])
     after:           lv = R.call_pure_packed("mlcomp.torch.conv2d", x, metadata[...][0], bias, R.prim_value(2),
                                              …, R.prim_value(1), ty_args=R.Tensor((1, 64, 112, 112), "float32"))
 
-The names are process-wide (TVM's global function table is, and a loaded ``model.so`` resolves them when its VM
-starts), so :func:`register_kernels` registers them once, idempotently, before a build and before a load; that
-registration is the only state this module leaves behind.  A module exported with kernels needs torch at load
-time; :data:`KERNELS` lists what each name runs.
+The names are process-wide (TVM's global function table), so :func:`register_kernels` registers them once,
+idempotently, before a build and before a load (the only state left behind besides :data:`PACKED_WEIGHTS`).
+A module exported with kernels needs torch at load time; :data:`KERNELS` lists what each name runs.
 """
 from __future__ import annotations
 
@@ -28,7 +26,8 @@ import torch.nn.functional as F
 
 __all__ = ["Activation", "GEMM_ATTENTION_THREADS", "INTO_KERNELS", "Kernel", "KERNELS", "KernelLibrary",
            "PACKED_WEIGHTS", "Unary", "attention_from_packed", "channels_last_kernel", "epilogue_kernel",
-           "packed_conv_available", "packed_qkv", "register_kernels", "views_kernel"]
+           "packed_conv_available", "packed_linear_available", "packed_linear_kernel", "packed_qkv", "register_kernels",
+           "views_kernel"]
 
 
 class KernelLibrary(Enum):
@@ -237,12 +236,12 @@ class Unary(Enum):
 
 
 class PackedWeights:
-    """oneDNN-packed convolution weights of the ``conv2d_cl*`` kernels, by a key the build computed.
+    """oneDNN-packed weights of the ``conv2d_cl*`` and ``linear_packed*`` kernels, by a key the build computed.
 
-    The key hashes the weight's bytes, the convolution's parameters and the input shape (what the packing depends
-    on), so an entry is right for every module carrying that key.  The offload packs at build time (:meth:`pack`);
-    a loaded ``model.so`` packs at its first call.  Modules hold their keys (:meth:`hold`) and give them back when
-    collected (:meth:`release`): an entry no module holds is dropped (a missing entry is packed again).
+    The key hashes the weight's bytes, the op's parameters and the input shape (what the packing depends on), so an
+    entry is right for every module carrying it.  The build packs (:meth:`pack`, :meth:`pack_linear`); a loaded
+    ``model.so`` at its first call.  Modules hold their keys (:meth:`hold`) until collected (:meth:`release`): an
+    entry no module holds is dropped (a missing entry is packed again).
     """
 
     def __init__(self) -> None:
@@ -253,12 +252,18 @@ class PackedWeights:
     def pack(self, key: int, w: torch.Tensor, padding: list[int], stride: list[int], dilation: list[int],
              groups: int, input_size: list[int]) -> torch.Tensor:
         """The packed form of OIHW weight ``w`` for this convolution, packing it if not cached."""
+        return self._get(key, lambda: torch._C._nn.mkldnn_reorder_conv2d_weight(
+            w.contiguous().to_mkldnn(), padding, stride, dilation, groups, input_size))
+
+    def pack_linear(self, key: int, w: torch.Tensor, rows: int) -> torch.Tensor:
+        """The packed form of ``[N, K]`` linear weight ``w`` for a GEMM of ``rows`` rows, packing it if not cached."""
+        return self._get(key, lambda: torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), rows))
+
+    def _get(self, key: int, make: Callable[[], torch.Tensor]) -> torch.Tensor:
         found = self._packed.get(key)
         if found is None:
-            found = torch._C._nn.mkldnn_reorder_conv2d_weight(w.contiguous().to_mkldnn(), padding, stride, dilation,
-                                                              groups, input_size)
             with self._lock:
-                found = self._packed.setdefault(key, found)
+                found = self._packed.setdefault(key, make())
         return found
 
     def hold(self, keys: list[int]) -> None:
@@ -274,9 +279,6 @@ class PackedWeights:
                     del self._holders[key]
                     self._packed.pop(key, None)
 
-    def __len__(self) -> int:
-        return len(self._packed)
-
 
 PACKED_WEIGHTS = PackedWeights()
 
@@ -284,6 +286,30 @@ PACKED_WEIGHTS = PackedWeights()
 def packed_conv_available() -> bool:
     """Whether this torch has oneDNN's fused convolution (``mkldnn._convolution_pointwise``), probed."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise")
+
+
+def packed_linear_available() -> bool:
+    """Whether this torch has oneDNN's linear on a packed weight (``mkldnn._linear_pointwise``), probed."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def _packed_linear(unary: Unary) -> Callable[..., torch.Tensor]:
+    """``unary(a @ w.T + bias)`` in one oneDNN call (``mkldnn._linear_pointwise``); ``w`` ``[N, K]`` packed once per
+    :class:`PackedWeights` key (the last argument) for ``a``'s row count; an empty ``bias``: none."""
+    attr, algorithm = unary.onednn()
+
+    def run(a: Any, w: Any, bias: Any, key: int) -> torch.Tensor:
+        a, b = _t(a).contiguous(), _t(bias)
+        packed = PACKED_WEIGHTS.pack_linear(int(key), _t(w), a.numel() // a.shape[-1])
+        return torch.ops.mkldnn._linear_pointwise(a, packed, b if b.numel() else None, attr, [], algorithm)
+
+    run.__doc__ = f"Linear on a prepacked oneDNN weight, bias{'' if unary is Unary.NONE else ' + ' + unary.value} fused."
+    return run
+
+
+def packed_linear_kernel(unary: Unary) -> str:
+    """The packed function of a linear on a prepacked oneDNN weight with epilogue ``unary``."""
+    return "mlcomp.torch.linear_packed" + ("" if unary is Unary.NONE else f"_{unary.value}")
 
 
 def _unary_in_place(out: torch.Tensor, unary: Unary, scalars: list[float]) -> torch.Tensor:
@@ -363,11 +389,14 @@ _BASE: tuple[Kernel, ...] = (
 _CHANNELS_LAST: tuple[Kernel, ...] = tuple(
     Kernel(channels_last_kernel(u, add), "conv2d" + ("+add" if add else "") + ("" if u is Unary.NONE else f"+{u.value}"),
            KernelLibrary.TORCH, _channels_last_conv(u, add)) for add in (False, True) for u in Unary)
+_PACKED_LINEAR: tuple[Kernel, ...] = tuple(
+    Kernel(packed_linear_kernel(u), "linear" + ("" if u is Unary.NONE else f"+{u.value}"), KernelLibrary.TORCH,
+           _packed_linear(u)) for u in (Unary.NONE, Unary.RELU, Unary.SIGMOID, Unary.GELU, Unary.GELU_TANH))
 # every kernel also reads strided views / rearranges its result when called as ``<name>_views``
 _ALL = tuple(k for base in (*_BASE, *_CHANNELS_LAST) for k in (
     base, Kernel(f"{base.name}_views", f"{base.op} (views)", base.library, _views(base.fn), base.into)))
 # and writes into a tensor the VM allocates as ``<name>_into`` (a views kernel: when it rearranges its result)
-KERNELS: dict[str, Kernel] = {k.name: k for k in _ALL}
+KERNELS: dict[str, Kernel] = {k.name: k for k in (*_ALL, *_PACKED_LINEAR)}
 INTO_KERNELS: dict[str, Kernel] = {f"{k.name}_into": Kernel(f"{k.name}_into", k.op, k.library, _into(k.fn), True)
                                    for k in _ALL if k.into or k.name.endswith("_views")}
 

@@ -237,8 +237,10 @@ def test_relu_joins_a_large_linear_only():
             built = tvm_backend.build(module, (x,))
             with torch.no_grad():
                 torch.testing.assert_close(built(x)[0], model(x), rtol=1e-5, atol=1e-5)
+            # 1024 x 16 x 1024 multiply-adds: the build then packs it (policy row linear-packed), relu still fused
             assert {k: v["count"] for k, v in built.stats["kernels"]["kernels"].items()} == {
-                "mlcomp.torch.linear_relu": 1}
+                "mlcomp.torch.linear_packed_relu": 1}
+            assert built.stats["linears_packed"] == {"mlcomp.torch.linear_relu": 1}
     assert lines == {1024: ["gv = relax.call_pure_packed(mlcomp.torch.linear_relu, x, const[1024x16], const[1024])"],
                      8: ["lv2 = relax.call_pure_packed(mlcomp.torch.linear, x, const[1024x16], const[1024])",
                          "gv = relax.nn.relu(lv2)"]}

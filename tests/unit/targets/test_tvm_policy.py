@@ -30,7 +30,9 @@ GPU = HostFacts(device="cuda", vector_bits=256, packed_conv=True, kernels=False)
     ("conv2d", HostFacts(device="cuda"), "float32", None, "cuda", Runs.TVM),
     ("conv2d", AVX2, "bfloat16", 1 << 24, "low-precision", Runs.TVM),
     ("conv2d_1x1", AVX2, "float32", 1 << 20, "conv2d-1x1-unpacked", Runs.TORCH),
-    ("linear", AVX2, "float32", None, "linear", Runs.TORCH),
+    ("linear", AVX2, "float32", 1 << 24, "linear-packed", Runs.TORCH),
+    ("linear", AVX2, "float32", (1 << 24) - 1, "linear", Runs.TORCH),                # small: the packed call's fixed cost
+    ("linear", HostFacts(packed_linear=False), "float32", 1 << 24, "linear", Runs.TORCH),   # no oneDNN linear
     ("matmul", AVX2, "float16", None, "low-precision", Runs.TVM),
     ("attention", AVX2, "float32", None, "attention", Runs.TORCH),
     ("layer_norm", AVX2, "float32", None, "layer-norm", Runs.TORCH),
@@ -54,8 +56,9 @@ def test_every_op_has_a_rule_and_the_table_ends_in_the_default():
 
 
 def test_host_facts_name_the_features_rules_need():
-    assert AVX2.features == {"cpu", "kernels", "packed-conv"}
-    assert PURE.features == {"cpu", "no-kernels", "packed-conv"}
+    assert AVX2.features == {"cpu", "kernels", "packed-conv", "packed-linear"}
+    assert PURE.features == {"cpu", "no-kernels", "packed-conv", "packed-linear"}
+    assert "packed-linear" not in HostFacts(packed_linear=False).features
     assert NO_ONEDNN_FUSED.lanes == 4 and AVX2.lanes == 8
     assert HostFacts(**AVX2.to_json()) == AVX2
 

@@ -96,12 +96,14 @@ class Placements:
 def _kernel_rule(name: str, call: Any) -> tuple[str, tuple[str, ...]]:
     """(rule, further rules) of a torch kernel call."""
     short = name[len(_PREFIX):]
+    packed = short.startswith("linear_packed")      # linear_packed_relu: linear_relu on a packed oneDNN weight
+    short = short.replace("_packed", "", 1) if packed else short
     also = ("views",) if short.endswith("_views") else ()
     if short.startswith("linear_relu"):
         also = ("relu-after-linear", *also)
     elif any(a in short for a in ("_sigmoid", "_gelu")) and not short.startswith("conv2d_cl"):
         also = ("activation-epilogue", *also)
-    base = next(r for prefix, r in _KERNEL_RULES if short.startswith(prefix))
+    base = "linear-packed" if packed else next(r for prefix, r in _KERNEL_RULES if short.startswith(prefix))
     if base == "conv2d-packed" and not also and len(call.args) > _KEY_AT + 1:
         key = getattr(call.args[_KEY_AT + 1], "value", None)
         if int(getattr(key, "value", key) or 0) == 0:

@@ -67,28 +67,32 @@ class HostFacts:
 
     ``device``: ``cpu`` or ``cuda``; ``vector_bits``: SIMD register width; ``packed_conv``: torch has
     oneDNN's fused convolution (``mkldnn._convolution_pointwise``); ``kernels``: the build may call
-    torch's kernels at all (``False``: pure TVM).
+    torch's kernels at all (``False``: pure TVM); ``packed_linear``: oneDNN's linear on a packed weight
+    (``mkldnn._linear_pointwise``).
     """
 
     device: str = "cpu"
     vector_bits: int = 256
     packed_conv: bool = True
     kernels: bool = True
+    packed_linear: bool = True
 
     @classmethod
     def probe(cls, device: str, kernels: bool | None = None) -> "HostFacts":
         """This machine's facts (``kernels=None``: the default, torch's kernels on CPU only)."""
         from mlcomp.hardware.probe import vector_bits
-        from mlcomp.targets.tvm.kernels import packed_conv_available
+        from mlcomp.targets.tvm.kernels import packed_conv_available, packed_linear_available
 
         return cls(device=device, vector_bits=vector_bits(), packed_conv=packed_conv_available(),
-                   kernels=device == "cpu" if kernels is None else bool(kernels))
+                   kernels=device == "cpu" if kernels is None else bool(kernels),
+                   packed_linear=packed_linear_available())
 
     @property
     def features(self) -> frozenset[str]:
         """The facts as names the rules' ``needs`` are written in."""
         return frozenset({self.device, "kernels" if self.kernels else "no-kernels",
-                          *(["packed-conv"] if self.packed_conv else [])})
+                          *(["packed-conv"] if self.packed_conv else []),
+                          *(["packed-linear"] if self.packed_linear else [])})
 
     @property
     def lanes(self) -> int:
@@ -97,7 +101,7 @@ class HostFacts:
 
     def to_json(self) -> dict[str, Any]:
         return {"device": self.device, "vector_bits": self.vector_bits, "packed_conv": self.packed_conv,
-                "kernels": self.kernels}
+                "kernels": self.kernels, "packed_linear": self.packed_linear}
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,10 @@ RULES: tuple[Rule, ...] = (
     _R("small-gemm", "gemm_probe", Runs.TVM,
        "small GEMM / layer norm timed both ways at build time: TVM code where it took <= ratio x the torch call",
        needs=_CPU, max_size=1 << 22, unit="MACs", ratio=0.9),
+    _R("linear-packed", "linear", Runs.TORCH,
+       "oneDNN linear on a weight packed at build time, bias and activation in the GEMM (mkldnn._linear_pointwise): "
+       "0.77-0.98x torch.mm/addmm's time on the zoo transformer's GEMMs, slower under this bound (fixed cost)",
+       needs=_CPU | {"packed-linear"}, min_size=1 << 24, unit="MACs"),
     _R("linear", "linear", Runs.TORCH, "F.linear (MKL/oneDNN GEMM, bias in the GEMM)", needs=_CPU),
     _R("matmul", "matmul", Runs.TORCH, "torch.matmul (MKL/oneDNN GEMM; GEMV too: DLight's was 2-3x slower)",
        needs=_CPU),
