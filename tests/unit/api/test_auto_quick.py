@@ -336,7 +336,7 @@ def test_the_timing_processes_preload_what_the_candidates_loads_import(monkeypat
             pool.start()
     assert seen[0][0] == ("mlcomp.targets.registry", "mlcomp.targets.torch.cpu", "mlcomp.targets.onnx.target",
                           "mlcomp.targets.tvm.target", "mlcomp.targets.tvm.module")
-    assert seen[0][1] == ("onnxruntime", "tvm")           # the runtimes, imported by each process once forked
+    assert seen[0][1] == ("onnxruntime", "tvm_ffi")       # the runtimes, imported by each process once forked
     assert seen[1] == ((), ())
 
 
@@ -383,7 +383,8 @@ def test_the_cli_starts_the_timing_processes_before_the_capture_and_closes_them_
 def test_the_preloaded_modules_start_no_thread_and_import_no_runtime_or_dynamo():
     """What the zygote imports before it forks (each auto candidate's ``runtime_modules``, after ``mlcomp.api``) must
     start no thread (a fork copies only the calling one) and pull in no runtime or dynamo (those are paid by
-    the load that needs them, or by the capture)."""
+    the load that needs them, or by the capture); what a tvm load imports first (``LOAD_IMPORTS``) is the runtime
+    (tvm_ffi), not TVM's compiler package."""
     import subprocess
     import sys
 
@@ -392,8 +393,11 @@ def test_the_preloaded_modules_start_no_thread_and_import_no_runtime_or_dynamo()
             "mods = [m for target in auto_candidates() for m in target.runtime_modules]; "
             "[__import__(m) for m in mods]; "
             "heavy = [m for m in ('openvino', 'onnxruntime', 'tvm', 'torch._dynamo', 'torch._inductor') "
-            "if m in sys.modules]; print(len(mods), threading.active_count() - before, heavy)")
+            "if m in sys.modules]; from mlcomp.api.auto.search import LOAD_IMPORTS; "
+            "[__import__(m) for m in LOAD_IMPORTS['tvm']]; compiler = 'tvm' in sys.modules; "
+            "print(len(mods), threading.active_count() - before, compiler, heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    count, threads, heavy = out.stdout.strip().split(" ", 2)
+    count, threads, compiler, heavy = out.stdout.strip().split(" ", 3)
     assert int(count) > 0 and threads == "0" and heavy == "[]", out.stdout
+    assert compiler == "False", "a timing process's tvm load would import TVM's compiler package"
