@@ -102,6 +102,26 @@ def cpu_info(path: str = "/proc/cpuinfo") -> CpuInfo:
     return CpuInfo(name, flags or frozenset())
 
 
+INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+"""x86 extensions whose int8 dot product accumulates in int32 (VNNI's ``vpdpbusd``, AMX tiles)."""
+
+
+def int8_dot_saturates(info: CpuInfo | None = None) -> bool:
+    """Whether the CPU's int8 GEMMs (ONNX Runtime's MLAS, oneDNN under OpenVINO) can saturate: an x86 CPU
+    without :data:`INT8_DOT_FLAGS` multiplies u8 by s8 with ``vpmaddubsw``, which adds two products in int16
+    (``2 * 255 * 127`` overflows it).  Unknown flags (no ``/proc/cpuinfo``) and ARM read as not saturating.
+
+        >>> int8_dot_saturates(CpuInfo("EPYC", frozenset({"sse2", "avx2"})))
+        True
+        >>> int8_dot_saturates(CpuInfo("Xeon", frozenset({"sse2", "avx2", "avx512_vnni"})))
+        False
+        >>> int8_dot_saturates(CpuInfo("Graviton", frozenset({"asimd", "asimddp"})))
+        False
+    """
+    flags = (info or cpu_info()).flags
+    return "sse2" in flags and not flags & INT8_DOT_FLAGS
+
+
 def cpu_flags() -> tuple[str, ...]:
     """The AVX-512 / AMX feature flags the kernel reports (what bf16 speed depends on)."""
     return tuple(sorted(f for f in cpu_info().flags if f.startswith(("avx512", "amx"))))

@@ -26,6 +26,13 @@ def train_once(model, x, **options):
     return [p.grad for p in model.parameters()], [p.grad for p in twin.parameters()], report
 
 
+def _same_fp32(grads, ref):
+    """fp32 gradients equal within rounding (torch's default float32 tolerance): bit-identity depends on the CPU's
+    kernels (an AVX2 host sums the joint graph's ``mm`` + ``add`` in another order than eager's ``addmm``)."""
+    for g, r in zip(grads, ref, strict=True):
+        torch.testing.assert_close(g, r)
+
+
 def zoo(name, batch):
     z = models.get(name)
     return z.build().train(), z.example_inputs(batch)[0]
@@ -34,7 +41,7 @@ def zoo(name, batch):
 def test_training_runs_mlcomps_joint_graph_and_gradients_equal_eager(capsys):
     model, x = zoo("mlp", 4)
     grads, ref, report = train_once(model, x, pipeline="-O2", explain=True)
-    assert all(torch.equal(g, r) for g, r in zip(grads, ref))          # bit-identical on cpu fp32
+    _same_fp32(grads, ref)
     (part,) = report.partitions
     assert (part.graph, part.name, part.ran_on) == ("graph0", "joint", "mlcomp:cpu")
     (joint,) = report.joints
@@ -46,7 +53,7 @@ def test_remat_recomputes_in_the_joint_graph_and_saves_fewer_tensors(capsys):
     model, x = zoo("mlp", 4)
     # the input alone is 0.57 of the saved bytes at this size: saved=0.6 leaves room to recompute both ReLUs
     grads, ref, report = train_once(model, x, pipeline="remat{saved=0.6}", explain=True)
-    assert all(torch.equal(g, r) for g, r in zip(grads, ref))
+    _same_fp32(grads, ref)
     (joint,) = report.joints
     assert joint.recomputed == 2 and joint.nodes_recomputed > 0
     assert joint.saved == 1 < joint.saved_before == 3
@@ -59,7 +66,7 @@ def test_remat_recomputes_in_the_joint_graph_and_saves_fewer_tensors(capsys):
 def test_remat_on_a_conv_net():
     model, x = zoo("lenet", 4)
     grads, ref, report = train_once(model, x, pipeline="remat{saved=0.5}")
-    assert all(torch.equal(g, r) for g, r in zip(grads, ref))
+    _same_fp32(grads, ref)
     (joint,) = report.joints
     assert joint.recomputed > 0
     assert joint.saved_bytes < joint.saved_before_bytes

@@ -84,15 +84,20 @@ def plain_grid(target: str | None) -> Grid:
     return PLAIN_GRIDS.get(target or "", Grid.MINMAX)
 
 
-def grid_params(lo: float, hi: float, grid: Grid) -> tuple[float, int, torch.dtype]:
-    """Scale, zero point and integer dtype of ``grid`` over the observed range ``[lo, hi]``."""
+def grid_params(lo: float, hi: float, grid: Grid, levels: int = 127) -> tuple[float, int, torch.dtype]:
+    """Scale, zero point and integer dtype of ``grid`` over the observed range ``[lo, hi]``; an int8 grid spans
+    ``[-levels, levels]`` (63 where the CPU's int8 dot product saturates).
+
+        >>> round(grid_params(-1.0, 3.0, Grid.SIGNED, levels=63)[0], 6)    # 3 / 63
+        0.047619
+    """
     if grid in (Grid.MINMAX, Grid.UNSIGNED) or (grid is Grid.ZERO_FREE and lo >= 0.0):
         scale, zero = uint8_params(max(lo, 0.0) if grid is Grid.ZERO_FREE else lo, hi)
         if grid is Grid.UNSIGNED and zero == 128:
             zero = 127 if -lo <= hi else 129
         return scale, zero, torch.uint8
     a = max(abs(lo), abs(hi))
-    scale = float(torch.tensor(a / 127.0, dtype=torch.float32))
+    scale = float(torch.tensor(a / levels, dtype=torch.float32))
     if scale == 0.0 or not torch.isfinite(torch.tensor(scale)):
         return 1.0, 0, torch.int8
     return scale, 0, torch.int8

@@ -138,14 +138,15 @@ def uint8_params(lo: float, hi: float) -> tuple[float, int]:
     return scale, max(0, min(255, zero))
 
 
-def int8_weight(w: torch.Tensor, axis: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 scales (one per slice along ``axis``; one in all when ``None``) and the int8 weight."""
+def int8_weight(w: torch.Tensor, axis: int | None, levels: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 scales (one per slice along ``axis``; one in all when ``None``) and the int8 weight on
+    ``[-levels, levels]`` (63: seven bits, where the CPU's int8 dot product saturates)."""
     w = w.detach().float()
     if axis is None:
         absmax = w.abs().max().reshape(())
     else:
         absmax = w.abs().transpose(0, axis).reshape(w.shape[axis], -1).max(dim=1).values
-    scale = torch.where(absmax > 0, absmax / 127.0, torch.ones_like(absmax))
+    scale = torch.where(absmax > 0, absmax / levels, torch.ones_like(absmax))
     shaped = scale if axis is None else scale.reshape([-1 if d == axis else 1 for d in range(w.dim())])
-    q = torch.clamp(torch.round(w / shaped), -127, 127).to(torch.int8)
+    q = torch.clamp(torch.round(w / shaped), -levels, levels).to(torch.int8)
     return scale.to(torch.float32), q

@@ -78,6 +78,8 @@ import torch
 from mlcomp.analysis.ranges import declared_tolerance
 from mlcomp.base.errors import PassFailure, PipelineSpecError
 from mlcomp.frontend.loading import graph_random_inputs
+from mlcomp.hardware.decide import Decision
+from mlcomp.hardware.probe import int8_dot_saturates
 from mlcomp.ir import Graph, Mode, Node
 from mlcomp.ir.ops import aten
 from mlcomp.ir.interpreter import Interpreter
@@ -127,6 +129,15 @@ class Products(enum.Enum):
     ZERO_FREE = "zero-free"
 
 
+WEIGHT_BITS_QUESTION = "quantize: bits of the int8 weights"
+
+
+class WeightBits(enum.Enum):
+    AUTO = "auto"      # 7 where the CPU's int8 dot product saturates (hardware.probe.int8_dot_saturates), else 8
+    SEVEN = "7"
+    EIGHT = "8"
+
+
 class Method(enum.Enum):
     MINMAX = "minmax"
     PERCENTILE = "percentile"
@@ -160,11 +171,15 @@ class Quantize(Pass):
     products: Products = option(Products.AUTO, "grids of the operands of a product of two activations: auto "
                                 "(the target's row in quantize.grids), minmax (uint8 with zero points) or "
                                 "zero-free (zero point 0, the second operand int8)")
+    weight_bits: WeightBits = option(WeightBits.AUTO, "int8 weights (and signed activation grids) on 8 bits "
+                                     "(±127) or 7 (±63); auto: 7 on an x86 CPU without VNNI/AMX, whose int8 "
+                                     "dot product adds two u8×s8 products in int16 and saturates")
     split_projections: bool = option(True, "a packed q/k/v projection as one linear per part "
                                      "(passes.projections; measured faster on both int8 targets)")
 
     enum_options: ClassVar[Mapping[str, type[enum.Enum]]] = {"granularity": Granularity, "method": Method,
-                                                             "activations": Activations, "products": Products}
+                                                             "activations": Activations, "products": Products,
+                                                             "weight_bits": WeightBits}
 
     def check_target(self, target: str) -> None:
         """Only ONNX Runtime and OpenVINO turn the pairs into int8 kernels; elsewhere they would run as float math."""
@@ -228,11 +243,12 @@ class Quantize(Pass):
         outputs = [output_value(graph, n) for n, _ in layers]
         shared = 0 if dynamic else ranges_through_moves(graph, acts, outputs, seen.ranges)
         grids = self._grids(ctx)
+        bits = self._weight_bits()
         writer = Writer(graph, seen.ranges, self.granularity is Granularity.PER_CHANNEL, grids,
                         None if dynamic else outputs_read_in_int8(
                             graph, [r.name for n, _ in layers for r in plans[n.name][0]], outputs),
                         reader_grids(graph, [(n, r, plans[n.name]) for n, r in layers], outputs, grids),
-                        plain_grid(target))
+                        plain_grid(target), levels=(1 << (int(bits.choice) - 1)) - 1)
         write = writer.dynamic_layer if dynamic else writer.layer
         reference = graph.copy() if axes else None             # the float graph: what each bias is corrected to
         records = [write(n, rule, plans[n.name]) for n, rule in layers]
@@ -243,13 +259,25 @@ class Quantize(Pass):
         stats.update(kept_float=kept, unfused_groups=unfused, attention_fused=attention, projections_split=split,
                      batched_linears=linearized,
                      scalar_muls_absorbed=absorbed, ranges_shared=shared, embeddings=tables, biases_corrected=corrected,
-                     smoothed=smoothed)
+                     smoothed=smoothed, weight_bits=int(bits.choice))
+        stats["decisions"] = [bits.to_json()]
         stats["warnings"] = [f"exclude pattern {p!r} matched no node" for p in unmatched(graph, self.exclude)]
         for text in stats["warnings"]:
             warnings.warn(f"quantize: {text}", UserWarning, stacklevel=2)
         stats["explain"] = accuracy.explain_lines(stats)
         accuracy.check_targets(stats, self.tolerance, self.agreement)
         return PassResult(graph, True, stats)
+
+    def _weight_bits(self) -> Decision:
+        """7 or 8 bits for int8 weights and signed grids: the option's, else the CPU's (the rule's record)."""
+        if self.weight_bits is not WeightBits.AUTO:
+            return Decision.fixed(WEIGHT_BITS_QUESTION, ["7", "8"], self.weight_bits.value,
+                                  f"quantize{{weight_bits={self.weight_bits.value}}}")
+        saturates = int8_dot_saturates()
+        return Decision.fixed(WEIGHT_BITS_QUESTION, ["7", "8"], "7" if saturates else "8",
+                              "this x86 CPU has no VNNI/AMX: its int8 dot product (vpmaddubsw) adds two u8×s8 "
+                              "products in int16, which 8-bit weights overflow" if saturates else
+                              "the CPU's int8 dot product accumulates in int32 (VNNI/AMX, ARM) or is unknown")
 
     def _grids(self, ctx: PassContext) -> tuple[Grid, Grid]:
         """The grids of a product of two activations' operands: the option's, else the target's row."""

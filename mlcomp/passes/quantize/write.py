@@ -36,8 +36,9 @@ class Writer:
 
     def __init__(self, graph: Graph, ranges: dict[str, tuple[float, float]], per_channel: bool,
                  products: tuple[Grid, Grid] = (Grid.MINMAX, Grid.MINMAX), paired: set[str] | None = None,
-                 out_grids: dict[str, Grid] | None = None, plain: Grid = Grid.MINMAX) -> None:
+                 out_grids: dict[str, Grid] | None = None, plain: Grid = Grid.MINMAX, levels: int = 127) -> None:
         self.graph, self.ranges, self.per_channel, self.products = graph, ranges, per_channel, products
+        self.levels = levels    # int8 weights and signed grids on [-levels, levels]
         self.plain = plain      # what a MINMAX pair is written on (the target's plain_grid)
         self.paired = paired    # outputs read in int8; a float-output op's others get no pair (None: all do)
         self.out_grids = out_grids or {}    # output -> the one grid its int8 readers read it on (reader_grids)
@@ -53,7 +54,8 @@ class Writer:
 
     def _pair(self, value: Ref, before: str, origin: Any, grid: Grid = Grid.MINMAX) -> tuple[Ref, float, int]:
         if (value.name, grid) not in self.pairs:
-            scale, zero, dtype = grid_params(*self.ranges[value.name], self.plain if grid is Grid.MINMAX else grid)
+            scale, zero, dtype = grid_params(*self.ranges[value.name], self.plain if grid is Grid.MINMAX else grid,
+                                             self.levels)
             s = self._const(f"{value.name}.scale", torch.tensor(scale, dtype=torch.float32))
             z = self._const(f"{value.name}.zero", torch.tensor(zero, dtype=dtype))
             q = new_node(self.graph, QUANTIZE, (value, s, z, 1), name=self.graph.fresh_name(f"{value.name}_q"),
@@ -65,7 +67,8 @@ class Writer:
 
     def _weight(self, param: Node, axis: int) -> tuple[Ref, torch.Tensor]:
         if param.name not in self.weights:
-            scales, q = int8_weight(self.graph.constants[param.name], axis if self.per_channel else None)
+            scales, q = int8_weight(self.graph.constants[param.name], axis if self.per_channel else None,
+                                    self.levels)
             s = self._const(f"{param.name}.scale", scales)
             z = self._const(f"{param.name}.zero", torch.zeros(scales.shape, dtype=torch.int8))
             w = self._const(f"{param.name}.int8", q)
