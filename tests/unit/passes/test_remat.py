@@ -1,7 +1,7 @@
 """The remat pass on joint training graphs: golden IR, gradients vs no-remat, stats, budgets, bad input.
 
-Every zoo model is captured once (batch 2) and rematerialised with Chen's
-``sqrt`` plan, which recomputes the most; the compiled training step must give
+Every zoo model (resnet18, gru and transformer with the slow tests; ResNet-18's structure at widths 8/16
+in the fast suite) is captured once (batch 2) and rematerialised with Chen's ``sqrt`` plan, which recomputes the most; the compiled training step must give
 the same gradients (1e-6 relative) as without remat.  A 10-layer MLP whose
 activations dominate its memory checks that every solver's plan has a predicted
 peak within what the budget allows and below the peak without remat, and that
