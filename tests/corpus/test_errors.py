@@ -110,6 +110,10 @@ def test_factory_with_inputs_and_module_path():
     assert "input: f32[3, 8]" in res.output    # nn.Sequential names its argument "input"
 
 
+# a fresh process (~4 CPU-s): the fast suite checks a real ``python -m mlcomp`` user error (exit code 2, one
+# paragraph, no traceback) in tests/integration/test_cli_targets.py::
+# test_user_errors_exit_without_traceback_in_a_real_process, and the missing-file message in process above
+@pytest.mark.slow
 def test_real_process_exit_code_and_no_traceback(tmp_path):
     env = dict(os.environ)
     proc = subprocess.run([sys.executable, "-m", "mlcomp", "inspect", str(tmp_path / "nope.pt2")],

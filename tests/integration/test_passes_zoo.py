@@ -82,12 +82,29 @@ def test_presets_keep_zoo_model_numerics_and_shrink_graphs(captured, eager, mode
         assert report.stats("fuse").get("groups_formed", 0) >= 1
 
 
-@pytest.mark.parametrize("model", ["resnet18", "transformer"])
-def test_dynamic_batch_graphs_stay_dynamic(model):
+def _small(model: str):
+    """The zoo class at a reduced size (the same ops and structure): ResNet-18 at widths 8/16
+    (``tests.helpers.modules.small_resnet``), the transformer with 2 layers of d_model 64 over 16 tokens."""
+    if model == "resnet18":
+        from tests.helpers.modules import small_resnet
+
+        module, inputs = small_resnet(2)
+        return module.eval(), inputs
+    from mlcomp.models.transformer import TransformerEncoderModel
+
+    torch.manual_seed(0)
+    return (TransformerEncoderModel(d_model=64, heads=4, ff=128, layers=2).eval(),
+            (torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(0)),))
+
+
+# the zoo-size models (~5-12 CPU-s each) are slow; the fast suite runs the same classes at a reduced size
+@pytest.mark.parametrize("model, size", [("resnet18", "small"), ("transformer", "small"),
+                                         pytest.param("resnet18", "zoo", marks=pytest.mark.slow),
+                                         pytest.param("transformer", "zoo", marks=pytest.mark.slow)])
+def test_dynamic_batch_graphs_stay_dynamic(model, size):
     from mlcomp.frontend.loading import load_model
 
-    z = ZOO[model]
-    module, inputs = z.build(), z.example_inputs(2)
+    module, inputs = (ZOO[model].build(), ZOO[model].example_inputs(2)) if size == "zoo" else _small(model)
     graph = load_model(module, example_inputs=inputs).capture(dynamic_batch=True)
     out, _ = run_pipeline(graph, "-O2", example_inputs=inputs, verify=True)
     assert out.input_nodes[0].tensor_meta.is_dynamic and out.output_node is not None

@@ -1,7 +1,7 @@
 """The remat pass on joint training graphs: golden IR, gradients vs no-remat, stats, budgets, bad input.
 
-Every zoo model is captured once (batch 2) and rematerialised with Chen's
-``sqrt`` plan, which recomputes the most; the compiled training step must give
+Every zoo model (resnet18, gru and transformer with the slow tests; ResNet-18's structure at widths 8/16
+in the fast suite) is captured once (batch 2) and rematerialised with Chen's ``sqrt`` plan, which recomputes the most; the compiled training step must give
 the same gradients (1e-6 relative) as without remat.  A 10-layer MLP whose
 activations dominate its memory checks that every solver's plan has a predicted
 peak within what the budget allows and below the peak without remat, and that
@@ -71,12 +71,15 @@ def deep():
 
 
 @pytest.fixture(scope="module")
-def zoo_graphs():
+def zoo_graphs(request):
+    """Zoo models' joint graphs (batch 2) by name; ``"resnet"`` is the module's small ResNet-18 (``resnet``)."""
     from mlcomp.models import get
 
     cache = {}
 
     def get_graph(name: str):
+        if name == "resnet":
+            return request.getfixturevalue("resnet")
         if name not in cache:
             z = get(name)
             cache[name] = _capture(z.build(), *z.example_inputs(2), name)
@@ -262,8 +265,11 @@ def test_random_ops_are_never_recomputed():
 # every zoo model: gradients identical with and without remat
 
 
-# gru and transformer captures take ~5-10 s each on an idle machine: marked slow to keep this file near its budget
-@pytest.mark.parametrize("name", ["mlp", "lenet", "resnet18", pytest.param("gru", marks=pytest.mark.slow),
+# gru, transformer and the full resnet18 take ~5-10 s each on an idle machine: marked slow to keep this file near
+# its budget; the fast suite covers the residual conv net with batch norm through "resnet" (ResNet-18's structure
+# at widths 8/16, the ``resnet`` fixture)
+@pytest.mark.parametrize("name", ["mlp", "lenet", "resnet", pytest.param("resnet18", marks=pytest.mark.slow),
+                                  pytest.param("gru", marks=pytest.mark.slow),
                                   pytest.param("transformer", marks=pytest.mark.slow)])
 def test_zoo_gradients_identical(zoo_graphs, name):
     graph, inputs = zoo_graphs(name)

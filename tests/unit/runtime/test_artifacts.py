@@ -49,6 +49,9 @@ def test_manifest_describes_the_artifact(mlp_artifact):
     assert m["pipeline"] is None and m["compile_seconds"] > 0
 
 
+# a fresh process (~5 CPU-s): the fast suite loads, runs and verifies the cpu artifacts of mlp and the other zoo
+# models in one fresh process in tests/unit/targets/test_cpu.py::test_fresh_process_reload_and_plain_torch_jit_load
+@pytest.mark.slow
 def test_load_in_a_fresh_process(mlp_artifact):
     _, folder = mlp_artifact
     code = ("import mlcomp, torch; a = mlcomp.load(r'%s', verify=True); "
