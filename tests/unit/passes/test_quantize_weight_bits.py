@@ -9,26 +9,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
-from mlcomp.frontend.loading import load_model
 from mlcomp.hardware.probe import CpuInfo, int8_dot_saturates
 from mlcomp.ir.quant import DEQUANTIZE
 from mlcomp.pipeline import run_pipeline
 from mlcomp.pipeline.target_facts import TargetFacts
-from tests.helpers.captures import captured_once
-
-
-@captured_once
-def _small():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 5)).eval()
-    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
-    return model, x, load_model(model, example_inputs=(x,)).capture()
+from tests.helpers.captures import conv_linear
 
 
 def _quantized(spec: str = "quantize", target: str = "onnxruntime"):
-    model, x, g = _small()
+    model, x, g = conv_linear()
     out, report = run_pipeline(g, f"fold-constants,{spec}", example_inputs=(x,), target=TargetFacts(target))
     return out, report.records[-1].stats
 
@@ -72,7 +62,7 @@ def test_seven_bit_weights_stay_within_the_declared_tolerance_of_eager(fake_hard
     """The graph with 7-bit weights, run by the interpreter (exact integer sums), against eager PyTorch."""
     from mlcomp.ir.interpreter import Interpreter
     fake_hardware("avx2")
-    model, x, _ = _small()
+    model, x, _ = conv_linear()
     out, stats = _quantized()
     (got,) = Interpreter(out).run(x)
     with torch.no_grad():
