@@ -1,18 +1,16 @@
 """Vendor kernels for the TVM target: torch's oneDNN/MKL convolution and GEMM behind TVM packed functions.
 
-TVM 0.27's Relax has no default CPU schedule for matmul or convolution (DLight's CPU rules cover GEMV and
-reductions), and the PyPI wheel carries no DNNL/BLAS runtime (``tvm.contrib.cblas``/``mkl``/``dnnl`` are absent).
-So the heavy ops are offloaded (:mod:`mlcomp.targets.tvm.offload.rewrite`) to the functions below, called by the
-VM by their ``mlcomp.`` names; arguments cross by DLPack without a copy, results too (or, for a ``*_into``
-variant, go into the tensor the VM passes last: :mod:`mlcomp.targets.tvm.offload.destinations`)::
+TVM 0.27's Relax has no default CPU schedule for matmul or convolution and the PyPI wheel no DNNL/BLAS runtime, so
+the heavy ops are offloaded (:mod:`mlcomp.targets.tvm.offload.rewrite`) to the functions below, called by the VM by
+their ``mlcomp.`` names; arguments and results cross by DLPack without a copy (a ``*_into`` variant writes into the
+tensor the VM passes last: :mod:`mlcomp.targets.tvm.offload.destinations`)::
 
     before (Relax):  lv = R.nn.conv2d(x, metadata["relax.expr.Constant"][0], strides=[2, 2], padding=[3, 3, 3, 3])
     after:           lv = R.call_pure_packed("mlcomp.torch.conv2d", x, metadata[...][0], bias, R.prim_value(2),
                                              …, R.prim_value(1), ty_args=R.Tensor((1, 64, 112, 112), "float32"))
 
-The names are process-wide (TVM's global function table), so :func:`register_kernels` registers them once,
-idempotently, before a build and before a load (the only state left behind besides :data:`PACKED_WEIGHTS`).
-A module exported with kernels needs torch at load time; :data:`KERNELS` lists what each name runs.
+:func:`register_kernels` registers the names (process-wide) once, before a build and a load; besides them only
+:data:`PACKED_WEIGHTS` is state.  A module exported with kernels needs torch to load; :data:`KERNELS` lists them.
 """
 from __future__ import annotations
 
@@ -35,7 +33,7 @@ class KernelLibrary(Enum):
     TORCH = "torch"
 
     def describe(self) -> str:
-        return {"torch": f"torch {torch.__version__} (oneDNN/MKL CPU kernels)"}[self.value]
+        return f"torch {torch.__version__} (oneDNN/MKL CPU kernels)"
 
 
 def _t(x: Any) -> torch.Tensor:
@@ -55,8 +53,7 @@ def _conv2d(x: Any, w: Any, bias: Any, sh: int, sw: int, pt: int, pl: int, pb: i
 
 def _conv_transpose2d(x: Any, w: Any, bias: Any, sh: int, sw: int, ph: int, pw: int, oph: int, opw: int,
                       dh: int, dw: int, groups: int, nhwc: int) -> torch.Tensor:
-    """Transposed convolution, weight IOHW (torch's own layout); ``nhwc``: ``x`` and the result are NHWC (read as
-    the channels-last NCHW view oneDNN takes without a copy; its channels-last result permuted back)."""
+    """Transposed convolution, weight IOHW; ``nhwc``: ``x`` and the result NHWC (as channels-last NCHW views)."""
     xv = _t(x).permute(0, 3, 1, 2) if nhwc else _t(x)
     b = _t(bias)
     out = F.conv_transpose2d(xv, _t(w), b if b.numel() else None, (sh, sw), (ph, pw), (oph, opw), groups, (dh, dw))
@@ -70,9 +67,8 @@ def _matmul(a: Any, b: Any) -> torch.Tensor:
 
 
 def _linear(a: Any, w: Any, bias: Any, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``a @ w.T + bias`` with ``w`` of shape ``[N, K]``: ``F.linear``, eager's GEMM with the bias in it (an empty
-    ``bias``: none); into ``out`` (``addmm``/``mm`` on the rows, what ``F.linear`` runs) when given.  A strided ``a``
-    (a ``*_views`` argument) is copied first: one parallel copy and the plain GEMM beat torch's strided matmul."""
+    """``a @ w.T + bias`` (``w`` ``[N, K]``, empty ``bias``: none) by ``F.linear``, or into ``out`` by ``addmm``/``mm``
+    on the rows; a strided ``a`` is copied first (one parallel copy and the plain GEMM beat a strided matmul)."""
     a, b = _t(a).contiguous(), _t(bias)
     if out is None:
         return F.linear(a, _t(w), b if b.numel() else None)
@@ -82,11 +78,9 @@ def _linear(a: Any, w: Any, bias: Any, out: torch.Tensor | None = None) -> torch
 
 
 def _attention(q: Any, k: Any, v: Any, scale: float = 1.0, bias: Any = None) -> torch.Tensor:
-    """``softmax(scale · q @ k.T) @ v`` over ``[B, L, D]``/``[B, S, D]``/``[B, S, Dv]`` (scale 1: in q and k), or over
-    4-D ``[b1, b2, L, D]`` views (``*_views``): torch's SDPA, whose CPU flash kernel reads strided q/k/v in place
-    (a 3-D batch becomes its heads axis); from :data:`GEMM_ATTENTION_THREADS` threads, the heads of one packed
-    projection (:func:`packed_qkv`) run eager's steps (:func:`attention_from_packed`).  ``bias``: that projection's
-    bias, left out of it by the build (``tvm.offload.views._bias_into_split``), added here in place."""
+    """``softmax(scale · q @ k.T) @ v`` over 3-D ``[B, L, D]`` or 4-D ``[b1, b2, L, D]`` views: torch's SDPA (its flash
+    kernel reads strided q/k/v); from :data:`GEMM_ATTENTION_THREADS` threads one packed projection's heads
+    (:func:`packed_qkv`) run eager's steps (:func:`attention_from_packed`); ``bias``: that projection's, added here."""
     q, k, v = _t(q), _t(k), _t(v)
     if q.dim() == 4:
         qkv, b = packed_qkv(q, k, v), None if bias is None else _t(bias)
@@ -102,9 +96,8 @@ GEMM_ATTENTION_THREADS = 2   # policy row attention-gemms (this file is copied i
 
 
 def packed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
-    """The ``[b1, L, 3·E]`` rows holding q, k, v side by side (``E = b2·D``) when the ``[b1, b2, L, D]``
-    views are their heads (``nn.MultiheadAttention``'s packed in-projection, batch-first); else None.  The stride of
-    a size-1 axis is not read (at batch 1 the build's views give the batch axis stride 0)."""
+    """The ``[b1, L, 3·E]`` rows holding q, k, v side by side (``E = b2·D``) when the ``[b1, b2, L, D]`` views are
+    their heads (a packed in-projection, batch-first), else None; a size-1 axis's stride is not read."""
     if q.dtype != torch.float32 or q.shape != k.shape or q.shape != v.shape:
         return None
     b1, b2, length, depth = q.shape
@@ -118,9 +111,8 @@ def packed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
 
 
 def attention_from_packed(qkv: torch.Tensor, heads: int, scale: float, bias: Any = None) -> torch.Tensor:
-    """Attention over the heads of a packed ``[B, L, 3·E]`` projection as eager's multi-head attention runs it:
-    one pass adding ``bias`` and splitting q, k, v into contiguous ``[B·heads, L, D]`` (q scaled by ``1/√D``), a
-    batched GEMM (the rest of the scale in it), softmax in place (row by row), a batched GEMM; ``[B, heads, L, D]``."""
+    """Attention over a packed ``[B, L, 3·E]`` projection's heads as eager's multi-head attention runs it: ``bias``
+    added and q, k, v split in one pass, a batched GEMM, softmax in place, a batched GEMM; ``[B, heads, L, D]``."""
     batch, length, width = qkv.shape
     depth = width // (3 * heads)
     q, k, v = (t.view(batch * heads, length, depth) for t in
@@ -147,8 +139,7 @@ def _add_layer_norm(a: Any, b: Any, weight: Any, bias: Any, eps: float) -> torch
 
 
 def _add_layer_norm_reuse(a: Any, b: Any, weight: Any, bias: Any, eps: float) -> torch.Tensor:
-    """``layer_norm(a + b)`` with the sum written over ``b`` (eager's in-place ``add_``, no new buffer): ``b`` is
-    a torch kernel's fresh result that nothing else reads (``tvm.offload.views._reuse_sums`` checks that at build time)."""
+    """``layer_norm(a + b)``, the sum written over ``b``: a fresh result nothing else reads (``views._reuse_sums``)."""
     a, b = _t(a), _t(b)
     x = b.add_(a) if b.is_contiguous() and b.shape == a.shape else torch.add(a, b)
     return F.layer_norm(x, x.shape[-1:], _t(weight), _t(bias), eps)
@@ -163,29 +154,22 @@ class Activation(Enum):
     RELU = "relu"
 
     def apply(self, out: torch.Tensor) -> torch.Tensor:
-        if self is Activation.SIGMOID:
-            return out.sigmoid_()
-        if self is Activation.RELU:
-            return out.relu_()
+        if self in (Activation.SIGMOID, Activation.RELU):
+            return out.sigmoid_() if self is Activation.SIGMOID else out.relu_()
         return torch.ops.aten.gelu_(out, approximate="tanh" if self is Activation.GELU_TANH else "none")
 
 
 def _with(fn: Callable[..., torch.Tensor], act: Activation) -> Callable[..., torch.Tensor]:
     def run(*args: Any, **out: torch.Tensor) -> torch.Tensor:
         return act.apply(fn(*args, **out))
-
     run.__doc__ = f"{fn.__doc__} Then {act.value}, in place, on torch's threads."
     return run
 
 
 def _views(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``fn`` reading some tensor arguments as strided views and rearranging its result (``tvm.offload.views``).
-
-    Leading integers: ``n_in, (pos, rank, sizes, strides, offset)…`` (argument ``pos`` is
-    ``as_strided`` of the tensor passed), then ``n_out, (rank F, F, P, rank S, S)``: the result is
-    ``out.reshape(F).permute(P).reshape(S)``; then ``fn``'s own arguments.  Returned contiguous, or
-    written into ``out`` (the rearranging copy lands there; without one, ``fn`` writes into it).
-    """
+    """``fn`` reading tensor arguments as strided views, its result rearranged (``tvm.offload.views``): leading ints
+    ``n_in, (pos, rank, sizes, strides, offset)…`` (argument ``pos`` as strided), ``n_out, (rank F, F, P, rank S, S)``
+    (``out.reshape(F).permute(P).reshape(S)``), then ``fn``'s own; contiguous, or into ``out``."""
     def run(*args: Any, out: torch.Tensor | None = None) -> torch.Tensor:
         n_in = int(args[0])
         spec, at = [int(a) for a in args[1:1 + n_in]], 0
@@ -216,7 +200,6 @@ def _into(fn: Callable[..., torch.Tensor]) -> Callable[..., None]:
     """``fn`` writing its result into the tensor passed last (destination passing: the VM allocates it)."""
     def run(*args: Any) -> None:
         fn(*args[:-1], out=_t(args[-1]))
-
     run.__doc__ = f"{fn.__doc__} Written into the last argument (tvm_into)."
     return run
 
@@ -236,13 +219,9 @@ class Unary(Enum):
 
 
 class PackedWeights:
-    """oneDNN-packed weights of the ``conv2d_cl*`` and ``linear_packed*`` kernels, by a key the build computed.
-
-    The key hashes the weight's bytes, the op's parameters and the input shape (what the packing depends on), so an
-    entry is right for every module carrying it.  The build packs (:meth:`pack`, :meth:`pack_linear`); a loaded
-    ``model.so`` at its first call.  Modules hold their keys (:meth:`hold`) until collected (:meth:`release`): an
-    entry no module holds is dropped (a missing entry is packed again).
-    """
+    """oneDNN-packed weights of ``conv2d_cl*`` / ``linear_packed*`` by a key hashing the weight, op parameters and
+    input shape; packed by the build (a loaded ``model.so``: at its first call); an entry no module holds
+    (:meth:`hold`, :meth:`release`) is dropped, a missing one packed again."""
 
     def __init__(self) -> None:
         self._packed: dict[int, torch.Tensor] = {}
@@ -319,14 +298,9 @@ def _unary_in_place(out: torch.Tensor, unary: Unary, scalars: list[float]) -> to
 
 
 def _channels_last_conv(unary: Unary, binary: bool) -> Callable[..., torch.Tensor]:
-    """A convolution on NHWC tensors by oneDNN with a prepacked weight and a fused epilogue.
-
-    Arguments: ``x`` (NHWC), ``w`` (OIHW, packed once per key), ``bias`` (empty: none), ``other`` (NHWC, added
-    before the activation when ``binary``; empty otherwise), then stride h/w, padding h/w, dilation h/w, groups,
-    the weight key (:class:`PackedWeights`; 0: ``F.conv2d`` unpacked, the epilogue in place after it), then
-    ``unary``'s scalars.  ``x.permute(0, 3, 1, 2)`` is the channels-last NCHW tensor oneDNN wants (no copy) and
-    its channels-last result, permuted back, the contiguous NHWC tensor TVM expects.
-    """
+    """NHWC convolution by oneDNN, prepacked weight, fused epilogue: ``x`` (NHWC), ``w`` (OIHW), ``bias`` (empty: none),
+    ``other`` (NHWC, added before the activation when ``binary``), stride, padding, dilation (h, w), groups, the weight
+    key (:class:`PackedWeights`; 0: ``F.conv2d`` unpacked), ``unary``'s scalars; NHWC read as channels-last NCHW."""
     attr, algorithm = unary.onednn()
 
     def run(x: Any, w: Any, bias: Any, other: Any, *rest: Any) -> torch.Tensor:
@@ -334,8 +308,7 @@ def _channels_last_conv(unary: Unary, binary: bool) -> Callable[..., torch.Tenso
         scalars = [float(v) for v in rest[8:]]
         xv = _t(x).permute(0, 3, 1, 2)
         pad, stride, dil = [ph, pw], [sh, sw], [dh, dw]
-        b = _t(bias)
-        b = b if b.numel() else None
+        b = _t(bias) if _t(bias).numel() else None
         if key == 0:   # not worth packing (small 1×1): F.conv2d on the channels-last view, epilogue in place
             out = F.conv2d(xv, _t(w), b, stride, pad, dil, groups)
             if binary:
@@ -410,15 +383,13 @@ def epilogue_kernel(name: str, act: Activation) -> str:
     """The packed function running kernel ``name`` (``mlcomp.torch.linear``) followed by ``act``."""
     return f"{name}_{act.value}"
 
+
 _REGISTER_LOCK = threading.Lock()
 
 
 def register_kernels() -> None:
-    """Register :data:`KERNELS` and :data:`INTO_KERNELS` with TVM's global function table (once per process).
-
-    Where torch offers DLPack's C exchange API (``torch.Tensor.__dlpack_c_exchange_api__``), tvm_ffi converts the
-    tensor arguments to ``torch.Tensor`` in C before the Python body runs, much cheaper than ``torch.from_dlpack``
-    in Python.  Without it the functions convert the arguments themselves (:func:`_t`)."""
+    """Register :data:`KERNELS` and :data:`INTO_KERNELS` with TVM's global function table (once per process); with
+    torch's DLPack C exchange API tvm_ffi converts tensor arguments in C, else the functions do (:func:`_t`)."""
     import tvm_ffi
 
     fast = hasattr(torch.Tensor, "__dlpack_c_exchange_api__") and hasattr(tvm_ffi, "convert_func")
