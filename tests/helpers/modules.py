@@ -33,3 +33,13 @@ def small_resnet(batch: int, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tens
 
     torch.manual_seed(seed)
     return resnet18(**SMALL_RESNET), (torch.randn(batch, 3, 16, 16, generator=torch.Generator().manual_seed(seed)),)
+
+
+def small_transformer(batch: int, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """The zoo transformer's class (:class:`mlcomp.models.transformer.TransformerEncoderModel`) at 2 layers of
+    d_model 64, 4 heads, feed-forward 128, seeded, and a ``[batch, 16, 64]`` input for it."""
+    from mlcomp.models.transformer import TransformerEncoderModel
+
+    torch.manual_seed(seed)
+    return (TransformerEncoderModel(d_model=64, heads=4, ff=128, layers=2),
+            (torch.randn(batch, 16, 64, generator=torch.Generator().manual_seed(seed)),))

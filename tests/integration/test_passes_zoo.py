@@ -85,16 +85,10 @@ def test_presets_keep_zoo_model_numerics_and_shrink_graphs(captured, eager, mode
 def _small(model: str):
     """The zoo class at a reduced size (the same ops and structure): ResNet-18 at widths 8/16
     (``tests.helpers.modules.small_resnet``), the transformer with 2 layers of d_model 64 over 16 tokens."""
-    if model == "resnet18":
-        from tests.helpers.modules import small_resnet
+    from tests.helpers.modules import small_resnet, small_transformer
 
-        module, inputs = small_resnet(2)
-        return module.eval(), inputs
-    from mlcomp.models.transformer import TransformerEncoderModel
-
-    torch.manual_seed(0)
-    return (TransformerEncoderModel(d_model=64, heads=4, ff=128, layers=2).eval(),
-            (torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(0)),))
+    module, inputs = (small_resnet if model == "resnet18" else small_transformer)(2)
+    return module.eval(), inputs
 
 
 # the zoo-size models (~5-12 CPU-s each) are slow; the fast suite runs the same classes at a reduced size

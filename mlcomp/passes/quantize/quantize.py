@@ -71,6 +71,7 @@ from __future__ import annotations
 import enum
 import warnings
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar, Mapping
 
 import torch
@@ -136,6 +137,10 @@ class WeightBits(enum.Enum):
     AUTO = "auto"      # 7 where the CPU's int8 dot product saturates (hardware.probe.int8_dot_saturates), else 8
     SEVEN = "7"
     EIGHT = "8"
+
+
+WEIGHT_LEVELS: Mapping[str, int] = MappingProxyType({"7": 63, "8": 127})
+"""Bits -> the symmetric int8 grid's largest level (weights and signed activation grids on ``[-l, l]``)."""
 
 
 class Method(enum.Enum):
@@ -248,7 +253,7 @@ class Quantize(Pass):
                         None if dynamic else outputs_read_in_int8(
                             graph, [r.name for n, _ in layers for r in plans[n.name][0]], outputs),
                         reader_grids(graph, [(n, r, plans[n.name]) for n, r in layers], outputs, grids),
-                        plain_grid(target), levels=(1 << (int(bits.choice) - 1)) - 1)
+                        plain_grid(target), levels=WEIGHT_LEVELS[bits.choice])
         write = writer.dynamic_layer if dynamic else writer.layer
         reference = graph.copy() if axes else None             # the float graph: what each bias is corrected to
         records = [write(n, rule, plans[n.name]) for n, rule in layers]

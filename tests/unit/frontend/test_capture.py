@@ -60,18 +60,15 @@ def reduced(name: str):
     (``tests.helpers.modules.small_resnet``), the transformer with 2 layers of d_model 64 over 16 tokens,
     the GRU unrolled over 6 steps."""
     from mlcomp.models.sequence import GRUClassifier
-    from mlcomp.models.transformer import TransformerEncoderModel
-    from tests.helpers.modules import small_resnet
+    from tests.helpers.modules import small_resnet, small_transformer
 
-    torch.manual_seed(0)
-    x = torch.Generator().manual_seed(0)
     if name == "resnet18":
         module, inputs = small_resnet(2)
     elif name == "transformer":
-        module = TransformerEncoderModel(d_model=64, heads=4, ff=128, layers=2)
-        inputs = (torch.randn(2, 16, 64, generator=x),)
+        module, inputs = small_transformer(2)
     elif name == "gru":
-        module, inputs = GRUClassifier(steps=6), (torch.randn(2, 6, 64, generator=x),)
+        torch.manual_seed(0)
+        module, inputs = GRUClassifier(steps=6), (torch.randn(2, 6, 64, generator=torch.Generator().manual_seed(0)),)
     else:
         return ZOO[name].build(), ZOO[name].example_inputs(2)
     return module.eval(), inputs

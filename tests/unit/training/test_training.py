@@ -96,11 +96,9 @@ def _zoo(name: str):
 
 
 def _small_transformer():
-    from mlcomp.models.transformer import TransformerEncoderModel
+    from tests.helpers.modules import small_transformer
 
-    torch.manual_seed(0)
-    return TransformerEncoderModel(d_model=64, heads=4, ff=128, layers=2), \
-        (torch.randn(BATCH, 16, 64, generator=torch.Generator().manual_seed(0)),)
+    return small_transformer(BATCH)
 
 
 def _small_gru():

@@ -13,11 +13,8 @@ a loaded artifact packs at its first call); bias and activation run inside the G
     after:   lv7 = R.call_pure_packed("mlcomp.torch.linear_packed_relu", lv6, W[1024, 256], b[1024], <key>,
                                       ty_args=(R.Tensor((32, 128, 1024), "float32"),))
 
-Why (one thread, process CPU ms, AVX2 EPYC; ``torch.mm``/``addmm`` (+ ``relu_``) against the packed call) at the
-zoo transformer's batch 32 (4096 rows): q/k/v ``[256 -> 768]`` 60.7/46.8, out-projection ``[256 -> 256]``
-16.9/16.5, feed-forward ``[256 -> 1024]`` + relu 71.1/62.8, ``[1024 -> 256]`` 65.2/63.9; at 128 rows
-1.84/1.60, 0.56/0.57, 2.52/2.17, 2.25/2.14.  Under ~16 M multiply-adds the packed call's fixed cost
-(~30-60 us) loses (resnet18's classifier at batch 1: 88/154 us), so those stay ``F.linear``.
+oneDNN's GEMM on a packed weight beats ``torch.mm``/``addmm`` on large linears and loses under the bound to
+its fixed cost per call (figures: decision 53, ``benchmarks/RESULTS.md``).
 A ``*_views`` linear (strided arguments) is left as it is.  One pass over the bindings: O(n) (hashing a
 weight is linear in its size).
 """

@@ -169,7 +169,7 @@ RULES: tuple[Rule, ...] = (
        needs=_CPU, max_size=1 << 22, unit="MACs", ratio=0.9),
     _R("linear-packed", "linear", Runs.TORCH,
        "oneDNN linear on a weight packed at build time, bias and activation in the GEMM (mkldnn._linear_pointwise): "
-       "0.77-0.98x torch.mm/addmm's time on the zoo transformer's GEMMs, slower under this bound (fixed cost)",
+       "faster than torch.mm/addmm above this bound, slower under it (a fixed cost per call)",
        needs=_CPU | {"packed-linear"}, min_size=1 << 24, unit="MACs"),
     _R("linear", "linear", Runs.TORCH, "F.linear (MKL/oneDNN GEMM, bias in the GEMM)", needs=_CPU),
     _R("matmul", "matmul", Runs.TORCH, "torch.matmul (MKL/oneDNN GEMM; GEMV too: DLight's was 2-3x slower)",
