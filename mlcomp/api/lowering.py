@@ -30,7 +30,7 @@ from mlcomp.pipeline.seeding import seeded
 from mlcomp.pipeline.presets import adapt_preset
 from mlcomp.targets import CompileOptions, Target, get_target
 
-__all__ = ["CompileResult", "EagerOnce", "Lowered", "compile_source", "finish_compile", "lower_graph", "index_inputs", "verify_near_ties", "pass_decisions", "resolve_target", "adapted_pipeline", "eager_reference"]
+__all__ = ["CompileResult", "EagerOnce", "compile_source", "index_inputs", "verify_near_ties", "pass_decisions", "resolve_target", "adapted_pipeline", "eager_reference"]
 
 Note = Callable[[str], None]
 
@@ -158,44 +158,6 @@ def verify_near_ties(artifact: Any, captured: Any, lowered: Any, inputs: Sequenc
     return check
 
 
-@dataclass
-class Lowered:
-    """What the pipeline and the target's build made of a captured graph, before verification: the artifact,
-    the pipeline's report, the graph lowered, the seconds the passes took and the pipeline's spec.  It pickles
-    (a build in another process sends it back: :mod:`mlcomp.api.auto.builder`)."""
-
-    artifact: Any
-    report: Any
-    graph: Any
-    pipeline_seconds: float = 0.0
-    spec: str | None = None
-
-
-def lower_graph(graph: Any, inputs: Sequence[torch.Tensor], *, target: str | Target | None = None,
-                pipeline: Any = None, instruments: Sequence[Any] | None = None, calibration_data: Any = None,
-                before_build: Callable[[Any], Any] | None = None, **options: Any) -> Lowered:
-    """The pipeline (adapted to the target) and the target's build, on ``graph`` captured from ``inputs``;
-    ``before_build`` is called with the pipeline's report between the two."""
-    chosen = resolve_target(target, pipeline)
-    opts = CompileOptions.make(**options)            # unknown or ill-typed options: refused before any pass
-    report, pipeline_seconds, spec = None, 0.0, None
-    pipe, adapted = adapted_pipeline(pipeline, chosen)
-    if pipe is not None:
-        t0 = time.perf_counter()
-        graph, report = run_pipeline(graph, pipe, example_inputs=inputs, instruments=instruments,
-                                     target=chosen.facts(opts), deterministic=opts.deterministic,
-                                     calibration_data=calibration_data)
-        if adapted is not None and report is not None:
-            report.target = report.target or adapted.target
-            report.dropped = [str(d) for d in adapted.dropped]
-        pipeline_seconds = time.perf_counter() - t0
-        spec = pipe.spec
-    if before_build is not None:
-        before_build(report)
-    return Lowered(chosen.compile(graph, opts, inputs=index_inputs(graph, inputs)), report, graph,
-                   pipeline_seconds, spec)
-
-
 def compile_source(source: Any, graph: Any, *, target: str | Target | None = None, pipeline: Any = None,
                    verify: bool = True, capture_seconds: float = 0.0,
                    instruments: Sequence[Any] | None = None, raise_on_failure: bool = True,
@@ -210,26 +172,24 @@ def compile_source(source: Any, graph: Any, *, target: str | Target | None = Non
     a mismatch raises unless ``raise_on_failure`` is False.  ``eager``: runs the model eagerly on the example
     inputs (default ``source.eager``; an :class:`EagerOnce` shares that run between compiles).
     """
-    reference: list[tuple[tuple[Any, ...], str | None]] = []       # eager's own faults before the build's
-    lowered = lower_graph(graph, source.inputs(), target=target, pipeline=pipeline, instruments=instruments,
-                          calibration_data=calibration_data, **options,
-                          before_build=lambda report: reference.append(
-                              eager_reference(source, source.inputs(), report, eager)))
-    return finish_compile(source, graph, lowered, verify=verify, capture_seconds=capture_seconds,
-                          raise_on_failure=raise_on_failure, eager=eager, reference=reference[0], **options)
-
-
-def finish_compile(source: Any, captured: Any, lowered: Lowered, *, verify: bool = True,
-                   capture_seconds: float = 0.0, raise_on_failure: bool = True,
-                   eager: Callable[..., Any] | None = None,
-                   reference: tuple[tuple[Any, ...], str | None] | None = None, **options: Any) -> CompileResult:
-    """The manifest's record of the compile, the eager reference and the verification of ``lowered``, built from
-    ``captured`` (:func:`compile_source`'s second half; ``options`` as the build had them; ``reference``: the
-    expected outputs and what they are, when :func:`eager_reference` ran already)."""
-    opts = CompileOptions.make(**options)
-    inputs, artifact, report, graph = source.inputs(), lowered.artifact, lowered.report, lowered.graph
-    expected, against = reference or eager_reference(source, inputs, report, eager)
-    artifact.manifest["pipeline"] = lowered.spec
+    chosen = resolve_target(target, pipeline)
+    opts = CompileOptions.make(**options)            # unknown or ill-typed options: refused before any pass
+    report, pipeline_seconds, spec = None, 0.0, None
+    inputs, captured = source.inputs(), graph
+    pipe, adapted = adapted_pipeline(pipeline, chosen)
+    if pipe is not None:
+        t0 = time.perf_counter()
+        graph, report = run_pipeline(graph, pipe, example_inputs=inputs, instruments=instruments,
+                                     target=chosen.facts(opts), deterministic=opts.deterministic,
+                                     calibration_data=calibration_data)
+        if adapted is not None and report is not None:
+            report.target = report.target or adapted.target
+            report.dropped = [str(d) for d in adapted.dropped]
+        pipeline_seconds = time.perf_counter() - t0
+        spec = pipe.spec
+    expected, against = eager_reference(source, inputs, report, eager)   # before the build: eager's own faults first
+    artifact = chosen.compile(graph, opts, inputs=index_inputs(graph, inputs))
+    artifact.manifest["pipeline"] = spec
     to_json = getattr(report, "to_json", None)
     artifact.manifest["pipeline_report"] = to_json() if callable(to_json) else None
     # the passes' decisions first (they ran first), then the target's
@@ -237,7 +197,7 @@ def finish_compile(source: Any, captured: Any, lowered: Lowered, *, verify: bool
     artifact.manifest["capture_seconds"] = round(capture_seconds, 4)
     if getattr(source, "notes", None):
         artifact.manifest["capture_notes"] = list(source.notes)
-    artifact.manifest["pipeline_seconds"] = round(lowered.pipeline_seconds, 4)
+    artifact.manifest["pipeline_seconds"] = round(pipeline_seconds, 4)
     if against:
         artifact.manifest["verified_against"] = against
     artifact.set_reference(inputs, expected)
@@ -251,4 +211,4 @@ def finish_compile(source: Any, captured: Any, lowered: Lowered, *, verify: bool
                                   reference=eager_reference)
         if raise_on_failure:
             check.raise_if_failed(where=f"target {artifact.target}, model {artifact.manifest['model']}")
-    return CompileResult(artifact, report, capture_seconds, lowered.pipeline_seconds, check=check)
+    return CompileResult(artifact, report, capture_seconds, pipeline_seconds, check=check)

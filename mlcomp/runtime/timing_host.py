@@ -50,7 +50,7 @@ import torch
 from mlcomp.base.errors import MlcompError
 from mlcomp.hardware.timing import synchronizer
 from mlcomp.runtime.quiet import cpu_of_others
-from mlcomp.runtime.zygote import Forked, fork_builders, fork_siblings
+from mlcomp.runtime.zygote import Forked, fork_siblings
 from mlcomp.runtime.timing_worker import SETTLE_S, ProcessSampler, load_runner, run_child, take_sample, warm_up
 
 __all__ = ["HostWorker", "preload", "serve_host"]
@@ -65,7 +65,6 @@ class HostWorker(ProcessSampler):
         super().__init__(*args)
         self._pending: list[str] = []          # names sent to load, their replies not read yet
         self.hosted: dict[str, float] = {}     # loaded name -> seconds of one call
-        self.builders: list[Forked] = []       # the zygote's builder processes' pipes (spawn_group's ``builders``)
 
     @classmethod
     def spawn_host(cls, inputs_file: Path, *, threads: int, warmup: int, block_s: float,
@@ -78,7 +77,7 @@ class HostWorker(ProcessSampler):
     def spawn_group(cls, inputs_file: Path, procs: int, *, threads: int, warmup: int, block_s: float,
                     settle_s: float = SETTLE_S, fork: bool = True, quiet: bool = True,
                     preload: Sequence[str] = (), steady: bool = True, warm_later: bool = False,
-                    postload: Sequence[str] = (), builders: Sequence[str] = ()) -> list["HostWorker"]:
+                    postload: Sequence[str] = ()) -> list["HostWorker"]:
         """``procs`` hosting processes from one start-up: a zygote that imports torch, mlcomp and the
         modules ``preload`` names (those its loads will need; none may start a thread on import), then
         forks the others (:mod:`mlcomp.runtime.zygote`); ``fork=False``: each started afresh, importing
@@ -86,30 +85,24 @@ class HostWorker(ProcessSampler):
         ``steady=False``: its lead-in never ends early on steady calls (:func:`take_sample`'s ``per_call``);
         ``warm_later=True``: a load makes no call, :meth:`warm` (or the first sample) warms the artifacts up;
         ``postload``: modules each process imports at its first ``load`` (the runtimes the loads import, some of
-        which start threads: after the fork, and after the capture, while the caller compiles the others);
-        ``builders``: a process per ``"module:function"`` that serves it, forked by the zygote first (before its
-        preload), its pipes (:class:`~mlcomp.runtime.zygote.Forked`) in the first worker's ``builders``."""
+        which start threads: after the fork, and after the capture, while the caller compiles the others)."""
         base = {"inputs": str(inputs_file), "threads": threads, "warmup": warmup, "block_s": block_s,
                 "settle_s": settle_s, "quiet": quiet, "preload": list(preload), "steady": steady,
                 "warm_later": warm_later, "postload": list(postload)}
-        if not fork:          # (no builders: the caller builds every candidate itself)
+        if not fork:
             return [cls._popen(base, f"timing process {i}") for i in range(procs)]
-        pairs = [(os.pipe(), os.pipe()) for _ in range(procs - 1 + len(builders))]  # (commands r, w), (replies r, w)
+        pairs = [(os.pipe(), os.pipe()) for _ in range(procs - 1)]     # (commands r, w), (replies r, w)
         child_fds = [fd for (cmd, rep) in pairs for fd in (cmd[0], rep[1])]
-        tail = pairs[procs - 1:]
-        pairs = pairs[:procs - 1]
-        config = {**base, "siblings": [[cmd[0], rep[1]] for cmd, rep in pairs],
-                  "builders": [[cmd[0], rep[1], ref] for (cmd, rep), ref in zip(tail, builders)]}
+        config = {**base, "siblings": [[cmd[0], rep[1]] for cmd, rep in pairs]}
         try:
             first = cls._popen(config, "timing process 0", pass_fds=child_fds)
         except WorkerError:
-            for (cmd, rep) in (*pairs, *tail):
+            for (cmd, rep) in pairs:
                 for fd in (*cmd, *rep):
                     os.close(fd)
             raise
         for fd in child_fds:
             os.close(fd)
-        first.builders = [Forked(cmd[1], rep[0]) for cmd, rep in tail]
         workers = [first]
         for i, (cmd, rep) in enumerate(pairs, 1):
             worker = cls(Forked(cmd[1], rep[0]), first._log, f"timing process {i}")
@@ -196,8 +189,6 @@ def serve_host(config: dict[str, Any], channel: IO[str], commands: IO[str]) -> N
         channel.write(json.dumps({"pid": os.getpid()}) + "\n")
         channel.flush()
     cpu = {"imports": time.process_time(), "loads": 0.0, "samples": 0.0, "waited_wall": 0.0, "lead_calls": 0.0}
-    if config.get("builders"):            # first: a build waits for no timing process's imports
-        fork_builders(config, closing=[channel.fileno(), *(fd for pair in config["siblings"] for fd in pair)])
     cpu["preloaded"], cpu["preload"] = preload(config.get("preload", ()))
     cpu["threads_at_fork"] = float(len(os.listdir("/proc/self/task"))) if config.get("siblings") else 0.0
     if config.get("siblings"):

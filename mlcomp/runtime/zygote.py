@@ -22,7 +22,6 @@ next read of the commands, so nothing outlives its pool.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import select
@@ -33,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
-__all__ = ["Forked", "fork_builders", "fork_siblings", "resolve_serve", "spawn_sibling"]
+__all__ = ["Forked", "fork_siblings", "spawn_sibling"]
 
 Serve = Callable[[dict[str, Any], IO[str], IO[str]], None]
 
@@ -84,13 +83,12 @@ def spawn_sibling(config: dict[str, Any], fds: tuple[int, int], module: str) -> 
 
 
 def fork_siblings(config: dict[str, Any], serve: Serve, module: str, *, fork: Callable[[], int] = os.fork,
-                  spawn: Callable[..., int] = spawn_sibling, closing: Sequence[int] = (),
-                  key: str = "siblings") -> list[int]:
-    """In the zygote, after its imports: a process per (commands fd, replies fd) of ``config[key]``,
-    forked, or started afresh (``spawn``, running ``module``) when ``fork`` fails; their pids.  A forked one
-    closes ``closing`` (the zygote's own pipes) and the other siblings' fds, serves its pair and exits."""
-    siblings = [tuple(pair) for pair in config.get(key, ())]
-    own = {**{k: v for k, v in config.items() if k not in ("siblings", "builders")}, "sibling": True}
+                  spawn: Callable[..., int] = spawn_sibling, closing: Sequence[int] = ()) -> list[int]:
+    """In the zygote, after its imports: a process per (commands fd, replies fd) of ``config["siblings"]``,
+    forked, or started afresh (``spawn``) when ``fork`` fails; their pids.  A forked one closes
+    ``closing`` (the zygote's own pipes) and the other siblings' fds, serves its pair and exits."""
+    siblings = [tuple(pair) for pair in config.get("siblings", ())]
+    own = {**{k: v for k, v in config.items() if k != "siblings"}, "sibling": True}
     pids = []
     for i, (commands, replies) in enumerate(siblings):
         try:
@@ -104,26 +102,6 @@ def fork_siblings(config: dict[str, Any], serve: Serve, module: str, *, fork: Ca
         pids.append(pid)
         os.close(commands)
         os.close(replies)
-    return pids
-
-
-def resolve_serve(ref: str) -> Serve:
-    """The serve function ``"package.module:function"`` names (a builder's, from a layer above this one)."""
-    module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def fork_builders(config: dict[str, Any], closing: Sequence[int], *, fork: Callable[[], int] = os.fork,
-                  spawn: Callable[..., int] = spawn_sibling) -> list[int]:
-    """In the zygote, after torch and mlcomp, before anything else: a process per ``config["builders"]`` entry
-    (commands fd, replies fd, ``"module:function"`` it serves), forked; started afresh (``python -m module``)
-    when ``fork`` fails.  ``closing``: the zygote's own pipes and the timing siblings' fds."""
-    pids = []
-    for i, (commands, replies, ref) in enumerate(config.get("builders", ())):
-        others = [fd for entry in config["builders"][i + 1:] for fd in entry[:2]]     # earlier ones: closed here
-        sub = dict(config, builders=[[commands, replies]])
-        pids += fork_siblings(sub, resolve_serve(ref), ref.partition(":")[0], fork=fork, spawn=spawn,
-                              closing=[*closing, *others], key="builders")
     return pids
 
 

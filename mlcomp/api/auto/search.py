@@ -48,7 +48,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mlcomp.api.auto.builder import BUILT_APART, Builder, finish_built
 from mlcomp.api.auto.phases import Phases
 from mlcomp.api.auto.rank import ALPHA, BLOCK_S, DEFAULT_AUTO_TIMING, Ranking, rank, sign_test
 from mlcomp.api.auto.record import AutoRecord, RecordStore, record_key
@@ -66,7 +65,6 @@ __all__ = ["AUTO", "AutoTargetError", "Candidate", "AutoReport", "Ranking", "aut
            "rank", "sign_test", "timing_pool", "DEFAULT_AUTO_TIMING", "IN_PROCESSES"]
 
 AUTO = "auto"
-BUILD_TIMEOUT_S = 1800.0     # a build in the builder process ends within this, or is built here instead
 AUTO_PROCS = 2        # timing processes: one runtime can differ between two by tens of per cent
 NOT_TIMED = "not timed (deterministic compile)"
 AUTO_QUESTION = "auto: which verified target is fastest?"
@@ -212,13 +210,11 @@ def timing_pool(inputs: Sequence[Any], targets: Sequence[Target], policy: Timing
                 procs: int = AUTO_PROCS, enabled: bool = True) -> WorkerPool:
     """The timing processes of an auto compile of ``targets`` on ``inputs`` (not started yet); they import the
     target registry and the targets' ``runtime_modules`` once, before the first forks the others, and each
-    imports the runtimes of ``LOAD_IMPORTS`` at its first load; when a candidate is one of ``BUILT_APART``, their
-    zygote forks a builder process too (:mod:`~mlcomp.api.auto.builder`)."""
+    imports the runtimes of ``LOAD_IMPORTS`` at its first load."""
     preload = dict.fromkeys([get_target.__module__, *(m for t in targets for m in t.runtime_modules)])
     postload = dict.fromkeys(m for t in targets for m in LOAD_IMPORTS.get(t.name, ()))
     return WorkerPool(inputs, warmup=policy.warmup, block_s=BLOCK_S, describe=first_line, procs=procs,
-                      enabled=enabled and len(targets) > 1, preload=list(preload), postload=list(postload),
-                      builds=any(t.name in BUILT_APART for t in targets))
+                      enabled=enabled and len(targets) > 1, preload=list(preload), postload=list(postload))
 
 
 def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] | None = None,
@@ -258,12 +254,9 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     eager = EagerOnce(source)          # every candidate is verified against one eager run
     with pool:
         pool.start()                   # the timing processes import torch and mlcomp while the candidates compile
-        one = lambda target: _compile_one(  # noqa: E731
-            source, graph, target, pipeline, capture_seconds, instruments, say, built, options, opts, eager)
-        apart = None if record is not None or instruments is not None or pool.builder is None else _Apart(
-            pool.builder, source, graph, pipeline, capture_seconds, say, built, options, opts, eager, one)
         with phases("compile"):
-            _build_all(order, record, rows, built, pool, one, apart)
+            _build_all(order, record, rows, built, pool, lambda target: _compile_one(
+                source, graph, target, pipeline, capture_seconds, instruments, say, built, options, opts, eager))
         if not built:
             raise AutoTargetError(
                 f"no candidate target compiled and verified {graph.name}: "
@@ -302,65 +295,16 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
 
 
 def _build_all(order: Sequence[Target], record: AutoRecord | None, rows: dict[str, Candidate],
-               built: dict[str, CompileResult], pool: WorkerPool, one: Callable[[Target], Candidate],
-               apart: "_Apart | None" = None) -> None:
+               built: dict[str, CompileResult], pool: WorkerPool, one: Callable[[Target], Candidate]) -> None:
     """Compile the candidates in ``order`` (``one``: a candidate's row; a verified build goes into ``built`` and to
-    the timing processes); with a record, only up to the first that verifies (the others: :func:`_from_record`);
-    with ``apart``, those of ``BUILT_APART`` first sent to the builder process, collected after the others."""
-    sent = [t for t in order if apart is not None and apart.send(t)]
-    for target in [*(t for t in order if t not in sent), *sent]:
+    the timing processes); with a record, only up to the first that verifies (the others: :func:`_from_record`)."""
+    for target in order:
         if record is not None and built:
             rows[target.spec] = _from_record(target.spec, record)
             continue
-        rows[target.spec] = apart.collect(target) if target in sent else one(target)
+        rows[target.spec] = one(target)
         if target.spec in built:
             pool.add(target.spec, built[target.spec].artifact)
-
-
-@dataclass
-class _Apart:
-    """The candidates built in the builder process (:mod:`~mlcomp.api.auto.builder`): :meth:`send` one of
-    ``BUILT_APART`` that passes :func:`precheck`, :meth:`collect` its row (verified here, as :func:`_compile_one`
-    does; built by ``one`` here when the builder failed)."""
-
-    builder: Builder
-    source: Any
-    graph: Any
-    pipeline: Any
-    capture_seconds: float
-    say: Note
-    built: dict[str, CompileResult]
-    options: dict[str, Any]
-    opts: CompileOptions
-    eager: EagerOnce
-    one: Callable[[Target], Candidate]
-
-    def send(self, target: Target) -> bool:
-        if target.name not in BUILT_APART or precheck(target, self.graph, self.opts, self.pipeline):
-            return False
-        self.say(f"auto: compile for {target.spec} (in the builder process)")
-        return self.builder.submit(target.spec, self.graph, self.source.inputs(), target.spec, self.pipeline,
-                                   self.options)
-
-    def collect(self, target: Target) -> Candidate:
-        t0 = time.perf_counter()
-        reply = self.builder.collect(BUILD_TIMEOUT_S)
-        if reply is None:
-            self.say(f"auto: the builder process failed ({self.builder.broken}); compile {target.spec} here")
-            return self.one(target)
-        seconds = reply["seconds"] + (time.perf_counter() - t0)     # its build + waiting for it, then loading here
-        if "failed" in reply:
-            return Candidate(target.spec, seconds, reason=reply["failed"])
-        try:
-            result = finish_built(reply, self.source, self.graph, capture_seconds=self.capture_seconds,
-                                  eager=self.eager, options=self.options)
-        except MlcompError as exc:
-            return Candidate(target.spec, seconds, reason=first_line(exc))
-        seconds += time.perf_counter() - t0
-        if not result.check.passed:
-            return Candidate(target.spec, seconds, reason=f"verification failed: {result.check.summary()}")
-        self.built[target.spec] = result
-        return Candidate(target.spec, seconds, verified=True)
 
 
 def _compile_one(source: Any, graph: Any, target: Target, pipeline: Any, capture_seconds: float,

@@ -34,7 +34,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from mlcomp.api.auto.builder import SERVE, Builder
 from mlcomp.runtime.timing_host import HostWorker
 from mlcomp.runtime.timing_worker import ProcessGroup, WorkerError, save_for_worker, save_inputs
 
@@ -67,17 +66,15 @@ class WorkerPool:
     ``spawn`` makes the processes (default :meth:`HostWorker.spawn_group`; tests pass a fake);
     ``preload``: the modules their loads will need, imported once before the first forks the others;
     ``postload``: the runtimes their loads import, imported by each process at its first load;
-    ``builds``: the zygote also forks a builder process (:attr:`builder`); ``started`` counts the timing
-    processes spawned.
+    ``started`` counts the processes spawned.
     """
 
     def __init__(self, inputs: Sequence[Any], *, warmup: int, block_s: float, enabled: bool = True,
                  describe: Callable[[BaseException], str] = str, procs: int = 1, preload: Sequence[str] = (),
-                 postload: Sequence[str] = (), builds: bool = False,
+                 postload: Sequence[str] = (),
                  spawn: Callable[..., Sequence[Any]] = HostWorker.spawn_group) -> None:
         self.inputs, self.warmup, self.block_s, self.enabled = inputs, warmup, block_s, enabled
-        self.procs, self.preload, self.postload, self.builds = procs, tuple(preload), tuple(postload), builds
-        self.builder: Builder | None = None        # the builder process (:mod:`~mlcomp.api.auto.builder`), if any
+        self.procs, self.preload, self.postload = procs, tuple(preload), tuple(postload)
         self.problem: str | None = None
         self.started = 0
         self.groups: dict[str, ProcessGroup] = {}     # the names timed, after samplers()
@@ -105,10 +102,6 @@ class WorkerPool:
         for worker in self._workers:
             worker.kill()
         self._workers.clear()
-        if self.builder is not None:
-            self.builder.pipes.kill()
-            self.builder.close()
-            self.builder = None
         self.enabled, self.started = False, 0
 
     def start(self) -> None:
@@ -120,21 +113,11 @@ class WorkerPool:
             feed = save_inputs(self.inputs, self._root / "inputs.pt")
             for worker in self._spawn(feed, self.procs, threads=torch.get_num_threads(), warmup=self.warmup,
                                       block_s=self.block_s,
-                                      **{"preload": self.preload, "postload": self.postload, **_variant(),
-                                         **({"builders": [SERVE]} if self.builds else {})}):
+                                      **{"preload": self.preload, "postload": self.postload, **_variant()}):
                 self._workers.append(self._stack.enter_context(worker))
                 self.started += 1
-            pipes = getattr(self._workers[0], "builders", None) if self._workers else None
-            if pipes:
-                self.builder = Builder(pipes[0])
-                self._stack.callback(self._close_builder)
         except WorkerError as exc:
             self.problem = self._describe(exc)
-
-    def _close_builder(self) -> None:
-        if self.builder is not None:
-            self.builder.close()
-            self.builder = None
 
     def add(self, name: str, artifact: Any) -> None:
         """Save ``artifact`` and have every process load it, in a thread of the pool's (the caller goes on
