@@ -4,7 +4,9 @@
     .venv/bin/python benchmarks/tvm_vs_eager.py --rows unet@1,transformer@1 --profile --threads 2
 
 Rows: the zoo at batch 1, the third-party models at batch 2 and ``unet@1`` (a small UNet defined
-here: conv+bias+BatchNorm+relu blocks, max-pool down, ``ConvTranspose2d`` up, skip concats, 64x64).
+here: conv+bias+BatchNorm+relu blocks, max-pool down, ``ConvTranspose2d`` up, skip concats, 64x64); a row
+without ``@`` is an architecture of the support matrix on its own example inputs
+(:mod:`mlcomp.models.architectures`), and ``--rows matrix`` is every one of them buildable here.
 Each row builds the default untuned CPU build (``BuildConfig(deterministic=True)``), then times
 eager and TVM interleaved, five rounds, in **process CPU time** (``time.process_time``: on a shared,
 loaded machine a process's own CPU time moves far less than the wall clock; ``--clock wall`` where the
@@ -54,6 +56,10 @@ def model(row: str):
     from mlcomp.models import ZOO
     from mlcomp.models.third_party import build_third_party
 
+    from mlcomp.models.architectures import build_architecture
+
+    if "@" not in row:
+        return build_architecture(row)
     name, batch = row.split("@")
     if name == "unet":
         torch.manual_seed(0)
@@ -137,6 +143,7 @@ def kernels(module, built, inputs, calls: int = 3, rounds: int = 5) -> None:
 
 
 def main() -> None:
+    import mlcomp
     from mlcomp.hardware.probe import machine_line
     from mlcomp.targets.tvm.build import BuildConfig, build
 
@@ -145,14 +152,26 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="process CPU time (default) or wall clock (only where the process gets the CPU)")
+    ap.add_argument("--compile", action="store_true",
+                    help="build through mlcomp.compile(target='tvm', pipeline='-O2') as a user's compile does (its "
+                         "capture: decoders too; its measured choices), not the deterministic build of the module")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--kernels", action="store_true", help="torch kernels of both sides, wall clock, side by side")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(machine_line())
-    for row in args.rows.split(","):
+    rows = args.rows.split(",")
+    if rows == ["matrix"]:
+        from mlcomp.models.architectures import available_architectures
+        rows = available_architectures()[0]
+    for row in rows:
         module, inputs = model(row)
-        built = build(module, inputs, BuildConfig(deterministic=True))
+        try:
+            built = (mlcomp.compile(module, inputs, target="tvm", pipeline="-O2", threads=args.threads).runtime
+                     if args.compile else build(module, inputs, BuildConfig(deterministic=True)))
+        except Exception as exc:  # noqa: BLE001 - one row's failure is printed, the others still run
+            print(f"{row:14s} build failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+            continue
         with torch.no_grad():
             n = max(5, min(200, int(100 / max(cpu_ms(lambda: module(*inputs), 3), 0.01))))
             clock = time.process_time if args.clock == "cpu" else time.perf_counter

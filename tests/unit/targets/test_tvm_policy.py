@@ -77,9 +77,11 @@ def test_rewrites_read_their_thresholds_from_the_table():
 
 
 def test_rewrite_order_names_every_fusion_once():
-    fusion_steps = [s for s in REWRITE_ORDER if s not in ("conv2d", "conv2d_transpose", "linear", "matmul")]
+    fusion_steps = [s for s in REWRITE_ORDER if s not in ("conv1d", "conv2d", "conv2d_transpose", "linear", "matmul")]
     assert sorted(fusion_steps) == sorted(f.value for f in Fusion)
     assert REWRITE_ORDER.index("attention") < REWRITE_ORDER.index("matmul") < REWRITE_ORDER.index("views")
+    # 1-d convs become conv2d after the packing and right before the plain conv2d rewrite takes them
+    assert REWRITE_ORDER.index("packed_conv") < REWRITE_ORDER.index("conv1d") == REWRITE_ORDER.index("conv2d") - 1
 
 
 def test_table_lines_show_each_row_with_its_bounds():

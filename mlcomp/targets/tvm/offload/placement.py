@@ -29,7 +29,8 @@ _KERNEL_RULES = (("conv_transpose2d", "conv2d-transpose"), ("conv2d_cl", "conv2d
                  ("attention", "attention"), ("add_layer_norm", "layer-norm"), ("layer_norm", "layer-norm"),
                  ("mean", "mean"))
 # Relax ops listed one by one when TVM runs them (the rest are counted per name)
-_HEAVY = {"relax.nn.conv2d": "conv2d", "relax.nn.conv2d_transpose": "conv2d_transpose", "relax.matmul": "matmul", "relax.nn.layer_norm": "layer_norm"}
+_HEAVY = {"relax.nn.conv2d": "conv2d", "relax.nn.conv1d": "conv1d", "relax.nn.conv2d_transpose": "conv2d_transpose",
+          "relax.matmul": "matmul", "relax.nn.layer_norm": "layer_norm"}
 _KEY_AT = 11    # a channels-last conv's PACKED_WEIGHTS key: after x, w, b, other and 7 ints (0: not packed)
 
 

@@ -55,10 +55,11 @@ class Fusion(Enum):
 
 ALL_FUSIONS = frozenset(Fusion)
 
-# the offload's steps in order: attention first (it needs the raw matmuls), convs packed before the plain
-# conv rewrite, epilogues/norms/means after the kernels exist, the views last (they wrap kernel calls)
-REWRITE_ORDER: tuple[str, ...] = ("attention", "packed_conv", "patches", "conv2d", "conv2d_transpose", "linear", "matmul",
-                                  "epilogue", "layer_norm", "mean", "views")
+# the offload's steps in order: attention first (it needs the raw matmuls), convs packed before the plain conv
+# rewrite (1-d convs made height-1 conv2d just before it: they run unpacked), epilogues/norms/means after the
+# kernels exist, the views last (they wrap kernel calls)
+REWRITE_ORDER: tuple[str, ...] = ("attention", "packed_conv", "patches", "conv1d", "conv2d", "conv2d_transpose", "linear",
+                                  "matmul", "epilogue", "layer_norm", "mean", "views")
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,9 @@ RULES: tuple[Rule, ...] = (
        "stride = kernel conv (patch embedding): patch copy + F.linear, a small-GEMM probe candidate",
        needs=_CPU, max_size=1 << 22, unit="MACs", fusion=Fusion.PATCHES),
     _R("conv2d", "conv2d", Runs.TORCH, "F.conv2d (oneDNN), NCHW", needs=_CPU),
+    _R("conv1d", "conv1d", Runs.TORCH,
+       "as a conv2d over a height of 1: F.conv2d (oneDNN), NCW (TVM's legalized conv1d loop nest has no CPU "
+       "schedule)", needs=_CPU),
     _R("conv2d-transpose", "conv2d_transpose", Runs.TORCH,
        "F.conv_transpose2d (oneDNN), bias in the call; NCHW or channels-last (TVM's legalized loop nest has no "
        "CPU schedule)", needs=_CPU),

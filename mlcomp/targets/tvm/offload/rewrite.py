@@ -47,6 +47,7 @@ from typing import Any
 
 from mlcomp.targets.tvm.offload.chains import maybe, static_shape, ty_of
 from mlcomp.targets.tvm.offload.conv_packed import pack_convs
+from mlcomp.targets.tvm.offload.conv1d import conv1d_reason, conv1ds
 from mlcomp.targets.tvm.offload.deconv import conv_transpose_reason, conv_transposes
 from mlcomp.targets.tvm.offload.epilogues import epilogues, layer_norms, means
 from mlcomp.targets.tvm.offload.gemm import patch_convs
@@ -182,7 +183,7 @@ def offload(mod: Any, fusions: frozenset[Fusion] = ALL_FUSIONS,
     patterns = {"conv2d": (is_op(_CONV)(wildcard(), wildcard()), conv),
                 "linear": (is_op("relax.add")(product, b), linear),
                 "matmul": (is_op(_MATMUL)(wildcard(), wildcard()), matmul)}
-    always = {"conv2d_transpose": conv_transposes}      # plain offloads that are not a Fusion
+    always = {"conv1d": conv1ds, "conv2d_transpose": conv_transposes}      # plain offloads that are not a Fusion
     steps = {"attention": _attention, "packed_conv": lambda f: pack_convs(f, report.packed),
              "patches": patch_convs, "epilogue": epilogues, "layer_norm": layer_norms, "mean": means,
              "views": lambda f: absorb_views(f, view_min_elements)}
@@ -271,5 +272,7 @@ def _count(expr: Any, report: OffloadReport) -> None:
         report.kept["conv2d", _conv_reason(expr) or "not matched"] += 1
     elif name == _MATMUL:
         report.kept["matmul", _matmul_reason(expr) or "not matched"] += 1
+    elif name == "relax.nn.conv1d":
+        report.kept["conv1d", conv1d_reason(expr) or "not matched"] += 1
     elif name == "relax.nn.conv2d_transpose":
         report.kept["conv2d_transpose", conv_transpose_reason(expr) or "not matched"] += 1
