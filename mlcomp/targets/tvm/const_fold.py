@@ -108,7 +108,8 @@ def fold_constants(func: Any) -> tuple[Any, int]:
                 out = _evaluate(b.value, folded)
                 if out is not None:
                     folded[b.var] = out
-    return rebuild(func, {var: relax.const(out) for var, out in folded.items()}), len(folded)
+    # the dtype said: relax.const narrows an int64 (float64) array to int32 (float32) on its own
+    return rebuild(func, {var: relax.const(out, str(out.dtype)) for var, out in folded.items()}), len(folded)
 
 
 def fold_constants_module(mod: Any) -> tuple[Any, int]:

@@ -112,3 +112,35 @@ def test_a_core_aten_reexport_is_imported_without_a_second_decomposition():
             return x.add_(1.0)
 
     assert not core_aten_only(torch.export.export(InPlace(), (torch.randn(2),)))
+
+
+def test_a_folded_int64_constant_keeps_its_dtype_and_tvm_folds_what_reads_it():
+    """BART's ``shift_tokens_right``: a start token broadcast to [2, 16] (int64) chosen by a where against the
+    shifted ids.  The folded constant is int64 as the binding says (relax.const alone narrows it to int32, and
+    TVM's FoldConstant then refuses the where: int32 against int64)."""
+    import tvm
+    from tvm import relax
+
+    from mlcomp.targets.tvm.const_fold import fold_constants
+
+    bb = relax.BlockBuilder()
+    ids = relax.Var("ids", relax.TensorType((2, 16), "int64"))
+    with bb.function("main", [ids]):
+        with bb.dataflow():
+            start = bb.emit(relax.op.broadcast_to(relax.const(2, "int64"), (2,)))
+            full = bb.emit(relax.op.broadcast_to(bb.emit(relax.op.expand_dims(start, [1])), (2, 16)))
+            first = relax.const(np.arange(16).reshape(1, 16).repeat(2, 0) == 0)
+            out = bb.emit_output(relax.op.where(first, full, ids))
+        bb.emit_func_output(out)
+    func, count = fold_constants(bb.get()["main"])
+    assert count == 3
+    consts = [b.value for b in func.body.blocks[0].bindings if hasattr(b.value, "value")
+              and hasattr(b.value.value, "__dlpack__")]
+    assert consts and all(np.from_dlpack(c.value).dtype == np.int64 for c in consts)
+    mod = relax.transform.FoldConstant()(tvm.IRModule({"main": func}))       # raised a TypeError before
+    ex = tvm.compile(mod, "llvm")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(np.full((2, 16), 7, dtype="int64"))).numpy()
+    expected = np.full((2, 16), 7, dtype="int64")
+    expected[:, 0] = 2
+    np.testing.assert_array_equal(got, expected)
