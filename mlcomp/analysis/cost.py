@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -22,9 +23,9 @@ import torch
 
 from mlcomp.analysis.liveness import is_view
 from mlcomp.hardware.spec import DEFAULT_CPU, SPEC_SHEETS, HardwareSpec  # noqa: F401 - re-exported
-from mlcomp.ir import Graph, Node, TensorMeta, map_refs, tensor_metas
+from mlcomp.ir import Graph, Node, Ref, TensorMeta, map_refs, tensor_metas
 from mlcomp.ir.dtypes import itemsize
-from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM, Category, category
+from mlcomp.ir.ops import GETITEM, INPUT, OUTPUT, PARAM, Category, Op, category
 
 
 @dataclass(frozen=True)
@@ -65,23 +66,92 @@ def node_flops(graph: Graph, node: Node) -> int:
 
 
 def _flops_on_meta(graph: Graph, node: Node) -> int:
-    from torch.utils.flop_counter import FlopCounterMode
+    """``FlopCounterMode`` over meta tensors, once per (op, argument shapes and dtypes, literals) in this
+    process: a model's layers repeat the same few calls, and every pass that counts FLOPs asks again."""
+    try:
+        args, kwargs = _frozen(node.inputs, graph), _frozen(dict(node.attrs), graph)
+    except LookupError:
+        return 0
+    except TypeError:                   # an unhashable literal: counted without the memo
+        return _count(node.op, node.inputs, dict(node.attrs), graph)
+    return _counted(node.op, args, kwargs)
 
-    def make(ref):  # noqa: ANN001
-        meta = graph.node(ref.name).meta
+
+@dataclass(frozen=True)
+class _Meta:
+    """A tensor argument in a memo key: its concrete shape and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class _Seq:
+    items: tuple
+    kind: type                          # list or dict (items as pairs): rebuilt as such
+
+
+@dataclass(frozen=True)
+class _Lit:
+    kind: type                          # 1 and 1.0 (and True) hash alike: the type keeps them apart
+    value: object
+
+
+def _frozen(value, graph: Graph):  # noqa: ANN001, ANN202 - a nested literal tree
+    """A hashable key for an argument tree: refs as :class:`_Meta` (tuple results as tuples of them), literals
+    with their type (``1`` and ``1.0`` differ); ``LookupError`` for a ref without a tensor meta."""
+    if isinstance(value, Ref):
+        meta = graph.node(value.name).meta
         if isinstance(meta, TensorMeta):
-            return torch.empty(meta.concrete_shape(graph.symbols), dtype=meta.dtype, device="meta")
+            return _Meta(meta.concrete_shape(graph.symbols), meta.dtype)
         if isinstance(meta, tuple):
-            return tuple(None if m is None else torch.empty(m.concrete_shape(graph.symbols), dtype=m.dtype,
-                                                            device="meta") for m in meta)
-        raise LookupError(ref.name)
+            return tuple(None if m is None else _Meta(m.concrete_shape(graph.symbols), m.dtype) for m in meta)
+        raise LookupError(value.name)
+    if isinstance(value, tuple):
+        return tuple(_frozen(v, graph) for v in value)
+    if isinstance(value, list):
+        return _Seq(tuple(_frozen(v, graph) for v in value), list)
+    if isinstance(value, dict):
+        return _Seq(tuple((k, _frozen(v, graph)) for k, v in value.items()), dict)
+    if isinstance(value, torch.Tensor):
+        raise TypeError("a tensor literal")
+    hash(value)                         # TypeError when unhashable
+    return _Lit(type(value), value)
+
+
+def _thawed(key):  # noqa: ANN001, ANN202
+    """Meta tensors and literals from a :func:`_frozen` key."""
+    if isinstance(key, _Meta):
+        return torch.empty(key.shape, dtype=key.dtype, device="meta")
+    if isinstance(key, _Seq):
+        return [_thawed(v) for v in key.items] if key.kind is list else {k: _thawed(v) for k, v in key.items}
+    if isinstance(key, _Lit):
+        return key.value
+    return None if key is None else tuple(_thawed(v) for v in key)
+
+
+@functools.lru_cache(maxsize=8192)
+def _counted(op: Op, args, kwargs) -> int:  # noqa: ANN001
+    return _run_counter(op, _thawed(args), _thawed(kwargs))
+
+
+def _count(op: Op, inputs, attrs, graph: Graph) -> int:  # noqa: ANN001
+    def make(ref):  # noqa: ANN001
+        return _thawed(_frozen(ref, graph))
 
     try:
-        args = map_refs(node.inputs, make)
-        kwargs = map_refs(dict(node.attrs), make)
+        return _run_counter(op, map_refs(inputs, make), map_refs(attrs, make))
+    except LookupError:
+        return 0
+
+
+def _run_counter(op: Op, args, kwargs) -> int:  # noqa: ANN001
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
         counter = FlopCounterMode(display=False)
         with counter:
-            node.op.resolve()(*args, **kwargs)
+            op.resolve()(*args, **kwargs)
         return int(counter.get_total_flops())
     except (LookupError, NotImplementedError, RuntimeError, TypeError, ValueError):
         return 0

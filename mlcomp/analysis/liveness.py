@@ -59,11 +59,17 @@ _VIEW_NAMES = frozenset({op.name for op in VIEW_LIKE if op.namespace is Namespac
     "view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "unsqueeze", "squeeze",
     "alias", "detach", "select", "slice", "as_strided", "split", "split_with_sizes", "unbind", "chunk",
     "lift_fresh_copy", "narrow", "diagonal"})
+_OTHER_VIEWS = frozenset(op for op in VIEW_LIKE if op.namespace is not Namespace.ATEN)   # mlcomp's own
 
 
 def is_view(node: Node) -> bool:
     """Whether ``node``'s result aliases its first input's buffer (moves no data, allocates nothing)."""
-    return node.op in VIEW_LIKE or (node.op.namespace is Namespace.ATEN and node.op.name in _VIEW_NAMES)
+    op = node.op
+    return op.name in _VIEW_NAMES if op.namespace is Namespace.ATEN else op in _OTHER_VIEWS
+
+
+def _is_getitem(op) -> bool:
+    return op.name == "getitem" and op == GETITEM      # the name first: an Op's == compares three fields
 
 
 def value_bytes(graph: Graph, node: Node) -> int:
@@ -73,16 +79,16 @@ def value_bytes(graph: Graph, node: Node) -> int:
 
 
 def _is_alias(node: Node) -> bool:
-    return (is_view(node) or node.op == GETITEM) and bool(node.inputs) and isinstance(node.inputs[0], Ref)
+    return (is_view(node) or _is_getitem(node.op)) and bool(node.inputs) and isinstance(node.inputs[0], Ref)
 
 
 def _element(graph: Graph, node: Node) -> tuple[str, int] | None:
     """``(tuple node, index)`` when ``node`` picks one tensor out of an op's fresh tuple result."""
-    if node.op != GETITEM or len(node.inputs) < 2 or not isinstance(node.inputs[0], Ref) \
+    if not _is_getitem(node.op) or len(node.inputs) < 2 or not isinstance(node.inputs[0], Ref) \
             or not isinstance(node.inputs[1], int):
         return None
     src = graph.node(node.inputs[0].name)
-    if not isinstance(src.meta, tuple) or is_view(src) or src.op == GETITEM or src.op.is_structural:
+    if not isinstance(src.meta, tuple) or is_view(src) or _is_getitem(src.op) or src.op.is_structural:
         return None
     k = node.inputs[1]
     return (src.name, k) if 0 <= k < len(src.meta) and isinstance(src.meta[k], TensorMeta) else None
@@ -191,29 +197,25 @@ def liveness(graph: Graph, schedule: Sequence[str] | None = None, *, groups: Seq
     """
     order = graph.order()
     nodes = {n.name: n for n in graph.nodes()}
-    unit_of: dict[str, str] = {}
-    for i, members in enumerate(groups):
-        for n in members:
-            unit_of[n] = f"#group{i}"
-    of = lambda n: unit_of.get(n, n)
     if schedule is not None:
         if groups:
             raise ValueError("liveness takes a schedule or groups, not both")
-        units = _checked_schedule(graph, nodes, order, schedule)
-    else:
-        units = _unit_schedule(nodes, order, of)
-    members: dict[str, list[str]] = {}
-    for name in order:
-        members.setdefault(of(name), []).append(name)
-    step = {u: i for i, u in enumerate(units)}
-    bufs = buffers(graph, exclude=unit_of)
+        steps = [(n,) for n in _checked_schedule(graph, nodes, order, schedule)]
+    elif groups:
+        steps = _group_steps(nodes, order, groups)
+    else:                  # the graph's order is topological: every node its own step, in that order
+        steps = [(n,) for n in order]
+    grouped = frozenset(n for members in groups for n in members)
+    fused = [len(ms) > 1 or ms[0] in grouped for ms in steps] if groups else None    # steps that are kernels
+    step_of = {n: i for i, ms in enumerate(steps) for n in ms}
+    bufs = buffers(graph, exclude=grouped)
     storage = bufs.storage
     last_use: dict[str, int] = {}
-    for u in units:
-        for name in members[u]:
+    for i, ms in enumerate(steps):
+        for name in ms:
             for s in nodes[name].input_names():
-                if of(s) != u:
-                    last_use[storage[s]] = max(last_use.get(storage[s], -1), step[u])
+                if step_of[s] != i:
+                    last_use[storage[s]] = i       # steps ascend: the last reader's step wins
     # an element of a tuple result is held by the tuple until the tuple's last reader
     for elem, tup in bufs.tuple_of.items():
         if tup in last_use:
@@ -222,10 +224,11 @@ def liveness(graph: Graph, schedule: Sequence[str] | None = None, *, groups: Seq
     for r, by in bufs.allocator.items():
         allocates.setdefault(by, []).append(r)
     readers_of: dict[str, list[str]] = {}
-    for name, r in storage.items():
-        readers_of.setdefault(r, []).append(name)
+    if groups:
+        for name, r in storage.items():
+            readers_of.setdefault(r, []).append(name)
     outputs = {storage[r.name] for r in graph.output_refs}
-    end = len(units) - 1
+    end = len(steps) - 1
     skip = {OUTPUT} | ({INPUT} if not count_inputs else set()) | ({PARAM} if not count_params else set())
     sizes: dict[str, int] = {}
     born: dict[str, int] = {}
@@ -233,14 +236,15 @@ def liveness(graph: Graph, schedule: Sequence[str] | None = None, *, groups: Seq
     live_bytes: list[int] = []
     frees: dict[int, list[str]] = {}
     live = 0
-    for i, u in enumerate(units):
+    for i, ms in enumerate(steps):
         transient = made = 0
-        for name in members[u]:
-            if nodes[name].op in skip:
+        for name in ms:
+            op = nodes[name].op
+            if op.namespace is Namespace.GRAPH and op in skip:
                 continue
             for r in allocates.get(name, ()):
                 size = bufs.size[r]
-                if u.startswith("#group") and all(of(x.name) == u for a in readers_of[r] for x in graph.users(a)):
+                if fused and fused[i] and all(step_of[x.name] == i for a in readers_of[r] for x in graph.users(a)):
                     transient = max(transient, size)     # produced and consumed inside the kernel
                     continue
                 sizes[r], born[r] = size, i
@@ -248,14 +252,26 @@ def liveness(graph: Graph, schedule: Sequence[str] | None = None, *, groups: Seq
                 frees.setdefault(dies[r], []).append(r)
                 live += size
                 made += size
-        scratch = max((workspace.get(n, 0) for n in members[u]), default=0) if workspace else 0
+        scratch = max((workspace.get(n, 0) for n in ms), default=0) if workspace else 0
         # a kernel overwrites its intermediates in place, so its outputs reuse their buffer
         live_bytes.append(live + max(0, transient - made) + scratch)
         for r in frees.get(i, ()):
             if i < end or r not in outputs:
                 live -= sizes[r]
-    return Liveness(tuple(tuple(members[u]) for u in units), {n: step[of(n)] for n in order}, storage,
+    return Liveness(tuple(steps), {n: step_of[n] for n in order}, storage,
                     sizes, born, dies, tuple(live_bytes), max(live_bytes, default=0))
+
+
+def _group_steps(nodes: Mapping[str, Node], order: list[str],
+                 groups: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
+    """The nodes of each step: every group one step, scheduled where its last member stood; every other
+    node its own step; in topological order (ties: graph order)."""
+    unit_of = {n: f"#group{i}" for i, members in enumerate(groups) for n in members}
+    of = lambda n: unit_of.get(n, n)    # noqa: E731
+    members: dict[str, list[str]] = {}
+    for name in order:
+        members.setdefault(of(name), []).append(name)
+    return [tuple(members[u]) for u in _unit_schedule(nodes, order, of)]
 
 
 def _unit_schedule(nodes: Mapping[str, Node], order: list[str], of) -> list[str]:

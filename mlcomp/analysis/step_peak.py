@@ -123,6 +123,7 @@ class StepMemory:
         outputs = {live.storage[r.name] for r in graph.output_refs}
         backward = {r for r in live.born if graph.node(r).ann.phase is Phase.BACKWARD}
         read_by_backward = {live.storage[s] for r in backward for s in graph.node(r).input_names()}
+        saving = step >= _first_backward(live, graph)        # the backward has begun: what it reads is saved
         out = []
         for r, born in live.born.items():
             if born <= step <= self.dies[r]:
@@ -130,7 +131,7 @@ class StepMemory:
                 kind = ("gradient" if r in grads else "output" if r in outputs
                         else "recomputed" if ".remat" in r
                         else "backward temporary" if r in backward
-                        else "saved activation" if r in read_by_backward and step >= _first_backward(live, graph)
+                        else "saved activation" if r in read_by_backward and saving
                         else "forward temporary")
                 out.append(LiveValue(r, live.sizes[r], kind, mods.get(node.name, "<root>")))
         if self.scratch.get(step):

@@ -14,8 +14,9 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 
@@ -44,6 +45,8 @@ def map_refs(value: Any, fn: Callable[[Ref], Any]) -> Any:
     """Rebuild a nested tuple/list/dict tree, replacing every :class:`Ref` with ``fn(ref)``."""
     if isinstance(value, Ref):
         return fn(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:     # the common leaves, before the ABC check
+        return value
     if isinstance(value, tuple):
         return tuple(map_refs(v, fn) for v in value)
     if isinstance(value, list):
@@ -205,11 +208,16 @@ class Node:
         return (Node, (self.name, self.op, self.inputs, dict(self.attrs), self.meta, self.ann, self.origin))
 
     def input_names(self) -> list[str]:
-        """Names of the nodes this one reads, in order, without repeats."""
-        seen: dict[str, None] = {}
-        for r in refs_in(self.inputs) + refs_in(dict(self.attrs)):
-            seen.setdefault(r.name, None)
-        return list(seen)
+        """Names of the nodes this one reads, in order, without repeats (found once per node: a node is
+        frozen, so the names are kept on it; every analysis reads them several times per pass)."""
+        names = self.__dict__.get("_input_names")
+        if names is None:
+            seen: dict[str, None] = {}
+            for r in refs_in(self.inputs) + refs_in(self.attrs):
+                seen.setdefault(r.name, None)
+            names = tuple(seen)
+            object.__setattr__(self, "_input_names", names)
+        return list(names)
 
     @property
     def tensor_meta(self) -> TensorMeta:

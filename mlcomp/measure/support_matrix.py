@@ -34,8 +34,11 @@ DEFAULT_TIMEOUT_S = 180.0
 # imported once by the forkserver, so no child pays for them: capture, the targets and their backends
 _PRELOAD = ["torch", "torch.export", "torch._dynamo", "transformers", "mlcomp.api", "mlcomp.frontend.joint",
             "mlcomp.measure.support_cells", "mlcomp.models.architectures", "mlcomp.targets.registry",
-            "mlcomp.targets.torch.cpu", "onnxruntime", "mlcomp.targets.onnx.target", "openvino",
-            "mlcomp.targets.openvino.target", "tvm", "mlcomp.targets.tvm.target"]
+            "mlcomp.targets.torch.cpu"]
+# a target's modules, preloaded only when some cell runs on it (``import tvm`` alone is ~2.5 CPU-s)
+_TARGET_PRELOAD = {"onnxruntime": ["onnxruntime", "mlcomp.targets.onnx.target"],
+                   "openvino": ["openvino", "mlcomp.targets.openvino.target"],
+                   "tvm": ["tvm", "mlcomp.targets.tvm.target"]}
 
 
 @dataclass
@@ -122,9 +125,11 @@ def _modeling_modules(names: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _context(names: Sequence[str]) -> Any:
+def _context(names: Sequence[str], cells: Sequence[Cell]) -> Any:
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD + _modeling_modules(names))
+    targets = dict.fromkeys(c.target for c in cells if c.kind not in ("capture", "train"))
+    ctx.set_forkserver_preload(_PRELOAD + [m for t in targets for m in _TARGET_PRELOAD.get(t, ())]
+                               + _modeling_modules(names))
     return ctx
 
 
@@ -175,7 +180,7 @@ def run_matrix(names: Sequence[str], cells: Sequence[Cell], *, timeout_s: float 
 
     report = on_cell or (lambda name, key, result: None)
     matrix = Matrix(list(cells))
-    ctx = _context(names)
+    ctx = _context(names, cells)
     t0 = time.perf_counter()
     keys = [c.key for c in cells]
     for name in names:

@@ -18,6 +18,8 @@ the kept set, the recomputed closure, its memory and its cost.
 """
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -50,12 +52,20 @@ class RematProblem:
 
     @property
     def needed(self) -> list[int]:
-        return [i for i, c in enumerate(self.candidates) if c.needed]
+        return list(self._needed)
 
     def forced(self) -> frozenset[int]:
         """Values every plan keeps: free ones and needed ones that cannot be recomputed."""
-        return frozenset(i for i, c in enumerate(self.candidates)
-                         if c.nbytes == 0 or (c.needed and not c.recomputable))
+        return self._forced
+
+    # found once per problem: the solvers ask for them for every plan they build
+    @functools.cached_property
+    def _needed(self) -> tuple[int, ...]:
+        return tuple(i for i, c in enumerate(self.candidates) if c.needed)
+
+    @functools.cached_property
+    def _forced(self) -> frozenset[int]:
+        return frozenset(i for i, c in enumerate(self.candidates) if c.nbytes == 0 or (c.needed and not c.recomputable))
 
     def keep_all(self) -> RematPlan:
         """No rematerialisation: every needed value is kept."""
@@ -64,7 +74,7 @@ class RematProblem:
     def _walk(self, keep: Iterable[int]) -> tuple[frozenset[int], frozenset[int]]:
         """(values recomputed, non-recomputable values among them) when ``keep`` is kept."""
         kept, seen = set(keep), set()
-        stack = [i for i in self.needed if i not in kept]
+        stack = [i for i in self._needed if i not in kept]
         while stack:
             i = stack.pop()
             if i not in seen:

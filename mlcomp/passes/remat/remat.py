@@ -43,7 +43,7 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mlcomp.analysis.liveness import is_view, liveness, storage_roots, value_bytes
+from mlcomp.analysis.liveness import buffers, is_view, storage_roots, value_bytes
 from mlcomp.analysis.training_graph import saved_activations
 from mlcomp.analysis.workspace import op_workspaces
 from mlcomp.base.errors import MlcompError, PipelineSpecError
@@ -64,8 +64,8 @@ from mlcomp.passes.remat.solvers import Solver, minimum
 from mlcomp.runtime.optim import OptimizerSpec
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
-__all__ = ["CostModel", "Remat", "RematError", "Saved", "build_problem", "forward_values", "parse_budget",
-           "parse_saved", "rewrite", "saved_bytes"]
+__all__ = ["CostModel", "Remat", "RematError", "Rewriter", "Saved", "build_problem", "forward_values",
+           "parse_budget", "parse_saved", "rewrite", "saved_bytes"]
 
 _FORWARD = (Phase.FORWARD, Phase.LOSS)
 
@@ -90,8 +90,8 @@ def build_problem(graph: Graph, *, cost: CostModel = CostModel.FLOPS, keep: tupl
     """The graph inputs and forward values of a joint graph as a :class:`RematProblem` (storage roots,
     graph order).  A plan's kept bytes are the saved-activation bytes of the rewritten graph: inputs and
     graph outputs are candidates that cannot be recomputed, and a tuple is charged every element it holds."""
-    live = liveness(graph)           # buffers as the memory analysis counts them (views, tuple elements)
-    storage = live.storage
+    bufs = buffers(graph)            # buffers as the memory analysis counts them (views, tuple elements)
+    storage = bufs.storage
     outputs = {storage[r.name] for r in graph.output_refs}
     forward = forward_values(graph)
     inputs = graph.input_nodes
@@ -111,7 +111,7 @@ def build_problem(graph: Graph, *, cost: CostModel = CostModel.FLOPS, keep: tupl
         # a tuple read in the backward (by a copy of one of its elements) holds all its elements; an element
         # first picked in the backward phase is not a saved activation (saved_activations leaves it out)
         size = (value_bytes(graph, n) if isinstance(n.meta, tuple)
-                else 0 if n.ann.phase is Phase.BACKWARD else live.sizes.get(n.name, value_bytes(graph, n)))
+                else 0 if n.ann.phase is Phase.BACKWARD else bufs.size.get(n.name, value_bytes(graph, n)))
         cands.append(Candidate(n.name, size, costs[n.name], reads, n.name in needed,
                                n.name not in outputs and not _banned(n, keep)))
     return RematProblem(tuple(cands))
@@ -121,69 +121,84 @@ def _is_alias(node: Node) -> bool:
     return node.op == GETITEM or is_view(node)
 
 
-def rewrite(graph: Graph, problem: RematProblem, plan: RematPlan) -> int:
-    """Duplicate the recomputed values into the backward (in place); returns the nodes added."""
-    if not plan.recompute:
-        return 0
-    storage = storage_roots(graph)
-    redo = {problem.candidates[i].name for i in plan.recompute}
-    forward = forward_values(graph)
-    pos = {n: graph.position_key(n) for n in graph.order()}
-    first: dict[str, tuple[int, str]] = {}        # backward node -> (position, name) of its first real use
+class Rewriter:
+    """Applies plans to copies of one joint graph: what a rewrite reads of the graph (storage roots, forward
+    values, each backward reader's first real use) is found once here, not once per plan scored."""
 
-    def use_of(b: Node) -> tuple[int, str]:
-        if b.name not in first:
-            users = graph.users(b.name) if _is_alias(b) else []
-            first[b.name] = min((use_of(u) for u in users), default=(pos[b.name], b.name))
-        return first[b.name]
+    def __init__(self, graph: Graph) -> None:
+        self.storage = storage_roots(graph)
+        self.forward = forward = forward_values(graph)
+        pos = {n: graph.position_key(n) for n in graph.order()}
+        first: dict[str, tuple[int, str]] = {}     # backward node -> (position, name) of its first real use
 
-    readers: dict[str, list[Node]] = {}           # forward value to copy -> backward nodes reading it
-    anchor: dict[str, tuple[int, str]] = {}
-    outputs = {r.name for r in graph.output_refs}  # live to the end anyway: read, never copied
-    for b in graph.call_nodes():
-        if b.ann.phase is not Phase.BACKWARD or b.name in forward:
-            continue
-        for s in b.input_names():
-            if s in forward and storage[s] in redo and s not in outputs:
+        def use_of(b: Node) -> tuple[int, str]:
+            if b.name not in first:
+                users = graph.users(b.name) if _is_alias(b) else []
+                first[b.name] = min((use_of(u) for u in users), default=(pos[b.name], b.name))
+            return first[b.name]
+
+        outputs = {r.name for r in graph.output_refs}   # live to the end anyway: read, never copied
+        # (forward value, backward node reading it, that node's first real use), in graph order
+        self.reads = [(s, b.name, use_of(b)) for b in graph.call_nodes()
+                      if b.ann.phase is Phase.BACKWARD and b.name not in forward
+                      for s in b.input_names() if s in forward and s not in outputs]
+        self.order = [n for n in graph.order() if n in forward]
+
+    def __call__(self, graph: Graph, problem: RematProblem, plan: RematPlan) -> int:
+        """Duplicate the recomputed values of ``plan`` into the backward of ``graph`` (the graph given to the
+        constructor or a copy of it; in place); returns the nodes added."""
+        if not plan.recompute:
+            return 0
+        storage, forward, order = self.storage, self.forward, self.order
+        redo = {problem.candidates[i].name for i in plan.recompute}
+        readers: dict[str, list[str]] = {}        # forward value to copy -> backward nodes reading it
+        anchor: dict[str, tuple[int, str]] = {}
+        for s, b, use in self.reads:
+            if storage[s] in redo:
                 readers.setdefault(s, []).append(b)
-                anchor[s] = min(anchor.get(s, (1 << 62, "")), use_of(b))
-    order = [n for n in graph.order() if n in forward]
-    need = set(readers)
-    for s in reversed(order):                     # a copy needs copies of its recomputed inputs
-        if s not in need:
-            continue
-        for t in graph.node(s).input_names():
-            if t in forward and storage[t] in redo:
-                need.add(t)
-                anchor[t] = min(anchor.get(t, (1 << 62, "")), anchor[s])
-    for s in order:                               # a tuple's projections right after it: the tuple then dies
-        node = graph.node(s)                      # at once instead of holding every element to the last one
-        if s in need and node.op == GETITEM and isinstance(node.inputs[0], Ref) and node.inputs[0].name in need:
-            anchor[s] = anchor[node.inputs[0].name]
-    copies: dict[str, str] = {}
-    swap = lambda r: Ref(copies[r.name]) if r.name in copies else r
-    for s in order:
-        if s not in need:
-            continue
-        node = graph.node(s)
-        name = graph.fresh_name(f"{s}.remat")
-        graph.add(Node(name, node.op, map_refs(node.inputs, swap), map_refs(dict(node.attrs), swap),
-                       meta=node.meta, ann=Annotations(phase=Phase.BACKWARD), origin=node.origin),
-                  before=anchor[s][1])
-        copies[s] = name
-    done: set[str] = set()
-    for s, bs in readers.items():
-        for b in bs:
-            if b.name in done:
+                anchor[s] = min(anchor.get(s, (1 << 62, "")), use)
+        need = set(readers)
+        for s in reversed(order):                 # a copy needs copies of its recomputed inputs
+            if s not in need:
                 continue
-            done.add(b.name)
-            cur = graph.node(b.name)
-            graph.replace(cur.with_(inputs=map_refs(cur.inputs, swap), attrs=map_refs(dict(cur.attrs), swap)))
-    remove_dead(graph, list(copies))          # originals only the backward read (a saved statistic)
-    for s in redo:
-        if s in graph:
-            graph.replace(graph.node(s).with_ann(checkpoint=True))
-    return len(copies)
+            for t in graph.node(s).input_names():
+                if t in forward and storage[t] in redo:
+                    need.add(t)
+                    anchor[t] = min(anchor.get(t, (1 << 62, "")), anchor[s])
+        for s in order:                           # a tuple's projections right after it: the tuple then dies
+            node = graph.node(s)                  # at once instead of holding every element to the last one
+            if s in need and node.op == GETITEM and isinstance(node.inputs[0], Ref) and node.inputs[0].name in need:
+                anchor[s] = anchor[node.inputs[0].name]
+        copies: dict[str, str] = {}
+        swap = lambda r: Ref(copies[r.name]) if r.name in copies else r
+        for s in order:
+            if s not in need:
+                continue
+            node = graph.node(s)
+            name = graph.fresh_name(f"{s}.remat")
+            graph.add(Node(name, node.op, map_refs(node.inputs, swap), map_refs(dict(node.attrs), swap),
+                           meta=node.meta, ann=Annotations(phase=Phase.BACKWARD), origin=node.origin),
+                      before=anchor[s][1])
+            copies[s] = name
+        done: set[str] = set()
+        for bs in readers.values():
+            for b in bs:
+                if b in done:
+                    continue
+                done.add(b)
+                cur = graph.node(b)
+                graph.replace(cur.with_(inputs=map_refs(cur.inputs, swap), attrs=map_refs(dict(cur.attrs), swap)))
+        remove_dead(graph, list(copies))          # originals only the backward read (a saved statistic)
+        for s in redo:
+            if s in graph:
+                graph.replace(graph.node(s).with_ann(checkpoint=True))
+        return len(copies)
+
+
+def rewrite(graph: Graph, problem: RematProblem, plan: RematPlan) -> int:
+    """Duplicate the recomputed values into the backward (in place); returns the nodes added
+    (:class:`Rewriter` for several plans on copies of one graph)."""
+    return Rewriter(graph)(graph, problem, plan) if plan.recompute else 0
 
 
 @dataclass(frozen=True)
@@ -241,7 +256,8 @@ class Remat(Pass):
         ws_cache = ctx.cache.setdefault("remat.workspace", {})
         workspace = None if ctx.deterministic else (lambda g: op_workspaces(g, cache=ws_cache))
         full = problem.keep_all()
-        rate = lambda ps: score(graph, problem, ps, rewrite, workspace=workspace,   # noqa: E731
+        rewriter = Rewriter(graph)
+        rate = lambda ps: score(graph, problem, ps, rewriter, workspace=workspace,   # noqa: E731
                                 scratch=self.scratch(ctx), fused=self.fused)
         before, *scored = rate([full, *(p for p in plans if p.keep != full.keep)])
         if len(scored) < len(plans):        # the keep-all plan is one of the pool's
