@@ -13,17 +13,23 @@ permute that orders them, and a reshape to the output::
     >>> compose((6,), [("reshape", [4, -1])]) is None      # only concrete sizes that divide
     True
 
-Size-1 axes are no atoms.  Where the output's other sizes are the permuted atoms (or the
-input's are the atoms), the permute keeps the size-1 axes in place at that rank instead of
-a reshape adding (or dropping) them: at batch 1 the heads' permute stays the 4-d
-``[0, 2, 1, 3]`` attention runtimes fuse, not a 3-d one and an unsqueeze::
+Size-1 axes are no atoms.  ``keep_ones=True``: where the output's other sizes are the
+permuted atoms (or the input's are the atoms), the permute keeps the size-1 axes in place at
+that rank instead of a reshape adding (or dropping) them.  At batch 1 the heads' permute then
+is the 4-d ``[0, 2, 1, 3]`` OpenVINO takes into its attention kernel, not a 3-d one and an
+unsqueeze (ONNX Runtime, on an attention left as products, fuses the 3-d one into them)::
 
-    >>> compose((16, 64), [("reshape", [16, 4, 16]), ("permute", [1, 0, 2]), ("reshape", [1, 4, 16, 16])])
+    >>> split = [("reshape", [16, 4, 16]), ("permute", [1, 0, 2]), ("reshape", [1, 4, 16, 16])]
+    >>> compose((16, 64), split)
+    [('reshape', [16, 4, 16]), ('permute', [1, 0, 2]), ('reshape', [1, 4, 16, 16])]
+    >>> compose((16, 64), split, keep_ones=True)
     [('reshape', [1, 16, 4, 16]), ('permute', [0, 2, 1, 3])]
-    >>> compose((1, 4, 16, 16), [("reshape", [4, 16, 16]), ("permute", [1, 0, 2]), ("reshape", [16, 64])])
+    >>> compose((1, 4, 16, 16), [("reshape", [4, 16, 16]), ("permute", [1, 0, 2]), ("reshape", [16, 64])],
+    ...         keep_ones=True)
     [('permute', [0, 2, 1, 3]), ('reshape', [16, 64])]
 
-:func:`fold_run` rewrites a run of graph nodes so (``fuse-attention`` on the runs around an attention).
+:func:`fold_run` rewrites a run of graph nodes so, size-1 axes kept (``fuse-attention``
+on the runs into and out of an attention).
 """
 from __future__ import annotations
 
@@ -83,9 +89,10 @@ def _regroup(atoms: _Atoms, flat: list[int], shape: Sequence[int]) -> list[list[
     return dims if not flat else None
 
 
-def compose(shape: Sequence[int], steps: Sequence[Step]) -> list[Step] | None:
+def compose(shape: Sequence[int], steps: Sequence[Step], *, keep_ones: bool = False) -> list[Step] | None:
     """``steps`` (``("reshape", sizes)``, ``("permute", dims)``) on a tensor of ``shape``, as at most a reshape,
-    a permute and a reshape (identities left out); None when a size is not a positive concrete number."""
+    a permute and a reshape (identities left out); None when a size is not a positive concrete number.
+    ``keep_ones``: the permute keeps size-1 axes where that saves a reshape (module docstring)."""
     if any(not isinstance(d, int) or d < 1 for d in shape):
         return None
     atoms = _Atoms()
@@ -103,10 +110,11 @@ def compose(shape: Sequence[int], steps: Sequence[Step]) -> list[Step] | None:
             return None
         dims, out = grouped, list(arg)
     return _emit(atoms, atoms.leaves([a for g in source for a in g]),
-                 atoms.leaves([a for g in dims for a in g]), list(shape), out)
+                 atoms.leaves([a for g in dims for a in g]), list(shape), out, keep_ones)
 
 
-def _emit(atoms: _Atoms, src: list[int], dst: list[int], shape: list[int], out: list[int]) -> list[Step]:
+def _emit(atoms: _Atoms, src: list[int], dst: list[int], shape: list[int], out: list[int],
+          keep_ones: bool) -> list[Step]:
     """Reshape into merged atoms, permute them into ``dst``'s order, reshape to ``out``."""
     follows = {src[i]: src[i + 1] for i in range(len(src) - 1)}
     runs: list[list[int]] = []
@@ -121,7 +129,8 @@ def _emit(atoms: _Atoms, src: list[int], dst: list[int], shape: list[int], out: 
     perm = [order.index(i) for i in range(len(runs))]
     result: list[Step] = []
     if perm != sorted(perm):
-        merged, perm = _with_ones(merged, perm, shape, out)
+        if keep_ones:
+            merged, perm = _with_ones(merged, perm, shape, out)
         if merged != shape:
             result.append(("reshape", merged))
         result.append(("permute", perm))
@@ -173,7 +182,8 @@ def run_before(graph: Graph, x: Any) -> tuple[Any, list[Node]]:
 
 def fold_run(graph: Graph, end: Node) -> bool:
     """The layout run ending in ``end`` (``end`` and the nodes before it that only the next one reads) as
-    :func:`compose` writes it, where that is fewer nodes; ``end`` keeps its name.  Whether it changed::
+    :func:`compose` writes it with ``keep_ones``, where that is fewer nodes; ``end`` keeps its name.  Whether it
+    changed::
 
         %r = aten.reshape(%y, [16, 4, 16]);  %p = aten.permute(%r, [1, 0, 2]);  %v = aten.unsqueeze(%p, 0)
       becomes
@@ -184,7 +194,7 @@ def fold_run(graph: Graph, end: Node) -> bool:
     source, run = run_before(graph, end.inputs[0])
     run.append(end)
     shape = getattr(graph.node(source.name).meta, "shape", None) if isinstance(source, Ref) else None
-    composed = compose(tuple(shape), [layout_step(n) for n in run]) if shape is not None else None
+    composed = compose(tuple(shape), [layout_step(n) for n in run], keep_ones=True) if shape is not None else None
     if not composed or len(composed) >= len(run):
         return False
     value = source

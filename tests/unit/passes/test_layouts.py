@@ -47,24 +47,29 @@ def test_compose_with_size_one_axes_computes_what_the_steps_do():
             cur = _apply(x, steps)
             steps.append(("permute", rng.sample(range(cur.dim()), cur.dim())) if rng.random() < 0.5
                          else ("reshape", _sizes(rng, cur.numel())))
-        composed = compose(tuple(shape), steps)
-        if composed is None:                # an atom a later reshape cuts unevenly
+        plain, kept = compose(tuple(shape), steps), compose(tuple(shape), steps, keep_ones=True)
+        if plain is None:                   # an atom a later reshape cuts unevenly
+            assert kept is None
             continue
         composed_runs += 1
-        assert torch.equal(_apply(x, composed), _apply(x, steps)), (shape, steps, composed)
-        assert sum(kind == "permute" for kind, _ in composed) <= 1 and len(composed) <= 3
+        for composed in (plain, kept):
+            assert torch.equal(_apply(x, composed), _apply(x, steps)), (shape, steps, composed)
+            assert sum(kind == "permute" for kind, _ in composed) <= 1 and len(composed) <= 3
+        assert len(kept) <= len(plain)
     assert composed_runs > 200
 
 
 def test_a_head_split_and_merge_at_batch_1_keep_the_batch_axis_in_the_permute():
     split = [("reshape", [16, 4, 16]), ("permute", [1, 0, 2]), ("reshape", [1, 4, 16, 16])]
-    assert compose((16, 64), split) == [("reshape", [1, 16, 4, 16]), ("permute", [0, 2, 1, 3])]
+    assert compose((16, 64), split, keep_ones=True) == [("reshape", [1, 16, 4, 16]), ("permute", [0, 2, 1, 3])]
+    assert compose((16, 64), split) == split                 # split-projections': the 3-d permute ORT fuses
     merge = [("reshape", [4, 16, 16]), ("permute", [1, 0, 2]), ("reshape", [16, 64])]
-    assert compose((1, 4, 16, 16), merge) == [("permute", [0, 2, 1, 3]), ("reshape", [16, 64])]
-    # where neither end's other sizes are the atoms, the size-1 axes go in the reshapes as before
-    assert compose((1, 4, 6), [("permute", [0, 2, 1]), ("reshape", [2, 12])]) == \
+    assert compose((1, 4, 16, 16), merge, keep_ones=True) == [("permute", [0, 2, 1, 3]), ("reshape", [16, 64])]
+    # the input's size-1 axis kept where its other sizes are the atoms (no reshape before the permute) ...
+    assert compose((1, 4, 6), [("permute", [0, 2, 1]), ("reshape", [2, 12])], keep_ones=True) == \
         [("permute", [0, 2, 1]), ("reshape", [2, 12])]
-    assert compose((4, 6), [("permute", [1, 0]), ("reshape", [3, 1, 8])]) == \
+    # ... and where neither end's other sizes are, the size-1 axes go in the reshapes
+    assert compose((4, 6), [("permute", [1, 0]), ("reshape", [3, 1, 8])], keep_ones=True) == \
         [("permute", [1, 0]), ("reshape", [3, 1, 8])]
 
 
