@@ -32,6 +32,7 @@ from typing import Any, Callable, ClassVar
 from mlcomp.ir import Graph, Node, Ref, TensorMeta
 from mlcomp.ir.builder import new_node, remove_dead, substitute
 from mlcomp.passes import patterns as P
+from mlcomp.passes.layouts import fold_run, layout_step
 from mlcomp.pipeline.pass_base import Pass, PassContext, PassResult, option
 
 __all__ = ["FuseAttention", "fuse_attention"]
@@ -186,8 +187,9 @@ def _attention(graph: Graph, pv: Node, fold_scales: bool, leave: Callable[[Node]
     native = _native(graph, qk, pv, fold_scales)
     if native is not None:
         v_view = pv.inputs[1]
-        _rewrite_native(graph, qk, pv, add, mask, scale, native)
+        sdpa = _rewrite_native(graph, qk, pv, add, mask, scale, native)
         remove_dead(graph, matched + [v_view.name] if isinstance(v_view, Ref) else matched)
+        _fold_around(graph, sdpa)
         return True
     q, c_q = _operand(graph, qk.inputs[0], origin, qk.name, fold_scales, keys=False)
     k, c_k = _operand(graph, qk.inputs[1], origin, qk.name, fold_scales, keys=True)
@@ -210,9 +212,25 @@ def _attention(graph: Graph, pv: Node, fold_scales: bool, leave: Callable[[Node]
                         before=pv.name)
         substitute(graph, pv.name, P.SQUEEZE_DIMS, (Ref(sdpa.name), [0]), origin=origin)
     else:
-        substitute(graph, pv.name, P.SDPA, (q, k, v), attrs, origin=origin)
+        sdpa = substitute(graph, pv.name, P.SDPA, (q, k, v), attrs, origin=origin)
     remove_dead(graph, matched)
+    _fold_around(graph, sdpa)
     return True
+
+
+def _fold_around(graph: Graph, sdpa: Node) -> None:
+    """The layout runs into the attention's q, k, v and out of it, each as at most reshape → permute →
+    reshape (:func:`~mlcomp.passes.layouts.fold_run`).  At batch 1 a head split ``reshape [s, h, d] →
+    permute [1, 0, 2] → unsqueeze 0`` becomes ``reshape [1, s, h, d] → permute [0, 2, 1, 3]``, the layout
+    the runtimes take into their attention kernel, as at any other batch (``squeeze`` after it the same)."""
+    for value in sdpa.inputs[:3]:
+        if isinstance(value, Ref) and value.name in graph:
+            fold_run(graph, graph.node(value.name))
+    end = graph.node(sdpa.name)
+    while len(users := graph.users(end.name)) == 1 and layout_step(users[0]) is not None:
+        end = users[0]
+    if end.name != sdpa.name:
+        fold_run(graph, end)
 
 
 def _native(graph: Graph, qk: Node, pv: Node, fold_scales: bool) -> tuple[Any, Any, Any, float] | None:
@@ -240,7 +258,7 @@ def _native(graph: Graph, qk: Node, pv: Node, fold_scales: bool) -> tuple[Any, A
 
 
 def _rewrite_native(graph: Graph, qk: Node, pv: Node, add: Node | None, mask: Any, scale: float,
-                    native: tuple[Any, Any, Any, float]) -> None:
+                    native: tuple[Any, Any, Any, float]) -> Node:
     """``pv`` becomes a view of one attention over ``native``'s q, k, v (the mask viewed to match)."""
     q, k, v, c = native
     origin = pv.origin
@@ -262,6 +280,7 @@ def _rewrite_native(graph: Graph, qk: Node, pv: Node, add: Node | None, mask: An
     sdpa = new_node(graph, P.SDPA, (q, k, v), attrs, name="scaled_dot_product_attention", origin=origin,
                     before=pv.name)
     substitute(graph, pv.name, P.RESHAPE, (Ref(sdpa.name), list(pv.meta.shape)), origin=origin)
+    return sdpa
 
 
 def _broadcasts(shape: list[Any], full: list[Any], want: list[Any]) -> bool:

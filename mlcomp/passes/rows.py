@@ -21,11 +21,9 @@ from typing import Any, Callable
 from mlcomp.ir import Graph, Node, Ref
 from mlcomp.ir.builder import new_node, remove_dead, substitute
 from mlcomp.passes import patterns as P
-from mlcomp.passes.layouts import compose
+from mlcomp.passes.layouts import compose, layout_step, run_before
 
 __all__ = ["reorder_rows"]
-
-_RESHAPES = P.SHAPE_OPS | P.SQUEEZE_OPS | {P.UNSQUEEZE}
 
 
 def reorder_rows(graph: Graph, leave: Callable[[Node], bool] | None = None) -> int:
@@ -44,29 +42,10 @@ def _concrete(node: Node) -> list[int] | None:
     return list(shape) if shape is not None and all(isinstance(d, int) for d in shape) else None
 
 
-def _step(node: Node) -> tuple[str, list[int]] | None:
-    shape = _concrete(node)
-    if shape is None:
-        return None
-    if node.op in _RESHAPES:
-        return "reshape", shape
-    perm = P.perm_of(node, len(shape))
-    return ("permute", perm) if perm is not None else None
-
-
-def _before(graph: Graph, x: Any) -> tuple[Any, list[Node]]:
-    """The value the layout run ending in ``x`` starts from, and that run (each node read only by the next)."""
-    run: list[Node] = []
-    while isinstance(x, Ref) and _step(node := graph.node(x.name)) is not None and graph.num_users(x.name) == 1:
-        run.insert(0, node)
-        x = node.inputs[0]
-    return x, run
-
-
 def _after(graph: Graph, node: Node, n: int) -> list[Node]:
     """The layout run after ``node`` that keeps the ``n`` features last and whole."""
     run: list[Node] = []
-    while len(users := graph.users(node.name)) == 1 and (step := _step(users[0])) is not None:
+    while len(users := graph.users(node.name)) == 1 and (step := layout_step(users[0])) is not None:
         kind, arg = step
         keeps = arg[-1] == n if kind == "reshape" else arg[-1] == len(arg) - 1
         if not keeps:
@@ -79,15 +58,15 @@ def _after(graph: Graph, node: Node, n: int) -> list[Node]:
 def _reorder(graph: Graph, product: Node) -> bool:
     x = product.inputs[1 if product.op == P.ADDMM else 0]
     shape = _concrete(product)
-    source, before = _before(graph, x)
+    source, before = run_before(graph, x)
     after = _after(graph, product, shape[-1]) if shape is not None else []
     src = graph.node(source.name) if isinstance(source, Ref) else None
     rows = _concrete(graph.node(x.name)) if isinstance(x, Ref) else None
     if not after or src is None or _concrete(src) is None or rows is None or len(shape) != 2:
         return False
     k = rows[-1]
-    steps = [_step(n) for n in before]
-    steps += [(kind, arg[:-1] + [k] if kind == "reshape" else arg) for kind, arg in map(_step, after)]
+    steps = [layout_step(n) for n in before]
+    steps += [(kind, arg[:-1] + [k] if kind == "reshape" else arg) for kind, arg in map(layout_step, after)]
     composed = compose(_concrete(src), steps)
     count = sum(kind == "permute" for kind, _ in steps)
     if composed is None or sum(kind == "permute" for kind, _ in composed) >= count:

@@ -190,3 +190,31 @@ def test_int8_encoder_runs_q_k_v_as_three_products_without_transposes_to_pick_th
     # the packed projection's picking-apart (Gather 3, Transpose 8) gone; one Transpose more where attention runs
     # as its own MatMuls (AVX2 hosts)
     assert "Gather" not in kinds and kinds.get("Transpose", 0) <= 3 + (not fused)
+
+
+def test_the_encoder_at_batch_1_runs_no_layout_kernel_beyond_openvinos_own():
+    """The zoo transformer's class at batch 1 (decision 56): q, k, v reach attention through the 4-d heads' permute
+    OpenVINO takes into its attention kernel, as at batch 2.  Before, per layer: Transpose 5 where OpenVINO's own
+    conversion of the module runs 1 (3-d permutes, unsqueezes to 4-d, a squeeze after) and Reshape 12 to its 4.
+    (Numbers against eager: ``tests/unit/passes/test_layouts.py`` on the same IR.)"""
+    import openvino as ov
+
+    from mlcomp.base.quiet import quiet_converter
+    from mlcomp.targets.openvino.layers import family
+    from mlcomp.targets.openvino.target import cpu_config
+    from tests.helpers.modules import small_transformer
+
+    module, inputs = small_transformer(1)
+    module.eval()
+    with torch.no_grad(), quiet_converter():
+        model = ov.convert_model(module, example_input=inputs)
+    art = mlcomp.compile(module, inputs, target="openvino", pipeline="-O2,mixed-precision{dtype=bf16}", verify=False)
+    ours, own = ({k: n for k, n in _kinds(ov_executed(ov.Core().compile_model(m, "CPU", cpu_config("bf16", 1))))
+                  .items()} for m in (art.runtime.model, model))
+    layers = len(module.encoder.layers)
+    assert ours.get("Attention", 0) == own.get("Attention", 0)
+    assert ours.get("Transpose", 0) <= own.get("Transpose", 0) and "Gather" not in ours
+    layout = lambda kinds: sum(n for k, n in kinds.items() if family(k) == "layout")  # noqa: E731
+    assert layout(ours) <= layout(own)
+    # views beyond OpenVINO's own: the [s, E] rows around the four linears of a layer (in place), no more
+    assert ours["Reshape"] <= own.get("Reshape", 0) + 4 * layers
