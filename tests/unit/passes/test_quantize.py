@@ -171,11 +171,17 @@ def test_zoo_resnet18_small_input(zoo):
     st = _stats(report)
     assert st["quantized"] >= 20 and st["calibration_samples"] == 2
     assert st["top1_agreement"] == 1.0
-    held = Interpreter(out).run(xs[2])[0]
+    held_out = [torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(s)) for s in range(2, 8)]
+    held = torch.cat([Interpreter(out).run(x)[0] for x in held_out])
     with torch.no_grad():
-        ref = model(xs[2])
-    assert held.argmax(-1).tolist() == ref.argmax(-1).tolist()
-    assert float((held - ref).abs().max() / ref.abs().max()) < st["declared_tolerance"]
+        ref = torch.cat([model(x) for x in held_out])
+    error = (held - ref).abs().amax(-1)
+    assert float(error.max() / ref.abs().max()) < st["declared_tolerance"]
+    # the class is the reference's wherever its lead over the runner-up exceeds twice the error (random weights leave
+    # near ties: with 7-bit weights, on a CPU without VNNI, seed 2's lead is 0.0016 and its error 0.004)
+    top2 = ref.topk(2, dim=-1).values
+    decided = (top2[:, 0] - top2[:, 1]) > 2 * error
+    assert decided.any() and held.argmax(-1)[decided].tolist() == ref.argmax(-1)[decided].tolist()
 
 
 def test_no_quantizable_op_is_refused():
