@@ -1,6 +1,9 @@
 """Inference capture in one trace straight to core ATen gives the IR the two-trace path gives."""
 from __future__ import annotations
 
+import functools
+import gc
+import inspect
 from unittest import mock
 
 import pytest
@@ -10,7 +13,9 @@ from torch import nn
 from mlcomp.base.errors import ModelFaultError
 from mlcomp.frontend import capture as capture_mod
 from mlcomp.frontend.loading import load_model
-from mlcomp.frontend.one_trace import ONE_TRACE, one_trace_program
+from mlcomp.frontend.decompose import lowering_table
+from mlcomp.frontend.one_trace import ONE_TRACE, lowering_split, one_trace_program
+from mlcomp.frontend.source import collector_paused
 from mlcomp.ir.interpreter import evaluate
 
 
@@ -73,7 +78,8 @@ def test_one_trace_keeps_module_paths_and_source_lines(both):
     assert "block.fc.weight" in one.constants and "bn.running_mean" in one.constants
     mul = next(n for n in one.call_nodes() if str(n.op) == "aten.mul.Tensor")
     assert mul.origin.module_path == "block" and mul.origin.module_type == "Block"
-    assert mul.origin.source.endswith("test_one_trace.py:24")
+    lines, start = inspect.getsourcelines(Block.forward)
+    assert mul.origin.source.endswith(f"test_one_trace.py:{start + len(lines) - 1}")    # forward's last line
     assert [n.name for n in one.input_nodes] == ["x"]
 
 
@@ -119,3 +125,67 @@ class Tied(nn.Module):
 def test_tied_tensors_take_two_traces_before_any_trace():
     ep, why = one_trace_program(Tied().eval(), (torch.tensor([[1, 2]]),), None)
     assert ep is None and why == "two traces: tied tensors (one trace names each use by its own path)"
+
+
+def _same_kernel(a, b) -> bool:
+    """The same function, or partials of one function's code with equal arguments (torch makes a new one per call)."""
+    if isinstance(a, functools.partial) and isinstance(b, functools.partial):
+        return a.func.__code__ is b.func.__code__ and a.args == b.args and a.keywords == b.keywords
+    return a is b
+
+
+def test_lowering_split_is_torchs_split_of_the_lowering_table():
+    from torch.export.exported_program import _split_decomp_table_to_cia_and_python_decomp
+
+    def linear(x, w, b=None):                 # a user's decomposition of a CIA op, and of a kept one
+        return NotImplemented
+
+    extra = {torch.ops.aten.linear.default: linear, torch.ops.aten.upsample_nearest2d.vec: linear}
+    cia, python = lowering_split(extra)
+    want_cia, want_python = _split_decomp_table_to_cia_and_python_decomp(dict(lowering_table(extra)))
+    assert python == want_python and cia.keys() == want_cia.keys()
+    assert all(_same_kernel(cia[op], want_cia[op]) for op in cia)
+    kept = torch.ops.aten.upsample_bilinear2d.vec       # torch's default keeps it: a kernel that keeps it
+    assert cia[torch.ops.aten.linear.default] is linear and cia[kept](None) is NotImplemented
+    assert torch.ops.aten.addcmul.default in python and torch.ops.aten.linear.default not in python
+
+
+class GcProbe(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.seen = nn.Linear(3, 2), []
+
+    def forward(self, x):
+        self.seen.append(gc.isenabled())     # runs while capture traces it
+        return self.fc(x).relu()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_capture_pauses_the_cyclic_collector_and_restores_it(enabled):
+    model, x = GcProbe().eval(), torch.randn(2, 3)
+    (gc.enable if enabled else gc.disable)()
+    try:
+        graph = load_model(model, example_inputs=(x,)).capture()
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
+    assert model.seen and not any(model.seen)
+    with torch.no_grad():
+        torch.testing.assert_close(evaluate(graph, x)[0], model.fc(x).relu())
+
+
+def test_objects_made_while_paused_join_the_oldest_generation_and_frozen_ones_stay_frozen():
+    with collector_paused():
+        first = [[] for _ in range(100)]
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert any(o is first for o in gc.get_objects(generation=2))
+    assert not any(o is first for o in gc.get_objects(generation=0))
+    gc.freeze()                              # a process that keeps frozen objects of its own: left as they are
+    frozen = gc.get_freeze_count()
+    try:
+        with collector_paused():
+            made = [[] for _ in range(100)]
+        assert gc.get_freeze_count() == frozen and gc.isenabled()
+        assert any(o is made for o in gc.get_objects(generation=0))
+    finally:
+        gc.unfreeze()
