@@ -15,24 +15,14 @@ from mlcomp.passes.layouts import compose, fold_run
 from mlcomp.pipeline import run_pipeline
 from tests.helpers.captures import captured_once
 from tests.helpers.modules import small_transformer
+from tests.unit.passes.test_projections import _apply, _factors
 
 PIPELINE = "cleanup,split-projections,recompose,fuse-attention,cleanup"     # -O2's on openvino, ort, cpu
 
 
-def _apply(x, steps):
-    for kind, arg in steps:
-        x = x.permute(arg) if kind == "permute" else x.reshape(arg)
-    return x
-
-
 def _sizes(rng, n):
     """Factors of ``n`` with size-1 axes put in at random places."""
-    dims = []
-    while n > 1 and len(dims) < 3:
-        d = rng.choice([d for d in range(2, n + 1) if n % d == 0])
-        dims.append(d)
-        n //= d
-    dims += [n] if n > 1 else []
+    dims = [d for d in _factors(rng, n) if d > 1]
     for _ in range(rng.randint(0, 2)):
         dims.insert(rng.randint(0, len(dims)), 1)
     return dims or [1]
