@@ -56,6 +56,7 @@ from mlcomp.api.auto.workers import WorkerPool
 from mlcomp.api.lowering import CompileResult, EagerOnce, Note, compile_source
 from mlcomp.base.errors import MlcompError
 from mlcomp.base.table import Table
+from mlcomp.frontend.source import collector_paused
 from mlcomp.hardware.decide import Decision
 from mlcomp.hardware.timing import Clock, TimingPolicy, fmt_seconds
 from mlcomp.pipeline import Pipeline
@@ -254,7 +255,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     eager = EagerOnce(source)          # every candidate is verified against one eager run
     with pool:
         pool.start()                   # the timing processes import torch and mlcomp while the candidates compile
-        with phases("compile"):
+        with phases("compile"), collector_paused():     # ~800 young collections freed next to nothing
             _build_all(order, record, rows, built, pool, lambda target: _compile_one(
                 source, graph, target, pipeline, capture_seconds, instruments, say, built, options, opts, eager))
         if not built:

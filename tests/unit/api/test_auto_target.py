@@ -9,6 +9,7 @@ and onnxruntime.
 """
 from __future__ import annotations
 
+import gc
 import math
 import random
 from typing import Any, ClassVar
@@ -276,3 +277,21 @@ def test_candidates_may_be_target_specs_and_one_target_with_two_specs_is_two_can
     picked = auto_candidates(["tvm", "tvm{kernels=off}", "tvm"])
     assert [t.spec for t in picked] == ["tvm", "tvm{kernels=off}"]
     assert [t.settings.kernels for t in picked] == ["auto", "off"]
+
+
+class CollectorTarget(FakeTarget):
+    """Records whether Python's cyclic collector was on while it built."""
+
+    def build(self, graph, options, inputs):
+        self.collector_on = gc.isenabled()
+        return super().build(graph, options, inputs)
+
+
+def test_the_candidates_build_with_the_cyclic_collector_paused_and_it_comes_back(mlp):
+    source, graph = mlp
+    clock = FakeClock()
+    fakes = [CollectorTarget("a", clock, 2e-3), CollectorTarget("b", clock, 1e-3)]
+    assert gc.isenabled()
+    result = compile_auto(source, graph, candidates=fakes, pipeline="dce", policy=FAST, clock=clock, isolate=False)
+    assert [f.collector_on for f in fakes] == [False, False] and gc.isenabled()
+    assert result.artifact.target == "b" and result.check.passed
