@@ -167,7 +167,7 @@ def main() -> None:
     for row in rows:
         module, inputs = model(row)
         try:
-            built = (mlcomp.compile(module, inputs, target="tvm", pipeline="-O2", threads=args.threads).runtime
+            built = (mlcomp.compile(module, inputs, target="tvm", pipeline="-O2", threads=args.threads).runtime.module
                      if args.compile else build(module, inputs, BuildConfig(deterministic=True)))
         except Exception as exc:  # noqa: BLE001 - one row's failure is printed, the others still run
             print(f"{row:14s} build failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")

@@ -100,8 +100,7 @@ def lowering_split(extra: Mapping[Any, Callable[..., Any]] | None = None
     it (its own, the table's function, or one that keeps it); ``python``: every other entry.  The same
     two dicts as ``_split_decomp_table_to_cia_and_python_decomp(dict(table))`` of torch's table, which
     walks every op namespace three times (building, materialising, splitting) where this walks the
-    non-ATen ones once (fresh process: ~0.37 CPU-s there, ~0.15 here, most of it the ATen walk
-    torch caches)::
+    non-ATen ones once (decision 57)::
 
         torch.export.default_decompositions() + mlcomp's + extra → materialise → split
         lowering_split(extra) → the same cia (525 ops) and python (434 ops)

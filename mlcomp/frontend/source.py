@@ -132,13 +132,13 @@ class ModelSource:
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off for the duration, then as it was (reference counting goes on).
 
-    A cold capture allocates ~3.3·10^5 objects that stay (the modules of torch's exporter) and ~10^5
-    that go (fake tensors, FX nodes, sympy expressions); with the collector on, the allocations set
-    off ~400 collections, 3 of them full ones walking everything (0.5 CPU-s in all) to free ~500
-    objects.  On exit the objects made meanwhile join the oldest generation unwalked (``gc.freeze``
-    then ``gc.unfreeze``, unless the process keeps frozen objects of its own): the first young
-    collection after it would walk them all (~0.13 CPU-s); the next full collection walks them once,
-    as it would have anyway, and frees the cyclic garbage of the capture.
+    A capture (and a compile's builds) allocates many objects that stay (the modules of torch's exporter)
+    and many that go by reference counting (fake tensors, FX nodes, sympy expressions); with the collector
+    on, the allocations set off hundreds of collections that walk them to free next to nothing (decision
+    57 has the figures).  On exit the objects made meanwhile join the oldest generation unwalked
+    (``gc.freeze`` then ``gc.unfreeze``, unless the process keeps frozen objects of its own): the first
+    young collection after it would walk them all; the next full collection walks them once, as it would
+    have anyway, and frees the cyclic garbage made meanwhile.
 
         >>> with collector_paused():
         ...     gc.isenabled()

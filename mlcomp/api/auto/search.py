@@ -255,7 +255,7 @@ def compile_auto(source: Any, graph: Any, *, candidates: Sequence[str | Target] 
     eager = EagerOnce(source)          # every candidate is verified against one eager run
     with pool:
         pool.start()                   # the timing processes import torch and mlcomp while the candidates compile
-        with phases("compile"), collector_paused():     # ~800 young collections freed next to nothing
+        with phases("compile"), collector_paused():     # the builds' young collections free next to nothing
             _build_all(order, record, rows, built, pool, lambda target: _compile_one(
                 source, graph, target, pipeline, capture_seconds, instruments, say, built, options, opts, eager))
         if not built:

@@ -1,8 +1,8 @@
 """1-d convolutions of a TVM build as 2-d ones over a height of 1, so that torch's conv2d kernel runs them.
 
-TVM 0.27 legalizes ``conv1d`` to a TIR loop nest that no default CPU schedule covers: a wav2vec2's
-positional convolution (32 channels, 16 taps, 2 groups, 159 steps at batch 2) took 6.7 ms of its
-12.2 ms call at one thread, where eager's whole call took 6.7 ms (benchmarks/RESULTS.md).
+TVM 0.27 legalizes ``conv1d`` to a TIR loop nest that no default CPU schedule covers: as TVM code a
+wav2vec2's positional convolution (32 channels, 16 taps, 2 groups) takes longer than eager's whole
+call (decision 55).
 :func:`conv1ds` rewrites each float32 ``conv1d`` (NCW data, OIW weight) into a reshape to NCHW with a
 height of 1, a ``conv2d`` (strides ``[1, s]``, padding ``[0, l, 0, r]``, dilation ``[1, d]``, the same
 groups) and a reshape back; the plain conv2d offload (:mod:`~mlcomp.targets.tvm.offload.rewrite`) that
