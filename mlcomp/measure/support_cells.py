@@ -5,7 +5,7 @@ A cell is a kind of run on one architecture (:mod:`mlcomp.models.architectures`)
 ============  ===========================================================================
 ``capture``   ``load_model(model, inputs).capture()`` and the IR verifier (:class:`Session`)
 ``O2``        what ``mlcomp.compile(model, inputs, target=T, pipeline="-O2")`` runs, verified against
-              eager (on a copy of the session's captured graph)
+              eager (on a copy of the session's captured graph); ``O2:auto`` names the target it picked
 ``bf16``      the same with ``-O2`` as it runs for T (:func:`pipeline_for`), then
               ``mixed-precision{dtype=bf16}`` (``fp16`` likewise)
 ``train``     ``mlcomp.compile(model, inputs, mode="train", loss="mse", optimizer="sgd",
@@ -156,7 +156,7 @@ def _capture(session: Session, cell: Cell) -> str:
 
 
 def _infer(session: Session, cell: Cell) -> str:
-    from mlcomp.api.compiler import check_pipeline_target, compile_model
+    from mlcomp.api.compiler import check_pipeline_target, compile_model, is_auto
 
     pipeline = pipeline_for(cell)
     check_pipeline_target(cell.target, pipeline)                  # before capture
@@ -167,7 +167,8 @@ def _infer(session: Session, cell: Cell) -> str:
     record = result.artifact.verification or {}
     worst, ties = record.get("max_abs"), record.get("near_tie_selections")
     note = f"; against the reference taking the artifact's order at {ties} near-tie selection row(s)" if ties else ""
-    return (f"max |diff| {worst:.3g}" if isinstance(worst, float) else "") + note
+    picked = f" (auto picked {result.artifact.target})" if is_auto(cell.target) else ""
+    return (f"max |diff| {worst:.3g}" if isinstance(worst, float) else "") + picked + note
 
 
 def _train(session: Session, cell: Cell) -> str:

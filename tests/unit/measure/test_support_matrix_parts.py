@@ -112,3 +112,22 @@ def test_verified_cells_with_a_note_are_listed_with_it():
     assert "- **mlp** `O2:cpu`: against the reference taking the artifact's order at 1 near-tie" in notes
     assert "capture" not in notes                                  # "8 nodes": verified without a note
     assert "## Cells verified with a note\n\n- none" in render_markdown(matrix_json(_matrix(), HOST))
+
+
+def test_an_auto_cell_names_the_target_auto_picked(monkeypatch):
+    """``O2:auto`` says which candidate won; a named target's cell keeps the bare figure (a fake compile)."""
+    from types import SimpleNamespace
+
+    import mlcomp.api.compiler as compiler
+    from mlcomp.measure.support_cells import Session, run_cell
+
+    def fake_compile(source, graph, *, target, **options):
+        art = SimpleNamespace(target="onnxruntime" if target == "auto" else target, verification={"max_abs": 1.5e-07})
+        return SimpleNamespace(check=SimpleNamespace(raise_if_failed=lambda where: None), artifact=art)
+
+    monkeypatch.setattr(compiler, "compile_model", fake_compile)
+    session = Session(None, ())
+    monkeypatch.setattr(session, "captured", lambda: (None, SimpleNamespace(name="g", copy=lambda: None), 0.0))
+    auto, cpu = run_cell(session, Cell.parse("O2:auto")), run_cell(session, Cell.parse("O2:cpu"))
+    assert auto.status is Status.VERIFIED and auto.detail == "max |diff| 1.5e-07 (auto picked onnxruntime)"
+    assert cpu.status is Status.VERIFIED and cpu.detail == "max |diff| 1.5e-07"
