@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 from mlcomp.measure.support_cells import Cell, CellResult, Status, run_cell
 
-__all__ = ["Matrix", "default_cells", "host_dtypes", "inference_targets", "run_matrix", "MATRIX_TARGETS"]
+__all__ = ["Matrix", "default_cells", "host_dtypes", "inference_targets", "preload_modules", "run_matrix", "MATRIX_TARGETS"]
 
 MATRIX_TARGETS = ("cpu", "onnxruntime", "openvino", "tvm", "cuda")
 DEFAULT_TIMEOUT_S = 180.0
@@ -35,10 +35,12 @@ DEFAULT_TIMEOUT_S = 180.0
 _PRELOAD = ["torch", "torch.export", "torch._dynamo", "transformers", "mlcomp.api", "mlcomp.frontend.joint",
             "mlcomp.measure.support_cells", "mlcomp.models.architectures", "mlcomp.targets.registry",
             "mlcomp.targets.torch.cpu"]
-# a target's modules, preloaded only when some cell runs on it (``import tvm`` alone is ~2.5 CPU-s)
+# a target's modules, preloaded only when some cell runs on it (``import tvm`` alone is ~2.5 CPU-s); an
+# ``auto`` cell builds every candidate, so it needs them all
 _TARGET_PRELOAD = {"onnxruntime": ["onnxruntime", "mlcomp.targets.onnx.target"],
                    "openvino": ["openvino", "mlcomp.targets.openvino.target"],
                    "tvm": ["tvm", "mlcomp.targets.tvm.target"]}
+_TARGET_PRELOAD["auto"] = [m for modules in _TARGET_PRELOAD.values() for m in modules]
 
 
 @dataclass
@@ -125,11 +127,16 @@ def _modeling_modules(names: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def preload_modules(cells: Sequence[Cell]) -> list[str]:
+    """What the forkserver imports once for ``cells``: capture's and the cpu target's modules, and the modules
+    of each other target some inference cell runs on (every target's for ``auto``)."""
+    targets = dict.fromkeys(c.target for c in cells if c.kind not in ("capture", "train"))
+    return list(dict.fromkeys(_PRELOAD + [m for t in targets for m in _TARGET_PRELOAD.get(t, ())]))
+
+
 def _context(names: Sequence[str], cells: Sequence[Cell]) -> Any:
     ctx = mp.get_context("forkserver")
-    targets = dict.fromkeys(c.target for c in cells if c.kind not in ("capture", "train"))
-    ctx.set_forkserver_preload(_PRELOAD + [m for t in targets for m in _TARGET_PRELOAD.get(t, ())]
-                               + _modeling_modules(names))
+    ctx.set_forkserver_preload(preload_modules(cells) + _modeling_modules(names))
     return ctx
 
 

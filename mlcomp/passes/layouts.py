@@ -199,7 +199,7 @@ def fold_run(graph: Graph, end: Node) -> bool:
         return False
     value = source
     for i, (kind, arg) in enumerate(composed):
-        op, inputs = (P.RESHAPE, [value, arg]) if kind == "reshape" else (P.PERMUTE, [value, arg])
+        op, inputs = P.RESHAPE if kind == "reshape" else P.PERMUTE, [value, arg]
         if i == len(composed) - 1:
             substitute(graph, end.name, op, inputs, origin=end.origin)
         else:

@@ -19,7 +19,6 @@ the kept set, the recomputed closure, its memory and its cost.
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Iterable
 from dataclasses import dataclass
 

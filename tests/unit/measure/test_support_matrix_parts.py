@@ -6,7 +6,7 @@ import pytest
 from mlcomp.base.errors import CaptureError, OptionError, OutputPathError, TargetUnavailableError, VerificationError
 from mlcomp.measure.support_cells import Cell, CellResult, Status, classify, first_line
 from mlcomp.measure.support_doc import matrix_json, merge_runs, render_markdown, summary
-from mlcomp.measure.support_matrix import Matrix, default_cells, host_dtypes
+from mlcomp.measure.support_matrix import Matrix, default_cells, host_dtypes, preload_modules
 from mlcomp.measure.support_run import MD_MARK, _earlier, _write_markdown, plan
 from mlcomp.targets.capabilities import CapabilityError
 
@@ -131,3 +131,14 @@ def test_an_auto_cell_names_the_target_auto_picked(monkeypatch):
     auto, cpu = run_cell(session, Cell.parse("O2:auto")), run_cell(session, Cell.parse("O2:cpu"))
     assert auto.status is Status.VERIFIED and auto.detail == "max |diff| 1.5e-07 (auto picked onnxruntime)"
     assert cpu.status is Status.VERIFIED and cpu.detail == "max |diff| 1.5e-07"
+
+
+def test_the_forkserver_preloads_the_targets_the_cells_run_on():
+    """A named target's modules only where a cell runs on it; an ``auto`` cell's candidates are every target."""
+    cells = lambda *keys: [Cell.parse(k) for k in keys]      # noqa: E731
+    plain = preload_modules(cells("capture", "O2:cpu", "train"))
+    assert "torch" in plain and not {"tvm", "onnxruntime", "openvino"} & set(plain)
+    assert {"tvm", "mlcomp.targets.tvm.target"} <= set(preload_modules(cells("bf16:tvm"))) and \
+        "openvino" not in preload_modules(cells("bf16:tvm"))
+    auto = preload_modules(cells("O2:auto", "O2:tvm"))
+    assert {"tvm", "onnxruntime", "openvino"} <= set(auto) and len(auto) == len(set(auto))
